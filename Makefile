@@ -1,0 +1,33 @@
+# Two commands do all set-up on a fresh machine: `make parity` and `make test`.
+# The first use creates .venv and installs the project with [dev]. On a machine without an
+# NVIDIA GPU, torch is pinned to the CPU build (constraints-cpu.txt); any looser spec would pull
+# a multi-GB CUDA build.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
+PYTEST_ARGS ?=
+
+.PHONY: parity test bench env clean
+
+$(VENV)/.installed: pyproject.toml constraints-cpu.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev]'
+	touch $@
+
+parity: $(VENV)/.installed
+	$(PY) -m parity $(PARITY_ARGS)
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(VENV)/.installed
+	$(PY) -m bench $(BENCH_ARGS)
+
+env: $(VENV)/.installed
+	$(PY) -m parity --env
+
+clean:
+	rm -rf $(VENV) *.egg-info

@@ -1,0 +1,278 @@
+"""The cache byte layouts of ../shared/SPEC.md as NumPy / ml_dtypes code.
+
+Every function here is the definition the kernels are tested against: the Triton and Pallas
+kernels dequantize in-kernel and must agree with :func:`dequantize_fp8_ds_mla`,
+:func:`dequantize_fp8_model1` and :func:`dequantize_fp8_indexer` bit for bit.
+
+Layouts (bytes little-endian; P = page size in tokens):
+
+==============  ==============================  ============================================
+name            array                           per token / per page
+==============  ==============================  ============================================
+``latent``      [num_pages, P, D_qk] float      plain latent rows (bf16, fp16 or fp32)
+``fp8_ds_mla``  uint8 [num_pages, P, 656]       bytes 0..511 e4m3 nope dims; 512..527 four
+                                                float32 scales (dims 128g..128g+127);
+                                                528..655 the 64 rope dims as bf16
+``fp8_model1``  uint8 [num_pages, page_bytes]   per page: P data rows of 576 bytes (448 e4m3
+                                                nope + 64 bf16 rope), then P scale rows of 8
+                                                bytes (7 ue8m0 scales, dims 64g..64g+63, and
+                                                one zero pad byte); page_bytes = P*584 rounded
+                                                up to a multiple of 576 (FlashMLA allocation)
+``fp8_indexer`` uint8 [num_pages, P*(D_I+4)]    per page: P rows of D_I e4m3 bytes, then P
+                                                float32 scales (DeepGEMM paged MQA layout)
+==============  ==============================  ============================================
+
+Sources: FlashMLA ``tests/quant.py`` (V32_FP8Sparse, MODEL1_FP8Sparse), DeepGEMM
+``fp8_paged_mqa_logits`` cache layout, DeepSeek-V3.2-Exp ``inference/kernel.py`` (``act_quant``).
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+E4M3 = ml_dtypes.float8_e4m3fn
+BF16 = ml_dtypes.bfloat16
+E8M0 = ml_dtypes.float8_e8m0fnu
+FP8_MAX = 448.0
+
+DS_MLA_BYTES = 656          # bytes per token of fp8_ds_mla
+DS_MLA_NOPE, DS_MLA_ROPE, DS_MLA_TILE = 512, 64, 128
+MODEL1_NOPE, MODEL1_ROPE, MODEL1_TILE = 448, 64, 64
+MODEL1_DATA_BYTES = MODEL1_NOPE + 2 * MODEL1_ROPE      # 576
+MODEL1_SCALE_BYTES = MODEL1_NOPE // MODEL1_TILE + 1    # 7 ue8m0 + 1 pad = 8
+MODEL1_TOKEN_BYTES = MODEL1_DATA_BYTES + MODEL1_SCALE_BYTES  # 584
+
+KV_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1")
+K_FORMATS = ("fp8_indexer", "dense")
+
+
+def _check(name, arr, ndim=None, last=None, dtype=None):
+    if not isinstance(arr, np.ndarray):
+        raise TypeError(f"{name}: expected a numpy.ndarray, got {type(arr).__name__}")
+    if ndim is not None and arr.ndim != ndim:
+        raise ValueError(f"{name}: expected rank {ndim}, got shape {arr.shape}")
+    if last is not None and arr.shape[-1] != last:
+        raise ValueError(f"{name}: expected last dim {last}, got shape {arr.shape}")
+    if dtype is not None and arr.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {np.dtype(dtype).name}, got {arr.dtype}")
+
+
+def pow2_scale(amax: np.ndarray) -> np.ndarray:
+    """FlashMLA's ue8m0 scale: ``2^ceil(log2(max(amax / 448, 1e-4)))`` in float32."""
+    s = np.maximum(np.asarray(amax, np.float32) / np.float32(FP8_MAX), np.float32(1e-4))
+    return np.exp2(np.ceil(np.log2(s))).astype(np.float32)
+
+
+def to_e4m3(x: np.ndarray) -> np.ndarray:
+    """Round-to-nearest-even float8_e4m3fn of ``x`` clamped to +-448 (NaN stays NaN)."""
+    return np.clip(np.asarray(x, np.float32), -FP8_MAX, FP8_MAX).astype(E4M3)
+
+
+# ----------------------------------------------------------------------------- fp8_ds_mla
+
+def quantize_fp8_ds_mla(latent: np.ndarray) -> np.ndarray:
+    """Quantize latent rows into the V3.2 ``fp8_ds_mla`` layout.
+
+    Args:
+      latent: ``[..., 576]`` float (fp32, fp16 or bf16): 512 nope dims then 64 rope dims.
+    Returns:
+      uint8 ``[..., 656]``: 512 e4m3 bytes, four float32 scales (one per 128 nope dims,
+      ``2^ceil(log2(max(amax/448, 1e-4)))``), 64 bf16 rope dims (RNE from the input).
+    Raises:
+      TypeError / ValueError: ``latent`` not an ndarray or last dim not 576.
+    """
+    _check("latent", latent, last=DS_MLA_NOPE + DS_MLA_ROPE)
+    x = latent.astype(np.float32)
+    lead = x.shape[:-1]
+    nope = x[..., :DS_MLA_NOPE].reshape(*lead, 4, DS_MLA_TILE)
+    scale = pow2_scale(np.abs(nope).max(axis=-1))                         # [..., 4]
+    q = to_e4m3(nope / scale[..., None]).reshape(*lead, DS_MLA_NOPE)
+    out = np.empty((*lead, DS_MLA_BYTES), np.uint8)
+    out[..., :512] = q.view(np.uint8)
+    out[..., 512:528] = np.ascontiguousarray(scale).view(np.uint8).reshape(*lead, 16)
+    out[..., 528:] = np.ascontiguousarray(x[..., 512:].astype(BF16)).view(np.uint8).reshape(*lead, 128)
+    return out
+
+
+def dequantize_fp8_ds_mla(cache: np.ndarray) -> np.ndarray:
+    """Inverse of :func:`quantize_fp8_ds_mla`: uint8 ``[..., 656]`` -> float32 ``[..., 576]``.
+
+    Every value is exact (e4m3 times a power of two, and bf16, both fit float32).
+    """
+    _check("cache", cache, last=DS_MLA_BYTES, dtype=np.uint8)
+    c = np.ascontiguousarray(cache)
+    lead = c.shape[:-1]
+    q = c[..., :512].view(E4M3).astype(np.float32).reshape(*lead, 4, DS_MLA_TILE)
+    scale = c[..., 512:528].copy().view(np.float32).reshape(*lead, 4)
+    rope = c[..., 528:].copy().view(BF16).astype(np.float32)
+    return np.concatenate([(q * scale[..., None]).reshape(*lead, 512), rope], axis=-1)
+
+
+# ----------------------------------------------------------------------------- fp8_model1
+
+def model1_page_bytes(page_size: int) -> int:
+    """Bytes per page of ``fp8_model1``: ``P * 584`` rounded up to a multiple of 576."""
+    raw = page_size * MODEL1_TOKEN_BYTES
+    return -(-raw // MODEL1_DATA_BYTES) * MODEL1_DATA_BYTES
+
+
+def model1_page_size(page_bytes: int) -> int:
+    """Inverse of :func:`model1_page_bytes` (raises ValueError if no page size matches)."""
+    p = page_bytes // MODEL1_TOKEN_BYTES
+    for cand in (p, p - 1, p + 1):
+        if cand > 0 and model1_page_bytes(cand) == page_bytes:
+            return cand
+    raise ValueError(f"kv_cache: {page_bytes} bytes per page is no fp8_model1 page "
+                     f"(P*584 rounded up to a multiple of 576)")
+
+
+def quantize_fp8_model1(latent: np.ndarray) -> np.ndarray:
+    """Quantize latent pages into the V4-Flash ``fp8_model1`` layout.
+
+    Args:
+      latent: ``[num_pages, P, 512]`` float: 448 nope dims then 64 rope dims.
+    Returns:
+      uint8 ``[num_pages, model1_page_bytes(P)]`` (layout in the module docstring); scales are
+      ue8m0 bytes ``127 + ceil(log2(max(amax/448, 1e-4)))`` per 64 nope dims.
+    """
+    _check("latent", latent, ndim=3, last=MODEL1_NOPE + MODEL1_ROPE)
+    x = latent.astype(np.float32)
+    n, p, _ = x.shape
+    nope = x[..., :MODEL1_NOPE].reshape(n, p, 7, MODEL1_TILE)
+    scale = pow2_scale(np.abs(nope).max(axis=-1))                         # [n, p, 7]
+    q = to_e4m3(nope / scale[..., None]).reshape(n, p, MODEL1_NOPE)
+    out = np.zeros((n, model1_page_bytes(p)), np.uint8)
+    data = out[:, : p * MODEL1_DATA_BYTES].reshape(n, p, MODEL1_DATA_BYTES)
+    data[..., :MODEL1_NOPE] = q.view(np.uint8)
+    data[..., MODEL1_NOPE:] = np.ascontiguousarray(x[..., MODEL1_NOPE:].astype(BF16)).view(np.uint8).reshape(n, p, 128)
+    sc = out[:, p * MODEL1_DATA_BYTES: p * MODEL1_TOKEN_BYTES].reshape(n, p, 8)
+    sc[..., :7] = scale.astype(E8M0).view(np.uint8)
+    return out
+
+
+def dequantize_fp8_model1(cache: np.ndarray, page_size: int | None = None) -> np.ndarray:
+    """Inverse of :func:`quantize_fp8_model1`: uint8 ``[num_pages, page_bytes]`` -> float32
+    ``[num_pages, P, 512]`` (exact)."""
+    _check("cache", cache, ndim=2, dtype=np.uint8)
+    p = page_size or model1_page_size(cache.shape[1])
+    n = cache.shape[0]
+    c = np.ascontiguousarray(cache)
+    data = c[:, : p * MODEL1_DATA_BYTES].reshape(n, p, MODEL1_DATA_BYTES)
+    q = data[..., :MODEL1_NOPE].copy().view(E4M3).astype(np.float32).reshape(n, p, 7, MODEL1_TILE)
+    rope = data[..., MODEL1_NOPE:].copy().view(BF16).astype(np.float32)
+    sc = c[:, p * MODEL1_DATA_BYTES: p * MODEL1_TOKEN_BYTES].reshape(n, p, 8)[..., :7]
+    scale = sc.copy().view(E8M0).astype(np.float32)
+    return np.concatenate([(q * scale[..., None]).reshape(n, p, MODEL1_NOPE), rope], axis=-1)
+
+
+# ----------------------------------------------------------------------------- fp8_indexer
+
+def indexer_scale(amax: np.ndarray, scale_fmt: str | None) -> np.ndarray:
+    """Per-token indexer scale, DeepSeek ``act_quant``: ``max(amax, 1e-4) / 448``, or with
+    ``scale_fmt="ue8m0"`` that rounded up to a power of two."""
+    if scale_fmt not in (None, "ue8m0"):
+        raise ValueError(f"scale_fmt: expected None or 'ue8m0', got {scale_fmt!r}")
+    s = np.maximum(np.asarray(amax, np.float32), np.float32(1e-4)) / np.float32(FP8_MAX)
+    if scale_fmt == "ue8m0":
+        s = np.exp2(np.ceil(np.log2(s)))
+    return s.astype(np.float32)
+
+
+def quantize_fp8_indexer(k: np.ndarray, scale_fmt: str | None = "ue8m0") -> np.ndarray:
+    """Quantize indexer keys into DeepGEMM's paged ``fp8_indexer`` layout.
+
+    Args:
+      k: ``[num_pages, P, D_I]`` float indexer keys.
+      scale_fmt: ``"ue8m0"`` (the model's setting) or None (``amax / 448``).
+    Returns:
+      uint8 ``[num_pages, P * (D_I + 4)]``: P rows of D_I e4m3 bytes, then P float32 scales.
+    """
+    _check("k", k, ndim=3)
+    x = k.astype(np.float32)
+    n, p, d = x.shape
+    scale = indexer_scale(np.abs(x).max(axis=-1), scale_fmt)              # [n, p]
+    q = to_e4m3(x / scale[..., None])
+    out = np.empty((n, p * (d + 4)), np.uint8)
+    out[:, : p * d] = q.view(np.uint8).reshape(n, p * d)
+    out[:, p * d:] = np.ascontiguousarray(scale).view(np.uint8).reshape(n, 4 * p)
+    return out
+
+
+def split_fp8_indexer(cache: np.ndarray, head_dim: int = 128):
+    """Views of an ``fp8_indexer`` cache: (e4m3 values ``[n, P, D_I]``, float32 scales ``[n, P]``)."""
+    _check("k_cache", cache, ndim=2, dtype=np.uint8)
+    n, page_bytes = cache.shape
+    if page_bytes % (head_dim + 4):
+        raise ValueError(f"k_cache: {page_bytes} bytes per page is not a multiple of D_I + 4 = {head_dim + 4}")
+    p = page_bytes // (head_dim + 4)
+    c = np.ascontiguousarray(cache)
+    vals = c[:, : p * head_dim].reshape(n, p, head_dim).copy().view(E4M3)
+    scales = c[:, p * head_dim:].copy().view(np.float32).reshape(n, p)
+    return vals, scales
+
+
+def dequantize_fp8_indexer(cache: np.ndarray, head_dim: int = 128) -> np.ndarray:
+    """Inverse of :func:`quantize_fp8_indexer`: -> float32 ``[num_pages, P, D_I]`` (value x scale)."""
+    vals, scales = split_fp8_indexer(cache, head_dim)
+    return vals.astype(np.float32) * scales[..., None]
+
+
+# ----------------------------------------------------------------------------- latent views
+
+def dequantize_kv(kv_cache: np.ndarray, kv_format: str, d_qk: int | None = None) -> np.ndarray:
+    """Any latent cache -> float64 rows ``[num_slots, D_qk]`` (slot = page * P + offset)."""
+    if kv_format == "latent":
+        _check("kv_cache", kv_cache, ndim=3)
+        rows = kv_cache.astype(np.float64)
+    elif kv_format == "fp8_ds_mla":
+        _check("kv_cache", kv_cache, ndim=3, last=DS_MLA_BYTES, dtype=np.uint8)
+        rows = dequantize_fp8_ds_mla(kv_cache).astype(np.float64)
+    elif kv_format == "fp8_model1":
+        rows = dequantize_fp8_model1(kv_cache).astype(np.float64)
+    else:
+        raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
+    return rows.reshape(-1, rows.shape[-1])
+
+
+def kv_page_size(kv_cache: np.ndarray, kv_format: str) -> int:
+    """Page size P of a latent cache in any layout."""
+    if kv_format == "fp8_model1":
+        return model1_page_size(kv_cache.shape[1])
+    return kv_cache.shape[1]
+
+
+def kv_num_slots(kv_cache: np.ndarray, kv_format: str) -> int:
+    """Number of addressable slots (num_pages * P)."""
+    return kv_cache.shape[0] * kv_page_size(kv_cache, kv_format)
+
+
+# ----------------------------------------------------------------------------- paging
+
+def logical_to_slot(positions: np.ndarray, block_table: np.ndarray, page_size: int) -> np.ndarray:
+    """Map logical positions of each request to cache slots through its block table.
+
+    Args:
+      positions: int ``[B, ...]`` logical positions of request b (any trailing shape).
+      block_table: int32 ``[B, max_pages]``; entries past a request's pages may be -1.
+      page_size: P.
+    Returns:
+      int64 ``[B, ...]`` slots ``block_table[b, j // P] * P + j % P``; -1 where the position is
+      negative, ``>= max_pages * P``, or its page entry is negative (never dereferenced).
+    """
+    pos = np.asarray(positions, np.int64)
+    bt = np.asarray(block_table, np.int64)
+    b, max_pages = bt.shape
+    flat = pos.reshape(b, -1)
+    ok = (flat >= 0) & (flat < max_pages * page_size)
+    page = np.where(ok, flat // page_size, 0)
+    entry = np.take_along_axis(bt, page, axis=1)
+    ok &= entry >= 0
+    slot = np.where(ok, entry * page_size + flat % page_size, -1)
+    return slot.reshape(pos.shape)
+
+
+def slot_to_page_offset(slots: np.ndarray, page_size: int):
+    """Split slots into (page, offset); negative slots give (-1, -1)."""
+    s = np.asarray(slots, np.int64)
+    neg = s < 0
+    return np.where(neg, -1, s // page_size), np.where(neg, -1, s % page_size)

@@ -1,0 +1,82 @@
+"""Declarative hardware gates shared by both backends.
+
+Each kernel path says which compute capabilities it supports; a launcher calls
+:func:`require_arch` / :func:`require_smem` before launch so an unsupported GPU gets a
+``NotImplementedError`` naming the GPU, its compute capability and what is supported.
+
+Shared-memory limits are the opt-in maximum per block from the CUDA programming guide's
+compute-capability table (sm_80 163 KiB, sm_86/89/120 99 KiB, sm_90/100 227 KiB).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Opt-in shared memory per block, bytes.
+SMEM_PER_BLOCK = {
+    (8, 0): 166_912,
+    (8, 6): 101_376,
+    (8, 7): 166_912,
+    (8, 9): 101_376,
+    (9, 0): 232_448,
+    (10, 0): 232_448,
+    (10, 3): 232_448,
+    (12, 0): 101_376,
+    (12, 1): 101_376,
+}
+
+# Compute capabilities the Triton / Pallas-Triton kernels are built and checked for (fp8 e4m3
+# needs sm_89+; the interpreter on CPU is always allowed).
+SUPPORTED_CC = ((8, 9), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1))
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """What a launcher needs to know about the GPU it launches on.
+
+    ``name`` is the marketing name (``"NVIDIA H200"``), ``cc`` the compute capability,
+    ``num_sms`` the multiprocessor count, ``smem_per_block`` the opt-in shared-memory limit.
+    ``interpret`` is True for the CPU interpreter (``TRITON_INTERPRET=1`` or Pallas interpret).
+    """
+
+    name: str
+    cc: tuple[int, int]
+    num_sms: int
+    smem_per_block: int
+    interpret: bool = False
+
+    @property
+    def arch(self) -> str:
+        """``"sm_90"`` style architecture tag (``"interpreter"`` on the CPU)."""
+        return "interpreter" if self.interpret else f"sm_{self.cc[0]}{self.cc[1]}"
+
+
+CPU_INTERPRETER = DeviceInfo(name="CPU interpreter", cc=(0, 0), num_sms=4,
+                             smem_per_block=232_448, interpret=True)
+
+
+def smem_limit(cc: tuple[int, int]) -> int:
+    """Opt-in shared memory per block for compute capability ``cc`` (conservative 99 KiB default)."""
+    return SMEM_PER_BLOCK.get(tuple(cc), 101_376)
+
+
+def require_arch(dev: DeviceInfo, what: str, supported=SUPPORTED_CC) -> None:
+    """Raise ``NotImplementedError`` unless ``dev`` can run ``what``.
+
+    Raises:
+      NotImplementedError: names the GPU, its compute capability and the supported list.
+    """
+    if dev.interpret or tuple(dev.cc) in supported:
+        return
+    names = ", ".join(f"sm_{a}{b}" for a, b in supported)
+    raise NotImplementedError(
+        f"{what} does not run on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); "
+        f"supported: {names}")
+
+
+def require_smem(dev: DeviceInfo, what: str, need_bytes: int) -> None:
+    """Raise ``NotImplementedError`` when a config needs more shared memory than ``dev`` has."""
+    if dev.interpret or need_bytes <= dev.smem_per_block:
+        return
+    raise NotImplementedError(
+        f"{what} needs {need_bytes} bytes of shared memory per block but {dev.name} "
+        f"(compute capability {dev.cc[0]}.{dev.cc[1]}) allows {dev.smem_per_block}")

@@ -1,0 +1,211 @@
+"""Lightning-indexer logits over a paged K cache, as one Triton kernel (``torch_impl`` binding).
+
+Operation (../shared/SPEC.md, "Operation A"): for request b, draft i and logical position j
+
+    logit[b, i, j] = k_scale[j] * sum_h weights[b, i, h] * relu(q[b, i, h, :] . k[j, :])
+
+valid iff ``0 <= j < len[b, i]`` (``len = L_b - (N - 1 - i)``, or ``context_lens[b, i]``) and the
+page entry ``block_table[b, j // P]`` is a real page (``0 <= entry < num_pages``); -inf elsewhere.
+Semantics from DeepSeek-V3.2-Exp ``inference/model.py`` (Indexer.forward) and DeepGEMM
+``fp8_paged_mqa_logits`` (paged layout, per-token scale, MTP mask).
+
+Cache layouts read in-kernel (byte-exact with ``kernels/formats.py``):
+
+* ``fp8_indexer``: uint8 ``[num_pages, P * (D_I + 4)]``; per page P rows of D_I e4m3 bytes, then
+  P float32 scales. The launcher passes two views of the same storage: an e4m3 view (values) and a
+  float32 view (scales, at float offset ``P * D_I / 4 + t`` of the page).
+* ``dense``: ``[num_pages, P, D_I]`` float (fp32 / fp16 / bf16), scale 1.
+
+Design (one program = one request b and one contiguous chunk of its pages; grid ``(B, S)``):
+
+* Each page of K is loaded **once** (``P x D_I`` e4m3 + P float32 scales, 132 bytes per token)
+  and scored against all ``N * H_I`` query rows of request b in one ``tl.dot``:
+  ``[NB * BLOCK_H, D_I] x [D_I, BLOCK_P] -> fp32``. The q tile (``N*H_I*D_I`` bytes, 32 KiB at
+  N=4, H_I=64) and the weights stay in registers / shared memory for the whole chunk.
+  ReLU, the per-head weights and the head sum run on the accumulator
+  (``reshape [NB, BLOCK_H, BLOCK_P] -> sum(axis=1)``), then the per-token k scale and the draft
+  mask; the row ``[N, P]`` of logits is stored.
+* Bytes: ``L_b * (D_I + 4)`` per request read once (+ ``N*L_b*4`` logits written by this kernel);
+  FLOPs: ``2 * N * H_I * D_I`` per position (16.8 MFLOP per 1K positions at N=1, H_I=64,
+  D_I=128): about 64 FLOP/byte at N=1, which is memory bound on both H200 (fp8 dense
+  ~1979 TFLOP/s vs 4.8 TB/s) and sm_120; the kernel's job is to stream pages at HBM speed.
+* Work scales with L_b, not with the block table's width: each program computes
+  ``n_pages_b = ceil(max_i len[b, i] / P)`` on the device and loops over its share
+  ``[s * ceil(n_pages_b / S), ...)`` of pages with a **runtime** loop bound. The grid
+  ``(B, S)`` depends only on B and the SM count (S ~ 2 * num_SMs / B, never more than
+  max_pages), so a 4K request in a table sized for 1M launches the same programs and reads the
+  same pages as in a table sized for 4K. No host synchronisation: CUDA-graph capturable.
+* Pages whose entry is negative or ``>= num_pages`` are never read (loads masked) and their
+  logits are -inf. Positions of pages this kernel does not visit (``j >= n_pages_b * P``) are not
+  written: ``indexer_logits`` pre-fills its output with -inf; the top-k never reads them.
+* No atomics: every output element is written by exactly one program, so results are bitwise
+  reproducible.
+* Padding: heads are padded to ``BLOCK_H = max(16, next_pow2(H_I))`` (dots need M >= 16),
+  drafts to ``NB = next_pow2(N)``, tokens to ``BLOCK_P = max(16, next_pow2(P))``; padded rows
+  get weight 0 and are excluded with ``tl.where`` (so a NaN key cannot leak through ``0 * NaN``
+  from a padded row into a real one).
+* NaN keys propagate (ReLU is ``where(s < 0, 0, s)``, not ``max``), as in the float64 reference.
+
+Shared memory (compile-time, from ``kernels/triton/_aot.py``): q tile + pipelined K pages,
+``NB*BLOCK_H*D_I + num_stages * BLOCK_P * D_I`` bytes for fp8 (32 KiB + 3 x 8 KiB at N=4,
+H_I=64, P=64), within sm_120's 99 KiB.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class IndexerLogitsConfig:
+    """Launch configuration of :func:`launch_indexer_logits`.
+
+    Attributes:
+      num_splits: programs per request (grid ``(B, num_splits)``); None = heuristic
+        ``ceil(2 * num_sms / B)`` clipped to ``[1, max_pages]``.
+      num_warps, num_stages: Triton launch parameters (the page loop is software-pipelined).
+    """
+
+    num_splits: int | None = None
+    num_warps: int | None = None
+    num_stages: int = 3
+
+    SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(2, 3, 4))
+
+
+def default_num_splits(batch: int, max_pages: int, num_sms: int) -> int:
+    """Heuristic split count: about two programs per SM over the batch, at most one per page."""
+    return max(1, min(max_pages, triton.cdiv(2 * num_sms, max(batch, 1))))
+
+
+@triton.jit
+def draft_lengths(cl_ptr, b, N: tl.constexpr, NB: tl.constexpr, CL_PER_DRAFT: tl.constexpr):
+    """Valid-prefix length of each draft of request b, int32 ``[NB]`` (0 for padded drafts).
+
+    ``CL_PER_DRAFT``: context_lens is ``[B, N]`` (taken as given) else ``[B]`` (MTP mask
+    ``L_b - (N - 1 - i)``). Negative lengths clamp to 0.
+    """
+    i = tl.arange(0, NB)
+    if CL_PER_DRAFT:
+        lens = tl.load(cl_ptr + b * N + i, mask=i < N, other=0)
+    else:
+        lens = tl.load(cl_ptr + b) - (N - 1 - i)
+    lens = tl.maximum(lens, 0)
+    return tl.where(i < N, lens, 0)
+
+
+@triton.jit
+def _indexer_logits_kernel(
+    q_ptr,            # [B, N, H, D] e4m3 (fp8_indexer) or float (dense)
+    w_ptr,            # [B, N, H] float32
+    k_ptr,            # fp8_indexer: e4m3 view [num_pages, P*(D+4)]; dense: [num_pages, P, D]
+    ks_ptr,           # fp8_indexer: float32 view [num_pages, P*(D+4)/4] (unused for dense)
+    bt_ptr,           # [B, max_pages] int32
+    cl_ptr,           # [B] or [B, N] int32
+    out_ptr,          # [B, N, W] float32, W = max_pages * P
+    num_pages, max_pages,
+    stride_qb, stride_qn, stride_qh,
+    stride_wb, stride_wn,
+    stride_kp, stride_kt,
+    stride_sp, scale_off,
+    stride_bt,
+    stride_ob, stride_on,
+    N: tl.constexpr, NB: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr,
+    D: tl.constexpr, P: tl.constexpr, BLOCK_P: tl.constexpr,
+    HAS_SCALE: tl.constexpr, CL_PER_DRAFT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    split = tl.program_id(1)
+    num_splits = tl.num_programs(1)
+
+    lens = draft_lengths(cl_ptr, b, N, NB, CL_PER_DRAFT)                  # [NB]
+    n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), max_pages)
+    per = tl.cdiv(n_pages, num_splits)
+    start = split * per
+    end = tl.minimum(start + per, n_pages)
+
+    # q tile [NB * BLOCK_H, D] and weights [NB * BLOCK_H], rows (draft, head); loaded once.
+    r = tl.arange(0, NB * BLOCK_H)
+    ri = r // BLOCK_H
+    rh = r % BLOCK_H
+    row_ok = (ri < N) & (rh < H)
+    d = tl.arange(0, D)
+    q = tl.load(q_ptr + b * stride_qb + ri[:, None] * stride_qn + rh[:, None] * stride_qh + d[None, :],
+                mask=row_ok[:, None], other=0.0)                              # [R, D]
+    w = tl.load(w_ptr + b * stride_wb + ri * stride_wn + rh, mask=row_ok, other=0.0)  # [R]
+
+    t = tl.arange(0, BLOCK_P)
+    t_ok = t < P
+    i_out = tl.arange(0, NB)
+    out_row = out_ptr + b * stride_ob + i_out[:, None] * stride_on             # [NB, 1]
+    for pg in range(start, end):
+        entry = tl.load(bt_ptr + b * stride_bt + pg)
+        page_ok = (entry >= 0) & (entry < num_pages)
+        page = tl.where(page_ok, entry, 0).to(tl.int64)
+        kmask = t_ok[:, None] & page_ok
+        k = tl.load(k_ptr + page * stride_kp + t[:, None] * stride_kt + d[None, :],
+                    mask=kmask, other=0.0)                                    # [BLOCK_P, D]
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)            # [R, BLOCK_P] fp32
+        s = tl.where(s < 0.0, 0.0, s)                                         # ReLU keeping NaN
+        s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
+        logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_P)), axis=1)         # [NB, BLOCK_P]
+        if HAS_SCALE:
+            sc = tl.load(ks_ptr + page * stride_sp + scale_off + t, mask=t_ok & page_ok, other=0.0)
+            logit = logit * sc[None, :]
+        j = pg * P + t                                                        # logical positions
+        valid = (j[None, :] < lens[:, None]) & page_ok
+        logit = tl.where(valid, logit, float("-inf"))
+        tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & t_ok[None, :])
+
+
+def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out, *,
+                          page_size: int, num_sms: int, config: IndexerLogitsConfig | None = None):
+    """Launch :func:`_indexer_logits_kernel` on already-validated tensors (no host sync).
+
+    Args:
+      q: ``[B, N, H_I, D_I]`` e4m3 (with k_scales) or float (dense, same dtype as k_vals); last
+        dim contiguous.
+      weights: ``[B, N, H_I]`` float32, last dim contiguous.
+      k_vals: e4m3 view ``[num_pages, P * (D_I + 4)]`` of the fp8_indexer cache, or dense
+        ``[num_pages, P, D_I]`` float with contiguous last dim.
+      k_scales: float32 view ``[num_pages, P * (D_I + 4) / 4]`` of the same storage, or None (dense).
+      block_table: ``[B, max_pages]`` int32, last dim contiguous.
+      context_lens: contiguous int32 ``[B]`` or ``[B, N]``.
+      out: float32 ``[B, N, max_pages * P]``, last dim contiguous; only positions of the pages a
+        request spans (``j < ceil(max_i len[b, i] / P) * P``) are written.
+      page_size: P. num_sms: SM count for the split heuristic.
+    """
+    cfg = config or IndexerLogitsConfig()
+    B, N, H, D = q.shape
+    max_pages = block_table.shape[1]
+    NB = triton.next_power_of_2(N)
+    BLOCK_H = max(16, triton.next_power_of_2(H))
+    BLOCK_P = max(16, triton.next_power_of_2(page_size))
+    splits = cfg.num_splits or default_num_splits(B, max_pages, num_sms)
+    splits = max(1, min(splits, max(max_pages, 1)))
+    num_warps = cfg.num_warps or (8 if NB * BLOCK_H >= 256 else 4)
+    has_scale = k_scales is not None
+    if has_scale:
+        stride_kp, stride_kt = k_vals.stride(0), D
+        stride_sp, scale_off = k_scales.stride(0), page_size * D // 4
+    else:
+        stride_kp, stride_kt = k_vals.stride(0), k_vals.stride(1)
+        stride_sp, scale_off = 0, 0
+    precision = "ieee" if str(q.dtype) == "torch.float32" else "tf32"
+    if B == 0 or max_pages == 0:
+        return out
+    _indexer_logits_kernel[(B, splits)](
+        q, weights, k_vals, k_scales if has_scale else k_vals, block_table, context_lens, out,
+        k_vals.shape[0], max_pages,
+        q.stride(0), q.stride(1), q.stride(2),
+        weights.stride(0), weights.stride(1),
+        stride_kp, stride_kt, stride_sp, scale_off,
+        block_table.stride(0),
+        out.stride(0), out.stride(1),
+        N=N, NB=NB, H=H, BLOCK_H=BLOCK_H, D=D, P=page_size, BLOCK_P=BLOCK_P,
+        HAS_SCALE=has_scale, CL_PER_DRAFT=context_lens.dim() == 2, DOT_PRECISION=precision,
+        num_warps=num_warps, num_stages=cfg.num_stages,
+    )
+    return out

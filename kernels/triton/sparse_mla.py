@@ -1,0 +1,275 @@
+"""Sparse MLA decode as Triton kernels: split-K over the top-k list, then an LSE combine.
+
+Semantics: ../../shared/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
+absorbed MLA in MQA form). The float64 definition is ``kernels.reference.sparse_mla_decode``.
+
+Design
+------
+Work is a grid ``(head_blocks * dv_splits, splits, B * N)``:
+
+* **Head block.** One program holds ``BLOCK_H`` query heads (all heads of the rank up to 64,
+  padded to a power of two >= 16 for ``tl.dot``; padded heads are masked, the caller never pads).
+  Every gathered latent row is therefore read once per head block: for H <= 64 once in total,
+  for H = 128 twice (the two head blocks are adjacent in the grid, so the second read is
+  mostly an L2 hit). Decode attention with K <= 2048 selected rows is memory-bound for
+  H <= 64 and compute-bound only near H = 128.
+* **Split-K.** A program walks ``chunk`` entries of the top-k list (``chunk`` a multiple of
+  ``BLOCK_K``). The split count comes from ``kernels.configs.sparse_mla_num_splits``: enough
+  programs to fill the SMs when ``B x N x head_blocks`` alone does not. Splits write fp32
+  partial outputs (normalised) and log2-domain partial LSEs; ``_sparse_mla_combine_kernel``
+  merges them into the natural-log LSE and q-dtype output. With one split the split kernel
+  writes the final result itself (``FINAL``), saving the combine launch and the partial traffic.
+* **Gather.** Per iteration ``BLOCK_K`` indices are loaded, resolved to slots (through the block
+  table: ``block_table[b, j // P] * P + j % P``) and checked; invalid entries (negative, beyond
+  the cache or the table, a negative page entry, past ``topk_length``) are masked in every load
+  so they are never dereferenced, and their scores are excluded explicitly (so NaN or stale data
+  in unselected rows cannot leak). Rows are read straight from the cache in its own layout:
+  ``latent`` (bf16/fp16/fp32), ``fp8_ds_mla`` (e4m3 bytes x float32 scale per 128 dims, bf16
+  rope) and ``fp8_model1`` (per-page data rows then ue8m0 scale rows; byte e -> 2^(e-127)) are
+  dequantized in registers, never into a separate copy. Row starts are multiples of 16 bytes
+  (656 = 16 x 41, 576 = 16 x 36), so the contiguous row segments load as 16-byte vectors.
+* **Math.** The latent is split into the value part (the first ``D_v`` dims, one
+  ``[BLOCK_K, D_V]`` tile reused by both dots) and the tail (``D_qk - D_v`` rope dims).
+  ``s = q_v . k_v + q_t . k_t`` and ``acc += p . v`` use ``tl.dot`` with fp32 accumulation; the
+  operand dtype follows q (bf16 / fp16 on the GPU; fp32 q uses IEEE fp32 dots, fp16 in the CPU
+  interpreter). Online softmax runs in the exp2 domain (``sm_scale * log2(e)`` folded into the
+  scores) with a finite running-max sentinel ``-1e30`` and masked probabilities forced to 0, so a
+  block (or a whole row) without valid entries never produces NaN. An empty row ends with
+  ``l = 0``: out 0, LSE -inf. Duplicated indices are summed once per occurrence naturally.
+* **Registers.** The fp32 accumulator is ``[BLOCK_H, D_V / dv_splits]``; ``dv_splits = 2`` halves
+  it (each program recomputes the scores and reads the rows again, mostly from L2) for GPUs or
+  head counts where the full ``[64, 512]`` accumulator spills.
+* **Sink** (V4): ``out *= 1 / (1 + exp(sink_h - lse))`` applied where the final output is written.
+* **Determinism.** No atomics; the combine loops over splits in a fixed order.
+
+The launcher (validation, config choice, custom-op registration) is ``torch_impl/sparse_mla.py``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# kv_format codes (constexpr KV_FORMAT)
+LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2
+KV_FORMAT_CODES = {"latent": LATENT, "fp8_ds_mla": FP8_DS_MLA, "fp8_model1": FP8_MODEL1}
+
+# fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32 scales | 64 bf16 rope
+DS_MLA_BYTES, DS_MLA_NOPE, DS_MLA_TILE = 656, 512, 128
+# fp8_model1: per page P data rows of 576 bytes (448 e4m3 | 64 bf16), then P scale rows of 8 bytes
+MODEL1_DATA_BYTES, MODEL1_NOPE, MODEL1_TILE, MODEL1_SCALE_BYTES = 576, 448, 64, 8
+
+NEG_SENTINEL = tl.constexpr(-1.0e30)  # finite running-max start; exp2(NEG - real) == 0 exactly
+LOG2E = 1.4426950408889634
+LN2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _dot(a, b, DOT_FP32: tl.constexpr):
+    """``a @ b`` with fp32 accumulation; IEEE fp32 products when the operands are fp32."""
+    if DOT_FP32:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def _load_latent(kv_ptr, kv16_ptr, kv32_ptr,           # cache viewed as its dtype / bf16 / f32
+                 slot, page, off, ok,                   # [BLOCK_K] int64 slot, page, offset; bool
+                 stride_page, stride_tok, page_bytes, page_size,
+                 D0: tl.constexpr, DB: tl.constexpr, D_END: tl.constexpr, BLOCK_K: tl.constexpr,
+                 KV_FORMAT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Latent dims ``[D0, D0 + DB)`` (masked at ``D_END``) of the selected rows, dequantized,
+    as ``[BLOCK_K, DB]`` in ``DOT_DTYPE``; rows with ``ok == False`` are 0 and never read."""
+    d = D0 + tl.arange(0, DB)                                     # [DB]
+    dmask = ok[:, None] & (d[None, :] < D_END)                    # [BLOCK_K, DB]
+    if KV_FORMAT == 0:      # latent [num_pages, P, D_qk], last dim contiguous
+        row = page * stride_page + off * stride_tok               # [BLOCK_K] elements
+        x = tl.load(kv_ptr + row[:, None] + d[None, :], mask=dmask, other=0.0)
+        return x.to(DOT_DTYPE)
+    elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_slots, 656]
+        NOPE: tl.constexpr = 512
+        if D0 + DB <= NOPE:
+            x8 = tl.load(kv_ptr + (slot * 656)[:, None] + d[None, :], mask=dmask, other=0)
+            sc = tl.load(kv32_ptr + (slot * 164 + 128)[:, None] + (d // 128)[None, :],
+                         mask=dmask, other=0.0)                   # float32 scale per 128 dims
+            x = x8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc
+            return x.to(DOT_DTYPE)
+        else:
+            tl.static_assert(D0 >= NOPE, "fp8_ds_mla tiles must not straddle dim 512")
+            x = tl.load(kv16_ptr + (slot * 328 + 264)[:, None] + (d - NOPE)[None, :],
+                        mask=dmask, other=0.0)                    # bf16 rope
+            return x.to(DOT_DTYPE)
+    else:                   # fp8_model1 uint8 [num_pages, page_bytes]
+        NOPE1: tl.constexpr = 448
+        data = page * page_bytes + off * 576                      # [BLOCK_K] byte offsets
+        scl = page * page_bytes + page_size * 576 + off * 8
+        x = tl.zeros([BLOCK_K, DB], dtype=tl.float32)
+        if D0 < NOPE1:
+            m8 = dmask & (d[None, :] < NOPE1)
+            x8 = tl.load(kv_ptr + data[:, None] + d[None, :], mask=m8, other=0)
+            e = tl.load(kv_ptr + scl[:, None] + (d // 64)[None, :], mask=m8, other=127)
+            sc = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)   # ue8m0: 2^(e-127)
+            x = x8.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sc
+        if D0 + DB > NOPE1:
+            m16 = dmask & (d[None, :] >= NOPE1)
+            r = tl.load(kv16_ptr + (data // 2 + 224)[:, None] + (d - NOPE1)[None, :],
+                        mask=m16, other=0.0)                      # bf16 rope at byte 448
+            x = tl.where(m16, r.to(tl.float32), x)
+        return x.to(DOT_DTYPE)
+
+
+@triton.jit
+def _sparse_mla_split_kernel(
+    q_ptr,            # [B, N, H, D_qk] q dtype, strides sq_*; last dim contiguous
+    kv_ptr,           # latent: [num_pages, P, D_qk] cache dtype; fp8: the cache as uint8 bytes
+    kv16_ptr,         # fp8: the same bytes viewed as bf16 (rope dims); latent: unused
+    kv32_ptr,         # fp8_ds_mla: the same bytes viewed as float32 (scales); else unused
+    idx_ptr,          # [B, N, K] int32 slots (or logical positions with HAS_BT), strides si_*
+    bt_ptr,           # [B, max_pages] int32 block table (HAS_BT)
+    tkl_ptr,          # [B] int32 topk_length (HAS_TKL)
+    sink_ptr,         # [H] float32 attention sink (HAS_SINK, FINAL only)
+    po_ptr,           # [S, B*N, H, D_V] float32 partial out (not FINAL)
+    pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (not FINAL)
+    out_ptr,          # [B, N, H, D_V] q dtype (FINAL)
+    lse_ptr,          # [B, N, H] float32 natural-log LSE (FINAL)
+    sq_b, sq_n, sq_h, si_b, si_n, sbt_b, stride_page, stride_tok,
+    N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
+    KV_FORMAT: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr, D_V_PAD: tl.constexpr,
+    D_T_PAD: tl.constexpr, DV_SPLITS: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BT: tl.constexpr, HAS_TKL: tl.constexpr, HAS_SINK: tl.constexpr, FINAL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr,
+):
+    DV_BLOCK: tl.constexpr = D_V_PAD // DV_SPLITS
+    pid_hv = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    pid_bn = tl.program_id(2)
+    pid_h = pid_hv // DV_SPLITS
+    pid_v = pid_hv % DV_SPLITS
+    b = pid_bn // N
+    n = pid_bn % N
+
+    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)               # [BLOCK_H]
+    h_ok = heads < H
+    dv = tl.arange(0, D_V_PAD)                                    # [D_V_PAD]
+    q_row = q_ptr + b.to(tl.int64) * sq_b + n * sq_n + heads[:, None] * sq_h
+    q_v = tl.load(q_row + dv[None, :], mask=h_ok[:, None] & (dv[None, :] < D_V),
+                  other=0.0).to(DOT_DTYPE)                        # [BLOCK_H, D_V_PAD]
+    if D_T_PAD > 0:
+        dt = D_V + tl.arange(0, D_T_PAD)
+        q_t = tl.load(q_row + dt[None, :], mask=h_ok[:, None] & (dt[None, :] < D_QK),
+                      other=0.0).to(DOT_DTYPE)                    # [BLOCK_H, D_T_PAD]
+
+    k_len = K
+    if HAS_TKL:
+        k_len = tl.maximum(tl.minimum(tl.load(tkl_ptr + b), K), 0)
+    start = pid_s * chunk
+    end = tl.minimum(start + chunk, k_len)
+
+    m_i = tl.full([BLOCK_H], NEG_SENTINEL, tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, DV_BLOCK], tl.float32)
+    idx_row = idx_ptr + b.to(tl.int64) * si_b + n * si_n
+    for k0 in range(start, end, BLOCK_K):
+        kk = k0 + tl.arange(0, BLOCK_K)                           # [BLOCK_K] list positions
+        in_list = kk < end
+        raw = tl.load(idx_row + kk, mask=in_list, other=-1).to(tl.int64)
+        if HAS_BT:
+            ok = in_list & (raw >= 0) & (raw < max_pages * page_size)
+            lpage = tl.where(ok, raw // page_size, 0)
+            ent = tl.load(bt_ptr + b.to(tl.int64) * sbt_b + lpage, mask=ok, other=-1).to(tl.int64)
+            ok = ok & (ent >= 0) & (ent < num_pages)
+            slot = ent * page_size + raw % page_size
+        else:
+            ok = in_list & (raw >= 0) & (raw < num_slots)
+            slot = raw
+        slot = tl.where(ok, slot, 0)
+        page = slot // page_size
+        off = slot % page_size
+
+        k_v = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                           stride_tok, page_bytes, page_size, 0, D_V_PAD, D_V, BLOCK_K,
+                           KV_FORMAT, DOT_DTYPE)                  # [BLOCK_K, D_V_PAD]
+        s = _dot(q_v, tl.trans(k_v), DOT_FP32)                    # [BLOCK_H, BLOCK_K]
+        if D_T_PAD > 0:
+            k_t = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                               stride_tok, page_bytes, page_size, D_V, D_T_PAD, D_QK, BLOCK_K,
+                               KV_FORMAT, DOT_DTYPE)              # [BLOCK_K, D_T_PAD]
+            s += _dot(q_t, tl.trans(k_t), DOT_FP32)
+        s = tl.where(ok[None, :], s * qk_scale_log2, NEG_SENTINEL)
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.where(ok[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        if DV_SPLITS == 1:
+            v = k_v
+        else:
+            v = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, pid_v * DV_BLOCK, DV_BLOCK,
+                             D_V, BLOCK_K, KV_FORMAT, DOT_DTYPE)           # [BLOCK_K, DV_BLOCK]
+        acc = acc * alpha[:, None] + _dot(p.to(DOT_DTYPE), v, DOT_FP32)
+        m_i = m_new
+
+    has = l_i > 0.0
+    l_safe = tl.where(has, l_i, 1.0)
+    o = tl.where(has[:, None], acc / l_safe[:, None], 0.0)        # [BLOCK_H, DV_BLOCK]
+    lse2 = tl.where(has, m_i + tl.log2(l_safe), float("-inf"))    # [BLOCK_H], log2 domain
+    dvo = pid_v * DV_BLOCK + tl.arange(0, DV_BLOCK)
+    omask = h_ok[:, None] & (dvo[None, :] < D_V)
+    if FINAL:
+        lse = lse2 * LN2
+        if HAS_SINK:
+            sink = tl.load(sink_ptr + heads, mask=h_ok, other=0.0)
+            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]   # lse=-inf -> factor 0
+        orow = pid_bn.to(tl.int64) * H + heads
+        tl.store(out_ptr + orow[:, None] * D_V + dvo[None, :], o.to(out_ptr.dtype.element_ty),
+                 mask=omask)
+        if pid_v == 0:
+            tl.store(lse_ptr + orow, lse, mask=h_ok)
+    else:
+        prow = (pid_s.to(tl.int64) * tl.num_programs(2) + pid_bn) * H + heads
+        tl.store(po_ptr + prow[:, None] * D_V + dvo[None, :], o, mask=omask)
+        if pid_v == 0:
+            tl.store(pl_ptr + prow, lse2, mask=h_ok)
+
+
+@triton.jit
+def _sparse_mla_combine_kernel(
+    po_ptr,           # [S, B*N, H, D_V] float32 partial out (normalised per split)
+    pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (-inf = empty split)
+    sink_ptr,         # [H] float32 (HAS_SINK)
+    out_ptr,          # [B*N, H, D_V] q dtype
+    lse_ptr,          # [B*N, H] float32 natural-log LSE
+    S, BN, H,
+    D_V: tl.constexpr, D_V_PAD: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SINK: tl.constexpr,
+):
+    pid_h = tl.program_id(0)
+    pid_bn = tl.program_id(1)
+    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < H
+    dv = tl.arange(0, D_V_PAD)
+    omask = h_ok[:, None] & (dv[None, :] < D_V)
+
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for s in range(0, S):
+        row = (s * BN + pid_bn).to(tl.int64) * H + heads
+        m = tl.maximum(m, tl.load(pl_ptr + row, mask=h_ok, other=float("-inf")))
+    has = m > float("-inf")
+    m_safe = tl.where(has, m, 0.0)
+    den = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, D_V_PAD], tl.float32)
+    for s in range(0, S):
+        row = (s * BN + pid_bn).to(tl.int64) * H + heads
+        w = tl.exp2(tl.load(pl_ptr + row, mask=h_ok, other=float("-inf")) - m_safe)  # -inf -> 0
+        po = tl.load(po_ptr + row[:, None] * D_V + dv[None, :], mask=omask, other=0.0)
+        den += w
+        acc += w[:, None] * po
+    den_safe = tl.where(has, den, 1.0)
+    o = tl.where(has[:, None], acc / den_safe[:, None], 0.0)
+    lse = tl.where(has, (m_safe + tl.log2(den_safe)) * LN2, float("-inf"))
+    if HAS_SINK:
+        sink = tl.load(sink_ptr + heads, mask=h_ok, other=0.0)
+        o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
+    orow = pid_bn.to(tl.int64) * H + heads
+    tl.store(out_ptr + orow[:, None] * D_V + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
+    tl.store(lse_ptr + orow, lse, mask=h_ok)

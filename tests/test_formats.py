@@ -1,0 +1,123 @@
+"""Byte-exact tests of the cache layouts in kernels.formats (SPEC.md "Cache layouts")."""
+import ml_dtypes
+import numpy as np
+import pytest
+
+from kernels import formats
+
+
+def _latent(rng, shape, spread=True):
+    x = rng.standard_normal(shape).astype(np.float32)
+    if spread:  # groups with very different magnitudes, incl. an all-zero group
+        x *= np.exp2(rng.integers(-12, 8, size=shape[:-1] + (1,))).astype(np.float32)
+        x[(0,) * (len(shape) - 1)][:128] = 0.0
+    return x
+
+
+def test_fp8_ds_mla_bytes_by_hand():
+    x = np.zeros((1, 1, 576), np.float32)
+    x[0, 0, 0] = 448.0 * 4          # amax 1792 -> scale 4 for group 0
+    x[0, 0, 1] = -3.0
+    x[0, 0, 128] = 1.0              # group 1: amax 1 -> 1/448 -> 2^ceil(log2) = 2^-8
+    x[0, 0, 512] = 1.5              # first rope dim
+    c = formats.quantize_fp8_ds_mla(x)[0, 0]
+    assert c.shape == (656,) and c.dtype == np.uint8
+    assert c[0] == 0x7E                                              # 448 in e4m3fn
+    assert c[1:2].view(ml_dtypes.float8_e4m3fn).astype(np.float32)[0] == -0.75
+    scales = c[512:528].view(np.float32)
+    assert scales[0] == 4.0 and scales[1] == 2.0 ** -8
+    assert scales[2] == scales[3] == 2.0 ** np.ceil(np.log2(1e-4))   # all-zero groups
+    assert c[129:130].view(ml_dtypes.float8_e4m3fn).astype(np.float32)[0] == 0.0
+    assert c[128:129].view(ml_dtypes.float8_e4m3fn).astype(np.float32)[0] == 256.0
+    assert c[528:530].view(np.uint16)[0] == 0x3FC0                   # bf16 1.5
+
+
+@pytest.mark.parametrize("shape", [(3, 64, 576), (2, 61, 576), (1, 1, 576)])
+def test_fp8_ds_mla_roundtrip_exact(shape):
+    rng = np.random.default_rng(0)
+    x = _latent(rng, shape)
+    c = formats.quantize_fp8_ds_mla(x)
+    d = formats.dequantize_fp8_ds_mla(c)
+    # byte-exact: re-encoding the dequantized values with the stored scales gives the same bytes
+    scale4 = c[..., 512:528].copy().view(np.float32)
+    re = formats.to_e4m3(d[..., :512] / np.repeat(scale4, 128, axis=-1)).view(np.uint8)
+    np.testing.assert_array_equal(re, c[..., :512])
+    # nope dims: within e4m3 rounding (rel 2^-4) of the input, rope dims are bf16 of the input
+    np.testing.assert_array_equal(d[..., 512:], x[..., 512:].astype(ml_dtypes.bfloat16).astype(np.float32))
+    scale = np.repeat(c[..., 512:528].copy().view(np.float32), 128, axis=-1)
+    assert np.all(np.abs(d[..., :512] - x[..., :512]) <= np.maximum(np.abs(x[..., :512]) * 2 ** -4, scale * 2 ** -9))
+    # every dequantized value is exact in bf16 (power-of-two scales)
+    np.testing.assert_array_equal(d.astype(ml_dtypes.bfloat16).astype(np.float32), d)
+
+
+@pytest.mark.parametrize("P", [64, 1, 61])
+def test_fp8_model1_layout_and_roundtrip(P):
+    rng = np.random.default_rng(1)
+    x = _latent(rng, (3, P, 512))
+    c = formats.quantize_fp8_model1(x)
+    page_bytes = formats.model1_page_bytes(P)
+    assert c.shape == (3, page_bytes) and page_bytes % 576 == 0
+    assert page_bytes >= P * 584 > page_bytes - 576
+    assert formats.model1_page_size(page_bytes) == P
+    if P == 64:
+        assert page_bytes == 37440
+    # token t's data row at t*576, its scale row at P*576 + 8t (7 ue8m0 + one zero pad byte)
+    t = P - 1
+    row = c[1, t * 576:(t + 1) * 576]
+    sc = c[1, P * 576 + 8 * t: P * 576 + 8 * t + 8]
+    assert sc[7] == 0
+    amax = np.abs(x[1, t, :448].reshape(7, 64)).max(-1)
+    want = 127 + np.ceil(np.log2(np.maximum(amax / np.float32(448), np.float32(1e-4)))).astype(int)
+    np.testing.assert_array_equal(sc[:7], want)
+    np.testing.assert_array_equal(row[448:].view(np.uint16), x[1, t, 448:].astype(ml_dtypes.bfloat16).view(np.uint16))
+    assert not c[:, P * 584:].any()                                   # page padding is zero
+    d = formats.dequantize_fp8_model1(c)
+    scale7 = np.exp2(c[:, P * 576:P * 584].reshape(3, P, 8)[..., :7].astype(np.float64) - 127)
+    re = formats.to_e4m3(d[..., :448] / np.repeat(scale7, 64, axis=-1)).view(np.uint8)
+    np.testing.assert_array_equal(re, c[:, :P * 576].reshape(3, P, 576)[..., :448])
+
+
+@pytest.mark.parametrize("scale_fmt", ["ue8m0", None])
+@pytest.mark.parametrize("P", [64, 16, 3])
+def test_fp8_indexer_layout_and_roundtrip(scale_fmt, P):
+    rng = np.random.default_rng(2)
+    k = _latent(rng, (4, P, 128))
+    c = formats.quantize_fp8_indexer(k, scale_fmt)
+    assert c.shape == (4, P * 132) and c.dtype == np.uint8
+    vals, scales = formats.split_fp8_indexer(c)
+    amax = np.maximum(np.abs(k).max(-1), np.float32(1e-4))
+    want = amax / np.float32(448)
+    if scale_fmt == "ue8m0":
+        want = np.exp2(np.ceil(np.log2(want)))
+    np.testing.assert_array_equal(scales, want.astype(np.float32))
+    # token t's bytes are at t*D_I of its page, scales at P*D_I + 4t
+    t = P // 2
+    np.testing.assert_array_equal(c[2, t * 128:(t + 1) * 128], vals[2, t].view(np.uint8))
+    np.testing.assert_array_equal(c[2, P * 128 + 4 * t: P * 128 + 4 * t + 4].view(np.float32), scales[2, t:t + 1])
+    d = formats.dequantize_fp8_indexer(c)
+    re = formats.to_e4m3(d / scales[..., None]).view(np.uint8).reshape(4, P * 128)
+    np.testing.assert_array_equal(re, c[:, :P * 128])
+    assert np.all(np.abs(d - k) <= np.abs(k) * 2 ** -4 + scales[..., None] * 2 ** -9)
+
+
+def test_paging_helpers():
+    bt = np.array([[5, 2, -1], [0, -1, -1]], np.int32)
+    pos = np.array([[0, 3, 4, 7, 8, -1, 12], [1, 4, 3, 0, 99, -3, 2]])
+    slots = formats.logical_to_slot(pos, bt, 4)
+    np.testing.assert_array_equal(slots, [[20, 23, 8, 11, -1, -1, -1], [1, -1, 3, 0, -1, -1, 2]])
+    page, off = formats.slot_to_page_offset(slots, 4)
+    np.testing.assert_array_equal(page[0], [5, 5, 2, 2, -1, -1, -1])
+    np.testing.assert_array_equal(off[0], [0, 3, 0, 3, -1, -1, -1])
+
+
+def test_format_errors():
+    with pytest.raises(ValueError, match="latent"):
+        formats.quantize_fp8_ds_mla(np.zeros((1, 2, 512), np.float32))
+    with pytest.raises(TypeError, match="cache"):
+        formats.dequantize_fp8_ds_mla(np.zeros((1, 2, 656), np.float32))
+    with pytest.raises(ValueError, match="fp8_model1"):
+        formats.model1_page_size(1000)
+    with pytest.raises(ValueError, match="scale_fmt"):
+        formats.quantize_fp8_indexer(np.zeros((1, 2, 128), np.float32), "e5m2")
+    with pytest.raises(ValueError, match="kv_format"):
+        formats.dequantize_kv(np.zeros((1, 2, 8)), "int4")

@@ -1,0 +1,81 @@
+"""Validation, device gates and path dispatch shared by the torch_impl launchers."""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from kernels import hardware
+
+TORCH_PATHS = ("auto", "triton", "torch")
+
+
+def interpret_mode() -> bool:
+    """True when Triton kernels run in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def device_info(device: torch.device) -> hardware.DeviceInfo:
+    """DeviceInfo of a tensor's device; raises NotImplementedError where Triton cannot run."""
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        cc = (props.major, props.minor)
+        return hardware.DeviceInfo(name=props.name, cc=cc, num_sms=props.multi_processor_count,
+                                   smem_per_block=hardware.smem_limit(cc))
+    if device.type == "cpu" and interpret_mode():
+        return hardware.CPU_INTERPRETER
+    raise NotImplementedError(
+        f"the triton path runs on CUDA GPUs (or on the CPU with TRITON_INTERPRET=1); "
+        f"got tensors on {device}")
+
+
+def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torch.dtype] | None = None,
+                 shape: Sequence[int | None] | None = None, device: torch.device | None = None):
+    """Raise TypeError / ValueError naming ``name``, what was expected and what came."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if dtypes is not None and t.dtype not in dtypes:
+        raise TypeError(f"{name}: expected dtype in {[str(d) for d in dtypes]}, got {t.dtype}")
+    if ndim is not None and t.dim() != ndim:
+        raise ValueError(f"{name}: expected rank {ndim}, got shape {tuple(t.shape)}")
+    if shape is not None:
+        want = tuple(shape)
+        if len(want) != t.dim() or any(w is not None and w != s for w, s in zip(want, t.shape)):
+            pretty = tuple("*" if w is None else w for w in want)
+            raise ValueError(f"{name}: expected shape {pretty}, got {tuple(t.shape)}")
+    if device is not None and t.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
+
+
+def run_path(op: str, path: str, impls: dict[str, Callable], order: Sequence[str]):
+    """Run ``impls[path]``; ``"auto"`` tries ``order`` and falls through on NotImplementedError.
+
+    A named path re-raises (SPEC: only "auto" falls through).
+    """
+    if path == "auto":
+        errors = []
+        for name in order:
+            try:
+                return impls[name]()
+            except NotImplementedError as e:  # noqa: PERF203 - fall through to the next path
+                errors.append(f"{name}: {e}")
+        raise NotImplementedError(f"{op}: no path can run: " + "; ".join(errors))
+    if path not in impls:
+        raise ValueError(f"path: expected one of {('auto',) + tuple(impls)}, got {path!r}")
+    return impls[path]()
+
+
+_NP_TO_TORCH_VIEW = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn)}
+
+
+def as_tensor(arr, device="cpu") -> torch.Tensor:
+    """NumPy (incl. ml_dtypes bfloat16 / float8_e4m3fn) -> torch tensor on ``device``, bit-exact."""
+    if arr is None:
+        return None
+    a = np.ascontiguousarray(arr)
+    if a.dtype.name in _NP_TO_TORCH_VIEW:
+        raw, tdt = _NP_TO_TORCH_VIEW[a.dtype.name]
+        return torch.from_numpy(a.view(raw).copy()).view(tdt).to(device)
+    return torch.from_numpy(a.copy()).to(device)
