@@ -5,9 +5,10 @@ the *split count* (how many split-K programs share one top-k list) is a runtime 
 call from the GPU's SM count and the rows of work. Each op has:
 
 * a frozen dataclass (``SparseMLAConfig``),
-* an explicit search space per shared-memory class (:data:`SPARSE_MLA_SPACE`): every config a
-  launcher may choose. ``tests/test_triton_compile.py`` compiles every entry for sm_120
-  (101,376 B shared memory per block) and sm_90 (232,448 B) and checks the shared memory,
+* an explicit search space per shared-memory class and dot-operand width
+  (:data:`SPARSE_MLA_SPACE`): every config a launcher may choose. ``tests/test_triton_compile.py``
+  compiles every entry for sm_120 (101,376 B shared memory per block) and sm_90 (232,448 B) and
+  checks the shared memory,
 * a heuristic default (:func:`sparse_mla_heuristic`) that only ever returns a member of the
   space for the GPU's class, and :func:`sparse_mla_num_splits` for the split count.
 
@@ -66,21 +67,38 @@ class SparseMLAConfig:
         return asdict(self)
 
 
-# Every config the launcher may pick, per shared-memory class. The compile test compiles each
-# one for every kv_format and checks its shared memory against the class limit.
-SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
-    "small": (
+# Every config the launcher may pick, per (shared-memory class, dot operand bytes): 2 for bf16 /
+# fp16 operands (bf16 / fp16 q), 4 for IEEE fp32 operands (fp32 q, twice the staging bytes).
+# tests/test_triton_compile.py compiles each one for every kv_format and checks its shared
+# memory against the class limit.
+SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
+    # sm_120 (measured with kernels/triton/_aot.py, latent layout the largest): 64 heads with
+    # dv_splits=1 need 106 KB and spill, with dv_splits=2 90 KB; 32 heads x 32 entries 102.4 KB,
+    # so 16 entries there.
+    ("small", 2): (
         SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=16, dv_splits=2, num_warps=8, num_stages=1),
     ),
-    "large": (
+    # fp32 operands on sm_120: 16 heads x 16 entries (74 KB); 32 x 16 needs 110 KB.
+    ("small", 4): (
+        SparseMLAConfig(block_h=16, block_k=16, dv_splits=1, num_warps=4, num_stages=1),
+    ),
+    # sm_90 (measured, worst kv layout): 64 heads x 32 entries 131 KB (2 stages 148 KB,
+    # dv_splits=2 106 KB); ptxas reports 255 registers and 230-580 B of spill stores for every
+    # 64-head config here: which one is fastest is for the H200 benchmark / dispatch table.
+    ("large", 2): (
         SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
         SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, dv_splits=2, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=2),
+    ),
+    # fp32 operands on sm_90: 64 heads x 16 entries 185 KB, 32 x 32 147 KB.
+    ("large", 4): (
+        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
     ),
 }
 
@@ -89,18 +107,24 @@ SPARSE_MLA_COMBINE_BLOCK_H = 16
 SPARSE_MLA_COMBINE_WARPS = 4
 
 
-def sparse_mla_heuristic(num_heads: int, smem_per_block: int) -> SparseMLAConfig:
+def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[SparseMLAConfig, ...]:
+    """The configs a launcher may pick on a GPU with ``smem_per_block`` bytes of shared memory
+    per block, for dot operands of ``operand_bytes`` (2: bf16/fp16, 4: fp32)."""
+    return SPARSE_MLA_SPACE[(smem_class(smem_per_block), 4 if operand_bytes >= 4 else 2)]
+
+
+def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes.
 
     One head block covers all heads up to 64 (padded to a power of two >= 16); 128 heads use
-    two blocks of 64. The choice is always a member of ``SPARSE_MLA_SPACE[smem_class(...)]``.
+    two blocks of 64. Where the space has no such block_h (fp32 operands on sm_120) the largest
+    smaller one is used. The choice is always the first member of :func:`sparse_mla_space` with
+    that block_h (the plain one: dv_splits 1 and one stage where the space has it).
     """
-    space = SPARSE_MLA_SPACE[smem_class(smem_per_block)]
+    space = sparse_mla_space(smem_per_block, operand_bytes)
     want_h = min(64, max(16, next_pow2(num_heads)))
-    for cfg in space:                      # first (plain, dv_splits=1, 1 stage) entry that fits
-        if cfg.block_h == want_h:
-            return cfg
-    return space[0]
+    block_h = max(c.block_h for c in space if c.block_h <= want_h)   # largest that the space has
+    return next(c for c in space if c.block_h == block_h)
 
 
 def sparse_mla_num_splits(rows: int, topk: int, block_k: int, num_sms: int,
@@ -117,10 +141,85 @@ def sparse_mla_num_splits(rows: int, topk: int, block_k: int, num_sms: int,
     return int(min(want, cap))
 
 
-def sparse_mla_from_dict(d: dict, smem_per_block: int) -> SparseMLAConfig | None:
+def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -> SparseMLAConfig | None:
     """A dispatch-table config, or None when it is not a member of this GPU's search space."""
     try:
         cfg = SparseMLAConfig(**d)
     except TypeError:
         return None
-    return cfg if cfg in SPARSE_MLA_SPACE[smem_class(smem_per_block)] else None
+    return cfg if cfg in sparse_mla_space(smem_per_block, operand_bytes) else None
+
+
+# ============================================================================ Pallas (jax_impl)
+# The Pallas-Triton split kernel (kernels/pallas/sparse_mla.py) uses the same SparseMLAConfig
+# without the D_v split (dv_splits == 1; see its module docstring). Its tiles stage differently
+# from the Triton kernel's (separate main / tail tiles, bytes assembled in registers), so it has
+# its own space, checked by tests/test_jax_sparse_mla.py::test_aot_compile_fits_smem (lower for
+# CUDA, compile the Triton IR with Triton for sm_90 / sm_120; no GPU needed). Shared memory per
+# block measured that way with bf16 dots (jax 0.10.2 lowering, Triton 3.9), worst over the kv
+# formats, block_h/block_k/warps/stages:
+#   16/32/4/1: 83,968   32/16/8/1: 69,632   32/32/8/1: 102,400 (> 101,376: large class only)
+#   64/16/8/1: 106,496 (so not in "small")   64/32/8/1: 110,592   64/32/8/2: 147,712
+# fp32 dots (fp32 q, or a latent cache of another dtype than q) stage 4-byte operands: the
+# launcher then uses PALLAS_SPARSE_MLA_FP32 (a correctness path, not a performance target).
+# Combine launch options are shared with the Triton stack (SPARSE_MLA_COMBINE_*).
+
+PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
+    "small": (
+        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
+    ),
+    "large": (
+        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=2),
+    ),
+}
+PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, dv_splits=1, num_warps=4,
+                                         num_stages=1)
+
+# Shared memory (bytes) each config uses, measured by the AOT compile above, worst over the
+# kv formats, keyed by (config, dot operand bytes); the compile test asserts the measured value
+# stays at or below these, and the launcher gates with them before launch.
+PALLAS_SPARSE_MLA_SMEM: dict[tuple[SparseMLAConfig, int], int] = {
+    (SparseMLAConfig(16, 32, 1, 4, 1), 2): 83_968,
+    (SparseMLAConfig(32, 16, 1, 8, 1), 2): 69_632,
+    (SparseMLAConfig(32, 32, 1, 8, 1), 2): 102_400,
+    (SparseMLAConfig(64, 32, 1, 8, 1), 2): 110_592,
+    (SparseMLAConfig(64, 32, 1, 8, 2), 2): 147_712,
+    (PALLAS_SPARSE_MLA_FP32, 4): 74_816,
+}
+
+
+def pallas_sparse_mla_smem(cfg: SparseMLAConfig, operand_bytes: int) -> int:
+    """Shared-memory bytes of a Pallas config for dot operands of ``operand_bytes`` (2 or 4):
+    the measured value when the pair is in :data:`PALLAS_SPARSE_MLA_SMEM`, else a conservative
+    estimate (q, k and p tiles in the operand dtype, twice)."""
+    known = PALLAS_SPARSE_MLA_SMEM.get((cfg, operand_bytes))
+    if known is not None:
+        return known
+    return 2 * operand_bytes * (cfg.block_h * 576 + cfg.block_k * 576 + cfg.block_h * cfg.block_k)
+
+
+def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int,
+                                operand_bytes: int = 2) -> SparseMLAConfig:
+    """Default Pallas config: all heads up to 64 in one head block (padded to a power of two
+    >= 16) where the GPU's shared memory allows it, else the largest head block of the space
+    (one pipeline stage); fp32 operands use :data:`PALLAS_SPARSE_MLA_FP32`."""
+    if operand_bytes >= 4:
+        return PALLAS_SPARSE_MLA_FP32
+    space = PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)]
+    want_h = min(64, max(16, next_pow2(num_heads)))
+    fits = [c for c in space if c.num_stages == 1 and c.block_h <= want_h]
+    return max(fits, key=lambda c: (c.block_h, c.block_k)) if fits else space[0]
+
+
+def pallas_sparse_mla_from_dict(d: dict, smem_per_block: int) -> SparseMLAConfig | None:
+    """A dispatch-table config for the Pallas kernel (bf16 / fp16 operands), or None when it is
+    not in its space."""
+    try:
+        cfg = SparseMLAConfig(**d)
+    except TypeError:
+        return None
+    return cfg if cfg in PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)] else None

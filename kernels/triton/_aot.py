@@ -1,0 +1,135 @@
+"""Ahead-of-time compilation of ``@triton.jit`` kernels for a chosen GPU without a GPU.
+
+Used to prove that every launch config a launcher can choose fits the shared memory of each
+target (``tests/test_triton_compile.py``): ``triton.compile`` runs the whole pipeline
+(TTIR -> TTGIR -> LLVM -> PTX -> cubin with Triton's bundled ptxas) for
+``GPUTarget("cuda", cc, 32)`` and reports the static shared memory the kernel needs.
+
+A *launch spec* is ``(module, kernel, signature, constexprs, num_warps, num_stages)``: the kernel
+``module:kernel`` with every non-constexpr argument typed in ``signature`` (Triton type strings:
+``"*bf16"``, ``"*u8"``, ``"i32"``, ``"fp32"``) and every constexpr given in ``constexprs``.
+Pointer arguments, and the integer arguments named in ``divisible``, are compiled as multiples
+of 16 (as a real launch specialises them when they are).
+
+``@triton.jit`` returns an interpreter object when ``TRITON_INTERPRET=1``, so compilation must
+happen in a process without it: :func:`compile_specs` runs :func:`compile_spec` in a subprocess
+with the variable cleared (``python -m kernels.triton._aot`` reads specs as JSON on stdin).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import io
+import json
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One compile of one kernel: what a launcher would launch, with a readable label."""
+
+    label: str
+    module: str                       # "kernels.triton.sparse_mla"
+    kernel: str                       # "_sparse_mla_split_kernel"
+    signature: dict                   # arg name -> Triton type string (non-constexpr args)
+    constexprs: dict                  # arg name -> value (dtype constexprs as "bf16"/"fp16"/...)
+    num_warps: int = 4
+    num_stages: int = 2
+    dtype_constexprs: tuple = field(default=())   # names whose value is a Triton dtype string
+    divisible: tuple = field(default=())          # integer args specialised as multiples of 16
+
+
+def compile_spec(spec: LaunchSpec, cc: int) -> dict:
+    """Compile ``spec`` for ``sm_<cc>`` in this process (must not be interpreting).
+
+    Returns:
+      ``{"label", "cc", "shared" (bytes of shared memory per block), "num_warps", "num_stages",
+      "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
+      "spill_store_bytes"}``.
+    Raises:
+      RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
+    """
+    import triton
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+
+    mod = importlib.import_module(spec.module)
+    fn = getattr(mod, spec.kernel)
+    if not isinstance(fn, triton.runtime.jit.JITFunction):
+        raise RuntimeError(f"{spec.module}.{spec.kernel} is not a compiled JITFunction "
+                           f"(TRITON_INTERPRET set when it was imported?)")
+    constexprs = {}
+    for name, val in spec.constexprs.items():
+        constexprs[name] = getattr(tl, val) if name in spec.dtype_constexprs else val
+    signature = {}
+    attrs = {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            signature[name] = "constexpr"
+        elif name in spec.signature:
+            signature[name] = spec.signature[name]
+            if signature[name].startswith("*") or name in spec.divisible:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise ValueError(f"{spec.label}: argument {name!r} of {spec.kernel} has no type or value")
+    src = triton.compiler.ASTSource(fn, signature, constexprs, attrs)
+    log = io.StringIO()
+    knobs = triton.knobs.nvidia
+    old = knobs.dump_ptxas_log
+    knobs.dump_ptxas_log = True                       # ptxas -v: registers and spills
+    try:
+        with contextlib.redirect_stdout(log):
+            k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
+                               options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    finally:
+        knobs.dump_ptxas_log = old
+    text = log.getvalue()
+    regs = re.search(r"Used (\d+) registers", text)
+    spill = re.search(r"(\d+) bytes spill stores", text)
+    return {"label": spec.label, "cc": cc, "shared": int(k.metadata.shared),
+            "num_warps": spec.num_warps, "num_stages": spec.num_stages,
+            "registers": int(regs.group(1)) if regs else None,
+            "spill_store_bytes": int(spill.group(1)) if spill else None}
+
+
+def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200) -> list[dict]:
+    """Compile every spec for every ``cc`` in a subprocess without ``TRITON_INTERPRET``.
+
+    Returns one result dict per (spec, cc) in order (see :func:`compile_spec`); a failed compile
+    gives ``{"label", "cc", "error": message}`` instead of ``"shared"``.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    payload = json.dumps({"ccs": list(ccs), "specs": [asdict(s) for s in specs]})
+    proc = subprocess.run([sys.executable, "-m", "kernels.triton._aot"], input=payload,
+                          capture_output=True, text=True, env=env, cwd=str(_ROOT), timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"AOT compile subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"label"')]
+
+
+def _main() -> None:
+    req = json.loads(sys.stdin.read())
+    for d in req["specs"]:
+        d["dtype_constexprs"] = tuple(d.get("dtype_constexprs", ()))
+        d["divisible"] = tuple(d.get("divisible", ()))
+        spec = LaunchSpec(**d)
+        for cc in req["ccs"]:
+            try:
+                res = compile_spec(spec, cc)
+            except Exception as e:  # noqa: BLE001 - reported per spec to the caller
+                res = {"label": spec.label, "cc": cc, "error": f"{type(e).__name__}: {e}"[:2000]}
+            print(json.dumps(res), flush=True)            # one line per result
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        raise SystemExit("kernels.triton._aot: unset TRITON_INTERPRET to compile for a GPU target")
+    _main()

@@ -1,0 +1,383 @@
+"""torch_impl.sparse_mla_decode (Triton kernels and the plain-PyTorch path) and torch_impl.formats.
+
+Every value test compares against the float64 reference (kernels.reference via kernels.cases)
+with the SPEC tolerances (kernels.compare.check_mla). On a CPU machine the Triton kernels run in
+the interpreter (tests/conftest.py sets TRITON_INTERPRET=1) with fp32 / fp16 q; on a CUDA GPU
+the same bodies run on the GPU and bf16 q cases are added, plus the GPU-only tests at the end
+(CUDA graph capture/replay, torch.compile of the triton path).
+"""
+from __future__ import annotations
+
+import functools
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cases, compare, configs, formats as np_formats
+from torch_impl import _common, formats as t_formats
+from torch_impl import sparse_mla as tsm
+from torch_impl.sparse_mla import sparse_mla_decode
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+# The interpreter evaluates bf16 arithmetic on raw bits, so bf16 q runs on the GPU only.
+Q_DTYPES = ("float32", "float16") + (("bfloat16",) if CUDA else ())
+FORMATS = (("latent", 576), ("fp8_ds_mla", 576), ("fp8_model1", 512))
+
+
+def _t(x):
+    return _common.as_tensor(x, DEVICE) if isinstance(x, np.ndarray) else x
+
+
+def _call(case: cases.MLACase, path: str = "triton", q=None, **over):
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    kw.update(over)
+    q = _t(case.q) if q is None else q
+    return sparse_mla_decode(q, _t(case.kv_cache), _t(case.indices), case.sm_scale, path=path, **kw)
+
+
+def _check(case: cases.MLACase, out, lse):
+    ro, rl = case.reference()
+    assert out.dtype == _common.as_tensor(case.q).dtype and lse.dtype == torch.float32
+    compare.assert_pass(compare.check_mla(out, lse, ro, rl, q_dtype=case.q_dtype))
+
+
+# ============================================================================ corner cases
+
+@functools.lru_cache(maxsize=None)
+def _corners(kv_format: str, d_qk: int, q_dtype: str):
+    kv_dtype = "float16" if q_dtype == "float16" else ("bfloat16" if q_dtype == "bfloat16" else "float32")
+    return cases.mla_corner_cases(7, d_qk=d_qk, H=16, K=64, kv_format=kv_format,
+                                  q_dtype=q_dtype, kv_dtype=kv_dtype)
+
+
+_N_CORNERS = len(cases.mla_corner_cases(0, K=16, H=16))
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+@pytest.mark.parametrize("kv_format,d_qk", FORMATS, ids=[f[0] for f in FORMATS])
+@pytest.mark.parametrize("i", range(_N_CORNERS))
+def test_corner_cases(i, kv_format, d_qk, path):
+    """Every SPEC corner case (all invalid, -1 first/middle, out-of-range slots and logical
+    positions, block table with -1 pages, topk_length incl. 0, duplicates, NaN-filled unselected
+    rows, empty rows, attn_sink incl. on empty rows, K > L, P 1/2/61, K not a power of two, N=4)."""
+    case = _corners(kv_format, d_qk, "float32")[i]
+    _check(case, *_call(case, path))
+
+
+@pytest.mark.parametrize("q_dtype", [d for d in Q_DTYPES if d != "float32"])
+@pytest.mark.parametrize("kv_format,d_qk", FORMATS, ids=[f[0] for f in FORMATS])
+@pytest.mark.parametrize("name", ["invalid_middle", "logical_out_of_range", "attn_sink_empty_row",
+                                  "topk_length", "mtp_N4"])
+def test_corner_cases_low_precision_q(name, kv_format, d_qk, q_dtype):
+    """fp16 q (bf16 on the GPU): fp16/bf16 dot operands; latent cache in q's dtype."""
+    case = next(c for c in _corners(kv_format, d_qk, q_dtype) if c.name.startswith(name + "["))
+    _check(case, *_call(case))
+
+
+# ============================================================================ random grid
+
+def _grid():
+    rng = np.random.default_rng(2024)
+    combos = list(itertools.product((8, 16, 24, 64), (1, 2, 3, 4), (64, 100, 256), (1, 2, 61, 64)))
+    rng.shuffle(combos)
+    out = []
+    for j, (H, N, K, P) in enumerate(combos[:14]):
+        kv_format, d_qk = FORMATS[j % 3]
+        if j % 5 == 4:
+            kv_format, d_qk = "latent", 512
+        q_dtype = Q_DTYPES[j % len(Q_DTYPES)]
+        B = 1 + (j % 3)
+        out.append(dict(H=H, N=N, K=K, P=P, B=B, kv_format=kv_format, d_qk=d_qk, q_dtype=q_dtype,
+                        logical=bool(j % 2), invalid="random" if j % 4 else None, seed=100 + j))
+    return out
+
+
+@pytest.mark.parametrize("p", _grid(), ids=lambda p: "H{H}-N{N}-K{K}-P{P}-B{B}-{kv_format}{d_qk}-{q_dtype}".format(**p))
+def test_random_grid(p):
+    p = dict(p)
+    kv_dtype = p["q_dtype"] if p["kv_format"] == "latent" else "float32"
+    case = cases.make_mla_case(p.pop("seed"), kv_dtype=kv_dtype, attn_sink=p["H"] % 16 == 8, **p)
+    _check(case, *_call(case))
+
+
+def test_128_heads_two_head_blocks():
+    """H = 128 (V3.2 without TP): two head blocks of 64 read the same rows."""
+    case = cases.make_mla_case(5, B=1, N=1, H=128, K=64, P=64, kv_format="fp8_ds_mla", invalid="mix",
+                               logical=True)
+    _check(case, *_call(case))
+
+
+# ============================================================================ every config
+
+_ALL_CONFIGS = sorted({c for space in configs.SPARSE_MLA_SPACE.values() for c in space},
+                      key=lambda c: tuple(c.to_dict().values()))
+
+
+@pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}v{dv_splits}w{num_warps}s{num_stages}".format(**c.to_dict()))
+@pytest.mark.parametrize("splits", [1, 3])
+def test_every_config(cfg, splits):
+    """Each config of the search space (both shared-memory classes), with one split (the split
+    kernel writes the result) and three (partials + combine), on both fp8 formats."""
+    for kv_format, d_qk in FORMATS[1:]:
+        case = cases.make_mla_case(11, B=2, N=2, H=24, K=100, P=61 if kv_format == "latent" else 64,
+                                   d_qk=d_qk, kv_format=kv_format, invalid="mix", logical=True,
+                                   topk_length=True, attn_sink=True)
+        kw = {k: _t(v) for k, v in case.kwargs().items()}
+        out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+                                    kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
+                                    kw["attn_sink"], config=cfg, num_splits=splits)
+        _check(case, out, lse)
+
+
+def test_heuristic_stays_in_space():
+    for smem, width in itertools.product((configs.SMALL_SMEM, configs.LARGE_SMEM), (2, 4)):
+        space = configs.sparse_mla_space(smem, width)
+        assert space == configs.SPARSE_MLA_SPACE[(configs.smem_class(smem), width)]
+        for H in (8, 16, 24, 32, 64, 128):
+            cfg = configs.sparse_mla_heuristic(H, smem, width)
+            want = min(64, max(16, configs.next_pow2(H)))
+            assert cfg in space and cfg.block_h == max(c.block_h for c in space if c.block_h <= want)
+    assert configs.sparse_mla_heuristic(64, configs.LARGE_SMEM).block_h == 64
+    assert configs.sparse_mla_heuristic(64, configs.SMALL_SMEM, 4).block_h == 16
+    assert configs.sparse_mla_from_dict({"block_h": 64, "block_k": 999}, configs.SMALL_SMEM) is None
+    assert configs.sparse_mla_num_splits(rows=64, topk=2048, block_k=32, num_sms=132) == 5
+    assert configs.sparse_mla_num_splits(rows=1024, topk=2048, block_k=32, num_sms=132) == 1
+    assert configs.sparse_mla_num_splits(rows=1, topk=64, block_k=32, num_sms=132) == 1
+
+
+# ============================================================================ determinism, layout
+
+def test_bitwise_repeatable():
+    """Same inputs, same bits (split-K partials merged in a fixed order, no atomics)."""
+    case = cases.make_mla_case(3, B=1, N=2, H=16, K=256, kv_format="fp8_model1", d_qk=512,
+                               invalid="random", attn_sink=True)
+    a = _call(case)
+    b = _call(case)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    _check(case, *a)
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_non_contiguous_q(path):
+    case = cases.make_mla_case(4, B=2, N=2, H=16, K=64, kv_format="fp8_ds_mla", invalid="random")
+    q = _t(case.q)
+    B, N, H, D = q.shape
+    q_perm = torch.empty((B, H, N, D), dtype=q.dtype, device=DEVICE).permute(0, 2, 1, 3)
+    q_perm.copy_(q)                                    # heads outermost in memory
+    q_wide = torch.zeros((B, N, H, D + 64), dtype=q.dtype, device=DEVICE)[..., 32:32 + D]
+    q_wide.copy_(q)                                    # row stride D + 64, offset 32
+    q_last = torch.empty((B, N, D, H), dtype=q.dtype, device=DEVICE).transpose(2, 3)
+    q_last.copy_(q)                                    # last dim not contiguous
+    for qq in (q_perm, q_wide, q_last):
+        assert not qq.is_contiguous()
+        _check(case, *_call(case, path, q=qq))
+
+
+def test_latent_cache_strided_pages():
+    """A latent cache that is a view of a larger pool (page stride != P * D_qk)."""
+    case = cases.make_mla_case(6, B=2, N=1, H=16, K=64, P=2, kv_format="latent", invalid="oob")
+    kv = _t(case.kv_cache)
+    pool = torch.full((kv.shape[0], kv.shape[1] + 1, kv.shape[2]), float("nan"), dtype=kv.dtype,
+                      device=DEVICE)
+    pool[:, : kv.shape[1]] = kv
+    view = pool[:, : kv.shape[1]]
+    assert not view.is_contiguous()
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = sparse_mla_decode(_t(case.q), view, _t(case.indices), case.sm_scale, path="triton", **kw)
+    _check(case, out, lse)
+
+
+# ============================================================================ paths and errors
+
+def test_auto_path_and_named_path(monkeypatch):
+    case = cases.make_mla_case(8, B=1, H=8, K=64, kv_format="fp8_ds_mla")
+    _check(case, *_call(case, "auto"))
+    if not CUDA:
+        # Without the interpreter the triton path cannot run on CPU tensors: "auto" falls
+        # through to "torch", the named path raises.
+        monkeypatch.setenv("TRITON_INTERPRET", "0")
+        _check(case, *_call(case, "auto"))
+        with pytest.raises(NotImplementedError, match="CUDA"):
+            _call(case, "triton")
+
+
+def test_triton_shape_gate_falls_through():
+    """(D_qk, d_v) outside the Triton kernels' shapes: named path raises, "auto" uses torch."""
+    case = cases.make_mla_case(9, B=1, H=8, K=64, d_qk=576, d_v=256, kv_format="latent")
+    with pytest.raises(NotImplementedError, match="supports"):
+        _call(case, "triton")
+    _check(case, *_call(case, "auto"))
+
+
+def _bad_inputs():
+    case = cases.make_mla_case(10, B=2, N=1, H=8, K=64, kv_format="fp8_ds_mla", logical=True,
+                               topk_length=True, attn_sink=True)
+    q, kv, idx = _t(case.q), _t(case.kv_cache), _t(case.indices)
+    bt, tkl, sink = _t(case.block_table), _t(case.topk_length), _t(case.attn_sink)
+    base = dict(q=q, kv_cache=kv, indices=idx, sm_scale=case.sm_scale, kv_format="fp8_ds_mla",
+                block_table=bt, topk_length=tkl, attn_sink=sink)
+    bad = [
+        ("q", dict(q=q.numpy() if not CUDA else q.cpu().numpy()), TypeError, "q: expected a torch.Tensor"),
+        ("q", dict(q=q.to(torch.int32)), TypeError, "q: expected dtype"),
+        ("q", dict(q=q[0]), ValueError, "q: expected rank 4"),
+        ("q", dict(q=q[..., :512]), ValueError, "q: kv_format 'fp8_ds_mla' needs D_qk = 576"),
+        ("kv_cache", dict(kv_cache=kv.view(torch.int8)), TypeError, "kv_cache: expected dtype"),
+        ("kv_cache", dict(kv_cache=kv[..., :600]), ValueError, "kv_cache: expected shape"),
+        ("kv_cache", dict(kv_cache=kv[:, ::2]), ValueError, "kv_cache: expected a contiguous"),
+        ("kv_format", dict(kv_format="fp4"), ValueError, "kv_format: expected one of"),
+        ("indices", dict(indices=idx.long()), TypeError, "indices: expected dtype"),
+        ("indices", dict(indices=idx[:1]), ValueError, "indices: expected shape"),
+        ("block_table", dict(block_table=bt[:1]), ValueError, "block_table: expected shape"),
+        ("block_table", dict(block_table=bt.float()), TypeError, "block_table: expected dtype"),
+        ("topk_length", dict(topk_length=tkl[:1]), ValueError, "topk_length: expected shape"),
+        ("attn_sink", dict(attn_sink=sink.half()), TypeError, "attn_sink: expected dtype"),
+        ("attn_sink", dict(attn_sink=sink[:3]), ValueError, "attn_sink: expected shape"),
+        ("sm_scale", dict(sm_scale="0.1"), TypeError, "sm_scale: expected a Python float"),
+        ("sm_scale", dict(sm_scale=float("nan")), ValueError, "sm_scale: expected a finite"),
+        ("d_v", dict(d_v=256), ValueError, "d_v: kv_format 'fp8_ds_mla'"),
+        ("d_v", dict(d_v=1000), ValueError, "d_v: expected 1 <= d_v"),
+        ("path", dict(path="cuda"), ValueError, "path: expected one of"),
+        ("model1", dict(kv_format="fp8_model1", kv_cache=torch.zeros(4, 1000, dtype=torch.uint8, device=DEVICE),
+                        q=q[..., :512]), ValueError, "kv_cache: 1000 bytes per page"),
+    ]
+    if CUDA:
+        bad.append(("device", dict(indices=idx.cpu()), ValueError, "indices: expected a tensor on"))
+    return base, bad
+
+
+_BAD = _bad_inputs()
+
+
+@pytest.mark.parametrize("j", range(len(_BAD[1])), ids=[b[0] for b in _BAD[1]])
+def test_bad_input(j):
+    """SPEC "Bad input": TypeError / ValueError naming the argument, expected and received."""
+    base, bad = _BAD
+    _, over, exc, msg = bad[j]
+    args = {**base, **over}
+    with pytest.raises(exc, match=msg.replace("(", r"\(").replace(")", r"\)")):
+        sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), args.pop("sm_scale"),
+                          **args)
+
+
+# ============================================================================ torch.compile
+
+@pytest.mark.parametrize("path", ["torch", "triton"])
+def test_torch_compile_fullgraph(path):
+    """The custom op traces under torch.compile(fullgraph=True). CPU: aot_eager (no C++ compiler
+    needed; proves tracing with the fake implementation) for both paths; GPU: inductor."""
+    case = cases.make_mla_case(12, B=2, N=2, H=16, K=64, kv_format="fp8_model1", d_qk=512,
+                               logical=True, invalid="random", attn_sink=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+
+    def f(q, kv, idx, bt, sink):
+        out, lse = sparse_mla_decode(q, kv, idx, case.sm_scale, kv_format="fp8_model1",
+                                     block_table=bt, attn_sink=sink, path=path)
+        return out * 2.0, lse
+
+    torch._dynamo.reset()
+    g = torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")
+    out2, lse = g(_t(case.q), _t(case.kv_cache), _t(case.indices), kw["block_table"], kw["attn_sink"])
+    _check(case, out2 / 2.0, lse)
+
+
+# ============================================================================ GPU only
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format,d_qk", FORMATS, ids=[f[0] for f in FORMATS])
+def test_cuda_graph_capture_replay(kv_format, d_qk):
+    """No host sync, shape-only allocations: capture once, replay on new index values."""
+    same = dict(B=4, N=2, H=64, K=512, kv_format=kv_format, d_qk=d_qk, q_dtype="bfloat16",
+                kv_dtype="bfloat16", logical=True, invalid="random", topk_length=True,
+                nan_unselected=False, lens=[300, 512, 700, 1000])   # same shapes, new values
+    c1 = cases.make_mla_case(13, **same)
+    c2 = cases.make_mla_case(14, **same)
+    assert c1.kv_cache.shape == c2.kv_cache.shape and c1.block_table.shape == c2.block_table.shape
+    q, kv = _t(c1.q), _t(c1.kv_cache)
+    idx, bt, tkl = _t(c1.indices), _t(c1.block_table), _t(c1.topk_length)
+
+    def step():
+        return sparse_mla_decode(q, kv, idx, c1.sm_scale, kv_format=kv_format, block_table=bt,
+                                 topk_length=tkl, path="triton")
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        step()                                          # compile outside the capture
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(c1, out, lse)
+    for dst, src in ((q, c2.q), (kv, c2.kv_cache), (idx, c2.indices), (bt, c2.block_table),
+                     (tkl, c2.topk_length)):
+        dst.copy_(_t(src))
+    graph.replay()
+    torch.cuda.synchronize()
+    _check(c2, out, lse)
+
+
+@gpu_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("H", [16, 64, 128])
+def test_gpu_bf16_production_shapes(H):
+    """V3.2-like (fp8_ds_mla, K 2048) and V4-like (fp8_model1, K 512 + sink) shapes in bf16."""
+    for kv_format, d_qk, K, sink in (("fp8_ds_mla", 576, 2048, False), ("fp8_model1", 512, 512, True)):
+        case = cases.make_mla_case(15, B=8, N=2, H=H, K=K, P=64, kv_format=kv_format, d_qk=d_qk,
+                                   q_dtype="bfloat16", logical=True, invalid="random",
+                                   attn_sink=sink, nan_unselected=False)
+        _check(case, *_call(case))
+
+
+# ============================================================================ torch formats
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_formats_byte_exact(dtype):
+    """torch_impl.formats produces the same bytes as kernels.formats and dequantizes exactly."""
+    rng = np.random.default_rng(21)
+    x = (rng.standard_normal((3, 5, 576)) * np.exp(rng.uniform(-12, 12, (3, 5, 1)))).astype(np.float32)
+    x[0, 0, :128] = 0.0                                      # amax 0 -> scale floor 1e-4
+    x[0, 1, :128] = 448.0 * 2.0 ** -5                       # exact power-of-two boundary
+    x = x.astype(cases.Q_DTYPES[dtype])
+    xt = _common.as_tensor(x)
+    got = t_formats.quantize_fp8_ds_mla(xt)
+    want = np_formats.quantize_fp8_ds_mla(x)
+    np.testing.assert_array_equal(got.numpy(), want)
+    np.testing.assert_array_equal(t_formats.dequantize_fp8_ds_mla(got).numpy(),
+                                  np_formats.dequantize_fp8_ds_mla(want))
+
+    flat = x[..., :512].reshape(-1, 512)                                     # 15 rows
+    for P in (1, 3, 64):
+        y = np.ascontiguousarray(np.tile(flat, (-(-2 * P // 15), 1))[: 2 * P].reshape(2, P, 512))
+        got = t_formats.quantize_fp8_model1(_common.as_tensor(y))
+        want = np_formats.quantize_fp8_model1(y)
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(t_formats.dequantize_fp8_model1(got).numpy(),
+                                      np_formats.dequantize_fp8_model1(want))
+
+    k = np.ascontiguousarray(x[..., :128].reshape(3, 5, 128))
+    for fmt in ("ue8m0", None):
+        got = t_formats.quantize_fp8_indexer(_common.as_tensor(k), fmt)
+        want = np_formats.quantize_fp8_indexer(k, fmt)
+        np.testing.assert_array_equal(got.numpy(), want)
+        np.testing.assert_array_equal(t_formats.dequantize_fp8_indexer(got).numpy(),
+                                      np_formats.dequantize_fp8_indexer(want))
+
+
+def test_formats_bad_input():
+    with pytest.raises(ValueError, match="latent: expected last dim 576"):
+        t_formats.quantize_fp8_ds_mla(torch.zeros(2, 512))
+    with pytest.raises(TypeError, match="latent: expected a floating-point"):
+        t_formats.quantize_fp8_model1(torch.zeros(1, 2, 512, dtype=torch.int32))
+    with pytest.raises(TypeError, match="cache: expected dtype"):
+        t_formats.dequantize_fp8_ds_mla(torch.zeros(2, 656))
+    with pytest.raises(ValueError, match="scale_fmt"):
+        t_formats.quantize_fp8_indexer(torch.zeros(1, 2, 128), "e5m2")
+    with pytest.raises(ValueError, match="not a multiple"):
+        t_formats.dequantize_fp8_indexer(torch.zeros(1, 100, dtype=torch.uint8))

@@ -1,0 +1,470 @@
+"""Sparse MLA decode for PyTorch: Triton kernels (``path="triton"``) and plain PyTorch
+(``path="torch"``), registered as the custom op ``dsa::sparse_mla_decode``.
+
+Semantics: ../shared/SPEC.md "Operation B" (FlashMLA sparse decode); the float64 definition is
+``kernels.reference.sparse_mla_decode``; the kernel design is in ``kernels/triton/sparse_mla.py``.
+
+The custom op (``torch.library.custom_op`` with a fake implementation) lets
+``torch.compile(fullgraph=True)`` trace through a call and a CUDA graph capture it: the launcher
+does no host synchronisation and every allocation depends on shapes only (never on index
+values or ``topk_length``).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+from kernels import configs, dispatch, formats as np_formats, hardware
+from torch_impl import _common
+from torch_impl.formats import dequantize_fp8_ds_mla
+
+__all__ = ["sparse_mla_decode", "choose_config", "TRITON_SHAPES"]
+
+_Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_LATENT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_D_QK = {"fp8_ds_mla": 576, "fp8_model1": 512}
+# (D_qk, d_v) pairs the Triton kernels are built and compile-checked for.
+TRITON_SHAPES = ((576, 512), (512, 512))
+
+
+# ============================================================================ validation
+
+def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+              attn_sink, path):
+    """SPEC "Bad input": TypeError / ValueError naming the argument, expected and received.
+
+    Returns (P, num_slots, num_pages).
+    """
+    _common.check_tensor("q", q, ndim=4, dtypes=_Q_DTYPES)
+    B, N, H, D = q.shape
+    dev = q.device
+    if kv_format not in np_formats.KV_FORMATS:
+        raise ValueError(f"kv_format: expected one of {np_formats.KV_FORMATS}, got {kv_format!r}")
+    if path not in _common.TORCH_PATHS:
+        raise ValueError(f"path: expected one of {_common.TORCH_PATHS}, got {path!r}")
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise TypeError(f"sm_scale: expected a Python float, got {type(sm_scale).__name__}")
+    if not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale: expected a finite float, got {sm_scale}")
+    if isinstance(d_v, bool) or not isinstance(d_v, int):
+        raise TypeError(f"d_v: expected an int, got {type(d_v).__name__}")
+    if min(B, N, H) < 1:
+        raise ValueError(f"q: expected non-empty [B, N, H, D_qk], got shape {tuple(q.shape)}")
+    if kv_format in _D_QK and D != _D_QK[kv_format]:
+        raise ValueError(f"q: kv_format {kv_format!r} needs D_qk = {_D_QK[kv_format]}, "
+                         f"got shape {tuple(q.shape)}")
+    if not 1 <= d_v <= D:
+        raise ValueError(f"d_v: expected 1 <= d_v <= D_qk = {D}, got {d_v}")
+    if kv_format == "fp8_ds_mla" and d_v != 512:
+        raise ValueError(f"d_v: kv_format 'fp8_ds_mla' stores V as the 512 fp8 dims, expected 512, got {d_v}")
+
+    if kv_format == "latent":
+        _common.check_tensor("kv_cache", kv_cache, ndim=3, dtypes=_LATENT_DTYPES, device=dev)
+        if kv_cache.shape[2] != D:
+            raise ValueError(f"kv_cache: expected shape (num_pages, P, {D}) to match q's D_qk, "
+                             f"got {tuple(kv_cache.shape)}")
+        if kv_cache.stride(2) != 1:
+            raise ValueError(f"kv_cache: expected the last dim contiguous (stride 1), got strides "
+                             f"{kv_cache.stride()}")
+        num_pages, P = kv_cache.shape[0], kv_cache.shape[1]
+    elif kv_format == "fp8_ds_mla":
+        _common.check_tensor("kv_cache", kv_cache, ndim=3, dtypes=(torch.uint8,), device=dev)
+        if kv_cache.shape[2] != np_formats.DS_MLA_BYTES:
+            raise ValueError(f"kv_cache: expected shape (num_pages, P, 656) for 'fp8_ds_mla', "
+                             f"got {tuple(kv_cache.shape)}")
+        if not kv_cache.is_contiguous():
+            raise ValueError("kv_cache: expected a contiguous 'fp8_ds_mla' cache (byte layout), "
+                             f"got strides {kv_cache.stride()}")
+        num_pages, P = kv_cache.shape[0], kv_cache.shape[1]
+    else:
+        _common.check_tensor("kv_cache", kv_cache, ndim=2, dtypes=(torch.uint8,), device=dev)
+        if not kv_cache.is_contiguous():
+            raise ValueError("kv_cache: expected a contiguous 'fp8_model1' cache (byte layout), "
+                             f"got strides {kv_cache.stride()}")
+        num_pages = kv_cache.shape[0]
+        P = np_formats.model1_page_size(kv_cache.shape[1])   # ValueError names kv_cache
+    if num_pages < 1 or P < 1:
+        raise ValueError(f"kv_cache: expected at least one page of one slot, got {tuple(kv_cache.shape)}")
+
+    _common.check_tensor("indices", indices, ndim=3, dtypes=(torch.int32,), device=dev)
+    if indices.shape[0] != B or indices.shape[1] != N or indices.shape[2] < 1:
+        raise ValueError(f"indices: expected shape ({B}, {N}, K >= 1), got {tuple(indices.shape)}")
+    if block_table is not None:
+        _common.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
+        if block_table.shape[0] != B or block_table.shape[1] < 1:
+            raise ValueError(f"block_table: expected shape ({B}, max_pages >= 1), got "
+                             f"{tuple(block_table.shape)}")
+    if topk_length is not None:
+        _common.check_tensor("topk_length", topk_length, shape=(B,), dtypes=(torch.int32,), device=dev)
+    if attn_sink is not None:
+        _common.check_tensor("attn_sink", attn_sink, shape=(H,), dtypes=(torch.float32,), device=dev)
+    return P, num_pages * P, num_pages
+
+
+# ============================================================================ config choice
+
+@functools.lru_cache(maxsize=None)
+def _cuda_info(index: int) -> hardware.DeviceInfo:
+    return _common.device_info(torch.device("cuda", index))
+
+
+def _device_info(device: torch.device) -> hardware.DeviceInfo:
+    if device.type == "cuda":
+        return _cuda_info(device.index if device.index is not None else torch.cuda.current_device())
+    return _common.device_info(device)
+
+
+def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d_qk: int,
+                  kv_format: str, operand_bytes: int = 2) -> tuple[str | None, configs.SparseMLAConfig]:
+    """(path override from the dispatch table or None, kernel config) for one call.
+
+    The config comes from ``kernels/dispatch/<arch>.json`` when it holds an entry for this shape
+    bucket whose config is in this GPU's search space, else from
+    ``kernels.configs.sparse_mla_heuristic``; either way a config compiled and checked for the
+    GPU's shared-memory class and the dot operand width (``operand_bytes``: 2 bf16/fp16, 4 fp32).
+    """
+    cfg = configs.sparse_mla_heuristic(H, dev.smem_per_block, operand_bytes)
+    path = None
+    if not dev.interpret:
+        bkt = dispatch.bucket("sparse_mla_decode", B=B, N=N, H=H, K=K, d_qk=d_qk, kv_format=kv_format)
+        entry = dispatch.lookup("sparse_mla_decode", "torch", dev.arch, bkt)
+        if entry:
+            path = entry.get("path")
+            override = configs.sparse_mla_from_dict(entry.get("config") or {}, dev.smem_per_block,
+                                                    operand_bytes)
+            if override is not None:
+                cfg = override
+    return path, cfg
+
+
+def _dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str, interpret: bool) -> str:
+    """Operand dtype (``triton.language`` name) of both tl.dot: q's dtype when the cache's values
+    are exact in it (the same dtype, or an fp8 format whose dequantized values are e4m3 x 2^k
+    and bf16), else fp32 (IEEE). The interpreter computes bf16 math on raw bits, so bf16 runs as
+    fp32 there."""
+    if q_dtype == torch.float32 or (kv_format == "latent" and kv_dtype != q_dtype):
+        return "float32"
+    if q_dtype == torch.bfloat16:
+        return "float32" if interpret else "bfloat16"
+    return "float16"
+
+
+def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLAConfig,
+                     dot_dtype: str, *, has_bt: bool, has_tkl: bool, has_sink: bool,
+                     final: bool) -> dict:
+    """Constexpr arguments of ``_sparse_mla_split_kernel`` for one launch (``DOT_DTYPE`` as a
+    ``triton.language`` dtype name). Shared by the launcher and the AOT compile test."""
+    from kernels.triton.sparse_mla import KV_FORMAT_CODES
+    return dict(
+        KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v, D_V_PAD=configs.next_pow2(d_v),
+        D_T_PAD=configs.next_pow2(d_qk - d_v) if d_qk > d_v else 0, DV_SPLITS=cfg.dv_splits,
+        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, HAS_BT=has_bt, HAS_TKL=has_tkl,
+        HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_dtype, DOT_FP32=dot_dtype == "float32")
+
+
+def combine_constexprs(d_v: int, has_sink: bool) -> dict:
+    """Constexpr arguments of ``_sparse_mla_combine_kernel``."""
+    return dict(D_V=d_v, D_V_PAD=configs.next_pow2(d_v), BLOCK_H=configs.SPARSE_MLA_COMBINE_BLOCK_H,
+                HAS_SINK=has_sink)
+
+
+_TL_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+
+
+# (kv_format, D_qk, q dtype, final) variants compiled per config by the AOT test: every kv_format
+# with bf16 q (the production dtype), fp32 q (fp32 dot operands, twice the tile bytes) on the
+# latent and fp8_ds_mla layouts, and the single-split epilogue. The feature flags (block table,
+# topk_length, sink) only add scalar loads and are compiled on.
+AOT_VARIANTS = (
+    ("latent", 576, torch.bfloat16, False),
+    ("fp8_ds_mla", 576, torch.bfloat16, False),
+    ("fp8_model1", 512, torch.bfloat16, False),
+    ("fp8_ds_mla", 576, torch.bfloat16, True),
+    ("latent", 576, torch.float32, False),
+    ("fp8_ds_mla", 576, torch.float32, False),
+)
+
+
+def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
+    """Launches of the triton path on a GPU of ``smem_class`` (``kernels.configs``) as
+    ``kernels.triton._aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
+    its dot-operand width, plus the combine kernel for bf16 and fp32 outputs."""
+    from kernels.triton._aot import LaunchSpec
+    mod = "kernels.triton.sparse_mla"
+    specs = []
+    for kv_format, d_qk, q_dtype, final in variants:
+        kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
+        kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
+        dot = _dot_dtype(q_dtype, kv_dtype, kv_format, interpret=False)
+        for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
+            sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
+                   "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
+                   "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
+                   "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
+                   "qk_scale_log2": "fp32"}
+            for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "stride_page",
+                         "stride_tok", "N", "H", "K", "num_slots", "num_pages",
+                         "max_pages", "page_size", "page_bytes", "chunk"):
+                sig[name] = "i32"
+            cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, has_bt=True,
+                                  has_tkl=True, has_sink=True, final=final)
+            label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
+                     f"{'final' if final else 'partial'} {cfg}")
+            specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
+                                    cfg.num_warps, cfg.num_stages, ("DOT_DTYPE",),
+                                    ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
+                                     "page_bytes")))
+    for q_dtype in (torch.bfloat16, torch.float32):
+        sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
+               "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32"}
+        specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]}", mod, "_sparse_mla_combine_kernel",
+                                sig, combine_constexprs(512, True),
+                                configs.SPARSE_MLA_COMBINE_WARPS, 2))
+    return specs
+
+
+# ============================================================================ triton path
+
+def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+                 attn_sink, *, config: configs.SparseMLAConfig | None = None,
+                 num_splits: int | None = None):
+    """Launch the split (and combine) kernels. ``config`` / ``num_splits`` override the choice
+    (tests use them to run every config of the search space)."""
+    from kernels.triton import sparse_mla as tk
+
+    dev = _device_info(q.device)
+    hardware.require_arch(dev, "sparse_mla_decode (triton)")
+    B, N, H, D = q.shape
+    K = indices.shape[2]
+    if (D, d_v) not in TRITON_SHAPES:
+        raise NotImplementedError(
+            f"sparse_mla_decode (triton) on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}) "
+            f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
+    P, num_slots, num_pages = _geometry(kv_cache, kv_format)
+    dot_name = _dot_dtype(q.dtype, kv_cache.dtype, kv_format, dev.interpret)
+    _, cfg = choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
+                           operand_bytes=4 if dot_name == "float32" else 2)
+    cfg = config or cfg
+
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    if indices.stride(2) != 1:
+        indices = indices.contiguous()
+    if block_table is not None and block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    if kv_format == "latent":
+        kv, kv16, kv32 = kv_cache, kv_cache, kv_cache
+        stride_page, stride_tok, page_bytes = kv_cache.stride(0), kv_cache.stride(1), 0
+    else:
+        kv = kv_cache.view(-1)                              # uint8 bytes
+        kv16 = kv.view(torch.int16)                         # bf16 rope bits
+        kv32 = kv.view(torch.float32) if kv_format == "fp8_ds_mla" else kv
+        stride_page = stride_tok = 0
+        page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * np_formats.DS_MLA_BYTES
+
+    head_blocks = triton_cdiv(H, cfg.block_h)
+    rows = B * N * head_blocks * cfg.dv_splits
+    splits = num_splits or configs.sparse_mla_num_splits(rows, K, cfg.block_k, dev.num_sms)
+    chunk = triton_cdiv(triton_cdiv(K, splits), cfg.block_k) * cfg.block_k
+    splits = triton_cdiv(K, chunk)
+    final = splits == 1
+
+    out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+    if final:
+        po, pl = out, lse
+    else:
+        po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
+        pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
+    dummy = indices
+    cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, has_bt=block_table is not None,
+                          has_tkl=topk_length is not None, has_sink=attn_sink is not None,
+                          final=final)
+    import triton.language as tl
+    cx["DOT_DTYPE"] = getattr(tl, dot_name)
+    grid = (head_blocks * cfg.dv_splits, splits, B * N)
+    tk._sparse_mla_split_kernel[grid](
+        q, kv, kv16, kv32, indices,
+        block_table if block_table is not None else dummy,
+        topk_length if topk_length is not None else dummy,
+        attn_sink if attn_sink is not None else dummy,
+        po, pl, out, lse,
+        q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+        block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
+        N, H, K, num_slots, num_pages,
+        block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+        float(sm_scale) * tk.LOG2E,
+        **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if not final:
+        cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
+        tk._sparse_mla_combine_kernel[(triton_cdiv(H, cbh), B * N)](
+            po, pl, attn_sink if attn_sink is not None else dummy, out, lse,
+            splits, B * N, H, **combine_constexprs(d_v, attn_sink is not None),
+            num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
+        )
+    return out, lse
+
+
+def triton_cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _geometry(kv_cache, kv_format):
+    """(P, num_slots, num_pages) of a validated cache."""
+    if kv_format == "fp8_model1":
+        P = np_formats.model1_page_size(kv_cache.shape[1])
+    else:
+        P = kv_cache.shape[1]
+    return P, kv_cache.shape[0] * P, kv_cache.shape[0]
+
+
+# ============================================================================ torch path
+
+def _gather_rows(kv_cache, kv_format, page, off):
+    """Dequantized float32 latent rows ``[..., D_qk]`` of (page, off) pairs (all in range)."""
+    if kv_format == "latent":
+        return kv_cache[page, off].float()
+    if kv_format == "fp8_ds_mla":
+        return dequantize_fp8_ds_mla(kv_cache[page, off])
+    n = kv_cache.shape[0]
+    P = np_formats.model1_page_size(kv_cache.shape[1])
+    data = kv_cache[:, : P * 576].view(n, P, 576)[page, off]                # [..., 576]
+    e = kv_cache[:, P * 576: P * 584].view(n, P, 8)[page, off][..., :7]      # [..., 7]
+    scale = (e.to(torch.int32) << 23).view(torch.float32)                   # 2^(e-127)
+    nope = data[..., :448].contiguous().view(torch.float8_e4m3fn).float()
+    nope = (nope.unflatten(-1, (7, 64)) * scale[..., None]).flatten(-2)
+    rope = data[..., 448:].contiguous().view(torch.bfloat16).float()
+    return torch.cat([nope, rope], dim=-1)
+
+
+def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+                attn_sink):
+    """Plain PyTorch, fp32: clamp invalid indices to slot 0, gather, then mask (rows zeroed, scores
+    excluded), so nothing invalid is used and NaN in unselected rows cannot leak."""
+    B, N, H, D = q.shape
+    K = indices.shape[2]
+    P, num_slots, num_pages = _geometry(kv_cache, kv_format)
+    idx = indices.long()
+    if block_table is not None:
+        max_pages = block_table.shape[1]
+        ok = (idx >= 0) & (idx < max_pages * P)
+        lpage = torch.where(ok, idx // P, 0)
+        ent = torch.gather(block_table.long(), 1, lpage.reshape(B, N * K)).reshape(B, N, K)
+        ok &= (ent >= 0) & (ent < num_pages)
+        slot = ent * P + idx % P
+    else:
+        ok = (idx >= 0) & (idx < num_slots)
+        slot = idx
+    if topk_length is not None:
+        ok &= torch.arange(K, device=q.device)[None, None, :] < topk_length.long()[:, None, None]
+    slot = torch.where(ok, slot, 0)
+    rows = _gather_rows(kv_cache, kv_format, slot // P, slot % P)            # [B, N, K, D]
+    rows = torch.where(ok[..., None], rows, 0.0)
+    s = torch.einsum("bnhd,bnkd->bnhk", q.float(), rows[..., :D]) * float(sm_scale)
+    s = torch.where(ok[:, :, None, :], s, float("-inf"))
+    m = s.amax(dim=-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, 0.0)
+    p = torch.exp(s - m)                                                     # masked -> 0
+    den = p.sum(dim=-1)                                                      # [B, N, H]
+    has = den > 0
+    lse = torch.where(has, m[..., 0] + torch.log(torch.where(has, den, 1.0)), float("-inf"))
+    out = torch.einsum("bnhk,bnkd->bnhd", p, rows[..., :d_v])
+    out = out / torch.where(has, den, 1.0)[..., None]
+    if attn_sink is not None:
+        out = out * torch.sigmoid(lse - attn_sink)[..., None]               # 1/(1+exp(sink-lse))
+    return out.to(q.dtype), lse.float()
+
+
+# ============================================================================ custom op
+
+def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
+         path):
+    args = (q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink)
+    impls = {"triton": lambda: _triton_impl(*args), "torch": lambda: _torch_impl(*args)}
+    order = ("triton", "torch")
+    if path == "auto":
+        try:
+            dev = _device_info(q.device)
+        except NotImplementedError:
+            dev = None
+        if dev is not None:
+            B, N, H, D = q.shape
+            override, _ = choose_config(dev, B=B, N=N, H=H, K=indices.shape[2], d_qk=D,
+                                        kv_format=kv_format)
+            if override in impls:
+                order = (override,) + tuple(p for p in order if p != override)
+    return _common.run_path("sparse_mla_decode", path, impls, order)
+
+
+@torch.library.custom_op("dsa::sparse_mla_decode", mutates_args=())
+def _sparse_mla_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                          sm_scale: float, kv_format: str, d_v: int,
+                          block_table: Optional[torch.Tensor], topk_length: Optional[torch.Tensor],
+                          attn_sink: Optional[torch.Tensor], path: str
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    return _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+                attn_sink, path)
+
+
+@_sparse_mla_decode_op.register_fake
+def _(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink, path):
+    B, N, H, _ = q.shape
+    return q.new_empty((B, N, H, d_v)), q.new_empty((B, N, H), dtype=torch.float32)
+
+
+def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
+                      sm_scale: float, *, kv_format: str = "latent", d_v: int = 512,
+                      block_table: torch.Tensor | None = None,
+                      topk_length: torch.Tensor | None = None,
+                      attn_sink: torch.Tensor | None = None,
+                      path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode (absorbed MLA in MQA form) over top-k selected latent rows.
+
+    For each query row (b, i, h) and each valid entry t of ``indices[b, i]``:
+    ``s_t = sm_scale * (q . latent_t[:D_qk])`` (float32), ``lse = ln(sum_t exp(s_t))`` and
+    ``out = sum_t exp(s_t - lse) * latent_t[:d_v]``. Semantics: ../shared/SPEC.md
+    "Operation B", from FlashMLA ``flash_mla_with_kvcache`` sparse decode.
+
+    Args:
+      q: shape ``[B, N, H, D_qk]``, bf16 / fp16 / fp32; any strides (the last dim is made
+        contiguous if it is not). N = query tokens per request (next_n), H = heads on this rank.
+      kv_cache: the latent cache, one of
+        ``"latent"``: ``[num_pages, P, D_qk]`` bf16 / fp16 / fp32, last dim contiguous;
+        ``"fp8_ds_mla"``: uint8 ``[num_pages, P, 656]`` contiguous (D_qk = 576): e4m3 nope dims,
+        four float32 scales per 128 dims, bf16 rope dims;
+        ``"fp8_model1"``: uint8 ``[num_pages, page_bytes]`` contiguous (D_qk = 512): per page P
+        data rows (448 e4m3 + 64 bf16) then P ue8m0 scale rows (byte layouts:
+        ``kernels/formats.py``). A slot is ``page * P + offset``.
+      indices: int32 ``[B, N, K]``: slots into the cache, or with ``block_table`` logical
+        positions of request b. An entry is ignored (never dereferenced) when negative (-1 is
+        the usual padding), ``>= num_slots``, or with a block table ``>= max_pages * P`` or on a
+        negative page entry. Duplicated valid entries count once per occurrence.
+      sm_scale: softmax scale multiplying ``q . k`` (natural-log domain).
+      kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"``.
+      d_v: value width, the first ``d_v`` latent dims (512 in both models).
+      block_table: int32 ``[B, max_pages]`` or None: slot of position j is
+        ``block_table[b, j // P] * P + j % P``; entries past a request's pages may be -1.
+      topk_length: int32 ``[B]`` or None: list positions ``>= topk_length[b]`` are ignored.
+      attn_sink: float32 ``[H]`` or None (V4): ``out *= 1 / (1 + exp(sink_h - lse))``; the
+        returned lse excludes the sink.
+      path: ``"auto"`` (dispatch-table entry if any, else ``"triton"`` then ``"torch"``, falling
+        through on NotImplementedError), ``"triton"`` or ``"torch"`` (named paths re-raise).
+
+    Returns:
+      (out, lse): out ``[B, N, H, d_v]`` in q's dtype; lse float32 ``[B, N, H]``, natural log.
+      A row with no valid entry has out 0 and lse -inf (FlashMLA returns +inf there).
+
+    Raises:
+      TypeError / ValueError: wrong type, dtype, rank, shape, device or layout (names the
+        argument, what was expected and what came).
+      NotImplementedError: the named path cannot run here (GPU arch, CPU without
+        ``TRITON_INTERPRET=1``, unsupported (D_qk, d_v)); names the GPU and what is supported.
+    """
+    _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+              attn_sink, path)
+    return torch.ops.dsa.sparse_mla_decode(q, kv_cache, indices, float(sm_scale), kv_format, d_v,
+                                           block_table, topk_length, attn_sink, path)
