@@ -25,19 +25,25 @@ Design (one program = one request b and one contiguous chunk of its pages; grid 
   ReLU, the per-head weights and the head sum run on the accumulator
   (``reshape [NB, BLOCK_H, BLOCK_P] -> sum(axis=1)``), then the per-token k scale and the draft
   mask; the row ``[N, P]`` of logits is stored.
-* Bytes: ``L_b * (D_I + 4)`` per request read once (+ ``N*L_b*4`` logits written by this kernel);
-  FLOPs: ``2 * N * H_I * D_I`` per position (16.8 MFLOP per 1K positions at N=1, H_I=64,
-  D_I=128): about 64 FLOP/byte at N=1, which is memory bound on both H200 (fp8 dense
-  ~1979 TFLOP/s vs 4.8 TB/s) and sm_120; the kernel's job is to stream pages at HBM speed.
+* Bytes: ``L_b * (D_I + 4)`` per request read once (+ ``N * L_b * 4`` logits written);
+  FLOPs: ``2 * N * H_I * D_I`` per position (16,384 at N=1, H_I=64, D_I=128), i.e. ~124 FLOP
+  per cache byte at N=1 (~100 counting the logits write). The H200's fp8 ridge is ~370 FLOP/B
+  (~1,580 dense fp8 TFLOP/s / ~4.3 TB/s), so N=1 and N=2 are memory bound and the kernel's job
+  is to stream pages at HBM speed; at N=4 (~500 FLOP/B) the tensor cores become the limit.
+  B=64, L=64K, N=1: 553 MB read + 17 MB of logits, HBM floor ~0.13 ms; 69 GFLOP.
 * Work scales with L_b, not with the block table's width: each program computes
   ``n_pages_b = ceil(max_i len[b, i] / P)`` on the device and loops over its share
   ``[s * ceil(n_pages_b / S), ...)`` of pages with a **runtime** loop bound. The grid
-  ``(B, S)`` depends only on B and the SM count (S ~ 2 * num_SMs / B, never more than
-  max_pages), so a 4K request in a table sized for 1M launches the same programs and reads the
+  ``(B, S)`` depends only on B and the SM count (S = floor(2 * num_SMs / B) >= 1, never more
+  than max_pages), so a 4K request in a table sized for 1M launches the same programs and reads the
   same pages as in a table sized for 4K. No host synchronisation: CUDA-graph capturable.
 * Pages whose entry is negative or ``>= num_pages`` are never read (loads masked) and their
   logits are -inf. Positions of pages this kernel does not visit (``j >= n_pages_b * P``) are not
   written: ``indexer_logits`` pre-fills its output with -inf; the top-k never reads them.
+* Fused pass A of the radix top-k (``hist=``, used by ``indexer_topk``): the logits are in
+  registers anyway, so each program also histograms the top 8 bits of their order keys
+  (``kernels.triton.topk.order_key``) per draft with ``tl.histogram`` and writes one
+  ``[NB, 256]`` int32 block per (request, split): the top-k then skips one full read of the row.
 * No atomics: every output element is written by exactly one program, so results are bitwise
   reproducible.
 * Padding: heads are padded to ``BLOCK_H = max(16, next_pow2(H_I))`` (dots need M >= 16),
@@ -46,9 +52,11 @@ Design (one program = one request b and one contiguous chunk of its pages; grid 
   from a padded row into a real one).
 * NaN keys propagate (ReLU is ``where(s < 0, 0, s)``, not ``max``), as in the float64 reference.
 
-Shared memory (compile-time, from ``kernels/triton/_aot.py``): q tile + pipelined K pages,
-``NB*BLOCK_H*D_I + num_stages * BLOCK_P * D_I`` bytes for fp8 (32 KiB + 3 x 8 KiB at N=4,
-H_I=64, P=64), within sm_120's 99 KiB.
+Shared memory and registers (``kernels/triton/_aot.py``, ptxas for sm_120 and sm_90, fp8,
+D_I=128, P=64, 3 stages): 16 KiB at N=1/H_I=64 (4 warps, ~200-246 registers), 24 KiB at
+N=2/H_I=64 and 40 KiB at N=4/H_I=64 (8 warps, ~170-210 registers), no spills; far below sm_120's
+99 KiB. 4 warps from 128 q rows on spill, hence the warps heuristic. The dense fp32 variant
+(ieee dot, a debugging path) needs 65 KiB and spills.
 """
 from __future__ import annotations
 
@@ -57,6 +65,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from kernels.triton.topk import HIST_BINS, order_key
+
 
 @dataclass(frozen=True)
 class IndexerLogitsConfig:
@@ -64,7 +74,7 @@ class IndexerLogitsConfig:
 
     Attributes:
       num_splits: programs per request (grid ``(B, num_splits)``); None = heuristic
-        ``ceil(2 * num_sms / B)`` clipped to ``[1, max_pages]``.
+        :func:`default_num_splits` (``floor(2 * num_sms / B)`` clipped to ``[1, max_pages]``).
       num_warps, num_stages: Triton launch parameters (the page loop is software-pipelined).
     """
 
@@ -76,8 +86,19 @@ class IndexerLogitsConfig:
 
 
 def default_num_splits(batch: int, max_pages: int, num_sms: int) -> int:
-    """Heuristic split count: about two programs per SM over the batch, at most one per page."""
-    return max(1, min(max_pages, triton.cdiv(2 * num_sms, max(batch, 1))))
+    """Heuristic split count: at most two programs per SM over the whole batch (two CTAs of
+    ~40 KiB shared memory and ~200 registers x 128-256 threads fit one SM), so the grid is a
+    single wave (``B * S <= 2 * num_sms``; a partial second wave would idle most SMs), at least
+    one program per request and at most one per page."""
+    return max(1, min(max_pages, (2 * num_sms) // max(batch, 1)))
+
+
+def logits_splits(batch: int, max_pages: int, num_sms: int,
+                  config: IndexerLogitsConfig | None = None) -> int:
+    """Programs per request of the logits grid ``(B, S)`` for this call (shape-only)."""
+    cfg = config or IndexerLogitsConfig()
+    splits = cfg.num_splits or default_num_splits(batch, max_pages, num_sms)
+    return max(1, min(splits, max(max_pages, 1)))
 
 
 @triton.jit
@@ -105,6 +126,7 @@ def _indexer_logits_kernel(
     bt_ptr,           # [B, max_pages] int32
     cl_ptr,           # [B] or [B, N] int32
     out_ptr,          # [B, N, W] float32, W = max_pages * P
+    hist_ptr,         # [B, S, NB, HIST_BINS] int32 top-digit histograms (WRITE_HIST)
     num_pages, max_pages,
     stride_qb, stride_qn, stride_qh,
     stride_wb, stride_wn,
@@ -115,6 +137,8 @@ def _indexer_logits_kernel(
     N: tl.constexpr, NB: tl.constexpr, H: tl.constexpr, BLOCK_H: tl.constexpr,
     D: tl.constexpr, P: tl.constexpr, BLOCK_P: tl.constexpr,
     HAS_SCALE: tl.constexpr, CL_PER_DRAFT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    DOT_F32: tl.constexpr, FP8_NAN_FIX: tl.constexpr, WRITE_HIST: tl.constexpr,
+    FP8_UPCAST: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -134,20 +158,40 @@ def _indexer_logits_kernel(
     d = tl.arange(0, D)
     q = tl.load(q_ptr + b * stride_qb + ri[:, None] * stride_qn + rh[:, None] * stride_qh + d[None, :],
                 mask=row_ok[:, None], other=0.0)                              # [R, D]
+    if DOT_F32:
+        q = q.to(tl.float32)
+    if FP8_UPCAST:
+        # e4m3 -> bf16 is exact; Hopper's fp8 tensor-core dot accumulates with ~14 mantissa bits
+        # (measured on the H200: logits off by ~6e-5 relative, enough to reorder near-ties
+        # against the float64 reference), the bf16 dot accumulates in full fp32.
+        q = q.to(tl.bfloat16)
     w = tl.load(w_ptr + b * stride_wb + ri * stride_wn + rh, mask=row_ok, other=0.0)  # [R]
 
     t = tl.arange(0, BLOCK_P)
     t_ok = t < P
     i_out = tl.arange(0, NB)
     out_row = out_ptr + b * stride_ob + i_out[:, None] * stride_on             # [NB, 1]
+    HB: tl.constexpr = HIST_BINS
+    hist = tl.zeros((NB * HB,), tl.int32)
     for pg in range(start, end):
         entry = tl.load(bt_ptr + b * stride_bt + pg)
-        page_ok = (entry >= 0) & (entry < num_pages)
-        page = tl.where(page_ok, entry, 0).to(tl.int64)
-        kmask = t_ok[:, None] & page_ok
+        page = tl.where((entry >= 0) & (entry < num_pages), entry, 0).to(tl.int64)
+        # The page test as a [BLOCK_P] vector: the interpreter mis-types scalar-bool broadcasts.
+        entry_v = tl.zeros((BLOCK_P,), tl.int32) + entry
+        page_ok = (entry_v >= 0) & (entry_v < num_pages)                      # [BLOCK_P]
+        kmask = (t_ok & page_ok)[:, None]
         k = tl.load(k_ptr + page * stride_kp + t[:, None] * stride_kt + d[None, :],
                     mask=kmask, other=0.0)                                    # [BLOCK_P, D]
+        if DOT_F32:
+            k = k.to(tl.float32)
+        if FP8_UPCAST:
+            k = k.to(tl.bfloat16)
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)            # [R, BLOCK_P] fp32
+        if FP8_NAN_FIX:
+            # CPU interpreter only: it decodes e4m3 NaN (0x7F / 0xFF) as 480; the GPU's fp8 dot
+            # propagates NaN by itself.
+            nan_tok = tl.max(((k.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1)
+            s = tl.where(nan_tok[None, :] != 0, float("nan"), s)
         s = tl.where(s < 0.0, 0.0, s)                                         # ReLU keeping NaN
         s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
         logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_P)), axis=1)         # [NB, BLOCK_P]
@@ -155,13 +199,25 @@ def _indexer_logits_kernel(
             sc = tl.load(ks_ptr + page * stride_sp + scale_off + t, mask=t_ok & page_ok, other=0.0)
             logit = logit * sc[None, :]
         j = pg * P + t                                                        # logical positions
-        valid = (j[None, :] < lens[:, None]) & page_ok
+        valid = (j[None, :] < lens[:, None]) & (page_ok & t_ok)[None, :]
         logit = tl.where(valid, logit, float("-inf"))
         tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & t_ok[None, :])
+        if WRITE_HIST:
+            # Pass A of the radix top-k, fused: per-draft histogram of the keys' top digit
+            # (key 0 = NaN / -inf / invalid is not counted). Bin = draft * HB + digit.
+            key = order_key(logit)
+            bin_ = (key >> (32 - 8)).to(tl.int32) + i_out[:, None] * HB
+            hist += tl.histogram(tl.reshape(bin_, (NB * BLOCK_P,)), NB * HB,
+                                 mask=tl.reshape(key != 0, (NB * BLOCK_P,)))
+    if WRITE_HIST:
+        # Every program writes its slot (zeros for an empty page range): no fill needed.
+        tl.store(hist_ptr + (b * num_splits + split) * (NB * HB) + tl.arange(0, NB * HB), hist)
 
 
 def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out, *,
-                          page_size: int, num_sms: int, config: IndexerLogitsConfig | None = None):
+                          page_size: int, num_sms: int, config: IndexerLogitsConfig | None = None,
+                          dot_f32: bool = False, fp8_nan_fix: bool = False, hist=None,
+                          fp8_upcast: bool = False):
     """Launch :func:`_indexer_logits_kernel` on already-validated tensors (no host sync).
 
     Args:
@@ -176,6 +232,16 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
       out: float32 ``[B, N, max_pages * P]``, last dim contiguous; only positions of the pages a
         request spans (``j < ceil(max_i len[b, i] / P) * P``) are written.
       page_size: P. num_sms: SM count for the split heuristic.
+      dot_f32: widen q and k to float32 before the dot (bf16 in the CPU interpreter, which
+        computes bf16 arithmetic on raw bits).
+      fp8_upcast: convert e4m3 q and k to bf16 (exact) before the dot, so the dot accumulates in
+        full fp32 (GPU; the launcher sets it whenever the cache is fp8 outside the interpreter).
+      fp8_nan_fix: make e4m3 NaN keys give NaN scores (the CPU interpreter decodes them as 480).
+      hist: None, or int32 ``[B, S, NB, 256]`` (``S = logits_splits(...)``, ``NB =
+        next_pow2(N)``), contiguous and uninitialised: receives per-split histograms of the top
+        8 bits of the logits' order keys (pass A of ``kernels.triton.topk``, fused).
+    Returns:
+      ``out``.
     """
     cfg = config or IndexerLogitsConfig()
     B, N, H, D = q.shape
@@ -183,9 +249,10 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     NB = triton.next_power_of_2(N)
     BLOCK_H = max(16, triton.next_power_of_2(H))
     BLOCK_P = max(16, triton.next_power_of_2(page_size))
-    splits = cfg.num_splits or default_num_splits(B, max_pages, num_sms)
-    splits = max(1, min(splits, max(max_pages, 1)))
-    num_warps = cfg.num_warps or (8 if NB * BLOCK_H >= 256 else 4)
+    splits = logits_splits(B, max_pages, num_sms, cfg)
+    # 8 warps from 128 q rows on: at 4 warps the [128, 64] fp32 accumulator plus the q tile
+    # reach 255 registers and spill on sm_90 (kernels/triton/_aot.py, ptxas -v).
+    num_warps = cfg.num_warps or (8 if NB * BLOCK_H >= 128 else 4)
     has_scale = k_scales is not None
     if has_scale:
         stride_kp, stride_kt = k_vals.stride(0), D
@@ -193,11 +260,12 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     else:
         stride_kp, stride_kt = k_vals.stride(0), k_vals.stride(1)
         stride_sp, scale_off = 0, 0
-    precision = "ieee" if str(q.dtype) == "torch.float32" else "tf32"
+    precision = "ieee" if (dot_f32 or str(q.dtype) == "torch.float32") else "tf32"
     if B == 0 or max_pages == 0:
         return out
     _indexer_logits_kernel[(B, splits)](
         q, weights, k_vals, k_scales if has_scale else k_vals, block_table, context_lens, out,
+        hist if hist is not None else out,
         k_vals.shape[0], max_pages,
         q.stride(0), q.stride(1), q.stride(2),
         weights.stride(0), weights.stride(1),
@@ -206,6 +274,8 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
         out.stride(0), out.stride(1),
         N=N, NB=NB, H=H, BLOCK_H=BLOCK_H, D=D, P=page_size, BLOCK_P=BLOCK_P,
         HAS_SCALE=has_scale, CL_PER_DRAFT=context_lens.dim() == 2, DOT_PRECISION=precision,
+        DOT_F32=dot_f32, FP8_NAN_FIX=fp8_nan_fix and has_scale, WRITE_HIST=hist is not None,
+        FP8_UPCAST=fp8_upcast and has_scale,
         num_warps=num_warps, num_stages=cfg.num_stages,
     )
     return out

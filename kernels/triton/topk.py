@@ -3,32 +3,43 @@
 Selection rule (../shared/SPEC.md, ``indexer_topk``): among positions ``j < len[r]`` whose value
 is neither NaN nor -inf (+inf qualifies), the ``topk`` largest; ties at the threshold go to the
 smaller position, so the set is exact and deterministic. Rows with fewer qualifying positions
-select all of them; the rest of the output row is -1. Output order: ascending position (the
-binding sorts by descending logit when ``sorted=True``). Same semantics as
+select all of them; the rest of the output row is -1. Output order: unspecified (deterministic;
+the binding sorts by descending logit when ``sorted=True``). Same semantics as
 ``kernels.reference.topk_from_logits``.
 
 Algorithm (one program per row, no atomics, no sort):
 
 1. Map each float to an order-preserving uint32 key (``u | 0x80000000`` for sign 0, ``~u`` for
-   sign 1); NaN and -inf (and positions ``>= len``) get key 0, which no qualifying value has
-   (the smallest, ``-FLT_MAX``, maps to ``0x00800000``), so "qualifies" is ``key != 0``.
-2. Radix select, most significant digit first, ``RADIX_BITS = 8`` -> 4 passes over the row:
-   pass p builds a 256-bin ``tl.histogram`` of digit p among keys whose higher digits equal the
-   prefix chosen so far, then picks the largest digit d whose suffix count reaches the number
-   still needed, and subtracts the count of keys in larger digits. Pass 0 also counts the
-   qualifying positions C; if ``C <= topk`` every qualifying position is selected and the
-   remaining passes read nothing (their loop bound is 0). A pass also stops the descent when the
-   chosen bucket must be taken whole (its count equals the number needed).
-3. One selection pass in position order: keys whose bucket (key >> shift) is above the threshold
-   bucket are taken, keys in the threshold bucket are taken while their running rank (an
-   inclusive ``tl.cumsum`` carried across blocks) is ``<= need``: exactly the SPEC tie rule.
-   Output slots come from a second running ``tl.cumsum``, so the write order is deterministic.
-4. The tail ``[min(C, topk), topk)`` is filled with -1.
+   sign 1; -0.0 first becomes +0.0 so that the two zeros tie); NaN and -inf (and positions
+   ``>= len``) get key 0, which no qualifying value has (the smallest, ``-FLT_MAX``, maps to
+   ``0x00800000``), so "qualifies" is ``key != 0``.
+2. Pass A over the valid prefix: a 256-bin ``tl.histogram`` of the top 8 bits and the count C of
+   qualifying positions. The threshold digit is the largest d whose suffix count reaches K.
+   If ``C <= K`` every qualifying position is taken.
+3. Pass B over the valid prefix: keys whose top digit is above d go straight to the output
+   (slots from a running inclusive ``tl.cumsum``, so the write order is deterministic); keys in
+   the threshold bucket are compacted, in position order, into an int32 scratch row.
+4. Radix levels 2..4 (8 bits each) run over the compacted candidates only (typically a few
+   percent of the row): histogram of the next digit among keys matching the prefix, pick the
+   digit, subtract the count above it. The descent stops early when the chosen bucket must be
+   taken whole.
+5. Selection over the candidates in position order: keys above the final bucket are taken,
+   keys in it while their running rank is ``<= need``: exactly the SPEC tie rule.
+6. The tail ``[min(C, K), K)`` of the output row is filled with -1.
 
-Cost: at most 5 reads of the row's valid prefix (4 histogram passes + 1 selection pass) and only
-of the prefix: a row of ``len`` positions costs O(len) whatever the row's capacity W, and K
-(any value, 512/1024/2048 or not) only enters through the -1 fill. The histogram is integer
-counting (order-independent), so results are bitwise reproducible. Rows up to 2^31 positions.
+Cost: two reads of the row's valid prefix (A and B; 8 bytes per position in all) plus a few
+passes over the threshold bucket's candidates, and only of the prefix: a row of ``len``
+positions costs O(len) whatever the row's capacity W, and K (any value, 512/1024/2048 or not)
+only enters through the digit choice and the -1 fill. Histograms are integer counts (order
+independent), so results are bitwise reproducible. Rows up to 2^31 positions. At B*N = 64 rows
+of 64K positions the logits (16 MiB) stay in the H200's L2 between the logits kernel and both
+passes. The worst case (all values tied) makes the candidate passes read the whole row again.
+
+Fused with the indexer (``hist=``): the logits kernel already holds every logit in registers,
+so it also builds pass A's histogram per (request, split, draft) and writes 1 KiB per draft
+instead of the top-k re-reading the row; the top-k then sums S histograms and reads the row
+once (pass B) plus the candidates. Splitting one row over several programs (for B*N much smaller
+than the SM count) is the next step for long contexts.
 """
 from __future__ import annotations
 
@@ -36,6 +47,11 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
+
+
+# Bins of the top-digit histogram (8 radix bits); also the layout of the per-split histograms the
+# logits kernel writes (kernels/triton/indexer.py, fused pass A).
+HIST_BINS = tl.constexpr(256)
 
 
 @dataclass(frozen=True)
@@ -50,12 +66,18 @@ class TopkConfig:
     block: int = 4096
     num_warps: int = 8
 
-    SEARCH_SPACE = dict(block=(1024, 2048, 4096, 8192), num_warps=(4, 8, 16))
+    # block 8192 at 4 warps spills (ptxas -v, sm_90 and sm_120); left out.
+    SEARCH_SPACE = dict(block=(2048, 4096, 8192), num_warps=(8, 16))
 
 
 @triton.jit
 def order_key(x):
-    """Order-preserving uint32 key of float32 ``x``; 0 for NaN and -inf (never selected)."""
+    """Order-preserving uint32 key of float32 ``x``; 0 for NaN and -inf (never selected).
+
+    -0.0 is mapped to +0.0 first: they compare equal, so they tie (by position) as in the
+    reference.
+    """
+    x = tl.where(x == 0.0, 0.0, x)
     u = x.to(tl.uint32, bitcast=True)
     sign_bit = tl.full(u.shape, 0x80000000, tl.uint32)
     key = tl.where((u & sign_bit) != 0, ~u, u | sign_bit)
@@ -64,70 +86,124 @@ def order_key(x):
 
 
 @triton.jit
+def _descend(hist, SHIFT: tl.constexpr, bins, prefix, shift, need, done):
+    """One radix level: pick the threshold digit from ``hist`` (counts of digit ``SHIFT`` among
+    keys in the current bucket) unless ``done``. Returns (prefix, shift, need, done)."""
+    ge = tl.cumsum(hist, axis=0, reverse=True)                     # count with digit >= d
+    d_sel = tl.max(tl.where(ge >= need, bins, -1), axis=0)
+    n_gt = tl.sum(tl.where(bins > d_sel, hist, 0), axis=0)
+    n_eq = tl.sum(tl.where(bins == d_sel, hist, 0), axis=0)
+    upd = done == 0
+    prefix = tl.where(upd, prefix | (d_sel.to(tl.uint32) << SHIFT), prefix)
+    shift = tl.where(upd, tl.full((), SHIFT, tl.uint32), shift)
+    need = tl.where(upd, need - n_gt, need)
+    # The chosen bucket is taken whole: no need to look at lower digits.
+    done = tl.where(upd & (n_eq == need), 1, done)
+    return prefix, shift, need, done
+
+
+@triton.jit
 def _radix_topk_kernel(
     x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
     len_ptr,          # [R] int32 valid-prefix lengths
     out_ptr,          # [R, topk] int32 selected positions, -1 padded
+    cand_ptr,         # [R, W] int32 scratch: positions in the level-0 threshold bucket
+    hist_ptr,         # [B, S, NB, 256] int32 per-split top-digit histograms (HAS_HIST), row = b*N+i
     W, topk,
-    stride_x, stride_o,
-    BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr,
+    stride_x, stride_o, stride_c,
+    n_drafts, n_drafts_pow2, num_splits,
+    BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, HAS_HIST: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     L = tl.maximum(tl.minimum(tl.load(len_ptr + row), W), 0)
     x_row = x_ptr + row * stride_x
     o_row = out_ptr + row * stride_o
+    c_row = cand_ptr + row * stride_c
     offs = tl.arange(0, BLOCK)
+    zeros_i = tl.zeros((BLOCK,), tl.int32)
     BINS: tl.constexpr = 1 << RADIX_BITS
-    NUM_PASSES: tl.constexpr = 32 // RADIX_BITS
+    NUM_LEVELS: tl.constexpr = 32 // RADIX_BITS
+    SHIFT0: tl.constexpr = 32 - RADIX_BITS
     bins = tl.arange(0, BINS)
 
-    prefix = tl.zeros((), tl.uint32)       # chosen high digits of the threshold key
-    shift = tl.zeros((), tl.uint32)        # the threshold bucket is key >> shift == prefix >> shift
-    need = topk                            # positions still to take from the current bucket
-    done = L < 0                           # False: descent finished
-    take_all = L < 0                       # False: C <= topk, every qualifying position is taken
-    total = tl.zeros((), tl.int32)
-    for p in tl.static_range(NUM_PASSES):
-        SHIFT: tl.constexpr = 32 - (p + 1) * RADIX_BITS
-        hist = tl.zeros((BINS,), tl.int32)
-        end = tl.where(done, 0, L)
-        for start in range(0, end, BLOCK):
+    # Pass A: histogram of the top digit, count of qualifying positions C; either summed from the
+    # logits kernel's per-split histograms (fused) or by reading the whole prefix.
+    hist = tl.zeros((BINS,), tl.int32)
+    if HAS_HIST:
+        b = row // n_drafts
+        i = row % n_drafts
+        h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * BINS + bins
+        for sp in range(0, num_splits):
+            hist += tl.load(h_row + sp * (n_drafts_pow2 * BINS))
+    else:
+        for start in range(0, L, BLOCK):
             o = start + offs
             key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-            m = key != 0
-            if p > 0:
-                m = m & ((key >> (SHIFT + RADIX_BITS)) == (prefix >> (SHIFT + RADIX_BITS)))
-            digit = ((key >> SHIFT) & (BINS - 1)).to(tl.int32)
-            hist += tl.histogram(digit, BINS, mask=m)
-        if p == 0:
-            total = tl.sum(hist, axis=0)
-            take_all = total <= topk
-            done = take_all
-        ge = tl.cumsum(hist, axis=0, reverse=True)                 # count with digit >= d
-        d_sel = tl.max(tl.where(ge >= need, bins, -1), axis=0)
-        n_gt = tl.sum(tl.where(bins > d_sel, hist, 0), axis=0)
-        n_eq = tl.sum(tl.where(bins == d_sel, hist, 0), axis=0)
-        upd = (not done) if isinstance(done, bool) else (done == 0)
-        prefix = tl.where(upd, prefix | (d_sel.to(tl.uint32) << SHIFT), prefix)
-        shift = tl.where(upd, tl.full((), SHIFT, tl.uint32), shift)
-        need = tl.where(upd, need - n_gt, need)
-        done = done | (upd & (n_eq == need))
+            hist += tl.histogram((key >> SHIFT0).to(tl.int32), BINS, mask=key != 0)
+    total = tl.sum(hist, axis=0)
+    # C <= topk: every qualifying position is taken (prefix = shift = 0: bucket "key > 0").
+    done = (total <= topk).to(tl.int32)
+    prefix = tl.zeros((), tl.uint32)       # chosen high digits of the threshold key
+    shift = tl.zeros((), tl.uint32)        # threshold bucket: key >> shift == prefix >> shift
+    need = topk                            # positions still to take from the threshold bucket
+    prefix, shift, need, done = _descend(hist, SHIFT0, bins, prefix, shift, need, done)
 
-    # Selection pass in position order (deterministic output slots).
+    # Pass B (whole prefix): keys above the threshold bucket go straight to the output; keys in
+    # it go to the output too when the descent is over, else their positions are compacted (in
+    # position order) into the scratch row for the lower digits.
     p_bucket = prefix >> shift
-    eq_seen = tl.zeros((), tl.int32)
+    done_v = (zeros_i + done) != 0                                   # [BLOCK] (see NOTE below)
     n_out = tl.zeros((), tl.int32)
+    n_cand = tl.zeros((), tl.int32)
     for start in range(0, L, BLOCK):
         o = start + offs
         key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-        cand = key != 0
         k_bucket = key >> shift
-        gt = cand & (k_bucket > p_bucket)
-        eq = cand & (k_bucket == p_bucket)
+        qual = key != 0
+        gt = qual & (k_bucket > p_bucket)
+        eq = qual & (k_bucket == p_bucket)
+        direct = gt | (eq & done_v)
+        keep = eq & (done_v == 0)
+        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
+        tl.store(o_row + slot, o.to(tl.int32), mask=direct)
+        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
+        tl.store(c_row + cslot, o.to(tl.int32), mask=keep)
+        n_out += tl.sum(direct.to(tl.int32), axis=0)
+        n_cand += tl.sum(keep.to(tl.int32), axis=0)
+    # The candidate row is read back below by other threads of this program: make every store
+    # of pass B visible first (bar.sync orders global memory within the CTA).
+    tl.debug_barrier()
+
+    # Lower digits over the compacted candidates only (empty when the descent is over).
+    for lvl in tl.static_range(1, NUM_LEVELS):
+        SHIFT = 32 - (lvl + 1) * RADIX_BITS                       # constexpr (static loop)
+        hist = tl.zeros((BINS,), tl.int32)
+        end = tl.where(done != 0, 0, n_cand)
+        for start in range(0, end, BLOCK):
+            o = start + offs
+            m = o < n_cand
+            pos = tl.load(c_row + o, mask=m, other=0)
+            key = order_key(tl.load(x_row + pos, mask=m, other=float("-inf")))
+            m = m & ((key >> (SHIFT + RADIX_BITS)) == (prefix >> (SHIFT + RADIX_BITS)))
+            hist += tl.histogram(((key >> SHIFT) & (BINS - 1)).to(tl.int32), BINS, mask=m)
+        prefix, shift, need, done = _descend(hist, SHIFT, bins, prefix, shift, need, done)
+
+    # Selection over the candidates in position order: the SPEC tie rule (smaller position wins)
+    # is the running rank within the threshold bucket.
+    p_bucket = prefix >> shift
+    eq_seen = tl.zeros((), tl.int32)
+    for start in range(0, n_cand, BLOCK):
+        o = start + offs
+        m = o < n_cand
+        pos = tl.load(c_row + o, mask=m, other=0)
+        key = order_key(tl.load(x_row + pos, mask=m, other=float("-inf")))
+        k_bucket = key >> shift
+        gt = m & (k_bucket > p_bucket)
+        eq = m & (k_bucket == p_bucket)
         eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) + eq_seen
-        sel = cand & (take_all | gt | (eq & (eq_rank <= need)))
+        sel = gt | (eq & (eq_rank <= need))
         slot = tl.cumsum(sel.to(tl.int32), axis=0) + n_out - 1
-        tl.store(o_row + slot, o.to(tl.int32), mask=sel)
+        tl.store(o_row + slot, pos, mask=sel)
         eq_seen += tl.sum(eq.to(tl.int32), axis=0)
         n_out += tl.sum(sel.to(tl.int32), axis=0)
 
@@ -138,20 +214,39 @@ def _radix_topk_kernel(
         tl.store(o_row + o, tl.full((BLOCK,), -1, tl.int32), mask=o < topk)
 
 
-def launch_topk(logits, lengths, topk: int, out, *, config: TopkConfig | None = None):
+# NOTE: scalar flags are broadcast through an int32 block before mixing with block masks: the
+# CPU interpreter types ``scalar_bool | block_bool`` as int32 and then rejects it as a mask.
+
+
+def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
+                hist=None, n_drafts: int = 1):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
       logits: float32 ``[R, W]`` with contiguous last dim; only ``[r, :lengths[r]]`` is read.
       lengths: int32 ``[R]`` contiguous valid-prefix lengths (clamped to ``[0, W]`` in-kernel).
       topk: K >= 1, any value.
-      out: int32 ``[R, topk]`` with contiguous last dim; receives the selected positions in
-        ascending order, then -1.
+      out: int32 ``[R, topk]`` with contiguous last dim; receives the selected positions (those
+        above the threshold bucket in ascending position order, then the rest of the selection
+        in ascending position order), then -1.
+      scratch: int32 ``[R, W]`` (or wider) with contiguous last dim, uninitialised: candidate
+        positions of the threshold bucket (at most ``lengths[r]`` are written per row).
+      hist: None, or the int32 ``[B, S, next_pow2(N), 256]`` histograms written by
+        ``kernels.triton.indexer.launch_indexer_logits(hist=...)`` for these rows
+        (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
+      n_drafts: N (rows per request) when ``hist`` is given.
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
     if R == 0 or topk == 0:
         return out
-    _radix_topk_kernel[(R,)](logits, lengths, out, W, topk, logits.stride(0), out.stride(0),
-                             BLOCK=cfg.block, RADIX_BITS=8, num_warps=cfg.num_warps)
+    if hist is not None:
+        num_splits, nb = hist.shape[1], hist.shape[2]
+    else:
+        num_splits, nb = 1, 1
+    _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
+                             W, topk, logits.stride(0), out.stride(0), scratch.stride(0),
+                             n_drafts, nb, num_splits,
+                             BLOCK=cfg.block, RADIX_BITS=8, HAS_HIST=hist is not None,
+                             num_warps=cfg.num_warps)
     return out

@@ -1,0 +1,303 @@
+"""torch_impl.indexer_logits / indexer_topk (Triton kernels and the plain-PyTorch path).
+
+Every value test compares against the float64 reference (kernels.reference via kernels.cases):
+logits with kernels.compare.check_logits (same -inf/NaN pattern, cosine < 5e-6), indices with
+kernels.compare.check_topk (the exact SPEC set, tie rule, -1 padding, sorted order). On a CPU
+machine the Triton kernels run in the interpreter (tests/conftest.py) with fp8 and fp32/fp16
+dense inputs; on a CUDA GPU the same bodies run on the GPU, bf16 dense cases are added, and the
+GPU-only tests at the end run (CUDA graph capture/replay, work scaling with L).
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import cases, compare, reference
+from torch_impl import _common
+from torch_impl import indexer as tix
+from torch_impl.indexer import indexer_logits, indexer_topk
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+PATHS = ("triton", "torch")
+# The interpreter evaluates bf16 arithmetic on raw bits, so bf16 dense runs on the GPU only.
+DENSE_DTYPES = ("float32", "float16") + (("bfloat16",) if CUDA else ())
+
+
+def _args(case: cases.IndexerCase):
+    return [_common.as_tensor(a, DEVICE) for a in case.args()]
+
+
+def _check_case(case: cases.IndexerCase, path: str, *, sorted_variants=(False, True)):
+    args = _args(case)
+    ref = case.reference_logits()
+    logits = indexer_logits(*args, k_format=case.k_format, path=path)
+    assert logits.dtype == torch.float32 and logits.device.type == DEVICE
+    compare.assert_pass(compare.check_logits(logits, ref))
+    for srt in sorted_variants:
+        idx = indexer_topk(*args, case.topk, k_format=case.k_format, sorted=srt, path=path)
+        assert idx.dtype == torch.int32 and tuple(idx.shape) == (*case.q.shape[:2], case.topk)
+        compare.assert_pass(compare.check_topk(idx, ref, case.topk, sorted=srt))
+
+
+# ============================================================================ corner cases
+
+@functools.lru_cache(maxsize=None)
+def _corners():
+    return cases.indexer_corner_cases(3, H_I=16, topk=64, P=16)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("i", range(len(cases.indexer_corner_cases(0, H_I=16, topk=64, P=16))))
+def test_corner_cases(path, i):
+    """SPEC corner cases: lengths 0, 1, K-1, K, K+1, non-multiples of P, MTP N=2..4 (both
+    context_lens shapes), ties, NaN keys, stale huge keys beyond L_b, -1 page entries, K > L,
+    a table much wider than L, dense float32, structured scores."""
+    case = _corners()[i]
+    _check_case(case, path)
+
+
+# ============================================================================ random shapes
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("N,cl2d", [(1, False), (2, False), (2, True), (3, False), (4, True)])
+def test_fp8_mtp(path, N, cl2d):
+    """Model-sized heads (H_I=64, D_I=128, P=64), fp8 cache, MTP drafts with both context_lens
+    shapes, ragged lengths in the hundreds, K=128, ties in the keys."""
+    case = cases.make_indexer_case(100 + N + 10 * cl2d, B=2, N=N, H_I=64, D_I=128, P=64,
+                                   lens=[300 + N, 130], topk=128, context_lens_2d=cl2d,
+                                   ties=N == 3)
+    _check_case(case, path, sorted_variants=(False,) if N > 1 else (False, True))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", DENSE_DTYPES)
+def test_dense(path, dtype):
+    """``dense`` K cache in fp32 / fp16 (bf16 on the GPU), P=16, stale and -1 pages."""
+    case = cases.make_indexer_case(200, B=3, N=2, H_I=16, D_I=128, P=16, lens=[70, 1, 203],
+                                   topk=32, k_format="dense", q_dtype=dtype, neg_pages=True)
+    _check_case(case, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_topk_2048_long(path):
+    """V3.2's K=2048 over a few thousand positions, fp8, amax/448 scales, H_I=64."""
+    case = cases.make_indexer_case(300, B=1, N=1, H_I=64, D_I=128, P=64, lens=[3000],
+                                   topk=2048, scale_fmt=None, structured=True)
+    _check_case(case, path, sorted_variants=(True,))
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_paths_agree_bitwise_on_indices_and_repeatable(path):
+    """Same inputs, same bits: two calls give identical logits and indices."""
+    case = cases.make_indexer_case(400, B=2, N=2, H_I=32, P=64, lens=[700, 257], topk=64,
+                                   ties=True)
+    args = _args(case)
+    a = indexer_logits(*args, path=path)
+    b = indexer_logits(*args, path=path)
+    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    i1 = indexer_topk(*args, 64, path=path)
+    i2 = indexer_topk(*args, 64, path=path)
+    assert torch.equal(i1, i2)
+    compare.assert_pass(compare.check_topk(i1, case.reference_logits(), 64))
+
+
+def test_auto_matches_named_path():
+    """``path="auto"`` runs (triton here, or torch if triton cannot) and gives the exact set."""
+    case = cases.make_indexer_case(500, B=2, N=1, H_I=16, P=16, lens=[90, 33], topk=16)
+    args = _args(case)
+    compare.assert_pass(compare.check_logits(indexer_logits(*args), case.reference_logits()))
+    compare.assert_pass(compare.check_topk(indexer_topk(*args, 16), case.reference_logits(), 16))
+
+
+# ============================================================================ work scales with L
+
+def test_triton_logits_touch_only_the_pages_of_L():
+    """The logits kernel visits only the pages of each request's valid range: positions past
+    ``ceil(max_i len / P) * P`` keep a sentinel even though the table holds real pages there
+    (a table sized for 16x the length)."""
+    from kernels.triton.indexer import launch_indexer_logits
+
+    P = 16
+    case = cases.make_indexer_case(600, B=2, N=2, H_I=16, P=P, lens=[37, 80], table_len=16 * 80,
+                                   topk=16)
+    q, w, kc, bt, cl = _args(case)
+    # Point every -1 entry at a real page: only the length may stop the kernel.
+    bt = torch.where(bt < 0, torch.zeros_like(bt), bt)
+    B, N = q.shape[:2]
+    W = bt.shape[1] * P
+    out = torch.full((B, N, W), 7.0, dtype=torch.float32, device=DEVICE)
+    dev = tix._device_info(q.device)
+    launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl, out,
+                          page_size=P, num_sms=dev.num_sms, fp8_nan_fix=dev.interpret)
+    ref = reference.indexer_logits(case.q, case.weights, case.k_cache, bt.cpu().numpy(),
+                                   case.context_lens)
+    for b, L in enumerate((37, 80)):
+        end = -(-L // P) * P
+        assert (out[b, :, end:] == 7.0).all()
+        compare.assert_pass(compare.check_logits(out[b:b + 1, :, :end], ref[b:b + 1, :, :end]))
+
+
+def test_fused_histogram_matches_unfused_topk():
+    """The logits kernel's per-split top-digit histograms (fused pass A) give the same top-k as
+    the top-k kernel's own pass over the row, bit for bit, at several split counts."""
+    from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.triton.topk import launch_topk
+
+    P, K = 16, 40
+    case = cases.make_indexer_case(650, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=K, ties=True)
+    q, w, kc, bt, cl = _args(case)
+    B, N = q.shape[:2]
+    W = bt.shape[1] * P
+    dev = tix._device_info(q.device)
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    ref_out = None
+    for splits in (1, 3, 7):
+        cfg = IndexerLogitsConfig(num_splits=splits)
+        logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
+        hist = torch.full((B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), 4, 256), -5,
+                          dtype=torch.int32, device=DEVICE)
+        launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
+                              logits, page_size=P, num_sms=dev.num_sms, config=cfg,
+                              fp8_nan_fix=dev.interpret, hist=hist)
+        fused = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
+        plain = torch.empty_like(fused)
+        scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
+        launch_topk(logits.view(B * N, W), lens, K, fused, scratch, hist=hist, n_drafts=N)
+        launch_topk(logits.view(B * N, W), lens, K, plain, scratch)
+        assert torch.equal(fused, plain)
+        compare.assert_pass(compare.check_topk(fused.view(B, N, K), case.reference_logits(), K))
+        if ref_out is not None:
+            assert torch.equal(fused, ref_out)
+        ref_out = fused
+
+
+# ============================================================================ custom op
+
+def test_custom_op_registration():
+    """``dsa::indexer_logits`` / ``dsa::indexer_topk`` exist with fake (meta) implementations
+    whose shapes and dtypes match the real ones (torch.library.opcheck)."""
+    for k_format in ("dense", "fp8_indexer"):
+        case = cases.make_indexer_case(700, B=2, N=2, H_I=16, P=16, lens=[40, 21], topk=16,
+                                       k_format=k_format)
+        args = _args(case)
+        # test_schema compares inputs before/after with arithmetic that torch lacks for fp8.
+        utils = ("test_schema", "test_faketensor") if k_format == "dense" else ("test_faketensor",)
+        torch.library.opcheck(torch.ops.dsa.indexer_logits.default,
+                              (*args, k_format, "torch"), test_utils=utils)
+        torch.library.opcheck(torch.ops.dsa.indexer_topk.default,
+                              (*args, 16, k_format, False, "triton"), test_utils=utils)
+
+
+# ============================================================================ bad input
+
+def _small():
+    case = cases.make_indexer_case(800, B=2, N=2, H_I=16, P=16, lens=[40, 21], topk=16)
+    return case, _args(case)
+
+
+@pytest.mark.parametrize("mutate,exc,word", [
+    (lambda a: a.__setitem__(0, a[0].float()), TypeError, "q"),
+    (lambda a: a.__setitem__(0, a[0][0]), ValueError, "q"),
+    (lambda a: a.__setitem__(1, a[1].double()), TypeError, "weights"),
+    (lambda a: a.__setitem__(1, a[1][:, :, :3]), ValueError, "weights"),
+    (lambda a: a.__setitem__(2, a[2][:, :-5]), ValueError, "k_cache"),
+    (lambda a: a.__setitem__(2, a[2].view(torch.int8)), TypeError, "k_cache"),
+    (lambda a: a.__setitem__(3, a[3].long()), TypeError, "block_table"),
+    (lambda a: a.__setitem__(3, a[3][:1]), ValueError, "block_table"),
+    (lambda a: a.__setitem__(4, a[4][:1]), ValueError, "context_lens"),
+    (lambda a: a.__setitem__(4, a[4].float()), TypeError, "context_lens"),
+    (lambda a: a.__setitem__(4, torch.zeros(2, 3, dtype=torch.int32, device=a[4].device)), ValueError, "context_lens"),
+    (lambda a: a.__setitem__(0, [1, 2]), TypeError, "q"),
+])
+def test_bad_input(mutate, exc, word):
+    _, args = _small()
+    mutate(args)
+    with pytest.raises(exc, match=word):
+        indexer_topk(*args, 16, path="torch")
+    with pytest.raises(exc, match=word):
+        indexer_logits(*args, path="triton")
+
+
+def test_bad_options():
+    _, args = _small()
+    with pytest.raises(ValueError, match="k_format"):
+        indexer_logits(*args, k_format="fp8")
+    with pytest.raises(ValueError, match="path"):
+        indexer_logits(*args, path="cuda")
+    with pytest.raises(ValueError, match="topk"):
+        indexer_topk(*args, 0)
+    with pytest.raises(TypeError, match="topk"):
+        indexer_topk(*args, 16.0)
+    with pytest.raises(TypeError, match="sorted"):
+        indexer_topk(*args, 16, sorted=1)
+    with pytest.raises(TypeError, match="q"):           # dense needs a float q of the cache dtype
+        indexer_logits(*args, k_format="dense")
+
+
+def test_named_path_raises_auto_falls_through():
+    """D_I not a power of two: the triton path raises NotImplementedError (naming the GPU), and
+    ``"auto"`` falls through to the torch path, which is still exact."""
+    case = cases.make_indexer_case(900, B=1, N=1, H_I=16, D_I=96, P=16, lens=[50], topk=8,
+                                   k_format="dense")
+    args = _args(case)
+    with pytest.raises(NotImplementedError, match="D_I"):
+        indexer_topk(*args, 8, k_format="dense", path="triton")
+    idx = indexer_topk(*args, 8, k_format="dense", path="auto")
+    compare.assert_pass(compare.check_topk(idx, case.reference_logits(), 8))
+
+
+@pytest.mark.skipif(CUDA, reason="CPU tensors only run the triton path in the interpreter")
+def test_cpu_without_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    case, args = _small()
+    with pytest.raises(NotImplementedError, match="CUDA"):
+        indexer_logits(*args, path="triton")
+    compare.assert_pass(compare.check_logits(indexer_logits(*args, path="auto"),
+                                             case.reference_logits()))
+
+
+# ============================================================================ GPU only
+
+@gpu_only
+def test_cuda_graph_capture():
+    """The triton path has no host sync and shape-only allocations: it captures in a CUDA graph
+    and a replay after changing the lengths in place gives the new exact result."""
+    case = cases.make_indexer_case(1000, B=4, N=2, H_I=64, P=64, lens=[3000, 100, 2048, 5],
+                                   table_len=8192, topk=512)
+    q, w, kc, bt, cl = _args(case)
+    indexer_topk(q, w, kc, bt, cl, 512, path="triton")          # compile outside the capture
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = indexer_topk(q, w, kc, bt, cl, 512, path="triton")
+    g.replay()
+    torch.cuda.synchronize()
+    compare.assert_pass(compare.check_topk(out, case.reference_logits(), 512))
+    new_cl = np.array([1500, 64, 2049, 0], np.int32)
+    cl.copy_(torch.from_numpy(new_cl))
+    g.replay()
+    torch.cuda.synchronize()
+    case.context_lens = new_cl
+    compare.assert_pass(compare.check_topk(out, case.reference_logits(), 512))
+
+
+@gpu_only
+def test_work_scales_with_L():
+    """L=4K in a table sized for 1M costs within 1.2x of the same L in a table sized for 4K
+    (SPEC: work scales with L_b). Timing with triton.testing.do_bench, medians."""
+    import triton
+
+    def bench(table_len):
+        case = cases.make_indexer_case(1100, B=8, N=1, H_I=64, P=64, lens=[4096] * 8,
+                                       table_len=table_len, topk=2048, stale=False)
+        args = _args(case)
+        return triton.testing.do_bench(lambda: indexer_topk(*args, 2048, path="triton"),
+                                       return_mode="median")
+
+    small, big = bench(4096), bench(1 << 20)
+    assert big <= 1.2 * small + 0.005, (small, big)

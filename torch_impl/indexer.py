@@ -1,0 +1,505 @@
+"""Lightning indexer + exact top-k for PyTorch: Triton kernels (``path="triton"``) and plain
+PyTorch (``path="torch"``), registered as the custom ops ``dsa::indexer_logits`` and
+``dsa::indexer_topk``.
+
+Semantics: ../shared/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``Indexer``, DeepGEMM
+``fp8_paged_mqa_logits``); the float64 definition is ``kernels.reference.indexer_logits`` /
+``indexer_topk``; kernel designs are in ``kernels/triton/indexer.py`` and
+``kernels/triton/topk.py``.
+
+Triton path: the logits kernel scores only the pages each request spans (runtime loop bound on
+the device) and the radix top-k reads only each row's valid prefix, so work scales with the
+actual lengths L_b, not with the block table's width. No host synchronisation and only
+shape-dependent allocations: CUDA-graph capturable and traceable by ``torch.compile`` through
+the custom op's fake implementation. ``indexer_topk`` materialises a ``[B, N, W]`` float32
+logits scratch buffer and a ``[B * N, W]`` int32 candidate buffer (both uninitialised; only
+valid prefixes are written and read).
+
+Torch path: the same math in float32 with ``torch.einsum`` over chunks of pages up to
+``max(L_b)`` and an exact top-k with ``torch.topk`` over unique int64 keys
+``(order-preserving float key << 31) | (2^31 - 1 - position)`` restricted to the valid prefix.
+It reads ``max(L_b)`` back to the host once per call, so it is **not** CUDA-graph capturable.
+"""
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from kernels import dispatch, formats as np_formats, hardware
+from torch_impl import _common
+
+__all__ = ["indexer_logits", "indexer_topk"]
+
+_DENSE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# Positions of dequantised K per torch-path chunk (bounds the [B, chunk, D_I] float32 scratch).
+_TORCH_CHUNK_ELEMS = 1 << 25
+
+
+# ============================================================================ validation
+
+def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk=None,
+              sorted_=False):
+    """SPEC "Bad input": TypeError / ValueError naming the argument, expected and received.
+
+    Returns the page size P.
+    """
+    if k_format not in np_formats.K_FORMATS:
+        raise ValueError(f"k_format: expected one of {np_formats.K_FORMATS}, got {k_format!r}")
+    if path not in _common.TORCH_PATHS:
+        raise ValueError(f"path: expected one of {_common.TORCH_PATHS}, got {path!r}")
+    q_dtypes = (torch.float8_e4m3fn,) if k_format == "fp8_indexer" else _DENSE_DTYPES
+    _common.check_tensor("q", q, ndim=4, dtypes=q_dtypes)
+    B, N, H, D = q.shape
+    dev = q.device
+    if min(B, N, H, D) < 1:
+        raise ValueError(f"q: expected non-empty [B, N, H_I, D_I], got shape {tuple(q.shape)}")
+    _common.check_tensor("weights", weights, dtypes=(torch.float32,), shape=(B, N, H), device=dev)
+    if k_format == "fp8_indexer":
+        _common.check_tensor("k_cache", k_cache, ndim=2, dtypes=(torch.uint8,), device=dev)
+        page_bytes = k_cache.shape[1]
+        if page_bytes == 0 or page_bytes % (D + 4):
+            raise ValueError(f"k_cache: 'fp8_indexer' pages hold P * (D_I + 4) = P * {D + 4} bytes, "
+                             f"got shape {tuple(k_cache.shape)}")
+        if k_cache.stride(1) != 1 or k_cache.stride(0) % 4 or k_cache.storage_offset() % 4:
+            raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
+                             f"(float32 scales), got strides {k_cache.stride()} and storage offset "
+                             f"{k_cache.storage_offset()}")
+        P = page_bytes // (D + 4)
+    else:
+        _common.check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=dev)
+        if k_cache.shape[2] != D or k_cache.shape[1] < 1:
+            raise ValueError(f"k_cache: expected 'dense' shape (num_pages, P, {D}) matching q's "
+                             f"D_I, got {tuple(k_cache.shape)}")
+        if k_cache.stride(2) != 1:
+            raise ValueError(f"k_cache: expected the last dim contiguous (stride 1), got strides "
+                             f"{k_cache.stride()}")
+        P = k_cache.shape[1]
+    _common.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
+    if block_table.shape[0] != B:
+        raise ValueError(f"block_table: expected shape ({B}, max_pages), got {tuple(block_table.shape)}")
+    _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,), device=dev)
+    if tuple(context_lens.shape) not in ((B,), (B, N)):
+        raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got "
+                         f"{tuple(context_lens.shape)}")
+    if topk is not None:
+        if isinstance(topk, bool) or not isinstance(topk, int):
+            raise TypeError(f"topk: expected an int, got {type(topk).__name__}")
+        if topk < 1:
+            raise ValueError(f"topk: expected topk >= 1, got {topk}")
+    if not isinstance(sorted_, bool):
+        raise TypeError(f"sorted: expected a bool, got {type(sorted_).__name__}")
+    return P
+
+
+def _page_size(q, k_cache, k_format) -> int:
+    return k_cache.shape[1] // (q.shape[3] + 4) if k_format == "fp8_indexer" else k_cache.shape[1]
+
+
+def _draft_lengths(context_lens, B, N, W) -> torch.Tensor:
+    """int32 ``[B, N]`` valid-prefix lengths clamped to ``[0, W]`` (device ops only, no sync)."""
+    cl = context_lens.to(torch.int64)
+    if cl.dim() == 1:
+        cl = cl[:, None] - (N - 1 - torch.arange(N, device=cl.device))[None, :]
+    return cl.clamp(0, W).to(torch.int32)
+
+
+# ============================================================================ triton path
+
+@functools.lru_cache(maxsize=None)
+def _cuda_info(index: int) -> hardware.DeviceInfo:
+    return _common.device_info(torch.device("cuda", index))
+
+
+def _device_info(device: torch.device) -> hardware.DeviceInfo:
+    if device.type == "cuda":
+        return _cuda_info(device.index if device.index is not None else torch.cuda.current_device())
+    return _common.device_info(device)
+
+
+def _dispatch_entry(dev, op, B, N, W, topk=None):
+    """Dispatch-table entry for this call or None. The bucket's L is the block table's capacity
+    W (the actual lengths live on the device and are not read back)."""
+    if dev.interpret:
+        return None
+    dims = dict(B=B, N=N, L=W) if topk is None else dict(B=B, N=N, L=W, topk=topk)
+    return dispatch.lookup(op, "torch", dev.arch, dispatch.bucket(op, **dims))
+
+
+def _triton_configs(entry):
+    from kernels.triton.indexer import IndexerLogitsConfig
+    from kernels.triton.topk import TopkConfig
+    cfg = dict((entry or {}).get("config") or {})
+    lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages") if k in cfg})
+    tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps") if k in cfg})
+    return lcfg, tcfg
+
+
+def _triton_gate(q, k_format, P, num_stages):
+    """NotImplementedError (GPU, compute capability, what is supported) before launch."""
+    dev = _device_info(q.device)
+    hardware.require_arch(dev, "indexer_logits (triton)")
+    B, N, H, D = q.shape
+    if D < 16 or D & (D - 1):
+        raise NotImplementedError(f"indexer_logits (triton) on {dev.name} (compute capability "
+                                  f"{dev.cc[0]}.{dev.cc[1]}): D_I must be a power of two >= 16, got {D}")
+    nb = 1 << (N - 1).bit_length()
+    bh = max(16, 1 << (H - 1).bit_length())
+    bp = max(16, 1 << (P - 1).bit_length())
+    elem = q.element_size() if k_format == "dense" else 1
+    hardware.require_smem(dev, f"indexer_logits (triton) with N={N}, H_I={H}, D_I={D}, P={P}",
+                          (nb * bh + num_stages * bp) * D * elem)
+    return dev
+
+
+def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out,
+                   hist=None):
+    from kernels.triton.indexer import launch_indexer_logits
+    q = q if q.stride(-1) == 1 else q.contiguous()
+    weights = weights if weights.stride(-1) == 1 else weights.contiguous()
+    block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
+    context_lens = context_lens.contiguous()
+    if k_format == "fp8_indexer":
+        k_vals, k_scales = k_cache.view(torch.float8_e4m3fn), k_cache.view(torch.float32)
+    else:
+        k_vals, k_scales = k_cache, None
+    dot_f32 = dev.interpret and q.dtype == torch.bfloat16
+    launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out,
+                          page_size=P, num_sms=dev.num_sms, config=lcfg, dot_f32=dot_f32,
+                          fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=not dev.interpret)
+    return out
+
+
+def _triton_logits(q, weights, k_cache, block_table, context_lens, k_format):
+    B, N, H, D = q.shape
+    P = _page_size(q, k_cache, k_format)
+    W = block_table.shape[1] * P
+    dev = _device_info(q.device)
+    lcfg, _ = _triton_configs(_dispatch_entry(dev, "indexer_logits", B, N, W))
+    _triton_gate(q, k_format, P, lcfg.num_stages)
+    out = torch.full((B, N, W), float("-inf"), dtype=torch.float32, device=q.device)
+    return _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out)
+
+
+def _sort_selected(idx, logits):
+    """Order selected positions by descending logit, ties by smaller position, -1 last.
+
+    ``idx`` int32 ``[R, K]`` selected positions then -1; ``logits`` float32 ``[R, W]``. One
+    ``torch.sort`` of unique int64 keys ``(order key << 31) | (2^31 - 1 - position)`` (the same
+    keys as the torch path; -0.0 ties +0.0), padding keyed -1 so it sorts last.
+    """
+    valid = idx >= 0
+    pos = idx.clamp(min=0).long()
+    key = _order_key(torch.gather(logits, 1, pos))
+    comp = torch.where(valid, (key << _POS_BITS) | ((1 << _POS_BITS) - 1 - pos),
+                       torch.full_like(pos, -1))
+    comp = torch.sort(comp, dim=1, descending=True).values
+    low = (1 << _POS_BITS) - 1
+    return torch.where(comp >= 0, low - (comp & low), torch.full_like(comp, -1)).to(torch.int32)
+
+
+def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+    from kernels.triton.topk import launch_topk
+    B, N, H, D = q.shape
+    P = _page_size(q, k_cache, k_format)
+    W = block_table.shape[1] * P
+    dev = _device_info(q.device)
+    lcfg, tcfg = _triton_configs(_dispatch_entry(dev, "indexer_topk", B, N, W, topk))
+    _triton_gate(q, k_format, P, lcfg.num_stages)
+    # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
+    # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
+    from kernels.triton.indexer import logits_splits
+    from kernels.triton.topk import HIST_BINS
+    logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
+    splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
+    nb = 1 << (N - 1).bit_length()
+    hist = torch.empty((B, splits, nb, HIST_BINS.value), dtype=torch.int32, device=q.device)
+    _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, logits,
+                   hist)
+    lens = _draft_lengths(context_lens, B, N, W).reshape(B * N)
+    out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
+    scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
+    launch_topk(logits.view(B * N, W), lens, topk, out, scratch, config=tcfg, hist=hist,
+                n_drafts=N)
+    if sort:
+        out = _sort_selected(out, logits.view(B * N, W))
+    return out.view(B, N, topk)
+
+
+# ============================================================================ torch path
+
+def _torch_keys(k_cache, k_format, D, P):
+    """(values ``[num_pages, P, D_I]`` (uint8 e4m3 bytes, or the dense float rows), float32
+    scales ``[num_pages, P]`` or None). Gathers index the uint8 bytes (fp8 indexing kernels are
+    not available on every device); :func:`_to_float` decodes them."""
+    if k_format == "fp8_indexer":
+        n = k_cache.shape[0]
+        vals = k_cache[:, : P * D].reshape(n, P, D)
+        scales = k_cache[:, P * D:].view(torch.float32).reshape(n, P)
+        return vals, scales
+    return k_cache, None
+
+
+def _to_float(rows):
+    return (rows.view(torch.float8_e4m3fn) if rows.dtype == torch.uint8 else rows).float()
+
+
+def _torch_logits_prefix(q, weights, k_cache, block_table, context_lens, k_format):
+    """(logits float32 ``[B, N, Lmax]`` over the prefix Lmax = max valid length (host sync),
+    lengths int32 ``[B, N]``, W)."""
+    B, N, H, D = q.shape
+    P = _page_size(q, k_cache, k_format)
+    W = block_table.shape[1] * P
+    lens = _draft_lengths(context_lens, B, N, W)
+    l_max = int(lens.max().item()) if lens.numel() else 0       # host sync (torch path only)
+    n_pages = -(-l_max // P)
+    vals, scales = _torch_keys(k_cache, k_format, D, P)
+    num_pages = vals.shape[0]
+    qf = q.float()
+    w = weights.float()
+    out = torch.full((B, N, n_pages * P), float("-inf"), dtype=torch.float32, device=q.device)
+    chunk = max(1, _TORCH_CHUNK_ELEMS // max(1, B * P * max(D, N * H)))
+    for p0 in range(0, n_pages, chunk):
+        p1 = min(n_pages, p0 + chunk)
+        entry = block_table[:, p0:p1].long()                                  # [B, c]
+        ok = (entry >= 0) & (entry < num_pages)
+        safe = torch.where(ok, entry, torch.zeros_like(entry))
+        k = _to_float(vals[safe]).reshape(B, (p1 - p0) * P, D)                # [B, cP, D]
+        dots = torch.einsum("bnhd,bjd->bnhj", qf, k)
+        dots = torch.where(dots < 0, torch.zeros_like(dots), dots)           # ReLU keeping NaN
+        logit = torch.einsum("bnh,bnhj->bnj", w, dots)
+        if scales is not None:
+            logit = logit * scales[safe].reshape(B, 1, (p1 - p0) * P)
+        j = torch.arange(p0 * P, p1 * P, device=q.device)
+        valid = (j[None, None, :] < lens[:, :, None]) & ok.repeat_interleave(P, dim=1)[:, None, :]
+        out[:, :, p0 * P:p1 * P] = torch.where(valid, logit, torch.full_like(logit, float("-inf")))
+    return out[:, :, :l_max], lens, W
+
+
+def _torch_logits(q, weights, k_cache, block_table, context_lens, k_format):
+    B, N = q.shape[:2]
+    prefix, _, W = _torch_logits_prefix(q, weights, k_cache, block_table, context_lens, k_format)
+    out = torch.full((B, N, W), float("-inf"), dtype=torch.float32, device=q.device)
+    out[:, :, : prefix.shape[2]] = prefix
+    return out
+
+
+_POS_BITS = 31
+
+
+def _order_key(x):
+    """Order-preserving int64 key in ``[0, 2^32)`` of float32 ``x`` (-0.0 as +0.0)."""
+    x = torch.where(x == 0, torch.zeros_like(x), x)
+    u = x.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    neg = (u >> 31) == 1
+    return torch.where(neg, (~u) & 0xFFFFFFFF, u | 0x80000000)
+
+
+def _torch_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+    B, N = q.shape[:2]
+    logits, lens, _ = _torch_logits_prefix(q, weights, k_cache, block_table, context_lens, k_format)
+    l_max = logits.shape[2]
+    out = torch.full((B, N, topk), -1, dtype=torch.int32, device=q.device)
+    if l_max == 0:
+        return out
+    pos = torch.arange(l_max, device=q.device)
+    ok = ~torch.isnan(logits) & (logits != float("-inf")) & (pos[None, None, :] < lens[:, :, None])
+    key = torch.where(ok, _order_key(logits), torch.zeros_like(pos))
+    # Unique composite keys: larger logit first, then smaller position; exact and deterministic.
+    comp = (key << _POS_BITS) | ((1 << _POS_BITS) - 1 - pos)
+    top = torch.topk(comp, min(topk, l_max), dim=2, sorted=True).values
+    sel = torch.where((top >> _POS_BITS) > 0, ((1 << _POS_BITS) - 1) - (top & ((1 << _POS_BITS) - 1)),
+                      torch.full_like(top, -1))
+    out[:, :, : sel.shape[2]] = sel.to(torch.int32)
+    return out                                   # already sorted (descending logit, position)
+
+
+# ============================================================================ custom ops
+
+def _order(dev_entry_path):
+    order = ("triton", "torch")
+    if dev_entry_path in order:
+        order = (dev_entry_path,) + tuple(p for p in order if p != dev_entry_path)
+    return order
+
+
+def _auto_order(q, block_table, k_cache, k_format, op, topk=None):
+    try:
+        dev = _device_info(q.device)
+    except NotImplementedError:
+        return ("triton", "torch")
+    B, N = q.shape[:2]
+    W = block_table.shape[1] * _page_size(q, k_cache, k_format)
+    entry = _dispatch_entry(dev, op, B, N, W, topk)
+    return _order(entry.get("path") if entry else None)
+
+
+@torch.library.custom_op("dsa::indexer_logits", mutates_args=())
+def _indexer_logits_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                       block_table: torch.Tensor, context_lens: torch.Tensor, k_format: str,
+                       path: str) -> torch.Tensor:
+    args = (q, weights, k_cache, block_table, context_lens, k_format)
+    impls = {"triton": lambda: _triton_logits(*args), "torch": lambda: _torch_logits(*args)}
+    order = _auto_order(q, block_table, k_cache, k_format, "indexer_logits") if path == "auto" else ()
+    return _common.run_path("indexer_logits", path, impls, order)
+
+
+@_indexer_logits_op.register_fake
+def _(q, weights, k_cache, block_table, context_lens, k_format, path):
+    B, N = q.shape[:2]
+    W = block_table.shape[1] * _page_size(q, k_cache, k_format)
+    return q.new_empty((B, N, W), dtype=torch.float32)
+
+
+@torch.library.custom_op("dsa::indexer_topk", mutates_args=())
+def _indexer_topk_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                     block_table: torch.Tensor, context_lens: torch.Tensor, topk: int,
+                     k_format: str, sort: bool, path: str) -> torch.Tensor:
+    args = (q, weights, k_cache, block_table, context_lens, topk, k_format, sort)
+    impls = {"triton": lambda: _triton_topk(*args), "torch": lambda: _torch_topk(*args)}
+    order = _auto_order(q, block_table, k_cache, k_format, "indexer_topk", topk) if path == "auto" else ()
+    return _common.run_path("indexer_topk", path, impls, order)
+
+
+@_indexer_topk_op.register_fake
+def _(q, weights, k_cache, block_table, context_lens, topk, k_format, sort, path):
+    B, N = q.shape[:2]
+    return q.new_empty((B, N, topk), dtype=torch.int32)
+
+
+_ARGS_DOC = """
+    Args:
+      q: ``[B, N, H_I, D_I]``: float8_e4m3fn with ``k_format="fp8_indexer"``; fp32 / fp16 / bf16
+        (the cache's dtype) with ``"dense"``. N = query tokens per request (next_n, MTP drafts).
+      weights: float32 ``[B, N, H_I]``, per-head weights with the q scale, ``H_I^-0.5`` and
+        ``D_I^-0.5`` already folded in (as DeepSeek's reference and DeepGEMM do).
+      k_cache: ``"fp8_indexer"``: uint8 ``[num_pages, P * (D_I + 4)]``, contiguous pages: P rows
+        of D_I e4m3 bytes, then P float32 scales (P inferred); ``"dense"``: ``[num_pages, P, D_I]``
+        float, last dim contiguous.
+      block_table: int32 ``[B, max_pages]``: position j of request b is token ``j % P`` of page
+        ``block_table[b, j // P]``; entries < 0 or >= num_pages are never read (-inf logits).
+      context_lens: int32 ``[B]`` (L_b, counting the N new tokens; draft i sees positions
+        ``j < L_b - (N - 1 - i)``) or ``[B, N]`` (draft i sees ``j < context_lens[b, i]``).
+      k_format: ``"fp8_indexer"`` or ``"dense"``.
+      path: ``"auto"`` (dispatch-table entry if any, else ``"triton"`` then ``"torch"``, falling
+        through on NotImplementedError), ``"triton"`` or ``"torch"`` (named paths re-raise).
+"""
+
+_RAISES_DOC = """
+    Raises:
+      TypeError / ValueError: wrong type, dtype, rank, shape, device or layout of an argument
+        (the message names it, what was expected and what came).
+      NotImplementedError: the named path cannot run here (GPU compute capability, shared
+        memory, D_I not a power of two, CPU without ``TRITON_INTERPRET=1``); names the GPU, its
+        compute capability and what is supported. Raised before launch.
+"""
+
+
+def indexer_logits(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                   block_table: torch.Tensor, context_lens: torch.Tensor, *,
+                   k_format: str = "fp8_indexer", path: str = "auto") -> torch.Tensor:
+    """Lightning-indexer logits over a paged K cache (for debugging and parity).
+
+    ``logit[b, i, j] = k_scale[j] * sum_h weights[b, i, h] * relu(q[b, i, h] . k[j])`` with
+    float32 accumulation (k_scale = 1 for ``"dense"``), for valid positions; -inf elsewhere.
+    NaN keys give NaN logits. Semantics: ../shared/SPEC.md "Operation A" (DeepSeek-V3.2-Exp
+    ``Indexer``, DeepGEMM ``fp8_paged_mqa_logits``).
+    {args}
+    Returns:
+      float32 ``[B, N, W]``, W = max_pages * P, indexed by logical position.
+    {raises}
+    """
+    _validate(q, weights, k_cache, block_table, context_lens, k_format, path)
+    return torch.ops.dsa.indexer_logits(q, weights, k_cache, block_table, context_lens, k_format, path)
+
+
+def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                 block_table: torch.Tensor, context_lens: torch.Tensor, topk: int, *,
+                 k_format: str = "fp8_indexer", sorted: bool = False,
+                 path: str = "auto") -> torch.Tensor:
+    """Positions of the ``topk`` largest indexer logits of each (request, draft).
+
+    Candidates are valid positions whose logit is neither NaN nor -inf (+inf qualifies); ties at
+    the threshold go to the smaller position, so the set is exact and deterministic. Semantics:
+    ../shared/SPEC.md "Operation A"; reference ``kernels.reference.indexer_topk``.
+    {args}
+      topk: K >= 1 (any value; 2048 for V3.2, 512 for V4-Flash).
+      sorted: False: order within a row unspecified (deterministic; the torch path happens to
+        emit descending logits); True: descending logit, ties by smaller position.
+    Returns:
+      int32 ``[B, N, topk]``: logical positions in ``[0, len[b, i])``; when fewer than ``topk``
+      positions qualify, all of them are selected and the rest of the row is -1 (after them
+      when ``sorted=True``).
+    {raises}
+    """
+    _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, sorted)
+    return torch.ops.dsa.indexer_topk(q, weights, k_cache, block_table, context_lens, topk,
+                                      k_format, sorted, path)
+
+
+indexer_logits.__doc__ = indexer_logits.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)
+indexer_topk.__doc__ = indexer_topk.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)
+
+
+# ============================================================================ AOT compile specs
+
+def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32"):
+    from kernels.triton._aot import LaunchSpec
+    sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
+           "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
+    for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
+                 "stride_wn", "stride_kp", "stride_kt", "stride_sp", "scale_off", "stride_bt",
+                 "stride_ob", "stride_on"):
+        sig[name] = "i32"
+    nb = 1 << (N - 1).bit_length()
+    cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
+              BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
+              DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
+              FP8_UPCAST=has_scale)
+    return LaunchSpec(label, "kernels.triton.indexer", "_indexer_logits_kernel", sig, cx,
+                      num_warps, num_stages)
+
+
+def aot_specs_logits(smem_class: str) -> list:
+    """Launches of the logits kernel to compile-check per shared-memory class: the heuristic
+    config (num_stages 3, num_warps 4 or 8 by rows) for fp8 at N = 1, 2, 4 and H_I = 64, 16
+    with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the largest tile (N = 4, H_I = 64)
+    at every (num_warps, num_stages) of ``IndexerLogitsConfig.SEARCH_SPACE``."""
+    from kernels.triton.indexer import IndexerLogitsConfig
+    specs = []
+
+    def warps(N, H):
+        return 8 if (1 << (N - 1).bit_length()) * max(16, 1 << (H - 1).bit_length()) >= 128 else 4
+
+    for N in (1, 2, 4):
+        for H in (64, 16):
+            specs.append(_logits_spec(f"logits fp8 N{N} H{H} P64", "*fp8e4nv", "*fp8e4nv", N, H, 64,
+                                      True, warps(N, H), 3))
+    specs.append(_logits_spec("logits fp8 N1 H64 P16", "*fp8e4nv", "*fp8e4nv", 1, 64, 16, True, 4, 3))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64", "*bf16", "*bf16", 2, 64, 64, False, 4, 3))
+    specs.append(_logits_spec("logits dense fp32 N1 H64 P64", "*fp32", "*fp32", 1, 64, 64, False, 4, 3,
+                              "ieee"))
+    space = IndexerLogitsConfig.SEARCH_SPACE
+    for nw in space["num_warps"]:
+        for ns in (min(space["num_stages"]), max(space["num_stages"])):
+            specs.append(_logits_spec(f"logits fp8 N4 H64 P64 w{nw} s{ns}", "*fp8e4nv", "*fp8e4nv",
+                                      4, 64, 64, True, nw, ns))
+    return specs
+
+
+def aot_specs_topk(smem_class: str) -> list:
+    """Launches of the radix top-k kernel: every (block, num_warps) of ``TopkConfig.SEARCH_SPACE``,
+    with and without the fused histogram."""
+    from kernels.triton._aot import LaunchSpec
+    from kernels.triton.topk import TopkConfig
+    sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
+           "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
+           "stride_c": "i32", "n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32"}
+    specs = []
+    for blk in TopkConfig.SEARCH_SPACE["block"]:
+        for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
+            for has_hist in (True, False):
+                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist}",
+                                        "kernels.triton.topk", "_radix_topk_kernel", sig,
+                                        dict(BLOCK=blk, RADIX_BITS=8, HAS_HIST=has_hist), nw, 1))
+    return specs
