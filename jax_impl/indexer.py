@@ -1,0 +1,328 @@
+"""Lightning indexer + exact top-k for JAX: ``indexer_logits`` and ``indexer_topk``.
+
+Semantics: ../shared/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``inference/model.py``
+Indexer.forward, DeepGEMM ``fp8_paged_mqa_logits``, vLLM / SGLang -1 padding); the float64
+definition is :mod:`kernels.reference`. Paths:
+
+* ``"pallas"``: :mod:`kernels.pallas.indexer` (Pallas, Triton lowering; interpret mode on the
+  CPU): a paged logits kernel and an exact radix-select kernel, both with runtime trip counts
+  bounded by the actual lengths.
+* ``"xla"``: plain ``jax.numpy``: a ``lax.fori_loop`` with a runtime trip count
+  ``ceil(max_b,i len / chunk)`` over chunks of pages; each iteration gathers the chunk's pages
+  through the block table, scores them, and merges them into a running exact top-k with a
+  two-key ``lax.sort`` (descending key, then ascending position: the SPEC tie rule by
+  construction, independent of ``lax.top_k``'s tie order). Work scales with ``max(L_b)``, the
+  most static shapes allow (a batch shares one trip count).
+* ``"auto"``: the ``kernels/dispatch`` entry for this GPU and shape bucket if any, else
+  ``"pallas"`` then ``"xla"`` (falls through on NotImplementedError only).
+
+Both functions are ``jax.jit``-compatible with ``topk``, ``k_format``, ``sorted`` and ``path``
+static (e.g. ``jax.jit(indexer_topk, static_argnames=("topk", "k_format", "sorted", "path"))``).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from jax_impl._common import check_array, device_info, run_path
+from jax_impl.formats import split_fp8_indexer
+from kernels import dispatch, hardware
+from kernels.formats import K_FORMATS
+from kernels.pallas import indexer as _pallas
+
+__all__ = ["indexer_logits", "indexer_topk"]
+
+_FLOAT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
+_XLA_CHUNK = 4096            # positions per iteration of the XLA path (rounded to whole pages)
+_PATH_ORDER = ("pallas", "xla")
+
+
+# ============================================================================ validation
+
+def _validate(q, weights, k_cache, block_table, context_lens, k_format):
+    """Check every argument against SPEC; returns ``(B, N, H_I, D_I, P, num_pages)``."""
+    if k_format not in K_FORMATS:
+        raise ValueError(f"k_format: expected one of {K_FORMATS}, got {k_format!r}")
+    check_array("q", q, ndim=4)
+    B, N, H, D = (int(d) for d in q.shape)
+    if k_format == "fp8_indexer":
+        check_array("q", q, dtypes=(jnp.float8_e4m3fn,))
+        check_array("k_cache", k_cache, ndim=2, dtypes=(jnp.uint8,))
+        page_bytes = int(k_cache.shape[1])
+        if page_bytes == 0 or page_bytes % (D + 4):
+            raise ValueError(f"k_cache: fp8_indexer pages hold P * (D_I + 4) bytes with D_I = {D}; "
+                             f"got {page_bytes} bytes per page (shape {tuple(k_cache.shape)})")
+        P = page_bytes // (D + 4)
+    else:
+        check_array("q", q, dtypes=_FLOAT_DTYPES)
+        check_array("k_cache", k_cache, ndim=3, shape=(None, None, D))
+        if jnp.dtype(k_cache.dtype) != jnp.dtype(q.dtype):
+            raise TypeError(f"k_cache: dense cache must have q's dtype {jnp.dtype(q.dtype).name}, "
+                            f"got {jnp.dtype(k_cache.dtype).name}")
+        P = int(k_cache.shape[1])
+    if min(B, N, H, D, P) == 0:
+        raise ValueError(f"q / k_cache: empty dimension (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)})")
+    check_array("weights", weights, dtypes=(jnp.float32,), shape=(B, N, H))
+    check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
+    if int(block_table.shape[1]) == 0:
+        raise ValueError(f"block_table: expected at least one page column, got shape {tuple(block_table.shape)}")
+    check_array("context_lens", context_lens, dtypes=(jnp.int32,))
+    if tuple(context_lens.shape) not in ((B,), (B, N)):
+        raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got {tuple(context_lens.shape)}")
+    return B, N, H, D, P, int(k_cache.shape[0])
+
+
+def _check_topk(topk, sorted):
+    if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
+        raise TypeError(f"topk: expected a Python int, got {type(topk).__name__}")
+    if topk < 1:
+        raise ValueError(f"topk: expected >= 1, got {topk}")
+    if not isinstance(sorted, (bool, np.bool_)):
+        raise TypeError(f"sorted: expected a bool, got {type(sorted).__name__}")
+
+
+def _draft_lengths(context_lens, B, N, width):
+    """int32 ``[B, N]``: draft i of request b sees ``L_b - (N - 1 - i)`` positions (or
+    ``context_lens[b, i]``), clamped to ``[0, width]``."""
+    cl = context_lens.astype(jnp.int32)
+    if cl.ndim == 1:
+        cl = cl[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None, :]
+    return jnp.clip(cl, 0, width)
+
+
+# ============================================================================ pallas path
+
+def _pallas_gate(dev: hardware.DeviceInfo, *, D, P, H, N, fp8):
+    """NotImplementedError (before launch) for what the Pallas kernels cannot run."""
+    hardware.require_arch(dev, "jax indexer (pallas)")
+    where = f"{dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]})"
+    if P < 16 or P & (P - 1):
+        raise NotImplementedError(f"jax indexer (pallas) on {where}: page size P={P} unsupported; "
+                                  f"supported: powers of two >= 16 (use path='xla')")
+    if D < 16 or D & (D - 1):
+        raise NotImplementedError(f"jax indexer (pallas) on {where}: D_I={D} unsupported; "
+                                  f"supported: powers of two >= 16 (use path='xla')")
+    NP, HP = _pallas._next_pow2(N), max(16, _pallas._next_pow2(H))
+    elt = 1 if fp8 else 4
+    need = NP * HP * D * elt + 2 * P * (D + 4) * elt       # q tile + two pipelined pages
+    hardware.require_smem(dev, f"jax indexer (pallas) with N={N}, H_I={H}, D_I={D}, P={P}", need)
+
+
+def _pallas_logits(q, weights, k_cache, block_table, lens, *, k_format, P, cfg, group_max=False):
+    dev = device_info()
+    B, N, H, D = q.shape
+    _pallas_gate(dev, D=D, P=P, H=H, N=N, fp8=k_format == "fp8_indexer")
+    return _pallas.launch_indexer_logits(q, weights, k_cache, block_table, lens,
+                                         fp8=k_format == "fp8_indexer", page_size=P,
+                                         num_sms=dev.num_sms, cfg=cfg, group_max=group_max)
+
+
+def _mask_logits(raw, lens, N, W):
+    """Pallas logits ``[B, NP, W_pad]`` -> SPEC logits ``[B, N, W]`` (-inf at and past lens)."""
+    pos = jnp.arange(W, dtype=jnp.int32)
+    return jnp.where(pos[None, None, :] < lens[:, :, None], raw[:, :N, :W], -jnp.inf)
+
+
+# ============================================================================ xla path
+
+def _xla_chunk_pages(P: int, max_pages: int, chunk: int | None) -> int:
+    return max(1, min(max_pages, -(-(chunk or _XLA_CHUNK) // P)))
+
+
+def _xla_chunk_logits(q, weights, k_cache, block_table, lens, c, *, k_format, P, CP, num_pages):
+    """Logits of positions ``[c * CP * P, (c + 1) * CP * P)``: float32 ``[B, N, CP * P]``."""
+    B, N, H, D = q.shape
+    pages = lax.dynamic_slice_in_dim(block_table, c * CP, CP, axis=1)          # [B, CP]
+    ok_page = (pages >= 0) & (pages < num_pages)
+    safe = jnp.where(ok_page, pages, 0)
+    if k_format == "fp8_indexer":
+        raw = jnp.take(k_cache, safe.reshape(-1), axis=0)                      # [B*CP, P*(D+4)]
+        k, scale = split_fp8_indexer(raw, D)                     # the chunk's pages only, not the cache
+        k, scale = k.reshape(B, CP, P, D), scale.reshape(B, CP, P)
+        # e4m3 values are exact in bf16 and their products exact in float32: a bf16 dot with
+        # float32 accumulation computes the same sums as the fp8 kernel, on tensor cores.
+        qf, kf = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16)
+    else:
+        kf = jnp.take(k_cache, safe, axis=0)                                   # [B, CP, P, D]
+        scale = jnp.ones((B, CP, P), jnp.float32)
+        qf = q
+    s = jnp.einsum("bnhd,bcpd->bnhcp", qf, kf, precision=lax.Precision.HIGHEST,
+                   preferred_element_type=jnp.float32)                         # never TF32
+    s = jnp.where(s < 0, jnp.float32(0.0), s)                                  # NaN propagates
+    logit = jnp.einsum("bnhcp,bnh->bncp", s, weights, precision=lax.Precision.HIGHEST)
+    logit = (logit * scale[:, None]).reshape(B, N, CP * P)
+    pos = c * CP * P + jnp.arange(CP * P, dtype=jnp.int32)
+    ok = (pos[None, None, :] < lens[:, :, None]) & jnp.repeat(ok_page, P, axis=1)[:, None, :]
+    return jnp.where(ok, logit, -jnp.inf)
+
+
+def _xla_logits(q, weights, k_cache, block_table, lens, *, k_format, P, chunk=None):
+    B, N = q.shape[:2]
+    max_pages = block_table.shape[1]
+    CP = _xla_chunk_pages(P, max_pages, chunk)
+    n_total = -(-max_pages // CP)
+    bt = jnp.pad(block_table, ((0, 0), (0, n_total * CP - max_pages)), constant_values=-1)
+    W = max_pages * P
+    n_iter = (jnp.max(lens) + CP * P - 1) // (CP * P)
+
+    def body(c, out):
+        lg = _xla_chunk_logits(q, weights, k_cache, bt, lens, c, k_format=k_format, P=P, CP=CP,
+                               num_pages=k_cache.shape[0])
+        return lax.dynamic_update_slice_in_dim(out, lg, c * CP * P, axis=2)
+
+    out = jnp.full((B, N, n_total * CP * P), -jnp.inf, jnp.float32)
+    return lax.fori_loop(0, n_iter, body, out)[:, :, :W]
+
+
+def _sort_desc(keys, pos):
+    """Sort ``(keys, pos)`` rows by descending key, then ascending position."""
+    return lax.sort((jnp.bitwise_not(keys), pos), dimension=-1, num_keys=2)
+
+
+def _xla_topk(q, weights, k_cache, block_table, lens, topk, *, k_format, P, chunk=None):
+    B, N = q.shape[:2]
+    max_pages = block_table.shape[1]
+    CP = _xla_chunk_pages(P, max_pages, chunk)
+    n_total = -(-max_pages // CP)
+    bt = jnp.pad(block_table, ((0, 0), (0, n_total * CP - max_pages)), constant_values=-1)
+    n_iter = (jnp.max(lens) + CP * P - 1) // (CP * P)
+    C = CP * P
+
+    def body(c, carry):
+        rkey, rpos = carry                                                     # [B, N, K]
+        lg = _xla_chunk_logits(q, weights, k_cache, bt, lens, c, k_format=k_format, P=P, CP=CP,
+                               num_pages=k_cache.shape[0])
+        ckey = _pallas.order_key(lg, jnp.ones(lg.shape, bool))
+        cpos = jnp.broadcast_to(c * C + jnp.arange(C, dtype=jnp.int32), (B, N, C))
+        nkey, npos = _sort_desc(jnp.concatenate([rkey, ckey], -1), jnp.concatenate([rpos, cpos], -1))
+        return jnp.bitwise_not(nkey[..., :topk]), npos[..., :topk]
+
+    init = (jnp.full((B, N, topk), _pallas.SENTINEL, jnp.int32), jnp.full((B, N, topk), -1, jnp.int32))
+    rkey, rpos = lax.fori_loop(0, n_iter, body, init)
+    return jnp.where(rkey == _pallas.SENTINEL, -1, rpos)      # already sorted (desc, then position)
+
+
+# ============================================================================ public API
+
+def _auto_order(op, B, N, lens_hint, topk, dev):
+    """Paths for ``"auto"``: the dispatch entry's first (with its config), then the default order."""
+    try:
+        arch = dev.arch
+    except Exception:  # noqa: BLE001
+        return _PATH_ORDER, None
+    dims = dict(B=B, N=N, L=lens_hint)
+    if topk is not None:
+        dims["topk"] = topk
+    entry = dispatch.lookup(op, "jax", arch, dispatch.bucket(op, **dims))
+    if not entry or entry.get("path") not in _PATH_ORDER:
+        return _PATH_ORDER, None
+    first = entry["path"]
+    return (first,) + tuple(p for p in _PATH_ORDER if p != first), entry.get("config")
+
+
+def _length_hint(context_lens, W):
+    """Max context length for the dispatch bucket: concrete when possible, else the table width."""
+    try:
+        return int(np.max(np.asarray(context_lens), initial=0))
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError, TypeError):
+        return W
+
+
+def indexer_logits(q, weights, k_cache, block_table, context_lens, *, k_format="fp8_indexer",
+                   path="auto"):
+    """Lightning-indexer logits over a paged K cache (debugging / parity; the top-k path does not
+    return them).
+
+    Args:
+      q: ``[B, N, H_I, D_I]`` ``float8_e4m3fn`` (``k_format="fp8_indexer"``) or float16 / bfloat16
+        / float32 (``"dense"``, the cache's dtype). N = query tokens per request (MTP drafts).
+      weights: ``[B, N, H_I]`` float32 per-head weights with the q scale, ``H_I^-0.5`` and
+        ``D_I^-0.5`` already folded in (as DeepSeek's reference and DeepGEMM do).
+      k_cache: ``"fp8_indexer"``: uint8 ``[num_pages, P * (D_I + 4)]``, per page P rows of D_I
+        e4m3 bytes then P little-endian float32 scales (DeepGEMM's layout; P is inferred as
+        ``bytes_per_page / (D_I + 4)``). ``"dense"``: ``[num_pages, P, D_I]`` float, scale 1.
+      block_table: int32 ``[B, max_pages]``: logical position j of request b lives at slot
+        ``block_table[b, j // P] * P + j % P``; entries past a request's pages may be -1. Pages
+        whose entry is negative or ``>= num_pages`` are never read (their logits are -inf).
+      context_lens: int32 ``[B]`` (L_b, counting the N new tokens; draft i sees
+        ``L_b - (N - 1 - i)`` positions, DeepSeek's MTP causal mask) or ``[B, N]`` (per-draft
+        lengths as given).
+      k_format: ``"fp8_indexer"`` or ``"dense"``.
+      path: ``"auto"``, ``"pallas"`` or ``"xla"``.
+    Returns:
+      float32 ``[B, N, W]``, ``W = max_pages * P``:
+      ``logit[b,i,j] = k_scale[j] * sum_h weights[b,i,h] * relu(q[b,i,h,:] . k[j,:])`` (float32
+      accumulation) for valid j, -inf elsewhere. NaN keys give NaN logits.
+    Raises:
+      TypeError / ValueError: an argument's dtype, rank or shape (named, expected and received),
+        an unknown ``k_format`` or ``path``.
+      NotImplementedError: ``path="pallas"`` on a GPU / page size / head dim the kernel does not
+        support (names the GPU, its compute capability and what is supported).
+    """
+    B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
+    W = int(block_table.shape[1]) * P
+    lens = _draft_lengths(context_lens, B, N, W)
+
+    def pallas():
+        cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
+        raw = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P, cfg=cfg)
+        return _mask_logits(raw, lens, N, W)
+
+    def xla():
+        return _xla_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P)
+
+    order, cfg_auto = _PATH_ORDER, None
+    if path == "auto":
+        order, cfg_auto = _auto_order("indexer_logits", B, N, _length_hint(context_lens, W), None,
+                                      device_info())
+    return run_path("indexer_logits", path, {"pallas": pallas, "xla": xla}, order)
+
+
+def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_format="fp8_indexer",
+                 sorted=False, path="auto"):
+    """Exact top-k of the lightning-indexer logits: indices ``[B, N, topk]`` int32.
+
+    Args:
+      q, weights, k_cache, block_table, context_lens, k_format, path: as :func:`indexer_logits`.
+      topk: K (a Python int >= 1, static under ``jax.jit``).
+      sorted: if True, each row is in descending logit order (ties by smaller position), then
+        the -1 padding; if False the order is unspecified (the pallas path emits ascending
+        positions, the xla path descending logits).
+    Returns:
+      int32 ``[B, N, topk]``: logical positions (not slots) of the K largest logits among the
+      valid positions whose logit is neither NaN nor -inf (+inf qualifies); ties at the
+      threshold go to the smaller position, so the set is exact and deterministic. When fewer
+      than K positions qualify all are selected and the rest of the row is -1. Every index is in
+      ``[0, len[b, i])`` or -1, whatever the cache holds past the lengths.
+    Raises:
+      TypeError / ValueError: as :func:`indexer_logits`; ``topk`` not an int >= 1, ``sorted``
+        not a bool.
+      NotImplementedError: as :func:`indexer_logits`.
+    """
+    B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
+    _check_topk(topk, sorted)
+    topk = int(topk)
+    W = int(block_table.shape[1]) * P
+    lens = _draft_lengths(context_lens, B, N, W)
+
+    def pallas():
+        cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
+        raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
+                                   cfg=cfg, group_max=True)
+        idx = _pallas.launch_topk_select(raw, gmax, lens, topk, num_rows=N, cfg=cfg)[:, :N, :topk]
+        if not sorted:
+            return idx
+        vals = jnp.take_along_axis(raw[:, :N], jnp.maximum(idx, 0), axis=-1)
+        keys = _pallas.order_key(vals, idx >= 0)
+        return _sort_desc(keys, idx)[1]
+
+    def xla():
+        return _xla_topk(q, weights, k_cache, block_table, lens, topk, k_format=k_format, P=P)
+
+    order, cfg_auto = _PATH_ORDER, None
+    if path == "auto":
+        order, cfg_auto = _auto_order("indexer_topk", B, N, _length_hint(context_lens, W), topk,
+                                      device_info())
+    return run_path("indexer_topk", path, {"pallas": pallas, "xla": xla}, order)

@@ -1,0 +1,257 @@
+"""Sparse MLA decode for JAX: the Pallas kernel (Triton lowering, ``path="pallas"``) and plain
+jax.numpy (``path="xla"``), validated per ../shared/SPEC.md and jit-compatible.
+
+The kernel design is in ``kernels/pallas/sparse_mla.py``; this module validates (statically, on
+shapes and dtypes), picks the config (dispatch table, else the heuristic of ``kernels.configs``),
+gates the hardware (``kernels.hardware``) before launch and dispatches between the paths.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from jax_impl import formats as jfmt
+from jax_impl._common import JAX_PATHS, check_array, device_info, run_path
+from kernels import configs, dispatch, hardware
+from kernels import formats as nf
+from kernels.pallas import sparse_mla as pk
+
+_FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+              attn_sink, path):
+    """Static checks; returns (page_size, num_pages)."""
+    if path not in JAX_PATHS:
+        raise ValueError(f"path: expected one of {JAX_PATHS}, got {path!r}")
+    if kv_format not in nf.KV_FORMATS:
+        raise ValueError(f"kv_format: expected one of {nf.KV_FORMATS}, got {kv_format!r}")
+    check_array("q", q, ndim=4, dtypes=_FLOATS)
+    B, N, H, d_qk = q.shape
+    if kv_format == "latent":
+        check_array("kv_cache", kv_cache, ndim=3, dtypes=_FLOATS, shape=(None, None, d_qk))
+        num_pages, page_size = kv_cache.shape[:2]
+    elif kv_format == "fp8_ds_mla":
+        if d_qk != nf.DS_MLA_NOPE + nf.DS_MLA_ROPE:
+            raise ValueError(f"q: kv_format 'fp8_ds_mla' needs D_qk = 576, got shape {tuple(q.shape)}")
+        check_array("kv_cache", kv_cache, ndim=3, dtypes=(jnp.uint8,),
+                    shape=(None, None, nf.DS_MLA_BYTES))
+        num_pages, page_size = kv_cache.shape[:2]
+    else:
+        if d_qk != nf.MODEL1_NOPE + nf.MODEL1_ROPE:
+            raise ValueError(f"q: kv_format 'fp8_model1' needs D_qk = 512, got shape {tuple(q.shape)}")
+        check_array("kv_cache", kv_cache, ndim=2, dtypes=(jnp.uint8,))
+        num_pages = kv_cache.shape[0]
+        page_size = nf.model1_page_size(kv_cache.shape[1])      # ValueError names kv_cache
+    check_array("indices", indices, ndim=3, dtypes=(jnp.int32,), shape=(B, N, None))
+    if indices.shape[2] < 1:
+        raise ValueError(f"indices: expected K >= 1 entries per row, got shape {tuple(indices.shape)}")
+    if isinstance(d_v, bool) or not isinstance(d_v, int) or not 1 <= d_v <= d_qk:
+        raise ValueError(f"d_v: expected an int in [1, D_qk={d_qk}], got {d_v!r}")
+    if block_table is not None:
+        check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
+    if topk_length is not None:
+        check_array("topk_length", topk_length, ndim=1, dtypes=(jnp.int32,), shape=(B,))
+    if attn_sink is not None:
+        check_array("attn_sink", attn_sink, ndim=1, dtypes=(jnp.float32,), shape=(H,))
+    if isinstance(sm_scale, bool) or not (
+            isinstance(sm_scale, (int, float)) or
+            (hasattr(sm_scale, "shape") and tuple(sm_scale.shape) == ()
+             and jnp.issubdtype(sm_scale.dtype, jnp.floating))):
+        raise TypeError(f"sm_scale: expected a Python float or a scalar float array, "
+                        f"got {type(sm_scale).__name__} {getattr(sm_scale, 'shape', '')}")
+    return page_size, num_pages
+
+
+def _dot_dtype(q_dtype, kv_format: str, kv_dtype):
+    """Dot operand dtype: q's (fp8 dequantizes exactly into bf16); fp32 when q is fp32 or a
+    latent cache's dtype differs from q's (no silent rounding of the cache)."""
+    q_dtype, kv_dtype = jnp.dtype(q_dtype), jnp.dtype(kv_dtype)
+    if q_dtype == jnp.float32 or (kv_format == "latent" and kv_dtype != q_dtype):
+        return jnp.dtype(jnp.float32)
+    return q_dtype
+
+
+def _kv_rows(kv_cache, kv_format: str, page_size: int):
+    """The cache as rows (free reshapes): latent ``[num_slots, D_qk]``, fp8_ds_mla
+    ``[num_slots, 656]``, fp8_model1 ``[num_pages * R, 576]`` with R = page_bytes / 576."""
+    if kv_format == "fp8_model1":
+        return kv_cache.reshape(-1, nf.MODEL1_DATA_BYTES)
+    return kv_cache.reshape(-1, kv_cache.shape[-1])
+
+
+# ----------------------------------------------------------------------------- pallas path
+
+def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_length,
+            attn_sink, page_size, num_pages, config=None, num_splits=None, interpret=None):
+    B, N, H, d_qk = q.shape
+    dev = device_info()
+    hardware.require_arch(dev, "sparse_mla_decode (pallas)")
+    if d_v != pk.MAIN or d_qk not in (pk.MAIN, pk.MAIN + pk.TAIL):
+        raise NotImplementedError(
+            f"sparse_mla_decode (pallas) supports D_qk in (512, 576) and d_v = 512 on "
+            f"{dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); got D_qk={d_qk}, d_v={d_v}")
+    dot_dtype = _dot_dtype(q.dtype, kv_format, kv_cache.dtype)
+    if config is None:
+        entry = dispatch.lookup("sparse_mla_decode", "jax", dev.arch, dispatch.bucket(
+            "sparse_mla_decode", B=B, N=N, H=H, K=indices.shape[2], d_qk=d_qk,
+            kv_format=kv_format))
+        if entry is not None and entry.get("path") == "pallas" and dot_dtype.itemsize == 2:
+            config = configs.pallas_sparse_mla_from_dict(entry.get("config", {}), dev.smem_per_block)
+        if config is None:
+            config = configs.pallas_sparse_mla_heuristic(H, dev.smem_per_block, dot_dtype.itemsize)
+    if config.dv_splits != 1:
+        raise NotImplementedError(f"sparse_mla_decode (pallas) has no dv_splits; got {config}")
+    hardware.require_smem(dev, f"sparse_mla_decode (pallas, {config})",
+                          configs.pallas_sparse_mla_smem(config, dot_dtype.itemsize))
+    head_blocks = -(-H // config.block_h)
+    if num_splits is None:
+        num_splits = configs.sparse_mla_num_splits(B * N * head_blocks, indices.shape[2],
+                                                   config.block_k, dev.num_sms)
+    scale = (jnp.asarray(sm_scale, jnp.float32) * jnp.float32(pk.LOG2E)).reshape(1)
+    return pk.sparse_mla_decode_pallas(
+        q, _kv_rows(kv_cache, kv_format, page_size), indices, scale, kv_format=kv_format,
+        page_size=page_size, num_pages=num_pages, block_table=block_table,
+        topk_length=topk_length, attn_sink=attn_sink, block_h=config.block_h,
+        block_k=config.block_k, num_splits=num_splits, num_warps=config.num_warps,
+        num_stages=config.num_stages, dot_dtype=dot_dtype,
+        combine_block_h=configs.SPARSE_MLA_COMBINE_BLOCK_H,
+        combine_warps=configs.SPARSE_MLA_COMBINE_WARPS, interpret=interpret)
+
+
+# ----------------------------------------------------------------------------- xla path
+
+def resolve_slots(indices, *, num_slots: int, page_size: int, block_table=None, topk_length=None):
+    """jax.numpy twin of ``kernels.reference.resolve_indices``: int32 ``[B, N, K]`` slots in
+    ``[0, num_slots)``, and a bool mask ``ok`` (False entries have slot 0 and must be ignored)."""
+    idx = indices.astype(jnp.int32)
+    if block_table is not None:
+        max_pages = block_table.shape[1]
+        ok = (idx >= 0) & (idx < max_pages * page_size)
+        lpage = jnp.where(ok, idx // page_size, 0)
+        ent = jnp.take_along_axis(block_table, lpage.reshape(lpage.shape[0], -1), axis=1,
+                                  mode="clip").reshape(idx.shape)
+        slots = ent * page_size + idx % page_size
+        ok &= ent >= 0
+    else:
+        slots = idx
+        ok = idx >= 0
+    ok &= (slots >= 0) & (slots < num_slots)
+    if topk_length is not None:
+        K = idx.shape[-1]
+        ok &= jnp.arange(K, dtype=jnp.int32)[None, None, :] < topk_length[:, None, None]
+    return jnp.where(ok, slots, 0), ok
+
+
+def gather_rows(kv_cache, kv_format: str, slots, page_size: int):
+    """float32 ``[..., D_qk]`` latent rows of the given (valid) slots, dequantized; only the
+    selected rows are read."""
+    if kv_format == "latent":
+        return _kv_rows(kv_cache, kv_format, page_size)[slots].astype(jnp.float32)
+    if kv_format == "fp8_ds_mla":
+        return jfmt.dequantize_fp8_ds_mla(_kv_rows(kv_cache, kv_format, page_size)[slots])
+    rows = _kv_rows(kv_cache, kv_format, page_size)                  # [num_pages * R, 576]
+    R = kv_cache.shape[1] // nf.MODEL1_DATA_BYTES
+    page, off = slots // page_size, slots % page_size
+    data = rows[page * R + off]                                        # [..., 576]
+    per_row = nf.MODEL1_DATA_BYTES // nf.MODEL1_SCALE_BYTES
+    srow = page * R + page_size + off // per_row
+    scol = (off % per_row) * nf.MODEL1_SCALE_BYTES
+    e = rows[srow[..., None], scol[..., None] + jnp.arange(7)]         # [..., 7]
+    q = jfmt._from_bytes(data[..., :nf.MODEL1_NOPE], jnp.float8_e4m3fn).astype(jnp.float32)
+    rope = jfmt._from_bytes(data[..., nf.MODEL1_NOPE:], jnp.bfloat16).astype(jnp.float32)
+    lead = q.shape[:-1]
+    nope = (q.reshape(*lead, 7, nf.MODEL1_TILE) * jfmt._ue8m0_to_f32(e)[..., None])
+    return jnp.concatenate([nope.reshape(*lead, nf.MODEL1_NOPE), rope], axis=-1)
+
+
+def _xla(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_length,
+         attn_sink, page_size, num_pages):
+    num_slots = num_pages * page_size
+    slots, ok = resolve_slots(indices, num_slots=num_slots, page_size=page_size,
+                              block_table=block_table, topk_length=topk_length)
+    rows = gather_rows(kv_cache, kv_format, slots, page_size)          # [B, N, K, D_qk]
+    rows = jnp.where(ok[..., None], rows, 0.0)                         # NaN in row 0 stays out
+    hi = jax.lax.Precision.HIGHEST
+    s = jnp.einsum("bnhd,bnkd->bnhk", q.astype(jnp.float32), rows, precision=hi)
+    s = jnp.where(ok[:, :, None, :], s * jnp.asarray(sm_scale, jnp.float32), -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.exp(s - m)                                                 # masked -> 0
+    den = jnp.sum(p, axis=-1)
+    has = den > 0
+    den_safe = jnp.where(has, den, 1.0)
+    lse = jnp.where(has, m[..., 0] + jnp.log(den_safe), -jnp.inf)
+    out = jnp.einsum("bnhk,bnkd->bnhd", p, rows[..., :d_v], precision=hi) / den_safe[..., None]
+    if attn_sink is not None:
+        out = out * (1.0 / (1.0 + jnp.exp(attn_sink[None, None, :] - lse)))[..., None]
+    return out.astype(q.dtype), lse
+
+
+# ----------------------------------------------------------------------------- public
+
+@functools.partial(jax.jit, static_argnames=("kv_format", "d_v", "path"))
+def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v=512,
+                      block_table=None, topk_length=None, attn_sink=None, path="auto"):
+    """Sparse MLA decode (absorbed MLA in MQA form) over a paged latent cache.
+
+    Semantics: ../shared/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse
+    decode); float64 definition ``kernels.reference.sparse_mla_decode``. For each valid entry t of
+    a row's top-k list, ``s_t = sm_scale * (q . latent_t[:D_qk])`` in float32;
+    ``lse = ln(sum_t exp(s_t))`` (natural log); ``out = sum_t exp(s_t - lse) * latent_t[:d_v]``.
+
+    Args:
+      q: ``[B, N, H, D_qk]`` bfloat16, float16 or float32 (N query tokens per request: 1 for
+        decode, > 1 for MTP; H query heads on this rank).
+      kv_cache: ``kv_format="latent"``: ``[num_pages, P, D_qk]`` bf16 / fp16 / fp32;
+        ``"fp8_ds_mla"`` (V3.2, D_qk = 576): uint8 ``[num_pages, P, 656]`` per token 512 e4m3
+        bytes, 4 float32 scales (one per 128 dims), 64 bf16 rope dims; ``"fp8_model1"`` (V4,
+        D_qk = 512): uint8 ``[num_pages, page_bytes]``, per page P data rows of 576 bytes then P
+        8-byte ue8m0 scale rows (``kernels/formats.py`` has the byte tables). Dequantized in the
+        kernel; no dequantized copy of the cache is made.
+      indices: ``[B, N, K]`` int32: slots (page * P + offset) into the cache, or with
+        ``block_table`` logical positions of request b. An entry is invalid (ignored, never
+        dereferenced) when negative (-1 is the padding), >= num_pages * P (slots) or
+        >= max_pages * P (logical), or when its page entry is negative or >= num_pages.
+        Duplicated valid entries count once per occurrence.
+      sm_scale: softmax scale (Python float or scalar float array), natural-log domain.
+      kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"`` (static).
+      d_v: value width, the first d_v latent dims (static; the pallas path supports 512).
+      block_table: ``[B, max_pages]`` int32 or None; entries past a request's pages may be -1.
+      topk_length: ``[B]`` int32 or None: list positions >= topk_length[b] are ignored.
+      attn_sink: ``[H]`` float32 or None (V4): ``out *= 1 / (1 + exp(sink_h - lse))``; the
+        returned lse excludes the sink.
+      path: ``"auto"`` (dispatch table entry, else pallas, falling through to xla on
+        NotImplementedError), ``"pallas"`` or ``"xla"`` (plain jax.numpy, fp32). Static.
+    Returns:
+      (out ``[B, N, H, d_v]`` q.dtype, lse ``[B, N, H]`` float32). A row with no valid entry has
+      out 0 and lse -inf (FlashMLA returns +inf there; its wrapper converts, this API does not).
+    Raises:
+      TypeError / ValueError: wrong dtype, rank or shape of an argument, unknown kv_format or
+        path, bad d_v (the message names the argument, the expectation and what came).
+      NotImplementedError: ``path="pallas"`` on a GPU / shape it cannot run (names the GPU, its
+        compute capability and what is supported), raised before launch.
+    """
+    page_size, num_pages = _validate(q, kv_cache, indices, sm_scale, kv_format, d_v,
+                                     block_table, topk_length, attn_sink, path)
+    kw = dict(kv_format=kv_format, d_v=d_v, block_table=block_table, topk_length=topk_length,
+              attn_sink=attn_sink, page_size=page_size, num_pages=num_pages)
+    impls = {"pallas": lambda: _pallas(q, kv_cache, indices, sm_scale, **kw),
+             "xla": lambda: _xla(q, kv_cache, indices, sm_scale, **kw)}
+    order = ["pallas", "xla"]
+    if path == "auto":
+        try:
+            dev = device_info()
+            entry = dispatch.lookup("sparse_mla_decode", "jax", dev.arch, dispatch.bucket(
+                "sparse_mla_decode", B=q.shape[0], N=q.shape[1], H=q.shape[2],
+                K=indices.shape[2], d_qk=q.shape[3], kv_format=kv_format))
+        except NotImplementedError:
+            entry = None
+        if entry is not None and entry.get("path") in impls:
+            order = [entry["path"]] + [p for p in order if p != entry["path"]]
+    return run_path("sparse_mla_decode", path, impls, order)
+
+
+__all__ = ["sparse_mla_decode", "resolve_slots", "gather_rows"]

@@ -1,0 +1,529 @@
+"""Lightning-indexer logits and exact top-k as Pallas kernels (Triton lowering), for ``jax_impl``.
+
+The JAX twin of ``kernels/triton/indexer.py`` + ``kernels/triton/topk.py``; read them side by side.
+
+Operation (../shared/SPEC.md, "Operation A"): for request b, draft i and logical position j
+
+    logit[b, i, j] = k_scale[j] * sum_h weights[b, i, h] * relu(q[b, i, h, :] . k[j, :])
+
+valid iff ``0 <= j < len[b, i]`` (``len = L_b - (N - 1 - i)``, or ``context_lens[b, i]``) and the
+page entry ``block_table[b, j // P]`` is a real page (``0 <= entry < num_pages``); -inf elsewhere.
+Top-k: the K largest logits among valid positions that are neither NaN nor -inf, ties to the
+smaller position, -1 padding. Semantics from DeepSeek-V3.2-Exp ``inference/model.py``
+(Indexer.forward), DeepGEMM ``fp8_paged_mqa_logits`` (paged layout, per-token scale, MTP mask).
+
+Cache layouts read in-kernel (byte-exact with ``kernels/formats.py``):
+
+* ``fp8_indexer``: uint8 ``[num_pages, P * (D_I + 4)]``: per page P rows of D_I e4m3 bytes, then
+  P little-endian float32 scales. The kernel reads the uint8 bytes in place (an XLA-side slice
+  or width-changing bitcast of the cache could copy it). When D_I divides 4P (P = 64, D_I = 128)
+  the launcher passes the free reshape ``[num_pages, P + 4P/D_I, D_I]`` and the key tile is a
+  plain 2-D ``[P, D_I]`` load; otherwise a ``[P * D_I]`` byte load reshaped in registers. Keys
+  are bitcast to e4m3; the scale bytes are assembled into 32-bit words
+  (``b0 | b1 << 8 | b2 << 16 | b3 << 24``) and bitcast to float32 (the lowering only bitcasts
+  between equal widths).
+* ``dense``: ``[num_pages, P, D_I]`` float (fp32 / fp16 / bf16, same dtype as q), scale 1.
+
+Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, split s):
+
+* The program loads q ``[NP * HP, D_I]`` (drafts padded to ``NP = next_pow2(N)``, heads to
+  ``HP = max(16, next_pow2(H_I))``: dots need every dimension >= 16 and blocks are powers of
+  two) and the weights once, then loops over its share of request b's pages with a *runtime* trip
+  count: ``n_pages_b = ceil(max_i len[b, i] / P)``, split ``s`` takes pages
+  ``[s * ceil(n_pages_b / S), ...) ∩ [0, n_pages_b)``. Programs past ``L_b`` run zero iterations
+  and do no loads, so a 4K request in a table sized for 1M reads what it reads in a 4K table.
+* Per page: one dot ``[NP*HP, D_I] x [D_I, P] -> fp32`` (fp8 x fp8, fp16 x fp16 or fp32 x fp32 with
+  ``Precision.HIGHEST``, i.e. IEEE, never TF32), ReLU as ``where(s < 0, 0, s)`` (NaN propagates,
+  as in the float64 reference), times the weight, padded rows zeroed with ``where`` (so a NaN key
+  cannot leak through ``0 * NaN``), head sum via ``reshape [NP, HP, P] -> sum(axis=1)``, times the
+  k scale, draft mask, store ``[NP, P]``. A page whose entry is negative or ``>= num_pages`` is
+  never read: its loads are masked off (a masked load issues no memory transaction; the page id
+  is clamped so even the address stays in the buffer) and its logits are -inf. Masked loads
+  instead of a branch keep the loop body straight-line for Triton's software pipelining.
+* Bytes per request: ``L_b * (D_I + 4)`` read once (132 B per position at D_I = 128), plus
+  ``N * L_b * 4`` logits written; q (``N * H_I * D_I``) is re-read per program from L2. FLOPs:
+  ``2 * N * H_I * D_I`` per position (16.8 MFLOP per 1K positions at N = 1, H_I = 64); ~64
+  FLOP/byte, memory bound on H200 and sm_120. Split count ``S ~ 2 * num_SMs / B`` (as the torch
+  path) so B = 64 fills 132 SMs.
+* With ``group_max=True`` (the top-k path) the epilogue also stores, per draft and per group of
+  16 positions, the max order key (below), 1/16 of the logits' size: the pruning input of
+  kernel 2.
+
+Kernel 2, ``_topk_select_kernel`` (grid ``(B, N)``; one program per row), exact selection:
+
+* The lowering has no sort, no top-k, no histogram and (in interpret mode) no scatter, so the
+  selection is built from reductions, ``cumsum`` (``tt.scan``) and contiguous masked stores.
+* Keys: float32 -> order-preserving int32 (``bits`` for sign 0, ``bits ^ 0x7FFFFFFF`` for
+  sign 1, -0 canonicalised to +0 so that -0 and +0 tie as in the reference); NaN, -inf and
+  positions ``>= len`` get ``INT32_MIN`` (:data:`SENTINEL`), below every qualifying key.
+* Radix select (``_radix_select``), most significant digit first, ``32 / RADIX_BITS`` passes (8
+  at the default 4 bits): each pass counts, for the ``2^RADIX_BITS`` candidate prefixes, the keys
+  ``>=`` each candidate (a ``[BLOCK, 2^R]`` compare and column sum per chunk, the replacement for
+  ``tl.histogram``), keeps the largest digit whose count still reaches K, and tracks the count
+  strictly above the chosen interval, which after the last pass is ``#{key > T}``.
+* Stage 1, prune: if at least K groups of 16 hold a qualifying key, the K-th largest group max
+  ``tau`` (radix select over ``L / 16`` group maxima) is a lower bound of the K-th largest key
+  (K groups each hold a key ``>= tau``), so only keys ``>= tau`` can be selected. On random
+  scores with ``L / 16 >= 2 K`` that leaves ~1.3-2 K candidates of L (2-3K of 64K at K = 2048).
+* Stage 2, one pass over the row: count the qualifying keys C and compact the candidates (key
+  and position, in position order) into per-row scratch of ``CAP = next_pow2(4 K)`` slots.
+  Compaction without scatter: each group of 16 slots is filled by a one-hot ``[16, BLOCK]``
+  match of slot ids against the running ``cumsum`` rank and one contiguous masked store. A CTA
+  barrier (``debug_barrier``) orders these global writes before stage 3 reads them.
+* Stage 3, over the candidates (or over the whole row if they overflowed CAP: exact either way,
+  only slower): radix select of the K-th largest key T (skipped when ``C <= K``: everything
+  qualifying is taken), then emission in position order: keys ``> T``, and keys ``== T`` while
+  their running rank (inclusive ``cumsum`` carried across chunks) is ``<= K - #{key > T}``:
+  exactly the SPEC tie rule. Slots ``[min(C, K), K)`` get -1 (disjoint from the data slots, so no
+  two threads write one address). Output order: ascending position; the binding sorts
+  (``sorted=True``) by descending logit in XLA over the K selected only.
+* Cost per row of L valid positions (K = 2048, L = 64K): 1 read of the row's logits (stage 2;
+  stage 1 reads L/16 keys, stage 3 the candidates), 8 radix passes over L/16 group maxima
+  and over ~3K candidates instead of over L, and ~16 one-hot compares per position for the
+  compaction at BLOCK = 256. Integer counting only: bitwise reproducible, no atomics. The
+  torch path does 4 ``tl.histogram`` passes + 1 selection pass over the full row instead.
+* Only B * N programs (64 at B = 64, N = 1: half of an H200's SMs); if this kernel shows in the
+  profile, the next step is splitting stage 2 over several programs per row.
+
+What the Triton lowering cannot do (and what replaces it): sort / top-k / histogram (counting
+against ``2^R`` candidate thresholds), masked gathers and scatters in interpret mode (plain ref
+slices with dynamic starts, one-hot compaction), bitcasts between widths (byte assembly),
+scalar prefetch / data-dependent BlockSpecs (whole-array refs, page ids read in the kernel),
+scratch buffers (extra outputs used as per-row scratch), ``debug_barrier`` in interpret mode
+(skipped there: the interpreter runs one program at a time).
+
+Every ``pallas_call`` goes through :func:`kernels.pallas._pallas_call.triton_call`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, fields
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from kernels.pallas._pallas_call import interpret_default, triton_call
+
+SENTINEL = -(2 ** 31)          # INT32_MIN: key of NaN, -inf and positions past the valid length
+_SLOTS = 16                    # output slots filled per one-hot compaction step
+_GROUP = 16                    # positions per group maximum (top-k pruning)
+
+
+def _next_pow2(x: int) -> int:
+    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
+
+
+def _cdiv(a, b):
+    return (a + b - 1) // b
+
+
+@dataclass(frozen=True)
+class PallasIndexerConfig:
+    """Launch configuration of :func:`launch_indexer_logits` / :func:`launch_topk_select`.
+
+    Attributes:
+      num_splits: programs per request of the logits kernel (grid ``(B, num_splits)``); None =
+        heuristic ``ceil(2 * num_sms / B)`` clipped to ``[1, max_pages]``.
+      num_warps: warps of the logits kernel; None = 4, or 8 when ``NP * HP * P >= 16384``.
+      num_stages: Triton pipeline stages of the logits kernel.
+      block: positions per chunk of the top-k kernel (power of two).
+      radix_bits: bits per radix pass of the top-k kernel (1, 2, 4 or 8; 32 / radix_bits passes,
+        ``2^radix_bits`` candidate thresholds counted per position and pass).
+      topk_num_warps: warps of the top-k kernel.
+      candidates: candidate capacity per row of the top-k kernel (power of two); None =
+        ``next_pow2(4 * K)``. Rows whose pruned candidate set overflows it are selected from the
+        full row instead (exact either way, slower).
+    """
+
+    num_splits: int | None = None
+    num_warps: int | None = None
+    num_stages: int = 2
+    block: int = 256
+    radix_bits: int = 4
+    topk_num_warps: int = 4
+    candidates: int | None = None
+
+    SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(None, 4, 8),
+                        num_stages=(1, 2, 3), block=(128, 256, 512, 1024),
+                        radix_bits=(2, 4, 8), topk_num_warps=(4, 8),
+                        candidates=(None, 2048, 4096, 8192, 16384))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "PallasIndexerConfig":
+        """Config from a dispatch-table entry; unknown keys and values outside SEARCH_SPACE are
+        ignored (a table can never select an unchecked config)."""
+        kw = {}
+        for f in fields(cls):
+            if d and f.name in d and d[f.name] in cls.SEARCH_SPACE[f.name]:
+                kw[f.name] = d[f.name]
+        return cls(**kw)
+
+
+def default_num_splits(batch: int, max_pages: int, num_sms: int) -> int:
+    """About two programs per SM over the batch, at most one per page (as the torch path)."""
+    return max(1, min(max_pages, _cdiv(2 * max(num_sms, 1), max(batch, 1))))
+
+
+def order_key(x, valid):
+    """Order-preserving int32 key of float32 ``x`` (signed compare = float compare, -0 == +0);
+    :data:`SENTINEL` where ``valid`` is False or ``x`` is NaN or -inf. Used in-kernel and in XLA."""
+    x = jnp.where(x == 0, jnp.float32(0.0), x)                  # -0 -> +0
+    bits = lax.bitcast_convert_type(x, jnp.int32)
+    key = jnp.where(bits < 0, bits ^ jnp.int32(0x7FFFFFFF), bits)
+    ok = valid & (x == x) & (x != -jnp.inf)
+    return jnp.where(ok, key, jnp.int32(SENTINEL))
+
+
+# ============================================================================ logits kernel
+
+def _load_page(k_ref, page, ok, *, P: int, D: int, FP8: bool, ROWS: bool):
+    """One page of keys ``[P, D]`` and its scales ``[P]`` float32 (1 for dense).
+
+    ``ok`` False: every load is masked off (no memory transaction; ``page`` must still be a
+    clamped in-range id so the address arithmetic stays inside the buffer). Masked loads rather
+    than a branch keep the page loop a straight-line body that Triton can software-pipeline.
+    ``ROWS``: the fp8 cache arrives as ``[num_pages, P + 4P/D, D]`` (a free XLA reshape when D
+    divides 4P, e.g. P = 64, D = 128: 64 token rows then 2 rows of scale bytes), so the key tile
+    is a plain 2-D load; otherwise it is ``[num_pages, P*(D+4)]`` and the tile is a 1-D byte load
+    reshaped in registers.
+    """
+    def load(view, shape, other):
+        return plgpu.load(view, mask=jnp.full(shape, ok), other=other)
+
+    if not FP8:
+        k = load(k_ref.at[page], (P, D), 0)                                   # [P, D] float
+        return k, jnp.ones((P,), jnp.float32)
+    if ROWS:
+        raw = load(k_ref.at[page, pl.ds(0, P), :], (P, D), 0)                 # [P, D] uint8
+        sb = load(k_ref.at[page, pl.ds(P, (4 * P) // D), :], ((4 * P) // D, D), 0)  # scale bytes
+    else:
+        raw = load(k_ref.at[page, pl.ds(0, P * D)], (P * D,), 0)              # [P*D] uint8
+        sb = load(k_ref.at[page, pl.ds(P * D, 4 * P)], (4 * P,), 0)           # [4P] scale bytes
+    k = lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).reshape(P, D)
+    sb = sb.reshape(P, 4).astype(jnp.int32)                     # [P, 4] little-endian bytes
+    shifts = lax.broadcasted_iota(jnp.int32, (P, 4), 1) * 8
+    bits = jnp.sum(lax.shift_left(sb, shifts), axis=1)          # disjoint byte fields: sum == or
+    return k, lax.bitcast_convert_type(bits, jnp.float32)       # [P, D] e4m3, [P] f32
+
+
+def _indexer_logits_kernel(
+    bt_ref,     # [B, max_pages] int32 block table
+    lens_ref,   # [B, NP] int32 valid length per draft (0 for padded drafts)
+    q_ref,      # [B, NP*HP, D] e4m3 / float, rows (draft, head)
+    w_ref,      # [B, NP*HP] float32
+    k_ref,      # fp8: [num_pages, P*(D+4)] or [num_pages, P + 4P/D, D] uint8; dense: [num_pages, P, D]
+    o_ref,      # [B, NP, W_pad] float32 logits (only pages < n_pages_b written)
+    *bm_refs,   # EMIT_BM: ([B, NP, BM_W] int32 max order key per 16-position group,)
+    P: int, D: int, H: int, N: int, HP: int, NP: int, NUM_PAGES: int, NUM_SPLITS: int,
+    FP8: bool, ROWS: bool, EMIT_BM: bool,
+):
+    b = pl.program_id(0)
+    s = pl.program_id(1)
+    lens = lens_ref[b, :]                                       # [NP]
+    n_pages = (jnp.max(lens) + (P - 1)) // P
+    per = (n_pages + (NUM_SPLITS - 1)) // NUM_SPLITS
+    p0 = s * per
+    p1 = jnp.maximum(jnp.minimum(p0 + per, n_pages), p0)
+    q = q_ref[b]                                                # [NP*HP, D]
+    w = w_ref[b][:, None]                                       # [NP*HP, 1]
+    row = lax.broadcasted_iota(jnp.int32, (NP * HP, 1), 0)
+    live = ((row % HP) < H) & ((row // HP) < N)                 # [NP*HP, 1] real (draft, head)
+    tok = lax.broadcasted_iota(jnp.int32, (NP, P), 1)
+    G = P // _GROUP                                             # groups per page
+
+    def body(p, carry):
+        page = bt_ref[b, p]
+        ok = (page >= 0) & (page < NUM_PAGES)
+        k, scale = _load_page(k_ref, jnp.where(ok, page, 0), ok, P=P, D=D, FP8=FP8, ROWS=ROWS)
+        sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+                             preferred_element_type=jnp.float32)              # [NP*HP, P]
+        contrib = jnp.where(live, jnp.where(sc < 0, jnp.float32(0.0), sc) * w, jnp.float32(0.0))
+        acc = jnp.sum(contrib.reshape(NP, HP, P), axis=1)                     # [NP, P]
+        valid = (p * P + tok < lens[:, None]) & ok
+        logit = jnp.where(valid, acc * scale[None, :], -jnp.inf)
+        o_ref[b, :, pl.ds(p * P, P)] = logit
+        if EMIT_BM:
+            key = order_key(logit, valid).reshape(NP, G, _GROUP)
+            bm_refs[0][b, :, pl.ds(p * G, G)] = jnp.max(key, axis=2)           # [NP, G]
+        return carry
+
+    lax.fori_loop(p0, p1, body, jnp.int32(0))
+
+
+# ============================================================================ top-k kernel
+#
+# Helpers shared by the three stages of _topk_select_kernel. A *source* is a function
+# c -> (key [BLOCK] int32, pos [BLOCK] int32) reading chunk c; keys past the source's length are
+# SENTINEL.
+
+def _count(src, n_chunks, pred):
+    """Number of keys with ``pred(key)`` over chunks ``[0, n_chunks)``."""
+    def body(c, acc):
+        key, _ = src(c)
+        return acc + jnp.sum(pred(key).astype(jnp.int32))
+    return lax.fori_loop(0, n_chunks, body, jnp.int32(0))
+
+
+def _radix_select(src, n_chunks, kth, *, RADIX_BITS: int):
+    """``(T, #{key > T})`` for T the ``kth``-largest key of the source (``1 <= kth <= #keys``).
+
+    Most significant digit first: each of the ``32 / RADIX_BITS`` passes counts, for the
+    ``2^RADIX_BITS`` candidate prefixes, the keys ``>=`` the candidate and keeps the largest digit
+    whose count still reaches ``kth`` (the lowering has no histogram). The count strictly above
+    the chosen interval is tracked; after the last pass it is ``#{key > T}``.
+    """
+    BINS = 1 << RADIX_BITS
+    digit = lax.broadcasted_iota(jnp.int32, (BINS,), 0)
+    sent = jnp.int32(SENTINEL)
+    t_u = jnp.int32(0)          # threshold bits so far, in the unsigned (key ^ INT32_MIN) domain
+    above = jnp.int32(0)        # keys strictly above the current threshold interval
+    for p in range(32 // RADIX_BITS):
+        shift = 32 - RADIX_BITS * (p + 1)
+        cand = (t_u | lax.shift_left(digit, jnp.int32(shift))) ^ sent      # [BINS] signed
+
+        def count_ge(c, acc, cand=cand):
+            key, _ = src(c)
+            ge = (key[:, None] >= cand[None, :]).astype(jnp.int32)           # [BLOCK, BINS]
+            return acc + jnp.sum(ge, axis=0)
+
+        cnt = lax.fori_loop(0, n_chunks, count_ge, jnp.zeros((BINS,), jnp.int32))
+        dstar = jnp.sum((cnt >= kth).astype(jnp.int32)) - 1
+        nxt = jnp.sum(jnp.where(digit == dstar + 1, cnt, 0))
+        above = jnp.where(dstar + 1 < BINS, nxt, above)
+        t_u = t_u | lax.shift_left(dstar, jnp.int32(shift))
+    return t_u ^ sent, above
+
+
+def _compact(src, n_chunks, take_fn, write, limit):
+    """Write, in source order, the positions/keys that ``take_fn`` selects into slots
+    ``[0, min(count, limit))`` through ``write(base, slot_ids [16], pos [16], key [16], mask)``.
+    ``take_fn(key, eq_before)`` -> (take [BLOCK] bool, eq [BLOCK] bool), ``eq_before`` the running
+    count of ``eq``. Returns (count of ``eq``, count of ``take``).
+
+    No scatter (interpret mode cannot run one): each group of 16 slots is filled by a one-hot
+    ``[16, BLOCK]`` match of slot ids against the running ``cumsum`` rank, then one contiguous
+    masked store; ``ceil(taken / 16)`` groups per chunk.
+    """
+    slot16 = lax.broadcasted_iota(jnp.int32, (_SLOTS,), 0)
+
+    def body(c, carry):
+        eq_before, sel_before = carry
+        key, pos = src(c)
+        take, eq = take_fn(key, eq_before)
+        take_i = take.astype(jnp.int32)
+        slot = jnp.where(take, sel_before + jnp.cumsum(take_i) - 1, -1)        # [BLOCK]
+        end = sel_before + jnp.sum(take_i)
+        n_groups = (jnp.minimum(end, limit) - sel_before + (_SLOTS - 1)) // _SLOTS
+
+        def group(g, carry2):
+            base = sel_before + g * _SLOTS
+            ids = base + slot16                                                # [16]
+            hit = slot[None, :] == ids[:, None]                                # [16, BLOCK]
+            gpos = jnp.sum(jnp.where(hit, pos[None, :], 0), axis=1)
+            gkey = jnp.sum(jnp.where(hit, key[None, :], 0), axis=1)
+            write(base, ids, gpos, gkey, (ids < end) & (ids < limit))
+            return carry2
+
+        lax.fori_loop(0, jnp.maximum(n_groups, 0), group, jnp.int32(0))
+        return eq_before + jnp.sum(eq.astype(jnp.int32)), end
+
+    return lax.fori_loop(0, n_chunks, body, (jnp.int32(0), jnp.int32(0)))
+
+
+def _topk_select_kernel(
+    lens_ref,   # [B, NP] int32 valid length per draft (<= W_pad)
+    x_ref,      # [B, NP, W_pad] float32 logits (read only below lens)
+    bm_ref,     # [B, NP, BM_W] int32 max order key per group of 16 positions
+    o_ref,      # [B, NP, K_PAD] int32 selected positions (ascending), -1 padded
+    ck_ref,     # [B, NP, CAP + BLOCK] int32 candidate keys (scratch, in position order)
+    cp_ref,     # [B, NP, CAP + BLOCK] int32 candidate positions (scratch)
+    *, K: int, K_PAD: int, BLOCK: int, RADIX_BITS: int, CAP: int, INTERPRET: bool,
+):
+    b = pl.program_id(0)
+    i = pl.program_id(1)
+    L = lens_ref[b, i]
+    sent = jnp.int32(SENTINEL)
+    offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
+    n_chunks = (L + (BLOCK - 1)) // BLOCK
+
+    def row_src(c):
+        pos = c * BLOCK + offs
+        return order_key(x_ref[b, i, pl.ds(c * BLOCK, BLOCK)], pos < L), pos
+
+    # Stage 1: prune with the group maxima. If at least K groups hold a qualifying key, the K-th
+    # largest group max tau is a lower bound of the K-th largest key (K groups each hold a key
+    # >= tau), so only keys >= tau can be selected; otherwise tau admits every qualifying key.
+    n_groups = (L + (_GROUP - 1)) // _GROUP
+    n_gchunks = (n_groups + (BLOCK - 1)) // BLOCK
+
+    def group_src(c):
+        gi = c * BLOCK + offs
+        return jnp.where(gi < n_groups, bm_ref[b, i, pl.ds(c * BLOCK, BLOCK)], sent), gi
+
+    n_vgroups = _count(group_src, n_gchunks, lambda k: k != sent)
+    prune = n_vgroups >= K
+    tau, _ = _radix_select(group_src, jnp.where(prune, n_gchunks, 0), K, RADIX_BITS=RADIX_BITS)
+    tau = jnp.where(prune, tau, sent + 1)          # sent + 1 is below every qualifying key
+
+    # Stage 2: one pass over the row: count the qualifying keys and compact the candidates
+    # (key >= tau, in position order) into the scratch rows, up to CAP of them.
+    def write_cand(base, ids, gpos, gkey, mask):
+        plgpu.store(cp_ref.at[b, i, pl.ds(base, _SLOTS)], gpos, mask=mask)
+        plgpu.store(ck_ref.at[b, i, pl.ds(base, _SLOTS)], gkey, mask=mask)
+
+    n_valid, n_cand = _compact(row_src, n_chunks, lambda k, e: (k >= tau, k != sent), write_cand, CAP)
+    if not INTERPRET:
+        plgpu.debug_barrier()      # candidates written by all threads, read by all below
+    k_eff = jnp.minimum(n_valid, K)
+    fits = n_cand <= CAP
+
+    def cand_src(c):
+        j = c * BLOCK + offs
+        ok = j < n_cand
+        return (jnp.where(ok, ck_ref[b, i, pl.ds(c * BLOCK, BLOCK)], sent),
+                jnp.where(ok, cp_ref[b, i, pl.ds(c * BLOCK, BLOCK)], -1))
+
+    def write_out(base, ids, gpos, gkey, mask):
+        plgpu.store(o_ref.at[b, i, pl.ds(base, _SLOTS)], gpos, mask=mask)
+
+    def select(src, n):
+        # Stage 3: exact threshold T over the candidates (or the whole row if they overflowed),
+        # then emission in position order: keys > T, and keys == T while their running rank is
+        # <= K - #{key > T} (ties to the smaller position).
+        take_all = n_valid <= K
+        thr, n_gt = _radix_select(src, jnp.where(take_all, 0, n), jnp.maximum(k_eff, 1),
+                                  RADIX_BITS=RADIX_BITS)
+        thr = jnp.where(take_all, sent + 1, thr)
+        need_eq = k_eff - jnp.where(take_all, n_valid, n_gt)
+
+        def take_fn(key, eq_before):
+            eq = key == thr
+            return (key > thr) | (eq & (eq_before + jnp.cumsum(eq.astype(jnp.int32)) <= need_eq)), eq
+
+        _compact(src, n, take_fn, write_out, K_PAD)
+
+    @pl.when(fits)
+    def _from_candidates():
+        select(cand_src, (n_cand + (BLOCK - 1)) // BLOCK)
+
+    @pl.when(jnp.logical_not(fits))
+    def _from_row():
+        select(row_src, n_chunks)
+
+    slot16 = lax.broadcasted_iota(jnp.int32, (_SLOTS,), 0)
+
+    def fill(g, carry):         # -1 in slots [k_eff, K_PAD): disjoint from the data slots
+        ids = g * _SLOTS + slot16
+        plgpu.store(o_ref.at[b, i, pl.ds(g * _SLOTS, _SLOTS)], jnp.full((_SLOTS,), -1, jnp.int32),
+                    mask=ids >= k_eff)
+        return carry
+
+    lax.fori_loop(k_eff // _SLOTS, K_PAD // _SLOTS, fill, jnp.int32(0))
+
+
+# ============================================================================ launchers
+
+def padded_width(width: int, page_size: int, block: int) -> int:
+    """Logits row capacity: ``width`` rounded up to a multiple of ``block`` and of P."""
+    m = max(block, page_size)
+    return _cdiv(width, m) * m
+
+
+def group_max_width(w_pad: int, block: int) -> int:
+    """Width of the per-16-position group-maximum rows: ``W_pad / 16`` rounded up to ``block``."""
+    return _cdiv(w_pad // _GROUP, block) * block
+
+
+def candidate_capacity(topk: int, cfg: PallasIndexerConfig) -> int:
+    """Candidates kept per row by the top-k kernel: ``cfg.candidates`` or ``next_pow2(4 K)``,
+    at least one block (a multiple of it: both are powers of two)."""
+    return max(cfg.block, cfg.candidates or _next_pow2(4 * topk))
+
+
+def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, page_size: int,
+                          num_sms: int, cfg: PallasIndexerConfig = PallasIndexerConfig(),
+                          group_max: bool = False, interpret: bool | None = None):
+    """Run :func:`_indexer_logits_kernel`; inputs already validated by ``jax_impl.indexer``.
+
+    Args:
+      q: ``[B, N, H_I, D_I]`` float8_e4m3fn (fp8) or float (dense, same dtype as the cache).
+      weights: ``[B, N, H_I]`` float32.
+      k_cache: fp8 uint8 ``[num_pages, P * (D_I + 4)]`` or dense ``[num_pages, P, D_I]``.
+      block_table: int32 ``[B, max_pages]``.
+      lens: int32 ``[B, N]`` valid length per draft, already clamped to ``[0, max_pages * P]``.
+      group_max: also return the per-group maximum order keys the top-k kernel prunes with.
+    Returns:
+      float32 ``[B, NP, W_pad]`` (``NP = next_pow2(N)``, ``W_pad = padded_width(...)``): logits of
+      positions below ``ceil(max_i lens[b, i] / P) * P``, -inf there where invalid; every other
+      element is unwritten (garbage) and must be masked by the caller. With ``group_max``, a
+      tuple with int32 ``[B, NP, group_max_width(W_pad, cfg.block)]``: the max :func:`order_key`
+      of each 16 positions (SENTINEL if none qualifies), written for the same pages.
+    """
+    B, N, H, D = q.shape
+    P = page_size
+    num_pages = k_cache.shape[0]
+    max_pages = block_table.shape[1]
+    NP, HP = _next_pow2(N), max(16, _next_pow2(H))
+    W_pad = padded_width(max_pages * P, P, cfg.block)
+    qp = jnp.pad(q, ((0, 0), (0, NP - N), (0, HP - H), (0, 0))).reshape(B, NP * HP, D)
+    wp = jnp.pad(weights, ((0, 0), (0, NP - N), (0, HP - H))).reshape(B, NP * HP)
+    lp = jnp.pad(lens, ((0, 0), (0, NP - N)))
+    S = cfg.num_splits or default_num_splits(B, max_pages, num_sms)
+    S = max(1, min(S, max_pages))
+    warps = cfg.num_warps or (8 if NP * HP * P >= 16384 else 4)
+    rows = fp8 and (4 * P) % D == 0
+    if rows:                                     # free reshape: [num_pages, P + 4P/D, D]
+        k_cache = k_cache.reshape(num_pages, P + (4 * P) // D, D)
+    out_shape = [jax.ShapeDtypeStruct((B, NP, W_pad), jnp.float32)]
+    if group_max:
+        out_shape.append(jax.ShapeDtypeStruct((B, NP, group_max_width(W_pad, cfg.block)), jnp.int32))
+    kernel = lambda *refs: _indexer_logits_kernel(  # noqa: E731
+        *refs, P=P, D=D, H=H, N=N, HP=HP, NP=NP, NUM_PAGES=num_pages, NUM_SPLITS=S, FP8=fp8,
+        ROWS=rows, EMIT_BM=group_max)
+    call = triton_call(kernel, out_shape=tuple(out_shape) if group_max else out_shape[0],
+                       grid=(B, S), num_warps=warps, num_stages=cfg.num_stages,
+                       interpret=interpret, name="indexer_logits")
+    return call(block_table, lp, qp, wp, k_cache)
+
+
+def launch_topk_select(logits, group_max, lens, topk: int, *, num_rows: int,
+                       cfg: PallasIndexerConfig = PallasIndexerConfig(),
+                       interpret: bool | None = None):
+    """Run :func:`_topk_select_kernel` on rows ``[:, :num_rows]`` of ``logits``.
+
+    Args:
+      logits: float32 ``[B, NP, W_pad]`` (``W_pad`` a multiple of ``cfg.block``), valid below
+        ``lens``; anything at or past ``lens`` is never read.
+      group_max: int32 ``[B, NP, group_max_width(W_pad, cfg.block)]`` from
+        :func:`launch_indexer_logits` (max :func:`order_key` per 16 positions, valid below
+        ``ceil(lens / 16)``).
+      lens: int32 ``[B, N]`` valid lengths, ``0 <= lens <= W_pad``.
+      topk: K.
+    Returns:
+      int32 ``[B, NP, K_pad]``; ``[:, :num_rows, :K]`` holds the exact SPEC selection in
+      ascending position order, then -1.
+    """
+    B, NP, W_pad = logits.shape
+    if W_pad % cfg.block:
+        raise ValueError(f"logits: width {W_pad} is not a multiple of block {cfg.block}")
+    if group_max.shape != (B, NP, group_max_width(W_pad, cfg.block)):
+        raise ValueError(f"group_max: expected shape {(B, NP, group_max_width(W_pad, cfg.block))}, "
+                         f"got {group_max.shape}")
+    K_PAD = _cdiv(topk, _SLOTS) * _SLOTS + _SLOTS
+    CAP = candidate_capacity(topk, cfg)
+    interp = interpret_default() if interpret is None else interpret
+    lp = jnp.pad(lens, ((0, 0), (0, NP - lens.shape[1])))
+    kernel = lambda *refs: _topk_select_kernel(  # noqa: E731
+        *refs, K=topk, K_PAD=K_PAD, BLOCK=cfg.block, RADIX_BITS=cfg.radix_bits, CAP=CAP,
+        INTERPRET=interp)
+    scratch = jax.ShapeDtypeStruct((B, NP, CAP + cfg.block), jnp.int32)
+    call = triton_call(kernel, out_shape=(jax.ShapeDtypeStruct((B, NP, K_PAD), jnp.int32), scratch, scratch),
+                       grid=(B, num_rows), num_warps=cfg.topk_num_warps, num_stages=1,
+                       interpret=interp, name="indexer_topk_select")
+    return call(lp, logits, group_max)[0]

@@ -1,0 +1,298 @@
+"""jax_impl lightning indexer + exact top-k (paths "pallas" and "xla") against kernels.reference.
+
+Logits: kernels.compare.check_logits (identical -inf/NaN pattern, cosine bound of SPEC).
+Top-k: kernels.compare.check_topk (exact set vs the float64 reference, sub-ulp threshold swaps
+only) and, stricter, bit-exact agreement with the SPEC rule applied to the path's own float32
+logits (so the tie rule is checked exactly, not up to an ulp).
+
+Compile time dominates on the CPU (interpret mode), so every case of a group is normalised to one
+shape signature (block table and page pool padded with unused -1 entries / zero pages, which
+changes no result) and all three outputs come from one jitted call per (signature, path).
+The same bodies run on a GPU (lowered through Triton), where a bf16 dense case is added.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import replace
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jax_impl.indexer import indexer_logits, indexer_topk
+from kernels import cases, compare, reference
+from kernels.pallas import indexer as pk
+
+ON_GPU = jax.default_backend() == "gpu"
+PATHS = ("pallas", "xla")
+K = 64
+
+
+@functools.partial(jax.jit, static_argnames=("topk", "k_format", "path"))
+def _run_all(q, w, kc, bt, cl, *, topk, k_format, path):
+    """(logits, top-k unsorted, top-k sorted) of one path in one compiled program."""
+    kw = dict(k_format=k_format, path=path)
+    return (indexer_logits(q, w, kc, bt, cl, **kw),
+            indexer_topk(q, w, kc, bt, cl, topk, **kw),
+            indexer_topk(q, w, kc, bt, cl, topk, sorted=True, **kw))
+
+
+def _normalise(case: cases.IndexerCase, table_pages: int, num_pages: int) -> cases.IndexerCase:
+    """Pad the block table with -1 columns and the page pool with zero pages (unreferenced)."""
+    bt, kc = case.block_table, case.k_cache
+    assert bt.shape[1] <= table_pages and kc.shape[0] <= num_pages, (bt.shape, kc.shape)
+    bt = np.pad(bt, ((0, 0), (0, table_pages - bt.shape[1])), constant_values=-1)
+    kc = np.concatenate([kc, np.zeros((num_pages - kc.shape[0], *kc.shape[1:]), kc.dtype)])
+    return replace(case, block_table=bt.astype(np.int32), k_cache=kc)
+
+
+def _check_case(case: cases.IndexerCase, path: str):
+    args = [jnp.asarray(a) for a in case.args()]
+    logits, idx, idx_sorted = _run_all(*args, topk=case.topk, k_format=case.k_format, path=path)
+    ref = case.reference_logits()
+    compare.assert_pass(compare.check_logits(logits, ref))
+    compare.assert_pass(compare.check_topk(idx, ref, case.topk))
+    compare.assert_pass(compare.check_topk(idx_sorted, ref, case.topk, sorted=True))
+    # Exact SPEC rule (ties to the smaller position, no ulp slack) on the path's own logits.
+    own = reference.topk_from_logits(np.asarray(logits), case.topk)
+    got = np.sort(np.asarray(idx), axis=-1)
+    np.testing.assert_array_equal(got, np.sort(own, axis=-1), err_msg="top-k set != SPEC rule on own logits")
+    np.testing.assert_array_equal(np.asarray(idx_sorted), own, err_msg="sorted top-k order != SPEC order")
+    # Every index is in [0, len) or -1.
+    lens = reference.valid_lengths(case.context_lens, *case.q.shape[:2])
+    ix = np.asarray(idx)
+    assert ((ix == -1) | ((ix >= 0) & (ix < lens[..., None]))).all()
+    return logits, idx
+
+
+# ----------------------------------------------------------------------------- corner cases
+
+_CORNERS = {c.name: c for c in cases.indexer_corner_cases(seed=3, H_I=16, topk=K, P=16)}
+_N1_FP8 = [n for n, c in _CORNERS.items() if c.q.shape[1] == 1 and c.k_format == "fp8_indexer"]
+_OTHER = [n for n in _CORNERS if n not in _N1_FP8]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", _N1_FP8)
+def test_corner_fp8_n1(name, path):
+    """len 0 / 1 / K-1 / K / K+1, non-multiples of P, ties, NaN rows, stale huge keys past L,
+    -1 block-table entries, K > L, a table 16x wider than L, structured scores: one signature."""
+    _check_case(_normalise(_CORNERS[name], table_pages=64, num_pages=96), path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", _OTHER)
+def test_corner_other(name, path):
+    """MTP N = 2, 4 (context_lens [B]), N = 3 (context_lens [B, N]) and the dense float32 cache."""
+    _check_case(_CORNERS[name], path)
+
+
+_DENSE_DTYPES = ["float16"] + (["bfloat16"] if ON_GPU else [])   # bf16 only on the GPU (interpreter)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("q_dtype", _DENSE_DTYPES)
+def test_dense_half_mtp_2d(q_dtype, path):
+    """Dense half-precision cache, N = 2 with per-draft context_lens [B, N], stale keys past L."""
+    case = cases.make_indexer_case(11, B=3, N=2, H_I=32, P=16, max_len=300, k_format="dense",
+                                   q_dtype=q_dtype, topk=K, context_lens_2d=True, ties=True)
+    _check_case(case, path)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_page64_fp8_long(path):
+    """P = 64 (the 2-D key-tile load), H_I = 64, N = 2, lengths up to ~2K, K = 32 (so the
+    top-k kernel prunes with the group maxima: 125 groups >= K)."""
+    case = cases.make_indexer_case(5, B=2, N=2, H_I=64, P=64, lens=[1999, 700], topk=32,
+                                   structured=True, nan_rows=True, neg_pages=True)
+    _check_case(case, path)
+
+
+# ----------------------------------------------------------------------------- top-k kernel
+
+def _tie_logits(rng, B, R, W):
+    """Integer-valued float32 logits (heavy exact ties) with NaN, -inf, +inf, -0.0 and +0.0."""
+    x = rng.integers(-6, 7, size=(B, R, W)).astype(np.float32) * np.float32(0.25)
+    flat = x.reshape(-1)
+    pick = rng.choice(flat.size, size=flat.size // 5, replace=False)
+    specials = np.array([np.nan, -np.inf, np.inf, -0.0, 0.0, -1e30, 3e38], np.float32)
+    flat[pick] = specials[rng.integers(0, specials.size, pick.size)]
+    return x
+
+
+def _group_max(x, lens):
+    """Max order key per 16 positions (what the logits kernel emits for the top-k kernel)."""
+    B, R, W = x.shape
+    valid = np.arange(W)[None, None] < lens[..., None]
+    key = np.asarray(pk.order_key(jnp.asarray(x), jnp.asarray(valid)))
+    gm = key.reshape(B, R, W // 16, 16).max(-1)
+    return gm, key
+
+
+@pytest.mark.parametrize("radix_bits,block,candidates", [(2, 256, 16384), (8, 128, 128)])
+def test_topk_kernel_variants(radix_bits, block, candidates):
+    """The select kernel alone, with other radix widths / chunk sizes than the default, on rows
+    full of exact ties and special values (NaN, +-inf, -0.0, +0.0): the selection must equal the
+    SPEC rule bit for bit, both when the pruned candidates fit the capacity (first variant) and
+    when a row overflows it and is selected from the full row (second)."""
+    rng = np.random.default_rng(radix_bits)
+    B, R, topk = 2, 2, 24
+    cfg = pk.PallasIndexerConfig(radix_bits=radix_bits, block=block, candidates=candidates)
+    W = pk.padded_width(1500, 16, block)
+    x = _tie_logits(rng, B, R, W)
+    lens = np.array([[0, 37], [1500, 211]], np.int32)        # empty, < K, pruned, unpruned rows
+    x[0, 1, 37:] = 1e38                                       # huge values past len: never read
+    gm, key = _group_max(x, lens)
+    gmw = pk.group_max_width(W, block)
+    gm = np.pad(gm, ((0, 0), (0, 0), (0, gmw - gm.shape[-1])), constant_values=pk.SENTINEL)
+    # Which stage-3 source each row uses (documents the coverage of the two paths).
+    cap = pk.candidate_capacity(topk, cfg)
+    n_cand = []
+    for b in range(B):
+        for r in range(R):
+            g = gm[b, r][gm[b, r] != pk.SENTINEL]
+            tau = np.sort(g)[-topk] if g.size >= topk else pk.SENTINEL + 1
+            n_cand.append(int((key[b, r] >= tau).sum()))
+    assert (max(n_cand) <= cap) == (candidates == 16384), (n_cand, cap)
+    got = jax.jit(lambda a, g, l: pk.launch_topk_select(a, g, l, topk, num_rows=R, cfg=cfg))(
+        jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    got = np.asarray(got)[:, :R, :topk]
+    masked = np.where(np.arange(W)[None, None] < lens[..., None], x, -np.inf)
+    want = reference.topk_from_logits(masked, topk)
+    np.testing.assert_array_equal(np.sort(got, -1), np.sort(want, -1))
+    compare.assert_pass(compare.check_topk(got, masked.astype(np.float64), topk))
+
+
+@pytest.mark.parametrize("name", ["ties", "mtp_N3_context_lens_2d"])
+def test_xla_running_merge(name):
+    """The xla path's chunk loop with chunks of 3 pages (48 positions), so the running exact top-k
+    merge runs over many iterations (the public default chunk covers these small tables at once)."""
+    from jax_impl import indexer as ji
+    case = _CORNERS[name]
+    args = [jnp.asarray(a) for a in case.args()]
+    B, N = case.q.shape[:2]
+    P = 16
+
+    @jax.jit
+    def run(q, w, kc, bt, cl):
+        lens = ji._draft_lengths(cl, B, N, bt.shape[1] * P)
+        kw = dict(k_format=case.k_format, P=P, chunk=48)
+        return ji._xla_logits(q, w, kc, bt, lens, **kw), ji._xla_topk(q, w, kc, bt, lens, case.topk, **kw)
+
+    logits, idx = run(*args)
+    ref = case.reference_logits()
+    compare.assert_pass(compare.check_logits(logits, ref))
+    compare.assert_pass(compare.check_topk(idx, ref, case.topk, sorted=True))
+    np.testing.assert_array_equal(np.asarray(idx), reference.topk_from_logits(np.asarray(logits), case.topk))
+
+
+# ----------------------------------------------------------------------------- properties
+
+def test_repeatable_bitwise():
+    """Same inputs, same bits, on both paths (no atomics, deterministic selection order)."""
+    case = _normalise(_CORNERS["ties"], table_pages=64, num_pages=96)
+    args = [jnp.asarray(a) for a in case.args()]
+    for path in PATHS:
+        a = _run_all(*args, topk=K, k_format=case.k_format, path=path)
+        b = _run_all(*args, topk=K, k_format=case.k_format, path=path)
+        for x, y in zip(a, b):
+            x, y = np.asarray(x), np.asarray(y)
+            np.testing.assert_array_equal(x.view(np.uint32) if x.dtype == np.float32 else x,
+                                          y.view(np.uint32) if y.dtype == np.float32 else y)
+
+
+@pytest.mark.skipif(ON_GPU, reason="relies on interpret mode's poisoned (NaN) output buffer")
+def test_logits_kernel_stops_at_length():
+    """The page loop runs to ceil(max_i len / P) only: in a table 16x wider than L nothing past
+    the request's last page is written (interpret mode leaves unwritten outputs NaN)."""
+    case = _normalise(_CORNERS["table_much_wider_than_L"], table_pages=64, num_pages=96)
+    q, w, kc, bt, cl = (jnp.asarray(a) for a in case.args())
+    lens = jnp.asarray(reference.valid_lengths(case.context_lens, 2, 1).astype(np.int32))
+    raw = np.asarray(jax.jit(lambda *a: pk.launch_indexer_logits(
+        *a, fp8=True, page_size=16, num_sms=4))(q, w, kc, bt, lens))
+    for b in range(2):
+        end = -(-int(lens[b].max()) // 16) * 16
+        assert not np.isnan(raw[b, 0, :end]).all()
+        assert np.isnan(raw[b, :, end:]).all(), f"request {b}: positions past {end} were written"
+
+
+def test_pallas_lowers_for_cuda():
+    """Both kernels lower to Triton IR for the GPU (every primitive has a Triton lowering rule),
+    checked on the CPU through cross-platform lowering; fp8 2-D / 1-D key tiles and dense."""
+    for k_format, P, N, H in (("fp8_indexer", 64, 2, 64), ("fp8_indexer", 16, 3, 16), ("dense", 16, 1, 16)):
+        case = cases.make_indexer_case(1, B=2, N=N, H_I=H, P=P, lens=[100, 300], topk=K, k_format=k_format)
+        q, w, kc, bt, _ = (jnp.asarray(a) for a in case.args())
+        lens = jnp.zeros((2, N), jnp.int32)
+
+        def f(q, w, kc, bt, lens):
+            raw, gmax = pk.launch_indexer_logits(q, w, kc, bt, lens, fp8=k_format == "fp8_indexer",
+                                                 page_size=P, num_sms=132, group_max=True,
+                                                 interpret=False)
+            return pk.launch_topk_select(raw, gmax, lens, 2048, num_rows=N, interpret=False)
+
+        text = jax.jit(f).trace(q, w, kc, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
+        assert text.count("__gpu$xla.gpu.triton") == 2
+
+
+# ----------------------------------------------------------------------------- bad input
+
+def _good():
+    c = _normalise(_CORNERS["len_K+1"], table_pages=64, num_pages=96)
+    return dict(q=jnp.asarray(c.q), weights=jnp.asarray(c.weights), k_cache=jnp.asarray(c.k_cache),
+                block_table=jnp.asarray(c.block_table), context_lens=jnp.asarray(c.context_lens))
+
+
+_BAD = [
+    ("q", lambda a: a["q"].astype(jnp.float32), TypeError, "q: expected dtype"),
+    ("q", lambda a: a["q"][0], ValueError, "q: expected rank 4"),
+    ("weights", lambda a: a["weights"].astype(jnp.float16), TypeError, "weights: expected dtype"),
+    ("weights", lambda a: a["weights"][:, :, :8], ValueError, "weights: expected shape"),
+    ("k_cache", lambda a: a["k_cache"][:, :-3], ValueError, "k_cache: fp8_indexer pages"),
+    ("k_cache", lambda a: a["k_cache"].astype(jnp.int8), TypeError, "k_cache: expected dtype"),
+    ("block_table", lambda a: a["block_table"].astype(jnp.int64 if jax.config.jax_enable_x64 else jnp.int16),
+     TypeError, "block_table: expected dtype"),
+    ("block_table", lambda a: a["block_table"][:1], ValueError, "block_table: expected shape"),
+    ("context_lens", lambda a: a["context_lens"][:, None].repeat(3, 1), ValueError, "context_lens: expected shape"),
+    ("context_lens", lambda a: a["context_lens"].astype(jnp.float32), TypeError, "context_lens: expected dtype"),
+    ("context_lens", lambda a: np.asarray(a["context_lens"]).tolist(), TypeError, "context_lens: expected a jax.Array"),
+]
+
+
+@pytest.mark.parametrize("arg,mutate,exc,match", _BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(_BAD)])
+def test_bad_input(arg, mutate, exc, match):
+    a = _good()
+    a[arg] = mutate(a)
+    for fn in (lambda: indexer_logits(**a, path="xla"), lambda: indexer_topk(**a, topk=K, path="pallas")):
+        with pytest.raises(exc, match=match):
+            fn()
+
+
+def test_bad_options():
+    a = _good()
+    with pytest.raises(ValueError, match="k_format: expected one of"):
+        indexer_logits(**a, k_format="fp8")
+    with pytest.raises(ValueError, match="path: expected one of"):
+        indexer_topk(**a, topk=K, path="triton")
+    with pytest.raises(TypeError, match="topk: expected a Python int"):
+        indexer_topk(**a, topk=2.0)
+    with pytest.raises(ValueError, match="topk: expected >= 1"):
+        indexer_topk(**a, topk=0)
+    with pytest.raises(TypeError, match="sorted: expected a bool"):
+        indexer_topk(**a, topk=K, sorted="yes")
+    dense = cases.make_indexer_case(0, B=2, H_I=16, P=16, max_len=40, k_format="dense")
+    with pytest.raises(TypeError, match="k_cache: dense cache must have q's dtype"):
+        indexer_logits(jnp.asarray(dense.q), jnp.asarray(dense.weights),
+                       jnp.asarray(dense.k_cache.astype(np.float16)), jnp.asarray(dense.block_table),
+                       jnp.asarray(dense.context_lens), k_format="dense")
+
+
+def test_unsupported_page_size_falls_through():
+    """P = 8 is no Pallas block: the named path raises NotImplementedError before launch, "auto"
+    falls through to "xla" and matches the reference."""
+    case = cases.make_indexer_case(2, B=2, H_I=16, P=8, lens=[50, 130], topk=16)
+    args = [jnp.asarray(a) for a in case.args()]
+    with pytest.raises(NotImplementedError, match="page size P=8 unsupported"):
+        indexer_topk(*args, 16, path="pallas")
+    got = jax.jit(lambda *a: indexer_topk(*a, 16, path="auto"))(*args)
+    compare.assert_pass(compare.check_topk(got, case.reference_logits(), 16))
