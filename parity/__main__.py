@@ -1,0 +1,295 @@
+"""``python -m parity``: every available path of both backends against the float64 reference and
+against each other, on a grid of named cases (see parity/README.md).
+
+Exit status: 0 when every comparison passed (unavailable paths are not failures unless
+``--strict``), 1 when any failed, 2 on a usage error (bad flag, no case matches ``-k``).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+from parity import runners as _runners
+
+OP_CHOICES = _runners.OPS
+BACKEND_PATHS = {"torch": ("triton", "torch"), "jax": ("pallas", "xla")}
+
+
+def _csv(choices):
+    def parse(s):
+        vals = [v.strip() for v in s.split(",") if v.strip()]
+        bad = [v for v in vals if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {list(choices)}, got {bad}")
+        return vals
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m parity",
+        description="Parity suite of the DSA decode kernels: every available path (torch: triton, "
+                    "torch; jax: pallas, xla) against the float64 NumPy reference and against each "
+                    "other, with SPEC tolerances (kernels.compare).")
+    m = p.add_mutually_exclusive_group()
+    m.add_argument("--quick", dest="mode", action="store_const", const="quick",
+                   help="presets and a subset of the corner cases (about a minute on a CPU)")
+    m.add_argument("--full", dest="mode", action="store_const", const="full",
+                   help="larger shapes, fp16 corner cases, bitwise-repeat checks")
+    p.set_defaults(mode="default")
+    p.add_argument("--backend", type=_csv(tuple(BACKEND_PATHS)), default=None,
+                   help="comma-separated backends to run (torch, jax; default both)")
+    all_paths = tuple(dict.fromkeys(x for v in BACKEND_PATHS.values() for x in v))
+    p.add_argument("--path", type=_csv(all_paths), default=None,
+                   help="comma-separated paths to run (triton, torch, pallas, xla; default all)")
+    p.add_argument("--op", type=_csv(OP_CHOICES), default=None,
+                   help="comma-separated ops (sparse_mla_decode, indexer_logits, indexer_topk, "
+                        "dsa_decode_step; default all)")
+    p.add_argument("-k", dest="pattern", default=None,
+                   help="run only cases whose name contains PATTERN (comma-separated alternatives; "
+                        "* ? [] wildcards; an exact case name selects only that case)")
+    p.add_argument("--seed", type=int, default=0, help="seed of every generated input (default 0)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
+                   help="write the JSON report (schema: SPEC.md 'Result files') to PATH")
+    p.add_argument("--env", action="store_true",
+                   help="print GPU, driver, CUDA and library versions and which paths can run, then exit")
+    p.add_argument("--list", action="store_true", help="list the selected case names and exit")
+    p.add_argument("--strict", action="store_true",
+                   help="count unavailable paths as failures (use on the GPU where all must run)")
+    p.add_argument("--failures-only", action="store_true",
+                   help="print only the failing cases in the final table")
+    p.add_argument("--no-progress", action="store_true",
+                   help="no progress bar (and, when stderr is not a terminal, no per-case lines)")
+    return p
+
+
+def _command_line(argv) -> str:
+    import shlex
+    return " ".join(["python", "-m", "parity"] + [shlex.quote(a) for a in argv])
+
+
+# ============================================================================ --env
+
+def _probe_cases():
+    """Tiny inputs for a run-time availability probe of each op."""
+    from kernels import cases as kc
+    from parity.cases import make_step_case
+    from kernels.presets import DSV32
+    mla = kc.make_mla_case(1, B=1, N=1, H=16, d_qk=576, K=16, P=16, kv_format="latent")
+    idx = kc.make_indexer_case(1, B=1, N=1, H_I=16, D_I=128, P=16, lens=[64], topk=16)
+    step = make_step_case(1, name="probe", preset=DSV32, B=1, N=1, H=16, topk=16, context=64,
+                          q_dtype="float32", P=16, H_I=16)
+    return {"sparse_mla_decode": mla, "indexer_logits": idx, "indexer_topk": idx,
+            "dsa_decode_step": step}
+
+
+def probe_paths(selected) -> dict:
+    """{runner key: {op: "ok" | "unavailable: why" | "error: why"}} from one tiny call per op."""
+    from parity import checks
+    refs = checks.References()
+    probes = _probe_cases()
+    out = {}
+    for r in selected:
+        why = _runners.import_status(r)
+        if why:
+            out[r.key] = {op: f"unavailable: {why}" for op in OP_CHOICES}
+            continue
+        res = {}
+        for op in OP_CHOICES:
+            try:
+                got = r.call(op, probes[op])
+                chk = checks.against_reference(op, probes[op], got, refs)
+                res[op] = "ok" if chk.passed else f"runs, but WRONG on a tiny case: {chk.message[:200]}"
+            except _runners.Unavailable as e:
+                res[op] = f"unavailable: {e}"
+            except Exception as e:  # noqa: BLE001 - report, never crash --env
+                res[op] = f"error: {type(e).__name__}: {str(e)[:300]}"
+        out[r.key] = res
+    return out
+
+
+def print_env(console, gpu: bool, selected) -> dict:
+    from rich.markup import escape
+
+    from parity import report
+    info = report.machine_info(gpu)
+    console.print(f"[bold]GPU[/bold]: {info['gpu']}  compute capability: "
+                  f"{info['compute_capability'] or 'n/a'}", highlight=False)
+    for k, v in info["versions"].items():
+        console.print(f"  {k}: {v}", highlight=False)
+    mode = "GPU" if gpu else "CPU: Triton interpreter (TRITON_INTERPRET=1), Pallas interpret mode"
+    console.print(f"[bold]mode[/bold]: {mode}")
+    for var in ("TRITON_INTERPRET", "JAX_PLATFORMS", "DSA_FORCE_INTERPRET"):
+        if os.environ.get(var):
+            console.print(f"  {var}={os.environ[var]}", highlight=False)
+    try:
+        import jax
+        console.print(f"  jax devices: {[str(d) for d in jax.devices()]}", highlight=False)
+    except Exception as e:  # noqa: BLE001
+        console.print(f"  jax devices: unavailable ({type(e).__name__}: {e})", highlight=False)
+    console.print("[bold]paths[/bold] (one tiny call per op):")
+    status = probe_paths(selected)
+    for key, ops in status.items():
+        for op, s in ops.items():
+            colour = "green" if s == "ok" else ("yellow" if s.startswith("unavailable") else "red")
+            console.print(f"  {key:<13} {op:<18} [{colour}]{escape(s)}[/{colour}]", highlight=False,
+                          soft_wrap=True)
+    return {"machine": info, "paths": status}
+
+
+# ============================================================================ the run
+
+def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=None, log=None):
+    """Run every case on every selected runner; returns the list of report.Row."""
+    from parity import checks, report
+
+    rows: list[report.Row] = []
+    refs = checks.References()
+    keys = [r.key for r in selected]
+    import_err = {r.key: _runners.import_status(r) for r in selected}
+    task = progress.add_task("parity", total=len(cases) * max(1, len(selected))) if progress else None
+
+    for ci, pc in enumerate(cases):
+        params = dict(pc.params)
+        rerun = lambda ks: report.rerun_command(pc.name, pc.op, ks, seed, mode)  # noqa: E731
+        t0 = time.perf_counter()
+        try:
+            case = pc.build()
+            build_err = None
+        except Exception as e:  # noqa: BLE001 - a broken generator fails the case, not the run
+            case, build_err = None, f"building the case failed: {type(e).__name__}: {e}"
+        got, ok = {}, {}
+        ref_rows, repeat_rows, cross_rows = [], [], []
+        for r in selected:
+            if progress:
+                progress.update(task, description=f"{pc.name} [{pc.op}] {r.key}")
+            row = report.Row(pc.name, pc.op, r.backend, r.path, "reference", "pass",
+                             rerun=rerun([r.key]), params=params)
+            t1, c1 = time.perf_counter(), time.process_time()
+            try:
+                if build_err:
+                    raise RuntimeError(build_err)
+                if import_err[r.key]:
+                    raise _runners.Unavailable(import_err[r.key])
+                out = r.call(pc.op, case)
+                row.seconds, row.cpu_seconds = time.perf_counter() - t1, time.process_time() - c1
+                res = checks.against_reference(pc.op, case, out, refs)
+                row.status = "pass" if res.passed else "fail"
+                row.worst_error, row.tolerance, row.ratio, row.message = (
+                    res.worst_error, res.tolerance, res.ratio, res.message)
+                got[r.key], ok[r.key] = out, res.passed
+                if repeat:
+                    again = r.call(pc.op, case)
+                    rep = checks.bitwise_equal(out, again)
+                    repeat_rows.append(report.Row(pc.name, pc.op, r.backend, r.path, "repeat",
+                                                "pass" if rep.passed else "fail", 0.0, 0.0,
+                                                0.0 if rep.passed else float("inf"), rep.message,
+                                                rerun=rerun([r.key]), params=params))
+            except _runners.Unavailable as e:
+                row.status, row.message = "unavailable", str(e)
+            except Exception as e:  # noqa: BLE001 - any other exception is a failure of the path
+                row.status, row.message = "error", f"{type(e).__name__}: {str(e)[:1000]}"
+                row.seconds = time.perf_counter() - t1
+            ref_rows.append(row)
+            if progress:
+                progress.advance(task)
+        # cross-path agreement, every pair of paths that produced outputs
+        ran = [k for k in keys if k in got]
+        for i, a in enumerate(ran):
+            for b in ran[i + 1:]:
+                ra = next(r for r in selected if r.key == a)
+                row = report.Row(pc.name, pc.op, ra.backend, ra.path, b, "pass", rerun=rerun([a, b]),
+                                 params=params)
+                try:
+                    res = checks.between_paths(pc.op, case, got[a], got[b], ok[a], ok[b])
+                    row.status = "pass" if res.passed else "fail"
+                    row.worst_error, row.tolerance, row.ratio, row.message = (
+                        res.worst_error, res.tolerance, res.ratio, res.message)
+                except Exception as e:  # noqa: BLE001
+                    row.status, row.message = "error", f"{type(e).__name__}: {e}"
+                cross_rows.append(row)
+        case_rows = ref_rows + repeat_rows + cross_rows
+        rows.extend(case_rows)
+        if log is not None:
+            bad = [x for x in case_rows if x.failed]
+            na = sum(x.status == "unavailable" for x in case_rows)
+            log(f"[{ci + 1}/{len(cases)}] {pc.name} [{pc.op}]: "
+                + (f"FAIL ({len(bad)} comparisons)" if bad else "ok")
+                + (f", {na} unavailable" if na else "") + f" ({time.perf_counter() - t0:.1f} s)")
+        # the next case of the same inputs may reuse them; other references can go
+        if ci + 1 >= len(cases) or cases[ci + 1].builder is not pc.builder:
+            refs.clear()
+    return rows
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
+    gpu = _runners.prepare_environment()
+
+    from rich.console import Console
+    # a table in a log file or CI output should not be squeezed to 80 columns
+    console = Console() if sys.stdout.isatty() else Console(width=160)
+    err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
+
+    selected = _runners.select(args.backend, args.path)
+    if not selected:
+        err_console.print("no path matches --backend / --path", style="red")
+        return 2
+    if args.env:
+        print_env(console, gpu, selected)
+        return 0
+
+    from parity import cases as pcases, report
+    grid = pcases.build_grid(mode=args.mode, gpu=gpu, seed=args.seed)
+    cases = pcases.filter_grid(grid, pattern=args.pattern, ops=args.op)
+    if not cases:
+        err_console.print(f"no case matches -k {args.pattern!r} / --op {args.op}", style="red")
+        return 2
+    if args.list:
+        for c in cases:
+            console.print(f"{c.name}  [{c.op}]", markup=False, highlight=False)
+        return 0
+
+    sizes = pcases.sizes_for(args.mode, gpu)
+    where = "GPU" if gpu else "CPU interpreter"
+    err_console.print(f"parity: {len(cases)} cases x {len(selected)} paths ({', '.join(r.key for r in selected)}), "
+                      f"mode {args.mode}, {where}, seed {args.seed}", highlight=False)
+    t0 = time.perf_counter()
+    show_bar = not args.no_progress and err_console.is_terminal
+    if show_bar:
+        from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
+                                   TimeElapsedColumn, TimeRemainingColumn)
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
+                      transient=True) as progress:
+            rows = run_suite(cases, selected, seed=args.seed, mode=args.mode, repeat=sizes.repeat,
+                             progress=progress)
+    else:
+        log = None if args.no_progress else (lambda s: err_console.print(s, markup=False, highlight=False))
+        rows = run_suite(cases, selected, seed=args.seed, mode=args.mode, repeat=sizes.repeat, log=log)
+    seconds = time.perf_counter() - t0
+
+    if args.strict:
+        for r in rows:
+            if r.status == "unavailable":
+                r.status, r.message = "fail", f"--strict: path unavailable: {r.message}"
+    report.render(console, rows, [r.key for r in selected], seconds=seconds,
+                  show_all=not args.failures_only)
+    if args.json_path:
+        info = report.machine_info(gpu)
+        paths = {}
+        for r in selected:
+            why = _runners.import_status(r)
+            paths[r.key] = "available" if not why else f"unavailable: {why}"
+        report.write_json(args.json_path, info=info, command=_command_line(argv), rows=rows,
+                          extra={"mode": args.mode, "seed": args.seed, "interpret": not gpu,
+                                 "seconds": round(seconds, 2), "paths": paths})
+        console.print(f"wrote {args.json_path}", highlight=False)
+    return 1 if any(r.failed for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,513 @@
+"""The grid of named parity cases, built from :mod:`kernels.cases`.
+
+A :class:`ParityCase` is one (name, op) pair with a lazy builder: nothing is generated until a
+case survives the command-line filters, and a case's inputs depend only on its name, the run's
+``--seed``, the mode (quick / default / full) and the machine class (CPU interpreter / GPU), so
+``python -m parity -k <name> --seed <seed>`` rebuilds exactly the inputs of a failing run.
+
+Groups (name prefixes):
+
+* ``mla/<preset>/...``: sparse MLA decode at the DeepSeek-V3.2 (D_qk 576, ``fp8_ds_mla``) and
+  V4-Flash (D_qk 512, ``fp8_model1``, attention sink) dimensions, block-table addressing, plus the
+  ``latent`` layout in the low-precision q dtype of the machine (bf16 on a GPU, fp16 on the CPU);
+  ``.../indexer_indices`` attends the index set the reference indexer picks on cache contents
+  with serving-like structure (see :func:`make_step_case`).
+* ``mla/<kv_format>/<corner>``: every SPEC corner case of :func:`kernels.cases.mla_corner_cases`
+  (invalid indices first / middle / all / out of range, zero-length requests, K > L, page sizes
+  1, 2, 61, N = 4, topk_length, sinks, duplicates, NaN-filled unselected rows) in ``fp8_ds_mla``,
+  and the layout-dependent ones (:data:`_LAYOUT_MLA`) in ``latent`` and ``fp8_model1`` (all of
+  them in every layout with ``--full`` and on a GPU; ``--quick`` runs a handful).
+* ``mla/varlen/...``: random variable-length batches, all invalid-index kinds mixed.
+* ``idx/<preset>/...``, ``idx/corner/<corner>``, ``idx/varlen/...``: the indexer
+  (``indexer_logits`` and ``indexer_topk`` rows; on the CPU by default the logits of the corner
+  cases only where their -inf / NaN pattern is the point, :data:`_MASK_IDX`) at H_I 64 / D_I 128 /
+  P 64, every SPEC corner case
+  of :func:`kernels.cases.indexer_corner_cases` (ties, NaN keys, stale pages, -1 pages, K > L,
+  MTP masks, tables much wider than L, N = 1..4), random varlen batches.
+* ``step/<preset>/...``: the composed decode step (``dsa_decode_step``): the path's own
+  ``indexer_topk`` picks logical positions on structured cache contents, and the path's own
+  ``sparse_mla_decode`` attends them through the shared block table.
+
+On the CPU everything is small enough for the interpreters (MLA heads 16, K 64..256, contexts up
+to 2K) while D_qk stays 576 / 512, D_I 128 and the byte formats are the real ones; on a GPU the
+presets run at their real head counts (TP 1; ``--full`` adds TP 2, 4, 8), top-k widths and
+contexts (16K; 64K with ``--full``), with bf16 q and latent. The budget on the CPU is the
+interpreters' compile time per distinct shape (Pallas interpret mode: 2..6 s of CPU per call),
+which is why the default CPU grid runs subsets of the layout-independent corner cases.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable
+
+import numpy as np
+
+from kernels import cases as kcases
+from kernels import formats, reference
+from kernels.presets import DSV32, DSV4_FLASH, ModelPreset
+
+MODES = ("quick", "default", "full")
+
+
+# ============================================================================ case records
+
+@dataclass
+class StepCase:
+    """Inputs of one composed decode step; ``mla.indices`` is unused (the path's top-k is)."""
+
+    name: str
+    indexer: kcases.IndexerCase     # block_table / context_lens shared with the MLA cache
+    mla: kcases.MLACase             # q, kv_cache, sm_scale, kv_format, attn_sink (indices empty)
+
+    def reference_logits(self) -> np.ndarray:
+        return self.indexer.reference_logits()
+
+    def mla_reference(self, indices: np.ndarray):
+        """float64 (out, lse) of sparse MLA over ``indices`` (logical, through the block table)."""
+        m = self.mla
+        return reference.sparse_mla_decode(m.q, m.kv_cache, indices, m.sm_scale,
+                                           kv_format=m.kv_format, d_v=m.d_v,
+                                           block_table=self.indexer.block_table,
+                                           attn_sink=m.attn_sink)
+
+
+@dataclass
+class ParityCase:
+    """One named (case, op) of the grid.
+
+    ``build()`` returns the inputs (``kernels.cases.MLACase`` / ``IndexerCase`` or
+    :class:`StepCase`), memoised and shared by the ops of one input set; ``params`` are the
+    shape fields written into every result row (preset, B, N, H, K, L, P, kv_format, q_dtype).
+    """
+
+    name: str
+    op: str
+    builder: Callable[[], object]
+    params: dict = field(default_factory=dict)
+
+    def build(self):
+        return self.builder()
+
+    @property
+    def q_dtype(self) -> str:
+        return self.params.get("q_dtype", "float32")
+
+
+class _Memo:
+    """Zero-argument memoised builder with a lazily computed reference beside it."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    @cached_property
+    def value(self):
+        return self.fn()
+
+    def __call__(self):
+        return self.value
+
+
+def case_seed(seed: int, name: str) -> int:
+    """Per-case seed: stable under filtering (depends on the run seed and the name only)."""
+    return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2 ** 31)
+
+
+# ============================================================================ sizes
+
+@dataclass(frozen=True)
+class Sizes:
+    """Shapes and case subsets of one (machine, mode)."""
+
+    mla_heads: dict          # preset name -> heads per rank used for the preset cases
+    mla_topk: dict           # preset name -> K for sparse MLA preset cases
+    idx_topk: dict           # preset name -> top-k for the indexer / step cases
+    context: int             # longest request (tokens) in indexer / step / varlen cases
+    batch: int               # requests in preset / step / varlen cases
+    corner_heads: int        # H of the MLA corner cases
+    corner_k: int            # K of the MLA corner cases
+    corner_formats: tuple    # kv formats the MLA corner cases run in
+    idx_corner_heads: int    # H_I of the indexer corner cases
+    idx_corner_topk: int
+    low_dtype: str           # the low-precision q / latent dtype of this machine
+    corner_q_dtypes: tuple   # q dtypes of the MLA corner cases
+    varlen: int              # random varlen batches per op
+    idx_corners: tuple | None     # indexer corner-name subset (None = all)
+    idx_corner_ops: tuple         # ops the indexer corner cases run
+    idx_logits_corners: tuple | None  # corner names that also run indexer_logits (None = all)
+    layout_corners: dict | None   # kv format -> MLA corner-name subset (None / absent = all)
+    preset_latent: bool           # also run the presets in the latent layout (low-precision q)
+    repeat: bool             # run each path twice and require bitwise-identical outputs
+    extra_tp: tuple = ()     # tensor-parallel sizes whose per-rank head counts also run (presets)
+
+
+_QUICK_MLA = {"fp8_ds_mla": ("all_invalid_row_in_batch", "logical_out_of_range", "topk_length",
+                             "odd_page_61"),
+              "fp8_model1": ("attn_sink_empty_row", "mtp_N4")}
+# Corner cases whose handling depends on the cache layout (byte-level NaN fill, page addressing,
+# sinks, duplicates, MTP rows): the default CPU grid runs these in the two layouts other than
+# fp8_ds_mla, where all of them run (the interpreters' compile time per shape is the budget).
+_LAYOUT_MLA = ("invalid_random", "logical_out_of_range", "topk_length", "attn_sink_empty_row",
+               "zero_length_request", "page_size_1", "odd_page_61", "mtp_N4", "duplicates")
+_QUICK_IDX = ("ties", "nan_rows", "negative_page_entries")
+# Indexer corner cases whose point is the -inf / NaN pattern of the logits (masking, stale pages,
+# -1 pages): the default CPU grid checks indexer_logits on these and indexer_topk on all.
+_MASK_IDX = ("len_0", "len_not_multiple_of_P", "mtp_N3_context_lens_2d", "nan_rows",
+             "stale_beyond_L", "negative_page_entries", "table_much_wider_than_L", "dense_float32")
+
+
+def sizes_for(mode: str, gpu: bool) -> Sizes:
+    """The shapes a (mode, machine) runs; see the module docstring."""
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {MODES}, got {mode!r}")
+    if not gpu:
+        base = dict(mla_heads={"DSV32": 16, "DSV4_FLASH": 16},
+                    mla_topk={"DSV32": 256, "DSV4_FLASH": 128},
+                    idx_topk={"DSV32": 256, "DSV4_FLASH": 128},
+                    context=2048, batch=2, corner_heads=16, corner_k=64,
+                    corner_formats=("latent", "fp8_ds_mla", "fp8_model1"),
+                    idx_corner_heads=16, idx_corner_topk=64, low_dtype="float16",
+                    corner_q_dtypes=("float32",), varlen=2, idx_corners=None,
+                    idx_corner_ops=("indexer_logits", "indexer_topk"), idx_logits_corners=_MASK_IDX,
+                    layout_corners={"latent": _LAYOUT_MLA, "fp8_model1": _LAYOUT_MLA},
+                    preset_latent=True, repeat=False)
+        if mode == "quick":
+            base.update(mla_topk={"DSV32": 128, "DSV4_FLASH": 64},
+                        idx_topk={"DSV32": 128, "DSV4_FLASH": 64}, context=512,
+                        corner_formats=("fp8_ds_mla", "fp8_model1"), varlen=0,
+                        idx_corners=_QUICK_IDX, idx_corner_ops=("indexer_topk",),
+                        layout_corners=_QUICK_MLA, preset_latent=False)
+        elif mode == "full":
+            base.update(mla_heads={"DSV32": 32, "DSV4_FLASH": 32},
+                        mla_topk={"DSV32": 512, "DSV4_FLASH": 512},
+                        idx_topk={"DSV32": 512, "DSV4_FLASH": 256}, context=4096, batch=3,
+                        corner_q_dtypes=("float32", "float16"), varlen=4, layout_corners=None,
+                        idx_logits_corners=None, repeat=True, extra_tp=(8,))
+        return Sizes(**base)
+    base = dict(mla_heads={"DSV32": DSV32.heads_per_rank(1), "DSV4_FLASH": DSV4_FLASH.heads_per_rank(1)},
+                mla_topk={"DSV32": DSV32.topk, "DSV4_FLASH": DSV4_FLASH.topk},
+                idx_topk={"DSV32": DSV32.topk, "DSV4_FLASH": DSV4_FLASH.topk},
+                context=16384, batch=4, corner_heads=64, corner_k=256,
+                corner_formats=("latent", "fp8_ds_mla", "fp8_model1"),
+                idx_corner_heads=64, idx_corner_topk=256, low_dtype="bfloat16",
+                corner_q_dtypes=("bfloat16",), varlen=3, idx_corners=None,
+                idx_corner_ops=("indexer_logits", "indexer_topk"), idx_logits_corners=None,
+                layout_corners=None,
+                preset_latent=True, repeat=True)
+    if mode == "quick":
+        base.update(context=4096, batch=2, corner_formats=("fp8_ds_mla", "fp8_model1"),
+                    corner_q_dtypes=("bfloat16",), varlen=1, idx_corners=_QUICK_IDX,
+                    layout_corners=_QUICK_MLA, repeat=False)
+    elif mode == "full":
+        base.update(context=65536, batch=4, varlen=6, extra_tp=(2, 4, 8),
+                    corner_q_dtypes=("float32", "bfloat16"))
+    return Sizes(**base)
+
+
+# ============================================================================ structured step inputs
+
+def _structured_keys(rng, keys, lens, own, P, D_I):
+    """Give each request's indexer keys serving-like structure; returns per-request directions.
+
+    Scores rise along a per-request direction ``u_b`` for: the first 4 tokens (attention
+    "sinks"), a recent window (the last 128 tokens, ramping up towards the newest), and three
+    "topic" spans of 16..48 tokens somewhere in the middle. Queries point along ``u_b``, so those
+    positions win the top-k and the rest is decided by noise.
+    """
+    B = len(lens)
+    u = rng.standard_normal((B, D_I)).astype(np.float32)
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    for b in range(B):
+        L = int(lens[b])
+        if L == 0:
+            continue
+        strength = np.zeros(L, np.float32)
+        strength[:4] = 4.0
+        w = min(L, 128)
+        strength[L - w:] += np.linspace(1.5, 4.0, w, dtype=np.float32)
+        for _ in range(3):
+            n = int(rng.integers(16, 49))
+            s = int(rng.integers(0, max(1, L - n)))
+            strength[s:s + n] += 2.5
+        j = np.arange(L)
+        keys[own[b][j // P], j % P] += 2.0 * strength[:, None] * u[b][None, :]
+    return u
+
+
+def make_step_case(seed, *, name, preset: ModelPreset, B, N, H, topk, context, q_dtype,
+                   kv_format=None, kv_dtype="float32", H_I=None, P=None) -> StepCase:
+    """Composed-step inputs on one shared page pool (indexer K cache + latent cache).
+
+    Requests' lengths vary (one shorter than ``topk`` so the top-k has -1 padding that flows into
+    sparse MLA); the block table holds twice the longest request (a table much wider than the
+    context) and points one stale page past each request. Every slot outside all requests'
+    ``[0, L_b)`` holds huge indexer keys (a mis-masked indexer would pick them) and NaN latent
+    rows (a mis-masked sparse MLA would produce NaN).
+    """
+    rng = np.random.default_rng(seed)
+    P = P or preset.page_size
+    H_I = H_I or preset.index_heads
+    D_I = preset.index_head_dim
+    kv_format = kv_format or preset.kv_format
+    d_qk = 512 if kv_format == "fp8_model1" else (preset.d_qk if kv_format == "latent" else 576)
+    lens = rng.integers(max(topk + 1, context // 2), context + 1, size=B)
+    lens[0] = context
+    if B > 1:
+        lens[-1] = max(N, topk // 2)                         # fewer than topk positions
+    bt, num_pages, own = kcases.make_block_table(rng, lens, P, table_pages=2 * math.ceil(context / P))
+    keys = rng.standard_normal((num_pages, P, D_I)).astype(np.float32)
+    u = _structured_keys(rng, keys, lens, own, P, D_I)
+    used = np.zeros((num_pages, P), bool)
+    for b in range(B):
+        j = np.arange(int(lens[b]))
+        used[own[b][j // P], j % P] = True
+    keys[~used] = 50.0 * np.abs(keys[~used]) + 20.0 + 8.0 * u[0][None, :]
+    k_cache = formats.quantize_fp8_indexer(keys, "ue8m0")
+    head_gain = np.abs(rng.normal(1.0, 0.3, size=(B, 1, H_I, 1))).astype(np.float32)
+    iq = 2.0 * (head_gain * u[:, None, None, :] + 0.5 * rng.standard_normal((B, N, H_I, D_I)))
+    iq = formats.to_e4m3(iq.astype(np.float32))
+    w = np.abs(rng.normal(1.0, 0.25, size=(B, N, H_I)))
+    w[rng.random(w.shape) < 0.2] *= -0.3                     # a few heads vote against
+    w = (w * H_I ** -0.5 * D_I ** -0.5).astype(np.float32)
+    idx = kcases.IndexerCase(
+        name=name, q=iq, weights=w, k_cache=k_cache, block_table=bt,
+        context_lens=lens.astype(np.int32), topk=topk, k_format="fp8_indexer",
+        params=dict(B=B, N=N, H_I=H_I, D_I=D_I, P=P, L=int(lens.max()), topk=topk,
+                    k_format="fp8_indexer", table_len=bt.shape[1] * P, structured=True))
+    latent = rng.standard_normal((num_pages, P, d_qk)).astype(np.float32)
+    latent[~used] = np.nan
+    with np.errstate(invalid="ignore"):
+        if kv_format == "fp8_ds_mla":
+            kv = formats.quantize_fp8_ds_mla(latent)
+        elif kv_format == "fp8_model1":
+            kv = formats.quantize_fp8_model1(latent)
+        else:
+            kv = latent.astype(kcases.Q_DTYPES[kv_dtype])
+    q = (0.5 * rng.standard_normal((B, N, H, d_qk))).astype(np.float32).astype(kcases.Q_DTYPES[q_dtype])
+    sm_scale = preset.sm_scale if preset.sm_scale is not None else d_qk ** -0.5
+    sink = rng.standard_normal(H).astype(np.float32) if preset.attn_sink else None
+    mla = kcases.MLACase(name=name, q=q, kv_cache=kv, indices=np.full((B, N, topk), -1, np.int32),
+                         sm_scale=float(sm_scale), kv_format=kv_format, d_v=preset.d_v,
+                         block_table=bt, attn_sink=sink,
+                         params=dict(B=B, N=N, H=H, d_qk=d_qk, K=topk, P=P, kv_format=kv_format,
+                                     q_dtype=q_dtype))
+    return StepCase(name=name, indexer=idx, mla=mla)
+
+
+def _mla_from_step(step: StepCase) -> kcases.MLACase:
+    """Sparse MLA over the index set the reference indexer picks on the step's structured cache."""
+    ref_idx = step.indexer.reference()
+    m = step.mla
+    return kcases.MLACase(name=step.name, q=m.q, kv_cache=m.kv_cache, indices=ref_idx,
+                          sm_scale=m.sm_scale, kv_format=m.kv_format, d_v=m.d_v,
+                          block_table=m.block_table, attn_sink=m.attn_sink, params=dict(m.params))
+
+
+# ============================================================================ the grid
+
+def _strip(name: str) -> str:
+    return name.split("[")[0]
+
+
+def build_grid(*, mode: str = "default", gpu: bool = False, seed: int = 0) -> list[ParityCase]:
+    """Every named (case, op) of a run, in execution order (nothing is generated yet)."""
+    sz = sizes_for(mode, gpu)
+    grid: list[ParityCase] = []
+
+    def add(name, ops, fn, **params):
+        memo = _Memo(fn)
+        for op in ops:
+            grid.append(ParityCase(name=name, op=op, builder=memo, params=params))
+
+    idx_ops = ("indexer_logits", "indexer_topk")
+    presets = (DSV32, DSV4_FLASH)
+
+    # ---------------------------------------------------------------- presets: sparse MLA
+    for pr in presets:
+        H, K = sz.mla_heads[pr.name], sz.mla_topk[pr.name]
+        N = 2
+        variants = [("float32" if not gpu else "bfloat16", pr.kv_format, "float32")]
+        if sz.preset_latent:
+            variants.append((sz.low_dtype, "latent", sz.low_dtype))
+        variants = [(v, H, "") for v in variants] + [
+            (variants[0], pr.heads_per_rank(tp), f"_tp{tp}") for tp in sz.extra_tp]
+        for (q_dtype, fmt, kv_dtype), H, tag in variants:
+            nm = f"mla/{pr.name}/{fmt}_{q_dtype}{tag}"
+            s = case_seed(seed, nm)
+            add(nm, ("sparse_mla_decode",),
+                lambda s=s, pr=pr, H=H, K=K, N=N, q_dtype=q_dtype, fmt=fmt, kv_dtype=kv_dtype, nm=nm:
+                kcases.make_mla_case(s, B=sz.batch, N=N, H=H, d_qk=pr.d_qk, d_v=pr.d_v, K=K,
+                                     P=pr.page_size, kv_format=fmt, q_dtype=q_dtype,
+                                     kv_dtype=kv_dtype, logical=True, invalid="random",
+                                     attn_sink=pr.attn_sink, sm_scale=pr.sm_scale, name=nm),
+                preset=pr.name, B=sz.batch, N=N, H=H, K=K, P=pr.page_size, kv_format=fmt,
+                q_dtype=q_dtype, d_qk=pr.d_qk)
+
+    # ---------------------------------------------------------------- presets: indexer
+    for pr in presets:
+        K = sz.idx_topk[pr.name]
+        for N in ((1, 2) if pr is DSV32 else (1, 4)):
+            if mode == "quick" and (N > 1 or pr is not DSV32):
+                continue
+            nm = f"idx/{pr.name}/N{N}"
+            s = case_seed(seed, nm)
+            add(nm, idx_ops,
+                lambda s=s, pr=pr, K=K, N=N, nm=nm:
+                kcases.make_indexer_case(s, B=sz.batch, N=N, H_I=pr.index_heads,
+                                         D_I=pr.index_head_dim, P=pr.page_size,
+                                         lens=[sz.context] + [max(1, sz.context // (2 + b)) for b in range(sz.batch - 1)],
+                                         topk=K, name=nm),
+                preset=pr.name, B=sz.batch, N=N, H=pr.index_heads, K=K, L=sz.context,
+                P=pr.page_size, kv_format="fp8_indexer")
+
+    # ---------------------------------------------------------------- composed step + realistic index sets
+    for pr in presets:
+        K = sz.idx_topk[pr.name]
+        H = sz.mla_heads[pr.name]
+        q_dtype = "bfloat16" if gpu else "float32"
+        for N in ((1,) if mode == "quick" else ((1, 2) if pr is DSV32 else (1, 3))):
+            nm = f"step/{pr.name}/N{N}"
+            s = case_seed(seed, nm)
+            step_memo = _Memo(lambda s=s, pr=pr, K=K, H=H, N=N, nm=nm, q_dtype=q_dtype:
+                              make_step_case(s, name=nm, preset=pr, B=sz.batch, N=N, H=H, topk=K,
+                                             context=sz.context, q_dtype=q_dtype))
+            params = dict(preset=pr.name, B=sz.batch, N=N, H=H, K=K, L=sz.context,
+                          P=pr.page_size, kv_format=pr.kv_format, q_dtype=q_dtype)
+            grid.append(ParityCase(nm, "dsa_decode_step", step_memo, params))
+            if N == 1:
+                grid.append(ParityCase(f"mla/{pr.name}/indexer_indices", "sparse_mla_decode",
+                                       _Memo(lambda m=step_memo: _mla_from_step(m())), params))
+    if gpu and mode != "quick":
+        # the same step in the bf16 latent layout (FlashMLA's dense-cache case)
+        pr = DSV32
+        nm = f"step/{pr.name}/latent_bf16"
+        s = case_seed(seed, nm)
+        add(nm, ("dsa_decode_step",),
+            lambda s=s, nm=nm: make_step_case(s, name=nm, preset=pr, B=sz.batch, N=1,
+                                              H=sz.mla_heads[pr.name], topk=sz.idx_topk[pr.name],
+                                              context=sz.context, q_dtype="bfloat16",
+                                              kv_format="latent", kv_dtype="bfloat16"),
+            preset=pr.name, B=sz.batch, N=1, H=sz.mla_heads[pr.name], K=sz.idx_topk[pr.name],
+            L=sz.context, P=pr.page_size, kv_format="latent", q_dtype="bfloat16")
+
+    # ---------------------------------------------------------------- MLA corner cases
+    for fmt in sz.corner_formats:
+        d_qk = 512 if fmt == "fp8_model1" else 576
+        for q_dtype in sz.corner_q_dtypes:
+            kv_dtype = q_dtype if fmt == "latent" else "float32"
+            tag = fmt if q_dtype == "float32" else f"{fmt}_{q_dtype}"
+            memo = _Memo(lambda fmt=fmt, d_qk=d_qk, q_dtype=q_dtype, kv_dtype=kv_dtype, tag=tag:
+                         kcases.mla_corner_cases(case_seed(seed, f"mla/{tag}"), d_qk=d_qk,
+                                                 H=sz.corner_heads, K=sz.corner_k, kv_format=fmt,
+                                                 q_dtype=q_dtype, kv_dtype=kv_dtype))
+            # names come from kernels.cases; list them from a tiny-shape build
+            want_fmt = (sz.layout_corners or {}).get(fmt)
+            for i, name in enumerate(_mla_corner_names()):
+                if want_fmt is not None and name not in want_fmt:
+                    continue
+                grid.append(ParityCase(f"mla/{tag}/{name}", "sparse_mla_decode",
+                                       _Memo(lambda memo=memo, i=i: memo()[i]),
+                                       dict(H=sz.corner_heads, K=sz.corner_k, kv_format=fmt,
+                                            q_dtype=q_dtype, d_qk=d_qk)))
+
+    # ---------------------------------------------------------------- indexer corner cases
+    want_idx = sz.idx_corners
+    memo_i = _Memo(lambda: kcases.indexer_corner_cases(case_seed(seed, "idx/corner"),
+                                                       H_I=sz.idx_corner_heads,
+                                                       topk=sz.idx_corner_topk))
+    for i, name in enumerate(_idx_corner_names()):
+        if want_idx is not None and name not in want_idx:
+            continue
+        m = _Memo(lambda i=i: memo_i()[i])
+        for op in sz.idx_corner_ops:
+            if (op == "indexer_logits" and sz.idx_logits_corners is not None
+                    and name not in sz.idx_logits_corners):
+                continue
+            grid.append(ParityCase(f"idx/corner/{name}", op, m,
+                                   dict(H=sz.idx_corner_heads, K=sz.idx_corner_topk,
+                                        kv_format="fp8_indexer")))
+    # top-k in descending order (sorted=True) on the tie corner case
+    if want_idx is None or "ties" in want_idx:
+        k = _idx_corner_names().index("ties")
+        grid.append(ParityCase("idx/corner/ties_sorted", "indexer_topk",
+                               _Memo(lambda: _sorted_case(memo_i()[k])),
+                               dict(H=sz.idx_corner_heads, K=sz.idx_corner_topk,
+                                    kv_format="fp8_indexer", sorted=True)))
+
+    # ---------------------------------------------------------------- random varlen batches
+    for v in range(sz.varlen):
+        pr = presets[v % 2]
+        nm = f"mla/varlen/{v}_{pr.kv_format}"
+        s = case_seed(seed, nm)
+        Bv = 2 * sz.batch + 1
+        K = sz.mla_topk[pr.name]
+        add(nm, ("sparse_mla_decode",),
+            lambda s=s, pr=pr, K=K, Bv=Bv, nm=nm:
+            _varlen_mla(s, pr, Bv, sz.mla_heads[pr.name], K, sz.low_dtype if gpu else "float32", nm),
+            preset=pr.name, B=Bv, H=sz.mla_heads[pr.name], K=K, P=pr.page_size,
+            kv_format=pr.kv_format, q_dtype=sz.low_dtype if gpu else "float32")
+        nm = f"idx/varlen/{v}"
+        s = case_seed(seed, nm)
+        K = sz.idx_topk[pr.name]
+        add(nm, idx_ops,
+            lambda s=s, pr=pr, K=K, Bv=Bv, nm=nm:
+            kcases.make_indexer_case(s, B=Bv, N=1 + (s % 2), H_I=pr.index_heads,
+                                     D_I=pr.index_head_dim, P=pr.page_size, max_len=sz.context,
+                                     topk=K, name=nm),
+            preset=pr.name, B=Bv, H=pr.index_heads, K=K, L=sz.context, P=pr.page_size,
+            kv_format="fp8_indexer")
+    return grid
+
+
+def _varlen_mla(seed, pr, B, H, K, q_dtype, name):
+    rng = np.random.default_rng(seed)
+    lens = rng.integers(0, 4 * K + 1, size=B)
+    lens[0] = 0
+    lens[1] = 4 * K
+    return kcases.make_mla_case(rng, B=B, N=int(rng.integers(1, 3)), H=H, d_qk=pr.d_qk, d_v=pr.d_v,
+                                K=K, P=pr.page_size, kv_format=pr.kv_format, q_dtype=q_dtype,
+                                logical=True, invalid="mix", topk_length=bool(seed % 2),
+                                attn_sink=pr.attn_sink, lens=lens, sm_scale=pr.sm_scale, name=name)
+
+
+def _sorted_case(c: kcases.IndexerCase):
+    s = kcases.IndexerCase(**{f: getattr(c, f) for f in c.__dataclass_fields__})
+    s.sorted = True
+    return s
+
+
+_NAME_CACHE: dict = {}
+
+
+def _mla_corner_names() -> list[str]:
+    if "mla" not in _NAME_CACHE:
+        _NAME_CACHE["mla"] = [_strip(c.name) for c in kcases.mla_corner_cases(0, d_qk=576, H=1, K=32)]
+    return _NAME_CACHE["mla"]
+
+
+def _idx_corner_names() -> list[str]:
+    if "idx" not in _NAME_CACHE:
+        _NAME_CACHE["idx"] = [c.name for c in kcases.indexer_corner_cases(0, H_I=1, topk=16, P=4)]
+    return _NAME_CACHE["idx"]
+
+
+def filter_grid(grid, *, pattern=None, ops=None) -> list[ParityCase]:
+    """Cases whose name contains ``pattern`` (shell-style wildcards allowed) and whose op is in ``ops``."""
+    import fnmatch
+    out = []
+    for c in grid:
+        if ops and c.op not in ops:
+            continue
+        if pattern:
+            pats = [p for p in pattern.split(",") if p]
+            if not any((fnmatch.fnmatchcase(c.name, p) if any(ch in p for ch in "*?[") else p in c.name)
+                       for p in pats):
+                continue
+        out.append(c)
+    return out
+
+
+__all__ = ["ParityCase", "StepCase", "Sizes", "MODES", "build_grid", "filter_grid", "sizes_for",
+           "make_step_case", "case_seed"]

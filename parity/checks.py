@@ -1,0 +1,140 @@
+"""Which :mod:`kernels.compare` check each parity op gets, against the reference and across paths.
+
+No tolerance lives here: every number comes from ``kernels.compare`` (SPEC "Tolerances").
+
+Against the float64 reference (fed the same, already quantized inputs):
+
+* ``sparse_mla_decode``: ``check_mla(out, lse, ref_out, ref_lse, q_dtype=...)``.
+* ``indexer_logits``: ``check_logits`` (same -inf / NaN pattern, cosine bound).
+* ``indexer_topk``: ``check_topk`` (the exact SPEC set; sub-ulp threshold near-ties reported).
+* ``dsa_decode_step``: the path's top-k by ``check_topk`` and its output by ``check_mla`` against
+  the reference attention over *the path's own* index set, so a legal sub-ulp near-tie in the
+  top-k does not show up as an attention error (the top-k check already judged that set).
+
+Across paths (path A against path B; B plays the reference's role):
+
+* ``sparse_mla_decode``: ``check_mla`` with B as the reference.
+* ``indexer_logits``: ``check_logits`` with B as the reference.
+* ``indexer_topk``: the selected sets must be identical row by row; rows that differ are allowed
+  only when each path's set individually passed ``check_topk`` against the reference (so the
+  difference is a sub-ulp near-tie at the threshold), and are counted in the message.
+* ``dsa_decode_step``: the top-k rule above, then ``check_mla`` between the two outputs on the
+  rows whose index sets are identical.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from kernels import compare
+from kernels.compare import CheckResult
+
+
+class References:
+    """Memoised float64 references of built cases (keyed by object identity, kept alive)."""
+
+    def __init__(self):
+        self._store: dict[int, tuple] = {}
+
+    def get(self, obj, kind: str, fn):
+        key = (id(obj), kind)
+        if key not in self._store:
+            self._store[key] = (obj, fn())
+        return self._store[key][1]
+
+    def clear(self):
+        self._store.clear()
+
+
+def _q_dtype(case) -> str:
+    mla = getattr(case, "mla", case)
+    return getattr(mla, "params", {}).get("q_dtype", "float32")
+
+
+def against_reference(op: str, case, got: dict, refs: References) -> CheckResult:
+    """Check one path's outputs ``got`` (NumPy) for ``op`` on built ``case`` against the reference."""
+    if op == "sparse_mla_decode":
+        ref_out, ref_lse = refs.get(case, "mla", case.reference)
+        return compare.check_mla(got["out"], got["lse"], ref_out, ref_lse, q_dtype=_q_dtype(case))
+    if op == "indexer_logits":
+        return compare.check_logits(got["logits"], refs.get(case, "logits", case.reference_logits))
+    if op == "indexer_topk":
+        lg = refs.get(case, "logits", case.reference_logits)
+        return compare.check_topk(got["indices"], lg, case.topk, sorted=bool(getattr(case, "sorted", False)))
+    if op == "dsa_decode_step":
+        lg = refs.get(case, "logits", case.reference_logits)
+        res = compare.check_topk(got["indices"], lg, case.indexer.topk)
+        if not res.passed:
+            return res
+        # the attention reference depends on the index *set* only (float64 sums): paths that
+        # picked the same sets share one reference computation
+        key = "step:" + str(hash(_sorted_rows(got["indices"]).tobytes()))
+        ref_out, ref_lse = refs.get(case, key, lambda: case.mla_reference(got["indices"]))
+        return res.merge(compare.check_mla(got["out"], got["lse"], ref_out, ref_lse,
+                                           q_dtype=_q_dtype(case)))
+    raise ValueError(f"op: expected one of sparse_mla_decode, indexer_logits, indexer_topk, "
+                     f"dsa_decode_step, got {op!r}")
+
+
+def _sorted_rows(idx: np.ndarray) -> np.ndarray:
+    a = np.asarray(idx).astype(np.int64)
+    return np.sort(a.reshape(-1, a.shape[-1]), axis=-1)
+
+
+def _topk_sets(a: np.ndarray, b: np.ndarray, a_ok: bool, b_ok: bool):
+    """(CheckResult, mask of rows [B*N] whose sets are identical)."""
+    sa, sb = _sorted_rows(a), _sorted_rows(b)
+    if sa.shape != sb.shape:
+        return CheckResult(False, np.inf, 0.0, np.inf, f"indices: shapes {a.shape} != {b.shape}"), None
+    same = (sa == sb).all(axis=1)
+    n_diff = int((~same).sum())
+    if n_diff == 0:
+        return CheckResult(True, 0.0, 0.0, 0.0, ""), same
+    r = int(np.flatnonzero(~same)[0])
+    extra = np.setdiff1d(sa[r], sb[r])[:4]
+    missing = np.setdiff1d(sb[r], sa[r])[:4]
+    if a_ok and b_ok:
+        return CheckResult(True, 0.0, 0.0, 0.0,
+                           f"{n_diff} rows differ only by sub-ulp near-ties at the threshold "
+                           f"(first: row {r}, {extra.tolist()} vs {missing.tolist()})"), same
+    return CheckResult(False, np.inf, 0.0, np.inf,
+                       f"indices: top-k sets differ in {n_diff} rows; first row {r}: only here "
+                       f"{extra.tolist()}, only there {missing.tolist()}"), same
+
+
+def between_paths(op: str, case, a: dict, b: dict, a_ok: bool, b_ok: bool) -> CheckResult:
+    """Check path A's outputs against path B's (``a_ok`` / ``b_ok``: each passed vs the reference)."""
+    if op == "sparse_mla_decode":
+        return compare.check_mla(a["out"], a["lse"], b["out"], b["lse"], q_dtype=_q_dtype(case))
+    if op == "indexer_logits":
+        return compare.check_logits(a["logits"], b["logits"])
+    if op == "indexer_topk":
+        return _topk_sets(a["indices"], b["indices"], a_ok, b_ok)[0]
+    if op == "dsa_decode_step":
+        res, same = _topk_sets(a["indices"], b["indices"], a_ok, b_ok)
+        if not res.passed:
+            return res
+        Bn = same.size
+        H = a["out"].shape[2]
+        rows = same.reshape(a["out"].shape[:2])
+        if not rows.any():
+            return res
+        sel = lambda x: np.asarray(x)[rows]                   # noqa: E731 - [rows, H, ...]
+        mla = compare.check_mla(sel(a["out"]), sel(a["lse"]), sel(b["out"]), sel(b["lse"]),
+                                q_dtype=_q_dtype(case))
+        if rows.sum() < Bn:
+            mla.message = (mla.message + "; " if mla.message else "") + \
+                f"outputs compared on {int(rows.sum())} of {Bn} rows x {H} heads (identical index sets)"
+        return res.merge(mla)
+    raise ValueError(f"op: unknown {op!r}")
+
+
+def bitwise_equal(a: dict, b: dict) -> CheckResult:
+    """Two runs of one path on the same inputs must give the same bits (SPEC "Bad input")."""
+    for k in a:
+        x, y = np.ascontiguousarray(a[k]), np.ascontiguousarray(b[k])
+        if x.shape != y.shape or x.tobytes() != y.tobytes():
+            n = int((x.view(np.uint8) != y.view(np.uint8)).sum()) if x.shape == y.shape else -1
+            return CheckResult(False, np.inf, 0.0, np.inf,
+                               f"{k}: a second call on the same inputs gave different bits "
+                               f"({n} bytes differ)")
+    return CheckResult(True, 0.0, 0.0, 0.0, "")

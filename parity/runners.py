@@ -1,0 +1,254 @@
+"""One adapter per (backend, path): NumPy arrays in, NumPy arrays out.
+
+An adapter converts a case's NumPy inputs (ml_dtypes bf16 / e4m3 included) to the framework's
+arrays, calls the public op with ``path=<name>`` (a named path never falls through: SPEC
+"Public names"), and converts the results back with :func:`kernels.compare.to_numpy`.
+
+Availability is discovered at run time, never assumed:
+
+* the backend package does not import (not written yet, framework missing) -> every path of
+  that backend is *unavailable* with the import error as the reason;
+* a call raises ``NotImplementedError`` (this GPU / this shape is not supported, CPU without the
+  interpreter) -> that cell is *unavailable* with the error text;
+* any other exception is a failure of the path (it is reported, with its traceback's last line).
+
+Order of paths everywhere: torch/triton, torch/torch, jax/pallas, jax/xla.
+
+The registry (:data:`REGISTRY`) maps ``"backend/path"`` to a :class:`Runner`; tests register
+deliberately broken runners through :func:`register` to prove the suite catches them.
+"""
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from kernels import compare
+
+OPS = ("sparse_mla_decode", "indexer_logits", "indexer_topk", "dsa_decode_step")
+
+
+class Unavailable(Exception):
+    """A path cannot run here (import failure or NotImplementedError); the message says why."""
+
+
+# ============================================================================ machine
+
+def has_cuda_gpu() -> bool:
+    """True when an NVIDIA GPU is visible (checked without importing torch or jax).
+
+    ``DSA_FORCE_INTERPRET=1`` pretends there is none (interpreter mode on a GPU machine),
+    the same switch ``tests/conftest.py`` honours.
+    """
+    if os.environ.get("DSA_FORCE_INTERPRET", "0") not in ("", "0"):
+        return False
+    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
+
+
+def prepare_environment() -> bool:
+    """Set the environment before any kernel module is imported; returns True on a GPU machine.
+
+    On a CPU machine: ``TRITON_INTERPRET=1`` (Triton kernels run in the interpreter; it is read
+    when ``@triton.jit`` functions are created, so it must precede the ``torch_impl`` import)
+    and ``JAX_PLATFORMS=cpu`` (Pallas interprets on the CPU backend). On both: JAX must not
+    preallocate GPU memory, since torch and JAX share one GPU in a parity run.
+    """
+    gpu = has_cuda_gpu()
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if not gpu:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    return gpu
+
+
+# ============================================================================ backends
+
+class _Backend:
+    """Lazy import of one framework binding; ``module()`` raises :class:`Unavailable`."""
+
+    name = ""
+    package = ""
+
+    def __init__(self):
+        self._mod = None
+        self._err: str | None = None
+
+    def module(self):
+        if self._mod is None and self._err is None:
+            try:
+                self._mod = importlib.import_module(self.package)
+            except Exception as e:  # noqa: BLE001 - any import failure makes the backend unavailable
+                self._err = f"import {self.package} failed: {type(e).__name__}: {e}"
+        if self._mod is None:
+            raise Unavailable(self._err)
+        return self._mod
+
+    # framework conversions -------------------------------------------------------------
+    def to_native(self, a):
+        raise NotImplementedError
+
+    def to_numpy(self, x) -> np.ndarray:
+        return compare.to_numpy(x)
+
+    def synchronize(self):
+        pass
+
+
+class TorchBackend(_Backend):
+    name = "torch"
+    package = "torch_impl"
+
+    def _device(self):
+        import torch
+        return "cuda" if has_cuda_gpu() and torch.cuda.is_available() else "cpu"
+
+    def to_native(self, a):
+        if a is None:
+            return None
+        common = importlib.import_module("torch_impl._common")
+        return common.as_tensor(a, device=self._device())
+
+    def synchronize(self):
+        import torch
+        if self._device() == "cuda":
+            torch.cuda.synchronize()
+
+
+class JaxBackend(_Backend):
+    name = "jax"
+    package = "jax_impl"
+
+    def to_native(self, a):
+        if a is None:
+            return None
+        import jax.numpy as jnp
+        return jnp.asarray(a)
+
+    def to_numpy(self, x) -> np.ndarray:
+        import jax
+        return compare.to_numpy(np.asarray(jax.device_get(x)))
+
+
+BACKENDS = {"torch": TorchBackend(), "jax": JaxBackend()}
+
+
+# ============================================================================ runners
+
+@dataclass
+class Runner:
+    """Runs the four parity ops on one (backend, path).
+
+    ``call(op, case)`` returns a dict of NumPy arrays:
+    ``sparse_mla_decode`` -> {"out", "lse"}; ``indexer_logits`` -> {"logits"};
+    ``indexer_topk`` -> {"indices"}; ``dsa_decode_step`` -> {"indices", "out", "lse"}.
+    Raises :class:`Unavailable` when the path cannot run (import failure, NotImplementedError).
+    """
+
+    backend: str
+    path: str
+    ops: dict[str, Callable] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        return f"{self.backend}/{self.path}"
+
+    def call(self, op: str, case) -> dict[str, np.ndarray]:
+        if op not in self.ops:
+            raise Unavailable(f"{self.key} has no {op} adapter")
+        try:
+            return self.ops[op](case)
+        except NotImplementedError as e:
+            raise Unavailable(f"NotImplementedError: {e}") from e
+
+
+def _framework_runner(be: _Backend, path: str) -> Runner:
+    """The adapter of a real binding: ``be.module().<op>(..., path=path)``."""
+    n = be.to_native
+
+    def mla_native(m, c, indices, block_table, topk_length=None):
+        return m.sparse_mla_decode(n(c.q), n(c.kv_cache), indices, c.sm_scale,
+                                   kv_format=c.kv_format, d_v=c.d_v, block_table=block_table,
+                                   topk_length=topk_length, attn_sink=n(c.attn_sink), path=path)
+
+    def sparse_mla_decode(c):
+        m = be.module()
+        out, lse = mla_native(m, c, n(c.indices), n(c.block_table), n(c.topk_length))
+        be.synchronize()
+        return {"out": be.to_numpy(out), "lse": be.to_numpy(lse)}
+
+    def _idx_args(c):
+        return (n(c.q), n(c.weights), n(c.k_cache), n(c.block_table), n(c.context_lens))
+
+    def indexer_logits(c):
+        m = be.module()
+        lg = m.indexer_logits(*_idx_args(c), k_format=c.k_format, path=path)
+        be.synchronize()
+        return {"logits": be.to_numpy(lg)}
+
+    def indexer_topk(c):
+        m = be.module()
+        idx = m.indexer_topk(*_idx_args(c), c.topk, k_format=c.k_format,
+                             sorted=bool(getattr(c, "sorted", False)), path=path)
+        be.synchronize()
+        return {"indices": be.to_numpy(idx)}
+
+    def dsa_decode_step(s):
+        # indexer_topk -> logical indices (framework arrays, never leaving the device) ->
+        # sparse_mla_decode through the same block table, both on this path.
+        m = be.module()
+        c = s.indexer
+        bt = n(c.block_table)
+        idx = m.indexer_topk(n(c.q), n(c.weights), n(c.k_cache), bt, n(c.context_lens), c.topk,
+                             k_format=c.k_format, sorted=False, path=path)
+        out, lse = mla_native(m, s.mla, idx, bt)
+        be.synchronize()
+        return {"indices": be.to_numpy(idx), "out": be.to_numpy(out), "lse": be.to_numpy(lse)}
+
+    return Runner(be.name, path, dict(sparse_mla_decode=sparse_mla_decode,
+                                      indexer_logits=indexer_logits, indexer_topk=indexer_topk,
+                                      dsa_decode_step=dsa_decode_step))
+
+
+REGISTRY: dict[str, Runner] = {}
+
+
+def register(runner: Runner) -> None:
+    """Add (or replace) a runner under ``"backend/path"``; used by tests to inject broken paths."""
+    REGISTRY[runner.key] = runner
+
+
+def unregister(key: str) -> None:
+    REGISTRY.pop(key, None)
+
+
+for _be, _paths in (("torch", ("triton", "torch")), ("jax", ("pallas", "xla"))):
+    for _p in _paths:
+        register(_framework_runner(BACKENDS[_be], _p))
+
+
+def select(backends=None, paths=None) -> list[Runner]:
+    """Registered runners filtered by backend names and path names (None = all), in order."""
+    out = []
+    for r in REGISTRY.values():
+        if backends and r.backend not in backends:
+            continue
+        if paths and r.path not in paths:
+            continue
+        out.append(r)
+    return out
+
+
+def import_status(runner: Runner) -> str | None:
+    """None when the runner's backend imports (or it is not a framework runner), else why not."""
+    be = BACKENDS.get(runner.backend)
+    if be is None:
+        return None
+    try:
+        be.module()
+    except Unavailable as e:
+        return str(e)
+    return None

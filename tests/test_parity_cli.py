@@ -1,0 +1,289 @@
+"""The parity command line itself: exit codes, the JSON report's schema, ``--env``, rerun
+commands, and that a deliberately broken path is caught (exit status 1) while a correct one
+passes. The fake paths are registered through ``parity.runners`` (the registry hook) and return
+the float64 reference (correct) or a perturbed copy (broken), so these tests need neither
+backend and run in seconds; one subprocess test runs ``python -m parity`` on the real torch
+paths of one small case.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from kernels import compare
+from parity import __main__ as cli
+from parity import cases as pcases
+from parity import runners
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MLA_CASE = "mla/fp8_ds_mla/invalid_middle"
+IDX_CASE = "idx/corner/nan_rows"
+STEP_CASE = "step/DSV32/N1"
+
+
+# ============================================================================ fake paths
+
+def _ref_outputs(op, c):
+    """What a correct path returns: the float64 reference rounded to float32 / int32."""
+    if op == "sparse_mla_decode":
+        out, lse = c.reference()
+        return {"out": out.astype(np.float32), "lse": lse.astype(np.float32)}
+    if op == "indexer_logits":
+        return {"logits": c.reference_logits().astype(np.float32)}
+    if op == "indexer_topk":
+        return {"indices": c.reference().astype(np.int32)}
+    if op == "dsa_decode_step":
+        idx = c.indexer.reference().astype(np.int32)
+        out, lse = c.mla_reference(idx)
+        return {"indices": idx, "out": out.astype(np.float32), "lse": lse.astype(np.float32)}
+    raise AssertionError(op)
+
+
+def _broken_outputs(op, c):
+    """Plausible but wrong outputs: a shifted attention output, noisy logits, a wrong top-k."""
+    got = _ref_outputs(op, c)
+    if "out" in got:
+        out = got["out"]
+        finite_rows = np.isfinite(got["lse"])
+        out[finite_rows] += np.float32(0.05)             # 50x the abs tolerance, on non-empty rows
+    if "logits" in got:
+        lg = got["logits"]
+        fin = np.isfinite(lg)
+        lg[fin] *= np.float32(1.01) + np.float32(0.02) * np.random.default_rng(0).random(int(fin.sum()), np.float32)
+    if op == "indexer_topk":
+        # replace the best-scored index of the first row with the worst qualifying position
+        lg = c.reference_logits()
+        row = got["indices"][0, 0]
+        ok = np.flatnonzero(np.isfinite(lg[0, 0]))
+        unselected = np.setdiff1d(ok, row)
+        assert unselected.size, "case must have more qualifying positions than topk"
+        row[0] = unselected[np.argmin(lg[0, 0][unselected])]
+    return got
+
+
+def _fake(path, fn):
+    return runners.Runner("fake", path, {op: (lambda c, op=op: fn(op, c)) for op in runners.OPS})
+
+
+def _raising(path, exc):
+    def f(op, c):
+        raise exc
+    return _fake(path, f)
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """Replace the registry by fakes for one test; returns a function that installs runners."""
+    reg: dict = {}
+    monkeypatch.setattr(runners, "REGISTRY", reg)
+
+    def install(*rs):
+        reg.clear()
+        for r in rs:
+            runners.register(r)
+    return install
+
+
+
+@pytest.fixture(autouse=True)
+def _cpu_grid(monkeypatch):
+    """The CLI is tested on the CPU grid (its case names are what these tests select), also on a
+    GPU machine; the GPU grid is exercised by `python -m parity` itself there."""
+    monkeypatch.setenv("DSA_FORCE_INTERPRET", "1")
+
+
+def _run(argv, tmp_path):
+    path = tmp_path / "parity.json"
+    rc = cli.main([*argv, "--no-progress", "--json", str(path)])
+    doc = json.loads(path.read_text()) if path.exists() else None
+    return rc, doc
+
+
+def _rows(doc, **match):
+    return [r for r in doc["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+# ============================================================================ tests
+
+def test_correct_paths_pass_with_exit_0_and_json_schema(registry, tmp_path):
+    registry(_fake("good", _ref_outputs), _fake("good2", _ref_outputs))
+    rc, doc = _run(["-k", f"{MLA_CASE},{IDX_CASE}"], tmp_path)
+    assert rc == 0
+    # top-level schema (SPEC "Result files")
+    for key in ("gpu", "compute_capability", "versions", "date", "command", "rows"):
+        assert key in doc, key
+    assert doc["versions"]["numpy"] == np.__version__
+    assert dt.datetime.fromisoformat(doc["date"]).tzinfo is not None
+    assert doc["command"].startswith("python -m parity ") and MLA_CASE in doc["command"]
+    assert doc["mode"] == "default" and doc["seed"] == 0
+    # one reference row per (case, op, path), one cross row per (case, op) pair of paths
+    ref = _rows(doc, against="reference")
+    assert {(r["case"], r["op"]) for r in ref} == {
+        (MLA_CASE, "sparse_mla_decode"), (IDX_CASE, "indexer_logits"), (IDX_CASE, "indexer_topk")}
+    assert len(ref) == 6 and len(_rows(doc, against="fake/good2")) == 3
+    for r in doc["rows"]:
+        for key in ("case", "op", "backend", "path", "passed", "worst_error", "tolerance"):
+            assert key in r, key
+        assert r["passed"] is True and r["status"] == "pass"
+    mla = _rows(doc, case=MLA_CASE, path="good", against="reference")[0]
+    # float32 rounding of the reference: far inside the SPEC bound, and the bound is SPEC's
+    assert 0.0 < mla["worst_error"] < 1e-5 and mla["ratio"] < 0.01
+    assert mla["tolerance"] >= min(compare.LSE_ABS, compare.OUT_ABS)     # lse or out bound
+    assert mla["kv_format"] == "fp8_ds_mla" and mla["H"] == 16
+    topk = _rows(doc, case=IDX_CASE, op="indexer_topk", path="good", against="reference")[0]
+    assert topk["ratio"] == 0.0
+
+
+def test_broken_mla_path_fails_with_exit_1_and_rerun_command(registry, tmp_path, capsys):
+    registry(_fake("good", _ref_outputs), _fake("broken", _broken_outputs))
+    rc, doc = _run(["-k", MLA_CASE], tmp_path)
+    assert rc == 1
+    good = _rows(doc, path="good", against="reference")[0]
+    bad = _rows(doc, path="broken", against="reference")[0]
+    assert good["passed"] is True
+    assert bad["passed"] is False and bad["status"] == "fail"
+    assert bad["ratio"] > 10 and abs(bad["worst_error"] - 0.05) < 1e-3
+    cross = _rows(doc, against="fake/broken")[0]
+    assert cross["path"] == "good" and cross["passed"] is False
+    assert bad["rerun"] == (f"python -m parity -k {MLA_CASE} --op sparse_mla_decode "
+                            f"--backend fake --path broken --seed 0")
+    printed = capsys.readouterr().out
+    assert "FAIL" in printed and bad["rerun"] in printed
+
+
+def test_wrong_topk_is_caught(registry, tmp_path):
+    registry(_fake("good", _ref_outputs), _fake("broken", _broken_outputs))
+    rc, doc = _run(["-k", IDX_CASE, "--op", "indexer_topk"], tmp_path)
+    assert rc == 1
+    bad = _rows(doc, path="broken", against="reference")[0]
+    assert bad["passed"] is False and "differs from the exact top-" in bad["message"]
+    cross = _rows(doc, against="fake/broken")[0]
+    assert cross["passed"] is False and "top-k sets differ in 1 rows" in cross["message"]
+    assert _rows(doc, path="good", against="reference")[0]["passed"] is True
+
+
+def test_broken_logits_and_step_are_caught(registry, tmp_path):
+    registry(_fake("broken", _broken_outputs))
+    rc, doc = _run(["-k", f"{IDX_CASE},{STEP_CASE}", "--op", "indexer_logits,dsa_decode_step"],
+                   tmp_path)
+    assert rc == 1
+    by_op = {r["op"]: r for r in _rows(doc, against="reference")}
+    assert set(by_op) == {"indexer_logits", "dsa_decode_step"}
+    assert by_op["indexer_logits"]["passed"] is False and "cosine" in by_op["indexer_logits"]["message"]
+    # the step's top-k is right, its attention output is not
+    assert by_op["dsa_decode_step"]["passed"] is False and "out:" in by_op["dsa_decode_step"]["message"]
+
+
+def test_unavailable_is_not_a_failure_unless_strict(registry, tmp_path):
+    registry(_fake("good", _ref_outputs),
+             _raising("nogpu", NotImplementedError("needs sm_90, this is a toaster")))
+    rc, doc = _run(["-k", MLA_CASE], tmp_path)
+    assert rc == 0
+    na = _rows(doc, path="nogpu")[0]
+    assert na["status"] == "unavailable" and na["passed"] is None
+    assert "toaster" in na["message"]
+    assert _rows(doc, path="good")[0]["passed"] is True
+    rc, doc = _run(["-k", MLA_CASE, "--strict"], tmp_path)
+    assert rc == 1 and _rows(doc, path="nogpu")[0]["status"] == "fail"
+
+
+def test_exception_in_a_path_is_a_failure(registry, tmp_path):
+    registry(_raising("crash", RuntimeError("illegal memory access")))
+    rc, doc = _run(["-k", MLA_CASE], tmp_path)
+    assert rc == 1
+    row = _rows(doc, path="crash")[0]
+    assert row["status"] == "error" and row["passed"] is False
+    assert row["message"] == "RuntimeError: illegal memory access"
+
+
+def test_usage_errors_exit_2(registry, capsys):
+    registry(_fake("good", _ref_outputs))
+    assert cli.main(["-k", "no/such/case", "--no-progress"]) == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--op", "not_an_op"])
+    assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--quick", "--full"])
+    assert e.value.code == 2
+
+
+def test_env_lists_versions_and_probes_paths(registry, capsys):
+    registry(_fake("good", _ref_outputs), _fake("broken", _broken_outputs),
+             _raising("nogpu", NotImplementedError("no such GPU")))
+    assert cli.main(["--env"]) == 0
+    out = capsys.readouterr().out
+    assert f"numpy: {np.__version__}" in out
+    assert "compute capability" in out
+    lines = {tuple(line.split()[:2]): line for line in out.splitlines() if line.startswith("  fake/")}
+    for op in runners.OPS:
+        assert lines[("fake/good", op)].split()[2] == "ok"
+        assert "unavailable: NotImplementedError: no such GPU" in lines[("fake/nogpu", op)]
+    assert "WRONG" in lines[("fake/broken", "sparse_mla_decode")]
+    assert "WRONG" in lines[("fake/broken", "indexer_topk")]
+
+
+def test_case_inputs_depend_only_on_name_seed_and_mode():
+    a = {c.name + c.op: c for c in pcases.build_grid(mode="default", gpu=False, seed=3)}
+    b = pcases.filter_grid(pcases.build_grid(mode="default", gpu=False, seed=3), pattern=MLA_CASE)
+    assert [c.name for c in b] == [MLA_CASE]          # an exact name selects only that case
+    x, y = a[MLA_CASE + "sparse_mla_decode"].build(), b[0].build()
+    assert np.array_equal(x.q, y.q) and np.array_equal(x.indices, y.indices)
+    assert x.kv_cache.tobytes() == y.kv_cache.tobytes()
+    z = pcases.filter_grid(pcases.build_grid(mode="default", gpu=False, seed=4), pattern=MLA_CASE)[0].build()
+    assert not np.array_equal(x.q, z.q)
+    # names are unique per op, and the grid covers every op and both presets
+    grid = pcases.build_grid(mode="default", gpu=False, seed=0)
+    keys = [(c.name, c.op) for c in grid]
+    assert len(keys) == len(set(keys))
+    assert {c.op for c in grid} == set(runners.OPS)
+    assert {c.params.get("preset") for c in grid} >= {"DSV32", "DSV4_FLASH"}
+
+
+def test_step_case_has_serving_structure():
+    """Sinks and recent tokens win the reference top-k; nothing outside [0, L_b) is valid."""
+    step = pcases.filter_grid(pcases.build_grid(seed=0), pattern=STEP_CASE)[0].build()
+    c = step.indexer
+    idx = c.reference()
+    L = int(c.context_lens[0])
+    sel = set(idx[0, 0][idx[0, 0] >= 0].tolist())
+    assert {0, 1, 2, 3} <= sel                                  # the sink tokens
+    assert len(sel & set(range(L - 64, L))) >= 60               # the recent window
+    assert (idx[-1, 0] == -1).any()                             # one request shorter than K
+    out, lse = step.mla_reference(idx)
+    assert np.isfinite(out).all() and np.isfinite(lse).all()    # no NaN row was selected
+
+
+def test_python_m_parity_on_real_torch_paths(tmp_path):
+    """End to end through ``python -m parity`` on one small case of the torch backend: each path
+    either passes against the reference or is reported unavailable with its reason."""
+    out = tmp_path / "r.json"
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if not (shutil_which("nvidia-smi") or os.path.exists("/dev/nvidia0")):
+        env.update(TRITON_INTERPRET="1", JAX_PLATFORMS="cpu")
+    r = subprocess.run([sys.executable, "-m", "parity", "-k", "mla/fp8_model1/duplicates",
+                        "--backend", "torch", "--no-progress", "--json", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.exists(), r.stderr[-2000:] + r.stdout[-2000:]
+    doc = json.loads(out.read_text())
+    ref = _rows(doc, against="reference")
+    assert [r_["path"] for r_ in ref] == ["triton", "torch"]
+    for row in ref:
+        if row["status"] == "unavailable":
+            assert row["message"], "an unavailable path must say why"
+        else:
+            assert row["passed"] is True, row["message"]
+            assert 0.0 < row["ratio"] <= 1.0
+    assert r.returncode == (1 if any(x["status"] in ("fail", "error") for x in doc["rows"]) else 0), r.stderr[-2000:]
+
+
+def shutil_which(name):
+    import shutil
+    return shutil.which(name)
