@@ -23,8 +23,10 @@ the entry whose power-of-two keys (``B``, ``L``) are nearest in log2 distance, a
 equal, is used (so a B=16 call uses the B=8 or B=32 measurement rather than no measurement). A
 missing file, GPU or bucket returns None and the caller uses its heuristic.
 
-The directory is this package's folder, or ``$DSA_DISPATCH_DIR`` when set (tests and
-``--dispatch-dir`` use it). Tables are re-read when their file changes.
+The directory is this package's folder, or ``$DSA_DISPATCH_DIR`` when set (tests use it;
+``python -m bench --dispatch-dir`` only says where the writer writes). A table is read once per
+process and path (a lookup costs no file-system call after the first); :func:`write_table` and
+:func:`clear_cache` drop the cache.
 """
 from __future__ import annotations
 
@@ -47,7 +49,7 @@ BUCKET_KEYS = {
 }
 POW2_KEYS = ("B", "L")
 
-_cache: dict[str, tuple[float, dict | None]] = {}
+_cache: dict[str, dict | None] = {}
 
 
 def dispatch_dir() -> Path:
@@ -76,7 +78,7 @@ def bucket(op: str, **dims) -> dict:
 
 
 def clear_cache() -> None:
-    """Forget loaded tables (they are also re-read when the file's mtime changes)."""
+    """Forget loaded tables (the next lookup re-reads the file)."""
     _cache.clear()
 
 
@@ -90,19 +92,14 @@ def table_path(arch: str, directory: str | os.PathLike | None = None) -> Path:
 def load_table(arch: str) -> dict | None:
     """The parsed table for ``arch``, or None when there is none (or it is not valid JSON)."""
     path = table_path(arch)
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        return None
     key = str(path)
-    hit = _cache.get(key)
-    if hit is not None and hit[0] == mtime:
-        return hit[1]
+    if key in _cache:
+        return _cache[key]
     try:
         table = json.loads(path.read_text())
     except (OSError, ValueError):
         table = None
-    _cache[key] = (mtime, table)
+    _cache[key] = table
     return table
 
 

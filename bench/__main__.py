@@ -1,0 +1,98 @@
+"""``python -m bench``: check, then time, every available path of the DSA decode ops.
+
+Examples::
+
+    python -m bench                      # --quick grid on this GPU (~4 min on an H200)
+    python -m bench --full               # the whole grid (long; see bench/grid.py)
+    python -m bench --quick --write-dispatch   # also write kernels/dispatch/<arch>.json
+    python -m bench --dry-run            # CPU interpreter plumbing check (timings meaningless)
+    python -m bench --op sparse_mla_decode --backend torch --preset DSV32
+
+Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
+(roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def parse(argv=None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--quick", action="store_true", help="the priority grid (default), ~4 min on an H200")
+    mode.add_argument("--full", action="store_true", help="the full grid of the issue")
+    mode.add_argument("--dry-run", "--cpu-smoke", dest="dry_run", action="store_true",
+                      help="tiny grid in the CPU interpreter: plumbing only, timings meaningless")
+    ap.add_argument("--out", type=Path, default=Path("bench/results"), help="result directory")
+    ap.add_argument("--backend", action="append", choices=("torch", "jax"), help="repeatable; default all")
+    ap.add_argument("--path", action="append", choices=("triton", "torch", "pallas", "xla"),
+                    help="repeatable; default all")
+    ap.add_argument("--op", action="append", choices=("indexer_topk", "sparse_mla_decode", "dsa_decode_step"))
+    ap.add_argument("--preset", action="append", choices=("DSV32", "DSV4_FLASH"))
+    ap.add_argument("--kv", action="append", choices=("bf16", "fp8"), help="latent-cache kind")
+    ap.add_argument("--budget-s", type=float, default=None,
+                    help="stop starting new shapes after this many seconds (quick: 240, full: none)")
+    ap.add_argument("--max-gb", type=float, default=60.0, help="device memory for inputs (all rotations)")
+    ap.add_argument("--write-dispatch", action="store_true",
+                    help="write kernels/dispatch/<arch>.json from the fastest checked paths")
+    ap.add_argument("--dispatch-dir", type=Path, default=None,
+                    help="where --write-dispatch writes (default kernels/dispatch; dry runs: <out>/dispatch)")
+    ap.add_argument("--ref-max-positions", type=int, default=1 << 18,
+                    help="indexer rows with N*L above this are checked path-vs-path, not against the reference")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--no-plot", action="store_true")
+    ap.add_argument("--tag", default="", help="result file tag (default: the arch, or 'dry')")
+    return ap.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    dry = args.dry_run or not _has_cuda()
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # torch and JAX share the GPU
+    if dry:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+        os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        if not args.dry_run:
+            print("no CUDA GPU: running the CPU dry run (timings meaningless)", file=sys.stderr)
+    from bench import report
+    from bench.runner import RunConfig, run
+
+    mode = "dry" if dry else ("full" if args.full else "quick")
+    budget = args.budget_s if args.budget_s is not None else {"quick": 240.0, "full": 1e9, "dry": 1e9}[mode]
+    cfg = RunConfig(mode=mode, out=args.out, backends=tuple(args.backend or ()), paths=tuple(args.path or ()),
+                    ops=tuple(args.op or ()), presets=tuple(args.preset or ()), kvs=tuple(args.kv or ()),
+                    budget_s=budget, max_gb=args.max_gb, write_dispatch=args.write_dispatch,
+                    dispatch_dir=args.dispatch_dir, seed=args.seed,
+                    command="python -m bench " + " ".join(shlex.quote(a) for a in argv),
+                    progress=not args.no_progress, ref_max_positions=args.ref_max_positions,
+                    plot=not args.no_plot, tag=args.tag)
+    res = run(cfg)
+    report.print_table(res["rows"], res["meta"])
+    print(f"json: {res['json']}")
+    if res["png"]:
+        print(f"plot: {res['png']}")
+    if res["dispatch"]:
+        print(f"dispatch: {res['dispatch']}")
+    failed = [r for r in res["rows"] if str(r.get("status", "")).startswith(("FAILED", "error"))]
+    if failed:
+        print(f"{len(failed)} rows failed their check or errored (see 'status')", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

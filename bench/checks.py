@@ -1,0 +1,106 @@
+"""Correct first, then time: the check every timed output passes before it is timed.
+
+* sparse MLA: ``kernels.reference.sparse_mla_decode`` on a slice (requests 0 and B-1, their
+  selected rows gathered into a compact cache of the same layout, see
+  :func:`bench.inputs.mla_slice`), compared with ``kernels.compare.check_mla`` (SPEC tolerances).
+* indexer top-k: ``kernels.reference.indexer_logits`` of request 0 over its own pages and
+  ``kernels.compare.check_topk`` when N x L <= ``ref_max_positions`` (float64 NumPy cost grows
+  with L: ~0.4 s at 32K on one core); longer rows are compared path-vs-path on the full shape:
+  every row's selected set must equal the first checked path's.
+* decode step: the MLA part against the reference slice, fed the step's own indices, and the
+  indices path-vs-path (set equality) as above.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bench.inputs import Inputs, indexer_slice, mla_slice
+from kernels import compare, reference
+
+
+def _np(x):
+    return compare.to_numpy(x)
+
+
+def _sets_equal(a: np.ndarray, b: np.ndarray) -> tuple[bool, str]:
+    a2 = np.sort(np.asarray(a).reshape(-1, a.shape[-1]), axis=-1)
+    b2 = np.sort(np.asarray(b).reshape(-1, b.shape[-1]), axis=-1)
+    if a2.shape != b2.shape:
+        return False, f"indices: shape {a.shape} != {b.shape}"
+    bad = np.flatnonzero((a2 != b2).any(axis=-1))
+    if bad.size:
+        return False, f"indices: {bad.size} of {a2.shape[0]} rows select a different set than the baseline path"
+    return True, ""
+
+
+class Checker:
+    """Reference results shared by all paths of one shape (computed once, lazily)."""
+
+    def __init__(self, inp: Inputs, *, ref_max_positions: int = 1 << 18):
+        self.inp = inp
+        self.ref_max_positions = ref_max_positions
+        self._mla_ref: dict = {}
+        self._logits = None
+        self.baseline: dict[str, np.ndarray] = {}       # op -> indices of the first passing path
+        self.baseline_path: dict[str, str] = {}
+
+    def _requests(self):
+        B = self.inp.shape.B
+        return sorted({0, B - 1})
+
+    def mla(self, out, lse, indices=None) -> tuple[compare.CheckResult, str]:
+        s = self.inp.sets[0]
+        res = None
+        o, l_ = _np(out), _np(lse)
+        for b in self._requests():
+            key = b if indices is None else None
+            if key is not None and key in self._mla_ref:
+                ref_out, ref_lse = self._mla_ref[key]
+            else:
+                args = mla_slice(self.inp, s, b, indices=indices)
+                ref_out, ref_lse = reference.sparse_mla_decode(**args)
+                if key is not None:
+                    self._mla_ref[key] = (ref_out, ref_lse)
+            r = compare.check_mla(o[b: b + 1], l_[b: b + 1], ref_out, ref_lse, q_dtype=self.inp.q_dtype)
+            res = r if res is None else res.merge(r)
+        return res, f"reference slice (requests {self._requests()})"
+
+    def topk(self, indices, op: str, path: str) -> tuple[compare.CheckResult, str]:
+        sh = self.inp.shape
+        got = _np(indices).astype(np.int64)[..., : sh.K_topk]
+        res = None
+        how = []
+        if sh.N * sh.L <= self.ref_max_positions:
+            if self._logits is None:
+                self._logits = reference.indexer_logits(**indexer_slice(self.inp, self.inp.sets[0], 0))
+            res = compare.check_topk(got[0:1], self._logits, sh.K_topk)
+            how.append("reference slice (request 0)")
+        base = self.baseline.get(op)
+        if base is not None:
+            ok, msg = _sets_equal(got, base)
+            r = compare.CheckResult(ok, 0.0 if ok else np.inf, 0.0, 0.0 if ok else np.inf,
+                                    msg + (f" ({self.baseline_path[op]})" if msg else ""))
+            res = r if res is None else res.merge(r)
+            how.append(f"sets == {self.baseline_path[op]} (full shape)")
+        if res is None:
+            res = compare.CheckResult(True, 0.0, 0.0, 0.0, "")
+            how.append(f"baseline: L={sh.L} beyond the reference budget; later paths compared to this one")
+        return res, "; ".join(how)
+
+    def check(self, op: str, outputs: dict, path: str) -> tuple[compare.CheckResult, str]:
+        """(result, how it was checked) of one path's outputs on input set 0."""
+        if op == "sparse_mla_decode":
+            return self.mla(outputs["out"], outputs["lse"])
+        if op == "indexer_topk":
+            res, how = self.topk(outputs["indices"], op, path)
+        else:
+            res, how = self.topk(outputs["indices"], op, path)
+            import torch
+            idx = outputs["indices"]
+            idx_t = idx if isinstance(idx, torch.Tensor) else torch.from_numpy(np.array(_np(idx), np.int64))
+            r2, how2 = self.mla(outputs["out"], outputs["lse"], indices=idx_t)
+            res, how = res.merge(r2), how + "; MLA " + how2
+        if res.passed and op not in self.baseline:
+            self.baseline[op] = _np(outputs["indices"]).astype(np.int64)[..., : self.inp.shape.K_topk]
+            self.baseline_path[op] = path
+        return res, how

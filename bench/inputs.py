@@ -1,0 +1,260 @@
+"""Benchmark inputs, generated on the device (caches of up to tens of GB cannot come from NumPy).
+
+The byte layouts are those of ``kernels.formats`` (SPEC "Cache layouts"); values are random but
+valid: e4m3 bytes are conversions of finite floats (never the NaN pattern), fp8_ds_mla scales are
+powers of two (float32), fp8_model1 scales ue8m0 bytes 118..124, rope dims bf16, indexer scales
+positive float32. The test suite's generators (``kernels.cases``) build the same layouts through
+the NumPy quantizers; the bench cannot, at B x L = 16M tokens.
+
+Every request b owns ``ceil(L / P)`` pages, scattered over the cache by a random permutation
+(as a paged allocator leaves them); block-table entries past them are -1. All requests have
+``L_b = L``. Each shape gets ``R`` independent input sets ("rotations", separate allocations)
+so that a timing loop cycling through them touches more than twice the L2 cache (60 MB on H200)
+and measures HBM, not L2, traffic.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.grid import Shape
+
+L2_BYTES = 60 << 20          # H200 L2 (50 MB on H100; the rotation target is 2x this)
+MAX_ROTATIONS = 32
+
+
+def rotations_for(touched_bytes: int, footprint_bytes: int, *, max_bytes: int,
+                  l2_bytes: int = L2_BYTES, cap: int = MAX_ROTATIONS) -> int:
+    """Input sets to cycle through so the touched bytes of all sets exceed 2 x L2, within
+    ``max_bytes`` of device memory for all sets."""
+    want = max(1, math.ceil(2 * l2_bytes / max(1, touched_bytes)))
+    fit = max(1, max_bytes // max(1, footprint_bytes))
+    return int(min(want, fit, cap))
+
+
+@dataclass
+class Inputs:
+    """Input sets of one shape. ``sets[r]`` maps argument names to torch tensors:
+
+    indexer: ``iq`` [B, N, H_I, D_I] float8_e4m3fn, ``iw`` [B, N, H_I] float32, ``k_cache``
+    uint8 [num_pages, P * (D_I + 4)], ``block_table`` [B, table_pages] int32, ``context_lens``
+    [B] int32. sparse MLA: ``q`` [B, N, H, D_qk] (q_dtype), ``kv_cache`` (layout of
+    ``kv_format``), ``indices`` [B, N, K] int32 logical positions (top-k then window),
+    ``window_idx`` [B, N, window] int32, ``attn_sink`` [H] float32 or None.
+    """
+
+    shape: Shape
+    sets: list[dict]
+    sm_scale: float
+    q_dtype: str
+    kv_itemsize: int
+    lens: list[int]
+    device: str
+    extra: dict = field(default_factory=dict)
+
+
+def _rand_e4m3(torch, shape, gen, device, scale=4.0):
+    x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * scale
+    return x.clamp_(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+
+
+def _fill_chunks(n_pages: int, chunk: int, fill):
+    for a in range(0, n_pages, chunk):
+        fill(a, min(n_pages, a + chunk))
+
+
+def _ds_mla_cache(torch, pages, P, gen, device):
+    out = torch.empty((pages, P, 656), dtype=torch.uint8, device=device)
+
+    def fill(a, b):
+        n = b - a
+        out[a:b, :, :512] = _rand_e4m3(torch, (n, P, 512), gen, device)
+        e = torch.randint(-8, -4, (n, P, 4), generator=gen, device=device).float()
+        out[a:b, :, 512:528] = torch.exp2(e).contiguous().view(torch.uint8)
+        out[a:b, :, 528:] = torch.randn((n, P, 64), generator=gen, device=device).to(
+            torch.bfloat16).contiguous().view(torch.uint8)
+    _fill_chunks(pages, max(1, (1 << 26) // (P * 656)), fill)
+    return out
+
+
+def _model1_cache(torch, pages, P, gen, device):
+    from kernels import formats
+    pb = formats.model1_page_bytes(P)
+    out = torch.zeros((pages, pb), dtype=torch.uint8, device=device)
+
+    def fill(a, b):
+        n = b - a
+        data = torch.empty((n, P, 576), dtype=torch.uint8, device=device)
+        data[..., :448] = _rand_e4m3(torch, (n, P, 448), gen, device)
+        data[..., 448:] = torch.randn((n, P, 64), generator=gen, device=device).to(
+            torch.bfloat16).contiguous().view(torch.uint8)
+        sc = torch.zeros((n, P, 8), dtype=torch.uint8, device=device)
+        sc[..., :7] = torch.randint(118, 125, (n, P, 7), generator=gen, device=device).to(torch.uint8)
+        out[a:b, : P * 576] = data.view(n, P * 576)
+        out[a:b, P * 576: P * 584] = sc.view(n, P * 8)
+    _fill_chunks(pages, max(1, (1 << 26) // (P * 584)), fill)
+    return out
+
+
+def _latent_cache(torch, pages, P, d_qk, dtype, gen, device):
+    out = torch.empty((pages, P, d_qk), dtype=dtype, device=device)
+
+    def fill(a, b):
+        out[a:b] = torch.randn((b - a, P, d_qk), generator=gen, device=device).to(dtype)
+    _fill_chunks(pages, max(1, (1 << 25) // (P * d_qk)), fill)
+    return out
+
+
+def _indexer_cache(torch, pages, P, D, gen, device):
+    out = torch.empty((pages, P * (D + 4)), dtype=torch.uint8, device=device)
+
+    def fill(a, b):
+        n = b - a
+        out[a:b, : P * D] = _rand_e4m3(torch, (n, P * D), gen, device)
+        sc = torch.rand((n, P), generator=gen, device=device) * 0.02 + 0.001
+        out[a:b, P * D:] = sc.contiguous().view(torch.uint8)
+    _fill_chunks(pages, max(1, (1 << 26) // (P * (D + 4))), fill)
+    return out
+
+
+def _distinct_positions(torch, rows, hi, k, gen, device):
+    """[rows, k] int64: k distinct random positions in [0, hi) per row (hi >= k)."""
+    out = torch.empty((rows, k), dtype=torch.int64, device=device)
+    step = max(1, (1 << 26) // max(1, hi))
+    for a in range(0, rows, step):
+        b = min(rows, a + step)
+        r = torch.rand((b - a, hi), generator=gen, device=device)
+        out[a:b] = r.topk(k, dim=-1).indices
+    return out
+
+
+def make_inputs(shape: Shape, *, rotations: int, device: str, q_dtype: str, latent_dtype: str,
+                seed: int = 0) -> Inputs:
+    """Generate ``rotations`` input sets of ``shape`` on ``device`` (torch)."""
+    import torch
+
+    p = shape.p
+    B, N, P, L = shape.B, shape.N, shape.P, shape.L
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    tdt = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+    ppr = -(-L // P)
+    table_pages = shape.table_positions // P
+    pages = B * ppr
+    need_indexer = shape.op in ("indexer_topk", "dsa_decode_step")
+    need_mla = shape.op in ("sparse_mla_decode", "dsa_decode_step")
+    sets = []
+    sm_scale = p.sm_scale if p.sm_scale is not None else p.d_qk ** -0.5
+    sink = None
+    if need_mla and p.attn_sink:
+        sink = torch.randn((shape.H,), generator=gen, device=device, dtype=torch.float32)
+    for _ in range(rotations):
+        s: dict = {}
+        perm = torch.randperm(pages, generator=gen, device=device).to(torch.int32)
+        bt = torch.full((B, table_pages), -1, dtype=torch.int32, device=device)
+        bt[:, :ppr] = perm.view(B, ppr)
+        s["block_table"] = bt
+        s["context_lens"] = torch.full((B,), L, dtype=torch.int32, device=device)
+        if need_indexer:
+            HI, DI = p.index_heads, p.index_head_dim
+            s["iq"] = (torch.randn((B, N, HI, DI), generator=gen, device=device) * 2.0).to(torch.float8_e4m3fn)
+            s["iw"] = (torch.randn((B, N, HI), generator=gen, device=device) * (HI ** -0.5) * (DI ** -0.5)).float()
+            s["k_cache"] = _indexer_cache(torch, pages, P, DI, gen, device)
+        if need_mla:
+            H, D = shape.H, p.d_qk
+            s["q"] = (torch.randn((B, N, H, D), generator=gen, device=device) * 0.5).to(tdt[q_dtype])
+            if shape.kv_format == "latent":
+                s["kv_cache"] = _latent_cache(torch, pages, P, D, tdt[latent_dtype], gen, device)
+            elif shape.kv_format == "fp8_ds_mla":
+                s["kv_cache"] = _ds_mla_cache(torch, pages, P, gen, device)
+            else:
+                s["kv_cache"] = _model1_cache(torch, pages, P, gen, device)
+            Kt, Wn = shape.K_topk, shape.W_window
+            # draft i sees L - (N - 1 - i) positions; its window is the last Wn of them
+            span = L - (N - 1) - Wn
+            if span < Kt:
+                raise ValueError(f"shape: L={L} leaves {span} positions for top-k {Kt} + window {Wn}")
+            top = _distinct_positions(torch, B * N, span, Kt, gen, device).view(B, N, Kt)
+            drafts = torch.arange(N, device=device).view(1, N, 1)
+            win = (L - (N - 1) + drafts - Wn + torch.arange(Wn, device=device).view(1, 1, Wn)).expand(B, N, Wn)
+            s["window_idx"] = win.to(torch.int32).contiguous()
+            s["indices"] = torch.cat([top, win.to(torch.int64)], dim=-1).to(torch.int32).contiguous()
+            s["attn_sink"] = sink
+        sets.append(s)
+    kv_itemsize = tdt[latent_dtype].itemsize if shape.kv_format == "latent" else 1
+    if device != "cpu":
+        torch.cuda.synchronize()
+    return Inputs(shape=shape, sets=sets, sm_scale=float(sm_scale), q_dtype=q_dtype,
+                  kv_itemsize=kv_itemsize, lens=[L] * B, device=device)
+
+
+# ----------------------------------------------------------------------------- reference slices
+
+def to_numpy_exact(t):
+    """torch tensor -> NumPy with bf16 / e4m3 kept bit-exact as ml_dtypes."""
+    import ml_dtypes
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.uint16).numpy().view(ml_dtypes.bfloat16)
+    if t.dtype == torch.float8_e4m3fn:
+        return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn)
+    return t.numpy()
+
+
+def mla_slice(inp: Inputs, s: dict, b: int, indices=None) -> dict:
+    """A compact, reference-sized copy of request ``b``'s sparse-MLA problem.
+
+    Gathers exactly the cache rows request b's index lists select (bytes as stored) into a
+    compact cache of the same layout with page size 1, remaps the indices to it (invalid stay
+    -1, duplicates kept) and returns the arguments of ``kernels.reference.sparse_mla_decode``.
+    """
+    from kernels import formats
+
+    P = inp.shape.P
+    idx = (s["indices"] if indices is None else indices)[b].detach().cpu().numpy().astype(np.int64)  # [N, K]
+    bt = s["block_table"][b: b + 1].detach().cpu().numpy()
+    slots = formats.logical_to_slot(idx[None], bt, P)[0]                        # [N, K]
+    kv = s["kv_cache"]
+    fmt = inp.shape.kv_format
+    n_slots = kv.shape[0] * P
+    slots = np.where((slots >= 0) & (slots < n_slots), slots, -1)
+    uniq, inv = np.unique(slots[slots >= 0], return_inverse=True)
+    remap = np.full(slots.shape, -1, np.int64)
+    remap[slots >= 0] = inv
+    import torch
+    u = torch.as_tensor(uniq, device=kv.device)
+    if fmt == "fp8_model1":
+        page, off = u // P, u % P
+        data = torch.stack([kv[pg, o * 576:(o + 1) * 576] for pg, o in zip(page.tolist(), off.tolist())]) \
+            if len(uniq) else torch.empty((0, 576), dtype=torch.uint8)
+        sc = torch.stack([kv[pg, P * 576 + o * 8: P * 576 + o * 8 + 8] for pg, o in zip(page.tolist(), off.tolist())]) \
+            if len(uniq) else torch.empty((0, 8), dtype=torch.uint8)
+        compact = np.zeros((max(1, len(uniq)), formats.model1_page_bytes(1)), np.uint8)
+        compact[: len(uniq), :576] = data.cpu().numpy()
+        compact[: len(uniq), 576:584] = sc.cpu().numpy()
+    else:
+        flat = kv.reshape(-1, kv.shape[-1])
+        rows = to_numpy_exact(flat[u]) if len(uniq) else to_numpy_exact(flat[:1])
+        compact = rows.reshape(rows.shape[0], 1, rows.shape[-1])
+    q = to_numpy_exact(s["q"][b: b + 1])
+    sink = None if s.get("attn_sink") is None else s["attn_sink"].detach().cpu().numpy()
+    p = inp.shape.p
+    return dict(q=q, kv_cache=compact, indices=remap[None].astype(np.int32), sm_scale=inp.sm_scale,
+                kv_format=fmt, d_v=p.d_v, attn_sink=sink)
+
+
+def indexer_slice(inp: Inputs, s: dict, b: int) -> dict:
+    """Request ``b``'s indexer problem over its own pages only (same page order, so logical
+    positions are unchanged): the arguments of ``kernels.reference.indexer_logits``."""
+    P = inp.shape.P
+    L = inp.lens[b]
+    n = -(-L // P)
+    pages = s["block_table"][b, :n].long()
+    kc = s["k_cache"][pages].detach().cpu().numpy()
+    return dict(q=to_numpy_exact(s["iq"][b: b + 1]), weights=s["iw"][b: b + 1].detach().cpu().numpy(),
+                k_cache=kc, block_table=np.arange(n, dtype=np.int32)[None],
+                context_lens=np.array([L], np.int32))

@@ -1,0 +1,275 @@
+"""The op paths the bench can time, discovered at run time.
+
+One adapter per backend turns a shape's torch input sets into zero-argument callables, one per
+rotated set, that run the named path and return a dict of framework arrays:
+``indexer_topk`` -> ``{"indices"}``, ``sparse_mla_decode`` -> ``{"out", "lse"}``,
+``dsa_decode_step`` -> ``{"indices", "out", "lse"}`` (indexer top-k, logical indices plus the
+V4 window, sparse MLA through the block table). A backend that does not import, or a path that
+raises NotImplementedError, is reported as unavailable with the reason, never as a failure.
+
+``REGISTRY`` maps backend name -> adapter; tests register stub backends there.
+
+Kernel configs are recorded as the op reports them: a binding module that defines
+``choose_config(dev, **dims) -> (path_override, config)`` (torch_impl.sparse_mla does) is asked
+for the config of the timed call; otherwise the row's ``config`` is null.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import sys
+
+from bench.inputs import Inputs
+
+OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step")
+
+
+def _config_dict(cfg):
+    if cfg is None:
+        return None
+    if hasattr(cfg, "to_dict"):
+        return cfg.to_dict()
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.asdict(cfg)
+    return dict(cfg) if isinstance(cfg, dict) else None
+
+
+class Backend:
+    """Adapter interface."""
+
+    name = "?"
+    paths: tuple[str, ...] = ()
+
+    def load(self):
+        """Import the binding package; raise ImportError (or anything) with the reason."""
+        raise NotImplementedError
+
+    def prepare(self, op: str, inp: Inputs, path: str) -> list:
+        """One zero-argument callable per input set."""
+        raise NotImplementedError
+
+    def config(self, op: str, inp: Inputs, path: str):
+        """The kernel config the op reports for this call, or None."""
+        return None
+
+    def sync(self, outputs) -> None:
+        """Wait until ``outputs`` are computed."""
+
+
+class TorchBackend(Backend):
+    name = "torch"
+    paths = ("triton", "torch")
+
+    def load(self):
+        return importlib.import_module("torch_impl")
+
+    def _fns(self, inp: Inputs, path: str):
+        m = self.load()
+        sh = inp.shape
+        topk = sh.K_topk
+
+        def topk_fn(s, sorted=False):
+            return m.indexer_topk(s["iq"], s["iw"], s["k_cache"], s["block_table"], s["context_lens"],
+                                  topk, k_format="fp8_indexer", sorted=sorted, path=path)
+
+        def mla_fn(s, idx):
+            return m.sparse_mla_decode(s["q"], s["kv_cache"], idx, inp.sm_scale, kv_format=sh.kv_format,
+                                       d_v=sh.p.d_v, block_table=s["block_table"],
+                                       attn_sink=s["attn_sink"], path=path)
+        return topk_fn, mla_fn
+
+    def prepare(self, op, inp, path):
+        import torch
+
+        topk_fn, mla_fn = self._fns(inp, path)
+        window = inp.shape.W_window
+
+        step = _step_fn("torch_impl.step") if not window else None
+        sh = inp.shape
+
+        def call(s):
+            if op == "indexer_topk":
+                return {"indices": topk_fn(s)}
+            if op == "sparse_mla_decode":
+                out, lse = mla_fn(s, s["indices"])
+                return {"out": out, "lse": lse}
+            if step is not None:
+                out, lse, idx = step(s["q"], s["kv_cache"], s["iq"], s["iw"], s["k_cache"], s["block_table"],
+                                     s["context_lens"], inp.sm_scale, sh.K_topk, kv_format=sh.kv_format,
+                                     d_v=sh.p.d_v, attn_sink=s["attn_sink"], path=path)
+                return {"indices": idx, "out": out, "lse": lse}
+            idx = topk_fn(s, sorted=True)
+            if window:
+                idx = torch.cat([idx, s["window_idx"]], dim=-1)
+            out, lse = mla_fn(s, idx)
+            return {"indices": idx, "out": out, "lse": lse}
+        return [functools.partial(call, s) for s in inp.sets]
+
+    def config(self, op, inp, path):
+        if path != "triton":
+            return None
+        m = self.load()
+        names = {"sparse_mla_decode": ("sparse_mla_decode",), "indexer_topk": ("indexer_topk",),
+                 "dsa_decode_step": ("indexer_topk", "sparse_mla_decode")}[op]
+        cfgs = {}
+        for name in names:
+            cfgs[name] = _probe_choose_config(getattr(m, name, None), inp, name, dev_of=_torch_dev(inp))
+        return cfgs[op] if op in cfgs else (cfgs if any(v is not None for v in cfgs.values()) else None)
+
+    def sync(self, outputs):
+        import torch
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+
+def _step_fn(module: str):
+    """The project's composed step (``dsa_decode_step``) if its module imports, else None (the
+    bench composes indexer_topk(sorted=True) -> sparse_mla_decode itself, as that step does; it
+    always does for V4-Flash, whose index list appends the 128-token window)."""
+    try:
+        return importlib.import_module(module).dsa_decode_step
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def step_impl(backend: str, window: int) -> str:
+    """Which composition a dsa_decode_step row timed (recorded in the row)."""
+    mod = {"torch": "torch_impl.step", "jax": "jax_impl.step"}.get(backend)
+    if not window and mod and _step_fn(mod) is not None:
+        return f"{mod}.dsa_decode_step"
+    return "bench: indexer_topk(sorted=True) -> [+window] -> sparse_mla_decode(block_table)"
+
+
+def _torch_dev(inp):
+    def get():
+        import torch
+        from torch_impl import _common
+        return _common.device_info(torch.device(inp.device))
+    return get
+
+
+def _jax_dev():
+    from jax_impl import _common
+    return _common.device_info()
+
+
+def _probe_choose_config(fn, inp: Inputs, op: str, dev_of):
+    """Ask the op's binding module for its config (``choose_config``), or None."""
+    if fn is None:
+        return None
+    mod = sys.modules.get(getattr(fn, "__module__", ""), None)
+    choose = getattr(mod, "choose_config", None)
+    if choose is None:
+        return None
+    sh = inp.shape
+    dims = (dict(B=sh.B, N=sh.N, H=sh.H, K=sh.K, d_qk=sh.p.d_qk, kv_format=sh.kv_format)
+            if op == "sparse_mla_decode" else dict(B=sh.B, N=sh.N, L=sh.L, topk=sh.K_topk))
+    try:
+        res = choose(dev_of(), **dims)
+    except Exception:  # noqa: BLE001 - a different signature: no config reported
+        return None
+    cfg = res[1] if isinstance(res, tuple) and len(res) == 2 else res
+    return _config_dict(cfg)
+
+
+def to_jax(t):
+    """torch tensor -> jax array (DLPack, zero-copy where possible; fp8 via a uint8 view)."""
+    import jax
+    import jax.numpy as jnp
+    import torch
+
+    if t is None:
+        return None
+    t = t.contiguous()
+    if t.dtype == torch.float8_e4m3fn:
+        return jax.lax.bitcast_convert_type(to_jax(t.view(torch.uint8)), jnp.float8_e4m3fn)
+    try:
+        return jax.dlpack.from_dlpack(t)
+    except Exception:  # noqa: BLE001 - dtype / device DLPack cannot carry: copy through NumPy
+        from bench.inputs import to_numpy_exact
+        return jnp.asarray(to_numpy_exact(t))
+
+
+class JaxBackend(Backend):
+    name = "jax"
+    paths = ("pallas", "xla")
+
+    def load(self):
+        return importlib.import_module("jax_impl")
+
+    def prepare(self, op, inp, path):
+        import jax
+        import jax.numpy as jnp
+
+        m = self.load()
+        sh = inp.shape
+        topk, window, fmt, d_v, scale = sh.K_topk, sh.W_window, sh.kv_format, sh.p.d_v, inp.sm_scale
+
+        def topk_fn(iq, iw, kc, bt, cl, sorted=False):
+            return m.indexer_topk(iq, iw, kc, bt, cl, topk, k_format="fp8_indexer", sorted=sorted,
+                                  path=path)
+
+        def mla_fn(q, kv, idx, bt, sink):
+            return m.sparse_mla_decode(q, kv, idx, scale, kv_format=fmt, d_v=d_v, block_table=bt,
+                                       attn_sink=sink, path=path)
+
+        if op == "indexer_topk":
+            f = jax.jit(lambda iq, iw, kc, bt, cl: {"indices": topk_fn(iq, iw, kc, bt, cl)})
+            names = ("iq", "iw", "k_cache", "block_table", "context_lens")
+        elif op == "sparse_mla_decode":
+            def g(q, kv, idx, bt, sink):
+                out, lse = mla_fn(q, kv, idx, bt, sink)
+                return {"out": out, "lse": lse}
+            f = jax.jit(g)
+            names = ("q", "kv_cache", "indices", "block_table", "attn_sink")
+        else:
+            step = _step_fn("jax_impl.step") if not window else None
+
+            def g(iq, iw, kc, bt, cl, q, kv, win, sink):
+                if step is not None:
+                    out, lse, idx = step(q, kv, iq, iw, kc, bt, cl, scale, topk, kv_format=fmt, d_v=d_v,
+                                         attn_sink=sink, path=path)
+                    return {"indices": idx, "out": out, "lse": lse}
+                idx = topk_fn(iq, iw, kc, bt, cl, sorted=True)
+                if window:
+                    idx = jnp.concatenate([idx, win], axis=-1)
+                out, lse = mla_fn(q, kv, idx, bt, sink)
+                return {"indices": idx, "out": out, "lse": lse}
+            f = jax.jit(g)
+            names = ("iq", "iw", "k_cache", "block_table", "context_lens", "q", "kv_cache", "window_idx",
+                     "attn_sink")
+        calls = []
+        for s in inp.sets:
+            args = tuple(to_jax(s.get(n)) for n in names)
+            calls.append(functools.partial(f, *args))
+        return calls
+
+    def config(self, op, inp, path):
+        if path != "pallas":
+            return None
+        m = self.load()
+        if op == "dsa_decode_step":
+            return None
+        return _probe_choose_config(getattr(m, op, None), inp, op, dev_of=_jax_dev)
+
+    def sync(self, outputs):
+        import jax
+        jax.block_until_ready(outputs)
+
+
+REGISTRY: dict[str, Backend] = {"torch": TorchBackend(), "jax": JaxBackend()}
+
+
+def discover(backends=None) -> dict[str, tuple[Backend | None, str]]:
+    """``{backend: (adapter or None, reason it is unavailable or "")}``."""
+    out = {}
+    for name, b in REGISTRY.items():
+        if backends and name not in backends:
+            continue
+        try:
+            b.load()
+            out[name] = (b, "")
+        except Exception as e:  # noqa: BLE001 - any import failure makes the backend unavailable
+            out[name] = (None, f"{type(e).__name__}: {e}")
+    return out

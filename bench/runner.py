@@ -1,0 +1,279 @@
+"""The benchmark loop: shapes x paths -> checked, timed rows."""
+from __future__ import annotations
+
+import datetime as dt
+import gc
+import platform
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench import checks, grid, paths, report, roofline, timing
+from bench.inputs import make_inputs, rotations_for
+from kernels import dispatch, hardware
+
+
+@dataclass
+class RunConfig:
+    mode: str = "quick"                     # quick | full | dry
+    out: Path = Path("bench/results")
+    backends: tuple = ()                    # () = all
+    paths: tuple = ()
+    ops: tuple = ()
+    presets: tuple = ()
+    kvs: tuple = ()
+    budget_s: float = 240.0
+    max_gb: float = 60.0
+    write_dispatch: bool = False
+    dispatch_dir: Path | None = None
+    seed: int = 0
+    command: str = "python -m bench"
+    progress: bool = True
+    ref_max_positions: int = 1 << 18
+    plot: bool = True
+    tag: str = ""
+    extra_shapes: list = field(default_factory=list)
+
+
+def _version(mod):
+    try:
+        m = __import__(mod)
+        return getattr(m, "__version__", None)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def environment(dry: bool) -> dict:
+    """GPU name, compute capability, arch tag, device string and library versions."""
+    import torch
+
+    versions = {"python": platform.python_version(), "numpy": _version("numpy"), "torch": torch.__version__,
+                "triton": _version("triton"), "jax": _version("jax"), "jaxlib": _version("jaxlib"),
+                "cuda": torch.version.cuda}
+    if not dry and torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        cc = (props.major, props.minor)
+        try:
+            drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                 capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
+        except Exception:  # noqa: BLE001
+            drv = None
+        versions["driver"] = drv
+        dev = hardware.DeviceInfo(props.name, cc, props.multi_processor_count, hardware.smem_limit(cc))
+        return dict(gpu=props.name, compute_capability=f"{cc[0]}.{cc[1]}", arch=dev.arch, device="cuda",
+                    num_sms=props.multi_processor_count, versions=versions)
+    return dict(gpu="CPU interpreter", compute_capability="0.0", arch=hardware.CPU_INTERPRETER.arch,
+                device="cpu", num_sms=0, versions=versions)
+
+
+def shape_cost(shape: grid.Shape, inp, parts: list | None = None) -> tuple[int, int]:
+    """(bytes, flops) of one call of ``shape`` (bench.roofline formulas); ``parts`` collects the
+    (bytes, flops) of each phase (indexer, sparse MLA) of a decode step."""
+    p = shape.p
+    q_item = {"bfloat16": 2, "float16": 2, "float32": 4}[inp.q_dtype]
+    nbytes = flops = 0
+    if shape.op in ("indexer_topk", "dsa_decode_step"):
+        b, f = roofline.indexer_cost(lens=inp.lens, N=shape.N, H_I=p.index_heads, D_I=p.index_head_dim)
+        nbytes, flops = nbytes + b, flops + f
+        if parts is not None:
+            parts.append((b, f))
+    if shape.op in ("sparse_mla_decode", "dsa_decode_step"):
+        if shape.op == "sparse_mla_decode":
+            n_valid = int((inp.sets[0]["indices"] >= 0).sum().item())
+        else:                                   # top-k fills every slot (L >= K) plus the window
+            n_valid = shape.B * shape.N * (min(shape.K_topk, shape.L) + shape.W_window)
+        b, f = roofline.mla_cost(B=shape.B, N=shape.N, H=shape.H, n_valid=n_valid, d_qk=p.d_qk, d_v=p.d_v,
+                                 kv_format=shape.kv_format, kv_itemsize=inp.kv_itemsize, q_itemsize=q_item)
+        nbytes, flops = nbytes + b, flops + f
+        if parts is not None:
+            parts.append((b, f))
+    return nbytes, flops
+
+
+def estimate_touched(shape: grid.Shape) -> int:
+    """Bytes one call must read (bf16 q / latent, all indices valid), before inputs exist."""
+    p = shape.p
+    n = 0
+    if shape.op in ("indexer_topk", "dsa_decode_step"):
+        n += roofline.indexer_cost(lens=[shape.L] * shape.B, N=shape.N, H_I=p.index_heads,
+                                   D_I=p.index_head_dim)[0]
+    if shape.op in ("sparse_mla_decode", "dsa_decode_step"):
+        n += roofline.mla_cost(B=shape.B, N=shape.N, H=shape.H, n_valid=shape.B * shape.N * shape.K,
+                               d_qk=p.d_qk, d_v=p.d_v, kv_format=shape.kv_format)[0]
+    return n
+
+
+def base_row(shape: grid.Shape, backend: str, path: str) -> dict:
+    p = shape.p
+    return {"op": shape.op, "backend": backend, "path": path, "preset": shape.preset, "B": shape.B,
+            "N": shape.N, "H": shape.H, "L": shape.L, "K": shape.K, "P": shape.P,
+            "kv_format": shape.kv_format, "table_len": shape.table_positions, "tp": shape.tp,
+            "median_us": None, "p20_us": None, "p80_us": None, "bytes": None, "flops": None,
+            "floor_us": None, "frac_floor": None, "GB_per_s": None, "TFLOP_per_s": None,
+            "d_qk": p.d_qk, "d_v": p.d_v, "topk": shape.K_topk, "window": shape.W_window,
+            "H_I": p.index_heads, "D_I": p.index_head_dim, "q_dtype": None, "config": None,
+            "status": None, "check": None, "timer": None, "rotations": None}
+
+
+def _free(device: str):
+    gc.collect()
+    if device == "cuda":
+        import torch
+        torch.cuda.empty_cache()
+
+
+def run(cfg: RunConfig) -> dict:
+    """Run the grid; returns ``{"meta", "rows", "json", "png", "dispatch"}``."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    dry = cfg.mode == "dry"
+    env = environment(dry)
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    if env["device"] == "cuda":
+        machine = roofline.measure_torch_cuda()
+        q_dtype = latent_dtype = "bfloat16"
+    else:
+        machine = roofline.measure_cpu()
+        q_dtype = latent_dtype = "float16"     # the interpreter computes bf16 on raw bits
+    meta = {"gpu": env["gpu"], "compute_capability": env["compute_capability"], "arch": env["arch"],
+            "versions": env["versions"], "date": date, "command": cfg.command, "mode": cfg.mode,
+            "dry_run": dry, "machine": machine.to_dict(), "num_sms": env["num_sms"],
+            "floor": "max(bytes / copy_bytes_per_s, flops / matmul_flops_per_s); see bench/roofline.py",
+            "q_dtype": q_dtype, "latent_dtype": latent_dtype, "unavailable": {}}
+    if dry:
+        meta["note"] = "DRY RUN in the CPU interpreter: plumbing check only, timings meaningless"
+    shapes = {"quick": grid.quick_grid, "full": grid.full_grid, "dry": grid.dry_grid}[cfg.mode]()
+    shapes = grid.select(shapes + list(cfg.extra_shapes), ops=cfg.ops, presets=cfg.presets, kvs=cfg.kvs)
+    found = paths.discover(cfg.backends or None)
+    if env["device"] == "cuda" and found.get("jax", (None, ""))[0] is not None:
+        import jax
+        if jax.default_backend() != "gpu":      # never interpret GB-sized inputs on the host
+            found["jax"] = (None, f"JAX has no GPU backend here (jax.default_backend() == "
+                                  f"{jax.default_backend()!r}); install jax[cuda12]")
+    todo = []                                    # (backend name, adapter, path)
+    for name, (adapter, why) in found.items():
+        for pth in paths.REGISTRY[name].paths:
+            if cfg.paths and pth not in cfg.paths:
+                continue
+            if adapter is None:
+                meta["unavailable"][f"{name}/{pth}"] = why
+            todo.append((name, adapter, pth))
+    tag = cfg.tag or ("dry" if dry else env["arch"])
+    stamp = date.replace(":", "").replace("-", "")[:15]
+    json_path = Path(cfg.out) / f"bench_{tag}_{cfg.mode}_{stamp}.json"
+    png_path = json_path.with_suffix(".png")
+    rows: list[dict] = []
+    t0 = time.perf_counter()
+    max_bytes = int(cfg.max_gb * (1 << 30))
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
+    with progress:
+        task = progress.add_task("bench", total=len(shapes) * max(1, len(todo)))
+        for shape in shapes:
+            shape_rows = [base_row(shape, b, p) for b, _, p in todo]
+            elapsed = time.perf_counter() - t0
+            foot = shape.input_bytes(1)
+            skip = None
+            if elapsed > cfg.budget_s:
+                skip = f"skipped: time budget {cfg.budget_s:.0f} s spent (--budget-s)"
+            elif foot > max_bytes:
+                skip = f"skipped: inputs need {foot / 2**30:.1f} GiB > --max-gb {cfg.max_gb}"
+            if skip:
+                for r in shape_rows:
+                    r["status"] = skip
+                rows += shape_rows
+                progress.advance(task, len(todo))
+                continue
+            progress.update(task, description=shape.label()[:70])
+            try:
+                R = 1 if dry else rotations_for(estimate_touched(shape), foot, max_bytes=max_bytes // 2)
+                inp = make_inputs(shape, rotations=R, device=env["device"], q_dtype=q_dtype,
+                                  latent_dtype=latent_dtype, seed=cfg.seed)
+            except Exception as e:  # noqa: BLE001 - e.g. out of memory: record and go on
+                for r in shape_rows:
+                    r["status"] = f"skipped: input generation failed: {type(e).__name__}: {e}"[:300]
+                rows += shape_rows
+                progress.advance(task, len(todo))
+                _free(env["device"])
+                continue
+            phases: list = []
+            nbytes, flops = shape_cost(shape, inp, phases)
+            checker = checks.Checker(inp, ref_max_positions=cfg.ref_max_positions)
+            for r, (bname, adapter, pth) in zip(shape_rows, todo):
+                r.update(bytes=nbytes, flops=flops, q_dtype=q_dtype if shape.op != "indexer_topk" else "float8_e4m3fn",
+                         rotations=len(inp.sets), **roofline.row_metrics(machine, nbytes, flops, None))
+                if shape.op == "dsa_decode_step":
+                    r["step_impl"] = paths.step_impl(bname, shape.W_window)
+                    # the phases cannot overlap (MLA needs the top-k): floor of running them in turn
+                    r["floor_phases_us"] = [machine.floor_us(b, f) for b, f in phases]
+                progress.update(task, description=f"{shape.label()[:60]} {bname}/{pth}")
+                if adapter is None:
+                    r["status"] = f"unavailable: {found[bname][1]}"[:300]
+                    progress.advance(task)
+                    continue
+                r.update(_run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dry))
+                progress.advance(task)
+            rows += shape_rows
+            del inp, checker
+            _free(env["device"])
+            report.write_json(json_path, meta | {"partial": True}, rows)
+    meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    report.write_json(json_path, meta, rows)
+    png = None
+    if cfg.plot:
+        try:
+            png = report.plot(png_path, meta, rows, meta["machine"])
+        except Exception as e:  # noqa: BLE001 - matplotlib missing: the JSON is the result
+            console.print(f"[yellow]no plot: {type(e).__name__}: {e}[/yellow]")
+    disp = None
+    if cfg.write_dispatch:
+        entries = report.dispatch_entries(rows, env["gpu"])
+        ddir = cfg.dispatch_dir
+        if ddir is None and dry:
+            ddir = Path(cfg.out) / "dispatch"     # never write an interpreter table into the package
+        disp = dispatch.write_table(env["arch"], entries, gpu=env["gpu"],
+                                    compute_capability=env["compute_capability"], command=cfg.command,
+                                    versions=env["versions"], directory=ddir)
+    return {"meta": meta, "rows": rows, "json": json_path, "png": png, "dispatch": disp}
+
+
+def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dry) -> dict:
+    """Prepare, run once, check, then time one path on one shape; returns the row's fields."""
+    upd: dict = {}
+    try:
+        calls = adapter.prepare(shape.op, inp, pth)
+        out0 = calls[0]()
+        adapter.sync(out0)
+    except NotImplementedError as e:
+        return {"status": f"unavailable: {e}"[:300]}
+    except Exception as e:  # noqa: BLE001 - a broken path is a row, not a crashed run
+        return {"status": f"error: {type(e).__name__}: {e}"[:300]}
+    try:
+        upd["config"] = adapter.config(shape.op, inp, pth)
+    except Exception:  # noqa: BLE001
+        upd["config"] = None
+    try:
+        res, how = checker.check(shape.op, out0, pth)
+    except Exception as e:  # noqa: BLE001
+        return upd | {"status": f"error in check: {type(e).__name__}: {e}"[:300]}
+    upd["check"] = {"passed": res.passed, "how": how, "worst_error": res.worst_error,
+                    "tolerance": res.tolerance, "ratio": res.ratio, "message": res.message}
+    del out0
+    if not res.passed:
+        return upd | {"status": f"FAILED check: {res.message}"[:300]}
+    try:
+        if dry:
+            t = timing.time_cpu(calls)
+        elif adapter.name == "jax" or getattr(adapter, "framework", "") == "jax":
+            t = timing.time_jax(calls)
+        else:
+            t = timing.time_torch_cuda(calls)
+    except Exception as e:  # noqa: BLE001
+        return upd | {"status": f"error while timing: {type(e).__name__}: {e}"[:300]}
+    upd.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, timer=t.timer, status="ok")
+    upd.update(roofline.row_metrics(machine, nbytes, flops, t.median_us))
+    return upd
+

@@ -1,0 +1,121 @@
+"""Timers. Each returns a :class:`Timing` in microseconds per call (median, p20, p80).
+
+* torch on CUDA: one CUDA graph holding one call per rotated input set, replayed ``reps`` times
+  between CUDA events; per-call time = replay time / calls (no Python or launch overhead, the
+  inputs of consecutive calls differ so the L2 does not serve them). When the path cannot be
+  captured (a host sync in a plain-PyTorch path), ``triton.testing.do_bench`` with its L2 flush
+  between calls, cycling through the input sets.
+* JAX: the function is jitted and compiled before timing (compile time excluded); each sample is
+  a batch of asynchronously dispatched calls over the rotated sets, closed by
+  ``jax.block_until_ready``; per-call time = batch time / calls. For kernels shorter than JAX's
+  dispatch cost (~10-20 us per call) the number is dispatch-bound; rows say ``timer``.
+* CPU dry runs: wall clock of a few calls (meaningless, labelled so).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Timing:
+    median_us: float
+    p20_us: float
+    p80_us: float
+    samples: int
+    timer: str
+
+
+def _stats(us: list[float], timer: str) -> Timing:
+    a = np.asarray(us, np.float64)
+    return Timing(float(np.median(a)), float(np.percentile(a, 20)), float(np.percentile(a, 80)),
+                  int(a.size), timer)
+
+
+def time_torch_cuda(calls, *, target_s: float = 0.25, max_reps: int = 200, min_reps: int = 10) -> Timing:
+    """``calls``: one zero-argument callable per rotated input set."""
+    import torch
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    try:
+        with torch.cuda.stream(stream):
+            for c in calls:                   # warm-up on a side stream before capture
+                c()
+        torch.cuda.current_stream().wait_stream(stream)
+        torch.cuda.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for c in calls:
+                c()
+        g.replay()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - capture failed (host sync, CPU op): no graph
+        torch.cuda.synchronize()
+        return _time_do_bench(calls, reason=type(e).__name__)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    g.replay()
+    end.record()
+    end.synchronize()
+    one = max(1e-3, start.elapsed_time(end))          # ms per replay
+    reps = int(min(max_reps, max(min_reps, target_s * 1e3 / one)))
+    evs = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+    for s, e in evs:
+        s.record()
+        g.replay()
+        e.record()
+    torch.cuda.synchronize()
+    us = [s.elapsed_time(e) * 1e3 / len(calls) for s, e in evs]
+    del g
+    return _stats(us, f"cuda_graph({len(calls)} calls/replay)")
+
+
+def _time_do_bench(calls, *, reason: str) -> Timing:
+    from triton.testing import do_bench
+
+    i = [0]
+
+    def fn():
+        calls[i[0] % len(calls)]()
+        i[0] += 1
+    q = do_bench(fn, warmup=10, rep=100, quantiles=[0.5, 0.2, 0.8])
+    return Timing(q[0] * 1e3, q[1] * 1e3, q[2] * 1e3, 0, f"do_bench(L2 flush; no graph: {reason})")
+
+
+def time_jax(calls, *, target_s: float = 0.25, max_batches: int = 50, min_batches: int = 5,
+             min_calls: int = 8) -> Timing:
+    """``calls``: one zero-argument callable per rotated input set, each returning jax arrays."""
+    import jax
+
+    per_batch = max(min_calls, len(calls))
+    jax.block_until_ready(calls[0]())                # compile (excluded)
+    jax.block_until_ready([c() for c in calls])       # warm every set
+    t = time.perf_counter()
+    jax.block_until_ready([calls[i % len(calls)]() for i in range(per_batch)])
+    one = time.perf_counter() - t
+    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
+    us = []
+    for _ in range(batches):
+        t = time.perf_counter()
+        jax.block_until_ready([calls[i % len(calls)]() for i in range(per_batch)])
+        us.append((time.perf_counter() - t) * 1e6 / per_batch)
+    return _stats(us, f"jax async batch ({per_batch} calls, block_until_ready)")
+
+
+def time_cpu(calls, *, reps: int = 1) -> Timing:
+    """Dry-run timer: wall clock per call on the host (interpreter; meaningless)."""
+    us = []
+    for r in range(reps):
+        c = calls[r % len(calls)]
+        t = time.perf_counter()
+        out = c()
+        try:
+            import jax
+            jax.block_until_ready(out)
+        except Exception:  # noqa: BLE001 - torch outputs / jax missing
+            pass
+        us.append((time.perf_counter() - t) * 1e6)
+    return _stats(us, "cpu wall clock (dry run: meaningless)")

@@ -1,0 +1,276 @@
+"""python -m bench plumbing: floor formulas against hand-computed numbers, the dry run's rows, JSON,
+PNG and dispatch table (and its round trip through kernels.dispatch.lookup), check-before-time
+(a wrong path is reported and never timed), and the real op paths on one tiny shape.
+
+The plumbing tests use stub backends (kernels.reference behind the torch/jax adapter interface)
+so they do not depend on the op modules; ``test_dry_run_real_paths`` runs whatever paths import.
+"""
+import json
+import os
+import time
+
+import numpy as np
+
+import pytest
+
+from bench import grid, paths, report, roofline
+from bench.runner import RunConfig, run
+from kernels import dispatch, reference
+
+# ----------------------------------------------------------------------------- floor math
+
+
+def test_mla_cost_fp8_ds_mla_by_hand():
+    # V3.2, B=64, N=1, H=128, K=2048 all valid, bf16 q/out:
+    # rows 64*2048 = 131072 x 656 B = 85,983,232; q 64*128*576*2 = 9,437,184; out 64*128*512*2 = 8,388,608
+    nbytes, flops = roofline.mla_cost(B=64, N=1, H=128, n_valid=64 * 2048, d_qk=576, d_v=512,
+                                      kv_format="fp8_ds_mla", q_itemsize=2)
+    assert nbytes == 85_983_232 + 9_437_184 + 8_388_608 == 103_809_024
+    assert flops == 2 * 128 * 131072 * (576 + 512) == 36_507_222_016
+
+
+def test_mla_cost_model1_and_latent_by_hand():
+    # V4-Flash, B=64, H=64, K=512+128 window: rows 40960 x 584 = 23,920,640; q and out 64*64*512*2 each
+    nbytes, flops = roofline.mla_cost(B=64, N=1, H=64, n_valid=64 * 640, d_qk=512, d_v=512,
+                                      kv_format="fp8_model1", q_itemsize=2)
+    assert nbytes == 23_920_640 + 2 * 4_194_304 == 32_309_248
+    assert flops == 2 * 64 * 40960 * 1024 == 5_368_709_120
+    # bf16 latent rows are 2 * D_qk bytes; N=2 doubles rows, q and out
+    nbytes, _ = roofline.mla_cost(B=1, N=2, H=16, n_valid=2 * 2048, d_qk=576, d_v=512,
+                                  kv_format="latent", kv_itemsize=2, q_itemsize=2)
+    assert nbytes == 4096 * 1152 + 2 * 16 * 576 * 2 + 2 * 16 * 512 * 2 == 4_788_224
+    assert roofline.kv_row_bytes("fp8_ds_mla", 576) == 656
+    assert roofline.kv_row_bytes("fp8_model1", 512) == 584
+    assert roofline.kv_row_bytes("latent", 576, 2) == 1152
+    with pytest.raises(ValueError, match="kv_format"):
+        roofline.kv_row_bytes("fp4", 576)
+
+
+def test_indexer_cost_and_floor_by_hand():
+    # B=64, L=64K (the indexer target shape): 64*65536*132 = 553,648,128 B of cache,
+    # q 64*64*128 = 524,288 (e4m3), weights 64*64*4 = 16,384
+    nbytes, flops = roofline.indexer_cost(lens=[65536] * 64, N=1, H_I=64, D_I=128)
+    assert nbytes == 553_648_128 + 524_288 + 16_384 == 554_188_800
+    assert flops == 2 * 64 * 128 * 64 * 65536 == 68_719_476_736
+    m = roofline.Machine(4.3e12, 7.9e14, "nominal H200", measured=False)
+    # memory-bound: 554,188,800 / 4.3e12 s = 128.88 us > 68.7e9 / 7.9e14 s = 86.99 us
+    assert m.floor_us(nbytes, flops) == pytest.approx(128.8811, rel=1e-5)
+    met = roofline.row_metrics(m, nbytes, flops, 200.0)
+    assert met["frac_floor"] == pytest.approx(128.8811 / 200.0, rel=1e-5)
+    assert met["GB_per_s"] == pytest.approx(554_188_800 / 200e-6 / 1e9)
+    assert met["TFLOP_per_s"] == pytest.approx(68_719_476_736 / 200e-6 / 1e12)
+    # compute-bound: the V3.2 MLA shape above at H=128
+    mla_b, mla_f = 103_809_024, 36_507_222_016
+    assert m.floor_us(mla_b, mla_f) == pytest.approx(max(mla_b / 4.3e12, mla_f / 7.9e14) * 1e6)
+    assert m.floor_us(mla_b, mla_f) == pytest.approx(46.21, rel=1e-3)
+
+
+def test_rotations_cover_twice_l2():
+    from bench.inputs import L2_BYTES, rotations_for
+    assert rotations_for(10 * L2_BYTES, 20 * L2_BYTES, max_bytes=1 << 40) == 1
+    assert rotations_for(L2_BYTES // 4, L2_BYTES, max_bytes=1 << 40) == 8
+    assert rotations_for(1, 1, max_bytes=1 << 40) == 32                     # capped
+    assert rotations_for(L2_BYTES // 4, 1 << 30, max_bytes=3 << 30) == 3    # memory-capped
+
+
+def test_grid_shapes_follow_presets():
+    full = grid.full_grid()
+    mla = [s for s in full if s.op == "sparse_mla_decode"]
+    assert {s.B for s in mla} == {1, 8, 32, 64, 128}
+    assert {s.H for s in mla if s.preset == "DSV32"} == {128, 64, 32, 16}
+    assert {s.H for s in mla if s.preset == "DSV4_FLASH"} == {64, 32, 16, 8}
+    assert {s.L for s in mla if s.preset == "DSV4_FLASH"} == {4096, 32768, 131072, 1 << 20}
+    assert {s.L for s in mla if s.preset == "DSV32"} == {4096, 32768, 131072}
+    assert {s.kv_format for s in mla} == {"latent", "fp8_ds_mla", "fp8_model1"}
+    v4 = next(s for s in mla if s.preset == "DSV4_FLASH")
+    assert v4.K == 512 + 128 and v4.kv_format in ("latent", "fp8_model1")
+    quick = grid.quick_grid()
+    assert len(quick) < 40 and {s.op for s in quick} == set(grid.OPS)
+
+
+# ----------------------------------------------------------------------------- stub backends
+
+def _np(t):
+    from bench.inputs import to_numpy_exact
+    return None if t is None else to_numpy_exact(t)
+
+
+def _ref_outputs(op, inp, s, perturb=False):
+    import torch
+    sh = inp.shape
+    out = {}
+    if op in ("indexer_topk", "dsa_decode_step"):
+        idx = reference.indexer_topk(_np(s["iq"]), _np(s["iw"]), _np(s["k_cache"]), _np(s["block_table"]),
+                                     _np(s["context_lens"]), sh.K_topk)
+        if perturb:
+            idx = idx.copy()
+            idx[..., 0] = idx[..., -1] + 1 if idx.shape[-1] > 1 else 0   # drop the best position
+        if sh.W_window:
+            idx = np.concatenate([idx, _np(s["window_idx"])], axis=-1)
+        out["indices"] = torch.as_tensor(idx)
+    if op in ("sparse_mla_decode", "dsa_decode_step"):
+        idx = _np(s["indices"]) if op == "sparse_mla_decode" else out["indices"].numpy()
+        o, lse = reference.sparse_mla_decode(_np(s["q"]), _np(s["kv_cache"]), idx, inp.sm_scale,
+                                             kv_format=sh.kv_format, d_v=sh.p.d_v,
+                                             block_table=_np(s["block_table"]), attn_sink=_np(s["attn_sink"]))
+        if perturb:
+            o = o * 1.1
+        out["out"], out["lse"] = torch.as_tensor(o.astype(np.float32)), torch.as_tensor(lse.astype(np.float32))
+    return out
+
+
+class StubBackend(paths.Backend):
+    """kernels.reference behind the adapter interface; ``broken`` paths perturb their outputs,
+    ``slow`` paths sleep, so the winner and the failure are known in advance."""
+
+    def __init__(self, name, path_names, broken=(), slow=()):
+        self.name, self.paths, self.broken, self.slow = name, tuple(path_names), broken, slow
+
+    def load(self):
+        return self
+
+    def prepare(self, op, inp, path):
+        def call(s):
+            if path in self.slow:
+                time.sleep(0.02)
+            return _ref_outputs(op, inp, s, perturb=path in self.broken)
+        return [lambda s=s: call(s) for s in inp.sets]
+
+    def config(self, op, inp, path):
+        return {"block_h": 16, "stub": path} if path in ("triton", "pallas") else None
+
+
+@pytest.fixture
+def stub_registry(monkeypatch):
+    reg = {"torch": StubBackend("torch", ("triton", "torch"), slow=("torch",)),
+           "jax": StubBackend("jax", ("pallas", "xla"), broken=("pallas",))}
+    monkeypatch.setattr(paths, "REGISTRY", reg)
+    return reg
+
+
+def _small_shapes():
+    S = grid.Shape
+    return [S("sparse_mla_decode", "DSV4_FLASH", 2, 2, 8, 256, "fp8", topk=64, window=16),
+            S("indexer_topk", "DSV32", 2, 1, 1, 200, topk=32, table_len=512),
+            S("dsa_decode_step", "DSV32", 2, 1, 8, 256, "fp8", topk=32, window=0)]
+
+
+def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
+    monkeypatch.setattr(grid, "dry_grid", _small_shapes)
+    cfg = RunConfig(mode="dry", out=tmp_path, write_dispatch=True, progress=False,
+                    command="python -m bench --dry-run (test)")
+    res = run(cfg)
+    rows = res["rows"]
+    assert len(rows) == 3 * 4
+    for r in rows:
+        for k in report.ROW_KEYS:
+            assert k in r, k
+    by = {(r["op"], r["path"]): r for r in rows}
+    # check before time: the broken path fails its check against the reference and is not timed
+    for op in grid.OPS:
+        bad = by[(op, "pallas")]
+        assert bad["status"].startswith("FAILED check"), bad["status"]
+        assert bad["median_us"] is None and bad["frac_floor"] is None
+        for pth in ("triton", "torch", "xla"):
+            r = by[(op, pth)]
+            assert r["status"] == "ok", r["status"]
+            assert r["check"]["passed"]
+            assert r["p20_us"] <= r["median_us"] <= r["p80_us"]
+            assert r["frac_floor"] == pytest.approx(r["floor_us"] / r["median_us"])
+    # bytes / FLOPs of the rows are the formulas applied to the shape
+    m = by[("sparse_mla_decode", "triton")]
+    assert (m["K"], m["H"], m["kv_format"]) == (80, 8, "fp8_model1")
+    assert m["bytes"] == 2 * 2 * 80 * 584 + 2 * 2 * 8 * 512 * 2 * 2       # fp16 q/out in dry runs
+    assert m["flops"] == 2 * 8 * (2 * 2 * 80) * 1024
+    ix = by[("indexer_topk", "triton")]
+    assert ix["bytes"] == 2 * 200 * 132 + 2 * 64 * 128 + 2 * 64 * 4 and ix["table_len"] == 512
+    assert ix["flops"] == 2 * 64 * 128 * 400
+    st = by[("dsa_decode_step", "triton")]
+    assert st["bytes"] == (2 * 256 * 132 + 2 * 64 * 128 + 2 * 64 * 4) + (2 * 32 * 656 + 2 * 16 * 576 * 2 + 2 * 16 * 512 * 2)
+    machine = res["meta"]["machine"]
+    floor = lambda b, f: max(b / machine["copy_bytes_per_s"], f / machine["matmul_flops_per_s"]) * 1e6  # noqa: E731
+    assert st["floor_us"] == pytest.approx(floor(st["bytes"], st["flops"]))
+    ib, mb = 2 * 256 * 132 + 2 * 64 * 128 + 2 * 64 * 4, 2 * 32 * 656 + 2 * 16 * 576 * 2 + 2 * 16 * 512 * 2
+    assert st["floor_phases_us"] == pytest.approx([floor(ib, 2 * 64 * 128 * 512),
+                                                   floor(mb, 2 * 16 * 64 * (576 + 512))])
+    # JSON: SPEC "Result files" + the dry-run label
+    doc = json.loads(res["json"].read_text())
+    for k in ("gpu", "compute_capability", "versions", "date", "command", "rows"):
+        assert k in doc
+    assert doc["dry_run"] is True and "meaningless" in doc["note"]
+    assert doc["command"] == "python -m bench --dry-run (test)" and len(doc["rows"]) == 12
+    # PNG written
+    assert res["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # dispatch: the dry run writes under <out>/dispatch, never into the package
+    assert res["dispatch"] == tmp_path / "dispatch" / "interpreter.json"
+    table = json.loads(res["dispatch"].read_text())
+    dispatch.validate_table(table)
+    ents = {(e["op"], e["backend"]): e for e in table["entries"]}
+    assert set(ents) == {("sparse_mla_decode", "torch"), ("sparse_mla_decode", "jax"),
+                         ("indexer_topk", "torch"), ("indexer_topk", "jax")}
+    assert ents[("sparse_mla_decode", "torch")]["path"] == "triton"     # the slow stub loses
+    assert ents[("sparse_mla_decode", "torch")]["config"] == {"block_h": 16, "stub": "triton"}
+    assert ents[("sparse_mla_decode", "jax")]["path"] == "xla"          # the broken one is never chosen
+    # round trip: the bucket the launchers compute finds the entry
+    monkeypatch.setenv(dispatch.DISPATCH_DIR_ENV, str(tmp_path / "dispatch"))
+    dispatch.clear_cache()
+    b = dispatch.bucket("sparse_mla_decode", B=2, N=2, H=8, K=80, d_qk=512, kv_format="fp8_model1")
+    assert dispatch.lookup("sparse_mla_decode", "torch", "interpreter", b)["path"] == "triton"
+    assert dispatch.lookup("sparse_mla_decode", "jax", "interpreter", b)["path"] == "xla"
+    bi = dispatch.bucket("indexer_topk", B=2, N=1, L=512, topk=32)        # L = block-table capacity
+    assert dispatch.lookup("indexer_topk", "torch", "interpreter", bi)["path"] == "triton"
+    assert dispatch.lookup("indexer_topk", "torch", "interpreter",
+                           dispatch.bucket("indexer_topk", B=2, N=1, L=512, topk=64), nearest=False) is None
+
+
+def test_cli_exit_status_and_filters(tmp_path, stub_registry, monkeypatch, capsys):
+    from bench.__main__ import main
+    monkeypatch.setattr(grid, "dry_grid", _small_shapes)
+    rc = main(["--dry-run", "--out", str(tmp_path), "--no-progress", "--no-plot", "--op", "sparse_mla_decode",
+               "--backend", "torch"])
+    assert rc == 0
+    doc = json.loads(next(tmp_path.glob("bench_dry_dry_*.json")).read_text())
+    assert {(r["op"], r["backend"]) for r in doc["rows"]} == {("sparse_mla_decode", "torch")}
+    assert all(r["status"] == "ok" for r in doc["rows"])
+    rc = main(["--dry-run", "--out", str(tmp_path / "b"), "--no-progress", "--no-plot", "--op", "indexer_topk",
+               "--path", "pallas"])
+    assert rc == 1                                                   # the broken path fails its check
+    assert "FAILED" in capsys.readouterr().out
+
+
+def test_unavailable_backend_is_reported_not_failed(tmp_path, monkeypatch):
+    class Missing(paths.Backend):
+        name, paths = "torch", ("triton", "torch")
+
+        def load(self):
+            raise ImportError("No module named 'torch_impl.nothing'")
+    monkeypatch.setattr(paths, "REGISTRY", {"torch": Missing()})
+    monkeypatch.setattr(grid, "dry_grid", lambda: _small_shapes()[:1])
+    res = run(RunConfig(mode="dry", out=tmp_path, progress=False, plot=False))
+    assert [r["status"] for r in res["rows"]] == ["unavailable: ImportError: No module named 'torch_impl.nothing'"] * 2
+    assert "torch/triton" in res["meta"]["unavailable"]
+
+
+# ----------------------------------------------------------------------------- the real paths
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                    reason="the dry run is the CPU interpreter's plumbing check; on a GPU "
+                           "`python -m bench` runs the real paths itself")
+def test_dry_run_real_paths(tmp_path, monkeypatch):
+    """Every path that imports, on one tiny V3.2 fp8 shape, passes its reference check."""
+    found = paths.discover()
+    if all(a is None for a, _ in found.values()):
+        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
+    S = grid.Shape
+    monkeypatch.setattr(grid, "dry_grid", lambda: [
+        S("sparse_mla_decode", "DSV32", 2, 1, 8, 128, "fp8", topk=32, window=0),
+        S("indexer_topk", "DSV4_FLASH", 1, 1, 1, 100, topk=32)])
+    res = run(RunConfig(mode="dry", out=tmp_path, progress=False, plot=False))
+    ran = 0
+    for r in res["rows"]:
+        if r["status"].startswith("unavailable"):
+            continue
+        assert r["status"] == "ok", (r["backend"], r["path"], r["op"], r["status"])
+        assert r["check"]["passed"] and r["median_us"] > 0
+        ran += 1
+    assert ran >= 1
