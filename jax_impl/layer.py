@@ -1,0 +1,301 @@
+"""One DSA attention decode layer as a Flax NNX module (DeepSeek's absorbed form).
+
+The math, the weight names and the tensor-parallel slicing are those of
+:mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
+runs it with the project's JAX ops: ``indexer_topk`` and ``sparse_mla_decode`` (Pallas kernels
+lowered through Triton, or plain XLA, ``path``) and the byte-exact cache writers. Functional:
+the updated caches are returned (``jax.jit`` / ``nnx.jit`` compatible, static shapes; donate the
+caches to update them in place).
+
+Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
+``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
+``kernels.layer_reference.DSV4_FLASH_LAYER``.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jax_impl import formats as jformats
+from jax_impl._common import JAX_PATHS
+from jax_impl.indexer import indexer_topk
+from jax_impl.sparse_mla import sparse_mla_decode
+from kernels import formats as np_formats
+from kernels import layer_reference as lref
+
+__all__ = ["DSADecodeLayer"]
+
+_FLOAT = (jnp.float32, jnp.float16, jnp.bfloat16)
+_ROPE_SPLIT = 1024
+
+
+@functools.lru_cache(maxsize=8)
+def _rope_tables(cfg: lref.LayerConfig):
+    """cos / sin tables for ``pos = hi * 1024 + lo`` (float64 angles, stored float32): each
+    ``[n, d_rope / 2]``. Angle addition keeps the error ~1e-7 at any position, where a float32
+    ``pos * freq`` would be ~1e-5 rad off at 1M positions."""
+    f = lref.rope_freqs(cfg)
+    lo = np.arange(_ROPE_SPLIT, dtype=np.float64)[:, None] * f
+    hi = np.arange(cfg.preset.max_context // _ROPE_SPLIT + 2, dtype=np.float64)[:, None] * (_ROPE_SPLIT * f)
+    return tuple(np.asarray(t, np.float32) for t in (np.cos(lo), np.sin(lo), np.cos(hi), np.sin(hi)))
+
+
+def _cos_sin(cfg, pos):
+    clo, slo, chi, shi = (jnp.asarray(t) for t in _rope_tables(cfg))
+    lo, hi = pos % _ROPE_SPLIT, pos // _ROPE_SPLIT
+    a_c, a_s, b_c, b_s = chi[hi], shi[hi], clo[lo], slo[lo]
+    return a_c * b_c - a_s * b_s, a_s * b_c + a_c * b_s
+
+
+def _rope(x, cos, sin, interleaved: bool):
+    d = x.shape[-1]
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        a, b = x[..., : d // 2], x[..., d // 2:]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if interleaved:
+        return jnp.stack([ra, rb], axis=-1).reshape(x.shape)
+    return jnp.concatenate([ra, rb], axis=-1)
+
+
+def _rmsnorm(x, w, eps):
+    x = x.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
+    return y if w is None else y * w
+
+
+def _layernorm(x, w, b, eps):
+    x = x.astype(jnp.float32)
+    mu = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mu), axis=-1, keepdims=True)
+    return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
+
+
+class DSADecodeLayer(nnx.Module):
+    """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
+
+    Args:
+      cfg: :class:`kernels.layer_reference.LayerConfig` (``DSV32_LAYER``, ``DSV4_FLASH_LAYER`` or a
+        ``scaled_down()`` variant).
+      weights: full (unsharded) weights ``{name: array}``, DeepSeek ``inference/model.py`` names,
+        ``[out, in]`` layout (:func:`kernels.layer_reference.weight_shapes`); None draws
+        :func:`kernels.layer_reference.init_weights` (``seed``). :meth:`from_checkpoint` loads
+        DeepSeek's safetensors checkpoint.
+      tp_rank, tp_size: heads split over ranks (column-parallel ``wq_b`` / ``wkv_b`` / V4
+        ``wo_a``, row-parallel ``wo`` / V4 ``wo_b``; indexer and latent projections replicated).
+        With ``tp_size > 1`` the call returns this rank's partial output (sum = TP=1).
+      kv_format: ``"latent"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_model1"`` (V4); default
+        ``cfg.kv_format``.
+      dtype: activation / linear-weight dtype (float32, float16, bfloat16); norms, rope, indexer
+        weights and softmax statistics stay float32.
+      path: op path, ``"auto"``, ``"pallas"`` or ``"xla"``.
+    Raises:
+      ValueError / TypeError: bad config, rank, format, dtype or weight shapes (named).
+    """
+
+    def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
+                 tp_size: int = 1, kv_format: str | None = None, dtype=jnp.float32,
+                 path: str = "auto", seed: int = 0):
+        if not isinstance(cfg, lref.LayerConfig):
+            raise TypeError(f"cfg: expected a kernels.layer_reference.LayerConfig, got {type(cfg).__name__}")
+        kv_format = kv_format or cfg.kv_format
+        if kv_format not in np_formats.KV_FORMATS:
+            raise ValueError(f"kv_format: expected one of {np_formats.KV_FORMATS}, got {kv_format!r}")
+        if kv_format == "fp8_ds_mla" and cfg.d_qk != 576 or kv_format == "fp8_model1" and cfg.d_qk != 512:
+            raise ValueError(f"kv_format: {kv_format!r} does not hold D_qk = {cfg.d_qk} ({cfg.name})")
+        if jnp.dtype(dtype) not in [jnp.dtype(d) for d in _FLOAT]:
+            raise TypeError(f"dtype: expected float32, float16 or bfloat16, got {dtype}")
+        if path not in JAX_PATHS:
+            raise ValueError(f"path: expected one of {JAX_PATHS}, got {path!r}")
+        self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, jnp.dtype(dtype), path
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.local_heads = cfg.heads_per_rank(tp_size)
+        if weights is None:
+            weights = lref.init_weights(cfg, seed)
+        weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+        for name, arr in lref.shard_weights(cfg, weights, tp_rank, tp_size).items():
+            keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
+            setattr(self, name.replace(".", "_"),
+                    nnx.Param(jnp.asarray(arr, jnp.float32 if keep_f32 else self.dtype)))
+
+    def w(self, name: str) -> jax.Array:
+        """This rank's weight ``name`` (DeepSeek naming, e.g. ``"wkv_b"``, ``"indexer.wk"``)."""
+        return getattr(self, name.replace(".", "_"))[...]
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_path, layer_idx: int, cfg: lref.LayerConfig, **kwargs) -> "DSADecodeLayer":
+        """Build the layer from a DeepSeek safetensors checkpoint (file or directory; FP8 e4m3
+        weights with 128 x 128 ``weight_scale_inv`` blocks are dequantized)."""
+        from kernels import checkpoint
+        return cls(cfg, checkpoint.load_layer_weights(checkpoint_path, layer_idx, cfg), **kwargs)
+
+    def _validate(self, x, kv_cache, k_cache, block_table, context_lens):
+        cfg = self.cfg
+        if not hasattr(x, "shape") or not jnp.issubdtype(x.dtype, jnp.floating):
+            raise TypeError(f"x: expected a floating-point jax.Array, got {getattr(x, 'dtype', type(x).__name__)}")
+        if x.ndim != 3 or x.shape[-1] != cfg.hidden or min(x.shape) < 1:
+            raise ValueError(f"x: expected shape [B, N, {cfg.hidden}], got {tuple(x.shape)}")
+        B = x.shape[0]
+        for name, t in (("block_table", block_table), ("context_lens", context_lens)):
+            if not hasattr(t, "dtype") or jnp.dtype(t.dtype) != jnp.int32:
+                raise TypeError(f"{name}: expected an int32 array, got {getattr(t, 'dtype', type(t).__name__)}")
+        if block_table.ndim != 2 or block_table.shape[0] != B:
+            raise ValueError(f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
+        if tuple(context_lens.shape) != (B,):
+            raise ValueError(f"context_lens: expected shape [{B}], got {tuple(context_lens.shape)}")
+        if (not hasattr(k_cache, "dtype") or jnp.dtype(k_cache.dtype) != jnp.uint8 or k_cache.ndim != 2
+                or k_cache.shape[1] != cfg.page_size * (cfg.index_head_dim + 4)):
+            raise ValueError(f"k_cache: expected uint8 [num_pages, {cfg.page_size * (cfg.index_head_dim + 4)}] "
+                             f"('fp8_indexer', P = cfg.page_size), got {getattr(k_cache, 'dtype', None)} "
+                             f"{tuple(getattr(k_cache, 'shape', ()))}")
+        if not hasattr(kv_cache, "shape"):
+            raise TypeError(f"kv_cache: expected a jax.Array, got {type(kv_cache).__name__}")
+        want = lref.kv_cache_shape(cfg, self.kv_format, kv_cache.shape[0] if kv_cache.ndim else 0)
+        fmt_ok = (jnp.issubdtype(kv_cache.dtype, jnp.floating) if self.kv_format == "latent"
+                  else jnp.dtype(kv_cache.dtype) == jnp.uint8)
+        if tuple(kv_cache.shape) != want or not fmt_ok:
+            raise ValueError(f"kv_cache: expected {'float' if self.kv_format == 'latent' else 'uint8'} "
+                             f"{list(want)} ({self.kv_format!r}, P = cfg.page_size), got "
+                             f"{jnp.dtype(kv_cache.dtype).name} {tuple(kv_cache.shape)}")
+
+    def _write_caches(self, kv_cache, k_cache, latent, ik, slots, ok):
+        """Functional cache write; unmapped slots are dropped (out-of-bounds scatter)."""
+        cfg, P, D_I = self.cfg, self.cfg.page_size, self.cfg.index_head_dim
+        s = slots.reshape(-1)
+        okf = ok.reshape(-1)
+        T = s.shape[0]
+        page, off = s // P, s % P
+        if self.kv_format in ("latent", "fp8_ds_mla"):
+            rows = (latent.reshape(T, -1).astype(kv_cache.dtype) if self.kv_format == "latent"
+                    else jformats.quantize_fp8_ds_mla(latent.reshape(T, -1).astype(jnp.float32)))
+            flat = kv_cache.reshape(-1, kv_cache.shape[-1])
+            tgt = jnp.where(okf, s, flat.shape[0])
+            kv_cache = flat.at[tgt].set(rows, mode="drop").reshape(kv_cache.shape)
+        else:
+            one = jformats.quantize_fp8_model1(latent.reshape(T, 1, -1).astype(jnp.float32))
+            pb = kv_cache.shape[1]
+            flat = kv_cache.reshape(-1)
+            oob = flat.shape[0]
+            di = jnp.where(okf[:, None], (page * pb + off * 576)[:, None] + jnp.arange(576), oob)
+            si = jnp.where(okf[:, None], (page * pb + P * 576 + off * 8)[:, None] + jnp.arange(8), oob)
+            flat = flat.at[di].set(one[:, :576], mode="drop").at[si].set(one[:, 576:584], mode="drop")
+            kv_cache = flat.reshape(kv_cache.shape)
+        one = jformats.quantize_fp8_indexer(ik.reshape(T, 1, D_I).astype(jnp.float32), cfg.scale_fmt)
+        pb = k_cache.shape[1]
+        flat = k_cache.reshape(-1)
+        oob = flat.shape[0]
+        di = jnp.where(okf[:, None], (page * pb + off * D_I)[:, None] + jnp.arange(D_I), oob)
+        si = jnp.where(okf[:, None], (page * pb + P * D_I + 4 * off)[:, None] + jnp.arange(4), oob)
+        k_cache = flat.at[di].set(one[:, :D_I], mode="drop").at[si].set(one[:, D_I:], mode="drop")
+        return kv_cache, k_cache.reshape(-1, pb)
+
+    def __call__(self, x, kv_cache, k_cache, block_table, context_lens, *,
+                 return_intermediates: bool = False):
+        """One decode step (see :meth:`forward`). float32 layers run their matmuls at
+        ``"highest"`` precision (no TF32 on GPUs), so float32 means float32 as in the torch layer."""
+        prec = "highest" if self.dtype == jnp.dtype(jnp.float32) else "default"
+        with jax.default_matmul_precision(prec):
+            return self.forward(x, kv_cache, k_cache, block_table, context_lens,
+                                return_intermediates=return_intermediates)
+
+    def forward(self, x, kv_cache, k_cache, block_table, context_lens, *,
+                return_intermediates: bool = False):
+        """One decode step: project the N new tokens, write them into both caches, select
+        top-k positions with the indexer, attend, project out.
+
+        Args:
+          x: ``[B, N, hidden]`` float, the new tokens' hidden states (N > 1: MTP drafts).
+          kv_cache: latent cache in ``self.kv_format`` (SPEC layouts 1-3).
+          k_cache: indexer K cache, ``fp8_indexer`` uint8 ``[num_pages, P * (D_I + 4)]``.
+          block_table: int32 ``[B, max_pages]`` shared by both caches (P = ``cfg.page_size``).
+          context_lens: int32 ``[B]``, L_b counting the N new tokens; token i sits at position
+            ``L_b - N + i``; a position the block table does not map is not written.
+          return_intermediates: also return a dict (``q``, ``idx_q``, ``idx_weights``,
+            ``indices``, ``idx_context_lens``, ``attn``, ``lse``).
+        Returns:
+          ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
+          row-parallel partial when ``tp_size > 1``) and the updated caches.
+        Raises:
+          TypeError / ValueError: bad argument (named). NotImplementedError: a named ``path``
+          that cannot run.
+        """
+        self._validate(x, kv_cache, k_cache, block_table, context_lens)
+        cfg, dt = self.cfg, self.dtype
+        B, N, _ = x.shape
+        r, D_I, H_I, P = cfg.d_rope, cfg.index_head_dim, cfg.index_heads, cfg.page_size
+        x = x.astype(dt)
+        pos = context_lens[:, None] - N + jnp.arange(N, dtype=jnp.int32)[None]        # [B, N]
+        entry = jnp.take_along_axis(block_table, jnp.clip(pos // P, 0, block_table.shape[1] - 1), axis=1)
+        ok = (pos >= 0) & (pos < block_table.shape[1] * P) & (entry >= 0)
+        slots = jnp.where(ok, entry * P + pos % P, 0)
+        cos, sin = _cos_sin(cfg, jnp.maximum(pos, 0))
+        cos_h, sin_h = cos[:, :, None], sin[:, :, None]
+
+        qr = _rmsnorm(x @ self.w("wq_a").T, self.w("q_norm"), cfg.eps).astype(dt)
+        Hl = self.local_heads
+        if cfg.absorbed:
+            nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
+            q = (qr @ self.w("wq_b").T).reshape(B, N, Hl, nope + r)
+            q_pe = _rope(q[..., nope:].astype(jnp.float32), cos_h, sin_h, True)
+            wkv_b = self.w("wkv_b").reshape(Hl, nope + cfg.v_head_dim, C)
+            q_lat = jnp.einsum("bnhd,hdc->bnhc", q[..., :nope], wkv_b[:, :nope])
+            q_mla = jnp.concatenate([q_lat.astype(jnp.float32), q_pe], axis=-1).astype(dt)
+            kv = x @ self.w("wkv_a").T
+            c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
+            latent = jnp.concatenate([c, _rope(kv[..., C:].astype(jnp.float32), cos, sin, True)], axis=-1)
+        else:
+            q = (qr @ self.w("wq_b").T).reshape(B, N, Hl, cfg.d_qk).astype(jnp.float32)
+            if cfg.q_head_norm:
+                q = _rmsnorm(q, None, cfg.eps)
+            q_mla = jnp.concatenate([q[..., :-r], _rope(q[..., -r:], cos_h, sin_h, True)], axis=-1).astype(dt)
+            kv = _rmsnorm(x @ self.w("wkv").T, self.w("kv_norm"), cfg.eps)
+            latent = jnp.concatenate([kv[..., :-r], _rope(kv[..., -r:], cos, sin, True)], axis=-1)
+        latent = latent.astype(dt)
+
+        had = jnp.asarray(lref.hadamard_matrix(D_I), jnp.float32)
+        iq = (qr @ self.w("indexer.wq_b").T).reshape(B, N, H_I, D_I).astype(jnp.float32)
+        iq = jnp.concatenate([_rope(iq[..., :r], cos_h, sin_h, False), iq[..., r:]], axis=-1) @ had
+        ik = _layernorm(x @ self.w("indexer.wk").T, self.w("indexer.k_norm.weight"),
+                        self.w("indexer.k_norm.bias"), cfg.eps)
+        ik = jnp.concatenate([_rope(ik[..., :r], cos, sin, False), ik[..., r:]], axis=-1) @ had
+        iq, ik = iq.astype(dt).astype(jnp.float32), ik.astype(dt).astype(jnp.float32)
+        q_scale = jformats.indexer_scale(jnp.max(jnp.abs(iq), axis=-1), cfg.scale_fmt)     # [B, N, H_I]
+        idx_q = jnp.clip(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).astype(jnp.float8_e4m3fn)
+        idx_w = (x.astype(jnp.float32) @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
+
+        kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, slots, ok)
+
+        lens_bn = jnp.maximum(context_lens[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None], 0)
+        if cfg.window:
+            idx_lens = jnp.maximum(lens_bn - cfg.window, 0).astype(jnp.int32)
+            top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
+            j = lens_bn[..., None] - cfg.window + jnp.arange(cfg.window, dtype=jnp.int32)
+            indices = jnp.concatenate([top, jnp.where(j >= 0, j, -1).astype(jnp.int32)], axis=-1)
+        else:
+            idx_lens = lens_bn.astype(jnp.int32)
+            indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
+
+        sink = self.w("attn_sink") if cfg.attn_sink else None
+        attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,
+                                      d_v=cfg.d_v, block_table=block_table, attn_sink=sink, path=self.path)
+        if cfg.absorbed:
+            o = jnp.einsum("bnhc,hdc->bnhd", attn.astype(dt), wkv_b[:, cfg.qk_nope_head_dim:])
+            out = o.reshape(B, N, -1) @ self.w("wo").T
+        else:
+            o = attn.astype(jnp.float32)
+            if cfg.inverse_rope_out:
+                o = jnp.concatenate([o[..., :-r], _rope(o[..., -r:], cos_h, -sin_h, True)], axis=-1)
+            gl = self.w("wo_a").shape[0] // cfg.o_lora_rank
+            wo_a = self.w("wo_a").reshape(gl, cfg.o_lora_rank, -1)
+            o = jnp.einsum("bngd,grd->bngr", o.astype(dt).reshape(B, N, gl, -1), wo_a)
+            out = o.reshape(B, N, -1) @ self.w("wo_b").T
+        if return_intermediates:
+            inter = dict(q=q_mla, idx_q=idx_q, idx_weights=idx_w, indices=indices,
+                         idx_context_lens=idx_lens, attn=attn, lse=lse)
+            return out, kv_cache, k_cache, inter
+        return out, kv_cache, k_cache

@@ -1,0 +1,109 @@
+"""jax_impl.layer.DSADecodeLayer (Flax NNX) against the float64 layer reference, under nnx.jit.
+
+Scaled-down configs (4 heads, hidden 256, D_qk 576 / 512, d_v 512, D_I 128, P 16) at both presets;
+checks in tests/_layer_checks.py (SPEC tolerances via kernels.compare). On the CPU the Pallas
+kernels run in interpret mode with float32 activations; on a GPU the same bodies run there and
+the bf16 test is added. Every call is jitted (static shapes); eager dispatch of the same step is
+several times slower on the CPU and adds no coverage.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import _layer_checks as checks
+from jax_impl.layer import DSADecodeLayer
+from kernels import compare, layer_reference as lref
+
+GPU = jax.default_backend() == "gpu"
+gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
+
+V32, V4 = lref.DSV32_LAYER.scaled_down(), lref.DSV4_FLASH_LAYER.scaled_down()
+
+
+@nnx.jit
+def _step(layer, x, kv, kc, bt, cl):
+    return layer(x, kv, kc, bt, cl, return_intermediates=True)
+
+
+def _run(layer, case):
+    out, kv, kc, inter = _step(layer, *(jnp.asarray(a) for a in (case.x, case.kv_cache, case.k_cache,
+                                                                  case.block_table, case.context_lens)))
+    conv = {k: (np.asarray(v) if v.dtype == jnp.float8_e4m3fn else compare.to_numpy(v)) for k, v in inter.items()}
+    return compare.to_numpy(out), np.asarray(kv), np.asarray(kc), conv
+
+
+@pytest.mark.parametrize("cfg,fmt,B,N,lens,seed", [
+    (V32, "fp8_ds_mla", 2, 2, (150, 40), 0),
+    (V4, "fp8_model1", 2, 1, (120, 30), 3),
+], ids=["dsv32_fp8_ds_mla_mtp2", "dsv4_fp8_model1"])
+def test_layer_matches_reference_jit(cfg, fmt, B, N, lens, seed):
+    """The Pallas path (named: no silent fall-back to XLA) under nnx.jit."""
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, path="pallas")
+    out, kv, kc, inter = _run(layer, case)
+    checks.check_step(case, case.reference(), out, kv, kc, inter)
+
+
+def test_tp2_partials_sum_to_tp1():
+    """V4 heads / o_groups split over 2 ranks: each rank matches its reference, caches agree, and
+    the sum of the partial outputs matches TP=1 (SPEC out bound). The xla path keeps the two
+    compilations short; the pallas path is covered above."""
+    case = lref.make_layer_case(V4, seed=5, B=1, N=1, lens=(100,), kv_format="latent")
+    total, caches = 0.0, []
+    for rank in range(2):
+        layer = DSADecodeLayer(case.cfg, case.weights, tp_rank=rank, tp_size=2, kv_format="latent", path="xla")
+        out, kv, kc, inter = _run(layer, case)
+        checks.check_step(case, case.reference(rank, 2), out, kv, kc, inter, tp_rank=rank, tp_size=2)
+        total = total + out.astype(np.float64)
+        caches.append((kv, kc))
+    assert np.array_equal(caches[0][0], caches[1][0]) and np.array_equal(caches[0][1], caches[1][1])
+    compare.assert_pass(compare.check_close("tp2 sum", total, case.reference().out, abs_tol=compare.OUT_ABS,
+                                            rel_tol=compare.OUT_REL, cos_tol=compare.OUT_COS))
+
+
+def test_unmapped_new_token_is_not_written():
+    """Inside jit nothing can raise on values: a new token whose page entry is -1 is dropped
+    (out-of-bounds scatter), the rest of both caches is untouched."""
+    case = lref.make_layer_case(V32, seed=2, B=1, N=1, lens=(40,), kv_format="latent")
+    bt = case.block_table.copy()
+    bt[0, (40 - 1) // V32.page_size] = -1
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format="latent", path="xla")
+    _, kv, kc, _ = _step(layer, *(jnp.asarray(a) for a in (case.x, case.kv_cache, case.k_cache, bt,
+                                                             case.context_lens)))
+    assert np.array_equal(np.asarray(kv), case.kv_cache) and np.array_equal(np.asarray(kc), case.k_cache)
+
+
+def test_bad_input_is_named():
+    case = lref.make_layer_case(V32, seed=0, B=1, N=1, lens=(40,), kv_format="fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format="fp8_ds_mla", path="xla")
+    x, kv, kc, bt, cl = (jnp.asarray(a) for a in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                                   case.context_lens))
+    with pytest.raises(ValueError, match="x: expected shape"):
+        layer(x[..., :-1], kv, kc, bt, cl)
+    with pytest.raises(TypeError, match="block_table"):
+        layer(x, kv, kc, bt.astype(jnp.float32), cl)
+    with pytest.raises(ValueError, match="k_cache"):
+        layer(x, kv, kc[:, :-4], bt, cl)
+    with pytest.raises(ValueError, match="kv_cache: expected uint8"):
+        layer(x, kv.astype(jnp.float32), kc, bt, cl)
+    with pytest.raises(ValueError, match="tp_size"):
+        DSADecodeLayer(V4, lref.init_weights(V4), tp_size=4)     # o_groups 2 cannot split 4 ways
+    with pytest.raises(ValueError, match="path"):
+        DSADecodeLayer(V32, case.weights, path="triton")
+
+
+@gpu_only
+@pytest.mark.parametrize("cfg,fmt", [(V32, "fp8_ds_mla"), (V4, "fp8_model1")], ids=["dsv32", "dsv4"])
+def test_bf16_layer_on_gpu(cfg, fmt):
+    """bf16 activations and bf16-rounded weights (the reference gets the same rounded weights);
+    bound and reason in tests/_layer_checks.py (check_bf16_step, BF16_COS)."""
+    import ml_dtypes
+    case = lref.make_layer_case(cfg, seed=0, B=2, N=1, lens=(150, 40), kv_format=fmt)
+    case.weights = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in case.weights.items()}
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, dtype=jnp.bfloat16, path="pallas")
+    out, _, kc, inter = _run(layer, case)
+    checks.check_bf16_step(case, out, kc, inter)

@@ -1,0 +1,219 @@
+"""torch_impl.layer.DSADecodeLayer (torch.nn.Module) against the float64 layer reference.
+
+Scaled-down configs (4 heads, hidden 256, D_qk 576 / 512, d_v 512, D_I 128, P 16) at both presets;
+checks in tests/_layer_checks.py (SPEC tolerances via kernels.compare). On a CPU machine the
+Triton kernels run in the interpreter (tests/conftest.py) with float32 activations; on a CUDA GPU
+the same bodies run on the GPU, and the bf16 / CUDA-graph tests at the end are added.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import compare, layer_reference as lref
+import _layer_checks as checks
+from torch_impl._common import as_tensor
+from torch_impl.layer import DSADecodeLayer
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+V32, V4 = lref.DSV32_LAYER.scaled_down(), lref.DSV4_FLASH_LAYER.scaled_down()
+
+CASES = {  # name: (cfg, kv_format, B, N, lens, seed)
+    "dsv32_fp8_ds_mla": (V32, "fp8_ds_mla", 2, 1, (150, 40), 0),
+    "dsv32_latent_mtp2": (V32, "latent", 2, 2, (130, 70), 1),
+    "dsv4_fp8_model1": (V4, "fp8_model1", 2, 1, (120, 30), 3),
+    "dsv4_latent_mtp2": (V4, "latent", 1, 2, (90,), 4),
+}
+
+
+def _case(name):
+    cfg, fmt, B, N, lens, seed = CASES[name]
+    return lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name=name)
+
+
+def _inputs(case):
+    return [as_tensor(a, DEVICE) for a in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                           case.context_lens)]
+
+
+def _np(t):
+    return compare.to_numpy(t)
+
+
+def _run(layer, case, **kw):
+    out, kv, kc, inter = layer(*_inputs(case), return_intermediates=True, **kw)
+    return _np(out), _np(kv), _np(kc), {k: (t.view(torch.uint8).cpu().numpy().view(lref.formats.E4M3)
+                                            if t.dtype == torch.float8_e4m3fn else _np(t))
+                                        for k, t in inter.items()}
+
+
+@pytest.mark.parametrize("name,path", [(n, "triton") for n in CASES] + [("dsv32_fp8_ds_mla", "torch")])
+def test_layer_matches_reference(name, path):
+    """Every case on the Triton kernels (named path: no silent fall-back), one on plain PyTorch."""
+    case = _case(name)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path=path)
+    out, kv, kc, inter = _run(layer, case)
+    checks.check_step(case, case.reference(), out, kv, kc, inter)
+
+
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_tp2_partials_sum_to_tp1(name):
+    """Heads split over 2 ranks (column-parallel wq_b / wkv_b / wo_a, row-parallel wo / wo_b):
+    each rank matches its own reference, both write identical caches, and the sum of the two
+    partial outputs (what an all-reduce computes) matches TP=1 within SPEC's out bound."""
+    case = _case(name)
+    total, caches = 0.0, []
+    for rank in range(2):
+        layer = DSADecodeLayer(case.cfg, case.weights, tp_rank=rank, tp_size=2,
+                               kv_format=case.kv_format, device=DEVICE, path="torch")
+        assert layer.local_heads == case.cfg.num_heads // 2
+        out, kv, kc, inter = _run(layer, case)
+        checks.check_step(case, case.reference(rank, 2), out, kv, kc, inter, tp_rank=rank, tp_size=2)
+        total = total + out.astype(np.float64)
+        caches.append((kv, kc))
+    assert np.array_equal(caches[0][0], caches[1][0]) and np.array_equal(caches[0][1], caches[1][1])
+    compare.assert_pass(compare.check_close("tp2 sum", total, case.reference().out, abs_tol=compare.OUT_ABS,
+                                            rel_tol=compare.OUT_REL, cos_tol=compare.OUT_COS))
+
+
+def test_repeat_is_bitwise_identical():
+    case = _case("dsv4_fp8_model1")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+    a = layer(*_inputs(case))
+    b = layer(*_inputs(case))
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+
+
+def test_bad_input_is_named():
+    case = _case("dsv32_fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+    x, kv, kc, bt, cl = _inputs(case)
+    with pytest.raises(ValueError, match="x: expected shape"):
+        layer(x[..., :-1], kv, kc, bt, cl)
+    with pytest.raises(TypeError, match="context_lens"):
+        layer(x, kv, kc, bt, cl.long())
+    with pytest.raises(ValueError, match="block_table"):
+        layer(x, kv, kc, bt[:1], cl)
+    with pytest.raises(ValueError, match="kv_cache: expected uint8"):
+        layer(x, kv[..., :-1].contiguous(), kc, bt, cl)
+    bad = bt.clone()
+    bad[0] = -1                                    # the new token's page is unmapped
+    with pytest.raises(ValueError, match="block_table: every new token"):
+        layer(x, kv, kc, bad, cl)
+    with pytest.raises(ValueError, match="tp_size"):
+        DSADecodeLayer(case.cfg, case.weights, tp_size=3)
+    with pytest.raises(ValueError, match="kv_format"):
+        DSADecodeLayer(case.cfg, case.weights, kv_format="fp8_model1")
+    with pytest.raises(ValueError, match="weights\\['wo'\\]"):
+        DSADecodeLayer(case.cfg, {**case.weights, "wo": case.weights["wo"][:, :8]})
+
+
+@pytest.mark.slow
+def test_torch_compile_matches_reference():
+    """torch.compile of the whole layer (the ops are opaque torch.library custom ops). Works on
+    the CPU but Inductor's C++ build takes ~1 minute of CPU, hence slow."""
+    case = _case("dsv32_fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+    out, kv, kc = torch.compile(layer)(*_inputs(case))
+    checks.check_step(case, case.reference(), _np(out), _np(kv), _np(kc))
+
+
+# ------------------------------------------------------------- the layer reference itself
+
+def test_reference_absorbed_equals_unabsorbed_mha():
+    """The float64 layer reference's absorbed form (q_nope through wkv_b's key half, output
+    through its value half) equals DeepSeek's non-absorbed MHA math (prefill branch of
+    ``MLA.forward``: per-head k_nope / v from wkv_b, scores (q_nope.k_nope + q_pe.k_pe) * scale)
+    over the same selected positions."""
+    case = _case("dsv32_latent_mtp2")
+    cfg, ref = case.cfg, case.reference()
+    w = {k: v.astype(np.float64) for k, v in case.weights.items()}
+    rows = lref.formats.dequantize_kv(ref.kv_cache, "latent")               # [slots, 576]
+    slots = lref.reference.resolve_indices(ref.indices, num_slots=rows.shape[0], page_size=cfg.page_size,
+                                           block_table=case.block_table)
+    H, nope, v, C = cfg.num_heads, cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.kv_lora_rank
+    wkv_b = w["wkv_b"].reshape(H, nope + v, C)
+    B, N = case.x.shape[:2]
+    # recompute q_nope / q_pe exactly as MLA.forward does (before absorption)
+    pos, _ = lref.new_token_slots(case.block_table, case.context_lens, N, cfg.page_size)
+    ang = pos[..., None] * lref.rope_freqs(cfg)
+    qr = lref._rmsnorm(case.x.astype(np.float64) @ w["wq_a"].T, w["q_norm"], cfg.eps)
+    q = (qr @ w["wq_b"].T).reshape(B, N, H, nope + cfg.d_rope)
+    q_pe = lref._rope(q[..., nope:], ang[:, :, None], interleaved=True)
+    out = np.zeros((B, N, cfg.hidden))
+    for b in range(B):
+        for i in range(N):
+            sel = rows[slots[b, i][slots[b, i] >= 0]]                         # [T, 576]
+            k_nope = np.einsum("hdc,tc->htd", wkv_b[:, :nope], sel[:, :C])
+            vv = np.einsum("hdc,tc->htd", wkv_b[:, nope:], sel[:, :C])
+            s = (np.einsum("hd,htd->ht", q[b, i, :, :nope], k_nope) + q_pe[b, i] @ sel[:, C:].T) * cfg.sm_scale
+            p = np.exp(s - s.max(-1, keepdims=True))
+            p /= p.sum(-1, keepdims=True)
+            out[b, i] = np.einsum("ht,htd->hd", p, vv).reshape(-1) @ w["wo"].T
+    np.testing.assert_allclose(ref.out, out, rtol=1e-10, atol=1e-12)
+
+
+def test_full_size_weight_shapes_match_deepseek_configs():
+    """The unscaled configs give DeepSeek-V3.2-Exp's checkpoint shapes and the public V4-Flash
+    shapes (no weights are allocated)."""
+    s = lref.weight_shapes(lref.DSV32_LAYER)
+    assert s["wq_a"] == (1536, 7168) and s["wq_b"] == (128 * 192, 1536) and s["wkv_a"] == (576, 7168)
+    assert s["wkv_b"] == (128 * 256, 512) and s["wo"] == (7168, 128 * 128)
+    assert s["indexer.wq_b"] == (64 * 128, 1536) and s["indexer.wk"] == (128, 7168)
+    assert s["indexer.weights_proj"] == (64, 7168)
+    s4 = lref.weight_shapes(lref.DSV4_FLASH_LAYER)
+    assert s4["wq_b"] == (64 * 512, 1024) and s4["wkv"] == (512, 4096)
+    assert s4["wo_a"] == (8 * 1024, 8 * 512) and s4["wo_b"] == (4096, 8 * 1024) and s4["attn_sink"] == (64,)
+    assert lref.DSV32_LAYER.d_qk == 576 and lref.DSV4_FLASH_LAYER.d_qk == 512
+    assert lref.DSV32_LAYER.heads_per_rank(8) == 16 and lref.DSV4_FLASH_LAYER.heads_per_rank(8) == 8
+
+
+# ---------------------------------------------------------------------------------- GPU only
+
+def _bf16_rounded(weights):
+    return {k: torch.tensor(v).bfloat16().float().numpy() for k, v in weights.items()}
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_bf16_layer_on_gpu(name):
+    """bf16 activations and weights (the reference gets the same bf16-rounded weights); bound and
+    reason in tests/_layer_checks.py (check_bf16_step, BF16_COS)."""
+    case = _case(name)
+    case.weights = _bf16_rounded(case.weights)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           dtype=torch.bfloat16)
+    out, _, kc, inter = _run(layer, case)
+    checks.check_bf16_step(case, out, kc, inter)
+
+
+@gpu_only
+def test_cuda_graph_replay_is_bitwise_identical():
+    case = _case("dsv32_fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           dtype=torch.bfloat16)
+    args = _inputs(case)
+    kv0, kc0 = args[1].clone(), args[2].clone()
+    eager, _, _ = layer(*args)
+    args[1].copy_(kv0)
+    args[2].copy_(kc0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                     # warm-up outside capture (autotune, allocs)
+        layer(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    args[1].copy_(kv0)
+    args[2].copy_(kc0)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out, _, _ = layer(*args)
+    args[1].copy_(kv0)
+    args[2].copy_(kc0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, eager)

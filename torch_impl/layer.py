@@ -1,0 +1,297 @@
+"""One DSA attention decode layer as a ``torch.nn.Module`` (DeepSeek's absorbed form).
+
+The math, the weight names and the tensor-parallel slicing are those of
+:mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
+runs it with the project's ops: ``indexer_topk`` and ``sparse_mla_decode`` (Triton kernels or
+plain PyTorch, ``path``), and the byte-exact cache writers ``quantize_fp8_ds_mla``,
+``quantize_fp8_model1`` and ``quantize_fp8_indexer``.
+
+Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
+``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
+``kernels.layer_reference.DSV4_FLASH_LAYER``.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from kernels import formats as np_formats
+from kernels import layer_reference as lref
+from torch_impl import formats as tformats
+from torch_impl._common import TORCH_PATHS
+from torch_impl.indexer import indexer_topk
+from torch_impl.sparse_mla import sparse_mla_decode
+
+__all__ = ["DSADecodeLayer"]
+
+_FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """Rotate ``x [..., d]`` (float32) by angles whose cos / sin are ``[..., d/2]``."""
+    d = x.shape[-1]
+    if interleaved:
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        a, b = x[..., : d // 2], x[..., d // 2:]
+    ra, rb = a * cos - b * sin, a * sin + b * cos
+    if interleaved:
+        return torch.stack([ra, rb], dim=-1).flatten(-2)
+    return torch.cat([ra, rb], dim=-1)
+
+
+def _rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
+    x = x.float()
+    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return y if w is None else y * w
+
+
+def _capturing() -> bool:
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+class DSADecodeLayer(nn.Module):
+    """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
+
+    Args:
+      cfg: :class:`kernels.layer_reference.LayerConfig` (``DSV32_LAYER``, ``DSV4_FLASH_LAYER`` or
+        a ``scaled_down()`` variant).
+      weights: full (unsharded) weights, ``{name: array}`` with DeepSeek ``inference/model.py``
+        names and ``[out, in]`` layout (:func:`kernels.layer_reference.weight_shapes`), NumPy or
+        torch, any float dtype; None draws :func:`kernels.layer_reference.init_weights` (``seed``).
+        :meth:`from_checkpoint` loads DeepSeek's safetensors checkpoint instead.
+      tp_rank, tp_size: this rank and the tensor-parallel size: heads are split
+        (column-parallel ``wq_b`` / ``wkv_b`` / V4 ``wo_a``, row-parallel ``wo`` / V4 ``wo_b``); the
+        indexer and the latent projections are replicated. With ``tp_size > 1`` :meth:`forward`
+        returns this rank's partial output; summing the ranks' outputs (all-reduce) gives TP=1.
+      kv_format: latent cache layout, ``"latent"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_model1"``
+        (V4); default ``cfg.kv_format``.
+      dtype: activation and linear-weight dtype (float32 / float16 / bfloat16; norms, rope,
+        indexer weights and softmax statistics stay float32).
+      device: where the weights live.
+      path: op path for ``indexer_topk`` / ``sparse_mla_decode`` (``"auto"``, ``"triton"``,
+        ``"torch"``).
+    Raises:
+      ValueError / TypeError: bad config, rank, format, dtype or weight shapes (named).
+    """
+
+    def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
+                 tp_size: int = 1, kv_format: str | None = None, dtype: torch.dtype = torch.float32,
+                 device=None, path: str = "auto", seed: int = 0):
+        super().__init__()
+        if not isinstance(cfg, lref.LayerConfig):
+            raise TypeError(f"cfg: expected a kernels.layer_reference.LayerConfig, got {type(cfg).__name__}")
+        kv_format = kv_format or cfg.kv_format
+        if kv_format not in np_formats.KV_FORMATS:
+            raise ValueError(f"kv_format: expected one of {np_formats.KV_FORMATS}, got {kv_format!r}")
+        if kv_format == "fp8_ds_mla" and cfg.d_qk != 576 or kv_format == "fp8_model1" and cfg.d_qk != 512:
+            raise ValueError(f"kv_format: {kv_format!r} does not hold D_qk = {cfg.d_qk} ({cfg.name})")
+        if dtype not in _FLOAT:
+            raise TypeError(f"dtype: expected one of {_FLOAT}, got {dtype}")
+        if path not in TORCH_PATHS:
+            raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
+        self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
+        self.tp_rank, self.tp_size = tp_rank, tp_size
+        self.local_heads = cfg.heads_per_rank(tp_size)
+        if weights is None:
+            weights = lref.init_weights(cfg, seed)
+        weights = {k: (v.detach().float().cpu().numpy() if isinstance(v, torch.Tensor) else v)
+                   for k, v in weights.items()}
+        shard = lref.shard_weights(cfg, weights, tp_rank, tp_size)
+        self._names = list(shard)
+        for name, arr in shard.items():
+            keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
+            t = torch.as_tensor(arr, dtype=torch.float32 if keep_f32 else dtype, device=device)
+            self.register_buffer(self._buf(name), t)
+        self.register_buffer("rope_freqs", torch.as_tensor(lref.rope_freqs(cfg), dtype=torch.float64,
+                                                           device=device), persistent=False)
+        self.register_buffer("hadamard", torch.as_tensor(lref.hadamard_matrix(cfg.index_head_dim),
+                                                         dtype=torch.float32, device=device),
+                             persistent=False)
+
+    @staticmethod
+    def _buf(name: str) -> str:
+        return name.replace(".", "_")
+
+    def w(self, name: str) -> torch.Tensor:
+        """This rank's weight ``name`` (DeepSeek naming, e.g. ``"wkv_b"``, ``"indexer.wk"``)."""
+        return getattr(self, self._buf(name))
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint_path, layer_idx: int, cfg: lref.LayerConfig, **kwargs) -> "DSADecodeLayer":
+        """Build the layer from a DeepSeek safetensors checkpoint (file or directory): FP8 e4m3
+        weights with 128 x 128 ``weight_scale_inv`` blocks are dequantized
+        (:func:`kernels.checkpoint.load_layer_weights`); other keyword arguments as the constructor."""
+        from kernels import checkpoint
+        return cls(cfg, checkpoint.load_layer_weights(checkpoint_path, layer_idx, cfg), **kwargs)
+
+    # ------------------------------------------------------------------ forward
+
+    def _validate(self, x, kv_cache, k_cache, block_table, context_lens):
+        cfg = self.cfg
+        if not isinstance(x, torch.Tensor) or not x.is_floating_point():
+            raise TypeError(f"x: expected a floating-point torch.Tensor, got "
+                            f"{getattr(x, 'dtype', type(x).__name__)}")
+        if x.dim() != 3 or x.shape[-1] != cfg.hidden or min(x.shape) < 1:
+            raise ValueError(f"x: expected shape [B, N, {cfg.hidden}], got {tuple(x.shape)}")
+        B = x.shape[0]
+        for name, t in (("block_table", block_table), ("context_lens", context_lens)):
+            if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
+                raise TypeError(f"{name}: expected an int32 torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
+        if block_table.dim() != 2 or block_table.shape[0] != B:
+            raise ValueError(f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
+        if tuple(context_lens.shape) != (B,):
+            raise ValueError(f"context_lens: expected shape [{B}], got {tuple(context_lens.shape)}")
+        for name, t in (("kv_cache", kv_cache), ("k_cache", k_cache)):
+            if not isinstance(t, torch.Tensor) or not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous torch.Tensor (written in place)")
+        want = lref.kv_cache_shape(cfg, self.kv_format, kv_cache.shape[0] if kv_cache.dim() else 0)
+        latent_ok = kv_cache.dtype in _FLOAT if self.kv_format == "latent" else kv_cache.dtype == torch.uint8
+        if tuple(kv_cache.shape) != want or not latent_ok:
+            raise ValueError(f"kv_cache: expected {'float' if self.kv_format == 'latent' else 'uint8'} "
+                             f"{list(want)} ({self.kv_format!r}, P = cfg.page_size), got {kv_cache.dtype} "
+                             f"{tuple(kv_cache.shape)}")
+        if k_cache.dtype != torch.uint8 or k_cache.dim() != 2 or k_cache.shape[1] % (cfg.index_head_dim + 4):
+            raise ValueError(f"k_cache: expected uint8 [num_pages, P * {cfg.index_head_dim + 4}] "
+                             f"('fp8_indexer'), got {k_cache.dtype} {tuple(k_cache.shape)}")
+        P = k_cache.shape[1] // (cfg.index_head_dim + 4)
+        if P != cfg.page_size:
+            raise ValueError(f"k_cache: expected page size {cfg.page_size} (cfg.page_size), got {P}")
+
+    def _slots(self, block_table, context_lens, N):
+        P = self.cfg.page_size
+        pos = context_lens.long()[:, None] - N + torch.arange(N, device=context_lens.device)[None]
+        page_idx = torch.clamp(pos // P, 0, block_table.shape[1] - 1)
+        entry = torch.gather(block_table.long(), 1, page_idx)
+        ok = (pos >= 0) & (pos < block_table.shape[1] * P) & (entry >= 0)
+        if not _capturing() and not bool(ok.all()):
+            raise ValueError("block_table: every new token's position L_b - N + i must map to a page "
+                             "(allocate the pages before the step); got an unmapped position")
+        return pos, entry * P + pos % P
+
+    def _write_caches(self, kv_cache, k_cache, latent, ik, slots):
+        cfg, P, D_I = self.cfg, self.cfg.page_size, self.cfg.index_head_dim
+        s = slots.reshape(-1)
+        page, off = s // P, s % P
+        T = s.shape[0]
+        if self.kv_format == "latent":
+            kv_cache.view(-1, kv_cache.shape[-1]).index_copy_(0, s, latent.reshape(T, -1).to(kv_cache.dtype))
+        elif self.kv_format == "fp8_ds_mla":
+            rows = tformats.quantize_fp8_ds_mla(latent.reshape(T, -1).float())
+            kv_cache.view(-1, np_formats.DS_MLA_BYTES).index_copy_(0, s, rows)
+        else:
+            one = tformats.quantize_fp8_model1(latent.reshape(T, 1, -1).float())      # [T, page(P=1)]
+            pb = kv_cache.shape[1]
+            base = page * pb
+            ar_d = torch.arange(576, device=s.device)
+            ar_s = torch.arange(8, device=s.device)
+            flat = kv_cache.view(-1)
+            flat.index_put_(((base + off * 576)[:, None] + ar_d,), one[:, :576])
+            flat.index_put_(((base + P * 576 + off * 8)[:, None] + ar_s,), one[:, 576:584])
+        one = tformats.quantize_fp8_indexer(ik.reshape(T, 1, D_I).float(), cfg.scale_fmt)  # [T, D_I + 4]
+        pb = k_cache.shape[1]
+        base = page * pb
+        flat = k_cache.view(-1)
+        flat.index_put_(((base + off * D_I)[:, None] + torch.arange(D_I, device=s.device),), one[:, :D_I])
+        flat.index_put_(((base + P * D_I + 4 * off)[:, None] + torch.arange(4, device=s.device),), one[:, D_I:])
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
+                block_table: torch.Tensor, context_lens: torch.Tensor, *,
+                return_intermediates: bool = False):
+        """One decode step: project the N new tokens, write them into both caches (in place),
+        select top-k positions with the indexer, attend, project out.
+
+        Args:
+          x: ``[B, N, hidden]`` float, the new tokens' hidden states (N > 1: MTP drafts).
+          kv_cache: latent cache in ``self.kv_format`` (SPEC layouts 1-3), written in place at
+            the new tokens' slots.
+          k_cache: indexer K cache, ``fp8_indexer`` uint8 ``[num_pages, P * (D_I + 4)]`` (ue8m0
+            scales), written in place.
+          block_table: int32 ``[B, max_pages]``, shared by both caches (P = ``cfg.page_size``).
+          context_lens: int32 ``[B]``, L_b counting the N new tokens; token i sits at position
+            ``L_b - N + i`` and draft i attends positions ``< L_b - (N - 1 - i)``.
+          return_intermediates: also return a dict (``q``, ``idx_q``, ``idx_weights``,
+            ``indices``, ``idx_context_lens``, ``attn``, ``lse``) for tests.
+        Returns:
+          ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
+          row-parallel partial when ``tp_size > 1``), and the two caches (the same tensors).
+        Raises:
+          TypeError / ValueError: bad argument (named); a new token's position not mapped by the
+            block table (checked eagerly; under torch.compile / CUDA-graph capture this is the
+            caller's precondition). NotImplementedError: a named ``path`` that cannot run.
+        """
+        self._validate(x, kv_cache, k_cache, block_table, context_lens)
+        cfg, dt = self.cfg, self.dtype
+        B, N, _ = x.shape
+        r, D_I, H_I = cfg.d_rope, cfg.index_head_dim, cfg.index_heads
+        x = x.to(dt)
+        pos, slots = self._slots(block_table, context_lens, N)
+        ang = pos.double()[..., None] * self.rope_freqs                       # [B, N, r/2]
+        cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
+        cos_h, sin_h = cos[:, :, None], sin[:, :, None]
+
+        qr = _rmsnorm(x @ self.w("wq_a").T, self.w("q_norm"), cfg.eps).to(dt)
+        if cfg.absorbed:
+            nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
+            q = (qr @ self.w("wq_b").T).view(B, N, self.local_heads, nope + r)
+            q_pe = _rope(q[..., nope:].float(), cos_h, sin_h, True)
+            wkv_b = self.w("wkv_b").view(self.local_heads, nope + cfg.v_head_dim, C)
+            q_lat = torch.einsum("bnhd,hdc->bnhc", q[..., :nope], wkv_b[:, :nope])
+            q_mla = torch.cat([q_lat.float(), q_pe], dim=-1).to(dt)
+            kv = x @ self.w("wkv_a").T
+            c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
+            latent = torch.cat([c, _rope(kv[..., C:].float(), cos, sin, True)], dim=-1)
+        else:
+            q = (qr @ self.w("wq_b").T).view(B, N, self.local_heads, cfg.d_qk).float()
+            if cfg.q_head_norm:
+                q = _rmsnorm(q, None, cfg.eps)
+            q_mla = torch.cat([q[..., :-r], _rope(q[..., -r:], cos_h, sin_h, True)], dim=-1).to(dt)
+            kv = _rmsnorm(x @ self.w("wkv").T, self.w("kv_norm"), cfg.eps)
+            latent = torch.cat([kv[..., :-r], _rope(kv[..., -r:], cos, sin, True)], dim=-1)
+        latent = latent.to(dt)
+
+        # indexer: q / k with non-interleaved rope, Hadamard rotation, ue8m0 fp8
+        iq = (qr @ self.w("indexer.wq_b").T).view(B, N, H_I, D_I).float()
+        iq = torch.cat([_rope(iq[..., :r], cos_h, sin_h, False), iq[..., r:]], dim=-1) @ self.hadamard
+        ik = nn.functional.layer_norm((x @ self.w("indexer.wk").T).float(), (D_I,),
+                                      self.w("indexer.k_norm.weight"), self.w("indexer.k_norm.bias"), cfg.eps)
+        ik = torch.cat([_rope(ik[..., :r], cos, sin, False), ik[..., r:]], dim=-1) @ self.hadamard
+        iq, ik = iq.to(dt).float(), ik.to(dt).float()
+        q_scale = tformats.indexer_scale(iq.abs().amax(dim=-1), cfg.scale_fmt)   # [B, N, H_I]
+        idx_q = torch.clamp(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
+        idx_w = (x.float() @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
+
+        self._write_caches(kv_cache, k_cache, latent, ik, slots)
+
+        lens_bn = torch.clamp(context_lens.long()[:, None] - (N - 1 - torch.arange(N, device=x.device))[None], min=0)
+        if cfg.window:
+            idx_lens = torch.clamp(lens_bn - cfg.window, min=0).to(torch.int32)
+            top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
+            j = lens_bn[..., None] - cfg.window + torch.arange(cfg.window, device=x.device)
+            win = torch.where(j >= 0, j, -1).to(torch.int32)
+            indices = torch.cat([top, win], dim=-1)
+        else:
+            idx_lens = lens_bn.to(torch.int32)
+            indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
+
+        sink = self.w("attn_sink") if cfg.attn_sink else None
+        attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,
+                                      d_v=cfg.d_v, block_table=block_table, attn_sink=sink, path=self.path)
+        if cfg.absorbed:
+            o = torch.einsum("bnhc,hdc->bnhd", attn.to(dt), wkv_b[:, cfg.qk_nope_head_dim:])
+            out = o.reshape(B, N, -1) @ self.w("wo").T
+        else:
+            o = attn.float()
+            if cfg.inverse_rope_out:
+                o = torch.cat([o[..., :-r], _rope(o[..., -r:], cos_h, -sin_h, True)], dim=-1)
+            gl = self.w("wo_a").shape[0] // cfg.o_lora_rank
+            wo_a = self.w("wo_a").view(gl, cfg.o_lora_rank, -1)
+            o = torch.einsum("bngd,grd->bngr", o.to(dt).view(B, N, gl, -1), wo_a)
+            out = o.reshape(B, N, -1) @ self.w("wo_b").T
+        if return_intermediates:
+            inter = dict(q=q_mla, idx_q=idx_q, idx_weights=idx_w, indices=indices,
+                         idx_context_lens=idx_lens, attn=attn, lse=lse)
+            return out, kv_cache, k_cache, inter
+        return out, kv_cache, k_cache
