@@ -16,3 +16,14 @@ __all__ = [
     "quantize_fp8_ds_mla", "dequantize_fp8_ds_mla", "quantize_fp8_model1", "dequantize_fp8_model1",
     "quantize_fp8_indexer", "dequantize_fp8_indexer",
 ]
+
+# The composed decode step and its tensor-parallel form (jax.shard_map).
+from jax_impl.step import dsa_decode_step  # noqa: E402
+from jax_impl.tp import dsa_decode_step_tp  # noqa: E402
+
+__all__ += ["dsa_decode_step", "dsa_decode_step_tp"]
+
+# One DSA attention decode layer (DeepSeek absorbed MLA + indexer), Flax NNX.
+from jax_impl.layer import DSADecodeLayer  # noqa: E402
+
+__all__ += ["DSADecodeLayer"]

@@ -6,7 +6,7 @@ import os
 import shutil
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-os.environ.setdefault("JAX_ENABLE_X64", "0")
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # torch and jax share one GPU
 
 
 def _has_cuda() -> bool:

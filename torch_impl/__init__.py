@@ -16,3 +16,14 @@ __all__ = [
     "quantize_fp8_ds_mla", "dequantize_fp8_ds_mla", "quantize_fp8_model1", "dequantize_fp8_model1",
     "quantize_fp8_indexer", "dequantize_fp8_indexer",
 ]
+
+# The composed decode step and its tensor-parallel form (torch.distributed).
+from torch_impl.step import dsa_decode_step  # noqa: E402
+from torch_impl.tp import dsa_decode_step_tp, shard_heads  # noqa: E402
+
+__all__ += ["dsa_decode_step", "dsa_decode_step_tp", "shard_heads"]
+
+# One DSA attention decode layer (DeepSeek absorbed MLA + indexer), torch.nn.Module.
+from torch_impl.layer import DSADecodeLayer  # noqa: E402
+
+__all__ += ["DSADecodeLayer"]
