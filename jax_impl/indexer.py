@@ -114,6 +114,9 @@ def _pallas_logits(q, weights, k_cache, block_table, lens, *, k_format, P, cfg, 
     dev = device_info()
     B, N, H, D = q.shape
     _pallas_gate(dev, D=D, P=P, H=H, N=N, fp8=k_format == "fp8_indexer")
+    W = block_table.shape[1] * P
+    hardware.require_int32_addressing(dev, "jax indexer (pallas)",
+                                      max(k_cache.size * k_cache.dtype.itemsize, B * N * W * 4))
     return _pallas.launch_indexer_logits(q, weights, k_cache, block_table, lens,
                                          fp8=k_format == "fp8_indexer", page_size=P,
                                          num_sms=dev.num_sms, cfg=cfg, group_max=group_max)

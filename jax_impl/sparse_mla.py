@@ -93,6 +93,8 @@ def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk
         raise NotImplementedError(
             f"sparse_mla_decode (pallas) supports D_qk in (512, 576) and d_v = 512 on "
             f"{dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); got D_qk={d_qk}, d_v={d_v}")
+    hardware.require_int32_addressing(dev, "sparse_mla_decode (pallas)",
+                                      kv_cache.size * kv_cache.dtype.itemsize)
     dot_dtype = _dot_dtype(q.dtype, kv_format, kv_cache.dtype)
     if config is None:
         entry = dispatch.lookup("sparse_mla_decode", "jax", dev.arch, dispatch.bucket(

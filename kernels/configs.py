@@ -116,15 +116,16 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes.
 
-    One head block covers all heads up to 64 (padded to a power of two >= 16); 128 heads use
-    two blocks of 64. Where the space has no such block_h (fp32 operands on sm_120) the largest
-    smaller one is used. The choice is always the first member of :func:`sparse_mla_space` with
-    that block_h (the plain one: dv_splits 1 and one stage where the space has it).
+    Always the first 16-head member of :func:`sparse_mla_space` (every space has one): each head
+    block re-reads its selected rows (from L2 when the head blocks of one request run together),
+    but the accumulator fits the registers. ``num_heads`` is accepted for a future rule.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
-    want_h = min(64, max(16, next_pow2(num_heads)))
-    block_h = max(c.block_h for c in space if c.block_h <= want_h)   # largest that the space has
-    return next(c for c in space if c.block_h == block_h)
+    # 16 heads per program: the H200 run of 2026-11-29 (bench/NOTES.md) measured the 64-head
+    # block (255 registers + spills) at ~1% of the floor; a 16-head block keeps the fp32
+    # accumulator [16, 512] in registers. Wider blocks stay in the space for the dispatch table.
+    del num_heads
+    return next(c for c in space if c.block_h == 16)
 
 
 def sparse_mla_num_splits(rows: int, topk: int, block_k: int, num_sms: int,
@@ -204,15 +205,13 @@ def pallas_sparse_mla_smem(cfg: SparseMLAConfig, operand_bytes: int) -> int:
 
 def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int,
                                 operand_bytes: int = 2) -> SparseMLAConfig:
-    """Default Pallas config: all heads up to 64 in one head block (padded to a power of two
-    >= 16) where the GPU's shared memory allows it, else the largest head block of the space
-    (one pipeline stage); fp32 operands use :data:`PALLAS_SPARSE_MLA_FP32`."""
+    """Default Pallas config: 16 heads x 32 entries, one stage (the first member of the space);
+    fp32 operands use :data:`PALLAS_SPARSE_MLA_FP32`."""
     if operand_bytes >= 4:
         return PALLAS_SPARSE_MLA_FP32
-    space = PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)]
-    want_h = min(64, max(16, next_pow2(num_heads)))
-    fits = [c for c in space if c.num_stages == 1 and c.block_h <= want_h]
-    return max(fits, key=lambda c: (c.block_h, c.block_k)) if fits else space[0]
+    # 16-head blocks, as the Triton heuristic (see sparse_mla_heuristic for the measurement).
+    del num_heads
+    return PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)][0]
 
 
 def pallas_sparse_mla_from_dict(d: dict, smem_per_block: int) -> SparseMLAConfig | None:

@@ -80,3 +80,19 @@ def require_smem(dev: DeviceInfo, what: str, need_bytes: int) -> None:
     raise NotImplementedError(
         f"{what} needs {need_bytes} bytes of shared memory per block but {dev.name} "
         f"(compute capability {dev.cc[0]}.{dev.cc[1]}) allows {dev.smem_per_block}")
+
+
+INT32_BYTES = 2 ** 31 - 1
+
+
+def require_int32_addressing(dev: DeviceInfo, what: str, nbytes: int) -> None:
+    """Raise ``NotImplementedError`` when a buffer of ``nbytes`` cannot be addressed with int32
+    offsets. The Pallas-Triton lowering computes pointer offsets in int32 (JAX without x64): a
+    latent cache over 2 GiB overflowed them on the H200 (illegal address at DSV32 B=128,
+    L=32K, fp8_ds_mla, 2.75 GB). ``path="auto"`` then falls through to the XLA path."""
+    if dev.interpret or nbytes <= INT32_BYTES:
+        return
+    raise NotImplementedError(
+        f"{what}: a {nbytes / 2**30:.2f} GiB buffer needs 64-bit offsets, which the Pallas-Triton "
+        f"lowering does not emit on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); "
+        f"supported: buffers under 2 GiB (use path='xla' or the torch backend)")

@@ -139,10 +139,10 @@ def test_heuristic_stays_in_space():
         assert space == configs.SPARSE_MLA_SPACE[(configs.smem_class(smem), width)]
         for H in (8, 16, 24, 32, 64, 128):
             cfg = configs.sparse_mla_heuristic(H, smem, width)
-            want = min(64, max(16, configs.next_pow2(H)))
-            assert cfg in space and cfg.block_h == max(c.block_h for c in space if c.block_h <= want)
-    assert configs.sparse_mla_heuristic(64, configs.LARGE_SMEM).block_h == 64
-    assert configs.sparse_mla_heuristic(64, configs.SMALL_SMEM, 4).block_h == 16
+            assert cfg in space and cfg.block_h == 16
+    assert configs.sparse_mla_heuristic(64, configs.LARGE_SMEM) == configs.SparseMLAConfig(
+        block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1)
+    assert configs.pallas_sparse_mla_heuristic(128, configs.SMALL_SMEM) in configs.PALLAS_SPARSE_MLA_SPACE["small"]
     assert configs.sparse_mla_from_dict({"block_h": 64, "block_k": 999}, configs.SMALL_SMEM) is None
     assert configs.sparse_mla_num_splits(rows=64, topk=2048, block_k=32, num_sms=132) == 5
     assert configs.sparse_mla_num_splits(rows=1024, topk=2048, block_k=32, num_sms=132) == 1

@@ -166,7 +166,8 @@ def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, 
     dot_f32 = dev.interpret and q.dtype == torch.bfloat16
     launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out,
                           page_size=P, num_sms=dev.num_sms, config=lcfg, dot_f32=dot_f32,
-                          fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=not dev.interpret)
+                          fp8_nan_fix=dev.interpret, hist=hist,
+                          fp8_upcast=not _common.interpret_mode())   # bf16 is broken in the interpreter
     return out
 
 

@@ -1,0 +1,88 @@
+"""Config sweep of the Triton sparse-MLA split kernel on the current GPU (every member of the
+search space in kernels/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
+
+    python bench/mla_sweep.py --out sweep.json
+
+Each config's output is first compared with the heuristic config's (max |diff| reported); the
+time is ``triton.testing.do_bench``'s median over one input set (the selected rows of B=64
+requests, 86 MB at DSV32, exceed the 60 MB L2 of an H200). Results feed bench/NOTES.md and,
+where a config wins clearly, the dispatch table.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import triton
+
+from kernels import configs
+from torch_impl import _common, sparse_mla
+
+
+def _inputs(B, H, K, d_qk, kv_format, pages_per_req=512, P=64, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    num_pages = B * pages_per_req
+    if kv_format == "fp8_ds_mla":
+        kv = torch.randint(0, 256, (num_pages, P, 656), dtype=torch.uint8, device="cuda", generator=g)
+        kv[..., :512] &= 0x77                                  # finite e4m3, |x| < 256
+        kv[..., 512:528] = torch.tensor([1.0] * 4, device="cuda").view(torch.uint8)
+        kv[..., 528:].view(torch.bfloat16).normal_(generator=g)
+    else:                                                      # fp8_model1
+        from kernels import formats
+        pb = formats.model1_page_bytes(P)
+        kv = torch.randint(0, 256, (num_pages, pb), dtype=torch.uint8, device="cuda", generator=g)
+        data = kv[:, :P * 576].view(num_pages, P, 576)
+        data[..., :448] &= 0x77
+        data[..., 448:].view(torch.bfloat16).normal_(generator=g)
+        kv[:, P * 576:P * 584].view(num_pages, P, 8)[..., :7] = 127
+    L = pages_per_req * P
+    base = torch.arange(B, device="cuda")[:, None, None] * L
+    idx = (torch.rand(B, 1, K, device="cuda", generator=g) * L).long() + base
+    q = torch.randn(B, 1, H, d_qk, device="cuda", dtype=torch.bfloat16, generator=g)
+    return q, kv, idx.int()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="mla_sweep.json")
+    args = ap.parse_args()
+    dev = _common.device_info(torch.device("cuda"))
+    shapes = [("DSV32", 64, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 64, 16, 2048, 576, "fp8_ds_mla"),
+              ("DSV4_FLASH", 64, 64, 512, 512, "fp8_model1")]
+    rows = []
+    for preset, B, H, K, d_qk, fmt in shapes:
+        q, kv, idx = _inputs(B, H, K, d_qk, fmt)
+        scale = d_qk ** -0.5
+        ref = None
+        space = configs.sparse_mla_space(dev.smem_per_block, 2)
+        heur = configs.sparse_mla_heuristic(H, dev.smem_per_block)
+        for cfg in sorted(space, key=lambda c: c != heur):
+            t0 = time.time()
+            try:
+                fn = lambda: sparse_mla._triton_impl(q, kv, idx, scale, fmt, 512, None, None, None, config=cfg)
+                out, lse = fn()
+                torch.cuda.synchronize()
+                if ref is None:
+                    ref = (out.float(), lse)
+                diff = float((out.float() - ref[0]).abs().max())
+                us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
+                err = None
+            except Exception as e:  # noqa: BLE001 - recorded per config
+                us, diff, err = None, None, f"{type(e).__name__}: {e}"[:300]
+            row = dict(preset=preset, B=B, H=H, K=K, kv_format=fmt, config=cfg.__dict__,
+                       heuristic=cfg == heur, median_us=us, max_abs_diff_vs_heuristic=diff,
+                       error=err, wall_s=round(time.time() - t0, 1))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    doc = dict(gpu=dev.name, compute_capability=f"{dev.cc[0]}.{dev.cc[1]}",
+               versions=dict(torch=torch.__version__, triton=triton.__version__),
+               date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               command="python bench/mla_sweep.py --out " + args.out, rows=rows)
+    with open(args.out, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
