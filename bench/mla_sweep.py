@@ -1,7 +1,7 @@
 """Config sweep of the Triton sparse-MLA split kernel on the current GPU (every member of the
 search space in kernels/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
 
-    python bench/mla_sweep.py --out sweep.json
+    python -m bench.mla_sweep --out sweep.json
 
 Each config's output is first compared with the heuristic config's (max |diff| reported); the
 time is ``triton.testing.do_bench``'s median over one input set (the selected rows of B=64
@@ -79,7 +79,7 @@ def main():
     doc = dict(gpu=dev.name, compute_capability=f"{dev.cc[0]}.{dev.cc[1]}",
                versions=dict(torch=torch.__version__, triton=triton.__version__),
                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               command="python bench/mla_sweep.py --out " + args.out, rows=rows)
+               command="python -m bench.mla_sweep --out " + args.out, rows=rows)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 

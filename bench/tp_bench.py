@@ -272,8 +272,8 @@ def torch_worker(args) -> None:
         if rank == 0:
             doc["checks"].append(dict(case=f"tp{world}_modes_equal_B{B}_L{L}", backend="torch", tp=world,
                                       op="dsa_decode_step", passed=bool(ok.item()),
-                                      message=f"indices and out/lse bitwise equal across modes; "
-                                              f"{n_valid} valid indices of {a[2].numel()}"))
+                                      message=(f"indices and out/lse {'bitwise equal' if ok.item() else 'NOT bitwise equal'} "
+                                               f"across modes; {n_valid} valid indices of {a[2].numel()}")))
         del a, b
         reps = 2 if dry else args.reps
         for (op, mode), fn in fns.items():
@@ -414,8 +414,9 @@ def jax_worker(args) -> None:
         ok = all(bool(jnp.array_equal(u, v)) for u, v in zip(a, b))
         doc["checks"].append(dict(case=f"tp{world}_modes_equal_B{B}_L{L}", backend="jax", tp=world,
                                   op="dsa_decode_step", passed=ok,
-                                  message=f"indices and out/lse bitwise equal across modes; "
-                                          f"{int((a[2] >= 0).sum())} valid indices of {a[2].size}"))
+                                  message=(f"indices {'equal' if bool(jnp.array_equal(a[2], b[2])) else 'DIFFER'}, "
+                                           f"out/lse {'bitwise equal' if ok else 'NOT bitwise equal'} across modes; "
+                                           f"{int((a[2] >= 0).sum())} valid indices of {a[2].size}")))
         del a, b
         reps = 2 if dry else args.reps
         for (op, mode), fn in fns.items():

@@ -6,7 +6,7 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; mkdir -p "$OUT/bench"; LOG="$OUT/run.log"
 stage() { echo "=== $1 $(date -u +%T)" | tee -a "$LOG"; }
-stage sweep; timeout 60 python3 bench/mla_sweep.py --out "$OUT/mla_sweep.json" >> "$LOG" 2>&1; echo "sweep rc=$?" | tee -a "$LOG"
+stage sweep; timeout 60 python3 -m bench.mla_sweep --out "$OUT/mla_sweep.json" >> "$LOG" 2>&1; echo "sweep rc=$?" | tee -a "$LOG"
 stage bench; timeout 200 python3 -m bench --quick --budget-s 140 --write-dispatch --no-progress --no-plot \
   --out "$OUT/bench" --dispatch-dir "$OUT/bench" >> "$LOG" 2>&1; echo "bench rc=$?" | tee -a "$LOG"
 stage tp; timeout 150 python3 bench/tp_bench.py --out "$OUT/tp.json" --budget-s 45 >> "$LOG" 2>&1; echo "tp rc=$?" | tee -a "$LOG"
