@@ -131,7 +131,7 @@ def test_triton_logits_touch_only_the_pages_of_L():
     B, N = q.shape[:2]
     W = bt.shape[1] * P
     out = torch.full((B, N, W), 7.0, dtype=torch.float32, device=DEVICE)
-    dev = tix._device_info(q.device)
+    dev = _common.device_info(q.device)
     launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl, out,
                           page_size=P, num_sms=dev.num_sms, fp8_nan_fix=dev.interpret)
     ref = reference.indexer_logits(case.q, case.weights, case.k_cache, bt.cpu().numpy(),
@@ -153,7 +153,7 @@ def test_fused_histogram_matches_unfused_topk():
     q, w, kc, bt, cl = _args(case)
     B, N = q.shape[:2]
     W = bt.shape[1] * P
-    dev = tix._device_info(q.device)
+    dev = _common.device_info(q.device)
     lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
     ref_out = None
     for splits in (1, 3, 7):

@@ -1,6 +1,7 @@
 """Validation, device gates and path dispatch shared by the torch_impl launchers."""
 from __future__ import annotations
 
+import functools
 import os
 from typing import Callable, Sequence
 
@@ -17,13 +18,19 @@ def interpret_mode() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+@functools.lru_cache(maxsize=None)
+def _cuda_device_info(index: int) -> hardware.DeviceInfo:
+    props = torch.cuda.get_device_properties(index)
+    cc = (props.major, props.minor)
+    return hardware.DeviceInfo(name=props.name, cc=cc, num_sms=props.multi_processor_count,
+                               smem_per_block=hardware.smem_limit(cc))
+
+
 def device_info(device: torch.device) -> hardware.DeviceInfo:
-    """DeviceInfo of a tensor's device; raises NotImplementedError where Triton cannot run."""
+    """DeviceInfo of a tensor's device (cached per CUDA device, so launchers can call it every
+    time); raises NotImplementedError where Triton cannot run."""
     if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        cc = (props.major, props.minor)
-        return hardware.DeviceInfo(name=props.name, cc=cc, num_sms=props.multi_processor_count,
-                                   smem_per_block=hardware.smem_limit(cc))
+        return _cuda_device_info(device.index if device.index is not None else torch.cuda.current_device())
     if device.type == "cpu" and interpret_mode():
         return hardware.CPU_INTERPRETER
     raise NotImplementedError(

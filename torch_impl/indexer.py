@@ -22,7 +22,6 @@ It reads ``max(L_b)`` back to the host once per call, so it is **not** CUDA-grap
 """
 from __future__ import annotations
 
-import functools
 
 import torch
 
@@ -106,17 +105,6 @@ def _draft_lengths(context_lens, B, N, W) -> torch.Tensor:
 
 # ============================================================================ triton path
 
-@functools.lru_cache(maxsize=None)
-def _cuda_info(index: int) -> hardware.DeviceInfo:
-    return _common.device_info(torch.device("cuda", index))
-
-
-def _device_info(device: torch.device) -> hardware.DeviceInfo:
-    if device.type == "cuda":
-        return _cuda_info(device.index if device.index is not None else torch.cuda.current_device())
-    return _common.device_info(device)
-
-
 def _dispatch_entry(dev, op, B, N, W, topk=None):
     """Dispatch-table entry for this call or None. The bucket's L is the block table's capacity
     W (the actual lengths live on the device and are not read back)."""
@@ -137,7 +125,7 @@ def _triton_configs(entry):
 
 def _triton_gate(q, k_format, P, num_stages):
     """NotImplementedError (GPU, compute capability, what is supported) before launch."""
-    dev = _device_info(q.device)
+    dev = _common.device_info(q.device)
     hardware.require_arch(dev, "indexer_logits (triton)")
     B, N, H, D = q.shape
     if D < 16 or D & (D - 1):
@@ -175,7 +163,7 @@ def _triton_logits(q, weights, k_cache, block_table, context_lens, k_format):
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
     W = block_table.shape[1] * P
-    dev = _device_info(q.device)
+    dev = _common.device_info(q.device)
     lcfg, _ = _triton_configs(_dispatch_entry(dev, "indexer_logits", B, N, W))
     _triton_gate(q, k_format, P, lcfg.num_stages)
     out = torch.full((B, N, W), float("-inf"), dtype=torch.float32, device=q.device)
@@ -204,7 +192,7 @@ def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format,
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
     W = block_table.shape[1] * P
-    dev = _device_info(q.device)
+    dev = _common.device_info(q.device)
     lcfg, tcfg = _triton_configs(_dispatch_entry(dev, "indexer_topk", B, N, W, topk))
     _triton_gate(q, k_format, P, lcfg.num_stages)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
@@ -326,7 +314,7 @@ def _order(dev_entry_path):
 
 def _auto_order(q, block_table, k_cache, k_format, op, topk=None):
     try:
-        dev = _device_info(q.device)
+        dev = _common.device_info(q.device)
     except NotImplementedError:
         return ("triton", "torch")
     B, N = q.shape[:2]

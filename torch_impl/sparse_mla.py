@@ -11,7 +11,6 @@ values or ``topk_length``).
 """
 from __future__ import annotations
 
-import functools
 import math
 from typing import Optional
 
@@ -105,17 +104,6 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
 
 
 # ============================================================================ config choice
-
-@functools.lru_cache(maxsize=None)
-def _cuda_info(index: int) -> hardware.DeviceInfo:
-    return _common.device_info(torch.device("cuda", index))
-
-
-def _device_info(device: torch.device) -> hardware.DeviceInfo:
-    if device.type == "cuda":
-        return _cuda_info(device.index if device.index is not None else torch.cuda.current_device())
-    return _common.device_info(device)
-
 
 def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d_qk: int,
                   kv_format: str, operand_bytes: int = 2) -> tuple[str | None, configs.SparseMLAConfig]:
@@ -235,7 +223,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
     (tests use them to run every config of the search space)."""
     from kernels.triton import sparse_mla as tk
 
-    dev = _device_info(q.device)
+    dev = _common.device_info(q.device)
     hardware.require_arch(dev, "sparse_mla_decode (triton)")
     B, N, H, D = q.shape
     K = indices.shape[2]
@@ -388,7 +376,7 @@ def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_lengt
     order = ("triton", "torch")
     if path == "auto":
         try:
-            dev = _device_info(q.device)
+            dev = _common.device_info(q.device)
         except NotImplementedError:
             dev = None
         if dev is not None:
