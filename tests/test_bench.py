@@ -274,3 +274,22 @@ def test_dry_run_real_paths(tmp_path, monkeypatch):
         assert r["check"]["passed"] and r["median_us"] > 0
         ran += 1
     assert ran >= 1
+
+
+def test_topk_path_vs_path_allows_only_subulp_swaps(monkeypatch):
+    """Large shapes are checked path-vs-path; rows whose sets differ are then checked against the
+    reference logits of that request: a sub-ulp swap at the threshold passes, a real one fails."""
+    from types import SimpleNamespace
+
+    from bench import checks
+
+    logits = np.array([[[5.0, 4.0, 3.0, 3.0 + 1e-12, 1.0, -np.inf]]])       # [1, N=1, W=6]
+    monkeypatch.setattr(checks, "indexer_slice", lambda inp, s, b: {})
+    monkeypatch.setattr(checks.reference, "indexer_logits", lambda **kw: logits)
+    chk = checks.Checker.__new__(checks.Checker)
+    chk.inp = SimpleNamespace(sets=[{}])
+    base = np.array([[[0, 1, 3]]])
+    ok, msg = chk._differing_rows_within_spec(np.array([[[0, 1, 2]]]), base, 3, "differs")
+    assert ok and "sub-ulp" in msg
+    ok, msg = chk._differing_rows_within_spec(np.array([[[0, 1, 4]]]), base, 3, "differs")
+    assert not ok and "request 0, this path" in msg
