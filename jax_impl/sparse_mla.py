@@ -8,6 +8,7 @@ gates the hardware (``kernels.hardware``) before launch and dispatches between t
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -30,6 +31,8 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         raise ValueError(f"kv_format: expected one of {nf.KV_FORMATS}, got {kv_format!r}")
     check_array("q", q, ndim=4, dtypes=_FLOATS)
     B, N, H, d_qk = q.shape
+    if min(B, N, H) < 1:
+        raise ValueError(f"q: expected B, N, H >= 1, got shape {tuple(q.shape)}")
     if kv_format == "latent":
         check_array("kv_cache", kv_cache, ndim=3, dtypes=_FLOATS, shape=(None, None, d_qk))
         num_pages, page_size = kv_cache.shape[:2]
@@ -62,6 +65,8 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
              and jnp.issubdtype(sm_scale.dtype, jnp.floating))):
         raise TypeError(f"sm_scale: expected a Python float or a scalar float array, "
                         f"got {type(sm_scale).__name__} {getattr(sm_scale, 'shape', '')}")
+    if isinstance(sm_scale, (int, float)) and not math.isfinite(sm_scale):
+        raise ValueError(f"sm_scale: expected a finite float, got {sm_scale!r}")
     return page_size, num_pages
 
 
@@ -194,7 +199,6 @@ def _xla(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_le
 
 # ----------------------------------------------------------------------------- public
 
-@functools.partial(jax.jit, static_argnames=("kv_format", "d_v", "path"))
 def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v=512,
                       block_table=None, topk_length=None, attn_sink=None, path="auto"):
     """Sparse MLA decode (absorbed MLA in MQA form) over a paged latent cache.
@@ -254,6 +258,25 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
         if entry is not None and entry.get("path") in impls:
             order = [entry["path"]] + [p for p in order if p != entry["path"]]
     return run_path("sparse_mla_decode", path, impls, order)
+
+
+_sparse_mla_decode_jit = functools.partial(jax.jit, static_argnames=("kv_format", "d_v", "path"))(
+    sparse_mla_decode)
+
+
+@functools.wraps(sparse_mla_decode)
+def _sparse_mla_decode_checked(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v=512,
+                               block_table=None, topk_length=None, attn_sink=None, path="auto"):
+    # Validate the caller's arrays as given, before the jit boundary: there, a NumPy int64 array
+    # would be cast to int32 silently (JAX without x64) and a Python NaN scale become a tracer.
+    _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+              attn_sink, path)
+    return _sparse_mla_decode_jit(q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v,
+                                  block_table=block_table, topk_length=topk_length,
+                                  attn_sink=attn_sink, path=path)
+
+
+sparse_mla_decode = _sparse_mla_decode_checked
 
 
 __all__ = ["sparse_mla_decode", "resolve_slots", "gather_rows"]

@@ -381,3 +381,19 @@ def test_aot_compile_fits_smem(kv_format, d_qk, cc):
         smem = _aot_smem(kv_format, d_qk, cfg, cc, dtype)
         assert smem <= limit, f"{cfg} ({jnp.dtype(dtype).name}) needs {smem} B on sm_{cc} > {limit}"
         assert smem <= configs.pallas_sparse_mla_smem(cfg, jnp.dtype(dtype).itemsize), (cfg, smem)
+
+
+def test_host_arrays_validated_before_the_jit_boundary():
+    """NumPy int64 indices would be cast to int32 silently at the jit boundary (an index 2^32 + 3
+    would attend slot 3), a NaN scale would make every row empty, B = 0 used to fail inside XLA:
+    all three are rejected before tracing, naming the argument (found by a new-user trial)."""
+    from jax_impl import sparse_mla_decode
+    c = cases.make_mla_case(11, B=1, H=16, K=64)
+    with pytest.raises(TypeError, match="indices"):
+        sparse_mla_decode(c.q, c.kv_cache, c.indices.astype(np.int64), c.sm_scale, path="xla")
+    with pytest.raises(ValueError, match="sm_scale"):
+        sparse_mla_decode(c.q, c.kv_cache, c.indices, float("nan"), path="xla")
+    with pytest.raises(ValueError, match="q"):
+        sparse_mla_decode(c.q[:0], c.kv_cache, c.indices[:0], c.sm_scale, path="xla")
+    out, lse = sparse_mla_decode(c.q, c.kv_cache, c.indices, c.sm_scale, path="xla")
+    compare.assert_pass(compare.check_mla(out, lse, *c.reference()))

@@ -213,6 +213,7 @@ def _small():
     (lambda a: a.__setitem__(4, a[4].float()), TypeError, "context_lens"),
     (lambda a: a.__setitem__(4, torch.zeros(2, 3, dtype=torch.int32, device=a[4].device)), ValueError, "context_lens"),
     (lambda a: a.__setitem__(0, [1, 2]), TypeError, "q"),
+    (lambda a: a.__setitem__(3, a[3][:, :0]), ValueError, "block_table"),    # no page column
 ])
 def test_bad_input(mutate, exc, word):
     _, args = _small()
@@ -301,3 +302,18 @@ def test_work_scales_with_L():
 
     small, big = bench(4096), bench(1 << 20)
     assert big <= 1.2 * small + 0.005, (small, big)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_context_lens_near_int32_max_and_nan_in_q(path):
+    """Lengths far past the table (up to 2^31 - 1) mean "the whole table"; a NaN byte in an e4m3
+    q row makes that draft's logits NaN, so it selects nothing (found by a new-user trial: the
+    triton path used to overflow int32 page arithmetic and ignore NaN q in the interpreter)."""
+    case = cases.make_indexer_case(801, B=2, N=1, H_I=16, P=64, lens=[122, 256], topk=64)
+    case.context_lens = np.array([122, 2 ** 31 - 1], np.int32)
+    q = case.q.copy()
+    q.view(np.uint8)[0, 0, 3, 5] = 0x7F                                  # e4m3 NaN in request 0
+    case.q = q
+    _check_case(case, path)
+    idx = indexer_topk(*_args(case), case.topk, path=path)
+    assert (idx[0] == -1).all() and (idx[1] >= 0).all()

@@ -75,8 +75,9 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
                              f"{k_cache.stride()}")
         P = k_cache.shape[1]
     _common.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,), device=dev)
-    if block_table.shape[0] != B:
-        raise ValueError(f"block_table: expected shape ({B}, max_pages), got {tuple(block_table.shape)}")
+    if block_table.shape[0] != B or block_table.shape[1] < 1:
+        raise ValueError(f"block_table: expected shape ({B}, max_pages) with max_pages >= 1, got "
+                         f"{tuple(block_table.shape)}")
     _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,), device=dev)
     if tuple(context_lens.shape) not in ((B,), (B, N)):
         raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got "
@@ -146,7 +147,10 @@ def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, 
     q = q if q.stride(-1) == 1 else q.contiguous()
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
-    context_lens = context_lens.contiguous()
+    # Clamp to the table's capacity (+N for the MTP offset) on the device: lengths near 2^31
+    # overflowed the kernel's int32 page arithmetic (out-of-bounds stores in the top-k).
+    W = block_table.shape[1] * P
+    context_lens = context_lens.clamp(0, W + q.shape[1]).contiguous()
     if k_format == "fp8_indexer":
         k_vals, k_scales = k_cache.view(torch.float8_e4m3fn), k_cache.view(torch.float32)
     else:

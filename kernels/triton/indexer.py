@@ -160,6 +160,9 @@ def _indexer_logits_kernel(
                 mask=row_ok[:, None], other=0.0)                              # [R, D]
     if DOT_F32:
         q = q.to(tl.float32)
+    if FP8_NAN_FIX:
+        # CPU interpreter only (see below): q rows holding an e4m3 NaN byte make their scores NaN.
+        q_nan = tl.max(((q.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1)  # [R]
     if FP8_UPCAST:
         # e4m3 -> bf16 is exact; Hopper's fp8 tensor-core dot accumulates with ~14 mantissa bits
         # (measured on the H200: logits off by ~6e-5 relative, enough to reorder near-ties
@@ -191,7 +194,7 @@ def _indexer_logits_kernel(
             # CPU interpreter only: it decodes e4m3 NaN (0x7F / 0xFF) as 480; the GPU's fp8 dot
             # propagates NaN by itself.
             nan_tok = tl.max(((k.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1)
-            s = tl.where(nan_tok[None, :] != 0, float("nan"), s)
+            s = tl.where((nan_tok[None, :] != 0) | (q_nan[:, None] != 0), float("nan"), s)
         s = tl.where(s < 0.0, 0.0, s)                                         # ReLU keeping NaN
         s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
         logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_P)), axis=1)         # [NB, BLOCK_P]
