@@ -6,7 +6,7 @@ Run (on the 2 x H200 machine; total under 4 minutes)::
     python bench/tp_bench.py --out /tmp/tp_dry.json --dry-run        # CPU: plumbing only
 
 The driver (no GPU work itself) runs two children one after the other, each on ``--tp`` GPUs,
-and merges their results into one JSON (../shared/SPEC.md "Result files", op
+and merges their results into one JSON (docs/SPEC.md "Result files", op
 ``dsa_decode_step`` / ``indexer_topk``, with ``tp`` and ``indexer_mode`` fields):
 
 * torch: ``python -m torch.distributed.run --standalone --nproc_per_node 2 bench/tp_bench.py

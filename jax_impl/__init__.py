@@ -1,7 +1,7 @@
 """JAX bindings of the DSA decode ops: Pallas kernels lowered through Triton (``path="pallas"``) and plain jax.numpy
 (``path="xla"``), all jax.jit-compatible with static shapes.
 
-Public names follow ../shared/SPEC.md: :func:`sparse_mla_decode`, :func:`indexer_logits`,
+Public names follow docs/SPEC.md: :func:`sparse_mla_decode`, :func:`indexer_logits`,
 :func:`indexer_topk` and the cache writers :func:`quantize_fp8_ds_mla`,
 :func:`quantize_fp8_model1`, :func:`quantize_fp8_indexer` with their ``dequantize_*`` inverses.
 """

@@ -1,6 +1,6 @@
 """Cache writers and readers in jax.numpy: byte-exact twins of ``kernels/formats.py``.
 
-Same names, same layouts (../shared/SPEC.md "Cache layouts"; the byte tables are in
+Same names, same layouts (docs/SPEC.md "Cache layouts"; the byte tables are in
 ``kernels/formats.py``, taken from FlashMLA ``tests/quant.py`` and DeepGEMM's paged MQA layout).
 Every function is jit-compatible (shapes are static), allocates only output-sized arrays and
 runs on any backend. Dequantizers return float32 and are exact.

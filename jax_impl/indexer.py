@@ -1,6 +1,6 @@
 """Lightning indexer + exact top-k for JAX: ``indexer_logits`` and ``indexer_topk``.
 
-Semantics: ../shared/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``inference/model.py``
+Semantics: docs/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``inference/model.py``
 Indexer.forward, DeepGEMM ``fp8_paged_mqa_logits``, vLLM / SGLang -1 padding); the float64
 definition is :mod:`kernels.reference`. Paths:
 

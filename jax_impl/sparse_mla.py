@@ -1,5 +1,5 @@
 """Sparse MLA decode for JAX: the Pallas kernel (Triton lowering, ``path="pallas"``) and plain
-jax.numpy (``path="xla"``), validated per ../shared/SPEC.md and jit-compatible.
+jax.numpy (``path="xla"``), validated per docs/SPEC.md and jit-compatible.
 
 The kernel design is in ``kernels/pallas/sparse_mla.py``; this module validates (statically, on
 shapes and dtypes), picks the config (dispatch table, else the heuristic of ``kernels.configs``),
@@ -203,7 +203,7 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
                       block_table=None, topk_length=None, attn_sink=None, path="auto"):
     """Sparse MLA decode (absorbed MLA in MQA form) over a paged latent cache.
 
-    Semantics: ../shared/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse
+    Semantics: docs/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse
     decode); float64 definition ``kernels.reference.sparse_mla_decode``. For each valid entry t of
     a row's top-k list, ``s_t = sm_scale * (q . latent_t[:D_qk])`` in float32;
     ``lse = ln(sum_t exp(s_t))`` (natural log); ``out = sum_t exp(s_t - lse) * latent_t[:d_v]``.

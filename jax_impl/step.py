@@ -1,6 +1,6 @@
 """The composed DSA decode step for JAX: lightning indexer + exact top-k -> sparse MLA decode.
 
-One decode step of DeepSeek sparse attention on one device (../shared/SPEC.md operations A and B
+One decode step of DeepSeek sparse attention on one device (docs/SPEC.md operations A and B
 chained as DeepSeek-V3.2-Exp ``inference/model.py`` ``MLA.forward`` chains them):
 
 1. ``indexer_topk`` scores every valid logical position of each request's indexer K cache and
@@ -65,7 +65,7 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
       TypeError / ValueError: bad argument (named) from either op's validation.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
-    Semantics: ../shared/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
+    Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
     indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
                            k_format=k_format, sorted=True, path=path)

@@ -34,7 +34,7 @@ The indexer is the part that grows with context. Two modes:
   trip. The
   all-gather moves ``TP * B * N * K * 8`` bytes.
 
-Semantics: ../shared/SPEC.md operations A and B; the TP decomposition is this module's (see
+Semantics: docs/SPEC.md operations A and B; the TP decomposition is this module's (see
 docs/SEMANTICS.md "Tensor parallelism").
 """
 from __future__ import annotations

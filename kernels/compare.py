@@ -1,4 +1,4 @@
-"""Comparison helpers implementing ../shared/SPEC.md "Tolerances", shared by tests, parity, bench.
+"""Comparison helpers implementing docs/SPEC.md "Tolerances", shared by tests, parity, bench.
 
 Each check explains a failure the way FlashMLA's ``check_is_allclose`` does: the inf/NaN pattern
 first, then abs-or-rel per element, then a cosine-style bound over the whole tensor, and always

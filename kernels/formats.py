@@ -1,4 +1,4 @@
-"""The cache byte layouts of ../shared/SPEC.md as NumPy / ml_dtypes code.
+"""The cache byte layouts of docs/SPEC.md as NumPy / ml_dtypes code.
 
 Every function here is the definition the kernels are tested against: the Triton and Pallas
 kernels dequantize in-kernel and must agree with :func:`dequantize_fp8_ds_mla`,

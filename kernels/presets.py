@@ -10,7 +10,7 @@ names its source:
   mscale_all_dim * ln(factor) + 1``, ``factor=40``, ``mscale_all_dim=1.0``), and FlashMLA's
   ``V32_FP8Sparse`` cache layout (656 bytes per token, 4 tiles of 128).
 * DeepSeek-V4-Flash: FlashMLA's ``MODEL1_FP8Sparse`` layout (``d=512``, ``d_nope=448``,
-  ``d_rope=64``, 7 tiles of 64, 584 bytes per token) and ../shared/SPEC.md's table (64 heads,
+  ``d_rope=64``, 7 tiles of 64, 584 bytes per token) and docs/SPEC.md's table (64 heads,
   top-k 512 plus a 128-token window, attention sink).
 """
 from __future__ import annotations

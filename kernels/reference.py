@@ -1,4 +1,4 @@
-"""Float64 NumPy reference of both DSA decode operations (../shared/SPEC.md).
+"""Float64 NumPy reference of both DSA decode operations (docs/SPEC.md).
 
 Importable with NumPy and ml_dtypes alone. Every kernel, both backends, the parity suite and the
 benchmark are checked against these functions, fed the same already-quantized inputs.

@@ -1,4 +1,4 @@
-"""Result rows, the end-of-run table and the JSON report (../shared/SPEC.md "Result files").
+"""Result rows, the end-of-run table and the JSON report (docs/SPEC.md "Result files").
 
 JSON, one object per run::
 

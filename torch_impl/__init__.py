@@ -1,7 +1,7 @@
 """PyTorch bindings of the DSA decode ops: Triton kernels (``path="triton"``) and plain PyTorch
 (``path="torch"``), registered as ``torch.library`` custom ops under the ``dsa`` namespace.
 
-Public names follow ../shared/SPEC.md: :func:`sparse_mla_decode`, :func:`indexer_logits`,
+Public names follow docs/SPEC.md: :func:`sparse_mla_decode`, :func:`indexer_logits`,
 :func:`indexer_topk` and the cache writers :func:`quantize_fp8_ds_mla`,
 :func:`quantize_fp8_model1`, :func:`quantize_fp8_indexer` with their ``dequantize_*`` inverses.
 """

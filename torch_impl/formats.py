@@ -1,6 +1,6 @@
 """Cache writers and readers in PyTorch: byte-exact twins of ``kernels/formats.py``.
 
-Same names, same layouts (../shared/SPEC.md "Cache layouts", FlashMLA ``tests/quant.py`` and
+Same names, same layouts (docs/SPEC.md "Cache layouts", FlashMLA ``tests/quant.py`` and
 DeepGEMM's paged MQA layout; the byte tables are in ``kernels/formats.py``). Quantizers produce
 the same bytes as the NumPy definitions for the same input (``tests/test_torch_sparse_mla.py``
 checks this); dequantizers return float32 and are exact. All functions run on any device, do

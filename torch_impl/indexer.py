@@ -2,7 +2,7 @@
 PyTorch (``path="torch"``), registered as the custom ops ``dsa::indexer_logits`` and
 ``dsa::indexer_topk``.
 
-Semantics: ../shared/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``Indexer``, DeepGEMM
+Semantics: docs/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``Indexer``, DeepGEMM
 ``fp8_paged_mqa_logits``); the float64 definition is ``kernels.reference.indexer_logits`` /
 ``indexer_topk``; kernel designs are in ``kernels/triton/indexer.py`` and
 ``kernels/triton/topk.py``.
@@ -395,7 +395,7 @@ def indexer_logits(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor
 
     ``logit[b, i, j] = k_scale[j] * sum_h weights[b, i, h] * relu(q[b, i, h] . k[j])`` with
     float32 accumulation (k_scale = 1 for ``"dense"``), for valid positions; -inf elsewhere.
-    NaN keys give NaN logits. Semantics: ../shared/SPEC.md "Operation A" (DeepSeek-V3.2-Exp
+    NaN keys give NaN logits. Semantics: docs/SPEC.md "Operation A" (DeepSeek-V3.2-Exp
     ``Indexer``, DeepGEMM ``fp8_paged_mqa_logits``).
     {args}
     Returns:
@@ -414,7 +414,7 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
 
     Candidates are valid positions whose logit is neither NaN nor -inf (+inf qualifies); ties at
     the threshold go to the smaller position, so the set is exact and deterministic. Semantics:
-    ../shared/SPEC.md "Operation A"; reference ``kernels.reference.indexer_topk``.
+    docs/SPEC.md "Operation A"; reference ``kernels.reference.indexer_topk``.
     {args}
       topk: K >= 1 (any value; 2048 for V3.2, 512 for V4-Flash).
       sorted: False: order within a row unspecified (deterministic; the torch path happens to

@@ -1,7 +1,7 @@
 """Sparse MLA decode for PyTorch: Triton kernels (``path="triton"``) and plain PyTorch
 (``path="torch"``), registered as the custom op ``dsa::sparse_mla_decode``.
 
-Semantics: ../shared/SPEC.md "Operation B" (FlashMLA sparse decode); the float64 definition is
+Semantics: docs/SPEC.md "Operation B" (FlashMLA sparse decode); the float64 definition is
 ``kernels.reference.sparse_mla_decode``; the kernel design is in ``kernels/triton/sparse_mla.py``.
 
 The custom op (``torch.library.custom_op`` with a fake implementation) lets
@@ -414,7 +414,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
 
     For each query row (b, i, h) and each valid entry t of ``indices[b, i]``:
     ``s_t = sm_scale * (q . latent_t[:D_qk])`` (float32), ``lse = ln(sum_t exp(s_t))`` and
-    ``out = sum_t exp(s_t - lse) * latent_t[:d_v]``. Semantics: ../shared/SPEC.md
+    ``out = sum_t exp(s_t - lse) * latent_t[:d_v]``. Semantics: docs/SPEC.md
     "Operation B", from FlashMLA ``flash_mla_with_kvcache`` sparse decode.
 
     Args:

@@ -1,6 +1,6 @@
 """The composed DSA decode step for PyTorch: lightning indexer + exact top-k -> sparse MLA decode.
 
-One decode step of DeepSeek sparse attention on one device (../shared/SPEC.md operations A and B
+One decode step of DeepSeek sparse attention on one device (docs/SPEC.md operations A and B
 chained as DeepSeek-V3.2-Exp ``inference/model.py`` ``MLA.forward`` chains them, and as the vLLM /
 SGLang DSA backends do at decode):
 
@@ -72,7 +72,7 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
       TypeError / ValueError: bad argument (named) from either op's validation.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
-    Semantics: ../shared/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
+    Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
     indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
                            k_format=k_format, sorted=True, path=path)

@@ -47,7 +47,7 @@ Launch (one process per rank; NCCL on GPUs, gloo on the CPU)::
 and in each process ``dist.init_process_group("nccl")``, ``torch.cuda.set_device(local_rank)``,
 then :func:`shard_heads` on q (and ``attn_sink``) and :func:`dsa_decode_step_tp`.
 
-Semantics: ../shared/SPEC.md operations A and B; the TP decomposition is this module's (see
+Semantics: docs/SPEC.md operations A and B; the TP decomposition is this module's (see
 docs/SEMANTICS.md "Tensor parallelism").
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The JAX twin of ``kernels/triton/indexer.py`` + ``kernels/triton/topk.py``; read them side by side.
 
-Operation (../shared/SPEC.md, "Operation A"): for request b, draft i and logical position j
+Operation (docs/SPEC.md, "Operation A"): for request b, draft i and logical position j
 
     logit[b, i, j] = k_scale[j] * sum_h weights[b, i, h] * relu(q[b, i, h, :] . k[j, :])
 

@@ -1,7 +1,7 @@
 """Sparse MLA decode as Pallas kernels (Triton lowering): split-K over the top-k list, then an
 LSE combine. The Pallas twin of ``kernels/triton/sparse_mla.py``; read the two side by side.
 
-Semantics: ../../shared/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
+Semantics: ../docs/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
 absorbed MLA in MQA form). The float64 definition is ``kernels.reference.sparse_mla_decode``.
 
 Design (the same split-K structure, grid and names as the Triton kernel)

@@ -1,6 +1,6 @@
 """Lightning-indexer logits over a paged K cache, as one Triton kernel (``torch_impl`` binding).
 
-Operation (../shared/SPEC.md, "Operation A"): for request b, draft i and logical position j
+Operation (docs/SPEC.md, "Operation A"): for request b, draft i and logical position j
 
     logit[b, i, j] = k_scale[j] * sum_h weights[b, i, h] * relu(q[b, i, h, :] . k[j, :])
 

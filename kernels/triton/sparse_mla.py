@@ -1,6 +1,6 @@
 """Sparse MLA decode as Triton kernels: split-K over the top-k list, then an LSE combine.
 
-Semantics: ../../shared/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
+Semantics: ../docs/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
 absorbed MLA in MQA form). The float64 definition is ``kernels.reference.sparse_mla_decode``.
 
 Design

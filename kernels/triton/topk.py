@@ -1,6 +1,6 @@
 """Exact, deterministic top-k over the valid prefix of float32 rows (radix select), in Triton.
 
-Selection rule (../shared/SPEC.md, ``indexer_topk``): among positions ``j < len[r]`` whose value
+Selection rule (docs/SPEC.md, ``indexer_topk``): among positions ``j < len[r]`` whose value
 is neither NaN nor -inf (+inf qualifies), the ``topk`` largest; ties at the threshold go to the
 smaller position, so the set is exact and deterministic. Rows with fewer qualifying positions
 select all of them; the rest of the output row is -1. Output order: unspecified (deterministic;
