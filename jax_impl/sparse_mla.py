@@ -188,7 +188,7 @@ def _xla(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_le
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(s - m)                                                 # masked -> 0
     den = jnp.sum(p, axis=-1)
-    has = den > 0
+    has = den != 0          # NaN sums propagate (as in the reference); empty iff den == 0
     den_safe = jnp.where(has, den, 1.0)
     lse = jnp.where(has, m[..., 0] + jnp.log(den_safe), -jnp.inf)
     out = jnp.einsum("bnhk,bnkd->bnhd", p, rows[..., :d_v], precision=hi) / den_safe[..., None]

@@ -123,7 +123,8 @@ def _nan_bytes(kv_format: str, kv_cache: np.ndarray, slots: np.ndarray, page_siz
 def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_format="latent",
                   q_dtype="float32", kv_dtype="float32", logical=False, invalid=None,
                   topk_length=False, attn_sink=False, nan_unselected=True, duplicates=False,
-                  lens=None, sm_scale=None, name=None) -> MLACase:
+                  lens=None, sm_scale=None, nan_q=False, nan_selected=False,
+                  name=None) -> MLACase:
     """A random sparse-MLA case with a realistic scattered page layout.
 
     Args:
@@ -140,6 +141,9 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
       nan_unselected: NaN-fill every slot that no counted index selects.
       duplicates: repeat some valid indices.
       lens: per-request context lengths (default random around K, some < K so rows have -1).
+      nan_q: one element of q (request 0, draft 0, head 0) is NaN: that head's out and lse are
+        NaN (the reference propagates it; docs/SEMANTICS.md).
+      nan_selected: one row selected by request 0, draft 0 holds NaN: all its heads are NaN.
     """
     rng = _rng(seed)
     if kv_format == "fp8_ds_mla" and d_qk != 576:
@@ -219,7 +223,15 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
                                          block_table=bt if logical else None, topk_length=tl)
         unused = np.setdiff1d(np.arange(num_slots), used[used >= 0])
         _nan_bytes(kv_format, kv, unused, P)
+    if nan_selected:
+        used = reference.resolve_indices(idx, num_slots=num_slots, page_size=P,
+                                         block_table=bt if logical else None, topk_length=tl)
+        sel = used[0, 0][used[0, 0] >= 0]
+        if sel.size:
+            _nan_bytes(kv_format, kv, sel[:1], P)
     q = (0.5 * rng.standard_normal((B, N, H, d_qk))).astype(np.float32)
+    if nan_q:
+        q[0, 0, 0, 5] = np.nan
     q = _cast(q, q_dtype)
     if sm_scale is None:
         sm_scale = d_qk ** -0.5
@@ -261,6 +273,8 @@ def mla_corner_cases(seed=0, *, d_qk=576, H=16, K=64, kv_format=None, q_dtype="f
         ("K_not_pow2", dict(K=K + 36 if K > 16 else K + 3)),
         ("mtp_N4", dict(N=4, logical=True, invalid="random")),
         ("no_nan_fill", dict(nan_unselected=False)),
+        ("nan_in_q", dict(B=2, nan_q=True)),
+        ("nan_in_selected_row", dict(B=2, nan_selected=True)),
     ]
     out = []
     for i, (name, kw) in enumerate(spec):

@@ -83,7 +83,7 @@ def check_close(name: str, got, ref, *, abs_tol: float, rel_tol: float,
         return CheckResult(True, 0.0, abs_tol, 0.0, "")
     with np.errstate(invalid="ignore"):
         err = np.where(fin, np.abs(g - r), 0.0)
-    allowed = np.maximum(abs_tol, rel_tol * np.abs(r))
+    allowed = np.maximum(abs_tol, rel_tol * np.abs(np.where(fin, r, 0.0)))   # NaN/inf matched above
     ratio = err / allowed
     w = np.unravel_index(int(np.argmax(ratio)), ratio.shape)
     worst_ratio = float(ratio[w])

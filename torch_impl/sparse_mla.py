@@ -358,7 +358,7 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
     m = torch.where(torch.isfinite(m), m, 0.0)
     p = torch.exp(s - m)                                                     # masked -> 0
     den = p.sum(dim=-1)                                                      # [B, N, H]
-    has = den > 0
+    has = den != 0          # NaN sums propagate (as in the reference); empty iff den == 0
     lse = torch.where(has, m[..., 0] + torch.log(torch.where(has, den, 1.0)), float("-inf"))
     out = torch.einsum("bnhk,bnkd->bnhd", p, rows[..., :d_v])
     out = out / torch.where(has, den, 1.0)[..., None]

@@ -294,7 +294,7 @@ def _sparse_mla_split_kernel(
             jnp.zeros((BLOCK_H, TAIL if TAIL_IN_V else 1), jnp.float32))
     m_i, l_i, acc, acc_t = lax.fori_loop(0, n_iter, body, init)
 
-    has = l_i > 0.0
+    has = l_i != 0.0        # NaN sums propagate (as in the reference); empty iff l == 0
     l_safe = jnp.where(has, l_i, 1.0)
     o = jnp.where(has[:, None], acc / l_safe[:, None], 0.0)                  # [BLOCK_H, 512]
     o_t = jnp.where(has[:, None], acc_t / l_safe[:, None], 0.0)
@@ -336,10 +336,16 @@ def _sparse_mla_combine_kernel(*refs, S: int, H: int, BLOCK_H: int, HAS_SINK: bo
     def load_lse(s):
         return plgpu.load(pl_ref.at[s, pid_bn, heads], mask=h_ok, other=-jnp.inf)
 
-    m = lax.fori_loop(0, S, lambda s, m: jnp.maximum(m, load_lse(s)),
-                      jnp.full((BLOCK_H,), -jnp.inf, jnp.float32))
-    has = m > -jnp.inf
-    m_safe = jnp.where(has, m, 0.0)
+    def max_and_nan(s, carry):
+        m, nan = carry
+        ls = load_lse(s)
+        return jnp.maximum(m, ls), nan | (ls != ls)
+
+    m, nan = lax.fori_loop(0, S, max_and_nan, (jnp.full((BLOCK_H,), -jnp.inf, jnp.float32),
+                                               jnp.zeros((BLOCK_H,), jnp.bool_)))
+    # a NaN partial (NaN in q or a selected row) makes the row NaN, as in the reference
+    has = (m > -jnp.inf) | nan
+    m_safe = jnp.where(m > -jnp.inf, m, 0.0)
 
     def body(s, carry):
         den, acc = carry

@@ -252,7 +252,9 @@ def _sparse_mla_split_kernel(
             acc += _dot((p - p_hi.to(tl.float32)).to(DOT_DTYPE), v, DOT_FP32)
         m_i = m_new
 
-    has = l_i > 0.0
+    # Empty iff nothing was summed (l == 0); a NaN sum (NaN in q or a selected row) propagates
+    # to out and lse as in the reference instead of reading as an empty row.
+    has = l_i != 0.0
     l_safe = tl.where(has, l_i, 1.0)
     o = tl.where(has[:, None], acc / l_safe[:, None], 0.0)        # [BLOCK_H, DV_BLOCK]
     lse2 = tl.where(has, m_i + tl.log2(l_safe), float("-inf"))    # [BLOCK_H], log2 domain
@@ -293,11 +295,15 @@ def _sparse_mla_combine_kernel(
     omask = h_ok[:, None] & (dv[None, :] < D_V)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    nan = tl.zeros([BLOCK_H], tl.int32)
     for s in range(0, S):
         row = (s * BN + pid_bn).to(tl.int64) * H + heads
-        m = tl.maximum(m, tl.load(pl_ptr + row, mask=h_ok, other=float("-inf")))
-    has = m > float("-inf")
-    m_safe = tl.where(has, m, 0.0)
+        ls = tl.load(pl_ptr + row, mask=h_ok, other=float("-inf"))
+        m = tl.maximum(m, ls)
+        nan |= (ls != ls).to(tl.int32)
+    # a NaN partial (NaN in q or a selected row) makes the row NaN, as in the reference
+    has = (m > float("-inf")) | (nan != 0)
+    m_safe = tl.where(m > float("-inf"), m, 0.0)
     den = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, D_V_PAD], tl.float32)
     for s in range(0, S):
