@@ -157,12 +157,7 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
     lens = np.asarray(lens, np.int64)
     bt, num_pages, _ = make_block_table(rng, lens, P)
     latent = rng.standard_normal((num_pages, P, d_qk)).astype(np.float32)
-    if kv_format == "latent":
-        kv = latent.astype(Q_DTYPES[kv_dtype])
-    elif kv_format == "fp8_ds_mla":
-        kv = formats.quantize_fp8_ds_mla(latent)
-    else:
-        kv = formats.quantize_fp8_model1(latent)
+    kv = formats.quantize_kv(latent, kv_format, Q_DTYPES[kv_dtype])
     num_slots = num_pages * P
 
     # Logical positions: each draft picks K of its request's positions (fewer when L < K).

@@ -234,6 +234,22 @@ def dequantize_kv(kv_cache: np.ndarray, kv_format: str, d_qk: int | None = None)
     return rows.reshape(-1, rows.shape[-1])
 
 
+def quantize_kv(latent: np.ndarray, kv_format: str, latent_dtype=np.float32) -> np.ndarray:
+    """Latent pages ``[num_pages, P, D_qk]`` float -> a cache in ``kv_format``: the rows cast to
+    ``latent_dtype`` (``"latent"``), or :func:`quantize_fp8_ds_mla` / :func:`quantize_fp8_model1`.
+
+    Raises:
+      ValueError: unknown ``kv_format`` (or a D_qk the layout does not hold).
+    """
+    if kv_format == "latent":
+        return latent.astype(latent_dtype)
+    if kv_format == "fp8_ds_mla":
+        return quantize_fp8_ds_mla(latent)
+    if kv_format == "fp8_model1":
+        return quantize_fp8_model1(latent)
+    raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
+
+
 def kv_page_size(kv_cache: np.ndarray, kv_format: str) -> int:
     """Page size P of a latent cache in any layout."""
     if kv_format == "fp8_model1":

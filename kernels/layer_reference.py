@@ -405,14 +405,7 @@ def make_layer_case(cfg: LayerConfig, *, seed=0, B=2, N=1, lens=(150, 90), kv_fo
     P = cfg.page_size
     bt, num_pages, _ = cases.make_block_table(rng, lens, P, stale_pages=1)
     lat = rng.standard_normal((num_pages, P, cfg.d_qk)).astype(np.float32)
-    if kv_format == "latent":
-        kv_cache = lat
-    elif kv_format == "fp8_ds_mla":
-        kv_cache = formats.quantize_fp8_ds_mla(lat)
-    elif kv_format == "fp8_model1":
-        kv_cache = formats.quantize_fp8_model1(lat)
-    else:
-        raise ValueError(f"kv_format: expected one of {formats.KV_FORMATS}, got {kv_format!r}")
+    kv_cache = formats.quantize_kv(lat, kv_format)
     k = rng.standard_normal((num_pages, P, cfg.index_head_dim)).astype(np.float32)
     k_cache = formats.quantize_fp8_indexer(k, cfg.scale_fmt)
     x = rng.standard_normal((B, N, cfg.hidden)).astype(np.float32)

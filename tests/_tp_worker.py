@@ -78,14 +78,7 @@ def make_step_case(seed: int = 0, *, B: int = 2, N: int = 1, H: int = 16, d_qk: 
                                  topk=topk, **indexer_kw)
     num_pages = ic.k_cache.shape[0]
     latent = rng.standard_normal((num_pages, P, d_qk)).astype(np.float32)
-    if kv_format == "latent":
-        kv = latent.astype(cases.Q_DTYPES[q_dtype])
-    elif kv_format == "fp8_ds_mla":
-        kv = formats.quantize_fp8_ds_mla(latent)
-    elif kv_format == "fp8_model1":
-        kv = formats.quantize_fp8_model1(latent)
-    else:
-        raise ValueError(f"kv_format: expected one of {formats.KV_FORMATS}, got {kv_format!r}")
+    kv = formats.quantize_kv(latent, kv_format, cases.Q_DTYPES[q_dtype])
     # NaN-fill every slot that is not a valid position of some request.
     lens_b = np.asarray(ic.context_lens, np.int64).reshape(B, -1).max(axis=1)
     valid = np.zeros(num_pages * P, bool)
