@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from kernels.reference import topk_from_logits
+
 # SPEC.md tolerances.
 OUT_ABS, OUT_REL, OUT_COS = 1e-3, 2.01 / 128, 5e-6
 LSE_ABS, LSE_REL = 1e-6, 8.01 / 65536
@@ -179,7 +181,6 @@ def check_topk(got, ref_logits, topk: int, *, sorted: bool = False) -> CheckResu
         return CheckResult(False, np.inf, 0.0, np.inf, f"indices: expected shape {(*lead, topk)}, got {g.shape}")
     G, L = g.reshape(-1, topk), lg.reshape(-1, W)
     near_ties = 0
-    from kernels.reference import topk_from_logits
     for r in range(G.shape[0]):
         row, sel = L[r], G[r]
         qual = ~np.isnan(row) & (row != -np.inf)
