@@ -1,7 +1,11 @@
 """Config sweep of the Triton sparse-MLA split kernel on the current GPU (every member of the
 search space in kernels/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
 
-    python -m bench.mla_sweep --out sweep.json
+    python -m bench.mla_sweep --out sweep.json [--config H,K,R,W,S ...] [--splits-scale 1 2]
+
+``--config`` adds candidates outside the search space (block_h, block_k, reload_v, num_warps,
+num_stages); ``--splits-scale`` times each config with the heuristic split count multiplied by
+each factor (the split count is a runtime choice, see kernels.configs.sparse_mla_num_splits).
 
 Each config's output is first compared with the heuristic config's (max |diff| reported); the
 time is ``triton.testing.do_bench``'s median over one input set (the selected rows of B=64
@@ -47,7 +51,14 @@ def _inputs(B, H, K, d_qk, kv_format, pages_per_req=512, P=64, seed=0):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="mla_sweep.json")
+    ap.add_argument("--config", action="append", default=[],
+                    help="extra config block_h,block_k,reload_v,num_warps,num_stages")
+    ap.add_argument("--splits-scale", type=float, nargs="+", default=[1.0])
+    ap.add_argument("--only-extra", action="store_true", help="skip the search space")
     args = ap.parse_args()
+    extra = [configs.SparseMLAConfig(*(int(x) for x in c.split(","))) for c in args.config]
+    extra = [configs.SparseMLAConfig(c.block_h, c.block_k, bool(c.reload_v), c.num_warps,
+                                     c.num_stages) for c in extra]
     dev = _common.device_info(torch.device("cuda"))
     shapes = [("DSV32", 64, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 64, 16, 2048, 576, "fp8_ds_mla"),
               ("DSV4_FLASH", 64, 64, 512, 512, "fp8_model1")]
@@ -56,23 +67,31 @@ def main():
         q, kv, idx = _inputs(B, H, K, d_qk, fmt)
         scale = d_qk ** -0.5
         ref = None
-        space = configs.sparse_mla_space(dev.smem_per_block, 2)
+        space = [] if args.only_extra else list(configs.sparse_mla_space(dev.smem_per_block, 2))
         heur = configs.sparse_mla_heuristic(H, dev.smem_per_block)
-        for cfg in sorted(space, key=lambda c: c != heur):
+        todo = [(c, f) for c in sorted(space, key=lambda c: c != heur) + extra
+                for f in args.splits_scale]
+        for cfg, fac in todo:
             t0 = time.time()
+            rows_ = B * -(-H // cfg.block_h)
+            splits = max(1, round(fac * configs.sparse_mla_num_splits(rows_, K, cfg.block_k,
+                                                                      dev.num_sms)))
             try:
-                fn = lambda: sparse_mla._triton_impl(q, kv, idx, scale, fmt, 512, None, None, None, config=cfg)
+                fn = lambda: sparse_mla._triton_impl(q, kv, idx, scale, fmt, 512, None, None, None,
+                                                     config=cfg, num_splits=splits)
                 out, lse = fn()
                 torch.cuda.synchronize()
-                if ref is None:
-                    ref = (out.float(), lse)
+                if ref is None:     # the plain-PyTorch path (gather + fp32 matmul)
+                    r_out, r_lse = sparse_mla._torch_impl(q, kv, idx, scale, fmt, 512, None, None, None)
+                    ref = (r_out.float(), r_lse)
                 diff = float((out.float() - ref[0]).abs().max())
                 us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
                 err = None
             except Exception as e:  # noqa: BLE001 - recorded per config
                 us, diff, err = None, None, f"{type(e).__name__}: {e}"[:300]
             row = dict(preset=preset, B=B, H=H, K=K, kv_format=fmt, config=cfg.__dict__,
-                       heuristic=cfg == heur, median_us=us, max_abs_diff_vs_heuristic=diff,
+                       num_splits=splits,
+                       heuristic=cfg == heur, median_us=us, max_abs_diff_vs_torch_path=diff,
                        error=err, wall_s=round(time.time() - t0, 1))
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -47,19 +47,19 @@ class SparseMLAConfig:
 
     Attributes:
       block_h: query heads per program (power of two >= 16, the tl.dot minimum; heads beyond H
-        are masked). All heads of a rank up to 64 share one program so each gathered latent row
-        is read once per head block.
+        are masked). Each head block gathers its selected rows itself (from L2 when the head
+        blocks of one request run together).
       block_k: top-k entries gathered per loop iteration (power of two >= 16).
-      dv_splits: programs that split the D_v columns of the accumulator (1 or 2). With 2, each
-        program recomputes the scores (reading the rows again, mostly from L2) but holds a
-        ``[block_h, D_v / 2]`` fp32 accumulator instead of ``[block_h, D_v]``.
+      reload_v: the value dot gathers each 64-dim chunk of the rows again (L1 / L2) instead of
+        keeping the chunks loaded for the score dot live across the softmax (fewer registers,
+        more load instructions). The Pallas kernel has no such option (False only).
       num_warps, num_stages: Triton launch options.
     """
 
-    block_h: int = 64
+    block_h: int = 16
     block_k: int = 32
-    dv_splits: int = 1
-    num_warps: int = 8
+    reload_v: bool = False
+    num_warps: int = 4
     num_stages: int = 1
 
     def to_dict(self) -> dict:
@@ -76,29 +76,29 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     # dv_splits=1 need 106 KB and spill, with dv_splits=2 90 KB; 32 heads x 32 entries 102.4 KB,
     # so 16 entries there.
     ("small", 2): (
-        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=16, dv_splits=2, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=16, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=16, reload_v=True, num_warps=8, num_stages=1),
     ),
     # fp32 operands on sm_120: 16 heads x 16 entries (74 KB); 32 x 16 needs 110 KB.
     ("small", 4): (
-        SparseMLAConfig(block_h=16, block_k=16, dv_splits=1, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
     ),
     # sm_90 (measured, worst kv layout): 64 heads x 32 entries 131 KB (2 stages 148 KB,
     # dv_splits=2 106 KB); ptxas reports 255 registers and 230-580 B of spill stores for every
     # 64-head config here: which one is fastest is for the H200 benchmark / dispatch table.
     ("large", 2): (
-        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, dv_splits=2, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=2),
+        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, reload_v=True, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2),
     ),
     # fp32 operands on sm_90: 64 heads x 16 entries 185 KB, 32 x 32 147 KB.
     ("large", 4): (
-        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=16, num_warps=8, num_stages=1),
     ),
 }
 
@@ -167,28 +167,28 @@ def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -
 
 PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
     "small": (
-        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=16, dv_splits=1, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=16, num_warps=8, num_stages=1),
     ),
     "large": (
-        SparseMLAConfig(block_h=16, block_k=32, dv_splits=1, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, dv_splits=1, num_warps=8, num_stages=2),
+        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2),
     ),
 }
-PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, dv_splits=1, num_warps=4,
+PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
                                          num_stages=1)
 
 # Shared memory (bytes) each config uses, measured by the AOT compile above, worst over the
 # kv formats, keyed by (config, dot operand bytes); the compile test asserts the measured value
 # stays at or below these, and the launcher gates with them before launch.
 PALLAS_SPARSE_MLA_SMEM: dict[tuple[SparseMLAConfig, int], int] = {
-    (SparseMLAConfig(16, 32, 1, 4, 1), 2): 83_968,
-    (SparseMLAConfig(32, 16, 1, 8, 1), 2): 69_632,
-    (SparseMLAConfig(32, 32, 1, 8, 1), 2): 102_400,
-    (SparseMLAConfig(64, 32, 1, 8, 1), 2): 110_592,
-    (SparseMLAConfig(64, 32, 1, 8, 2), 2): 147_712,
+    (SparseMLAConfig(16, 32, False, 4, 1), 2): 83_968,
+    (SparseMLAConfig(32, 16, False, 8, 1), 2): 69_632,
+    (SparseMLAConfig(32, 32, False, 8, 1), 2): 102_400,
+    (SparseMLAConfig(64, 32, False, 8, 1), 2): 110_592,
+    (SparseMLAConfig(64, 32, False, 8, 2), 2): 147_712,
     (PALLAS_SPARSE_MLA_FP32, 4): 74_816,
 }
 

@@ -176,6 +176,39 @@ def test_fused_histogram_matches_unfused_topk():
         ref_out = fused
 
 
+@pytest.mark.parametrize("trans,pages", [(False, 1), (True, 1), (False, 2), (True, 2)])
+def test_logits_kernel_variants(trans, pages):
+    """Every (dot orientation, pages per iteration) variant of the logits kernel, at 1 and 3
+    splits per request (odd page counts per split, so a 2-page group straddles a split's end),
+    N = 3 drafts with the MTP mask, a -1 page in the table and e4m3 NaN keys: logits against the
+    float64 reference and the fused top-k against the exact SPEC set."""
+    from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.triton.topk import launch_topk
+
+    P, K = 16, 40
+    case = cases.make_indexer_case(651, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=K,
+                                   nan_rows=True, neg_pages=True)
+    q, w, kc, bt, cl = _args(case)
+    B, N = q.shape[:2]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    ref = case.reference_logits()
+    for splits in (1, 3):
+        cfg = IndexerLogitsConfig(num_splits=splits, trans=trans, pages=pages)
+        logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
+        hist = torch.empty((B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), 4, 256),
+                           dtype=torch.int32, device=DEVICE)
+        launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
+                              logits, page_size=P, num_sms=dev.num_sms, config=cfg,
+                              fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
+        compare.assert_pass(compare.check_logits(logits, ref))
+        out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
+        scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
+        launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N)
+        compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
+
+
 # ============================================================================ custom op
 
 def test_custom_op_registration():

@@ -147,9 +147,8 @@ def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLA
     ``triton.language`` dtype name). Shared by the launcher and the AOT compile test."""
     from kernels.triton.sparse_mla import KV_FORMAT_CODES
     return dict(
-        KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v, D_V_PAD=configs.next_pow2(d_v),
-        D_T_PAD=configs.next_pow2(d_qk - d_v) if d_qk > d_v else 0, DV_SPLITS=cfg.dv_splits,
-        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, HAS_BT=has_bt, HAS_TKL=has_tkl,
+        KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
+        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, RELOAD_V=cfg.reload_v, HAS_BT=has_bt, HAS_TKL=has_tkl,
         HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_dtype, DOT_FP32=dot_dtype == "float32")
 
 
@@ -254,7 +253,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
         page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * np_formats.DS_MLA_BYTES
 
     head_blocks = triton_cdiv(H, cfg.block_h)
-    rows = B * N * head_blocks * cfg.dv_splits
+    rows = B * N * head_blocks
     splits = num_splits or configs.sparse_mla_num_splits(rows, K, cfg.block_k, dev.num_sms)
     chunk = triton_cdiv(triton_cdiv(K, splits), cfg.block_k) * cfg.block_k
     splits = triton_cdiv(K, chunk)
@@ -273,7 +272,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
                           final=final)
     import triton.language as tl
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
-    grid = (head_blocks * cfg.dv_splits, splits, B * N)
+    grid = (head_blocks, splits, B * N)
     tk._sparse_mla_split_kernel[grid](
         q, kv, kv16, kv32, indices,
         block_table if block_table is not None else dummy,

@@ -81,8 +81,11 @@ class IndexerLogitsConfig:
     num_splits: int | None = None
     num_warps: int | None = None
     num_stages: int = 3
+    trans: bool = False
+    pages: int = 1
 
-    SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(2, 3, 4))
+    SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(2, 3, 4),
+                        trans=(False, True), pages=(1, 2))
 
 
 def default_num_splits(batch: int, max_pages: int, num_sms: int) -> int:
@@ -138,7 +141,7 @@ def _indexer_logits_kernel(
     D: tl.constexpr, P: tl.constexpr, BLOCK_P: tl.constexpr,
     HAS_SCALE: tl.constexpr, CL_PER_DRAFT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, FP8_NAN_FIX: tl.constexpr, WRITE_HIST: tl.constexpr,
-    FP8_UPCAST: tl.constexpr,
+    FP8_UPCAST: tl.constexpr, TRANS: tl.constexpr, PAGES: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -164,54 +167,72 @@ def _indexer_logits_kernel(
         # CPU interpreter only (see below): q rows holding an e4m3 NaN byte make their scores NaN.
         q_nan = tl.max(((q.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1)  # [R]
     if FP8_UPCAST:
-        # e4m3 -> bf16 is exact; Hopper's fp8 tensor-core dot accumulates with ~14 mantissa bits
-        # (measured on the H200: logits off by ~6e-5 relative, enough to reorder near-ties
-        # against the float64 reference), the bf16 dot accumulates in full fp32.
-        q = q.to(tl.bfloat16)
+        # e4m3 -> fp16 is exact (one cvt per two values); Hopper's fp8 tensor-core dot
+        # accumulates with ~14 mantissa bits (measured on the H200: logits off by ~6e-5
+        # relative, enough to reorder near-ties against the float64 reference), the fp16 dot
+        # accumulates in full fp32 and its products (11 x 11 bits) are exact.
+        q = q.to(tl.float16)
     w = tl.load(w_ptr + b * stride_wb + ri * stride_wn + rh, mask=row_ok, other=0.0)  # [R]
 
-    t = tl.arange(0, BLOCK_P)
-    t_ok = t < P
+    # One iteration scores PAGES pages: BLOCK_T = PAGES * BLOCK_P token rows, each row's page
+    # resolved through the block table (rows of one page share the entry; the loads are cached).
+    BLOCK_T: tl.constexpr = PAGES * BLOCK_P
+    t = tl.arange(0, BLOCK_T)
+    t_pg = t // BLOCK_P                                                     # page of the group
+    t_off = t % BLOCK_P                                                     # token in the page
+    t_ok = t_off < P
     i_out = tl.arange(0, NB)
     out_row = out_ptr + b * stride_ob + i_out[:, None] * stride_on             # [NB, 1]
     HB: tl.constexpr = HIST_BINS
     hist = tl.zeros((NB * HB,), tl.int32)
-    for pg in range(start, end):
-        entry = tl.load(bt_ptr + b * stride_bt + pg)
-        page = tl.where((entry >= 0) & (entry < num_pages), entry, 0).to(tl.int64)
-        # The page test as a [BLOCK_P] vector: the interpreter mis-types scalar-bool broadcasts.
-        entry_v = tl.zeros((BLOCK_P,), tl.int32) + entry
-        page_ok = (entry_v >= 0) & (entry_v < num_pages)                      # [BLOCK_P]
+    for pg0 in range(start, end, PAGES):
+        pg = pg0 + t_pg                                                       # [BLOCK_T]
+        pg_in = pg < end
+        entry = tl.load(bt_ptr + b * stride_bt + pg, mask=pg_in, other=-1)
+        page_ok = (entry >= 0) & (entry < num_pages) & pg_in                  # [BLOCK_T]
+        page = tl.where(page_ok, entry, 0).to(tl.int64)
         kmask = (t_ok & page_ok)[:, None]
-        k = tl.load(k_ptr + page * stride_kp + t[:, None] * stride_kt + d[None, :],
-                    mask=kmask, other=0.0)                                    # [BLOCK_P, D]
+        k = tl.load(k_ptr + page[:, None] * stride_kp + t_off[:, None] * stride_kt + d[None, :],
+                    mask=kmask, other=0.0)                                    # [BLOCK_T, D]
+        if FP8_NAN_FIX:
+            # CPU interpreter only: it decodes e4m3 NaN (0x7F / 0xFF) as 480; on the GPU the
+            # conversion gives NaN and the dot propagates it.
+            nan_tok = tl.max(((k.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1)
         if DOT_F32:
             k = k.to(tl.float32)
         if FP8_UPCAST:
-            k = k.to(tl.bfloat16)
-        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)            # [R, BLOCK_P] fp32
-        if FP8_NAN_FIX:
-            # CPU interpreter only: it decodes e4m3 NaN (0x7F / 0xFF) as 480; the GPU's fp8 dot
-            # propagates NaN by itself.
-            nan_tok = tl.max(((k.to(tl.uint8, bitcast=True) & 0x7F) == 0x7F).to(tl.int32), axis=1)
-            s = tl.where((nan_tok[None, :] != 0) | (q_nan[:, None] != 0), float("nan"), s)
-        s = tl.where(s < 0.0, 0.0, s)                                         # ReLU keeping NaN
-        s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
-        logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_P)), axis=1)         # [NB, BLOCK_P]
+            k = k.to(tl.float16)
+        if TRANS:
+            # tokens as the dot's M: the head sum runs along the accumulator's rows (in-thread
+            # and across a quad), not across warps
+            s = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)         # [BLOCK_T, R] fp32
+            if FP8_NAN_FIX:
+                s = tl.where((nan_tok[:, None] != 0) | (q_nan[None, :] != 0), float("nan"), s)
+            s = tl.where(s < 0.0, 0.0, s)                                     # ReLU keeping NaN
+            s = tl.where(row_ok[None, :], s * w[None, :], 0.0)
+            logit = tl.trans(tl.sum(tl.reshape(s, (BLOCK_T, NB, BLOCK_H)), axis=2))  # [NB, BLOCK_T]
+        else:
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # [R, BLOCK_T] fp32
+            if FP8_NAN_FIX:
+                s = tl.where((nan_tok[None, :] != 0) | (q_nan[:, None] != 0), float("nan"), s)
+            s = tl.where(s < 0.0, 0.0, s)                                     # ReLU keeping NaN
+            s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
+            logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_T)), axis=1)     # [NB, BLOCK_T]
         if HAS_SCALE:
-            sc = tl.load(ks_ptr + page * stride_sp + scale_off + t, mask=t_ok & page_ok, other=0.0)
+            sc = tl.load(ks_ptr + page * stride_sp + scale_off + t_off, mask=t_ok & page_ok,
+                         other=0.0)
             logit = logit * sc[None, :]
-        j = pg * P + t                                                        # logical positions
+        j = pg * P + t_off                                                    # logical positions
         valid = (j[None, :] < lens[:, None]) & (page_ok & t_ok)[None, :]
         logit = tl.where(valid, logit, float("-inf"))
-        tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & t_ok[None, :])
+        tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & (t_ok & pg_in)[None, :])
         if WRITE_HIST:
             # Pass A of the radix top-k, fused: per-draft histogram of the keys' top digit
             # (key 0 = NaN / -inf / invalid is not counted). Bin = draft * HB + digit.
             key = order_key(logit)
             bin_ = (key >> (32 - 8)).to(tl.int32) + i_out[:, None] * HB
-            hist += tl.histogram(tl.reshape(bin_, (NB * BLOCK_P,)), NB * HB,
-                                 mask=tl.reshape(key != 0, (NB * BLOCK_P,)))
+            hist += tl.histogram(tl.reshape(bin_, (NB * BLOCK_T,)), NB * HB,
+                                 mask=tl.reshape(key != 0, (NB * BLOCK_T,)))
     if WRITE_HIST:
         # Every program writes its slot (zeros for an empty page range): no fill needed.
         tl.store(hist_ptr + (b * num_splits + split) * (NB * HB) + tl.arange(0, NB * HB), hist)
@@ -278,7 +299,7 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
         N=N, NB=NB, H=H, BLOCK_H=BLOCK_H, D=D, P=page_size, BLOCK_P=BLOCK_P,
         HAS_SCALE=has_scale, CL_PER_DRAFT=context_lens.dim() == 2, DOT_PRECISION=precision,
         DOT_F32=dot_f32, FP8_NAN_FIX=fp8_nan_fix and has_scale, WRITE_HIST=hist is not None,
-        FP8_UPCAST=fp8_upcast and has_scale,
+        FP8_UPCAST=fp8_upcast and has_scale, TRANS=cfg.trans, PAGES=cfg.pages,
         num_warps=num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -87,65 +87,95 @@ def _bf16_bits_to_f32(bits):
     return (bits.to(tl.int32) << 16).to(tl.float32, bitcast=True)
 
 
+CH = tl.constexpr(64)   # latent dims per chunk: one fp8_model1 scale group, half an fp8_ds_mla one
+
+
 @triton.jit
-def _load_latent(kv_ptr, kv16_ptr, kv32_ptr,           # cache as its dtype / int16 (bf16 bits) / f32
-                 slot, page, off, ok,                   # [BLOCK_K] int64 slot, page, offset; bool
-                 stride_page, stride_tok, page_bytes, page_size,
-                 D0: tl.constexpr, DB: tl.constexpr, D_END: tl.constexpr, BLOCK_K: tl.constexpr,
-                 KV_FORMAT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Latent dims ``[D0, D0 + DB)`` (masked at ``D_END``) of the selected rows, dequantized,
-    as ``[BLOCK_K, DB]`` in ``DOT_DTYPE``; rows with ``ok == False`` are 0 and never read."""
-    d = D0 + tl.arange(0, DB)                                     # [DB]
-    dmask = ok[:, None] & (d[None, :] < D_END)                    # [BLOCK_K, DB]
+def _load_chunk(kv_ptr, kv16_ptr, kv32_ptr,            # cache as its dtype / int16 (bf16 bits) / f32
+                slot, page, off, ok,                    # [BLOCK_K] int64 slot, page, offset; bool
+                stride_page, stride_tok, page_bytes, page_size,
+                C: tl.constexpr, BLOCK_K: tl.constexpr, KV_FORMAT: tl.constexpr,
+                DOT_DTYPE: tl.constexpr):
+    """Latent dims ``[64 C, 64 C + 64)`` of the selected rows as ``(x, scale)``: values
+    ``[BLOCK_K, 64]`` in ``DOT_DTYPE`` (exact: e4m3 and bf16 rope fit bf16/fp16) and the
+    per-row fp32 scale ``[BLOCK_K]`` of the chunk (1 where the format has none), so that the
+    dequantized latent is ``x * scale[:, None]``. Rows with ``ok == False`` are 0, never read."""
+    d = tl.arange(0, CH)
+    m = ok[:, None]                                   # constant along the row: 16-byte vectors
+    one = tl.full([BLOCK_K], 1.0, tl.float32)
     if KV_FORMAT == 0:      # latent [num_pages, P, D_qk], last dim contiguous
-        row = page * stride_page + off * stride_tok               # [BLOCK_K] elements
-        x = tl.load(kv_ptr + row[:, None] + d[None, :], mask=dmask, other=0.0)
-        return x.to(DOT_DTYPE)
-    elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_slots, 656]
-        NOPE: tl.constexpr = 512
-        if D0 + DB <= NOPE:
-            # one scale per 128 dims: load [BLOCK_K, groups] scales and broadcast them through a
-            # [BLOCK_K, groups, 128] view, so no per-element scale tensor exists (it would be
-            # staged through shared memory by the dot-operand layout conversion)
-            G: tl.constexpr = DB // 128 if DB >= 128 else 1
-            W: tl.constexpr = DB // G
-            x8 = tl.load(kv_ptr + (slot * 656)[:, None] + d[None, :], mask=dmask, other=0)
-            g = D0 // 128 + tl.arange(0, G)
-            sc = tl.load(kv32_ptr + (slot * 164 + 128)[:, None] + g[None, :],
-                         mask=ok[:, None], other=0.0)             # [BLOCK_K, G] float32
-            x = x8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)  # exact: e4m3 fits bf16/fp16
-            x = tl.reshape(x, (BLOCK_K, G, W)) * sc.to(DOT_DTYPE)[:, :, None]  # exact: 2^k
-            return tl.reshape(x, (BLOCK_K, DB))
+        row = page * stride_page + off * stride_tok
+        x = tl.load(kv_ptr + row[:, None] + (d + C * CH)[None, :], mask=m, other=0.0)
+        return x.to(DOT_DTYPE), one
+    elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_slots, 656]: 512 e4m3 | 4 f32 scales | 64 bf16
+        if C < 8:
+            x8 = tl.load(kv_ptr + (slot * 656 + C * CH)[:, None] + d[None, :], mask=m, other=0)
+            sc = tl.load(kv32_ptr + slot * 164 + (128 + C // 2), mask=ok, other=0.0)
+            return x8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), sc
         else:
-            tl.static_assert(D0 >= NOPE, "fp8_ds_mla tiles must not straddle dim 512")
-            r = tl.load(kv16_ptr + (slot * 328 + 264)[:, None] + (d - NOPE)[None, :],
-                        mask=dmask, other=0)                      # bf16 rope bits (int16)
-            return _bf16_bits_to_f32(r).to(DOT_DTYPE)
-    else:                   # fp8_model1 uint8 [num_pages, page_bytes]
-        NOPE1: tl.constexpr = 448
-        data = page * page_bytes + off * 576                      # [BLOCK_K] byte offsets
-        scl = page * page_bytes + page_size * 576 + off * 8
-        x = tl.zeros([BLOCK_K, DB], dtype=DOT_DTYPE)
-        if D0 < NOPE1:
-            # one ue8m0 scale per 64 dims, broadcast through a [BLOCK_K, groups, 64] view (no
-            # per-element scale tensor); groups past the 7 nope groups get scale 1
-            G: tl.constexpr = DB // 64 if DB >= 64 else 1
-            W: tl.constexpr = DB // G
-            m8 = dmask & (d[None, :] < NOPE1)
-            x8 = tl.load(kv_ptr + data[:, None] + d[None, :], mask=m8, other=0)
-            g = D0 // 64 + tl.arange(0, G)
-            e = tl.load(kv_ptr + scl[:, None] + g[None, :], mask=ok[:, None] & (g[None, :] < 7),
-                        other=127)                                # [BLOCK_K, G] ue8m0 bytes
+            r = tl.load(kv16_ptr + (slot * 328 + 264)[:, None] + d[None, :], mask=m, other=0)
+            return _bf16_bits_to_f32(r).to(DOT_DTYPE), one
+    else:                   # fp8_model1: per page P rows of 448 e4m3 | 64 bf16, then P x 8 ue8m0
+        data = page * page_bytes + off * 576
+        if C < 7:
+            x8 = tl.load(kv_ptr + (data + C * CH)[:, None] + d[None, :], mask=m, other=0)
+            e = tl.load(kv_ptr + page * page_bytes + page_size * 576 + off * 8 + C, mask=ok,
+                        other=127)
             sc = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)   # 2^(e-127)
-            x = x8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)  # exact
-            x = tl.reshape(x, (BLOCK_K, G, W)) * sc.to(DOT_DTYPE)[:, :, None]   # exact: 2^k
-            x = tl.reshape(x, (BLOCK_K, DB))
-        if D0 + DB > NOPE1:
-            m16 = dmask & (d[None, :] >= NOPE1)
-            r = tl.load(kv16_ptr + (data // 2 + 224)[:, None] + (d - NOPE1)[None, :],
-                        mask=m16, other=0)                        # bf16 rope bits at byte 448
-            x = tl.where(m16, _bf16_bits_to_f32(r).to(DOT_DTYPE), x)
-        return x
+            return x8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), sc
+        else:
+            r = tl.load(kv16_ptr + (data // 2 + 224)[:, None] + d[None, :], mask=m, other=0)
+            return _bf16_bits_to_f32(r).to(DOT_DTYPE), one
+
+
+@triton.jit
+def _qk(s, q_c, x_c, sc_c, SCALED: tl.constexpr, DOT_FP32: tl.constexpr):
+    """``s + (q_c . x_c^T) * sc_c`` over one chunk: ``[BLOCK_H, BLOCK_K]`` fp32. The chunk's
+    per-row scale multiplies the fp32 partial dot (exactly the dequantized product for the
+    power-of-two scales of the fp8 formats)."""
+    if SCALED:
+        return s + _dot(q_c, tl.trans(x_c), DOT_FP32) * sc_c[None, :]
+    else:
+        if DOT_FP32:
+            return tl.dot(q_c, tl.trans(x_c), s, input_precision="ieee")
+        else:
+            return tl.dot(q_c, tl.trans(x_c), s)
+
+
+@triton.jit
+def _pv(acc_c, alpha, p, x_c, sc_c, SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
+        DOT_FP32: tl.constexpr):
+    """``acc_c * alpha + (p * sc_c) . x_c`` over one chunk of D_v: the chunk's scale folds into
+    p (``[BLOCK_H, BLOCK_K]``) instead of the value tile (``[BLOCK_K, 64]``)."""
+    if SCALED:
+        p = p * sc_c[None, :]
+    acc_c = acc_c * alpha[:, None]
+    p_hi = p.to(DOT_DTYPE)
+    if DOT_FP32:
+        return tl.dot(p_hi, x_c, acc_c, input_precision="ieee")
+    acc_c = tl.dot(p_hi, x_c, acc_c)
+    if DOT_DTYPE == tl.bfloat16:
+        # bf16 keeps 8 bits of p: a flat softmax over K rows then misses the SPEC bound
+        # (abs 1e-3 / rel 2^-6) by up to 1.3x (seen on the H200). A second dot with the
+        # rounding residual makes p effectively 16 bits; x_c is exact in bf16 already.
+        acc_c = tl.dot((p - p_hi.to(tl.float32)).to(DOT_DTYPE), x_c, acc_c)
+    return acc_c
+
+
+@triton.jit
+def _store_chunk(acc_c, inv_l, has, C: tl.constexpr, heads, h_ok, pid_s, pid_bn, H, sink_f,
+                 po_ptr, out_ptr, FINAL: tl.constexpr):
+    """Write dims ``[64 C, 64 C + 64)`` of the normalised output (FINAL: q dtype, times the
+    sink factor) or of the fp32 partial output."""
+    dv = tl.arange(0, CH) + C * CH
+    o = tl.where(has[:, None], acc_c * inv_l[:, None], 0.0)
+    if FINAL:
+        orow = pid_bn.to(tl.int64) * H + heads
+        tl.store(out_ptr + orow[:, None] * 512 + dv[None, :],
+                 (o * sink_f[:, None]).to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        prow = (pid_s.to(tl.int64) * tl.num_programs(2) + pid_bn) * H + heads
+        tl.store(po_ptr + prow[:, None] * 512 + dv[None, :], o, mask=h_ok[:, None])
 
 
 @triton.jit
@@ -158,37 +188,44 @@ def _sparse_mla_split_kernel(
     bt_ptr,           # [B, max_pages] int32 block table (HAS_BT)
     tkl_ptr,          # [B] int32 topk_length (HAS_TKL)
     sink_ptr,         # [H] float32 attention sink (HAS_SINK, FINAL only)
-    po_ptr,           # [S, B*N, H, D_V] float32 partial out (not FINAL)
+    po_ptr,           # [S, B*N, H, 512] float32 partial out (not FINAL)
     pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (not FINAL)
-    out_ptr,          # [B, N, H, D_V] q dtype (FINAL)
+    out_ptr,          # [B, N, H, 512] q dtype (FINAL)
     lse_ptr,          # [B, N, H] float32 natural-log LSE (FINAL)
     sq_b, sq_n, sq_h, si_b, si_n, sbt_b, stride_page, stride_tok,
     N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
-    KV_FORMAT: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr, D_V_PAD: tl.constexpr,
-    D_T_PAD: tl.constexpr, DV_SPLITS: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    KV_FORMAT: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, RELOAD_V: tl.constexpr,
     HAS_BT: tl.constexpr, HAS_TKL: tl.constexpr, HAS_SINK: tl.constexpr, FINAL: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
-    DV_BLOCK: tl.constexpr = D_V_PAD // DV_SPLITS
-    pid_hv = tl.program_id(0)
+    tl.static_assert(D_V == 512, "D_v must be 512 (8 chunks of 64)")
+    tl.static_assert((D_QK == 576) | (D_QK == 512), "D_qk must be 576 or 512")
+    TAIL: tl.constexpr = D_QK == 576                 # a 9th chunk (rope dims 512..575) in q.k only
+    S7: tl.constexpr = KV_FORMAT != 0                # chunks 0..6 carry a scale in both fp8 formats
+    S8: tl.constexpr = KV_FORMAT == 1                # chunk 7: e4m3 in fp8_ds_mla, rope in model1
+    pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_bn = tl.program_id(2)
-    pid_h = pid_hv // DV_SPLITS
-    pid_v = pid_hv % DV_SPLITS
     b = pid_bn // N
     n = pid_bn % N
 
     heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)               # [BLOCK_H]
     h_ok = heads < H
-    dv = tl.arange(0, D_V_PAD)                                    # [D_V_PAD]
-    q_row = q_ptr + b.to(tl.int64) * sq_b + n * sq_n + heads[:, None] * sq_h
-    q_v = tl.load(q_row + dv[None, :], mask=h_ok[:, None] & (dv[None, :] < D_V),
-                  other=0.0).to(DOT_DTYPE)                        # [BLOCK_H, D_V_PAD]
-    if D_T_PAD > 0:
-        dt = D_V + tl.arange(0, D_T_PAD)
-        q_t = tl.load(q_row + dt[None, :], mask=h_ok[:, None] & (dt[None, :] < D_QK),
-                      other=0.0).to(DOT_DTYPE)                    # [BLOCK_H, D_T_PAD]
+    dq = tl.arange(0, CH)
+    q_row = q_ptr + b.to(tl.int64) * sq_b + n * sq_n + heads[:, None] * sq_h + dq[None, :]
+    qm = h_ok[:, None]
+    # q in 64-dim chunks, loaded once ([BLOCK_H, 64] each; staged in shared memory by the dots)
+    q0 = tl.load(q_row + 0 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q1 = tl.load(q_row + 1 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q2 = tl.load(q_row + 2 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q3 = tl.load(q_row + 3 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q4 = tl.load(q_row + 4 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q5 = tl.load(q_row + 5 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q6 = tl.load(q_row + 6 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    q7 = tl.load(q_row + 7 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    if TAIL:
+        q8 = tl.load(q_row + 8 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
 
     k_len = K
     if HAS_TKL:
@@ -198,7 +235,14 @@ def _sparse_mla_split_kernel(
 
     m_i = tl.full([BLOCK_H], NEG_SENTINEL, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, DV_BLOCK], tl.float32)
+    a0 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a1 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a2 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a3 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a4 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a5 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a6 = tl.zeros([BLOCK_H, CH], tl.float32)
+    a7 = tl.zeros([BLOCK_H, CH], tl.float32)
     idx_row = idx_ptr + b.to(tl.int64) * si_b + n * si_n
     for k0 in range(start, end, BLOCK_K):
         kk = k0 + tl.arange(0, BLOCK_K)                           # [BLOCK_K] list positions
@@ -217,64 +261,97 @@ def _sparse_mla_split_kernel(
         page = slot // page_size
         off = slot % page_size
 
-        k_v = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                           stride_tok, page_bytes, page_size, 0, D_V_PAD, D_V, BLOCK_K,
-                           KV_FORMAT, DOT_DTYPE)                  # [BLOCK_K, D_V_PAD]
-        s = _dot(q_v, tl.trans(k_v), DOT_FP32)                    # [BLOCK_H, BLOCK_K]
-        if D_T_PAD > 0:
-            k_t = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                               stride_tok, page_bytes, page_size, D_V, D_T_PAD, D_QK, BLOCK_K,
-                               KV_FORMAT, DOT_DTYPE)              # [BLOCK_K, D_T_PAD]
-            s += _dot(q_t, tl.trans(k_t), DOT_FP32)
+        # scores s = q . k over the chunks, each chunk's scale applied to its fp32 partial dot
+        s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
+        x0, c0 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 0, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q0, x0, c0, S7, DOT_FP32)
+        x1, c1 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 1, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q1, x1, c1, S7, DOT_FP32)
+        x2, c2 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 2, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q2, x2, c2, S7, DOT_FP32)
+        x3, c3 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 3, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q3, x3, c3, S7, DOT_FP32)
+        x4, c4 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 4, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q4, x4, c4, S7, DOT_FP32)
+        x5, c5 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 5, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q5, x5, c5, S7, DOT_FP32)
+        x6, c6 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 6, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q6, x6, c6, S7, DOT_FP32)
+        x7, c7 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                             stride_tok, page_bytes, page_size, 7, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        s = _qk(s, q7, x7, c7, S8, DOT_FP32)
+        if TAIL:
+            x8, c8 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 8, BLOCK_K, KV_FORMAT,
+                                 DOT_DTYPE)
+            s = _qk(s, q8, x8, c8, False, DOT_FP32)
+
+        # online softmax in the exp2 domain; invalid entries get p = 0 (never NaN)
         s = tl.where(ok[None, :], s * qk_scale_log2, NEG_SENTINEL)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
         p = tl.where(ok[None, :], tl.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DV_SPLITS == 1:
-            v = k_v
-        else:               # two halves; the dim offset must be a constexpr for the fp8 layouts
-            tl.static_assert(DV_SPLITS == 2, "dv_splits must be 1 or 2")
-            if pid_v == 0:
-                v = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 0, DV_BLOCK,
-                                 D_V, BLOCK_K, KV_FORMAT, DOT_DTYPE)       # [BLOCK_K, DV_BLOCK]
-            else:
-                v = _load_latent(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, DV_BLOCK, DV_BLOCK,
-                                 D_V, BLOCK_K, KV_FORMAT, DOT_DTYPE)       # [BLOCK_K, DV_BLOCK]
-        p_hi = p.to(DOT_DTYPE)
-        acc = acc * alpha[:, None] + _dot(p_hi, v, DOT_FP32)
-        if DOT_DTYPE == tl.bfloat16:
-            # bf16 keeps 8 bits of p: a flat softmax over K rows then misses the SPEC bound
-            # (abs 1e-3 / rel 2^-6) by up to 1.3x (seen on the H200). A second dot with the
-            # rounding residual makes p effectively 16 bits; v is exact in bf16 already.
-            acc += _dot((p - p_hi.to(tl.float32)).to(DOT_DTYPE), v, DOT_FP32)
         m_i = m_new
+
+        # acc += p . v over the 8 chunks of D_v (the value tile is the first 512 latent dims)
+        if RELOAD_V:        # gather the chunks again (L1 / L2) instead of keeping them live
+            x0, c0 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 0, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x1, c1 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 1, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x2, c2 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 2, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x3, c3 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 3, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x4, c4 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 4, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x5, c5 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 5, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x6, c6 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 6, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+            x7, c7 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
+                                 stride_tok, page_bytes, page_size, 7, BLOCK_K, KV_FORMAT, DOT_DTYPE)
+        a0 = _pv(a0, alpha, p, x0, c0, S7, DOT_DTYPE, DOT_FP32)
+        a1 = _pv(a1, alpha, p, x1, c1, S7, DOT_DTYPE, DOT_FP32)
+        a2 = _pv(a2, alpha, p, x2, c2, S7, DOT_DTYPE, DOT_FP32)
+        a3 = _pv(a3, alpha, p, x3, c3, S7, DOT_DTYPE, DOT_FP32)
+        a4 = _pv(a4, alpha, p, x4, c4, S7, DOT_DTYPE, DOT_FP32)
+        a5 = _pv(a5, alpha, p, x5, c5, S7, DOT_DTYPE, DOT_FP32)
+        a6 = _pv(a6, alpha, p, x6, c6, S7, DOT_DTYPE, DOT_FP32)
+        a7 = _pv(a7, alpha, p, x7, c7, S8, DOT_DTYPE, DOT_FP32)
 
     # Empty iff nothing was summed (l == 0); a NaN sum (NaN in q or a selected row) propagates
     # to out and lse as in the reference instead of reading as an empty row.
     has = l_i != 0.0
     l_safe = tl.where(has, l_i, 1.0)
-    o = tl.where(has[:, None], acc / l_safe[:, None], 0.0)        # [BLOCK_H, DV_BLOCK]
+    inv_l = 1.0 / l_safe
     lse2 = tl.where(has, m_i + tl.log2(l_safe), float("-inf"))    # [BLOCK_H], log2 domain
-    dvo = pid_v * DV_BLOCK + tl.arange(0, DV_BLOCK)
-    omask = h_ok[:, None] & (dvo[None, :] < D_V)
+    sink_f = tl.full([BLOCK_H], 1.0, tl.float32)
     if FINAL:
         lse = lse2 * LN2
         if HAS_SINK:
             sink = tl.load(sink_ptr + heads, mask=h_ok, other=0.0)
-            o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]   # lse=-inf -> factor 0
-        orow = pid_bn.to(tl.int64) * H + heads
-        tl.store(out_ptr + orow[:, None] * D_V + dvo[None, :], o.to(out_ptr.dtype.element_ty),
-                 mask=omask)
-        if pid_v == 0:
-            tl.store(lse_ptr + orow, lse, mask=h_ok)
+            sink_f = 1.0 / (1.0 + tl.exp(sink - lse))              # lse=-inf -> factor 0
+        tl.store(lse_ptr + pid_bn.to(tl.int64) * H + heads, lse, mask=h_ok)
     else:
-        prow = (pid_s.to(tl.int64) * tl.num_programs(2) + pid_bn) * H + heads
-        tl.store(po_ptr + prow[:, None] * D_V + dvo[None, :], o, mask=omask)
-        if pid_v == 0:
-            tl.store(pl_ptr + prow, lse2, mask=h_ok)
+        tl.store(pl_ptr + (pid_s.to(tl.int64) * tl.num_programs(2) + pid_bn) * H + heads, lse2,
+                 mask=h_ok)
+    _store_chunk(a0, inv_l, has, 0, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a1, inv_l, has, 1, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a2, inv_l, has, 2, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a3, inv_l, has, 3, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a4, inv_l, has, 4, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a5, inv_l, has, 5, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a6, inv_l, has, 6, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a7, inv_l, has, 7, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
 
 
 @triton.jit
