@@ -1,9 +1,9 @@
 """Config sweep of the Triton sparse-MLA split kernel on the current GPU (every member of the
 search space in kernels/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
 
-    python -m bench.mla_sweep --out sweep.json [--config H,K,R,W,S ...] [--splits-scale 1 2]
+    python -m bench.mla_sweep --out sweep.json [--config H,K,W,S ...] [--splits-scale 1 2]
 
-``--config`` adds candidates outside the search space (block_h, block_k, reload_v, num_warps,
+``--config`` adds candidates outside the search space (block_h, block_k, num_warps,
 num_stages); ``--splits-scale`` times each config with the heuristic split count multiplied by
 each factor (the split count is a runtime choice, see kernels.configs.sparse_mla_num_splits).
 
@@ -52,13 +52,14 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="mla_sweep.json")
     ap.add_argument("--config", action="append", default=[],
-                    help="extra config block_h,block_k,reload_v,num_warps,num_stages")
+                    help="extra config block_h,block_k,num_warps,num_stages[,prefetch 0/1]")
     ap.add_argument("--splits-scale", type=float, nargs="+", default=[1.0])
     ap.add_argument("--only-extra", action="store_true", help="skip the search space")
     args = ap.parse_args()
-    extra = [configs.SparseMLAConfig(*(int(x) for x in c.split(","))) for c in args.config]
-    extra = [configs.SparseMLAConfig(c.block_h, c.block_k, bool(c.reload_v), c.num_warps,
-                                     c.num_stages) for c in extra]
+    extra = []
+    for c in args.config:
+        h, k, w, st, *pf = (int(x) for x in c.split(","))
+        extra.append(configs.SparseMLAConfig(h, k, w, st, prefetch=bool(pf[0]) if pf else True))
     dev = _common.device_info(torch.device("cuda"))
     shapes = [("DSV32", 64, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 64, 16, 2048, 576, "fp8_ds_mla"),
               ("DSV4_FLASH", 64, 64, 512, 512, "fp8_model1")]

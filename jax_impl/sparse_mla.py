@@ -109,8 +109,6 @@ def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk
             config = configs.pallas_sparse_mla_from_dict(entry.get("config", {}), dev.smem_per_block)
         if config is None:
             config = configs.pallas_sparse_mla_heuristic(H, dev.smem_per_block, dot_dtype.itemsize)
-    if config.reload_v:
-        raise NotImplementedError(f"sparse_mla_decode (pallas) has no reload_v; got {config}")
     hardware.require_smem(dev, f"sparse_mla_decode (pallas, {config})",
                           configs.pallas_sparse_mla_smem(config, dot_dtype.itemsize))
     head_blocks = -(-H // config.block_h)

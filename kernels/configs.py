@@ -50,17 +50,17 @@ class SparseMLAConfig:
         are masked). Each head block gathers its selected rows itself (from L2 when the head
         blocks of one request run together).
       block_k: top-k entries gathered per loop iteration (power of two >= 16).
-      reload_v: the value dot gathers each 64-dim chunk of the rows again (L1 / L2) instead of
-        keeping the chunks loaded for the score dot live across the softmax (fewer registers,
-        more load instructions). The Pallas kernel has no such option (False only).
       num_warps, num_stages: Triton launch options.
+      prefetch: the loop keeps the next row block's loads in flight while it computes this one
+        (a three-deep software pipeline by hand: rows, page entries, indices); without it each
+        iteration issues its own block's loads back to back and waits for them.
     """
 
     block_h: int = 16
     block_k: int = 32
-    reload_v: bool = False
     num_warps: int = 4
     num_stages: int = 1
+    prefetch: bool = True
 
     def to_dict(self) -> dict:
         """Plain dict (for dispatch JSON and result files)."""
@@ -72,33 +72,27 @@ class SparseMLAConfig:
 # tests/test_triton_compile.py compiles each one for every kv_format and checks its shared
 # memory against the class limit.
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
-    # sm_120 (measured with kernels/triton/_aot.py, latent layout the largest): 64 heads with
-    # dv_splits=1 need 106 KB and spill, with dv_splits=2 90 KB; 32 heads x 32 entries 102.4 KB,
-    # so 16 entries there.
     ("small", 2): (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=16, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=16, reload_v=True, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
     ),
-    # fp32 operands on sm_120: 16 heads x 16 entries (74 KB); 32 x 16 needs 110 KB.
     ("small", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
     ),
-    # sm_90 (measured, worst kv layout): 64 heads x 32 entries 131 KB (2 stages 148 KB,
-    # dv_splits=2 106 KB); ptxas reports 255 registers and 230-580 B of spill stores for every
-    # 64-head config here: which one is fastest is for the H200 benchmark / dispatch table.
     ("large", 2): (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, num_warps=4, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, reload_v=True, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2),
     ),
-    # fp32 operands on sm_90: 64 heads x 16 entries 185 KB, 32 x 32 147 KB.
     ("large", 4): (
+        SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
-        SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
-        SparseMLAConfig(block_h=64, block_k=16, num_warps=8, num_stages=1),
     ),
 }
 
@@ -184,11 +178,11 @@ PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
 # kv formats, keyed by (config, dot operand bytes); the compile test asserts the measured value
 # stays at or below these, and the launcher gates with them before launch.
 PALLAS_SPARSE_MLA_SMEM: dict[tuple[SparseMLAConfig, int], int] = {
-    (SparseMLAConfig(16, 32, False, 4, 1), 2): 83_968,
-    (SparseMLAConfig(32, 16, False, 8, 1), 2): 69_632,
-    (SparseMLAConfig(32, 32, False, 8, 1), 2): 102_400,
-    (SparseMLAConfig(64, 32, False, 8, 1), 2): 110_592,
-    (SparseMLAConfig(64, 32, False, 8, 2), 2): 147_712,
+    (SparseMLAConfig(16, 32, 4, 1), 2): 83_968,
+    (SparseMLAConfig(32, 16, 8, 1), 2): 69_632,
+    (SparseMLAConfig(32, 32, 8, 1), 2): 102_400,
+    (SparseMLAConfig(64, 32, 8, 1), 2): 110_592,
+    (SparseMLAConfig(64, 32, 8, 2), 2): 147_712,
     (PALLAS_SPARSE_MLA_FP32, 4): 74_816,
 }
 

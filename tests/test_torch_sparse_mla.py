@@ -113,11 +113,12 @@ def test_128_heads_two_head_blocks():
 
 # ============================================================================ every config
 
-_ALL_CONFIGS = sorted({c for space in configs.SPARSE_MLA_SPACE.values() for c in space},
+_ALL_CONFIGS = sorted({c for space in configs.SPARSE_MLA_SPACE.values() for c in space}
+                      | {configs.SparseMLAConfig(16, 32, 4, 1, prefetch=False)},
                       key=lambda c: tuple(c.to_dict().values()))
 
 
-@pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}r{reload_v:d}w{num_warps}s{num_stages}".format(**c.to_dict()))
+@pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}".format(**c.to_dict()))
 @pytest.mark.parametrize("splits", [1, 3])
 def test_every_config(cfg, splits):
     """Each config of the search space (both shared-memory classes), with one split (the split
@@ -141,7 +142,7 @@ def test_heuristic_stays_in_space():
             cfg = configs.sparse_mla_heuristic(H, smem, width)
             assert cfg in space and cfg.block_h == 16
     assert configs.sparse_mla_heuristic(64, configs.LARGE_SMEM) == configs.SparseMLAConfig(
-        block_h=16, block_k=32, reload_v=False, num_warps=4, num_stages=1)
+        block_h=16, block_k=32, num_warps=4, num_stages=1)
     assert configs.pallas_sparse_mla_heuristic(128, configs.SMALL_SMEM) in configs.PALLAS_SPARSE_MLA_SPACE["small"]
     assert configs.sparse_mla_from_dict({"block_h": 64, "block_k": 999}, configs.SMALL_SMEM) is None
     assert configs.sparse_mla_num_splits(rows=64, topk=2048, block_k=32, num_sms=132) == 5

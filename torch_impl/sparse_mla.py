@@ -148,7 +148,7 @@ def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLA
     from kernels.triton.sparse_mla import KV_FORMAT_CODES
     return dict(
         KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
-        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, RELOAD_V=cfg.reload_v, HAS_BT=has_bt, HAS_TKL=has_tkl,
+        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, HAS_BT=has_bt, HAS_TKL=has_tkl,
         HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_dtype, DOT_FP32=dot_dtype == "float32")
 
 

@@ -185,15 +185,39 @@ def _indexer_logits_kernel(
     out_row = out_ptr + b * stride_ob + i_out[:, None] * stride_on             # [NB, 1]
     HB: tl.constexpr = HIST_BINS
     hist = tl.zeros((NB * HB,), tl.int32)
+    # Software pipeline by hand: the K tile (and scales) of the next page group are loaded
+    # while this one is scored, and the block-table entries one group further ahead, so no
+    # iteration waits on a dependent chain of global loads (the tile feeds a conversion before
+    # the dot, which Triton's own pipeliner does not turn into async copies).
+    bt_row = bt_ptr + b * stride_bt
+    pg = start + t_pg
+    entry = tl.load(bt_row + pg, mask=pg < end, other=-1)                   # group 0 entries
+    page_ok = (entry >= 0) & (entry < num_pages) & (pg < end)
+    page = tl.where(page_ok, entry, 0).to(tl.int64)
+    k_nxt = tl.load(k_ptr + page[:, None] * stride_kp + t_off[:, None] * stride_kt + d[None, :],
+                    mask=(t_ok & page_ok)[:, None], other=0.0)                # [BLOCK_T, D]
+    sc_nxt = tl.full([BLOCK_T], 1.0, tl.float32)
+    if HAS_SCALE:
+        sc_nxt = tl.load(ks_ptr + page * stride_sp + scale_off + t_off, mask=t_ok & page_ok,
+                         other=1.0)
+    ok_nxt = page_ok
+    ent_nxt = tl.load(bt_row + pg + PAGES, mask=pg + PAGES < end, other=-1)   # group 1 entries
     for pg0 in range(start, end, PAGES):
         pg = pg0 + t_pg                                                       # [BLOCK_T]
         pg_in = pg < end
-        entry = tl.load(bt_ptr + b * stride_bt + pg, mask=pg_in, other=-1)
-        page_ok = (entry >= 0) & (entry < num_pages) & pg_in                  # [BLOCK_T]
-        page = tl.where(page_ok, entry, 0).to(tl.int64)
-        kmask = (t_ok & page_ok)[:, None]
-        k = tl.load(k_ptr + page[:, None] * stride_kp + t_off[:, None] * stride_kt + d[None, :],
-                    mask=kmask, other=0.0)                                    # [BLOCK_T, D]
+        k = k_nxt
+        sc = sc_nxt
+        page_ok = ok_nxt
+        # issue group +1's tile and group +2's entries (masked off past the end: no traffic)
+        pg1 = pg + PAGES
+        ok_nxt = (ent_nxt >= 0) & (ent_nxt < num_pages) & (pg1 < end)
+        page1 = tl.where(ok_nxt, ent_nxt, 0).to(tl.int64)
+        k_nxt = tl.load(k_ptr + page1[:, None] * stride_kp + t_off[:, None] * stride_kt
+                        + d[None, :], mask=(t_ok & ok_nxt)[:, None], other=0.0)
+        if HAS_SCALE:
+            sc_nxt = tl.load(ks_ptr + page1 * stride_sp + scale_off + t_off,
+                             mask=t_ok & ok_nxt, other=1.0)
+        ent_nxt = tl.load(bt_row + pg1 + PAGES, mask=pg1 + PAGES < end, other=-1)
         if FP8_NAN_FIX:
             # CPU interpreter only: it decodes e4m3 NaN (0x7F / 0xFF) as 480; on the GPU the
             # conversion gives NaN and the dot propagates it.
@@ -219,8 +243,6 @@ def _indexer_logits_kernel(
             s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
             logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_T)), axis=1)     # [NB, BLOCK_T]
         if HAS_SCALE:
-            sc = tl.load(ks_ptr + page * stride_sp + scale_off + t_off, mask=t_ok & page_ok,
-                         other=0.0)
             logit = logit * sc[None, :]
         j = pg * P + t_off                                                    # logical positions
         valid = (j[None, :] < lens[:, None]) & (page_ok & t_ok)[None, :]

@@ -91,41 +91,108 @@ CH = tl.constexpr(64)   # latent dims per chunk: one fp8_model1 scale group, hal
 
 
 @triton.jit
-def _load_chunk(kv_ptr, kv16_ptr, kv32_ptr,            # cache as its dtype / int16 (bf16 bits) / f32
-                slot, page, off, ok,                    # [BLOCK_K] int64 slot, page, offset; bool
-                stride_page, stride_tok, page_bytes, page_size,
-                C: tl.constexpr, BLOCK_K: tl.constexpr, KV_FORMAT: tl.constexpr,
-                DOT_DTYPE: tl.constexpr):
-    """Latent dims ``[64 C, 64 C + 64)`` of the selected rows as ``(x, scale)``: values
-    ``[BLOCK_K, 64]`` in ``DOT_DTYPE`` (exact: e4m3 and bf16 rope fit bf16/fp16) and the
-    per-row fp32 scale ``[BLOCK_K]`` of the chunk (1 where the format has none), so that the
-    dequantized latent is ``x * scale[:, None]``. Rows with ``ok == False`` are 0, never read."""
+def _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr,             # cache as its dtype / int16 (bf16 bits) / f32
+               slot, ok,                                # [BLOCK_K] int64 slot (0 if invalid); bool
+               stride_page, stride_tok, page_bytes, page_size,
+               C: tl.constexpr, BLOCK_K: tl.constexpr, KV_FORMAT: tl.constexpr):
+    """Issue the loads of latent dims ``[64 C, 64 C + 64)`` of the selected rows: ``(raw,
+    scale)`` with ``raw`` ``[BLOCK_K, 64]`` as stored (e4m3 bytes, bf16 rope bits as int16, or
+    the latent dtype; :func:`_chunk_val` converts it) and the chunk's per-row fp32 scale
+    ``[BLOCK_K]`` (1 where the format has none): the dequantized latent is ``val * scale``.
+    Rows with ``ok == False`` are 0 and never read."""
     d = tl.arange(0, CH)
     m = ok[:, None]                                   # constant along the row: 16-byte vectors
     one = tl.full([BLOCK_K], 1.0, tl.float32)
     if KV_FORMAT == 0:      # latent [num_pages, P, D_qk], last dim contiguous
-        row = page * stride_page + off * stride_tok
-        x = tl.load(kv_ptr + row[:, None] + (d + C * CH)[None, :], mask=m, other=0.0)
-        return x.to(DOT_DTYPE), one
+        row = (slot // page_size) * stride_page + (slot % page_size) * stride_tok
+        return tl.load(kv_ptr + row[:, None] + (d + C * CH)[None, :], mask=m, other=0.0), one
     elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_slots, 656]: 512 e4m3 | 4 f32 scales | 64 bf16
         if C < 8:
             x8 = tl.load(kv_ptr + (slot * 656 + C * CH)[:, None] + d[None, :], mask=m, other=0)
             sc = tl.load(kv32_ptr + slot * 164 + (128 + C // 2), mask=ok, other=0.0)
-            return x8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), sc
+            return x8, sc
         else:
             r = tl.load(kv16_ptr + (slot * 328 + 264)[:, None] + d[None, :], mask=m, other=0)
-            return _bf16_bits_to_f32(r).to(DOT_DTYPE), one
+            return r, one
     else:                   # fp8_model1: per page P rows of 448 e4m3 | 64 bf16, then P x 8 ue8m0
+        page = slot // page_size
+        off = slot % page_size
         data = page * page_bytes + off * 576
         if C < 7:
             x8 = tl.load(kv_ptr + (data + C * CH)[:, None] + d[None, :], mask=m, other=0)
             e = tl.load(kv_ptr + page * page_bytes + page_size * 576 + off * 8 + C, mask=ok,
                         other=127)
-            sc = (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)   # 2^(e-127)
-            return x8.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), sc
+            return x8, (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)   # 2^(e-127)
         else:
             r = tl.load(kv16_ptr + (data // 2 + 224)[:, None] + d[None, :], mask=m, other=0)
-            return _bf16_bits_to_f32(r).to(DOT_DTYPE), one
+            return r, one
+
+
+@triton.jit
+def _chunk_val(raw, C: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """Chunk ``C`` as loaded by :func:`_chunk_raw` -> values in ``DOT_DTYPE`` (exact: e4m3 and
+    bf16 rope fit bf16 / fp16)."""
+    if KV_FORMAT == 0:
+        return raw.to(DOT_DTYPE)
+    elif (KV_FORMAT == 1 and C < 8) or (KV_FORMAT == 2 and C < 7):
+        return raw.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+    else:
+        return _bf16_bits_to_f32(raw).to(DOT_DTYPE)
+
+
+@triton.jit
+def _issue_rows(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok, page_bytes,
+                page_size, BLOCK_K: tl.constexpr, KV_FORMAT: tl.constexpr, TAIL: tl.constexpr):
+    """All loads of one row block, issued back to back: 9 (8 without the rope tail) raw chunks
+    and 8 scales (see :func:`_chunk_raw`)."""
+    r0, c0 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 0, BLOCK_K, KV_FORMAT)
+    r1, c1 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 1, BLOCK_K, KV_FORMAT)
+    r2, c2 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 2, BLOCK_K, KV_FORMAT)
+    r3, c3 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 3, BLOCK_K, KV_FORMAT)
+    r4, c4 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 4, BLOCK_K, KV_FORMAT)
+    r5, c5 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 5, BLOCK_K, KV_FORMAT)
+    r6, c6 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 6, BLOCK_K, KV_FORMAT)
+    r7, c7 = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                        page_bytes, page_size, 7, BLOCK_K, KV_FORMAT)
+    if TAIL:
+        r8, _ = _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok,
+                           page_bytes, page_size, 8, BLOCK_K, KV_FORMAT)
+    else:
+        r8 = r7
+    return r0, r1, r2, r3, r4, r5, r6, r7, r8, c0, c1, c2, c3, c4, c5, c6, c7
+
+
+@triton.jit
+def _page_entries(bt_row, raw, in_list, max_pages, page_size, HAS_BT: tl.constexpr):
+    """Block-table entries ``[BLOCK_K]`` int32 of the logical indices ``raw`` (HAS_BT; -1 where
+    the index is outside the table or past the list, never read), else ``raw`` unchanged."""
+    if HAS_BT:
+        ok = in_list & (raw >= 0) & (raw < max_pages * page_size)
+        return tl.load(bt_row + tl.where(ok, raw // page_size, 0), mask=ok, other=-1)
+    else:
+        return raw
+
+
+@triton.jit
+def _resolve(raw, ent, in_list, num_slots, num_pages, max_pages, page_size, HAS_BT: tl.constexpr):
+    """``(slot, ok)`` of one row block: int64 slots (0 where invalid) and the validity mask
+    (negative, beyond the cache or the table, a negative page entry, past the list)."""
+    raw = raw.to(tl.int64)
+    if HAS_BT:
+        ent = ent.to(tl.int64)
+        ok = in_list & (raw >= 0) & (raw < max_pages * page_size) & (ent >= 0) & (ent < num_pages)
+        slot = ent * page_size + raw % page_size
+    else:
+        ok = in_list & (raw >= 0) & (raw < num_slots)
+        slot = raw
+    return tl.where(ok, slot, 0), ok
 
 
 @triton.jit
@@ -195,7 +262,7 @@ def _sparse_mla_split_kernel(
     sq_b, sq_n, sq_h, si_b, si_n, sbt_b, stride_page, stride_tok,
     N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
     KV_FORMAT: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, RELOAD_V: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_BT: tl.constexpr, HAS_TKL: tl.constexpr, HAS_SINK: tl.constexpr, FINAL: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
@@ -243,90 +310,86 @@ def _sparse_mla_split_kernel(
     a5 = tl.zeros([BLOCK_H, CH], tl.float32)
     a6 = tl.zeros([BLOCK_H, CH], tl.float32)
     a7 = tl.zeros([BLOCK_H, CH], tl.float32)
+    # Software pipeline by hand, three deep: while block i is computed, the rows of block
+    # i + 1 are in flight (their slots known), the block-table entries of block i + 2 and the
+    # indices of block i + 3. Each load waits on values that arrived an iteration earlier, so
+    # no iteration stalls on a dependent chain of gathers (the dots need the rows converted
+    # first, which Triton's own pipeliner does not turn into async copies).
     idx_row = idx_ptr + b.to(tl.int64) * si_b + n * si_n
+    bt_row = bt_ptr + b.to(tl.int64) * sbt_b
+    ar = tl.arange(0, BLOCK_K)
+    if PREFETCH:
+        in0 = start + ar < end
+        i0 = tl.load(idx_row + start + ar, mask=in0, other=-1)
+        in1 = start + BLOCK_K + ar < end
+        i1 = tl.load(idx_row + start + BLOCK_K + ar, mask=in1, other=-1)
+        in2 = start + 2 * BLOCK_K + ar < end
+        i2 = tl.load(idx_row + start + 2 * BLOCK_K + ar, mask=in2, other=-1)
+        slot, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
+                            num_slots, num_pages, max_pages, page_size, HAS_BT)
+        e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
+        r0, r1, r2, r3, r4, r5, r6, r7, r8, c0, c1, c2, c3, c4, c5, c6, c7 = _issue_rows(
+            kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok, page_bytes, page_size,
+            BLOCK_K, KV_FORMAT, TAIL)
     for k0 in range(start, end, BLOCK_K):
-        kk = k0 + tl.arange(0, BLOCK_K)                           # [BLOCK_K] list positions
-        in_list = kk < end
-        raw = tl.load(idx_row + kk, mask=in_list, other=-1).to(tl.int64)
-        if HAS_BT:
-            ok = in_list & (raw >= 0) & (raw < max_pages * page_size)
-            lpage = tl.where(ok, raw // page_size, 0)
-            ent = tl.load(bt_ptr + b.to(tl.int64) * sbt_b + lpage, mask=ok, other=-1).to(tl.int64)
-            ok = ok & (ent >= 0) & (ent < num_pages)
-            slot = ent * page_size + raw % page_size
+        if PREFETCH:
+            ok_cur = ok
+            # block i + 1: slots from the entries loaded last iteration; issue its rows
+            in1 = k0 + BLOCK_K + ar < end
+            slot, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+            n0, n1, n2, n3, n4, n5, n6, n7, n8, d0, d1, d2, d3, d4, d5, d6, d7 = _issue_rows(
+                kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok, page_bytes,
+                page_size, BLOCK_K, KV_FORMAT, TAIL)
+            # block i + 2: page entries; block i + 3: indices
+            in2 = k0 + 2 * BLOCK_K + ar < end
+            e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
+            in3 = k0 + 3 * BLOCK_K + ar < end
+            i3 = tl.load(idx_row + k0 + 3 * BLOCK_K + ar, mask=in3, other=-1)
         else:
-            ok = in_list & (raw >= 0) & (raw < num_slots)
-            slot = raw
-        slot = tl.where(ok, slot, 0)
-        page = slot // page_size
-        off = slot % page_size
+            # this block's loads, all issued back to back before any conversion or dot
+            in0 = k0 + ar < end
+            i0 = tl.load(idx_row + k0 + ar, mask=in0, other=-1)
+            slot, ok_cur = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size,
+                                                      HAS_BT),
+                                    in0, num_slots, num_pages, max_pages, page_size, HAS_BT)
+            r0, r1, r2, r3, r4, r5, r6, r7, r8, c0, c1, c2, c3, c4, c5, c6, c7 = _issue_rows(
+                kv_ptr, kv16_ptr, kv32_ptr, slot, ok_cur, stride_page, stride_tok, page_bytes,
+                page_size, BLOCK_K, KV_FORMAT, TAIL)
 
         # scores s = q . k over the chunks, each chunk's scale applied to its fp32 partial dot
         s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
-        x0, c0 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 0, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q0, x0, c0, S7, DOT_FP32)
-        x1, c1 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 1, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q1, x1, c1, S7, DOT_FP32)
-        x2, c2 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 2, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q2, x2, c2, S7, DOT_FP32)
-        x3, c3 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 3, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q3, x3, c3, S7, DOT_FP32)
-        x4, c4 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 4, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q4, x4, c4, S7, DOT_FP32)
-        x5, c5 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 5, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q5, x5, c5, S7, DOT_FP32)
-        x6, c6 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 6, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q6, x6, c6, S7, DOT_FP32)
-        x7, c7 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                             stride_tok, page_bytes, page_size, 7, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        s = _qk(s, q7, x7, c7, S8, DOT_FP32)
+        s = _qk(s, q0, _chunk_val(r0, 0, KV_FORMAT, DOT_DTYPE), c0, S7, DOT_FP32)
+        s = _qk(s, q1, _chunk_val(r1, 1, KV_FORMAT, DOT_DTYPE), c1, S7, DOT_FP32)
+        s = _qk(s, q2, _chunk_val(r2, 2, KV_FORMAT, DOT_DTYPE), c2, S7, DOT_FP32)
+        s = _qk(s, q3, _chunk_val(r3, 3, KV_FORMAT, DOT_DTYPE), c3, S7, DOT_FP32)
+        s = _qk(s, q4, _chunk_val(r4, 4, KV_FORMAT, DOT_DTYPE), c4, S7, DOT_FP32)
+        s = _qk(s, q5, _chunk_val(r5, 5, KV_FORMAT, DOT_DTYPE), c5, S7, DOT_FP32)
+        s = _qk(s, q6, _chunk_val(r6, 6, KV_FORMAT, DOT_DTYPE), c6, S7, DOT_FP32)
+        s = _qk(s, q7, _chunk_val(r7, 7, KV_FORMAT, DOT_DTYPE), c7, S8, DOT_FP32)
         if TAIL:
-            x8, c8 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 8, BLOCK_K, KV_FORMAT,
-                                 DOT_DTYPE)
-            s = _qk(s, q8, x8, c8, False, DOT_FP32)
-
+            s = _qk(s, q8, _chunk_val(r8, 8, KV_FORMAT, DOT_DTYPE), c7, False, DOT_FP32)
+        ok_blk = ok_cur
         # online softmax in the exp2 domain; invalid entries get p = 0 (never NaN)
-        s = tl.where(ok[None, :], s * qk_scale_log2, NEG_SENTINEL)
+        s = tl.where(ok_blk[None, :], s * qk_scale_log2, NEG_SENTINEL)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.where(ok[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+        p = tl.where(ok_blk[None, :], tl.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
 
         # acc += p . v over the 8 chunks of D_v (the value tile is the first 512 latent dims)
-        if RELOAD_V:        # gather the chunks again (L1 / L2) instead of keeping them live
-            x0, c0 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 0, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x1, c1 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 1, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x2, c2 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 2, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x3, c3 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 3, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x4, c4 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 4, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x5, c5 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 5, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x6, c6 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 6, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-            x7, c7 = _load_chunk(kv_ptr, kv16_ptr, kv32_ptr, slot, page, off, ok, stride_page,
-                                 stride_tok, page_bytes, page_size, 7, BLOCK_K, KV_FORMAT, DOT_DTYPE)
-        a0 = _pv(a0, alpha, p, x0, c0, S7, DOT_DTYPE, DOT_FP32)
-        a1 = _pv(a1, alpha, p, x1, c1, S7, DOT_DTYPE, DOT_FP32)
-        a2 = _pv(a2, alpha, p, x2, c2, S7, DOT_DTYPE, DOT_FP32)
-        a3 = _pv(a3, alpha, p, x3, c3, S7, DOT_DTYPE, DOT_FP32)
-        a4 = _pv(a4, alpha, p, x4, c4, S7, DOT_DTYPE, DOT_FP32)
-        a5 = _pv(a5, alpha, p, x5, c5, S7, DOT_DTYPE, DOT_FP32)
-        a6 = _pv(a6, alpha, p, x6, c6, S7, DOT_DTYPE, DOT_FP32)
-        a7 = _pv(a7, alpha, p, x7, c7, S8, DOT_DTYPE, DOT_FP32)
+        a0 = _pv(a0, alpha, p, _chunk_val(r0, 0, KV_FORMAT, DOT_DTYPE), c0, S7, DOT_DTYPE, DOT_FP32)
+        a1 = _pv(a1, alpha, p, _chunk_val(r1, 1, KV_FORMAT, DOT_DTYPE), c1, S7, DOT_DTYPE, DOT_FP32)
+        a2 = _pv(a2, alpha, p, _chunk_val(r2, 2, KV_FORMAT, DOT_DTYPE), c2, S7, DOT_DTYPE, DOT_FP32)
+        a3 = _pv(a3, alpha, p, _chunk_val(r3, 3, KV_FORMAT, DOT_DTYPE), c3, S7, DOT_DTYPE, DOT_FP32)
+        a4 = _pv(a4, alpha, p, _chunk_val(r4, 4, KV_FORMAT, DOT_DTYPE), c4, S7, DOT_DTYPE, DOT_FP32)
+        a5 = _pv(a5, alpha, p, _chunk_val(r5, 5, KV_FORMAT, DOT_DTYPE), c5, S7, DOT_DTYPE, DOT_FP32)
+        a6 = _pv(a6, alpha, p, _chunk_val(r6, 6, KV_FORMAT, DOT_DTYPE), c6, S7, DOT_DTYPE, DOT_FP32)
+        a7 = _pv(a7, alpha, p, _chunk_val(r7, 7, KV_FORMAT, DOT_DTYPE), c7, S8, DOT_DTYPE, DOT_FP32)
+        if PREFETCH:        # rotate the pipeline
+            r0, r1, r2, r3, r4, r5, r6, r7, r8 = n0, n1, n2, n3, n4, n5, n6, n7, n8
+            c0, c1, c2, c3, c4, c5, c6, c7 = d0, d1, d2, d3, d4, d5, d6, d7
+            i1, e1, i2 = i2, e2, i3
 
     # Empty iff nothing was summed (l == 0); a NaN sum (NaN in q or a selected row) propagates
     # to out and lse as in the reference instead of reading as an empty row.
