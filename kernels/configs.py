@@ -71,6 +71,13 @@ class SparseMLAConfig:
 # fp16 operands (bf16 / fp16 q), 4 for IEEE fp32 operands (fp32 q, twice the staging bytes).
 # tests/test_triton_compile.py compiles each one for every kv_format and checks its shared
 # memory against the class limit.
+# The default: 32 heads x 32 entries, 8 warps, hand-pipelined loads. Measured on the H200
+# (bench/results/mla_sweep_h200_20261129_v3.json, do_bench medians, B = 64, fp8): fastest of the
+# sweep at DSV32 H = 128 (655 us) and H = 16 (214 us; the 16 padded heads cost less than the
+# 4-warp 16-head block's lower occupancy), 5 % behind the best at DSV4_FLASH H = 64 (126.5 vs
+# 120.4 us for 16 heads x 32, 4 warps). The dispatch table overrides it per shape bucket.
+SPARSE_MLA_DEFAULT = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1)
+
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     ("small", 2): (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
@@ -108,18 +115,13 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 
 
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2) -> SparseMLAConfig:
-    """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes.
-
-    Always the first 16-head member of :func:`sparse_mla_space` (every space has one): each head
-    block re-reads its selected rows (from L2 when the head blocks of one request run together),
-    but the accumulator fits the registers. ``num_heads`` is accepted for a future rule.
+    """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
+    :data:`SPARSE_MLA_DEFAULT` when it is in :func:`sparse_mla_space` (bf16 / fp16 dots), else
+    the first member of the space (fp32 dots). ``num_heads`` is accepted for a future rule.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
-    # 16 heads per program: the H200 run of 2026-11-29 (bench/NOTES.md) measured the 64-head
-    # block (255 registers + spills) at ~1% of the floor; a 16-head block keeps the fp32
-    # accumulator [16, 512] in registers. Wider blocks stay in the space for the dispatch table.
     del num_heads
-    return next(c for c in space if c.block_h == 16)
+    return SPARSE_MLA_DEFAULT if SPARSE_MLA_DEFAULT in space else space[0]
 
 
 def sparse_mla_num_splits(rows: int, topk: int, block_k: int, num_sms: int,

@@ -119,12 +119,13 @@ def _triton_configs(entry):
     from kernels.triton.indexer import IndexerLogitsConfig
     from kernels.triton.topk import TopkConfig
     cfg = dict((entry or {}).get("config") or {})
-    lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages") if k in cfg})
+    lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
+                                                      "trans", "pages") if k in cfg})
     tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps") if k in cfg})
     return lcfg, tcfg
 
 
-def _triton_gate(q, k_format, P, num_stages):
+def _triton_gate(q, k_format, P, lcfg):
     """NotImplementedError (GPU, compute capability, what is supported) before launch."""
     dev = _common.device_info(q.device)
     hardware.require_arch(dev, "indexer_logits (triton)")
@@ -135,9 +136,10 @@ def _triton_gate(q, k_format, P, num_stages):
     nb = 1 << (N - 1).bit_length()
     bh = max(16, 1 << (H - 1).bit_length())
     bp = max(16, 1 << (P - 1).bit_length())
-    elem = q.element_size() if k_format == "dense" else 1
+    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage
+    elem = q.element_size() if k_format == "dense" else 2
     hardware.require_smem(dev, f"indexer_logits (triton) with N={N}, H_I={H}, D_I={D}, P={P}",
-                          (nb * bh + num_stages * bp) * D * elem)
+                          (nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem)
     return dev
 
 
@@ -169,7 +171,7 @@ def _triton_logits(q, weights, k_cache, block_table, context_lens, k_format):
     W = block_table.shape[1] * P
     dev = _common.device_info(q.device)
     lcfg, _ = _triton_configs(_dispatch_entry(dev, "indexer_logits", B, N, W))
-    _triton_gate(q, k_format, P, lcfg.num_stages)
+    _triton_gate(q, k_format, P, lcfg)
     out = torch.full((B, N, W), float("-inf"), dtype=torch.float32, device=q.device)
     return _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out)
 
@@ -198,7 +200,7 @@ def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format,
     W = block_table.shape[1] * P
     dev = _common.device_info(q.device)
     lcfg, tcfg = _triton_configs(_dispatch_entry(dev, "indexer_topk", B, N, W, topk))
-    _triton_gate(q, k_format, P, lcfg.num_stages)
+    _triton_gate(q, k_format, P, lcfg)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
     from kernels.triton.indexer import logits_splits
@@ -436,7 +438,8 @@ indexer_topk.__doc__ = indexer_topk.__doc__.format(args=_ARGS_DOC, raises=_RAISE
 
 # ============================================================================ AOT compile specs
 
-def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32"):
+def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
+                 trans=True, pages=2):
     from kernels.triton._aot import LaunchSpec
     sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
            "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
@@ -448,16 +451,17 @@ def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages,
     cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
               BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
               DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
-              FP8_UPCAST=has_scale)
+              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages)
     return LaunchSpec(label, "kernels.triton.indexer", "_indexer_logits_kernel", sig, cx,
                       num_warps, num_stages)
 
 
 def aot_specs_logits(smem_class: str) -> list:
-    """Launches of the logits kernel to compile-check per shared-memory class: the heuristic
-    config (num_stages 3, num_warps 4 or 8 by rows) for fp8 at N = 1, 2, 4 and H_I = 64, 16
-    with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the largest tile (N = 4, H_I = 64)
-    at every (num_warps, num_stages) of ``IndexerLogitsConfig.SEARCH_SPACE``."""
+    """Launches of the logits kernel to compile-check per shared-memory class: the default
+    config (tokens as M, 2 pages per iteration, 1 stage, num_warps 4 or 8 by q rows) for fp8
+    at N = 1, 2, 4 and H_I = 64, 16 with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the
+    largest tile (N = 4, H_I = 64) at every (num_warps, num_stages, trans, pages) corner of
+    ``IndexerLogitsConfig.SEARCH_SPACE``."""
     from kernels.triton.indexer import IndexerLogitsConfig
     specs = []
 
@@ -467,16 +471,19 @@ def aot_specs_logits(smem_class: str) -> list:
     for N in (1, 2, 4):
         for H in (64, 16):
             specs.append(_logits_spec(f"logits fp8 N{N} H{H} P64", "*fp8e4nv", "*fp8e4nv", N, H, 64,
-                                      True, warps(N, H), 3))
-    specs.append(_logits_spec("logits fp8 N1 H64 P16", "*fp8e4nv", "*fp8e4nv", 1, 64, 16, True, 4, 3))
-    specs.append(_logits_spec("logits dense bf16 N2 H64 P64", "*bf16", "*bf16", 2, 64, 64, False, 4, 3))
-    specs.append(_logits_spec("logits dense fp32 N1 H64 P64", "*fp32", "*fp32", 1, 64, 64, False, 4, 3,
+                                      True, warps(N, H), 1))
+    specs.append(_logits_spec("logits fp8 N1 H64 P16", "*fp8e4nv", "*fp8e4nv", 1, 64, 16, True, 4, 1))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64", "*bf16", "*bf16", 2, 64, 64, False, 8, 1))
+    specs.append(_logits_spec("logits dense fp32 N1 H64 P64", "*fp32", "*fp32", 1, 64, 64, False, 4, 1,
                               "ieee"))
     space = IndexerLogitsConfig.SEARCH_SPACE
     for nw in space["num_warps"]:
         for ns in (min(space["num_stages"]), max(space["num_stages"])):
-            specs.append(_logits_spec(f"logits fp8 N4 H64 P64 w{nw} s{ns}", "*fp8e4nv", "*fp8e4nv",
-                                      4, 64, 64, True, nw, ns))
+            for trans in space["trans"]:
+                for pages in space["pages"]:
+                    specs.append(_logits_spec(
+                        f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages}",
+                        "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns, trans=trans, pages=pages))
     return specs
 
 
