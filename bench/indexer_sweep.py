@@ -59,7 +59,8 @@ def main() -> None:
             fn = lambda: kx.launch_indexer_logits(s["iq"], s["iw"], kv, ks, bt, cl, out,
                                                   page_size=P, num_sms=dev.num_sms, config=cfg,
                                                   hist=hist, fp8_upcast=True)
-            tk = lambda: launch_topk(out.view(B, W), cl, 2048, topk, scratch, hist=hist, n_drafts=1)
+            tk = lambda: launch_topk(out.view(B, W), cl, 2048, topk, scratch, hist=hist, n_drafts=1,
+                                    page_size=P)
             try:
                 fn()
                 tk()

@@ -94,7 +94,7 @@ def _draft_lengths(context_lens, B, N, width):
 
 # ============================================================================ pallas path
 
-def _pallas_gate(dev: hardware.DeviceInfo, *, D, P, H, N, fp8):
+def _pallas_gate(dev: hardware.DeviceInfo, *, D, P, H, N, fp8, pages=2):
     """NotImplementedError (before launch) for what the Pallas kernels cannot run."""
     hardware.require_arch(dev, "jax indexer (pallas)")
     where = f"{dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]})"
@@ -105,15 +105,21 @@ def _pallas_gate(dev: hardware.DeviceInfo, *, D, P, H, N, fp8):
         raise NotImplementedError(f"jax indexer (pallas) on {where}: D_I={D} unsupported; "
                                   f"supported: powers of two >= 16 (use path='xla')")
     NP, HP = _pallas._next_pow2(N), max(16, _pallas._next_pow2(H))
-    elt = 1 if fp8 else 4
-    need = NP * HP * D * elt + 2 * P * (D + 4) * elt       # q tile + two pipelined pages
+    # q tile + one page group, staged in the dot operand dtype (fp8 as fp16; dense up to fp32):
+    # an upper bound of the sizes measured by compiling for sm_90 / sm_120 (32 KiB at N=1,
+    # 82 KiB at N=4 for H_I=64, D_I=128, P=64, 2 pages)
+    elt = 2 if fp8 else 4
+    need = (NP * HP + pages * P) * D * elt
+    if not fp8:
+        need = NP * HP * D * elt + 2 * P * (D + 4) * elt   # dense: q tile + two pipelined pages
     hardware.require_smem(dev, f"jax indexer (pallas) with N={N}, H_I={H}, D_I={D}, P={P}", need)
 
 
 def _pallas_logits(q, weights, k_cache, block_table, lens, *, k_format, P, cfg, group_max=False):
     dev = device_info()
     B, N, H, D = q.shape
-    _pallas_gate(dev, D=D, P=P, H=H, N=N, fp8=k_format == "fp8_indexer")
+    _pallas_gate(dev, D=D, P=P, H=H, N=N, fp8=k_format == "fp8_indexer",
+                 pages=(cfg.pages if cfg is not None else _pallas.PallasIndexerConfig().pages))
     W = block_table.shape[1] * P
     hardware.require_int32_addressing(dev, "jax indexer (pallas)",
                                       max(k_cache.size * k_cache.dtype.itemsize, B * N * W * 4))

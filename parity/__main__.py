@@ -62,7 +62,21 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only the failing cases in the final table")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (and, when stderr is not a terminal, no per-case lines)")
+    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+                   help="run the cases in N worker processes (round-robin; one report, same rows "
+                        "and order as one process). On a GPU the workers share it; compiling and "
+                        "the float64 reference are what the extra CPU cores speed up")
     return p
+
+
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
 
 
 def _command_line(argv) -> str:
@@ -224,6 +238,22 @@ def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=N
     return rows
 
 
+def _run_jobs(argv: list, jobs: int, n_cases: int, err_console) -> list:
+    """``--jobs``: the shards in spawned worker processes, rows merged in case order."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    done = []
+    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
+        from parity.jobs import run_shard
+        futs = [pool.submit(run_shard, argv, s, jobs) for s in range(min(jobs, n_cases))]
+        for f in cf.as_completed(futs):
+            part = f.result()
+            done.extend(part)
+            err_console.print(f"parity: worker finished {len(part)} cases "
+                              f"({len(done)}/{n_cases})", highlight=False)
+    return [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
+
+
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
@@ -259,7 +289,9 @@ def main(argv=None) -> int:
                       f"mode {args.mode}, {where}, seed {args.seed}", highlight=False)
     t0 = time.perf_counter()
     show_bar = not args.no_progress and err_console.is_terminal
-    if show_bar:
+    if args.jobs > 1:
+        rows = _run_jobs(argv, args.jobs, len(cases), err_console)
+    elif show_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
         with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),

@@ -217,9 +217,54 @@ def test_logits_kernel_stops_at_length():
         assert np.isnan(raw[b, :, end:]).all(), f"request {b}: positions past {end} were written"
 
 
-def test_pallas_lowers_for_cuda():
+@pytest.mark.parametrize("trans,pages", [(False, 1), (True, 1), (False, 2), (True, 2)])
+def test_logits_kernel_variants(trans, pages):
+    """Every (dot orientation, pages per iteration) variant of the logits kernel, at 1 and 3
+    splits per request (odd page counts per split, so a 2-page group straddles a split's end and
+    the request's last page), N = 3 drafts with the MTP mask, a -1 page in the table and e4m3
+    NaN keys: logits against the float64 reference, the group maxima (EMIT_BM) bit-exact against
+    the kernel's own logits, and the top-k kernel fed by them against the exact SPEC set."""
+    from jax_impl import indexer as ji
+
+    P, topk = 16, 40
+    case = cases.make_indexer_case(651, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=topk,
+                                   nan_rows=True, neg_pages=True)
+    q, w, kc, bt, cl = (jnp.asarray(a) for a in case.args())
+    B, N = case.q.shape[:2]
+    W = bt.shape[1] * P
+    lens = ji._draft_lengths(cl, B, N, W)
+    ref = case.reference_logits()
+    ends = -(-np.asarray(lens).max(axis=1) // P) * P                 # positions the loop covers
+    for splits in (1, 3):
+        cfg = pk.PallasIndexerConfig(num_splits=splits, trans=trans, pages=pages)
+
+        @jax.jit
+        def run(q, w, kc, bt, lens, cfg=cfg):
+            raw, gmax = pk.launch_indexer_logits(q, w, kc, bt, lens, fp8=True, page_size=P,
+                                                 num_sms=4, cfg=cfg, group_max=True)
+            idx = pk.launch_topk_select(raw, gmax, lens, topk, num_rows=N, cfg=cfg)
+            return raw, gmax, idx[:, :N, :topk]
+
+        raw, gmax, idx = (np.asarray(x) for x in run(q, w, kc, bt, lens))
+        logits = np.asarray(ji._mask_logits(jnp.asarray(raw), lens, N, W))
+        compare.assert_pass(compare.check_logits(logits, ref))
+        compare.assert_pass(compare.check_topk(idx, ref, topk))
+        for b in range(B):
+            end = int(ends[b])
+            key = np.asarray(pk.order_key(jnp.asarray(logits[b, :, :end]), jnp.ones((N, end), bool)))
+            np.testing.assert_array_equal(gmax[b, :N, :end // 16], key.reshape(N, -1, 16).max(-1),
+                                          err_msg=f"group maxima, request {b}, {splits} splits")
+            if not ON_GPU:      # interpret mode poisons outputs with NaN: nothing past the end
+                assert np.isnan(raw[b, :, end:]).all(), f"request {b}: positions past {end} written"
+
+
+@pytest.mark.parametrize("cfg", [pk.PallasIndexerConfig(), pk.PallasIndexerConfig(trans=False, pages=1)],
+                         ids=["default", "q_rows_one_page"])
+def test_pallas_lowers_for_cuda(cfg):
     """Both kernels lower to Triton IR for the GPU (every primitive has a Triton lowering rule),
-    checked on the CPU through cross-platform lowering; fp8 2-D / 1-D key tiles and dense."""
+    checked on the CPU through cross-platform lowering; fp8 2-D / 1-D key tiles and dense, with
+    the default logits config (tokens as M, 2 pages per iteration: gathered page groups) and the
+    single-page, q-rows-as-M one."""
     for k_format, P, N, H in (("fp8_indexer", 64, 2, 64), ("fp8_indexer", 16, 3, 16), ("dense", 16, 1, 16)):
         case = cases.make_indexer_case(1, B=2, N=N, H_I=H, P=P, lens=[100, 300], topk=K, k_format=k_format)
         q, w, kc, bt, _ = (jnp.asarray(a) for a in case.args())
@@ -227,9 +272,9 @@ def test_pallas_lowers_for_cuda():
 
         def f(q, w, kc, bt, lens):
             raw, gmax = pk.launch_indexer_logits(q, w, kc, bt, lens, fp8=k_format == "fp8_indexer",
-                                                 page_size=P, num_sms=132, group_max=True,
-                                                 interpret=False)
-            return pk.launch_topk_select(raw, gmax, lens, 2048, num_rows=N, interpret=False)
+                                                 page_size=P, num_sms=132, cfg=cfg,
+                                                 group_max=True, interpret=False)
+            return pk.launch_topk_select(raw, gmax, lens, 2048, num_rows=N, cfg=cfg, interpret=False)
 
         text = jax.jit(f).trace(q, w, kc, bt, lens).lower(lowering_platforms=("cuda",)).as_text()
         assert text.count("__gpu$xla.gpu.triton") == 2

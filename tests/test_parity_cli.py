@@ -284,6 +284,24 @@ def test_python_m_parity_on_real_torch_paths(tmp_path):
     assert r.returncode == (1 if any(x["status"] in ("fail", "error") for x in doc["rows"]) else 0), r.stderr[-2000:]
 
 
+def test_jobs_gives_the_rows_of_one_process(tmp_path):
+    """``--jobs 2`` (spawned workers, round-robin cases) writes the same rows, in the same
+    order and with the same verdicts and errors, as one process."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
+               DSA_FORCE_INTERPRET="1")
+    docs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"r{jobs}.json"
+        r = subprocess.run([sys.executable, "-m", "parity", "-k", "duplicates", "--backend", "torch",
+                            "--no-progress", "--jobs", jobs, "--json", str(out)],
+                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        assert out.exists(), r.stderr[-2000:] + r.stdout[-2000:]
+        docs.append(json.loads(out.read_text()))
+    key = lambda row: (row["case"], row["path"], row["against"], row["status"], row["worst_error"])  # noqa: E731
+    assert [key(x) for x in docs[0]["rows"]] == [key(x) for x in docs[1]["rows"]]
+    assert len({row["case"] for row in docs[0]["rows"]}) == 3
+
+
 def shutil_which(name):
     import shutil
     return shutil.which(name)

@@ -144,7 +144,8 @@ def test_triton_logits_touch_only_the_pages_of_L():
 
 def test_fused_histogram_matches_unfused_topk():
     """The logits kernel's per-split top-digit histograms (fused pass A) give the same top-k as
-    the top-k kernel's own pass over the row, bit for bit, at several split counts."""
+    the top-k kernel's own pass over the row, bit for bit, at several split counts, with pass B
+    in one program per row and split over the logits splits."""
     from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
     from kernels.triton.topk import launch_topk
 
@@ -170,6 +171,11 @@ def test_fused_histogram_matches_unfused_topk():
         launch_topk(logits.view(B * N, W), lens, K, fused, scratch, hist=hist, n_drafts=N)
         launch_topk(logits.view(B * N, W), lens, K, plain, scratch)
         assert torch.equal(fused, plain)
+        # pass B split over the logits splits (the offsets come from the split histograms)
+        split = torch.empty_like(fused)
+        launch_topk(logits.view(B * N, W), lens, K, split, scratch, hist=hist, n_drafts=N,
+                    page_size=P)
+        assert torch.equal(split, plain)
         compare.assert_pass(compare.check_topk(fused.view(B, N, K), case.reference_logits(), K))
         if ref_out is not None:
             assert torch.equal(fused, ref_out)
@@ -205,7 +211,8 @@ def test_logits_kernel_variants(trans, pages):
         compare.assert_pass(compare.check_logits(logits, ref))
         out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
         scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
-        launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N)
+        launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,
+                    page_size=P)
         compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
 
 

@@ -215,7 +215,7 @@ def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format,
     out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
     launch_topk(logits.view(B * N, W), lens, topk, out, scratch, config=tcfg, hist=hist,
-                n_drafts=N)
+                n_drafts=N, page_size=P)
     if sort:
         out = _sort_selected(out, logits.view(B * N, W))
     return out.view(B, N, topk)
@@ -488,18 +488,31 @@ def aot_specs_logits(smem_class: str) -> list:
 
 
 def aot_specs_topk(smem_class: str) -> list:
-    """Launches of the radix top-k kernel: every (block, num_warps) of ``TopkConfig.SEARCH_SPACE``,
-    with and without the fused histogram."""
+    """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
+    ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
+    pass B (``FROM_PLAN``); the plan and scatter kernels of the split pass B."""
     from kernels.triton._aot import LaunchSpec
-    from kernels.triton.topk import TopkConfig
+    from kernels.triton.topk import SCATTER_BLOCK, TopkConfig
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
-           "stride_c": "i32", "n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32"}
+           "stride_c": "i32", "n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32",
+           "state_ptr": "*i32"}
     specs = []
     for blk in TopkConfig.SEARCH_SPACE["block"]:
         for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
-            for has_hist in (True, False):
-                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist}",
+            for has_hist, plan in ((False, False), (True, False), (True, True)):
+                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan={plan}",
                                         "kernels.triton.topk", "_radix_topk_kernel", sig,
-                                        dict(BLOCK=blk, RADIX_BITS=8, HAS_HIST=has_hist), nw, 1))
+                                        dict(BLOCK=blk, RADIX_BITS=8, HAS_HIST=has_hist,
+                                             FROM_PLAN=plan), nw, 1))
+    specs.append(LaunchSpec("topk plan", "kernels.triton.topk", "_topk_plan_kernel",
+                            {"hist_ptr": "*i32", "state_ptr": "*i32", "offs_ptr": "*i32",
+                             "topk": "i32", "n_drafts": "i32", "n_drafts_pow2": "i32",
+                             "num_splits": "i32"}, {}, 4, 1))
+    specs.append(LaunchSpec("topk scatter", "kernels.triton.topk", "_topk_scatter_kernel",
+                            {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
+                             "cand_ptr": "*i32", "state_ptr": "*i32", "offs_ptr": "*i32",
+                             "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
+                             "stride_c": "i32", "n_drafts": "i32", "num_splits": "i32"},
+                            dict(BLOCK=SCATTER_BLOCK), 4, 1))
     return specs

@@ -17,9 +17,10 @@ Cache layouts read in-kernel (byte-exact with ``kernels/formats.py``):
 * ``fp8_indexer``: uint8 ``[num_pages, P * (D_I + 4)]``: per page P rows of D_I e4m3 bytes, then
   P little-endian float32 scales. The kernel reads the uint8 bytes in place (an XLA-side slice
   or width-changing bitcast of the cache could copy it). When D_I divides 4P (P = 64, D_I = 128)
-  the launcher passes the free reshape ``[num_pages, P + 4P/D_I, D_I]`` and the key tile is a
-  plain 2-D ``[P, D_I]`` load; otherwise a ``[P * D_I]`` byte load reshaped in registers. Keys
-  are bitcast to e4m3; the scale bytes are assembled into 32-bit words
+  the launcher passes the free reshape ``[num_pages, P + 4P/D_I, D_I]``: at one page per
+  iteration the key tile is then a plain 2-D ``[P, D_I]`` load, otherwise a ``[P * D_I]`` byte
+  load reshaped in registers; a group of pages is one gathered ``[pages * P, D_I]`` load in
+  either layout (below). Keys are bitcast to e4m3; the scale bytes are assembled into 32-bit words
   (``b0 | b1 << 8 | b2 << 16 | b3 << 24``) and bitcast to float32 (the lowering only bitcasts
   between equal widths).
 * ``dense``: ``[num_pages, P, D_I]`` float (fp32 / fp16 / bf16, same dtype as q), scale 1.
@@ -32,13 +33,33 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   count: ``n_pages_b = ceil(max_i len[b, i] / P)``, split ``s`` takes pages
   ``[s * ceil(n_pages_b / S), ...) ∩ [0, n_pages_b)``. Programs past ``L_b`` run zero iterations
   and do no loads, so a 4K request in a table sized for 1M reads what it reads in a 4K table.
-* Per page: one dot ``[NP*HP, D_I] x [D_I, P] -> fp32`` (fp8 x fp8, fp16 x fp16 or fp32 x fp32 with
-  ``Precision.HIGHEST``, i.e. IEEE, never TF32), ReLU as ``where(s < 0, 0, s)`` (NaN propagates,
-  as in the float64 reference), times the weight, padded rows zeroed with ``where`` (so a NaN key
-  cannot leak through ``0 * NaN``), head sum via ``reshape [NP, HP, P] -> sum(axis=1)``, times the
-  k scale, draft mask, store ``[NP, P]``. A page whose entry is negative or ``>= num_pages`` is
-  never read: its loads are masked off (a masked load issues no memory transaction; the page id
-  is clamped so even the address stays in the buffer) and its logits are -inf. Masked loads
+* Per iteration a group of ``cfg.pages`` consecutive pages (default 2), ``T = pages * P`` token
+  rows: each row's page is resolved through the block table (one ``[T]`` load of the entries,
+  rows of a page sharing one), and the keys arrive in one gathered load ``[T, D_I]``, every
+  index an integer array (the lowering's ``concatenate`` only joins trailing size-1 axes, so
+  per-page tiles cannot be stacked). At ``pages = 1`` the page is a scalar and the tile a
+  plain slice load, as before the groups.
+* One dot per group, tokens as M by default (``cfg.trans``): ``[T, D_I] x [D_I, NP*HP] -> fp32``,
+  ReLU as ``where(s < 0, 0, s)`` (NaN propagates, as in the float64 reference), times the
+  weight, padded rows zeroed with ``where`` (so a NaN key cannot leak through ``0 * NaN``), head
+  sum along the last axis (``reshape [T, NP, HP] -> sum(axis=2)``), transposed to ``[NP, T]``;
+  with ``trans=False`` q rows are M: ``[NP*HP, D_I] x [D_I, T]``, head sum
+  ``reshape [NP, HP, T] -> sum(axis=1)``. Then the k scale, draft mask, store ``[NP, T]``.
+  Operands: fp8 q and keys are converted to fp16 first (exact for e4m3; products of two 11-bit
+  significands are exact and the dot accumulates in fp32), because Hopper's fp8 x fp8 dot
+  accumulates with ~14 mantissa bits, which reorders near-ties against the float64 reference
+  (SPEC allows 1-ulp differences only); dense fp16 / bf16 / fp32 as is, ``Precision.HIGHEST``
+  (IEEE for fp32, never TF32).
+* Measured on the Triton twin only (``kernels/triton/indexer.py``, H200, B = 64, L = 64K, N = 1),
+  not on this kernel: tokens as M 410 us against 539 us (the head sum stays within accumulator
+  rows instead of crossing warps), two pages per iteration 342 us against 410 us; its fp8 dot
+  put logits ~6e-5 (relative) off the fp16-operand result.
+* A page whose entry is negative or ``>= num_pages``, or that lies past the split's end (the last
+  group of a split may overhang it), is never read: its loads are masked off (a masked load
+  issues no memory transaction; page ids and table indices are clamped so even the addresses
+  stay in the buffers) and its logits are -inf. Positions of pages past the split's end belong
+  to the next program: the group's stores are masked, and the logits buffer is padded by
+  ``pages - 1`` pages so an overhang past the table's last page stays inside it. Masked loads
   instead of a branch keep the loop body straight-line for Triton's software pipelining.
 * Bytes per request: ``L_b * (D_I + 4)`` read once (132 B per position at D_I = 128), plus
   ``N * L_b * 4`` logits written; q (``N * H_I * D_I``) is re-read per program from L2. FLOPs:
@@ -47,7 +68,7 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   path) so B = 64 fills 132 SMs.
 * With ``group_max=True`` (the top-k path) the epilogue also stores, per draft and per group of
   16 positions, the max order key (below), 1/16 of the logits' size: the pruning input of
-  kernel 2.
+  kernel 2 (``pages * P / 16`` groups per iteration, masked like the logits).
 
 Kernel 2, ``_topk_select_kernel`` (grid ``(B, N)``; one program per row), exact selection:
 
@@ -86,11 +107,13 @@ Kernel 2, ``_topk_select_kernel`` (grid ``(B, N)``; one program per row), exact 
   profile, the next step is splitting stage 2 over several programs per row.
 
 What the Triton lowering cannot do (and what replaces it): sort / top-k / histogram (counting
-against ``2^R`` candidate thresholds), masked gathers and scatters in interpret mode (plain ref
-slices with dynamic starts, one-hot compaction), bitcasts between widths (byte assembly),
-scalar prefetch / data-dependent BlockSpecs (whole-array refs, page ids read in the kernel),
-scratch buffers (extra outputs used as per-row scratch), ``debug_barrier`` in interpret mode
-(skipped there: the interpreter runs one program at a time).
+against ``2^R`` candidate thresholds), masked scatters in interpret mode, and gathers there
+unless every index is an integer array (plain ref slices with dynamic starts, one-hot
+compaction; the page groups' gathers use integer arrays only), concatenation other than joining
+two trailing size-1 axes (per-row page ids instead of stacked page tiles), bitcasts between
+widths (byte assembly), scalar prefetch / data-dependent BlockSpecs (whole-array refs, page ids
+read in the kernel), scratch buffers (extra outputs used as per-row scratch), ``debug_barrier``
+in interpret mode (skipped there: the interpreter runs one program at a time).
 
 Every ``pallas_call`` goes through :func:`kernels.pallas._pallas_call.triton_call`.
 """
@@ -127,8 +150,15 @@ class PallasIndexerConfig:
     Attributes:
       num_splits: programs per request of the logits kernel (grid ``(B, num_splits)``); None =
         heuristic ``ceil(2 * num_sms / B)`` clipped to ``[1, max_pages]``.
-      num_warps: warps of the logits kernel; None = 4, or 8 when ``NP * HP * P >= 16384``.
+      num_warps: warps of the logits kernel; None = 4, or 8 when the score tile
+        ``NP * HP * pages * P`` has >= 16384 elements.
       num_stages: Triton pipeline stages of the logits kernel.
+      trans: tokens as the logits dot's M dimension (``[tokens, D_I] x [D_I, q rows]``), so the
+        weighted head sum reduces along each accumulator row instead of across warps. Measured
+        on the Triton twin (``kernels/triton/indexer.py``, H200, B = 64, L = 64K): 410 us
+        against 539 us with q rows as M; not measured for this kernel. False: q rows as M.
+      pages: pages scored per iteration of the logits kernel (``pages * P`` token rows per dot;
+        a power of two). Triton twin, same shape: 342 us at 2 against 410 us at 1 (4 spills there).
       block: positions per chunk of the top-k kernel (power of two).
       radix_bits: bits per radix pass of the top-k kernel (1, 2, 4 or 8; 32 / radix_bits passes,
         ``2^radix_bits`` candidate thresholds counted per position and pass).
@@ -145,11 +175,14 @@ class PallasIndexerConfig:
     radix_bits: int = 4
     topk_num_warps: int = 4
     candidates: int | None = None
+    trans: bool = True
+    pages: int = 2
 
     SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(None, 4, 8),
                         num_stages=(1, 2, 3), block=(128, 256, 512, 1024),
                         radix_bits=(2, 4, 8), topk_num_warps=(4, 8),
-                        candidates=(None, 2048, 4096, 8192, 16384))
+                        candidates=(None, 2048, 4096, 8192, 16384),
+                        trans=(False, True), pages=(1, 2))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -182,8 +215,17 @@ def order_key(x, valid):
 
 # ============================================================================ logits kernel
 
+def _scales_from_bytes(sb):
+    """float32 ``[n]`` from the little-endian scale bytes ``[n, 4]`` (uint8): assembled into
+    32-bit words and bitcast (the lowering only bitcasts between equal widths)."""
+    sb = sb.astype(jnp.int32)
+    shifts = lax.broadcasted_iota(jnp.int32, sb.shape, 1) * 8
+    bits = jnp.sum(lax.shift_left(sb, shifts), axis=1)          # disjoint byte fields: sum == or
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
 def _load_page(k_ref, page, ok, *, P: int, D: int, FP8: bool, ROWS: bool):
-    """One page of keys ``[P, D]`` and its scales ``[P]`` float32 (1 for dense).
+    """One page of keys ``[P, D]`` and its scales ``[P]`` float32 (1 for dense); ``pages = 1``.
 
     ``ok`` False: every load is masked off (no memory transaction; ``page`` must still be a
     clamped in-range id so the address arithmetic stays inside the buffer). Masked loads rather
@@ -206,10 +248,39 @@ def _load_page(k_ref, page, ok, *, P: int, D: int, FP8: bool, ROWS: bool):
         raw = load(k_ref.at[page, pl.ds(0, P * D)], (P * D,), 0)              # [P*D] uint8
         sb = load(k_ref.at[page, pl.ds(P * D, 4 * P)], (4 * P,), 0)           # [4P] scale bytes
     k = lax.bitcast_convert_type(raw, jnp.float8_e4m3fn).reshape(P, D)
-    sb = sb.reshape(P, 4).astype(jnp.int32)                     # [P, 4] little-endian bytes
-    shifts = lax.broadcasted_iota(jnp.int32, (P, 4), 1) * 8
-    bits = jnp.sum(lax.shift_left(sb, shifts), axis=1)          # disjoint byte fields: sum == or
-    return k, lax.bitcast_convert_type(bits, jnp.float32)       # [P, D] e4m3, [P] f32
+    return k, _scales_from_bytes(sb.reshape(P, 4))              # [P, D] e4m3, [P] f32
+
+
+def _load_pages(k_ref, page, ok, *, P: int, D: int, PAGES: int, FP8: bool, ROWS: bool):
+    """Keys ``[T, D]`` and scales ``[T]`` of ``PAGES`` pages (``T = PAGES * P`` token rows; 1 for
+    dense), each token row addressed through its own page id: one gathered load per tile.
+
+    ``page`` / ``ok``: int32 / bool ``[T]``, the page id of each row (rows of one page share
+    it; clamped in range where ``ok`` is False) and whether its page is read at all (rows of
+    an invalid page or of a page past the split's end issue no memory transaction). Every
+    index is an integer array (interpret mode runs such gathers; it cannot mix them with
+    slices): the lowering turns them into one pointer tensor ``page * stride + offset``, as the
+    Triton twin's ``k_ptr + page[:, None] * stride_kp + ...``. Layouts as :func:`_load_page`.
+    """
+    T = PAGES * P
+    tok = lax.broadcasted_iota(jnp.int32, (T, 1), 0) % P                 # token in its page
+    pg = page[:, None]                                                   # [T, 1]
+    col = lax.broadcasted_iota(jnp.int32, (T, D), 1)
+    mask = jnp.broadcast_to(ok[:, None], (T, D))
+    if not FP8:
+        k = plgpu.load(k_ref.at[jnp.broadcast_to(pg, (T, D)), jnp.broadcast_to(tok, (T, D)), col],
+                       mask=mask, other=0)                               # [T, D] float
+        return k, jnp.ones((T,), jnp.float32)
+
+    if ROWS:                    # [num_pages, P + 4P/D, D]: token rows, then scale-byte rows
+        raw = plgpu.load(k_ref.at[jnp.broadcast_to(pg, (T, D)), jnp.broadcast_to(tok, (T, D)), col],
+                         mask=mask, other=0)                                          # [T, D] u8
+    else:                       # [num_pages, P*(D+4)]
+        raw = plgpu.load(k_ref.at[jnp.broadcast_to(pg, (T, D)), tok * D + col], mask=mask, other=0)
+    byte = P * D + tok * 4 + lax.broadcasted_iota(jnp.int32, (T, 4), 1)  # scale bytes of each row
+    at = (jnp.broadcast_to(pg, (T, 4)),) + ((byte // D, byte % D) if ROWS else (byte,))
+    sb = plgpu.load(k_ref.at[at], mask=jnp.broadcast_to(ok[:, None], (T, 4)), other=0)  # [T, 4] u8
+    return lax.bitcast_convert_type(raw, jnp.float8_e4m3fn), _scales_from_bytes(sb)
 
 
 def _indexer_logits_kernel(
@@ -220,8 +291,8 @@ def _indexer_logits_kernel(
     k_ref,      # fp8: [num_pages, P*(D+4)] or [num_pages, P + 4P/D, D] uint8; dense: [num_pages, P, D]
     o_ref,      # [B, NP, W_pad] float32 logits (only pages < n_pages_b written)
     *bm_refs,   # EMIT_BM: ([B, NP, BM_W] int32 max order key per 16-position group,)
-    P: int, D: int, H: int, N: int, HP: int, NP: int, NUM_PAGES: int, NUM_SPLITS: int,
-    FP8: bool, ROWS: bool, EMIT_BM: bool,
+    P: int, D: int, H: int, N: int, HP: int, NP: int, NUM_PAGES: int, MAX_PAGES: int,
+    NUM_SPLITS: int, FP8: bool, ROWS: bool, EMIT_BM: bool, TRANS: bool, PAGES: int,
 ):
     b = pl.program_id(0)
     s = pl.program_id(1)
@@ -230,30 +301,70 @@ def _indexer_logits_kernel(
     per = (n_pages + (NUM_SPLITS - 1)) // NUM_SPLITS
     p0 = s * per
     p1 = jnp.maximum(jnp.minimum(p0 + per, n_pages), p0)
-    q = q_ref[b]                                                # [NP*HP, D]
-    w = w_ref[b][:, None]                                       # [NP*HP, 1]
-    row = lax.broadcasted_iota(jnp.int32, (NP * HP, 1), 0)
-    live = ((row % HP) < H) & ((row // HP) < N)                 # [NP*HP, 1] real (draft, head)
-    tok = lax.broadcasted_iota(jnp.int32, (NP, P), 1)
+    q = q_ref[b]                                                # [R, D], R = NP*HP
+    if FP8:
+        # e4m3 -> fp16 is exact; the fp16 dot's products (11 x 11 bits) are exact and it
+        # accumulates in fp32, where Hopper's fp8 x fp8 dot keeps ~14 mantissa bits (measured on
+        # the Triton twin: logits off by ~6e-5 relative, enough to reorder near-ties).
+        q = q.astype(jnp.float16)
+    w = w_ref[b]                                                # [R]
+    row = lax.broadcasted_iota(jnp.int32, (NP * HP,), 0)
+    live = ((row % HP) < H) & ((row // HP) < N)                 # [R] real (draft, head)
+    T = PAGES * P                                               # token rows per iteration
+    t = lax.broadcasted_iota(jnp.int32, (T,), 0)
     G = P // _GROUP                                             # groups per page
 
-    def body(p, carry):
-        page = bt_ref[b, p]
-        ok = (page >= 0) & (page < NUM_PAGES)
-        k, scale = _load_page(k_ref, jnp.where(ok, page, 0), ok, P=P, D=D, FP8=FP8, ROWS=ROWS)
-        sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
-                             preferred_element_type=jnp.float32)              # [NP*HP, P]
-        contrib = jnp.where(live, jnp.where(sc < 0, jnp.float32(0.0), sc) * w, jnp.float32(0.0))
-        acc = jnp.sum(contrib.reshape(NP, HP, P), axis=1)                     # [NP, P]
-        valid = (p * P + tok < lens[:, None]) & ok
+    def body(g, carry):
+        g0 = p0 + g * PAGES                                     # first page of the group
+        if PAGES == 1:
+            page = bt_ref[b, g0]
+            ok = (page >= 0) & (page < NUM_PAGES)
+            k, scale = _load_page(k_ref, jnp.where(ok, page, 0), ok, P=P, D=D, FP8=FP8, ROWS=ROWS)
+            ok_t = jnp.broadcast_to(ok, (T,))
+        else:
+            # Each row's page through the block table (rows of one page share the entry; the
+            # index is clamped so even a masked address stays in the table). Pages past the
+            # split's end belong to the next program: not read, not written.
+            pg = g0 + t // P                                    # [T]
+            in_split = pg < p1
+            page = plgpu.load(bt_ref.at[b, jnp.minimum(pg, MAX_PAGES - 1)], mask=in_split,
+                              other=-1)
+            ok_t = (page >= 0) & (page < NUM_PAGES)             # False past the split's end
+            k, scale = _load_pages(k_ref, jnp.where(ok_t, page, 0), ok_t, P=P, D=D,
+                                   PAGES=PAGES, FP8=FP8, ROWS=ROWS)
+        if FP8:
+            k = k.astype(jnp.float16)
+        if TRANS:
+            # tokens as the dot's M: the head sum runs along each accumulator row
+            sc = lax.dot_general(k, q, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+                                 preferred_element_type=jnp.float32)          # [T, R]
+            contrib = jnp.where(live[None, :], jnp.where(sc < 0, jnp.float32(0.0), sc) * w[None, :],
+                                jnp.float32(0.0))
+            acc = jnp.sum(contrib.reshape(T, NP, HP), axis=2).T               # [NP, T]
+        else:
+            sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+                                 preferred_element_type=jnp.float32)          # [R, T]
+            contrib = jnp.where(live[:, None], jnp.where(sc < 0, jnp.float32(0.0), sc) * w[:, None],
+                                jnp.float32(0.0))
+            acc = jnp.sum(contrib.reshape(NP, HP, T), axis=1)                 # [NP, T]
+        valid = (g0 * P + t[None, :] < lens[:, None]) & ok_t[None, :]         # [NP, T]
         logit = jnp.where(valid, acc * scale[None, :], -jnp.inf)
-        o_ref[b, :, pl.ds(p * P, P)] = logit
+        if PAGES == 1:
+            o_ref[b, :, pl.ds(g0 * P, P)] = logit
+        else:
+            plgpu.store(o_ref.at[b, :, pl.ds(g0 * P, T)], logit,
+                        mask=jnp.broadcast_to(in_split[None, :], (NP, T)))
         if EMIT_BM:
-            key = order_key(logit, valid).reshape(NP, G, _GROUP)
-            bm_refs[0][b, :, pl.ds(p * G, G)] = jnp.max(key, axis=2)           # [NP, G]
+            bm = jnp.max(order_key(logit, valid).reshape(NP, PAGES * G, _GROUP), axis=2)
+            if PAGES == 1:
+                bm_refs[0][b, :, pl.ds(g0 * G, G)] = bm                       # [NP, G]
+            else:
+                gi = lax.broadcasted_iota(jnp.int32, (NP, PAGES * G), 1)
+                plgpu.store(bm_refs[0].at[b, :, pl.ds(g0 * G, PAGES * G)], bm,
+                            mask=g0 + gi // G < p1)                           # [NP, PAGES*G]
         return carry
 
-    lax.fori_loop(p0, p1, body, jnp.int32(0))
+    lax.fori_loop(0, (p1 - p0 + (PAGES - 1)) // PAGES, body, jnp.int32(0))
 
 
 # ============================================================================ top-k kernel
@@ -459,7 +570,8 @@ def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, 
       lens: int32 ``[B, N]`` valid length per draft, already clamped to ``[0, max_pages * P]``.
       group_max: also return the per-group maximum order keys the top-k kernel prunes with.
     Returns:
-      float32 ``[B, NP, W_pad]`` (``NP = next_pow2(N)``, ``W_pad = padded_width(...)``): logits of
+      float32 ``[B, NP, W_pad]`` (``NP = next_pow2(N)``, ``W_pad = padded_width((max_pages +
+      cfg.pages - 1) * P, P, cfg.block)``): logits of
       positions below ``ceil(max_i lens[b, i] / P) * P``, -inf there where invalid; every other
       element is unwritten (garbage) and must be masked by the caller. With ``group_max``, a
       tuple with int32 ``[B, NP, group_max_width(W_pad, cfg.block)]``: the max :func:`order_key`
@@ -470,13 +582,18 @@ def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, 
     num_pages = k_cache.shape[0]
     max_pages = block_table.shape[1]
     NP, HP = _next_pow2(N), max(16, _next_pow2(H))
-    W_pad = padded_width(max_pages * P, P, cfg.block)
+    PAGES = cfg.pages
+    if PAGES < 1 or PAGES & (PAGES - 1):
+        raise ValueError(f"cfg.pages: expected a power of two >= 1, got {PAGES}")
+    # A page group starting at a split's last page may reach PAGES - 1 pages past the table:
+    # those positions are masked off, and the padding keeps even their addresses in the buffer.
+    W_pad = padded_width((max_pages + PAGES - 1) * P, P, cfg.block)
     qp = jnp.pad(q, ((0, 0), (0, NP - N), (0, HP - H), (0, 0))).reshape(B, NP * HP, D)
     wp = jnp.pad(weights, ((0, 0), (0, NP - N), (0, HP - H))).reshape(B, NP * HP)
     lp = jnp.pad(lens, ((0, 0), (0, NP - N)))
     S = cfg.num_splits or default_num_splits(B, max_pages, num_sms)
     S = max(1, min(S, max_pages))
-    warps = cfg.num_warps or (8 if NP * HP * P >= 16384 else 4)
+    warps = cfg.num_warps or (8 if NP * HP * PAGES * P >= 16384 else 4)
     rows = fp8 and (4 * P) % D == 0
     if rows:                                     # free reshape: [num_pages, P + 4P/D, D]
         k_cache = k_cache.reshape(num_pages, P + (4 * P) // D, D)
@@ -484,8 +601,8 @@ def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, 
     if group_max:
         out_shape.append(jax.ShapeDtypeStruct((B, NP, group_max_width(W_pad, cfg.block)), jnp.int32))
     kernel = lambda *refs: _indexer_logits_kernel(  # noqa: E731
-        *refs, P=P, D=D, H=H, N=N, HP=HP, NP=NP, NUM_PAGES=num_pages, NUM_SPLITS=S, FP8=fp8,
-        ROWS=rows, EMIT_BM=group_max)
+        *refs, P=P, D=D, H=H, N=N, HP=HP, NP=NP, NUM_PAGES=num_pages, MAX_PAGES=max_pages,
+        NUM_SPLITS=S, FP8=fp8, ROWS=rows, EMIT_BM=group_max, TRANS=cfg.trans, PAGES=PAGES)
     call = triton_call(kernel, out_shape=tuple(out_shape) if group_max else out_shape[0],
                        grid=(B, S), num_warps=warps, num_stages=cfg.num_stages,
                        interpret=interpret, name="indexer_logits")

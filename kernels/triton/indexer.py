@@ -19,12 +19,22 @@ Cache layouts read in-kernel (byte-exact with ``kernels/formats.py``):
 Design (one program = one request b and one contiguous chunk of its pages; grid ``(B, S)``):
 
 * Each page of K is loaded **once** (``P x D_I`` e4m3 + P float32 scales, 132 bytes per token)
-  and scored against all ``N * H_I`` query rows of request b in one ``tl.dot``:
-  ``[NB * BLOCK_H, D_I] x [D_I, BLOCK_P] -> fp32``. The q tile (``N*H_I*D_I`` bytes, 32 KiB at
-  N=4, H_I=64) and the weights stay in registers / shared memory for the whole chunk.
-  ReLU, the per-head weights and the head sum run on the accumulator
-  (``reshape [NB, BLOCK_H, BLOCK_P] -> sum(axis=1)``), then the per-token k scale and the draft
-  mask; the row ``[N, P]`` of logits is stored.
+  and scored against all ``N * H_I`` query rows of request b. An iteration takes ``PAGES``
+  pages (default 2, each resolved through the block table) as ``T = PAGES * BLOCK_P`` token
+  rows and does one dot with the tokens as M: ``[T, D_I] x [D_I, NB * BLOCK_H] -> fp32``, so
+  ReLU, the per-head weights and the head sum (``reshape [T, NB, BLOCK_H] -> sum(axis=2)``) run
+  along each accumulator row (in-thread and across a quad) instead of across warps
+  (``trans=False`` is the heads-as-M form). Then the per-token k scale and the draft mask; the
+  ``[N, T]`` logits are stored. e4m3 q and keys are converted to fp16 for the dot (exact, one
+  cvt per two values, products exact in fp32): Hopper's fp8 tensor-core dot accumulates with
+  ~14 mantissa bits, which reordered near-ties against the float64 reference on the H200.
+* The loop keeps the next page group's key tile and scales in flight while it scores this one
+  (loop-carried loads) and loads the block-table entries a group further ahead, so no iteration
+  waits on the dependent entry -> tile chain (the tile is converted before the dot, so Triton's
+  pipeliner would not overlap it). Measured on the H200 (B=64, L=64K, N=1): 698 us for the
+  first form (heads as M, 1 page, 3 stages), 410 us tokens as M, 342 us with 2 pages; the
+  kernel is then instruction-bound (fp8 -> fp16 conversion and the score epilogue), see
+  bench/NOTES.md.
 * Bytes: ``L_b * (D_I + 4)`` per request read once (+ ``N * L_b * 4`` logits written);
   FLOPs: ``2 * N * H_I * D_I`` per position (16,384 at N=1, H_I=64, D_I=128), i.e. ~124 FLOP
   per cache byte at N=1 (~100 counting the logits write). The H200's fp8 ridge is ~370 FLOP/B
@@ -50,13 +60,11 @@ Design (one program = one request b and one contiguous chunk of its pages; grid 
   drafts to ``NB = next_pow2(N)``, tokens to ``BLOCK_P = max(16, next_pow2(P))``; padded rows
   get weight 0 and are excluded with ``tl.where`` (so a NaN key cannot leak through ``0 * NaN``
   from a padded row into a real one).
-* NaN keys propagate (ReLU is ``where(s < 0, 0, s)``, not ``max``), as in the float64 reference.
+  With no padded row (``N`` and ``H_I`` powers of two, ``H_I >= 16``) the mask is compiled out.
+* NaN keys propagate (ReLU is a NaN-propagating max), as in the float64 reference.
 
-Shared memory and registers (``kernels/triton/_aot.py``, ptxas for sm_120 and sm_90, fp8,
-D_I=128, P=64, 3 stages): 16 KiB at N=1/H_I=64 (4 warps, ~200-246 registers), 24 KiB at
-N=2/H_I=64 and 40 KiB at N=4/H_I=64 (8 warps, ~170-210 registers), no spills; far below sm_120's
-99 KiB. 4 warps from 128 q rows on spill, hence the warps heuristic. The dense fp32 variant
-(ieee dot, a debugging path) needs 65 KiB and spills.
+Shared memory: every config the launcher can choose is compiled for sm_120 and sm_90 in CI
+(``tests/test_triton_compile.py``, which reports each size) and fits sm_120's 99 KiB.
 """
 from __future__ import annotations
 
@@ -184,6 +192,7 @@ def _indexer_logits_kernel(
     # One iteration scores PAGES pages: BLOCK_T = PAGES * BLOCK_P token rows, each row's page
     # resolved through the block table (rows of one page share the entry; the loads are cached).
     BLOCK_T: tl.constexpr = PAGES * BLOCK_P
+    PADDED: tl.constexpr = (NB != N) or (BLOCK_H != H)
     t = tl.arange(0, BLOCK_T)
     t_pg = t // BLOCK_P                                                     # page of the group
     t_off = t % BLOCK_P                                                     # token in the page
@@ -239,15 +248,21 @@ def _indexer_logits_kernel(
             s = tl.dot(k, tl.trans(q), input_precision=DOT_PRECISION)         # [BLOCK_T, R] fp32
             if FP8_NAN_FIX:
                 s = tl.where((nan_tok[:, None] != 0) | (q_nan[None, :] != 0), float("nan"), s)
-            s = tl.where(s < 0.0, 0.0, s)                                     # ReLU keeping NaN
-            s = tl.where(row_ok[None, :], s * w[None, :], 0.0)
+            s = tl.maximum(s, 0.0, propagate_nan=tl.PropagateNan.ALL)        # ReLU keeping NaN
+            if PADDED:      # padded (draft, head) rows: excluded (a NaN key must not leak via 0 * NaN)
+                s = tl.where(row_ok[None, :], s * w[None, :], 0.0)
+            else:
+                s = s * w[None, :]
             logit = tl.trans(tl.sum(tl.reshape(s, (BLOCK_T, NB, BLOCK_H)), axis=2))  # [NB, BLOCK_T]
         else:
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # [R, BLOCK_T] fp32
             if FP8_NAN_FIX:
                 s = tl.where((nan_tok[None, :] != 0) | (q_nan[:, None] != 0), float("nan"), s)
-            s = tl.where(s < 0.0, 0.0, s)                                     # ReLU keeping NaN
-            s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
+            s = tl.maximum(s, 0.0, propagate_nan=tl.PropagateNan.ALL)        # ReLU keeping NaN
+            if PADDED:
+                s = tl.where(row_ok[:, None], s * w[:, None], 0.0)
+            else:
+                s = s * w[:, None]
             logit = tl.sum(tl.reshape(s, (NB, BLOCK_H, BLOCK_T)), axis=1)     # [NB, BLOCK_T]
         if HAS_SCALE:
             logit = logit * sc[None, :]

@@ -5,48 +5,51 @@ absorbed MLA in MQA form). The float64 definition is ``kernels.reference.sparse_
 
 Design
 ------
-Work is a grid ``(head_blocks * dv_splits, splits, B * N)``:
+Work is a grid ``(head_blocks, splits, B * N)``:
 
-* **Head block.** One program holds ``BLOCK_H`` query heads (all heads of the rank up to 64,
-  padded to a power of two >= 16 for ``tl.dot``; padded heads are masked, the caller never pads).
-  Every gathered latent row is therefore read once per head block: for H <= 64 once in total,
-  for H = 128 twice (the two head blocks are adjacent in the grid, so the second read is
-  mostly an L2 hit). Decode attention with K <= 2048 selected rows is memory-bound for
-  H <= 64 and compute-bound only near H = 128.
+* **Head block.** One program holds ``BLOCK_H`` query heads (a power of two >= 16 for
+  ``tl.dot``; padded heads are masked, the caller never pads). Each head block gathers its
+  selected rows itself (for H = 128 the head blocks of one (request, split) are adjacent in the
+  grid, so the repeated gathers mostly hit L2).
 * **Split-K.** A program walks ``chunk`` entries of the top-k list (``chunk`` a multiple of
   ``BLOCK_K``). The split count comes from ``kernels.configs.sparse_mla_num_splits``: enough
   programs to fill the SMs when ``B x N x head_blocks`` alone does not. Splits write fp32
   partial outputs (normalised) and log2-domain partial LSEs; ``_sparse_mla_combine_kernel``
   merges them into the natural-log LSE and q-dtype output. With one split the split kernel
   writes the final result itself (``FINAL``), saving the combine launch and the partial traffic.
-* **Gather.** Per iteration ``BLOCK_K`` indices are loaded, resolved to slots (through the block
-  table: ``block_table[b, j // P] * P + j % P``) and checked; invalid entries (negative, beyond
-  the cache or the table, a negative page entry, past ``topk_length``) are masked in every load
-  so they are never dereferenced, and their scores are excluded explicitly (so NaN or stale data
-  in unselected rows cannot leak). Rows are read straight from the cache in its own layout:
+* **64-dim chunks.** The latent is handled as 8 chunks of 64 value dims (D_v = 512) plus, for
+  D_qk = 576, a 9th chunk of rope dims used by the scores only. The scores are a sum of 9 (or 8)
+  ``[BLOCK_H, 64] x [64, BLOCK_K]`` dots and the accumulator is 8 ``[BLOCK_H, 64]`` fp32 tiles,
+  so no operand ever spans the whole 576-wide row (a 16 x 576 bf16 q operand alone is 128
+  registers per thread when a warp holds it whole). A chunk is one scale group of
+  ``fp8_model1`` (64 dims) and half of one of ``fp8_ds_mla`` (128 dims), so its per-row scale is
+  one value: it multiplies the fp32 partial score of the chunk (``_qk``) and is folded into p for
+  the value dot (``_pv``), so the e4m3 values enter the dots unscaled (exact in bf16 / fp16).
+* **Hand-pipelined gathers.** Every load of a row block (9 chunks, 8 scales) is issued back to
+  back, and the loop runs three deep: while block i is computed, the rows of block i + 1 are in
+  flight, the block-table entries of block i + 2 and the indices of block i + 3, so each load
+  waits on values that arrived an iteration earlier (``prefetch=False`` issues each block's loads
+  at the top of its own iteration). Triton's pipeliner does not turn these loads into async
+  copies because the dots need them converted first. Measured on the H200 (bench/NOTES.md).
+* **Gather.** Each block of ``BLOCK_K`` indices is resolved to slots (through the block table:
+  ``block_table[b, j // P] * P + j % P``) and checked; invalid entries (negative, beyond the
+  cache or the table, a negative page entry, past ``topk_length``) are masked in every load so
+  they are never dereferenced, and their scores are excluded explicitly (so NaN or stale data in
+  unselected rows cannot leak). Rows are read straight from the cache in its own layout:
   ``latent`` (bf16/fp16/fp32), ``fp8_ds_mla`` (e4m3 bytes x float32 scale per 128 dims, bf16
-  rope) and ``fp8_model1`` (per-page data rows then ue8m0 scale rows; byte e -> 2^(e-127)) are
-  dequantized in registers, never into a separate copy. Row starts are multiples of 16 bytes
-  (656 = 16 x 41, 576 = 16 x 36), so the contiguous row segments load as 16-byte vectors.
-  Dequantization is done in the dot operand dtype (e4m3 -> bf16/fp16 and the power-of-two scale
-  are exact there) with the scales loaded once per group (``[BLOCK_K, groups]``) and broadcast
-  through a ``[BLOCK_K, groups, group_dims]`` view: a per-element scale tensor would be staged
-  through shared memory by the dot-operand layout conversion (measured: 100 KB instead of
-  35 KB per block for 16 heads x 32 entries on sm_120).
-* **Math.** The latent is split into the value part (the first ``D_v`` dims, one
-  ``[BLOCK_K, D_V]`` tile reused by both dots) and the tail (``D_qk - D_v`` rope dims).
-  ``s = q_v . k_v + q_t . k_t`` and ``acc += p . v`` use ``tl.dot`` with fp32 accumulation; the
-  operand dtype follows q (bf16 / fp16 on the GPU; fp32 q uses IEEE fp32 dots, fp16 in the CPU
-  interpreter). Online softmax runs in the exp2 domain (``sm_scale * log2(e)`` folded into the
-  scores) with a finite running-max sentinel ``-1e30`` and masked probabilities forced to 0, so a
-  block (or a whole row) without valid entries never produces NaN. An empty row ends with
-  ``l = 0``: out 0, LSE -inf. Duplicated indices are summed once per occurrence naturally.
-* **Registers / shared memory.** The fp32 accumulator is ``[BLOCK_H, D_V / dv_splits]``;
-  ``dv_splits = 2`` halves it (each program recomputes the scores and reads the rows again,
-  mostly from L2). q (``[BLOCK_H, D_qk]``) is staged in shared memory for the whole loop, so
-  ``BLOCK_H x D_qk x 2`` bytes plus the two row tiles bound the config: on sm_120 (99 KB) the
-  64-head config is ``block_k=16, dv_splits=2`` and fp32 operands use 16 heads per program
-  (``kernels/configs.py`` lists the measured sizes; ``tests/test_triton_compile.py`` checks them).
+  rope) and ``fp8_model1`` (per-page data rows then ue8m0 scale rows; byte e -> 2^(e-127)),
+  converted in registers, never into a separate dequantized copy. Row starts are multiples of
+  16 bytes (656 = 16 x 41, 576 = 16 x 36) and the masks are constant along a row, so chunks load
+  as 16-byte vectors.
+* **Math.** Both dots accumulate in fp32; the operand dtype follows q (bf16 / fp16 on the GPU;
+  fp32 q uses IEEE fp32 dots, fp16 in the CPU interpreter). bf16 p is split into a bf16 value
+  and its bf16 residual (two value dots) so p keeps 16 bits: with 8 bits a flat softmax over K
+  rows missed the SPEC bound by up to 1.3x on the H200. Online softmax runs in the exp2 domain
+  (``sm_scale * log2(e)`` folded into the scores) with a finite running-max sentinel ``-1e30``
+  and masked probabilities forced to 0, so a block (or a whole row) without valid entries never
+  produces NaN. An empty row ends with ``l = 0``: out 0, LSE -inf; NaN in q or in a selected row
+  propagates to out and LSE as in the reference. Duplicated indices are summed once per
+  occurrence naturally.
 * **Sink** (V4): ``out *= 1 / (1 + exp(sink_h - lse))`` applied where the final output is written.
 * **Determinism.** No atomics; the combine loops over splits in a fixed order.
 

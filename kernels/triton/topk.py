@@ -37,9 +37,14 @@ passes. The worst case (all values tied) makes the candidate passes read the who
 
 Fused with the indexer (``hist=``): the logits kernel already holds every logit in registers,
 so it also builds pass A's histogram per (request, split, draft) and writes 1 KiB per draft
-instead of the top-k re-reading the row; the top-k then sums S histograms and reads the row
-once (pass B) plus the candidates. Splitting one row over several programs (for B*N much smaller
-than the SM count) is the next step for long contexts.
+instead of the top-k re-reading the row. Given the logits kernel's page size as well
+(``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) sums the S
+histograms, picks the threshold digit and hands each split its output and candidate offsets
+(the counts above and in the threshold bucket of a split are read off its own histogram), then
+``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only, and
+writes in ascending position order exactly as the one-program pass would. The per-row kernel
+then continues from the candidates (``FROM_PLAN``). At B = 1 the row is spread over as many
+programs as the logits kernel used, instead of one.
 """
 from __future__ import annotations
 
@@ -112,7 +117,9 @@ def _radix_topk_kernel(
     W, topk,
     stride_x, stride_o, stride_c,
     n_drafts, n_drafts_pow2, num_splits,
+    state_ptr,        # [R, 8] int32 plan (FROM_PLAN): prefix, shift, need, done, total, n_out, n_cand
     BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, HAS_HIST: tl.constexpr,
+    FROM_PLAN: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     L = tl.maximum(tl.minimum(tl.load(len_ptr + row), W), 0)
@@ -126,53 +133,64 @@ def _radix_topk_kernel(
     SHIFT0: tl.constexpr = 32 - RADIX_BITS
     bins = tl.arange(0, BINS)
 
-    # Pass A: histogram of the top digit, count of qualifying positions C; either summed from the
-    # logits kernel's per-split histograms (fused) or by reading the whole prefix.
-    hist = tl.zeros((BINS,), tl.int32)
-    if HAS_HIST:
-        b = row // n_drafts
-        i = row % n_drafts
-        h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * BINS + bins
-        for sp in range(0, num_splits):
-            hist += tl.load(h_row + sp * (n_drafts_pow2 * BINS))
+    if FROM_PLAN:
+        # Passes A and B ran as _topk_plan_kernel + _topk_scatter_kernel (split over programs).
+        st = state_ptr + row * 8
+        prefix = tl.load(st + 0).to(tl.uint32)
+        shift = tl.load(st + 1).to(tl.uint32)
+        need = tl.load(st + 2)
+        done = tl.load(st + 3)
+        total = tl.load(st + 4)
+        n_out = tl.load(st + 5)
+        n_cand = tl.load(st + 6)
     else:
+        # Pass A: histogram of the top digit, count of qualifying positions C; either summed from the
+        # logits kernel's per-split histograms (fused) or by reading the whole prefix.
+        hist = tl.zeros((BINS,), tl.int32)
+        if HAS_HIST:
+            b = row // n_drafts
+            i = row % n_drafts
+            h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * BINS + bins
+            for sp in range(0, num_splits):
+                hist += tl.load(h_row + sp * (n_drafts_pow2 * BINS))
+        else:
+            for start in range(0, L, BLOCK):
+                o = start + offs
+                key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
+                hist += tl.histogram((key >> SHIFT0).to(tl.int32), BINS, mask=key != 0)
+        total = tl.sum(hist, axis=0)
+        # C <= topk: every qualifying position is taken (prefix = shift = 0: bucket "key > 0").
+        done = (total <= topk).to(tl.int32)
+        prefix = tl.zeros((), tl.uint32)       # chosen high digits of the threshold key
+        shift = tl.zeros((), tl.uint32)        # threshold bucket: key >> shift == prefix >> shift
+        need = topk                            # positions still to take from the threshold bucket
+        prefix, shift, need, done = _descend(hist, SHIFT0, bins, prefix, shift, need, done)
+
+        # Pass B (whole prefix): keys above the threshold bucket go straight to the output; keys in
+        # it go to the output too when the descent is over, else their positions are compacted (in
+        # position order) into the scratch row for the lower digits.
+        p_bucket = prefix >> shift
+        done_v = (zeros_i + done) != 0                                   # [BLOCK] (see NOTE below)
+        n_out = tl.zeros((), tl.int32)
+        n_cand = tl.zeros((), tl.int32)
         for start in range(0, L, BLOCK):
             o = start + offs
             key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-            hist += tl.histogram((key >> SHIFT0).to(tl.int32), BINS, mask=key != 0)
-    total = tl.sum(hist, axis=0)
-    # C <= topk: every qualifying position is taken (prefix = shift = 0: bucket "key > 0").
-    done = (total <= topk).to(tl.int32)
-    prefix = tl.zeros((), tl.uint32)       # chosen high digits of the threshold key
-    shift = tl.zeros((), tl.uint32)        # threshold bucket: key >> shift == prefix >> shift
-    need = topk                            # positions still to take from the threshold bucket
-    prefix, shift, need, done = _descend(hist, SHIFT0, bins, prefix, shift, need, done)
-
-    # Pass B (whole prefix): keys above the threshold bucket go straight to the output; keys in
-    # it go to the output too when the descent is over, else their positions are compacted (in
-    # position order) into the scratch row for the lower digits.
-    p_bucket = prefix >> shift
-    done_v = (zeros_i + done) != 0                                   # [BLOCK] (see NOTE below)
-    n_out = tl.zeros((), tl.int32)
-    n_cand = tl.zeros((), tl.int32)
-    for start in range(0, L, BLOCK):
-        o = start + offs
-        key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-        k_bucket = key >> shift
-        qual = key != 0
-        gt = qual & (k_bucket > p_bucket)
-        eq = qual & (k_bucket == p_bucket)
-        direct = gt | (eq & done_v)
-        keep = eq & (done_v == 0)
-        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
-        tl.store(o_row + slot, o.to(tl.int32), mask=direct)
-        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
-        tl.store(c_row + cslot, o.to(tl.int32), mask=keep)
-        n_out += tl.sum(direct.to(tl.int32), axis=0)
-        n_cand += tl.sum(keep.to(tl.int32), axis=0)
-    # The candidate row is read back below by other threads of this program: make every store
-    # of pass B visible first (bar.sync orders global memory within the CTA).
-    tl.debug_barrier()
+            k_bucket = key >> shift
+            qual = key != 0
+            gt = qual & (k_bucket > p_bucket)
+            eq = qual & (k_bucket == p_bucket)
+            direct = gt | (eq & done_v)
+            keep = eq & (done_v == 0)
+            slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
+            tl.store(o_row + slot, o.to(tl.int32), mask=direct)
+            cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
+            tl.store(c_row + cslot, o.to(tl.int32), mask=keep)
+            n_out += tl.sum(direct.to(tl.int32), axis=0)
+            n_cand += tl.sum(keep.to(tl.int32), axis=0)
+        # The candidate row is read back below by other threads of this program: make every store
+        # of pass B visible first (bar.sync orders global memory within the CTA).
+        tl.debug_barrier()
 
     # Lower digits over the compacted candidates only (empty when the descent is over).
     for lvl in tl.static_range(1, NUM_LEVELS):
@@ -218,8 +236,117 @@ def _radix_topk_kernel(
 # CPU interpreter types ``scalar_bool | block_bool`` as int32 and then rejects it as a mask.
 
 
+@triton.jit
+def _split_range(len_ptr, row, n_drafts, s, num_splits, W, P):
+    """Positions ``[lo, hi)`` of row ``row`` covered by logits split ``s`` (the page range the
+    logits kernel gives that split: ``n_pages = ceil(max_i len[b, i] / P)`` over the drafts of
+    request ``b``, ``ceil(n_pages / S)`` pages per split), clipped to the row's valid prefix."""
+    b = row // n_drafts
+    dr = tl.arange(0, 4)            # N <= 4 drafts per request
+    lens = tl.load(len_ptr + b * n_drafts + dr, mask=dr < n_drafts, other=0)
+    lens = tl.maximum(tl.minimum(lens, W), 0)
+    n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), W // P)
+    per = tl.cdiv(n_pages, num_splits)
+    L = tl.maximum(tl.minimum(tl.load(len_ptr + row), W), 0)
+    lo = tl.minimum(s * per * P, L)
+    hi = tl.minimum(lo + per * P, L)
+    return lo, hi
+
+
+@triton.jit
+def _topk_plan_kernel(
+    hist_ptr,         # [B, S, NB, 256] int32 per-split top-digit histograms, row = b * N + i
+    state_ptr,        # [R, 8] int32 out: prefix, shift, need, done, total, n_out, n_cand, -
+    offs_ptr,         # [R, S, 2] int32 out: exclusive output / candidate offsets of each split
+    topk, n_drafts, n_drafts_pow2, num_splits,
+):
+    """Pass A of the split top-k (grid ``(R,)``): sum the per-split histograms, choose the top
+    digit of the threshold, and give each split the offsets at which pass B writes its direct
+    selections and its candidates, so that every row keeps ascending position order whatever
+    program writes it (the counts per split come straight from its histogram)."""
+    row = tl.program_id(0).to(tl.int64)
+    BINS: tl.constexpr = HIST_BINS
+    bins = tl.arange(0, BINS)
+    b = row // n_drafts
+    i = row % n_drafts
+    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * BINS + bins
+    hist = tl.zeros((BINS,), tl.int32)
+    for sp in range(0, num_splits):
+        hist += tl.load(h_row + sp * (n_drafts_pow2 * BINS))
+    total = tl.sum(hist, axis=0)
+    done = (total <= topk).to(tl.int32)
+    all_in = done                       # every qualifying key is taken: no threshold digit
+    prefix = tl.zeros((), tl.uint32)
+    shift = tl.zeros((), tl.uint32)
+    need = topk
+    prefix, shift, need, done = _descend(hist, 32 - 8, bins, prefix, shift, need, done)
+    d_sel = tl.where(all_in != 0, -1, (prefix >> 24).to(tl.int32))
+    n_out = tl.zeros((), tl.int32)
+    n_cand = tl.zeros((), tl.int32)
+    for sp in range(0, num_splits):
+        h = tl.load(h_row + sp * (n_drafts_pow2 * BINS))
+        gt = tl.sum(tl.where(bins > d_sel, h, 0), axis=0)
+        eq = tl.sum(tl.where(bins == d_sel, h, 0), axis=0)
+        o = offs_ptr + (row * num_splits + sp) * 2
+        tl.store(o, n_out)
+        tl.store(o + 1, n_cand)
+        n_out += gt + tl.where(done != 0, eq, 0)
+        n_cand += tl.where(done != 0, 0, eq)
+    st = state_ptr + row * 8
+    tl.store(st + 0, prefix.to(tl.int32))
+    tl.store(st + 1, shift.to(tl.int32))
+    tl.store(st + 2, need)
+    tl.store(st + 3, done)
+    tl.store(st + 4, total)
+    tl.store(st + 5, n_out)
+    tl.store(st + 6, n_cand)
+
+
+@triton.jit
+def _topk_scatter_kernel(
+    x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr, offs_ptr,
+    W, P, stride_x, stride_o, stride_c, n_drafts, num_splits,
+    BLOCK: tl.constexpr,
+):
+    """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
+    split's positions, writes keys above the threshold bucket to the output and compacts the
+    bucket's positions into the candidate row, at the offsets of :func:`_topk_plan_kernel`."""
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    lo, hi = _split_range(len_ptr, row, n_drafts, s, num_splits, W, P)
+    st = state_ptr + row * 8
+    prefix = tl.load(st + 0).to(tl.uint32)
+    shift = tl.load(st + 1).to(tl.uint32)
+    done = tl.load(st + 3)
+    o = offs_ptr + (row * num_splits + s) * 2
+    n_out = tl.load(o)
+    n_cand = tl.load(o + 1)
+    x_row = x_ptr + row * stride_x
+    o_row = out_ptr + row * stride_o
+    c_row = cand_ptr + row * stride_c
+    offs = tl.arange(0, BLOCK)
+    p_bucket = prefix >> shift
+    done_v = (tl.zeros((BLOCK,), tl.int32) + done) != 0
+    for start in range(lo, hi, BLOCK):
+        pos = start + offs
+        key = order_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
+        k_bucket = key >> shift
+        qual = key != 0
+        gt = qual & (k_bucket > p_bucket)
+        eq = qual & (k_bucket == p_bucket)
+        direct = gt | (eq & done_v)
+        keep = eq & (done_v == 0)
+        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
+        tl.store(o_row + slot, pos.to(tl.int32), mask=direct)
+        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
+        tl.store(c_row + cslot, pos.to(tl.int32), mask=keep)
+        n_out += tl.sum(direct.to(tl.int32), axis=0)
+        n_cand += tl.sum(keep.to(tl.int32), axis=0)
+
+
+
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
-                hist=None, n_drafts: int = 1):
+                hist=None, n_drafts: int = 1, page_size: int | None = None):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
@@ -234,7 +361,10 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
       hist: None, or the int32 ``[B, S, next_pow2(N), 256]`` histograms written by
         ``kernels.triton.indexer.launch_indexer_logits(hist=...)`` for these rows
         (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
-      n_drafts: N (rows per request) when ``hist`` is given.
+      n_drafts: N (rows per request) when ``hist`` is given (N <= 4).
+      page_size: P of the logits kernel's pages, with ``hist``: pass B then runs split over
+        ``R x S`` programs, each over the positions of one logits split (the split histograms
+        give every program its output offsets), instead of one program per row.
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
@@ -244,9 +374,24 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         num_splits, nb = hist.shape[1], hist.shape[2]
     else:
         num_splits, nb = 1, 1
+    split = hist is not None and page_size is not None
+    state = offs = out
+    if split:
+        import torch
+        state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
+        offs = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
+        _topk_plan_kernel[(R,)](hist, state, offs, topk, n_drafts, nb, num_splits, num_warps=4)
+        _topk_scatter_kernel[(R, num_splits)](
+            logits, lengths, out, scratch, state, offs, W, page_size, logits.stride(0),
+            out.stride(0), scratch.stride(0), n_drafts, num_splits,
+            BLOCK=SCATTER_BLOCK, num_warps=4)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0),
-                             n_drafts, nb, num_splits,
+                             n_drafts, nb, num_splits, state,
                              BLOCK=cfg.block, RADIX_BITS=8, HAS_HIST=hist is not None,
-                             num_warps=cfg.num_warps)
+                             FROM_PLAN=split, num_warps=cfg.num_warps)
     return out
+
+
+# Positions per loop iteration of _topk_scatter_kernel (a split covers ceil(n_pages / S) pages).
+SCATTER_BLOCK = 1024
