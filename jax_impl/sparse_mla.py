@@ -121,7 +121,7 @@ def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk
         page_size=page_size, num_pages=num_pages, block_table=block_table,
         topk_length=topk_length, attn_sink=attn_sink, block_h=config.block_h,
         block_k=config.block_k, num_splits=num_splits, num_warps=config.num_warps,
-        num_stages=config.num_stages, dot_dtype=dot_dtype,
+        num_stages=config.num_stages, dot_dtype=dot_dtype, prefetch=config.prefetch,
         combine_block_h=configs.SPARSE_MLA_COMBINE_BLOCK_H,
         combine_warps=configs.SPARSE_MLA_COMBINE_WARPS, interpret=interpret)
 

@@ -152,14 +152,18 @@ def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -
 
 # ============================================================================ Pallas (jax_impl)
 # The Pallas-Triton split kernel (kernels/pallas/sparse_mla.py) uses the same SparseMLAConfig
-# without the D_v split (dv_splits == 1; see its module docstring). Its tiles stage differently
-# from the Triton kernel's (separate main / tail tiles, bytes assembled in registers), so it has
-# its own space, checked by tests/test_jax_sparse_mla.py::test_aot_compile_fits_smem (lower for
-# CUDA, compile the Triton IR with Triton for sm_90 / sm_120; no GPU needed). Shared memory per
-# block measured that way with bf16 dots (jax 0.10.2 lowering, Triton 3.9), worst over the kv
-# formats, block_h/block_k/warps/stages:
-#   16/32/4/1: 83,968   32/16/8/1: 69,632   32/32/8/1: 102,400 (> 101,376: large class only)
-#   64/16/8/1: 106,496 (so not in "small")   64/32/8/1: 110,592   64/32/8/2: 147,712
+# without a D_v split (see its module docstring); ``prefetch`` selects its hand-pipelined loop
+# as in the Triton kernel. Its tiles stage differently from the Triton kernel's (rope and scale
+# bytes assembled in registers), so it has its own space, checked by
+# tests/test_jax_sparse_mla.py::test_aot_compile_fits_smem (lower for CUDA, compile the Triton
+# IR with Triton for sm_90 / sm_120; no GPU needed). Shared memory per block measured that way
+# with bf16 dots (jax 0.10.2 lowering, Triton 3.9; 64-dim chunks, hand-pipelined loads), worst
+# over the kv formats and equal on sm_90 and sm_120, block_h/block_k/warps/stages:
+#   16/32/4/1: 55,296   32/16/8/1: 55,296   32/32/8/1: 73,728   64/16/8/1: 92,224 (not listed)
+#   64/32/8/1: 110,720 (> 101,376: large class only)   64/32/8/2: 110,720
+# i.e. about (block_h + block_k) x D_qk x 2 bytes: the q chunks and one block of converted row
+# chunks (fp8_model1, D_qk = 512, needs less). Before the chunked layout 32/32/8/1 needed
+# 102,400 B and was large-class only.
 # fp32 dots (fp32 q, or a latent cache of another dtype than q) stage 4-byte operands: the
 # launcher then uses PALLAS_SPARSE_MLA_FP32 (a correctness path, not a performance target).
 # Combine launch options are shared with the Triton stack (SPARSE_MLA_COMBINE_*).
@@ -168,6 +172,7 @@ PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
     "small": (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
         SparseMLAConfig(block_h=32, block_k=16, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
     ),
     "large": (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
@@ -183,12 +188,12 @@ PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
 # kv formats, keyed by (config, dot operand bytes); the compile test asserts the measured value
 # stays at or below these, and the launcher gates with them before launch.
 PALLAS_SPARSE_MLA_SMEM: dict[tuple[SparseMLAConfig, int], int] = {
-    (SparseMLAConfig(16, 32, 4, 1), 2): 83_968,
-    (SparseMLAConfig(32, 16, 8, 1), 2): 69_632,
-    (SparseMLAConfig(32, 32, 8, 1), 2): 102_400,
-    (SparseMLAConfig(64, 32, 8, 1), 2): 110_592,
-    (SparseMLAConfig(64, 32, 8, 2), 2): 147_712,
-    (PALLAS_SPARSE_MLA_FP32, 4): 74_816,
+    (SparseMLAConfig(16, 32, 4, 1), 2): 55_296,
+    (SparseMLAConfig(32, 16, 8, 1), 2): 55_296,
+    (SparseMLAConfig(32, 32, 8, 1), 2): 73_728,
+    (SparseMLAConfig(64, 32, 8, 1), 2): 110_720,
+    (SparseMLAConfig(64, 32, 8, 2), 2): 110_720,
+    (PALLAS_SPARSE_MLA_FP32, 4): 73_792,
 }
 
 
@@ -204,13 +209,15 @@ def pallas_sparse_mla_smem(cfg: SparseMLAConfig, operand_bytes: int) -> int:
 
 def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int,
                                 operand_bytes: int = 2) -> SparseMLAConfig:
-    """Default Pallas config: 16 heads x 32 entries, one stage (the first member of the space);
-    fp32 operands use :data:`PALLAS_SPARSE_MLA_FP32`."""
+    """Default Pallas config: the Triton twin's :data:`SPARSE_MLA_DEFAULT` (32 heads x 32
+    entries, 8 warps, pipelined loads; the two kernels now share their structure) when it is in
+    the Pallas space, else the space's first member; fp32 operands use
+    :data:`PALLAS_SPARSE_MLA_FP32`."""
     if operand_bytes >= 4:
         return PALLAS_SPARSE_MLA_FP32
-    # 16-head blocks, as the Triton heuristic (see sparse_mla_heuristic for the measurement).
     del num_heads
-    return PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)][0]
+    space = PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)]
+    return SPARSE_MLA_DEFAULT if SPARSE_MLA_DEFAULT in space else space[0]
 
 
 def pallas_sparse_mla_from_dict(d: dict, smem_per_block: int) -> SparseMLAConfig | None:

@@ -148,7 +148,7 @@ CORNER_NAMES = tuple(c.name.split("[")[0] for c in cases.mla_corner_cases(0, K=1
 # Every corner case on the primary combination; the ones that touch format-specific addressing
 # (page math, -1 pages, masking, sink) on the others, to keep interpreter time bounded.
 FORMAT_CORNERS = ("all_invalid_row_in_batch", "logical_out_of_range", "topk_length",
-                  "attn_sink_empty_row", "odd_page_61", "mtp_N4")
+                  "attn_sink_empty_row", "odd_page_61", "mtp_N4", "nan_in_selected_row")
 
 
 @pytest.mark.parametrize("q_dtype", ["float32"] + (["bfloat16"] if GPU else []))
@@ -243,6 +243,20 @@ def test_bitwise_repeatable():
     for x, y in zip(a, b):
         np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
     _check(case, *a)
+
+
+@pytest.mark.parametrize("kv_format,d_qk", [("latent", 576), ("fp8_ds_mla", 576), ("fp8_model1", 512)])
+def test_prefetch_matches_plain_loop(kv_format, d_qk):
+    """The hand-pipelined loop (next block's rows, entries and indices carried across
+    iterations) gives the same bits as the loop that loads each block in its own iteration,
+    with 16-entry blocks so a split runs 0 to several iterations (topk_length, -1 pages)."""
+    case = cases.make_mla_case(6, B=3, N=2, H=8, d_qk=d_qk, K=100, P=16, kv_format=kv_format,
+                               logical=True, invalid="random", topk_length=True, attn_sink=True)
+    res = [_call_pallas(case, num_splits=2, config=configs.SparseMLAConfig(
+        block_h=16, block_k=16, num_warps=4, num_stages=1, prefetch=pf)) for pf in (True, False)]
+    for x, y in zip(*res):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    _check(case, *res[0])
 
 
 # ============================================================================ bad input

@@ -193,7 +193,12 @@ def _sort_selected(idx, logits):
     return torch.where(comp >= 0, low - (comp & low), torch.full_like(comp, -1)).to(torch.int32)
 
 
-def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format):
+    """Fused logits + top-k on already-validated tensors: ``(logits, idx)`` with ``logits``
+    float32 ``[B, N, W]`` (written at positions ``j < ceil(max_i len[b, i] / P) * P`` of each
+    request, every selected position among them; the rest is uninitialised) and ``idx``
+    int32 ``[B * N, topk]`` (order unspecified, -1 padded). Shared by ``indexer_topk`` and the
+    sequence-sharded TP indexer (which gathers the scores of the selection)."""
     from kernels.triton.topk import launch_topk
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
@@ -216,8 +221,14 @@ def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format,
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
     launch_topk(logits.view(B * N, W), lens, topk, out, scratch, config=tcfg, hist=hist,
                 n_drafts=N, page_size=P)
+    return logits, out
+
+
+def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+    B, N = q.shape[:2]
+    logits, out = triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format)
     if sort:
-        out = _sort_selected(out, logits.view(B * N, W))
+        out = _sort_selected(out, logits.view(B * N, -1))
     return out.view(B, N, topk)
 
 

@@ -265,9 +265,9 @@ def sequence_sharded_topk(idx_q: torch.Tensor, idx_weights: torch.Tensor, k_cach
     """``indexer_topk(..., sorted=True)`` computed with the sequence split over the TP ranks.
 
     A collective: every rank of ``group`` calls it with the same (replicated) arguments. Each
-    rank scores its ~1/TP share of every request's pages (:func:`shard_block_table`) with
-    ``indexer_logits`` (a ``[B, N, ceil(max_pages / TP) * P]`` float32 row is materialised),
-    keeps its top-``topk`` (logit, position) candidates, and one all-gather of
+    rank scores its ~1/TP share of every request's pages (:func:`shard_block_table`) with the
+    fused logits + top-k of the triton path (the ``"torch"`` path: ``indexer_logits`` and a
+    packed-key ``torch.topk``), keeps its top-``topk`` (logit, position) candidates, and one all-gather of
     ``TP x B x N x topk`` int64 keys plus an exact merge gives the global selection.
 
     Args:
@@ -302,9 +302,23 @@ def sequence_sharded_topk(idx_q: torch.Tensor, idx_weights: torch.Tensor, k_cach
     P = _page_size(k_cache, idx_q, k_format)
     lens = _valid_lengths(context_lens, B, N, int(block_table.shape[1]) * P)
     bt_local, local_lens, offset = shard_block_table(block_table, lens, P, rank, world)
-    logits = indexer_logits(idx_q, idx_weights, k_cache, bt_local,
-                            local_lens.to(torch.int32).contiguous(), k_format=k_format, path=path)
-    keys = _local_candidates(logits, local_lens, topk, offset, path)      # [B, N, topk]
+    cl_local = local_lens.to(torch.int32).contiguous()
+    if path != "torch" and (idx_q.is_cuda or _common.interpret_mode()):
+        # the fused logits + split top-k of the one-device path on this shard, then the
+        # selected positions' scores (no full-row pass besides the logits kernel's own)
+        from torch_impl import indexer as _tix
+        _tix._validate(idx_q, idx_weights, k_cache, bt_local, cl_local, k_format, "triton", topk)
+        logits, pos = _tix.triton_select(idx_q, idx_weights, k_cache, bt_local, cl_local, topk,
+                                         k_format)
+        pos = pos.view(B, N, topk)
+        score = torch.gather(logits, -1, pos.clamp(min=0).to(torch.int64))
+        glob = torch.where(pos >= 0, pos.to(torch.int64) + offset.to(torch.int64).view(B, 1, 1),
+                           torch.full_like(pos, -1, dtype=torch.int64))
+        keys = pack_candidates(score, glob)                                   # [B, N, topk]
+    else:
+        logits = indexer_logits(idx_q, idx_weights, k_cache, bt_local, cl_local,
+                                k_format=k_format, path=path)
+        keys = _local_candidates(logits, local_lens, topk, offset, path)      # [B, N, topk]
     allk = _all_gather(keys, group)                                       # [world, B, N, topk]
     return merge_candidates(allk.permute(1, 2, 0, 3).reshape(B, N, world * topk), topk)
 
