@@ -5,7 +5,9 @@ logits with kernels.compare.check_logits (same -inf/NaN pattern, cosine < 5e-6),
 kernels.compare.check_topk (the exact SPEC set, tie rule, -1 padding, sorted order). On a CPU
 machine the Triton kernels run in the interpreter (tests/conftest.py) with fp8 and fp32/fp16
 dense inputs; on a CUDA GPU the same bodies run on the GPU, bf16 dense cases are added, and the
-GPU-only tests at the end run (CUDA graph capture/replay, work scaling with L).
+GPU-only tests at the end run (CUDA graph capture/replay). That work scales with L_b, not the
+table's width, is timed by the bench (DSV4_FLASH L=4K in a 4K and a 1M table) and checked
+here by which pages the kernel touches.
 """
 from __future__ import annotations
 
@@ -328,22 +330,6 @@ def test_cuda_graph_capture():
 
 
 @gpu_only
-def test_work_scales_with_L():
-    """L=4K in a table sized for 1M costs within 1.2x of the same L in a table sized for 4K
-    (SPEC: work scales with L_b). Timing with triton.testing.do_bench, medians."""
-    import triton
-
-    def bench(table_len):
-        case = cases.make_indexer_case(1100, B=8, N=1, H_I=64, P=64, lens=[4096] * 8,
-                                       table_len=table_len, topk=2048, stale=False)
-        args = _args(case)
-        return triton.testing.do_bench(lambda: indexer_topk(*args, 2048, path="triton"),
-                                       return_mode="median")
-
-    small, big = bench(4096), bench(1 << 20)
-    assert big <= 1.2 * small + 0.005, (small, big)
-
-
 @pytest.mark.parametrize("path", PATHS)
 def test_context_lens_near_int32_max_and_nan_in_q(path):
     """Lengths far past the table (up to 2^31 - 1) mean "the whole table"; a NaN byte in an e4m3

@@ -133,6 +133,25 @@ def test_every_config(cfg, splits):
         _check(case, out, lse)
 
 
+def test_logical_to_slots_matches_the_in_kernel_block_table():
+    """Pipelined configs on the GPU resolve a block table before the launch
+    (``_logical_to_slots``): same slots, same invalid entries (-1 pages, out of the table,
+    negative), so the slot form gives the in-kernel lookup's result bit for bit."""
+    case = cases.make_mla_case(12, B=2, N=2, H=16, K=100, P=16, d_qk=576, kv_format="fp8_ds_mla",
+                               invalid="mix", logical=True, topk_length=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    q, kv, idx = _t(case.q), _t(case.kv_cache), _t(case.indices)
+    P, _, num_pages = tsm._geometry(kv, "fp8_ds_mla")
+    slots = tsm._logical_to_slots(idx, kw["block_table"], P, num_pages)
+    cfg = configs.SparseMLAConfig(16, 32, 4, 1)
+    a = tsm._triton_impl(q, kv, idx, case.sm_scale, "fp8_ds_mla", 512, kw["block_table"],
+                         kw["topk_length"], None, config=cfg, num_splits=2)
+    b = tsm._triton_impl(q, kv, slots, case.sm_scale, "fp8_ds_mla", 512, None,
+                         kw["topk_length"], None, config=cfg, num_splits=2)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    _check(case, *b)
+
+
 def test_heuristic_stays_in_space():
     for smem, width in itertools.product((configs.SMALL_SMEM, configs.LARGE_SMEM), (2, 4)):
         space = configs.sparse_mla_space(smem, width)

@@ -196,7 +196,8 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                          "stride_tok", "N", "H", "K", "num_slots", "num_pages",
                          "max_pages", "page_size", "page_bytes", "chunk"):
                 sig[name] = "i32"
-            cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, has_bt=True,
+            # the launcher resolves a block table outside the kernel for pipelined configs
+            cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, has_bt=not cfg.prefetch,
                                   has_tkl=True, has_sink=True, final=final)
             label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
                      f"{'final' if final else 'partial'} {cfg}")
@@ -252,6 +253,12 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
         stride_page = stride_tok = 0
         page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * np_formats.DS_MLA_BYTES
 
+    if block_table is not None and cfg.prefetch and not dev.interpret:
+        # Triton 3.6 (the H200's) fails in TritonGPURemoveLayoutConversions on the pipelined
+        # loop with the in-kernel block-table lookup (seen 2026-11-29; 3.9 compiles it): resolve
+        # logical indices to slots here (one small gather, no host sync) and run the slot form.
+        indices = _logical_to_slots(indices, block_table, P, num_pages)
+        block_table = None
     head_blocks = triton_cdiv(H, cfg.block_h)
     rows = B * N * head_blocks
     splits = num_splits or configs.sparse_mla_num_splits(rows, K, cfg.block_k, dev.num_sms)
@@ -294,6 +301,20 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
             num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
         )
     return out, lse
+
+
+def _logical_to_slots(indices, block_table, P: int, num_pages: int):
+    """Logical top-k positions ``[B, N, K]`` -> int32 slots ``block_table[b, j // P] * P + j % P``,
+    -1 where the SPEC makes an entry invalid (negative, past the table, a page entry outside
+    ``[0, num_pages)``). Only valid entries are looked up."""
+    B, N, K = indices.shape
+    idx = indices.long()
+    max_pages = block_table.shape[1]
+    ok = (idx >= 0) & (idx < max_pages * P)
+    lpage = torch.where(ok, idx // P, 0)
+    ent = torch.gather(block_table.long(), 1, lpage.reshape(B, N * K)).reshape(B, N, K)
+    ok &= (ent >= 0) & (ent < num_pages)
+    return torch.where(ok, ent * P + idx % P, -1).to(torch.int32).contiguous()
 
 
 def triton_cdiv(a: int, b: int) -> int:
