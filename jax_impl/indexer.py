@@ -150,9 +150,10 @@ def _xla_chunk_logits(q, weights, k_cache, block_table, lens, c, *, k_format, P,
         raw = jnp.take(k_cache, safe.reshape(-1), axis=0)                      # [B*CP, P*(D+4)]
         k, scale = split_fp8_indexer(raw, D)                     # the chunk's pages only, not the cache
         k, scale = k.reshape(B, CP, P, D), scale.reshape(B, CP, P)
-        # e4m3 values are exact in bf16 and their products exact in float32: a bf16 dot with
-        # float32 accumulation computes the same sums as the fp8 kernel, on tensor cores.
-        qf, kf = q.astype(jnp.bfloat16), k.astype(jnp.bfloat16)
+        # float32 operands with HIGHEST precision: exact e4m3 values, float32 sums. A bf16 dot
+        # with float32 output was ~3e-5 (relative) off on the H200 under XLA:GPU (2026-11-29
+        # bench: top-k sets off the reference by more than one ulp), so it is not used.
+        qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
     else:
         kf = jnp.take(k_cache, safe, axis=0)                                   # [B, CP, P, D]
         scale = jnp.ones((B, CP, P), jnp.float32)
