@@ -108,6 +108,35 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, shift, need, done):
 
 
 @triton.jit
+def _pass_b(x_row, o_row, c_row, lo, hi, prefix, shift, done, n_out, n_cand,
+            BLOCK: tl.constexpr):
+    """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bucket
+    (``key >> shift > prefix >> shift``) go to the output at ``n_out, n_out + 1, ...``, keys in
+    it too when the descent is ``done``, else their positions are compacted into the candidate
+    row at ``n_cand, ...``; both in ascending position order. Returns the new
+    ``(n_out, n_cand)``."""
+    offs = tl.arange(0, BLOCK)
+    p_bucket = prefix >> shift
+    done_v = (tl.zeros((BLOCK,), tl.int32) + done) != 0              # [BLOCK] (see NOTE below)
+    for start in range(lo, hi, BLOCK):
+        pos = start + offs
+        key = order_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
+        k_bucket = key >> shift
+        qual = key != 0
+        gt = qual & (k_bucket > p_bucket)
+        eq = qual & (k_bucket == p_bucket)
+        direct = gt | (eq & done_v)
+        keep = eq & (done_v == 0)
+        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
+        tl.store(o_row + slot, pos.to(tl.int32), mask=direct)
+        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
+        tl.store(c_row + cslot, pos.to(tl.int32), mask=keep)
+        n_out += tl.sum(direct.to(tl.int32), axis=0)
+        n_cand += tl.sum(keep.to(tl.int32), axis=0)
+    return n_out, n_cand
+
+
+@triton.jit
 def _radix_topk_kernel(
     x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
     len_ptr,          # [R] int32 valid-prefix lengths
@@ -127,7 +156,6 @@ def _radix_topk_kernel(
     o_row = out_ptr + row * stride_o
     c_row = cand_ptr + row * stride_c
     offs = tl.arange(0, BLOCK)
-    zeros_i = tl.zeros((BLOCK,), tl.int32)
     BINS: tl.constexpr = 1 << RADIX_BITS
     NUM_LEVELS: tl.constexpr = 32 // RADIX_BITS
     SHIFT0: tl.constexpr = 32 - RADIX_BITS
@@ -169,25 +197,8 @@ def _radix_topk_kernel(
         # Pass B (whole prefix): keys above the threshold bucket go straight to the output; keys in
         # it go to the output too when the descent is over, else their positions are compacted (in
         # position order) into the scratch row for the lower digits.
-        p_bucket = prefix >> shift
-        done_v = (zeros_i + done) != 0                                   # [BLOCK] (see NOTE below)
-        n_out = tl.zeros((), tl.int32)
-        n_cand = tl.zeros((), tl.int32)
-        for start in range(0, L, BLOCK):
-            o = start + offs
-            key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-            k_bucket = key >> shift
-            qual = key != 0
-            gt = qual & (k_bucket > p_bucket)
-            eq = qual & (k_bucket == p_bucket)
-            direct = gt | (eq & done_v)
-            keep = eq & (done_v == 0)
-            slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
-            tl.store(o_row + slot, o.to(tl.int32), mask=direct)
-            cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
-            tl.store(c_row + cslot, o.to(tl.int32), mask=keep)
-            n_out += tl.sum(direct.to(tl.int32), axis=0)
-            n_cand += tl.sum(keep.to(tl.int32), axis=0)
+        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, prefix, shift, done,
+                                tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
         # The candidate row is read back below by other threads of this program: make every store
         # of pass B visible first (bar.sync orders global memory within the CTA).
         tl.debug_barrier()
@@ -321,28 +332,8 @@ def _topk_scatter_kernel(
     o = offs_ptr + (row * num_splits + s) * 2
     n_out = tl.load(o)
     n_cand = tl.load(o + 1)
-    x_row = x_ptr + row * stride_x
-    o_row = out_ptr + row * stride_o
-    c_row = cand_ptr + row * stride_c
-    offs = tl.arange(0, BLOCK)
-    p_bucket = prefix >> shift
-    done_v = (tl.zeros((BLOCK,), tl.int32) + done) != 0
-    for start in range(lo, hi, BLOCK):
-        pos = start + offs
-        key = order_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
-        k_bucket = key >> shift
-        qual = key != 0
-        gt = qual & (k_bucket > p_bucket)
-        eq = qual & (k_bucket == p_bucket)
-        direct = gt | (eq & done_v)
-        keep = eq & (done_v == 0)
-        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
-        tl.store(o_row + slot, pos.to(tl.int32), mask=direct)
-        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
-        tl.store(c_row + cslot, pos.to(tl.int32), mask=keep)
-        n_out += tl.sum(direct.to(tl.int32), axis=0)
-        n_cand += tl.sum(keep.to(tl.int32), axis=0)
-
+    _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
+            prefix, shift, done, n_out, n_cand, BLOCK)
 
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
