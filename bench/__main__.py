@@ -7,6 +7,7 @@ Examples::
     python -m bench --quick --write-dispatch   # also write kernels/dispatch/<arch>.json
     python -m bench --dry-run            # CPU interpreter plumbing check (timings meaningless)
     python -m bench --op sparse_mla_decode --backend torch --preset DSV32
+    python -m bench --op dsa_decode_layer   # the whole decode layer (weights + attention)
 
 Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
 (roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
@@ -29,6 +30,8 @@ def _has_cuda() -> bool:
 
 
 def parse(argv=None) -> argparse.Namespace:
+    from bench import grid                # NumPy-only imports: no framework is loaded here
+
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     mode = ap.add_mutually_exclusive_group()
@@ -40,7 +43,7 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--backend", action="append", choices=("torch", "jax"), help="repeatable; default all")
     ap.add_argument("--path", action="append", choices=("triton", "torch", "pallas", "xla"),
                     help="repeatable; default all")
-    ap.add_argument("--op", action="append", choices=("indexer_topk", "sparse_mla_decode", "dsa_decode_step"))
+    ap.add_argument("--op", action="append", choices=grid.OPS)
     ap.add_argument("--preset", action="append", choices=("DSV32", "DSV4_FLASH"))
     ap.add_argument("--kv", action="append", choices=("bf16", "fp8"), help="latent-cache kind")
     ap.add_argument("--budget-s", type=float, default=None,

@@ -11,13 +11,18 @@
   (SPEC allows swaps of logits less than one float32 ulp apart at the threshold).
 * decode step: the MLA part against the reference slice, fed the step's own indices, and the
   indices path-vs-path (set equality) as above.
+* decode layer: request 0 (:func:`bench.inputs.layer_slice`: its pages compacted) against
+  ``kernels.layer_reference``, with ``kernels.layer_compare.check_low_precision_step`` (the
+  layer's top-k is the exact set for its own fp8 q, weights and written cache; its output is
+  within ``BF16_COS`` of the float64 layer attending the same indices), the layer tests' bf16
+  check. The bench runs layers in the machine's low-precision dtype (bf16; fp16 in dry runs).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from bench.inputs import Inputs, indexer_slice, mla_slice
-from kernels import compare, reference
+from bench.inputs import Inputs, indexer_slice, layer_slice, mla_slice
+from kernels import compare, layer_compare, reference
 
 
 def _np(x):
@@ -45,6 +50,8 @@ class Checker:
         self._logits = None
         self.baseline: dict[str, np.ndarray] = {}       # op -> indices of the first passing path
         self.baseline_path: dict[str, str] = {}
+        self._layer_w64: dict | None = None
+        self._layer_ref: dict = {}
 
     def _requests(self):
         B = self.inp.shape.B
@@ -109,10 +116,40 @@ class Checker:
         return True, (f"{reqs.size} requests differ from the baseline only by sub-ulp near-ties at the "
                       f"threshold (both checked against the float64 reference)")
 
+    def layer(self, outputs: dict) -> tuple[compare.CheckResult, str]:
+        """A decode-layer step (module docstring) on request 0 of input set 0.
+
+        Raises:
+          ValueError: the inputs are not in a low-precision dtype (bf16 / fp16).
+        """
+        from kernels import layer_reference as lref
+
+        if self.inp.q_dtype not in layer_compare.LOW_PRECISION:
+            raise ValueError(f"q_dtype: the layer check expects one of {layer_compare.LOW_PRECISION}, "
+                             f"got {self.inp.q_dtype!r}")
+        case, got = layer_slice(self.inp, self.inp.sets[0], 0, outputs)
+        if self._layer_w64 is None:                  # float64 weights, converted once per shape
+            self._layer_w64 = {k: v.astype(np.float64) for k, v in
+                               lref.shard_weights(case.cfg, case.weights, 0, 1).items()}
+
+        def layer_ref(ind):
+            # the float64 step depends on the index set only (same inputs): paths that picked the
+            # same sets share one reference computation
+            key = np.sort(np.asarray(ind, np.int64), axis=-1).tobytes()
+            if key not in self._layer_ref:
+                self._layer_ref[key] = lref.layer_reference(
+                    case.cfg, self._layer_w64, case.x, case.kv_cache, case.k_cache, case.block_table,
+                    case.context_lens, kv_format=case.kv_format, indices=ind)
+            return self._layer_ref[key]
+        res = layer_compare.check_low_precision_step(case, got, layer_ref=layer_ref)
+        return res, "layer reference on request 0 (its pages compacted): exact top-k, out cosine"
+
     def check(self, op: str, outputs: dict, path: str) -> tuple[compare.CheckResult, str]:
         """(result, how it was checked) of one path's outputs on input set 0."""
         if op == "sparse_mla_decode":
             return self.mla(outputs["out"], outputs["lse"])
+        if op == "dsa_decode_layer":
+            return self.layer(outputs)
         if op == "indexer_topk":
             res, how = self.topk(outputs["indices"], op, path)
         else:

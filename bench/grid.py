@@ -7,7 +7,12 @@
 * ``quick``: the shapes that decide dispatch and the roofline story in ~4 minutes on an H200,
   ordered by priority (the run stops at ``--budget-s`` and records the rest as skipped).
 * ``dry``: a tiny grid for the CPU interpreter (``--dry-run``): real D_qk / D_I and formats,
-  16 (V3.2) or 8 (V4-Flash) heads, K 64 (+16 window), L 256.
+  16 (V3.2) or 8 (V4-Flash) heads, K 64 (+16 window), L 256; ``scaled_down()`` layers.
+
+The decode layer (``dsa_decode_layer``: one step of ``DSADecodeLayer``, projections, cache
+writes, indexer top-k, sparse MLA and output projection) runs at the real preset dimensions
+(V3.2: hidden 7168, 128 heads; V4-Flash: hidden 4096, 64 heads) at B 1 and 64, L 32K, fp8
+caches, TP 1; the dry grid runs ``scaled_down()`` layers (4 heads, hidden 256).
 
 Sparse MLA is benchmarked with logical indices through a block table (as the decode step calls
 it). V4-Flash attends ``topk + window`` entries: K = 512 top-k positions from ``[0, L - 128)``
@@ -20,7 +25,7 @@ from dataclasses import asdict, dataclass
 
 from kernels.presets import PRESETS
 
-OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step")
+OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step", "dsa_decode_layer")
 KV_KINDS = ("bf16", "fp8")
 
 
@@ -28,7 +33,8 @@ KV_KINDS = ("bf16", "fp8")
 class Shape:
     """One benchmark shape. ``kv`` is ``"bf16"`` (latent cache) or ``"fp8"`` (the preset's fp8
     layout); ``table_len`` is the block table's capacity in positions (default: L rounded up to
-    pages); ``topk`` / ``window`` / ``heads`` override the preset (dry runs)."""
+    pages); ``topk`` / ``window`` / ``heads`` override the preset (dry runs; for
+    ``dsa_decode_layer`` ``heads`` selects the ``scaled_down()`` layer, see :attr:`layer_cfg`)."""
 
     op: str
     preset: str
@@ -77,6 +83,21 @@ class Shape:
         return "latent" if self.kv == "bf16" else self.p.kv_format
 
     @property
+    def layer_cfg(self):
+        """The ``kernels.layer_reference.LayerConfig`` of a ``dsa_decode_layer`` shape: the
+        preset's real layer (``LAYER_CONFIGS``; top-k / window overrides applied), or with
+        ``heads`` set its ``scaled_down(num_heads=heads)`` variant (hidden 256, 16 indexer heads),
+        both at page size :attr:`P`."""
+        import dataclasses
+
+        from kernels import layer_reference as lref
+        cfg = lref.LAYER_CONFIGS[self.preset]
+        if self.heads is not None:
+            return cfg.scaled_down(num_heads=self.heads, topk=self.K_topk, window=self.W_window,
+                                   page_size=self.P)
+        return dataclasses.replace(cfg, topk=self.K_topk, window=self.W_window, page_size=self.P)
+
+    @property
     def table_positions(self) -> int:
         t = self.table_len if self.table_len is not None else self.L
         return -(-t // self.P) * self.P
@@ -94,12 +115,16 @@ class Shape:
         pages = self.B * (self.table_positions // self.P)
         tok = pages * self.P
         n = 0
-        if self.op in ("indexer_topk", "dsa_decode_step"):
+        if self.op in ("indexer_topk", "dsa_decode_step", "dsa_decode_layer"):
             n += tok * (self.p.index_head_dim + 4)
-        if self.op in ("sparse_mla_decode", "dsa_decode_step"):
+        if self.op in ("sparse_mla_decode", "dsa_decode_step", "dsa_decode_layer"):
             from bench.roofline import kv_row_bytes
             n += tok * kv_row_bytes(self.kv_format, self.p.d_qk)
-        return n * rotations
+        n *= rotations
+        if self.op == "dsa_decode_layer":                  # one layer's weights, all rotations
+            from bench.roofline import layer_weight_bytes
+            n += layer_weight_bytes(self.layer_cfg, tp=self.tp)
+        return n
 
 
 K4, K32, K64, K128, M1 = 4096, 32768, 65536, 131072, 1 << 20
@@ -118,7 +143,13 @@ def full_grid() -> list[Shape]:
             for B, L, N, tp, kv in itertools.product((1, 8, 32, 64, 128), _lens(preset), (1, 2),
                                                      (1, 2, 4, 8), KV_KINDS):
                 out.append(Shape(op, preset, B, N, tp, L, kv=kv))
-    return out
+    return out + layer_shapes()
+
+
+def layer_shapes() -> list[Shape]:
+    """The decode-layer rows: both presets at their real dimensions, B 1 and 64, L 32K, fp8."""
+    return [Shape("dsa_decode_layer", preset, B, 1, 1, K32, "fp8")
+            for preset in ("DSV32", "DSV4_FLASH") for B in (64, 1)]
 
 
 def quick_grid() -> list[Shape]:
@@ -133,6 +164,7 @@ def quick_grid() -> list[Shape]:
         S("indexer_topk", "DSV4_FLASH", 64, 1, 1, K4, table_len=M1),
         S("indexer_topk", "DSV4_FLASH", 64, 1, 1, K4),
         S("dsa_decode_step", "DSV32", 64, 1, 1, K32, "fp8"),
+        S("dsa_decode_layer", "DSV32", 64, 1, 1, K32, "fp8"),
         S("indexer_topk", "DSV32", 1, 1, 1, K128),
         # sparse MLA, serving format (fp8), full heads (TP=1) and TP=8, B sweep at L=32K
         *(S("sparse_mla_decode", "DSV32", B, 1, 1, K32, "fp8") for B in (1, 8, 64, 128)),
@@ -153,6 +185,8 @@ def quick_grid() -> list[Shape]:
         S("dsa_decode_step", "DSV32", 64, 1, 1, K32, "fp8"),
         S("dsa_decode_step", "DSV4_FLASH", 64, 1, 1, K64, "fp8"),
         S("dsa_decode_step", "DSV32", 1, 1, 1, K128, "fp8"),
+        # the whole decode layer (weights + attention) at the real preset dimensions
+        *layer_shapes(),
         # MTP (N=2), bf16 cache, long cache, H per TP sweep
         S("sparse_mla_decode", "DSV32", 64, 2, 1, K32, "fp8"),
         S("sparse_mla_decode", "DSV32", 64, 1, 1, K32, "bf16"),
@@ -183,6 +217,8 @@ def dry_grid() -> list[Shape]:
         S("indexer_topk", "DSV32", 2, 1, 1, 256, topk=64),
         S("indexer_topk", "DSV4_FLASH", 2, 2, 1, 200, topk=64, table_len=512),
         S("dsa_decode_step", "DSV32", 2, 1, 8, 256, "fp8", topk=64, window=0),
+        S("dsa_decode_layer", "DSV32", 2, 1, 1, 256, "fp8", topk=64, window=0, heads=4),
+        S("dsa_decode_layer", "DSV4_FLASH", 2, 1, 1, 256, "fp8", topk=32, window=16, heads=4),
     ]
 
 

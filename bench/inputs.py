@@ -42,7 +42,10 @@ class Inputs:
     uint8 [num_pages, P * (D_I + 4)], ``block_table`` [B, table_pages] int32, ``context_lens``
     [B] int32. sparse MLA: ``q`` [B, N, H, D_qk] (q_dtype), ``kv_cache`` (layout of
     ``kv_format``), ``indices`` [B, N, K] int32 logical positions (top-k then window),
-    ``window_idx`` [B, N, window] int32, ``attn_sink`` [H] float32 or None.
+    ``window_idx`` [B, N, window] int32, ``attn_sink`` [H] float32 or None. decode layer:
+    ``x`` [B, N, hidden] (q_dtype), ``kv_cache``, ``k_cache``, ``block_table``,
+    ``context_lens``; ``extra["layer_weights"]`` holds the layer's full weights (host NumPy
+    float32, rounded to ``q_dtype`` values so the float64 reference sees what the layer holds).
     """
 
     shape: Shape
@@ -143,8 +146,12 @@ def make_inputs(shape: Shape, *, rotations: int, device: str, q_dtype: str, late
     ppr = -(-L // P)
     table_pages = shape.table_positions // P
     pages = B * ppr
+    layer = shape.op == "dsa_decode_layer"
     need_indexer = shape.op in ("indexer_topk", "dsa_decode_step")
     need_mla = shape.op in ("sparse_mla_decode", "dsa_decode_step")
+    extra: dict = {}
+    if layer:
+        extra["layer_weights"] = layer_weights(shape.layer_cfg, q_dtype, seed)
     sets = []
     sm_scale = p.sm_scale if p.sm_scale is not None else p.d_qk ** -0.5
     sink = None
@@ -165,12 +172,7 @@ def make_inputs(shape: Shape, *, rotations: int, device: str, q_dtype: str, late
         if need_mla:
             H, D = shape.H, p.d_qk
             s["q"] = (torch.randn((B, N, H, D), generator=gen, device=device) * 0.5).to(tdt[q_dtype])
-            if shape.kv_format == "latent":
-                s["kv_cache"] = _latent_cache(torch, pages, P, D, tdt[latent_dtype], gen, device)
-            elif shape.kv_format == "fp8_ds_mla":
-                s["kv_cache"] = _ds_mla_cache(torch, pages, P, gen, device)
-            else:
-                s["kv_cache"] = _model1_cache(torch, pages, P, gen, device)
+            s["kv_cache"] = _kv_cache(torch, shape, pages, P, tdt[latent_dtype], gen, device)
             Kt, Wn = shape.K_topk, shape.W_window
             # draft i sees L - (N - 1 - i) positions; its window is the last Wn of them
             span = L - (N - 1) - Wn
@@ -182,12 +184,41 @@ def make_inputs(shape: Shape, *, rotations: int, device: str, q_dtype: str, late
             s["window_idx"] = win.to(torch.int32).contiguous()
             s["indices"] = torch.cat([top, win.to(torch.int64)], dim=-1).to(torch.int32).contiguous()
             s["attn_sink"] = sink
+        if layer:
+            # the layer writes the N new tokens at positions L - N + i (mapped: the request owns
+            # ceil(L / P) pages) and computes q, the indexer q / weights and the sink itself
+            cfg = shape.layer_cfg
+            s["x"] = torch.randn((B, N, cfg.hidden), generator=gen, device=device).to(tdt[q_dtype])
+            s["k_cache"] = _indexer_cache(torch, pages, P, cfg.index_head_dim, gen, device)
+            s["kv_cache"] = _kv_cache(torch, shape, pages, P, tdt[latent_dtype], gen, device)
         sets.append(s)
     kv_itemsize = tdt[latent_dtype].itemsize if shape.kv_format == "latent" else 1
     if device != "cpu":
         torch.cuda.synchronize()
     return Inputs(shape=shape, sets=sets, sm_scale=float(sm_scale), q_dtype=q_dtype,
-                  kv_itemsize=kv_itemsize, lens=[L] * B, device=device)
+                  kv_itemsize=kv_itemsize, lens=[L] * B, device=device, extra=extra)
+
+
+def _kv_cache(torch, shape: Shape, pages: int, P: int, latent_dtype, gen, device):
+    """A latent cache of ``pages`` pages in the shape's layout."""
+    if shape.kv_format == "latent":
+        return _latent_cache(torch, pages, P, shape.p.d_qk, latent_dtype, gen, device)
+    if shape.kv_format == "fp8_ds_mla":
+        return _ds_mla_cache(torch, pages, P, gen, device)
+    return _model1_cache(torch, pages, P, gen, device)
+
+
+def layer_weights(cfg, dtype: str, seed: int = 0) -> dict:
+    """Full (unsharded) random layer weights (``kernels.layer_reference.init_weights``) as host
+    float32 NumPy arrays whose values are exactly representable in ``dtype`` (``"bfloat16"``,
+    ``"float16"`` or ``"float32"``): the layer casts them without rounding, so the float64
+    reference fed these arrays sees the layer's weights."""
+    from kernels import cases as kcases
+    from kernels import layer_reference as lref
+    w = lref.init_weights(cfg, seed)
+    if dtype == "float32":
+        return w
+    return {k: v.astype(kcases.Q_DTYPES[dtype]).astype(np.float32) for k, v in w.items()}
 
 
 # ----------------------------------------------------------------------------- reference slices
@@ -258,3 +289,47 @@ def indexer_slice(inp: Inputs, s: dict, b: int) -> dict:
     return dict(q=to_numpy_exact(s["iq"][b: b + 1]), weights=s["iw"][b: b + 1].detach().cpu().numpy(),
                 k_cache=kc, block_table=np.arange(n, dtype=np.int32)[None],
                 context_lens=np.array([L], np.int32))
+
+
+def _take_pages(x, pages: np.ndarray) -> np.ndarray:
+    """Pages ``pages`` (leading axis) of a torch / jax cache, as NumPy (bytes / values exact)."""
+    if hasattr(x, "detach"):                                   # torch
+        import torch
+        return to_numpy_exact(x[torch.as_tensor(pages, device=x.device)])
+    return np.asarray(x[np.asarray(pages)])                    # jax (ml_dtypes kept)
+
+
+def _host(x) -> np.ndarray:
+    """A torch / jax output as NumPy, bf16 / e4m3 kept exact (ml_dtypes)."""
+    return to_numpy_exact(x) if hasattr(x, "detach") else np.asarray(x)
+
+
+def layer_slice(inp: Inputs, s: dict, b: int, outputs: dict) -> tuple:
+    """Request ``b``'s decode-layer step, small enough for the float64 reference.
+
+    Request b's pages (in block-table order) become a compact pool with the identity block
+    table, so logical positions are unchanged. Returns ``(case, got)``: ``case`` a
+    ``kernels.layer_reference.LayerCase`` (x, the caches as given in ``s`` and
+    ``extra["layer_weights"]``; the reference rewrites the new tokens' rows itself, so a cache
+    the layer already wrote in place serves as well), ``got`` the layer's outputs for request b
+    (``out``, ``indices``, ``idx_q``, ``idx_weights``, ``idx_context_lens``, and ``k_cache``:
+    the layer's cache *after* its write, compacted the same way) as
+    ``kernels.layer_compare.check_low_precision_step`` takes them.
+    """
+    from kernels import layer_reference as lref
+
+    sh = inp.shape
+    cfg = sh.layer_cfg
+    L = inp.lens[b]
+    n = -(-L // sh.P)
+    pages = s["block_table"][b, :n].detach().cpu().numpy().astype(np.int64)
+    case = lref.LayerCase(
+        name=f"{sh.label()} request {b}", cfg=cfg, weights=inp.extra["layer_weights"],
+        x=to_numpy_exact(s["x"][b: b + 1]).astype(np.float32),
+        kv_cache=_take_pages(s["kv_cache"], pages), k_cache=_take_pages(s["k_cache"], pages),
+        block_table=np.arange(n, dtype=np.int32)[None], context_lens=np.array([L], np.int32),
+        kv_format=sh.kv_format)
+    got = {k: _host(outputs[k])[b: b + 1] for k in ("out", "indices", "idx_q", "idx_weights",
+                                                     "idx_context_lens")}
+    got["k_cache"] = _take_pages(outputs["k_cache"], pages)
+    return case, got

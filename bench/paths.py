@@ -4,8 +4,13 @@ One adapter per backend turns a shape's torch input sets into zero-argument call
 rotated set, that run the named path and return a dict of framework arrays:
 ``indexer_topk`` -> ``{"indices"}``, ``sparse_mla_decode`` -> ``{"out", "lse"}``,
 ``dsa_decode_step`` -> ``{"indices", "out", "lse"}`` (indexer top-k, logical indices plus the
-V4 window, sparse MLA through the block table). A backend that does not import, or a path that
-raises NotImplementedError, is reported as unavailable with the reason, never as a failure.
+V4 window, sparse MLA through the block table), ``dsa_decode_layer`` -> ``{"out", "indices",
+"idx_q", "idx_weights", "idx_context_lens", "kv_cache", "k_cache"}`` (one step of the binding's
+``DSADecodeLayer`` built with ``path=<name>`` in the inputs' dtype; the intermediates are ones the
+step computes anyway). The layer writes the new tokens into the caches in place (torch) or
+through donated buffers (JAX, see :class:`_DonatingLayerCall`). A backend that does not import,
+or a path that raises NotImplementedError, is reported as unavailable with the reason, never as
+a failure.
 
 ``REGISTRY`` maps backend name -> adapter; tests register stub backends there.
 
@@ -22,7 +27,9 @@ import sys
 
 from bench.inputs import Inputs
 
-OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step")
+OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step", "dsa_decode_layer")
+LAYER_OUTPUTS = ("indices", "idx_q", "idx_weights", "idx_context_lens")
+"""The layer intermediates a ``dsa_decode_layer`` call returns besides ``out`` and the caches."""
 
 
 def _config_dict(cfg):
@@ -82,6 +89,8 @@ class TorchBackend(Backend):
     def prepare(self, op, inp, path):
         import torch
 
+        if op == "dsa_decode_layer":
+            return self._prepare_layer(inp, path)
         topk_fn, mla_fn = self._fns(inp, path)
         window = inp.shape.W_window
 
@@ -106,8 +115,22 @@ class TorchBackend(Backend):
             return {"indices": idx, "out": out, "lse": lse}
         return [functools.partial(call, s) for s in inp.sets]
 
+    def _prepare_layer(self, inp, path):
+        import torch
+
+        m = self.load()
+        layer = m.DSADecodeLayer(inp.shape.layer_cfg, inp.extra["layer_weights"], tp_size=inp.shape.tp,
+                                 kv_format=inp.shape.kv_format, dtype=getattr(torch, inp.q_dtype),
+                                 device=inp.device, path=path)
+
+        def call(s):
+            out, kv, kc, inter = layer(s["x"], s["kv_cache"], s["k_cache"], s["block_table"],
+                                       s["context_lens"], return_intermediates=True)
+            return {"out": out, "kv_cache": kv, "k_cache": kc, **{k: inter[k] for k in LAYER_OUTPUTS}}
+        return [functools.partial(call, s) for s in inp.sets]
+
     def config(self, op, inp, path):
-        if path != "triton":
+        if path != "triton" or op == "dsa_decode_layer":
             return None
         m = self.load()
         names = {"sparse_mla_decode": ("sparse_mla_decode",), "indexer_topk": ("indexer_topk",),
@@ -203,6 +226,8 @@ class JaxBackend(Backend):
         import jax.numpy as jnp
 
         m = self.load()
+        if op == "dsa_decode_layer":
+            return self._prepare_layer(m, inp, path)
         sh = inp.shape
         topk, window, fmt, d_v, scale = sh.K_topk, sh.W_window, sh.kv_format, sh.p.d_v, inp.sm_scale
 
@@ -245,17 +270,63 @@ class JaxBackend(Backend):
             calls.append(functools.partial(f, *args))
         return calls
 
+    def _prepare_layer(self, m, inp, path):
+        import jax
+        import jax.numpy as jnp
+        from flax import nnx
+
+        layer = m.DSADecodeLayer(inp.shape.layer_cfg, inp.extra["layer_weights"], tp_size=inp.shape.tp,
+                                 kv_format=inp.shape.kv_format, dtype=jnp.dtype(inp.q_dtype), path=path)
+        graphdef, state = nnx.split(layer)
+
+        def step(state, x, kv, kc, bt, cl):
+            out, kv, kc, inter = nnx.merge(graphdef, state)(x, kv, kc, bt, cl, return_intermediates=True)
+            return {"out": out, "kv_cache": kv, "k_cache": kc, **{k: inter[k] for k in LAYER_OUTPUTS}}
+        f = jax.jit(step, donate_argnums=(2, 3))
+        calls = []
+        for s in inp.sets:
+            # the caches are copied into buffers JAX owns (DLPack imports share torch's memory,
+            # which must not be donated)
+            args = [to_jax(s[n]) for n in ("x", "kv_cache", "k_cache", "block_table", "context_lens")]
+            args[1], args[2] = jnp.copy(args[1]), jnp.copy(args[2])
+            calls.append(_DonatingLayerCall(f, state, *args))
+        return calls
+
     def config(self, op, inp, path):
         if path != "pallas":
             return None
         m = self.load()
-        if op == "dsa_decode_step":
+        if op in ("dsa_decode_step", "dsa_decode_layer"):
             return None
         return _probe_choose_config(getattr(m, op, None), inp, op, dev_of=_jax_dev)
 
     def sync(self, outputs):
         import jax
         jax.block_until_ready(outputs)
+
+
+class _DonatingLayerCall:
+    """One JAX layer step per call on one input set, its caches updated in place.
+
+    The jitted step donates the two caches (argument buffers reused for the written caches, as a
+    serving loop does; without donation every step would copy both caches whole), so each call
+    feeds the caches the previous call returned. The first call, the one the bench checks,
+    returns them too; later calls return only ``out`` and the intermediates, because a buffer
+    donated to the next call can no longer be waited on (``jax.block_until_ready`` raises).
+    """
+
+    def __init__(self, f, state, x, kv_cache, k_cache, block_table, context_lens):
+        self.f, self.state = f, state
+        self.x, self.kv, self.kc, self.bt, self.cl = x, kv_cache, k_cache, block_table, context_lens
+        self.calls = 0
+
+    def __call__(self) -> dict:
+        res = self.f(self.state, self.x, self.kv, self.kc, self.bt, self.cl)
+        self.kv, self.kc = res["kv_cache"], res["k_cache"]
+        self.calls += 1
+        if self.calls > 1:
+            res = {k: v for k, v in res.items() if k not in ("kv_cache", "k_cache")}
+        return res
 
 
 REGISTRY: dict[str, Backend] = {"torch": TorchBackend(), "jax": JaxBackend()}

@@ -64,7 +64,8 @@ def print_table(rows: list[dict], meta: dict, console=None) -> None:
                                                  "TFLOP/s", "floor us", "frac") else "left")
     for r in rows:
         status = r.get("status", "")
-        t.add_row(r["op"].replace("sparse_mla_decode", "mla").replace("dsa_decode_step", "step"),
+        t.add_row(r["op"].replace("sparse_mla_decode", "mla").replace("dsa_decode_step", "step")
+                  .replace("dsa_decode_layer", "layer"),
                   r["preset"], str(r["B"]), str(r["N"]), str(r["H"]), str(r["L"]), str(r["K"]),
                   r["kv_format"], r["backend"], r["path"], _fmt(r["median_us"], ".1f"),
                   "-" if r["median_us"] is None else f"{r['p20_us']:.1f}-{r['p80_us']:.1f}",
@@ -88,7 +89,7 @@ def plot(path: Path, meta: dict, rows: list[dict], machine: dict) -> Path | None
     ax.plot(xs, [min(bw * x, peak) / 1e12 for x in xs], "k-", lw=1.5,
             label=f"roof: {bw / 1e12:.2f} TB/s copy, {peak / 1e12:.0f} TFLOP/s bf16")
     colors = {"triton": "tab:blue", "torch": "tab:orange", "pallas": "tab:green", "xla": "tab:red"}
-    markers = {"sparse_mla_decode": "o", "indexer_topk": "s", "dsa_decode_step": "^"}
+    markers = {"sparse_mla_decode": "o", "indexer_topk": "s", "dsa_decode_step": "^", "dsa_decode_layer": "D"}
     seen = set()
     for r in rows:
         if not r.get("median_us") or not r.get("bytes"):

@@ -26,9 +26,26 @@ Lightning indexer + top-k (``L_b`` tokens of request b)::
 
 The decode step (indexer + top-k + sparse MLA) adds both; its rows also carry
 ``floor_phases_us`` (each phase's floor: the phases run in turn, the MLA needs the top-k).
+
+The decode layer (``dsa_decode_layer``: one step of ``DSADecodeLayer``, ``T = B*N`` tokens, this
+rank's weights ``W``, :func:`layer_cost`)::
+
+    bytes = sum_W numel * itemsize                    (weights, read once per step)
+            + indexer bytes (lens L_b - window: V4 ranks positions before its window)
+            + sparse MLA bytes (n_valid = T * (min(top-k, L - window) + window), H per rank)
+    flops = 2 * T * sum_{2-D W} numel                 (every projection, wkv_b's two halves
+                                                       included: q absorption + value up-proj)
+            + 2 * T * (H_I + 1) * D_I^2               (Hadamard rotation of the indexer q and k)
+            + indexer flops + sparse MLA flops
+
+Linear weights are counted in the layer's dtype (2 bytes for bf16), the weights the layer keeps
+in float32 (norms, ``attn_sink``, ``indexer.weights_proj``) at 4 bytes. Activations (x, out,
+q, the new cache rows: < 1 % at B = 64) and elementwise work (norms, rope, quantization) are
+not counted. Layer rows carry ``floor_phases_us`` = [projections, indexer, sparse MLA].
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 from kernels import formats
@@ -65,6 +82,72 @@ def indexer_cost(*, lens, N: int, H_I: int, D_I: int, q_itemsize: int = 1) -> tu
     nbytes = total * (D_I + 4) + B * N * H_I * D_I * q_itemsize + B * N * H_I * 4
     flops = 2 * N * H_I * D_I * total
     return int(nbytes), int(flops)
+
+
+def _layer_rank_shapes(cfg, tp: int) -> dict[str, tuple[int, ...]]:
+    """This rank's weight shapes (``kernels.layer_reference.shard_weights`` without arrays)."""
+    from kernels import layer_reference as lref
+
+    cfg.heads_per_rank(tp)                                     # raises on a bad tp
+    s = dict(lref.weight_shapes(cfg))
+    if tp > 1:
+        if cfg.absorbed:
+            s["wq_b"] = (s["wq_b"][0] // tp, s["wq_b"][1])
+            s["wkv_b"] = (s["wkv_b"][0] // tp, s["wkv_b"][1])
+            s["wo"] = (s["wo"][0], s["wo"][1] // tp)
+        else:
+            s["wq_b"] = (s["wq_b"][0] // tp, s["wq_b"][1])
+            s["attn_sink"] = (s["attn_sink"][0] // tp,)
+            s["wo_a"] = (s["wo_a"][0] // tp, s["wo_a"][1])
+            s["wo_b"] = (s["wo_b"][0], s["wo_b"][1] // tp)
+    return s
+
+
+def layer_weight_bytes(cfg, *, tp: int = 1, itemsize: int = 2) -> int:
+    """Bytes of one rank's layer weights: linear weights at ``itemsize``, the ones the layers
+    keep in float32 (norms, ``attn_sink``, ``indexer.weights_proj``) at 4.
+
+    Args:
+      cfg: a ``kernels.layer_reference.LayerConfig``; tp: tensor-parallel size.
+    Raises:
+      ValueError: ``tp`` does not divide the heads (or V4's output groups).
+    """
+    n = 0
+    for name, shape in _layer_rank_shapes(cfg, tp).items():
+        f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
+        n += math.prod(shape) * (4 if f32 else itemsize)
+    return int(n)
+
+
+def layer_cost(cfg, *, B: int, N: int, lens, kv_format: str, tp: int = 1, itemsize: int = 2,
+               kv_itemsize: int = 2, parts: list | None = None) -> tuple[int, int]:
+    """(bytes, flops) of one decode-layer step (formula in the module docstring).
+
+    Args:
+      cfg: the layer's ``kernels.layer_reference.LayerConfig``.
+      B, N: requests and new tokens per request; lens: the B context lengths L_b (counting the
+        new tokens); kv_format: the latent cache layout; tp: tensor-parallel size (H per rank).
+      itemsize: bytes of the layer's dtype (linear weights, q, attention output);
+        kv_itemsize: bytes of a ``latent`` cache element.
+      parts: if given, receives ``(bytes, flops)`` of [projections, indexer, sparse MLA].
+    Raises:
+      ValueError: bad ``tp`` or ``kv_format``.
+    """
+    lens = [int(x) for x in lens]
+    T = B * N
+    shapes = _layer_rank_shapes(cfg, tp)
+    w_bytes = layer_weight_bytes(cfg, tp=tp, itemsize=itemsize)
+    D_I, H_I = cfg.index_head_dim, cfg.index_heads
+    proj_flops = (2 * T * sum(math.prod(sh) for sh in shapes.values() if len(sh) == 2)
+                  + 2 * T * (H_I + 1) * D_I * D_I)
+    win = cfg.window
+    ib, i_f = indexer_cost(lens=[max(L - win, 0) for L in lens], N=N, H_I=H_I, D_I=D_I)
+    n_valid = N * sum(min(cfg.topk, max(L - win, 0)) + min(win, L) for L in lens)
+    mb, m_f = mla_cost(B=B, N=N, H=cfg.heads_per_rank(tp), n_valid=n_valid, d_qk=cfg.d_qk, d_v=cfg.d_v,
+                       kv_format=kv_format, kv_itemsize=kv_itemsize, q_itemsize=itemsize)
+    if parts is not None:
+        parts += [(w_bytes, proj_flops), (ib, i_f), (mb, m_f)]
+    return int(w_bytes + ib + mb), int(proj_flops + i_f + m_f)
 
 
 @dataclass(frozen=True)

@@ -69,9 +69,14 @@ def environment(dry: bool) -> dict:
 
 def shape_cost(shape: grid.Shape, inp, parts: list | None = None) -> tuple[int, int]:
     """(bytes, flops) of one call of ``shape`` (bench.roofline formulas); ``parts`` collects the
-    (bytes, flops) of each phase (indexer, sparse MLA) of a decode step."""
+    (bytes, flops) of each phase (indexer, sparse MLA) of a decode step, or (projections,
+    indexer, sparse MLA) of a decode layer."""
     p = shape.p
     q_item = {"bfloat16": 2, "float16": 2, "float32": 4}[inp.q_dtype]
+    if shape.op == "dsa_decode_layer":
+        return roofline.layer_cost(shape.layer_cfg, B=shape.B, N=shape.N, lens=inp.lens,
+                                   kv_format=shape.kv_format, tp=shape.tp, itemsize=q_item,
+                                   kv_itemsize=inp.kv_itemsize, parts=parts)
     nbytes = flops = 0
     if shape.op in ("indexer_topk", "dsa_decode_step"):
         b, f = roofline.indexer_cost(lens=inp.lens, N=shape.N, H_I=p.index_heads, D_I=p.index_head_dim)
@@ -94,6 +99,9 @@ def shape_cost(shape: grid.Shape, inp, parts: list | None = None) -> tuple[int, 
 def estimate_touched(shape: grid.Shape) -> int:
     """Bytes one call must read (bf16 q / latent, all indices valid), before inputs exist."""
     p = shape.p
+    if shape.op == "dsa_decode_layer":
+        return roofline.layer_cost(shape.layer_cfg, B=shape.B, N=shape.N, lens=[shape.L] * shape.B,
+                                   kv_format=shape.kv_format, tp=shape.tp)[0]
     n = 0
     if shape.op in ("indexer_topk", "dsa_decode_step"):
         n += roofline.indexer_cost(lens=[shape.L] * shape.B, N=shape.N, H_I=p.index_heads,
@@ -105,6 +113,17 @@ def estimate_touched(shape: grid.Shape) -> int:
 
 
 def base_row(shape: grid.Shape, backend: str, path: str) -> dict:
+    """The row of one (shape, path) before it runs; decode-layer rows also carry the layer's
+    ``hidden``, config name, indexer heads and this rank's ``weight_bytes`` (bf16)."""
+    if shape.op == "dsa_decode_layer":
+        cfg = shape.layer_cfg
+        return _base_row(shape, backend, path) | {
+            "H_I": cfg.index_heads, "hidden": cfg.hidden, "layer": cfg.name,
+            "weight_bytes": roofline.layer_weight_bytes(cfg, tp=shape.tp)}
+    return _base_row(shape, backend, path)
+
+
+def _base_row(shape: grid.Shape, backend: str, path: str) -> dict:
     p = shape.p
     return {"op": shape.op, "backend": backend, "path": path, "preset": shape.preset, "B": shape.B,
             "N": shape.N, "H": shape.H, "L": shape.L, "K": shape.K, "P": shape.P,
@@ -207,6 +226,7 @@ def run(cfg: RunConfig) -> dict:
                          rotations=len(inp.sets), **roofline.row_metrics(machine, nbytes, flops, None))
                 if shape.op == "dsa_decode_step":
                     r["step_impl"] = paths.step_impl(bname, shape.W_window)
+                if shape.op in ("dsa_decode_step", "dsa_decode_layer"):
                     # the phases cannot overlap (MLA needs the top-k): floor of running them in turn
                     r["floor_phases_us"] = [machine.floor_us(b, f) for b, f in phases]
                 progress.update(task, description=f"{shape.label()[:60]} {bname}/{pth}")

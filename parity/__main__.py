@@ -89,14 +89,14 @@ def _command_line(argv) -> str:
 def _probe_cases():
     """Tiny inputs for a run-time availability probe of each op."""
     from kernels import cases as kc
-    from parity.cases import make_step_case
+    from parity.cases import layer_probe_case, make_step_case
     from kernels.presets import DSV32
     mla = kc.make_mla_case(1, B=1, N=1, H=16, d_qk=576, K=16, P=16, kv_format="latent")
     idx = kc.make_indexer_case(1, B=1, N=1, H_I=16, D_I=128, P=16, lens=[64], topk=16)
     step = make_step_case(1, name="probe", preset=DSV32, B=1, N=1, H=16, topk=16, context=64,
                           q_dtype="float32", P=16, H_I=16)
     return {"sparse_mla_decode": mla, "indexer_logits": idx, "indexer_topk": idx,
-            "dsa_decode_step": step}
+            "dsa_decode_step": step, "dsa_decode_layer": layer_probe_case()}
 
 
 def probe_paths(selected) -> dict:

@@ -27,6 +27,13 @@ Groups (name prefixes):
 * ``step/<preset>/...``: the composed decode step (``dsa_decode_step``): the path's own
   ``indexer_topk`` picks logical positions on structured cache contents, and the path's own
   ``sparse_mla_decode`` attends them through the shared block table.
+* ``layer/<preset>/<case>_<dtype>``: one step of the whole decode layer (``dsa_decode_layer``:
+  ``torch_impl.layer.DSADecodeLayer`` / ``jax_impl.layer.DSADecodeLayer`` with ``path=<name>``)
+  on the cases of :func:`kernels.layer_reference.layer_parity_cases`, checked by
+  :mod:`kernels.layer_compare` against :func:`kernels.layer_reference.layer_reference`. On the
+  CPU the configs are ``scaled_down()`` (4 heads, hidden 256; D_qk, d_v, D_I, rope and cache
+  formats real) in float32; on a GPU the two fp8 cases run at the real preset dimensions (B = 2,
+  one request longer than top-k + window, one shorter) in bf16 (``--full``: also float32).
 
 On the CPU everything is small enough for the interpreters (MLA heads 16, K 64..256, contexts up
 to 2K) while D_qk stays 576 / 512, D_I 128 and the byte formats are the real ones; on a GPU the
@@ -46,7 +53,8 @@ from typing import Callable
 import numpy as np
 
 from kernels import cases as kcases
-from kernels import formats, reference
+from kernels import formats, layer_compare, reference
+from kernels import layer_reference as lref
 from kernels.presets import DSV32, DSV4_FLASH, ModelPreset
 
 MODES = ("quick", "default", "full")
@@ -72,6 +80,30 @@ class StepCase:
                                            kv_format=m.kv_format, d_v=m.d_v,
                                            block_table=self.indexer.block_table,
                                            attn_sink=m.attn_sink)
+
+
+@dataclass
+class LayerParityCase:
+    """Inputs of one decode-layer step (``dsa_decode_layer``).
+
+    ``case`` is a :class:`kernels.layer_reference.LayerCase` (full, unsharded float32 weights,
+    already rounded to bf16 / fp16 values when ``dtype`` is one, so the reference is fed exactly
+    what the layers hold); ``dtype`` is the layers' activation / linear-weight dtype; ``tp`` the
+    tensor-parallel size: the runner builds every rank and returns each rank's outputs plus the
+    sum of their partial ``out`` (see :mod:`parity.runners`). ``params`` are the row's shape
+    fields (as :attr:`ParityCase.params`).
+    """
+
+    name: str
+    case: lref.LayerCase
+    dtype: str = "float32"
+    tp: int = 1
+    params: dict = field(default_factory=dict)
+
+    @property
+    def low_precision(self) -> bool:
+        """bf16 / fp16 layers get :func:`kernels.layer_compare.check_low_precision_step`."""
+        return self.dtype in layer_compare.LOW_PRECISION
 
 
 @dataclass
@@ -141,6 +173,9 @@ class Sizes:
     preset_latent: bool           # also run the presets in the latent layout (low-precision q)
     repeat: bool             # run each path twice and require bitwise-identical outputs
     extra_tp: tuple = ()     # tensor-parallel sizes whose per-rank head counts also run (presets)
+    layer_cases: tuple | None = ()    # kernels.layer_reference.layer_parity_cases() names (None = all)
+    layer_real_dims: bool = False     # the layer cases at the real preset dimensions (else scaled_down)
+    layer_dtypes: tuple = ("float32",)  # activation / weight dtypes of the layer cases
 
 
 _QUICK_MLA = {"fp8_ds_mla": ("all_invalid_row_in_batch", "logical_out_of_range", "topk_length",
@@ -156,6 +191,11 @@ _QUICK_IDX = ("ties", "nan_rows", "negative_page_entries")
 # -1 pages): the default CPU grid checks indexer_logits on these and indexer_topk on all.
 _MASK_IDX = ("len_0", "len_not_multiple_of_P", "mtp_N3_context_lens_2d", "nan_rows",
              "stale_beyond_L", "negative_page_entries", "table_much_wider_than_L", "dense_float32")
+# Decode-layer cases (names of kernels.layer_reference.layer_parity_cases()): --quick runs one
+# per preset in its fp8 layout; the default grid adds the latent layout with MTP (V3.2) and
+# tensor parallelism over V4's head groups; --full runs all of them.
+_LAYER_QUICK = ("dsv32_fp8_ds_mla", "dsv4_fp8_model1")
+_LAYER_DEFAULT = _LAYER_QUICK + ("dsv32_latent_mtp2", "dsv4_fp8_tp2")
 
 
 def sizes_for(mode: str, gpu: bool) -> Sizes:
@@ -172,19 +212,19 @@ def sizes_for(mode: str, gpu: bool) -> Sizes:
                     corner_q_dtypes=("float32",), varlen=2, idx_corners=None,
                     idx_corner_ops=("indexer_logits", "indexer_topk"), idx_logits_corners=_MASK_IDX,
                     layout_corners={"latent": _LAYOUT_MLA, "fp8_model1": _LAYOUT_MLA},
-                    preset_latent=True, repeat=False)
+                    preset_latent=True, repeat=False, layer_cases=_LAYER_DEFAULT)
         if mode == "quick":
             base.update(mla_topk={"DSV32": 128, "DSV4_FLASH": 64},
                         idx_topk={"DSV32": 128, "DSV4_FLASH": 64}, context=512,
                         corner_formats=("fp8_ds_mla", "fp8_model1"), varlen=0,
                         idx_corners=_QUICK_IDX, idx_corner_ops=("indexer_topk",),
-                        layout_corners=_QUICK_MLA, preset_latent=False)
+                        layout_corners=_QUICK_MLA, preset_latent=False, layer_cases=_LAYER_QUICK)
         elif mode == "full":
             base.update(mla_heads={"DSV32": 32, "DSV4_FLASH": 32},
                         mla_topk={"DSV32": 512, "DSV4_FLASH": 512},
                         idx_topk={"DSV32": 512, "DSV4_FLASH": 256}, context=4096, batch=3,
                         corner_q_dtypes=("float32", "float16"), varlen=4, layout_corners=None,
-                        idx_logits_corners=None, repeat=True, extra_tp=(8,))
+                        idx_logits_corners=None, repeat=True, extra_tp=(8,), layer_cases=None)
         return Sizes(**base)
     base = dict(mla_heads={"DSV32": DSV32.heads_per_rank(1), "DSV4_FLASH": DSV4_FLASH.heads_per_rank(1)},
                 mla_topk={"DSV32": DSV32.topk, "DSV4_FLASH": DSV4_FLASH.topk},
@@ -195,14 +235,16 @@ def sizes_for(mode: str, gpu: bool) -> Sizes:
                 corner_q_dtypes=("bfloat16",), varlen=3, idx_corners=None,
                 idx_corner_ops=("indexer_logits", "indexer_topk"), idx_logits_corners=None,
                 layout_corners=None,
-                preset_latent=True, repeat=True)
+                preset_latent=True, repeat=True,
+                # the real layer weights are large (V3.2: 200 M parameters): two cases
+                layer_cases=_LAYER_QUICK, layer_real_dims=True, layer_dtypes=("bfloat16",))
     if mode == "quick":
         base.update(context=4096, batch=2, corner_formats=("fp8_ds_mla", "fp8_model1"),
                     corner_q_dtypes=("bfloat16",), varlen=1, idx_corners=_QUICK_IDX,
                     layout_corners=_QUICK_MLA, repeat=False)
     elif mode == "full":
         base.update(context=65536, batch=4, varlen=6, extra_tp=(2, 4, 8),
-                    corner_q_dtypes=("float32", "bfloat16"))
+                    corner_q_dtypes=("float32", "bfloat16"), layer_dtypes=("bfloat16", "float32"))
     return Sizes(**base)
 
 
@@ -305,6 +347,68 @@ def _mla_from_step(step: StepCase) -> kcases.MLACase:
                           block_table=m.block_table, attn_sink=m.attn_sink, params=dict(m.params))
 
 
+# ============================================================================ decode-layer inputs
+
+def layer_real_lens(cfg: lref.LayerConfig) -> tuple[int, int]:
+    """Context lengths of the B = 2 real-dimension layer cases: request 0 is 1024 tokens longer
+    than top-k + window (the indexer really selects), request 1 holds half of top-k (its index
+    list is -1 padded). V3.2: (3072, 1024); V4-Flash: (1664, 256)."""
+    return (cfg.topk + cfg.window + 1024, cfg.topk // 2)
+
+
+def layer_case_config(spec: dict, real: bool) -> tuple[lref.LayerConfig, int, tuple]:
+    """``(cfg, B, lens)`` of a :func:`kernels.layer_reference.layer_parity_cases` entry: as given
+    (``scaled_down()``), or at the real preset dimensions with B = 2 and :func:`layer_real_lens`."""
+    if not real:
+        return spec["cfg"], spec["B"], tuple(spec["lens"])
+    cfg = lref.LAYER_CONFIGS[spec["cfg"].preset.name]
+    return cfg, 2, layer_real_lens(cfg)
+
+
+def make_layer_parity_case(seed: int, spec: dict, *, name: str, dtype: str = "float32",
+                           real: bool = False) -> LayerParityCase:
+    """One decode-layer step from a :func:`kernels.layer_reference.layer_parity_cases` entry.
+
+    Args:
+      seed: the case seed (weights use ``seed + 1``, :func:`kernels.layer_reference.make_layer_case`).
+      spec: the entry (``cfg``, ``kv_format``, ``B``, ``N``, ``lens``, ``tp``; its own ``seed``
+        is replaced by ``seed``).
+      name: the case name; dtype: ``"float32"``, ``"float16"`` or ``"bfloat16"`` (the weights
+        are rounded to it); real: the real preset dimensions (:func:`layer_case_config`).
+    Returns:
+      :class:`LayerParityCase`.
+    Raises:
+      ValueError: unknown ``dtype`` (or a spec ``make_layer_case`` rejects).
+    """
+    if dtype not in ("float32", *layer_compare.LOW_PRECISION):
+        raise ValueError(f"dtype: expected float32, float16 or bfloat16, got {dtype!r}")
+    cfg, B, lens = layer_case_config(spec, real)
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=spec["N"], lens=lens,
+                                kv_format=spec["kv_format"], name=name)
+    if dtype != "float32":
+        case.weights = {k: v.astype(kcases.Q_DTYPES[dtype]).astype(np.float32)
+                        for k, v in case.weights.items()}
+    return LayerParityCase(name=name, case=case, dtype=dtype, tp=int(spec["tp"]),
+                           params=layer_case_params(spec, dtype, real))
+
+
+def layer_case_params(spec: dict, dtype: str, real: bool) -> dict:
+    """The result-row shape fields of a layer case (H = query heads per rank, K = top-k +
+    window, L = the longest request), computed without building it."""
+    cfg, B, lens = layer_case_config(spec, real)
+    tp = int(spec["tp"])
+    return dict(preset=cfg.preset.name, B=B, N=spec["N"], H=cfg.heads_per_rank(tp), K=cfg.topk + cfg.window,
+                L=max(lens), P=cfg.page_size, kv_format=spec["kv_format"], q_dtype=dtype, d_qk=cfg.d_qk,
+                hidden=cfg.hidden, tp=tp)
+
+
+def layer_probe_case() -> LayerParityCase:
+    """A tiny decode-layer step (scaled-down V3.2 in ``fp8_ds_mla``, one request of 40 tokens),
+    what ``python -m parity --env`` probes each path's ``dsa_decode_layer`` with."""
+    spec = dict(cfg=lref.DSV32_LAYER.scaled_down(), kv_format="fp8_ds_mla", B=1, N=1, lens=(40,), tp=1)
+    return make_layer_parity_case(1, spec, name="probe")
+
+
 # ============================================================================ the grid
 
 def _strip(name: str) -> str:
@@ -391,6 +495,18 @@ def build_grid(*, mode: str = "default", gpu: bool = False, seed: int = 0) -> li
                                               kv_format="latent", kv_dtype="bfloat16"),
             preset=pr.name, B=sz.batch, N=1, H=sz.mla_heads[pr.name], K=sz.idx_topk[pr.name],
             L=sz.context, P=pr.page_size, kv_format="latent", q_dtype="bfloat16")
+
+    # ---------------------------------------------------------------- the whole decode layer
+    specs = {c["name"]: c for c in lref.layer_parity_cases()}
+    for key in (tuple(specs) if sz.layer_cases is None else sz.layer_cases):
+        spec = specs[key]
+        for dtype in sz.layer_dtypes:
+            nm = f"layer/{spec['cfg'].preset.name}/{key.split('_', 1)[1]}_{dtype}"
+            s = case_seed(seed, nm)
+            add(nm, ("dsa_decode_layer",),
+                lambda s=s, spec=spec, nm=nm, dtype=dtype:
+                make_layer_parity_case(s, spec, name=nm, dtype=dtype, real=sz.layer_real_dims),
+                **layer_case_params(spec, dtype, sz.layer_real_dims))
 
     # ---------------------------------------------------------------- MLA corner cases
     for fmt in sz.corner_formats:
@@ -509,5 +625,6 @@ def filter_grid(grid, *, pattern=None, ops=None) -> list[ParityCase]:
     return out
 
 
-__all__ = ["ParityCase", "StepCase", "Sizes", "MODES", "build_grid", "filter_grid", "sizes_for",
-           "make_step_case", "case_seed"]
+__all__ = ["ParityCase", "StepCase", "LayerParityCase", "Sizes", "MODES", "build_grid", "filter_grid",
+           "sizes_for", "make_step_case", "make_layer_parity_case", "layer_case_config",
+           "layer_case_params", "layer_real_lens", "layer_probe_case", "case_seed"]

@@ -1,6 +1,7 @@
 """Which :mod:`kernels.compare` check each parity op gets, against the reference and across paths.
 
-No tolerance lives here: every number comes from ``kernels.compare`` (SPEC "Tolerances").
+No tolerance lives here: every number comes from ``kernels.compare`` (SPEC "Tolerances") or,
+for the decode layer, from ``kernels.layer_compare`` (the layer tests' bounds, with reasons).
 
 Against the float64 reference (fed the same, already quantized inputs):
 
@@ -10,6 +11,13 @@ Against the float64 reference (fed the same, already quantized inputs):
 * ``dsa_decode_step``: the path's top-k by ``check_topk`` and its output by ``check_mla`` against
   the reference attention over *the path's own* index set, so a legal sub-ulp near-tie in the
   top-k does not show up as an attention error (the top-k check already judged that set).
+* ``dsa_decode_layer``: :mod:`kernels.layer_compare` against
+  :func:`kernels.layer_reference.layer_reference`, the checks of the layer tests: float32 layers
+  ``check_step`` (out with SPEC's bound, caches, indexer weights, exact top-k for the layer's own
+  fp8 q / cache, window columns, attention ``check_mla``); bf16 / fp16 layers
+  ``check_low_precision_step`` (exact top-k, out within ``BF16_COS`` of the reference attending
+  the layer's indices). With tp > 1 every rank is checked against its own reference, the ranks
+  must write identical caches, and the sum of their outputs must match the TP = 1 reference.
 
 Across paths (path A against path B; B plays the reference's role):
 
@@ -20,12 +28,15 @@ Across paths (path A against path B; B plays the reference's role):
   difference is a sub-ulp near-tie at the threshold), and are counted in the message.
 * ``dsa_decode_step``: the top-k rule above, then ``check_mla`` between the two outputs on the
   rows whose index sets are identical.
+* ``dsa_decode_layer``: per rank, ``kernels.layer_compare.check_between_paths`` (the top-k rule
+  above, then out, and for float32 layers also indexer weights, attention and caches, on the
+  rows whose index sets are identical, with the bounds each path met against the reference).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from kernels import compare
+from kernels import compare, layer_compare
 from kernels.compare import CheckResult
 
 
@@ -71,8 +82,59 @@ def against_reference(op: str, case, got: dict, refs: References) -> CheckResult
         ref_out, ref_lse = refs.get(case, key, lambda: case.mla_reference(got["indices"]))
         return res.merge(compare.check_mla(got["out"], got["lse"], ref_out, ref_lse,
                                            q_dtype=_q_dtype(case)))
+    if op == "dsa_decode_layer":
+        return _layer_against_reference(case, got, refs)
     raise ValueError(f"op: expected one of sparse_mla_decode, indexer_logits, indexer_topk, "
-                     f"dsa_decode_step, got {op!r}")
+                     f"dsa_decode_step, dsa_decode_layer, got {op!r}")
+
+
+def layer_ranks(case, got: dict) -> list[dict]:
+    """The per-rank output dicts of a ``dsa_decode_layer`` result (``"r<rank>."`` prefixes
+    removed when ``case.tp > 1``)."""
+    if case.tp == 1:
+        return [got]
+    return [{k.split(".", 1)[1]: v for k, v in got.items() if k.startswith(f"r{r}.")}
+            for r in range(case.tp)]
+
+
+def _tagged(res: CheckResult, tag: str) -> CheckResult:
+    if tag and res.message:
+        res.message = "; ".join(f"{tag}: {m}" for m in res.message.split("; "))
+    return res
+
+
+def _layer_against_reference(lp, got: dict, refs: References) -> CheckResult:
+    """Each rank against its own reference; with tp > 1 also identical caches and the summed
+    output against the TP = 1 reference (see the module docstring)."""
+    c, tp = lp.case, lp.tp
+    ranks = layer_ranks(lp, got)
+    res = None
+    for r, g in enumerate(ranks):
+        if lp.low_precision:
+            ind = np.asarray(g["indices"])
+            key = f"layer:{r}:" + str(hash(np.ascontiguousarray(ind).tobytes()))
+            rr = layer_compare.check_low_precision_step(
+                c, g, tp_rank=r, tp_size=tp,
+                layer_ref=lambda ind, r=r, key=key: refs.get(lp, key, lambda: c.reference(r, tp, indices=ind)))
+        else:
+            ref = refs.get(lp, f"layer:{r}", lambda r=r: c.reference(r, tp))
+            rr = layer_compare.check_step(c, ref, g, tp_rank=r, tp_size=tp)
+        rr = _tagged(rr, f"rank {r}" if tp > 1 else "")
+        res = rr if res is None else res.merge(rr)
+    if tp > 1:
+        for r in range(1, tp):
+            for k in ("kv_cache", "k_cache"):
+                same = np.asarray(ranks[r][k]).tobytes() == np.asarray(ranks[0][k]).tobytes()
+                res = res.merge(CheckResult(same, 0.0 if same else np.inf, 0.0, 0.0 if same else np.inf,
+                                            "" if same else f"{k}: rank {r} wrote other bytes than rank 0"))
+        if lp.low_precision:
+            ind = np.asarray(ranks[0]["indices"])
+            full = c.reference(indices=ind)
+        else:
+            full = refs.get(lp, "layer:full", lambda: c.reference())
+        res = res.merge(layer_compare.check_out(got["out"], full.out, low_precision=lp.low_precision,
+                                                name=f"sum of {tp} ranks' out"))
+    return res
 
 
 def _sorted_rows(idx: np.ndarray) -> np.ndarray:
@@ -125,6 +187,14 @@ def between_paths(op: str, case, a: dict, b: dict, a_ok: bool, b_ok: bool) -> Ch
             mla.message = (mla.message + "; " if mla.message else "") + \
                 f"outputs compared on {int(rows.sum())} of {Bn} rows x {H} heads (identical index sets)"
         return res.merge(mla)
+    if op == "dsa_decode_layer":
+        res = None
+        for r, (ga, gb) in enumerate(zip(layer_ranks(case, a), layer_ranks(case, b))):
+            rr = layer_compare.check_between_paths(ga, gb, low_precision=case.low_precision,
+                                                   a_ok=a_ok, b_ok=b_ok)
+            rr = _tagged(rr, f"rank {r}" if case.tp > 1 else "")
+            res = rr if res is None else res.merge(rr)
+        return res
     raise ValueError(f"op: unknown {op!r}")
 
 

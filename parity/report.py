@@ -31,7 +31,7 @@ from importlib import metadata
 
 STATUSES = ("pass", "fail", "error", "unavailable")
 OP_SHORT = {"sparse_mla_decode": "mla", "indexer_logits": "logits", "indexer_topk": "topk",
-            "dsa_decode_step": "step"}
+            "dsa_decode_step": "step", "dsa_decode_layer": "layer"}
 
 
 @dataclass

@@ -2,7 +2,10 @@
 
 An adapter converts a case's NumPy inputs (ml_dtypes bf16 / e4m3 included) to the framework's
 arrays, calls the public op with ``path=<name>`` (a named path never falls through: SPEC
-"Public names"), and converts the results back with :func:`kernels.compare.to_numpy`.
+"Public names"), and converts the results back with :func:`kernels.compare.to_numpy`. The
+decode layer (``dsa_decode_layer``) builds the binding's ``DSADecodeLayer(cfg, weights,
+path=<name>, dtype=...)`` for every tensor-parallel rank of the case and runs one step on copies
+of the case's caches (torch: eager, written in place; JAX: under ``nnx.jit``).
 
 Availability is discovered at run time, never assumed:
 
@@ -19,6 +22,7 @@ deliberately broken runners through :func:`register` to prove the suite catches 
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import shutil
@@ -27,9 +31,9 @@ from typing import Callable
 
 import numpy as np
 
-from kernels import compare
+from kernels import compare, formats
 
-OPS = ("sparse_mla_decode", "indexer_logits", "indexer_topk", "dsa_decode_step")
+OPS = ("sparse_mla_decode", "indexer_logits", "indexer_topk", "dsa_decode_step", "dsa_decode_layer")
 
 
 class Unavailable(Exception):
@@ -97,6 +101,12 @@ class _Backend:
     def synchronize(self):
         pass
 
+    def layer_step(self, case, *, path: str, dtype: str, tp_rank: int, tp_size: int) -> dict:
+        """One step of the binding's ``DSADecodeLayer`` on ``case`` (a
+        :class:`kernels.layer_reference.LayerCase`); returns ``out``, ``kv_cache``, ``k_cache``
+        and the intermediates as NumPy (``idx_q`` as float8_e4m3fn)."""
+        raise NotImplementedError
+
 
 class TorchBackend(_Backend):
     name = "torch"
@@ -117,6 +127,21 @@ class TorchBackend(_Backend):
         if self._device() == "cuda":
             torch.cuda.synchronize()
 
+    def layer_step(self, case, *, path, dtype, tp_rank, tp_size):
+        import torch
+        m = self.module()
+        layer = m.DSADecodeLayer(case.cfg, case.weights, tp_rank=tp_rank, tp_size=tp_size,
+                                 kv_format=case.kv_format, dtype=getattr(torch, dtype),
+                                 device=self._device(), path=path)
+        # to_native copies, so the in-place cache writes never touch the case's arrays
+        args = [self.to_native(a) for a in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                            case.context_lens)]
+        out, kv, kc, inter = layer(*args, return_intermediates=True)
+        self.synchronize()
+        res = {"out": out, "kv_cache": kv, "k_cache": kc, **inter}
+        return {k: (v.view(torch.uint8).cpu().numpy().view(formats.E4M3) if v.dtype == torch.float8_e4m3fn
+                    else self.to_numpy(v)) for k, v in res.items()}
+
 
 class JaxBackend(_Backend):
     name = "jax"
@@ -132,6 +157,30 @@ class JaxBackend(_Backend):
         import jax
         return compare.to_numpy(np.asarray(jax.device_get(x)))
 
+    def layer_step(self, case, *, path, dtype, tp_rank, tp_size):
+        import jax
+        import jax.numpy as jnp
+        m = self.module()
+        layer = m.DSADecodeLayer(case.cfg, case.weights, tp_rank=tp_rank, tp_size=tp_size,
+                                 kv_format=case.kv_format, dtype=jnp.dtype(dtype), path=path)
+        out, kv, kc, inter = _jax_layer_step()(layer, *(self.to_native(a) for a in (
+            case.x, case.kv_cache, case.k_cache, case.block_table, case.context_lens)))
+        res = {"out": out, "kv_cache": kv, "k_cache": kc, **inter}
+        res = jax.device_get(res)
+        return {k: (np.asarray(v) if np.asarray(v).dtype == formats.E4M3 else self.to_numpy(v))
+                for k, v in res.items()}
+
+
+@functools.lru_cache(maxsize=None)
+def _jax_layer_step():
+    """``nnx.jit`` of one layer step with intermediates (built once; flax imported lazily)."""
+    from flax import nnx
+
+    @nnx.jit
+    def step(layer, x, kv, kc, bt, cl):
+        return layer(x, kv, kc, bt, cl, return_intermediates=True)
+    return step
+
 
 BACKENDS = {"torch": TorchBackend(), "jax": JaxBackend()}
 
@@ -140,11 +189,14 @@ BACKENDS = {"torch": TorchBackend(), "jax": JaxBackend()}
 
 @dataclass
 class Runner:
-    """Runs the four parity ops on one (backend, path).
+    """Runs the parity ops (:data:`OPS`) on one (backend, path).
 
     ``call(op, case)`` returns a dict of NumPy arrays:
     ``sparse_mla_decode`` -> {"out", "lse"}; ``indexer_logits`` -> {"logits"};
-    ``indexer_topk`` -> {"indices"}; ``dsa_decode_step`` -> {"indices", "out", "lse"}.
+    ``indexer_topk`` -> {"indices"}; ``dsa_decode_step`` -> {"indices", "out", "lse"};
+    ``dsa_decode_layer`` (a :class:`parity.cases.LayerParityCase`) -> {"out", "kv_cache",
+    "k_cache", "q", "idx_q", "idx_weights", "indices", "idx_context_lens", "attn", "lse"}, with
+    tp > 1 each rank's under ``"r<rank>.<name>"`` plus ``"out"``, the sum of the ranks' outputs.
     Raises :class:`Unavailable` when the path cannot run (import failure, NotImplementedError).
     """
 
@@ -208,9 +260,23 @@ def _framework_runner(be: _Backend, path: str) -> Runner:
         be.synchronize()
         return {"indices": be.to_numpy(idx), "out": be.to_numpy(out), "lse": be.to_numpy(lse)}
 
+    def dsa_decode_layer(lc):
+        # every rank of the case's tensor parallelism; tp = 1 returns the step's arrays as they
+        # are, tp > 1 prefixes each rank's with "r<rank>." and adds "out" = the sum of the
+        # ranks' partial outputs (what the all-reduce computes)
+        be.module()
+        ranks = [be.layer_step(lc.case, path=path, dtype=lc.dtype, tp_rank=r, tp_size=lc.tp)
+                 for r in range(lc.tp)]
+        if lc.tp == 1:
+            return ranks[0]
+        res = {f"r{r}.{k}": v for r, g in enumerate(ranks) for k, v in g.items()}
+        res["out"] = np.sum([g["out"].astype(np.float64) for g in ranks], axis=0)
+        return res
+
     return Runner(be.name, path, dict(sparse_mla_decode=sparse_mla_decode,
                                       indexer_logits=indexer_logits, indexer_topk=indexer_topk,
-                                      dsa_decode_step=dsa_decode_step))
+                                      dsa_decode_step=dsa_decode_step,
+                                      dsa_decode_layer=dsa_decode_layer))
 
 
 REGISTRY: dict[str, Runner] = {}

@@ -65,6 +65,49 @@ def test_indexer_cost_and_floor_by_hand():
     assert m.floor_us(mla_b, mla_f) == pytest.approx(46.21, rel=1e-3)
 
 
+def test_layer_cost_by_hand():
+    """The decode layer at the real dimensions: this rank's weights once (bf16 linear, float32
+    norms / sink / indexer.weights_proj) + the indexer + sparse MLA bytes; every projection's
+    2 * tokens * numel + the Hadamard rotations + the attention FLOPs."""
+    from kernels import layer_reference as lref
+    # V3.2, B=64, N=1, L=32K, fp8_ds_mla. bf16 weights: wq_a 1536*7168 = 11,010,048, wq_b
+    # 24576*1536 = 37,748,736, wkv_a 576*7168 = 4,128,768, wkv_b 32768*512 = 16,777,216,
+    # wo 7168*16384 = 117,440,512, indexer.wq_b 8192*1536 = 12,582,912, indexer.wk 128*7168 =
+    # 917,504: 200,605,696 x 2 B; float32: q_norm 1536 + kv_norm 512 + k_norm 2*128 +
+    # weights_proj 64*7168 = 458,752: 461,056 x 4 B
+    w_bytes = 200_605_696 * 2 + 461_056 * 4
+    assert w_bytes == 403_055_616 == roofline.layer_weight_bytes(lref.DSV32_LAYER)
+    idx_b = 64 * 32768 * 132 + 64 * 64 * 128 + 64 * 64 * 4                 # 277,364,736
+    mla_b = 64 * 2048 * 656 + 64 * 128 * 576 * 2 + 64 * 128 * 512 * 2       # 103,809,024
+    proj_f = 2 * 64 * (200_605_696 + 458_752) + 2 * 64 * 65 * 128 * 128     # projections + Hadamard
+    idx_f = 2 * 64 * 128 * 64 * 32768
+    mla_f = 2 * 128 * (64 * 2048) * (576 + 512)
+    parts = []
+    nbytes, flops = roofline.layer_cost(lref.DSV32_LAYER, B=64, N=1, lens=[32768] * 64,
+                                        kv_format="fp8_ds_mla", parts=parts)
+    assert nbytes == w_bytes + idx_b + mla_b == 784_229_376
+    assert flops == proj_f + idx_f + mla_f == 96_739_524_608
+    assert parts == [(w_bytes, proj_f), (idx_b, idx_f), (mla_b, mla_f)]
+    m = roofline.Machine(4.3e12, 7.9e14, "nominal H200", measured=False)
+    assert m.floor_us(nbytes, flops) == pytest.approx(784_229_376 / 4.3e12 * 1e6)      # 182.4 us, memory
+    # V4-Flash, B=1, L=32K, fp8_model1: the indexer ranks L - 128 positions, the MLA reads
+    # 512 top-k + 128 window rows. bf16 weights: wq_a 1024*4096 = 4,194,304, wq_b 32768*1024 =
+    # 33,554,432, wkv 512*4096 = 2,097,152, wo_a 8192*4096 = 33,554,432, wo_b 4096*8192 =
+    # 33,554,432, indexer.wq_b 8192*1024 = 8,388,608, indexer.wk 128*4096 = 524,288:
+    # 115,867,648; float32: q_norm 1024 + kv_norm 512 + attn_sink 64 + k_norm 256 + weights_proj
+    # 64*4096 = 262,144: 264,000
+    w4 = 115_867_648 * 2 + 264_000 * 4
+    nbytes, flops = roofline.layer_cost(lref.DSV4_FLASH_LAYER, B=1, N=1, lens=[32768], kv_format="fp8_model1")
+    assert nbytes == w4 + (32640 * 132 + 64 * 128 + 64 * 4) + (640 * 584 + 2 * 64 * 512 * 2) == 237_613_056
+    assert flops == (2 * (115_867_648 + 262_144) + 2 * 65 * 128 * 128 + 2 * 64 * 128 * 32640
+                     + 2 * 64 * 640 * 1024) == 853_049_344
+    # TP = 2: heads, wq_b / wkv_b rows and wo columns halve; the replicated rest does not
+    halved = 37_748_736 + 16_777_216 + 117_440_512      # wq_b, wkv_b, wo: half their numel x 2 B
+    assert roofline.layer_weight_bytes(lref.DSV32_LAYER, tp=2) == w_bytes - halved
+    with pytest.raises(ValueError, match="tp_size"):
+        roofline.layer_weight_bytes(lref.DSV32_LAYER, tp=3)
+
+
 def test_rotations_cover_twice_l2():
     from bench.inputs import L2_BYTES, rotations_for
     assert rotations_for(10 * L2_BYTES, 20 * L2_BYTES, max_bytes=1 << 40) == 1
@@ -86,6 +129,13 @@ def test_grid_shapes_follow_presets():
     assert v4.K == 512 + 128 and v4.kv_format in ("latent", "fp8_model1")
     quick = grid.quick_grid()
     assert len(quick) < 40 and {s.op for s in quick} == set(grid.OPS)
+    layer = [s for s in quick if s.op == "dsa_decode_layer"]
+    assert {(s.preset, s.B) for s in layer} == {(p, b) for p in ("DSV32", "DSV4_FLASH") for b in (1, 64)}
+    assert {s.L for s in layer} == {32768} and {s.kv_format for s in layer} == {"fp8_ds_mla", "fp8_model1"}
+    assert {(s.layer_cfg.hidden, s.H, s.K) for s in layer} == {(7168, 128, 2048), (4096, 64, 640)}
+    assert set(layer) <= set(full)
+    dry = [s for s in grid.dry_grid() if s.op == "dsa_decode_layer"]
+    assert {s.preset for s in dry} == {"DSV32", "DSV4_FLASH"} and {s.layer_cfg.hidden for s in dry} == {256}
 
 
 # ----------------------------------------------------------------------------- stub backends
@@ -99,6 +149,17 @@ def _ref_outputs(op, inp, s, perturb=False):
     import torch
     sh = inp.shape
     out = {}
+    if op == "dsa_decode_layer":
+        from kernels import layer_reference as lref
+        ref = lref.layer_reference(sh.layer_cfg, inp.extra["layer_weights"], _np(s["x"]).astype(np.float32),
+                                   _np(s["kv_cache"]), _np(s["k_cache"]), _np(s["block_table"]),
+                                   _np(s["context_lens"]), kv_format=sh.kv_format)
+        o = ref.out * (1.1 if perturb else 1.0)
+        return {"out": torch.as_tensor(o.astype(np.float32)), "kv_cache": torch.as_tensor(ref.kv_cache),
+                "k_cache": torch.as_tensor(ref.k_cache), "indices": torch.as_tensor(ref.indices),
+                "idx_q": torch.as_tensor(ref.idx_q.view(np.uint8)).view(torch.float8_e4m3fn),
+                "idx_weights": torch.as_tensor(ref.idx_weights),
+                "idx_context_lens": torch.as_tensor(ref.idx_context_lens)}
     if op in ("indexer_topk", "dsa_decode_step"):
         idx = reference.indexer_topk(_np(s["iq"]), _np(s["iw"]), _np(s["k_cache"]), _np(s["block_table"]),
                                      _np(s["context_lens"]), sh.K_topk)
@@ -152,7 +213,8 @@ def _small_shapes():
     S = grid.Shape
     return [S("sparse_mla_decode", "DSV4_FLASH", 2, 2, 8, 256, "fp8", topk=64, window=16),
             S("indexer_topk", "DSV32", 2, 1, 1, 200, topk=32, table_len=512),
-            S("dsa_decode_step", "DSV32", 2, 1, 8, 256, "fp8", topk=32, window=0)]
+            S("dsa_decode_step", "DSV32", 2, 1, 8, 256, "fp8", topk=32, window=0),
+            S("dsa_decode_layer", "DSV4_FLASH", 2, 1, 1, 256, "fp8", topk=32, window=16, heads=4)]
 
 
 def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
@@ -161,7 +223,7 @@ def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
                     command="python -m bench --dry-run (test)")
     res = run(cfg)
     rows = res["rows"]
-    assert len(rows) == 3 * 4
+    assert len(rows) == 4 * 4
     for r in rows:
         for k in report.ROW_KEYS:
             assert k in r, k
@@ -193,12 +255,28 @@ def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
     ib, mb = 2 * 256 * 132 + 2 * 64 * 128 + 2 * 64 * 4, 2 * 32 * 656 + 2 * 16 * 576 * 2 + 2 * 16 * 512 * 2
     assert st["floor_phases_us"] == pytest.approx([floor(ib, 2 * 64 * 128 * 512),
                                                    floor(mb, 2 * 16 * 64 * (576 + 512))])
+    # the scaled-down V4 layer (4 heads, hidden 256, q_lora 64, 16 indexer heads, 2 groups of
+    # o_lora 32, P 64), fp16: weights wq_a 64*256 = 16,384, wq_b 2048*64 = 131,072, wkv
+    # 512*256 = 131,072, wo_a 64*1024 = 65,536, wo_b 256*64 = 16,384, indexer.wq_b 2048*64 =
+    # 131,072, indexer.wk 128*256 = 32,768: 524,288 x 2 B; float32: q_norm 64 + kv_norm 512 +
+    # attn_sink 4 + k_norm 256 + weights_proj 16*256 = 4,096: 4,932 x 4 B
+    ly = by[("dsa_decode_layer", "triton")]
+    assert (ly["H"], ly["K"], ly["hidden"], ly["H_I"], ly["kv_format"]) == (4, 48, 256, 16, "fp8_model1")
+    wb = 524_288 * 2 + 4_932 * 4
+    lb = 2 * 240 * 132 + 2 * 16 * 128 + 2 * 16 * 4                # indexer over L - window = 240
+    mb2 = 2 * 48 * 584 + 2 * 4 * 512 * 2 * 2                      # 32 top-k + 16 window rows each
+    assert ly["weight_bytes"] == wb and ly["bytes"] == wb + lb + mb2 == 1_208_336
+    pf = 2 * 2 * (524_288 + 4_096) + 2 * 2 * 17 * 128 * 128
+    assert ly["flops"] == pf + 2 * 16 * 128 * 480 + 2 * 4 * 96 * 1024 == 5_980_160
+    assert ly["floor_phases_us"] == pytest.approx([floor(wb, pf), floor(lb, 2 * 16 * 128 * 480),
+                                                   floor(mb2, 2 * 4 * 96 * 1024)])
+    assert "layer reference" in ly["check"]["how"]
     # JSON: SPEC "Result files" + the dry-run label
     doc = json.loads(res["json"].read_text())
     for k in ("gpu", "compute_capability", "versions", "date", "command", "rows"):
         assert k in doc
     assert doc["dry_run"] is True and "meaningless" in doc["note"]
-    assert doc["command"] == "python -m bench --dry-run (test)" and len(doc["rows"]) == 12
+    assert doc["command"] == "python -m bench --dry-run (test)" and len(doc["rows"]) == 16
     # PNG written
     assert res["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # dispatch: the dry run writes under <out>/dispatch, never into the package
@@ -272,6 +350,30 @@ def test_dry_run_real_paths(tmp_path, monkeypatch):
             continue
         assert r["status"] == "ok", (r["backend"], r["path"], r["op"], r["status"])
         assert r["check"]["passed"] and r["median_us"] > 0
+        ran += 1
+    assert ran >= 1
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                    reason="the dry run is the CPU interpreter's plumbing check; on a GPU "
+                           "`python -m bench --op dsa_decode_layer` runs the real paths itself")
+def test_dry_run_real_layer_paths(tmp_path, monkeypatch):
+    """The decode-layer adapters on the real bindings (torch eager with in-place cache writes;
+    JAX jitted with donated caches), one scaled-down V3.2 shape, the two plain paths (the kernel
+    paths are the same layer code around the ops test_dry_run_real_paths covers): checked
+    against the float64 layer reference, then timed."""
+    found = paths.discover()
+    if all(a is None for a, _ in found.values()):
+        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
+    monkeypatch.setattr(grid, "dry_grid", lambda: [
+        grid.Shape("dsa_decode_layer", "DSV32", 2, 1, 1, 128, "fp8", topk=32, window=0, heads=4)])
+    res = run(RunConfig(mode="dry", out=tmp_path, progress=False, plot=False, paths=("torch", "xla")))
+    ran = 0
+    for r in res["rows"]:
+        if r["status"].startswith("unavailable"):
+            continue
+        assert r["status"] == "ok", (r["backend"], r["path"], r["status"])
+        assert r["check"]["passed"] and r["median_us"] > 0 and r["bytes"] > r["weight_bytes"]
         ran += 1
     assert ran >= 1
 

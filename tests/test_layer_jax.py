@@ -3,8 +3,9 @@
 Scaled-down configs (4 heads, hidden 256, D_qk 576 / 512, d_v 512, D_I 128, P 16) at both presets;
 checks in tests/_layer_checks.py (SPEC tolerances via kernels.compare). On the CPU the Pallas
 kernels run in interpret mode with float32 activations; on a GPU the same bodies run there and
-the bf16 test is added. Every call is jitted (static shapes); eager dispatch of the same step is
-several times slower on the CPU and adds no coverage.
+the bf16 tests are added (also at the real, unscaled preset dimensions). Every call is jitted
+(static shapes); eager dispatch of the same step is several times slower on the CPU and adds no
+coverage.
 """
 from __future__ import annotations
 
@@ -106,4 +107,24 @@ def test_bf16_layer_on_gpu(cfg, fmt):
     case.weights = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in case.weights.items()}
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, dtype=jnp.bfloat16, path="pallas")
     out, _, kc, inter = _run(layer, case)
+    checks.check_bf16_step(case, out, kc, inter)
+
+
+@gpu_only
+@pytest.mark.parametrize("cfg,fmt,seed", [(lref.DSV32_LAYER, "fp8_ds_mla", 0),
+                                         (lref.DSV4_FLASH_LAYER, "fp8_model1", 3)], ids=["dsv32", "dsv4"])
+def test_bf16_layer_at_real_dimensions_on_gpu(cfg, fmt, seed):
+    """The unscaled layer (V3.2: 128 heads, hidden 7168, top-k 2048; V4-Flash: 64 heads, hidden
+    4096, top-k 512 + window 128; P 64) on the Pallas kernels in bf16 with bf16-rounded weights,
+    B = 2: one request 1024 tokens longer than top-k + window, one holding half of top-k (the
+    lengths of parity's GPU layer cases, parity.cases.layer_real_lens). Bound and reason in
+    tests/_layer_checks.py (check_bf16_step, BF16_COS)."""
+    import ml_dtypes
+    lens = (cfg.topk + cfg.window + 1024, cfg.topk // 2)
+    case = lref.make_layer_case(cfg, seed=seed, B=2, N=1, lens=lens, kv_format=fmt)
+    case.weights = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in case.weights.items()}
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, dtype=jnp.bfloat16, path="pallas")
+    assert layer.local_heads == cfg.num_heads == cfg.preset.num_heads
+    out, _, kc, inter = _run(layer, case)
+    assert out.shape == (2, 1, cfg.hidden)
     checks.check_bf16_step(case, out, kc, inter)

@@ -3,7 +3,8 @@
 Scaled-down configs (4 heads, hidden 256, D_qk 576 / 512, d_v 512, D_I 128, P 16) at both presets;
 checks in tests/_layer_checks.py (SPEC tolerances via kernels.compare). On a CPU machine the
 Triton kernels run in the interpreter (tests/conftest.py) with float32 activations; on a CUDA GPU
-the same bodies run on the GPU, and the bf16 / CUDA-graph tests at the end are added.
+the same bodies run on the GPU, and the bf16 / CUDA-graph tests at the end are added (bf16 also
+at the real, unscaled preset dimensions).
 """
 from __future__ import annotations
 
@@ -189,6 +190,34 @@ def test_bf16_layer_on_gpu(name):
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
                            dtype=torch.bfloat16)
     out, _, kc, inter = _run(layer, case)
+    checks.check_bf16_step(case, out, kc, inter)
+
+
+def _real_case(name):
+    """CASES[name] at the real preset dimensions (``DSV32_LAYER``: 128 heads, hidden 7168, top-k
+    2048; ``DSV4_FLASH_LAYER``: 64 heads, hidden 4096, top-k 512 + window 128; P 64), B = 2:
+    one request 1024 tokens longer than top-k + window (the indexer really selects), one
+    holding half of top-k (-1 padded index lists); the same lengths as parity's GPU layer cases
+    (parity.cases.layer_real_lens)."""
+    small, fmt, _, _, _, seed = CASES[name]
+    cfg = lref.LAYER_CONFIGS[small.preset.name]
+    lens = (cfg.topk + cfg.window + 1024, cfg.topk // 2)
+    return lref.make_layer_case(cfg, seed=seed, B=2, N=1, lens=lens, kv_format=fmt, name=name + "_real")
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_bf16_layer_at_real_dimensions_on_gpu(name):
+    """The unscaled layer (V3.2: 200 M weights; V4-Flash: 115 M) on the Triton kernels (named
+    path) in bf16 with bf16-rounded weights, against the float64 reference fed the same rounded
+    weights; bound and reason in tests/_layer_checks.py (check_bf16_step, BF16_COS)."""
+    case = _real_case(name)
+    case.weights = _bf16_rounded(case.weights)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           dtype=torch.bfloat16, path="triton")
+    assert layer.local_heads == case.cfg.num_heads == case.cfg.preset.num_heads
+    out, _, kc, inter = _run(layer, case)
+    assert out.shape == (2, 1, case.cfg.hidden)
     checks.check_bf16_step(case, out, kc, inter)
 
 

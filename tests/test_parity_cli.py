@@ -2,7 +2,8 @@
 commands, and that a deliberately broken path is caught (exit status 1) while a correct one
 passes. The fake paths are registered through ``parity.runners`` (the registry hook) and return
 the float64 reference (correct) or a perturbed copy (broken), so these tests need neither
-backend and run in seconds; one subprocess test runs ``python -m parity`` on the real torch
+backend and run in seconds (the decode-layer op included); one subprocess test runs
+``python -m parity`` on the real torch
 paths of one small case.
 """
 from __future__ import annotations
@@ -27,6 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 MLA_CASE = "mla/fp8_ds_mla/invalid_middle"
 IDX_CASE = "idx/corner/nan_rows"
 STEP_CASE = "step/DSV32/N1"
+LAYER_CASE = "layer/DSV32/fp8_ds_mla_float32"
+LAYER_TP_CASE = "layer/DSV4_FLASH/fp8_tp2_float32"
 
 
 # ============================================================================ fake paths
@@ -44,12 +47,29 @@ def _ref_outputs(op, c):
         idx = c.indexer.reference().astype(np.int32)
         out, lse = c.mla_reference(idx)
         return {"indices": idx, "out": out.astype(np.float32), "lse": lse.astype(np.float32)}
+    if op == "dsa_decode_layer":
+        ranks = []
+        for r in range(c.tp):
+            ref = c.case.reference(r, c.tp)
+            ranks.append({"out": ref.out.astype(np.float32), "kv_cache": ref.kv_cache, "k_cache": ref.k_cache,
+                          "q": ref.q.astype(np.float32), "idx_q": ref.idx_q, "idx_weights": ref.idx_weights,
+                          "indices": ref.indices, "idx_context_lens": ref.idx_context_lens,
+                          "attn": ref.attn.astype(np.float32), "lse": ref.lse.astype(np.float32)})
+        if c.tp == 1:
+            return ranks[0]
+        got = {f"r{r}.{k}": v for r, g in enumerate(ranks) for k, v in g.items()}
+        got["out"] = np.sum([g["out"].astype(np.float64) for g in ranks], axis=0)
+        return got
     raise AssertionError(op)
 
 
 def _broken_outputs(op, c):
     """Plausible but wrong outputs: a shifted attention output, noisy logits, a wrong top-k."""
     got = _ref_outputs(op, c)
+    if op == "dsa_decode_layer":
+        for k in [k for k in got if k.endswith("out")]:
+            got[k] = got[k] + np.float32(0.05)           # 50x the abs tolerance, every element
+        return got
     if "out" in got:
         out = got["out"]
         finite_rows = np.isfinite(got["lse"])
@@ -223,11 +243,53 @@ def test_env_lists_versions_and_probes_paths(registry, capsys):
     assert f"numpy: {np.__version__}" in out
     assert "compute capability" in out
     lines = {tuple(line.split()[:2]): line for line in out.splitlines() if line.startswith("  fake/")}
+    assert set(cli._probe_cases()) == set(runners.OPS)
     for op in runners.OPS:
         assert lines[("fake/good", op)].split()[2] == "ok"
         assert "unavailable: NotImplementedError: no such GPU" in lines[("fake/nogpu", op)]
     assert "WRONG" in lines[("fake/broken", "sparse_mla_decode")]
     assert "WRONG" in lines[("fake/broken", "indexer_topk")]
+
+
+def test_layer_op_catches_a_wrong_output_and_checks_every_rank(registry, tmp_path):
+    """``--op dsa_decode_layer``: the reference's own outputs pass (also split over 2 ranks,
+    whose partial outputs sum to the TP = 1 reference), a shifted output fails against the
+    reference and against the correct path."""
+    registry(_fake("good", _ref_outputs), _fake("broken", _broken_outputs))
+    rc, doc = _run(["-k", LAYER_CASE, "--op", "dsa_decode_layer"], tmp_path)
+    assert rc == 1
+    good = _rows(doc, path="good", against="reference")[0]
+    bad = _rows(doc, path="broken", against="reference")[0]
+    assert good["passed"] is True and good["ratio"] < 0.01
+    assert (good["preset"], good["kv_format"], good["q_dtype"], good["H"]) == \
+        ("DSV32", "fp8_ds_mla", "float32", 4)
+    assert bad["passed"] is False and "out:" in bad["message"]
+    assert _rows(doc, against="fake/broken")[0]["passed"] is False
+    assert bad["rerun"] == (f"python -m parity -k {LAYER_CASE} --op dsa_decode_layer --backend fake "
+                            f"--path broken --seed 0")
+    registry(_fake("good", _ref_outputs), _fake("good2", _ref_outputs))
+    rc, doc = _run(["-k", LAYER_TP_CASE, "--op", "dsa_decode_layer"], tmp_path)
+    assert rc == 0 and all(r["passed"] for r in doc["rows"]) and len(doc["rows"]) == 3
+    assert _rows(doc, path="good", against="reference")[0]["tp"] == 2
+
+
+def test_layer_cases_per_mode_and_machine():
+    """--quick on the CPU adds at most 2 layer cases (scaled-down, float32); a GPU runs the
+    two fp8 cases at the real preset dimensions in bf16 (``--full``: also float32)."""
+    def layer(mode, gpu):
+        return [c for c in pcases.build_grid(mode=mode, gpu=gpu) if c.op == "dsa_decode_layer"]
+    assert [c.name for c in layer("quick", False)] == [LAYER_CASE, "layer/DSV4_FLASH/fp8_model1_float32"]
+    assert len(layer("default", False)) == 4 and len(layer("full", False)) == 6
+    assert all(c.params["hidden"] == 256 and c.params["q_dtype"] == "float32" for c in layer("full", False))
+    for mode, n in (("quick", 2), ("default", 2), ("full", 4)):
+        cs = layer(mode, True)
+        assert len(cs) == n
+        by = {c.params["preset"]: c.params for c in cs}
+        v32, v4 = by["DSV32"], by["DSV4_FLASH"]
+        assert (v32["H"], v32["hidden"], v32["K"], v32["B"], v32["L"]) == (128, 7168, 2048, 2, 3072)
+        assert (v4["H"], v4["hidden"], v4["K"], v4["B"], v4["L"]) == (64, 4096, 512 + 128, 2, 1664)
+        want = {"bfloat16"} if mode != "full" else {"bfloat16", "float32"}
+        assert {c.params["q_dtype"] for c in cs} == want
 
 
 def test_case_inputs_depend_only_on_name_seed_and_mode():
