@@ -130,7 +130,7 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
 def sparse_mla_num_splits(rows: int, topk: int, block_k: int, num_sms: int,
                           waves: float = 2.0, min_blocks_per_split: int = 2) -> int:
     """Split-K count: enough programs for ``waves`` x ``num_sms`` when ``rows`` (= B x N x head
-    blocks x dv_splits) alone do not fill the GPU, each split keeping at least
+    blocks) alone do not fill the GPU, each split keeping at least
     ``min_blocks_per_split`` loop iterations of ``block_k`` entries. Returns 1..ceil(K/block_k).
     """
     if rows <= 0:

@@ -302,8 +302,8 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
       page_size: P. num_sms: SM count for the split heuristic.
       dot_f32: widen q and k to float32 before the dot (bf16 in the CPU interpreter, which
         computes bf16 arithmetic on raw bits).
-      fp8_upcast: convert e4m3 q and k to bf16 (exact) before the dot, so the dot accumulates in
-        full fp32 (GPU; the launcher sets it whenever the cache is fp8 outside the interpreter).
+      fp8_upcast: convert e4m3 q and k to fp16 (exact) before the dot, so the dot accumulates in
+        full fp32 (the launcher always sets it for fp8 caches; the interpreter computes fp16).
       fp8_nan_fix: make e4m3 NaN keys give NaN scores (the CPU interpreter decodes them as 480).
       hist: None, or int32 ``[B, S, NB, 256]`` (``S = logits_splits(...)``, ``NB =
         next_pow2(N)``), contiguous and uninitialised: receives per-split histograms of the top
