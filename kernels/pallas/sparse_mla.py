@@ -91,8 +91,6 @@ What the Pallas-Triton lowering cannot express, relative to the raw Triton kerne
   would be a copy of the whole cache.
 * **No static slicing of values** (``lax.slice`` has no Triton lowering), so every chunk is its
   own load (which the chunked design wants anyway) and q is loaded chunk by chunk.
-* **No ``dv_splits``.** Splitting D_v across programs is not mirrored (the Pallas config space
-  has no D_v split).
 * **``pl.load`` with index arrays does not run in interpret mode** when mixed with slices (see
   Gather above), so CPU tests exercise the broadcast-index-array variant of the gather.
 * Strides: a Pallas ref is a whole contiguous array, so inputs must be contiguous (JAX arrays
