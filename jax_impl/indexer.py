@@ -88,7 +88,8 @@ def _draft_lengths(context_lens, B, N, width):
     ``context_lens[b, i]``), clamped to ``[0, width]``."""
     cl = context_lens.astype(jnp.int32)
     if cl.ndim == 1:
-        cl = cl[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None, :]
+        # clamp before the MTP offset: INT32_MIN - 1 would wrap to INT32_MAX (the whole table)
+        cl = jnp.clip(cl, 0, width + N)[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None, :]
     return jnp.clip(cl, 0, width)
 
 

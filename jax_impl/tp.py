@@ -138,7 +138,8 @@ def _valid_lengths(context_lens, B: int, N: int, capacity: int):
     """Per-draft valid lengths ``[B, N]`` int32 (SPEC MTP mask), clipped to ``[0, capacity]``."""
     cl = context_lens.astype(jnp.int32)
     if cl.shape == (B,):
-        lens = cl[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None, :]
+        # clamp before the MTP offset: INT32_MIN - 1 would wrap to INT32_MAX
+        lens = jnp.clip(cl, 0, capacity + N)[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None, :]
     elif cl.shape == (B, N):
         lens = cl
     else:

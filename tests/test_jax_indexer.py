@@ -92,6 +92,17 @@ _DENSE_DTYPES = ["float16"] + (["bfloat16"] if ON_GPU else [])   # bf16 only on 
 
 
 @pytest.mark.parametrize("path", PATHS)
+def test_context_lens_at_the_int32_limits_with_mtp(path):
+    """``context_lens = [INT32_MIN, INT32_MAX]`` with N = 2 drafts: the first request sees no
+    position, the second the whole table (found by a new-user trial: ``INT32_MIN - 1`` wrapped to
+    INT32_MAX in the MTP offset and request 0 selected -inf positions)."""
+    case = cases.make_indexer_case(802, B=2, N=2, H_I=16, P=16, lens=[40, 60], topk=K)
+    case.context_lens = np.array([-2 ** 31, 2 ** 31 - 1], np.int32)
+    _, idx = _check_case(case, path)
+    assert (np.asarray(idx)[0] == -1).all()
+
+
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("q_dtype", _DENSE_DTYPES)
 def test_dense_half_mtp_2d(q_dtype, path):
     """Dense half-precision cache, N = 2 with per-draft context_lens [B, N], stale keys past L."""
