@@ -8,10 +8,10 @@ gates the hardware (``kernels.hardware``) before launch and dispatches between t
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jax_impl import formats as jfmt
 from jax_impl._common import JAX_PATHS, check_array, device_info, run_path
@@ -65,7 +65,8 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
              and jnp.issubdtype(sm_scale.dtype, jnp.floating))):
         raise TypeError(f"sm_scale: expected a Python float or a scalar float array, "
                         f"got {type(sm_scale).__name__} {getattr(sm_scale, 'shape', '')}")
-    if isinstance(sm_scale, (int, float)) and not math.isfinite(sm_scale):
+    concrete = isinstance(sm_scale, (int, float, np.generic, np.ndarray))   # not a traced value
+    if concrete and not np.isfinite(np.asarray(sm_scale, np.float64)):
         raise ValueError(f"sm_scale: expected a finite float, got {sm_scale!r}")
     return page_size, num_pages
 

@@ -301,6 +301,9 @@ def test_bad_sm_scale():
     q, kv, idx = _good()
     with pytest.raises(TypeError, match="sm_scale"):
         sparse_mla_decode(q, kv, idx, jnp.ones((2,), jnp.float32))
+    for bad in (float("nan"), np.float32("nan"), np.float64("inf"), np.array(np.nan, np.float32)):
+        with pytest.raises(ValueError, match="sm_scale"):
+            sparse_mla_decode(q, kv, idx, bad)
 
 
 def test_pallas_named_path_raises_xla_auto_falls_through():
