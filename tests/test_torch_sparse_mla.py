@@ -248,6 +248,10 @@ def _bad_inputs():
         ("kv_cache", dict(kv_cache=kv.view(torch.int8)), TypeError, "kv_cache: expected dtype"),
         ("kv_cache", dict(kv_cache=kv[..., :600]), ValueError, "kv_cache: expected shape"),
         ("kv_cache", dict(kv_cache=kv[:, ::2]), ValueError, "kv_cache: expected a contiguous"),
+        # a contiguous cache starting at an odd byte of its storage (found by a new-user trial:
+        # torch raised from the int16 view inside the launcher)
+        ("kv_cache", dict(kv_cache=torch.empty(kv.numel() + 1, dtype=torch.uint8, device=kv.device)[1:]
+                          .view(kv.shape).copy_(kv)), ValueError, "kv_cache: expected a byte offset"),
         ("kv_format", dict(kv_format="fp4"), ValueError, "kv_format: expected one of"),
         ("indices", dict(indices=idx.long()), TypeError, "indices: expected dtype"),
         ("indices", dict(indices=idx[:1]), ValueError, "indices: expected shape"),
