@@ -139,8 +139,9 @@ def resolve_slots(indices, *, num_slots: int, page_size: int, block_table=None, 
         lpage = jnp.where(ok, idx // page_size, 0)
         ent = jnp.take_along_axis(block_table, lpage.reshape(lpage.shape[0], -1), axis=1,
                                   mode="clip").reshape(idx.shape)
-        slots = ent * page_size + idx % page_size
-        ok &= ent >= 0
+        # page entry checked against the cache before the multiply (ent * P could wrap in int32)
+        ok &= (ent >= 0) & (ent < num_slots // page_size)
+        slots = jnp.where(ok, ent, 0) * page_size + idx % page_size
     else:
         slots = idx
         ok = idx >= 0
