@@ -238,17 +238,6 @@ def _local_candidates(logits: torch.Tensor, local_lens: torch.Tensor, topk: int,
     """
     B, N, Ws = logits.shape
     off = offset.to(torch.int64).view(B, 1, 1)
-    use_triton = path != "torch" and (logits.is_cuda or _common.interpret_mode())
-    if use_triton:
-        from kernels.triton.topk import launch_topk
-        rows = logits.reshape(B * N, Ws)
-        pos = torch.empty((B * N, topk), dtype=torch.int32, device=logits.device)
-        scratch = torch.empty((B * N, Ws), dtype=torch.int32, device=logits.device)
-        launch_topk(rows, local_lens.reshape(-1).to(torch.int32).contiguous(), topk, pos, scratch)
-        pos = pos.reshape(B, N, topk)
-        score = torch.gather(logits, -1, pos.clamp(min=0).to(torch.int64))
-        glob = torch.where(pos >= 0, pos.to(torch.int64) + off, torch.full_like(pos, -1, dtype=torch.int64))
-        return pack_candidates(score, glob)
     j = torch.arange(Ws, device=logits.device, dtype=torch.int64)
     keys = pack_candidates(logits, j.view(1, 1, Ws) + off)
     kk = min(topk, Ws)
