@@ -235,6 +235,25 @@ def test_custom_op_registration():
                               (*args, 16, k_format, False, "triton"), test_utils=utils)
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_torch_compile_fullgraph(path):
+    """Both custom ops trace under torch.compile(fullgraph=True) (CPU: aot_eager, which needs no
+    C++ compiler; GPU: inductor) and give the reference logits and the exact top-k set."""
+    case = cases.make_indexer_case(710, B=2, N=2, H_I=16, P=16, lens=[70, 33], topk=16)
+    args = _args(case)
+
+    def f(q, w, kc, bt, cl):
+        logits = indexer_logits(q, w, kc, bt, cl, path=path)
+        return logits * 2.0, indexer_topk(q, w, kc, bt, cl, 16, sorted=True, path=path)
+
+    torch._dynamo.reset()
+    g = torch.compile(f, fullgraph=True, backend="inductor" if CUDA else "aot_eager")
+    logits2, idx = g(*args)
+    ref = case.reference_logits()
+    compare.assert_pass(compare.check_logits(logits2 / 2.0, ref))
+    compare.assert_pass(compare.check_topk(idx, ref, 16, sorted=True))
+
+
 # ============================================================================ bad input
 
 def _small():

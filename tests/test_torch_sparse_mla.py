@@ -308,6 +308,24 @@ def test_torch_compile_fullgraph(path):
     _check(case, out2 / 2.0, lse)
 
 
+def test_torch_compile_checks_the_byte_offset_at_run_time():
+    """Under torch.compile the storage-offset check (an int Dynamo cannot trace) runs in the op
+    body: an fp8 cache at a byte offset not a multiple of 4 still gets the ValueError."""
+    case = cases.make_mla_case(13, B=1, N=1, H=16, K=64, kv_format="fp8_model1", d_qk=512)
+    kv = _t(case.kv_cache)
+    flat = torch.empty(kv.numel() + 2, dtype=torch.uint8, device=kv.device)
+    kv_off = flat[2:].view(kv.shape)
+    kv_off.copy_(kv)
+
+    def f(q, kv, idx):
+        return sparse_mla_decode(q, kv, idx, case.sm_scale, kv_format="fp8_model1", path="torch")
+
+    torch._dynamo.reset()
+    g = torch.compile(f, fullgraph=True, backend="aot_eager")
+    with pytest.raises(ValueError, match="kv_cache: expected a byte offset"):
+        g(_t(case.q), kv_off, _t(case.indices))
+
+
 # ============================================================================ GPU only
 
 @gpu_only

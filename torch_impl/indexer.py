@@ -60,10 +60,13 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
         if page_bytes == 0 or page_bytes % (D + 4):
             raise ValueError(f"k_cache: 'fp8_indexer' pages hold P * (D_I + 4) = P * {D + 4} bytes, "
                              f"got shape {tuple(k_cache.shape)}")
-        if k_cache.stride(1) != 1 or k_cache.stride(0) % 4 or k_cache.storage_offset() % 4:
+        if k_cache.stride(1) != 1 or k_cache.stride(0) % 4:
             raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
-                             f"(float32 scales), got strides {k_cache.stride()} and storage offset "
-                             f"{k_cache.storage_offset()}")
+                             f"(float32 scales), got strides {k_cache.stride()}")
+        if not torch.compiler.is_compiling():
+            # storage_offset() is an int Dynamo cannot trace; under torch.compile the op bodies
+            # (eager, real tensors) make the same check.
+            _check_byte_offset(k_cache, k_format)
         P = page_bytes // (D + 4)
     else:
         _common.check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=dev)
@@ -340,10 +343,17 @@ def _auto_order(q, block_table, k_cache, k_format, op, topk=None):
     return _order(entry.get("path") if entry else None)
 
 
+def _check_byte_offset(k_cache: torch.Tensor, k_format: str) -> None:
+    if k_format == "fp8_indexer" and k_cache.storage_offset() % 4:
+        raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
+                         f"(float32 scales), got storage offset {k_cache.storage_offset()}")
+
+
 @torch.library.custom_op("dsa::indexer_logits", mutates_args=())
 def _indexer_logits_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                        block_table: torch.Tensor, context_lens: torch.Tensor, k_format: str,
                        path: str) -> torch.Tensor:
+    _check_byte_offset(k_cache, k_format)
     args = (q, weights, k_cache, block_table, context_lens, k_format)
     impls = {"triton": lambda: _triton_logits(*args), "torch": lambda: _torch_logits(*args)}
     order = _auto_order(q, block_table, k_cache, k_format, "indexer_logits") if path == "auto" else ()
@@ -361,6 +371,7 @@ def _(q, weights, k_cache, block_table, context_lens, k_format, path):
 def _indexer_topk_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                      block_table: torch.Tensor, context_lens: torch.Tensor, topk: int,
                      k_format: str, sort: bool, path: str) -> torch.Tensor:
+    _check_byte_offset(k_cache, k_format)
     args = (q, weights, k_cache, block_table, context_lens, topk, k_format, sort)
     impls = {"triton": lambda: _triton_topk(*args), "torch": lambda: _torch_topk(*args)}
     order = _auto_order(q, block_table, k_cache, k_format, "indexer_topk", topk) if path == "auto" else ()

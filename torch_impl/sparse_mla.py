@@ -87,10 +87,10 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         P = np_formats.model1_page_size(kv_cache.shape[1])   # ValueError names kv_cache
     if num_pages < 1 or P < 1:
         raise ValueError(f"kv_cache: expected at least one page of one slot, got {tuple(kv_cache.shape)}")
-    if kv_format != "latent" and kv_cache.storage_offset() % 4:
-        raise ValueError(f"kv_cache: expected a byte offset into its storage that is a multiple of "
-                         f"4 (the kernels read the bf16 rope and float32 scales through int16 / "
-                         f"float32 views), got {kv_cache.storage_offset()}")
+    if not torch.compiler.is_compiling():
+        # storage_offset() is an int Dynamo cannot trace; under torch.compile the op body
+        # (_run, eager on real tensors) makes the same check.
+        _check_byte_offset(kv_cache, kv_format)
 
     _common.check_tensor("indices", indices, ndim=3, dtypes=(torch.int32,), device=dev)
     if indices.shape[0] != B or indices.shape[1] != N or indices.shape[2] < 1:
@@ -393,8 +393,16 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
 
 # ============================================================================ custom op
 
+def _check_byte_offset(kv_cache: torch.Tensor, kv_format: str) -> None:
+    if kv_format != "latent" and kv_cache.storage_offset() % 4:
+        raise ValueError(f"kv_cache: expected a byte offset into its storage that is a multiple of "
+                         f"4 (the kernels read the bf16 rope and float32 scales through int16 / "
+                         f"float32 views), got {kv_cache.storage_offset()}")
+
+
 def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
          path):
+    _check_byte_offset(kv_cache, kv_format)
     args = (q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink)
     impls = {"triton": lambda: _triton_impl(*args), "torch": lambda: _torch_impl(*args)}
     order = ("triton", "torch")
