@@ -360,17 +360,10 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
     B, N, H, D = q.shape
     K = indices.shape[2]
     P, num_slots, num_pages = _geometry(kv_cache, kv_format)
-    idx = indices.long()
     if block_table is not None:
-        max_pages = block_table.shape[1]
-        ok = (idx >= 0) & (idx < max_pages * P)
-        lpage = torch.where(ok, idx // P, 0)
-        ent = torch.gather(block_table.long(), 1, lpage.reshape(B, N * K)).reshape(B, N, K)
-        ok &= (ent >= 0) & (ent < num_pages)
-        slot = ent * P + idx % P
-    else:
-        ok = (idx >= 0) & (idx < num_slots)
-        slot = idx
+        indices = _logical_to_slots(indices, block_table, P, num_pages)    # invalid -> -1
+    slot = indices.long()
+    ok = (slot >= 0) & (slot < num_slots)
     if topk_length is not None:
         ok &= torch.arange(K, device=q.device)[None, None, :] < topk_length.long()[:, None, None]
     slot = torch.where(ok, slot, 0)
