@@ -14,6 +14,7 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -76,6 +77,36 @@ def _layernorm(x, w, b, eps):
     return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
 
 
+def _float32_weights(cfg: lref.LayerConfig, weights) -> dict:
+    """``{name: float32 ndarray}`` of the weights the layer uses (NumPy, jax or anything
+    ``np.asarray`` takes, any real float dtype incl. ml_dtypes bfloat16); names that are absent
+    or of the wrong shape are left to :func:`kernels.layer_reference.shard_weights` to report."""
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights: expected a mapping {{name: array}} (DeepSeek names, "
+                        f"kernels.layer_reference.weight_shapes) or None, got {type(weights).__name__}")
+    out = {}
+    for name in lref.weight_shapes(cfg):
+        if name not in weights:
+            continue
+        v = weights[name]
+        try:
+            if np.iscomplexobj(v):
+                raise TypeError
+            out[name] = np.asarray(v, np.float32)
+        except (TypeError, ValueError):
+            raise TypeError(f"weights[{name!r}]: expected a real floating-point array, got "
+                            f"{type(v).__name__} {getattr(v, 'dtype', '')}".rstrip()) from None
+    return out
+
+
+def _host(a):
+    """``a`` as a NumPy array, or None when it is traced (inside jit: values unknown)."""
+    try:
+        return np.asarray(a)
+    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
+        return None
+
+
 class DSADecodeLayer(nnx.Module):
     """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
 
@@ -95,7 +126,10 @@ class DSADecodeLayer(nnx.Module):
         weights and softmax statistics stay float32.
       path: op path, ``"auto"``, ``"pallas"`` or ``"xla"``.
     Raises:
-      ValueError / TypeError: bad config, rank, format, dtype or weight shapes (named).
+      TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
+        (or None), a weight that is not a real float array (``weights['name']``).
+      ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
+        of the wrong shape (``weights['name']: expected shape ..., got ...``).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -115,9 +149,7 @@ class DSADecodeLayer(nnx.Module):
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, jnp.dtype(dtype), path
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
-        if weights is None:
-            weights = lref.init_weights(cfg, seed)
-        weights = {k: np.asarray(v, np.float32) for k, v in weights.items()}
+        weights = lref.init_weights(cfg, seed) if weights is None else _float32_weights(cfg, weights)
         for name, arr in lref.shard_weights(cfg, weights, tp_rank, tp_size).items():
             keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
             setattr(self, name.replace(".", "_"),
@@ -135,6 +167,7 @@ class DSADecodeLayer(nnx.Module):
         return cls(cfg, checkpoint.load_layer_weights(checkpoint_path, layer_idx, cfg), **kwargs)
 
     def _validate(self, x, kv_cache, k_cache, block_table, context_lens):
+        """Types, dtypes, shapes and layouts (static: works on tracers)."""
         cfg = self.cfg
         if not hasattr(x, "shape") or not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"x: expected a floating-point jax.Array, got {getattr(x, 'dtype', type(x).__name__)}")
@@ -144,17 +177,13 @@ class DSADecodeLayer(nnx.Module):
         for name, t in (("block_table", block_table), ("context_lens", context_lens)):
             if not hasattr(t, "dtype") or jnp.dtype(t.dtype) != jnp.int32:
                 raise TypeError(f"{name}: expected an int32 array, got {getattr(t, 'dtype', type(t).__name__)}")
-        if block_table.ndim != 2 or block_table.shape[0] != B:
-            raise ValueError(f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
+        if block_table.ndim != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+            raise ValueError(f"block_table: expected shape [{B}, max_pages >= 1], got {tuple(block_table.shape)}")
         if tuple(context_lens.shape) != (B,):
             raise ValueError(f"context_lens: expected shape [{B}], got {tuple(context_lens.shape)}")
-        if (not hasattr(k_cache, "dtype") or jnp.dtype(k_cache.dtype) != jnp.uint8 or k_cache.ndim != 2
-                or k_cache.shape[1] != cfg.page_size * (cfg.index_head_dim + 4)):
-            raise ValueError(f"k_cache: expected uint8 [num_pages, {cfg.page_size * (cfg.index_head_dim + 4)}] "
-                             f"('fp8_indexer', P = cfg.page_size), got {getattr(k_cache, 'dtype', None)} "
-                             f"{tuple(getattr(k_cache, 'shape', ()))}")
-        if not hasattr(kv_cache, "shape"):
-            raise TypeError(f"kv_cache: expected a jax.Array, got {type(kv_cache).__name__}")
+        for name, t in (("kv_cache", kv_cache), ("k_cache", k_cache)):
+            if not hasattr(t, "shape") or not hasattr(t, "dtype"):
+                raise TypeError(f"{name}: expected a jax.Array, got {type(t).__name__}")
         want = lref.kv_cache_shape(cfg, self.kv_format, kv_cache.shape[0] if kv_cache.ndim else 0)
         fmt_ok = (jnp.issubdtype(kv_cache.dtype, jnp.floating) if self.kv_format == "latent"
                   else jnp.dtype(kv_cache.dtype) == jnp.uint8)
@@ -162,37 +191,80 @@ class DSADecodeLayer(nnx.Module):
             raise ValueError(f"kv_cache: expected {'float' if self.kv_format == 'latent' else 'uint8'} "
                              f"{list(want)} ({self.kv_format!r}, P = cfg.page_size), got "
                              f"{jnp.dtype(kv_cache.dtype).name} {tuple(kv_cache.shape)}")
+        if kv_cache.shape[0] < 1:
+            raise ValueError(f"kv_cache: expected num_pages >= 1, got shape {tuple(kv_cache.shape)}")
+        if (jnp.dtype(k_cache.dtype) != jnp.uint8 or k_cache.ndim != 2
+                or k_cache.shape[1] != cfg.page_size * (cfg.index_head_dim + 4)):
+            raise ValueError(f"k_cache: expected uint8 [num_pages, {cfg.page_size * (cfg.index_head_dim + 4)}] "
+                             f"('fp8_indexer', P = cfg.page_size), got {jnp.dtype(k_cache.dtype).name} "
+                             f"{tuple(k_cache.shape)}")
+        if k_cache.shape[0] != kv_cache.shape[0]:
+            raise ValueError(f"k_cache: expected num_pages = {kv_cache.shape[0]} (kv_cache's; the two "
+                             f"caches share block_table), got {k_cache.shape[0]}")
 
-    def _write_caches(self, kv_cache, k_cache, latent, ik, slots, ok):
-        """Functional cache write; unmapped slots are dropped (out-of-bounds scatter)."""
+    def _new_tokens(self, block_table, context_lens, N, num_pages):
+        """Positions, pages and in-page offsets of the N new tokens, and which of them are mapped.
+
+        Returns ``(pos, page, off, ok)``, each ``[B, N]`` (int32 x 3, bool): token i of request b
+        sits at ``pos = L_b - N + i``, in page ``block_table[b, pos // P]`` at offset ``pos % P``;
+        ``ok`` is ``0 <= pos < max_pages * P`` and ``0 <= page < num_pages``. With concrete inputs
+        every token must be mapped (ValueError naming context_lens or block_table); traced (inside
+        jit) nothing can raise on values and :meth:`_write_caches` drops unmapped tokens' writes.
+        The concrete check reads ``ok`` (``[B, N]`` bool) back to the host.
+        Nothing is multiplied by a page entry, so no int32 product can wrap.
+        """
+        P, max_pages = self.cfg.page_size, block_table.shape[1]
+        pos = context_lens[:, None] - N + jnp.arange(N, dtype=jnp.int32)[None]           # [B, N]
+        page_idx = jnp.clip(pos // P, 0, max_pages - 1)
+        page = jnp.take_along_axis(block_table, page_idx, axis=1)
+        ok = (pos >= 0) & (pos < max_pages * P) & (page >= 0) & (page < num_pages)
+        host_ok = _host(ok)
+        if host_ok is not None and not host_ok.all():
+            lens = np.asarray(context_lens, np.int64)
+            bad_len = np.flatnonzero((lens < N) | (lens > max_pages * P))
+            if bad_len.size:
+                b = int(bad_len[0])
+                raise ValueError(f"context_lens: expected every L_b in [N, max_pages * P] = [{N}, "
+                                 f"{max_pages * P}] (L_b counts the N new tokens), got {lens[b]} "
+                                 f"for request {b}")
+            b, i = (int(v) for v in np.argwhere(~host_ok)[0])
+            j, e, p = (int(np.asarray(a)[b, i]) for a in (page_idx, page, pos))
+            raise ValueError(f"block_table: expected page entries in [0, num_pages) = [0, {num_pages}) "
+                             f"for every new token's page, got {e} at block_table[{b}, {j}] (new token "
+                             f"{i} of request {b} at position {p}; allocate the pages before the step)")
+        return pos, page, pos % P, ok
+
+    def _write_caches(self, kv_cache, k_cache, latent, ik, page, off, ok):
+        """Functional cache write of the new tokens' rows (``page`` / ``off`` / ``ok`` ``[B, N]``
+        from :meth:`_new_tokens`); an unmapped token's write is dropped (its page index is set
+        to ``num_pages``, out of bounds, and the scatter runs in ``mode="drop"``). Caches are
+        addressed as ``[page, byte / element in page]``, so no index is a flat product that
+        could overflow int32 in a large cache."""
         cfg, P, D_I = self.cfg, self.cfg.page_size, self.cfg.index_head_dim
-        s = slots.reshape(-1)
-        okf = ok.reshape(-1)
-        T = s.shape[0]
-        page, off = s // P, s % P
-        if self.kv_format in ("latent", "fp8_ds_mla"):
-            rows = (latent.reshape(T, -1).astype(kv_cache.dtype) if self.kv_format == "latent"
-                    else jformats.quantize_fp8_ds_mla(latent.reshape(T, -1).astype(jnp.float32)))
-            flat = kv_cache.reshape(-1, kv_cache.shape[-1])
-            tgt = jnp.where(okf, s, flat.shape[0])
-            kv_cache = flat.at[tgt].set(rows, mode="drop").reshape(kv_cache.shape)
+        T = page.size
+        off = off.reshape(T)
+        page = jnp.where(ok, page, kv_cache.shape[0]).reshape(T)
+
+        def put(cache, start, width, vals):
+            """``cache.reshape(num_pages, -1)[page[t], start[t] + j] = vals[t, j]``, j < width."""
+            flat = cache.reshape(cache.shape[0], -1)
+            cols = start[:, None] + jnp.arange(width, dtype=start.dtype)
+            return flat.at[page[:, None], cols].set(vals, mode="drop").reshape(cache.shape)
+
+        if self.kv_format == "latent":
+            D = kv_cache.shape[-1]
+            kv_cache = put(kv_cache, off * D, D, latent.reshape(T, D).astype(kv_cache.dtype))
+        elif self.kv_format == "fp8_ds_mla":
+            rows = jformats.quantize_fp8_ds_mla(latent.reshape(T, -1).astype(jnp.float32))   # [T, 656]
+            kv_cache = put(kv_cache, off * np_formats.DS_MLA_BYTES, np_formats.DS_MLA_BYTES, rows)
         else:
             one = jformats.quantize_fp8_model1(latent.reshape(T, 1, -1).astype(jnp.float32))
-            pb = kv_cache.shape[1]
-            flat = kv_cache.reshape(-1)
-            oob = flat.shape[0]
-            di = jnp.where(okf[:, None], (page * pb + off * 576)[:, None] + jnp.arange(576), oob)
-            si = jnp.where(okf[:, None], (page * pb + P * 576 + off * 8)[:, None] + jnp.arange(8), oob)
-            flat = flat.at[di].set(one[:, :576], mode="drop").at[si].set(one[:, 576:584], mode="drop")
-            kv_cache = flat.reshape(kv_cache.shape)
+            kv_cache = put(kv_cache, off * 576, 576, one[:, :576])
+            kv_cache = put(kv_cache, P * 576 + off * 8, 8, one[:, 576:584])
         one = jformats.quantize_fp8_indexer(ik.reshape(T, 1, D_I).astype(jnp.float32), cfg.scale_fmt)
-        pb = k_cache.shape[1]
-        flat = k_cache.reshape(-1)
-        oob = flat.shape[0]
-        di = jnp.where(okf[:, None], (page * pb + off * D_I)[:, None] + jnp.arange(D_I), oob)
-        si = jnp.where(okf[:, None], (page * pb + P * D_I + 4 * off)[:, None] + jnp.arange(4), oob)
-        k_cache = flat.at[di].set(one[:, :D_I], mode="drop").at[si].set(one[:, D_I:], mode="drop")
-        return kv_cache, k_cache.reshape(-1, pb)
+        k_cache = put(k_cache, off * D_I, D_I, one[:, :D_I])
+        k_cache = put(k_cache, P * D_I + 4 * off, 4, one[:, D_I:])
+        return kv_cache, k_cache
 
     def __call__(self, x, kv_cache, k_cache, block_table, context_lens, *,
                  return_intermediates: bool = False):
@@ -213,26 +285,31 @@ class DSADecodeLayer(nnx.Module):
           kv_cache: latent cache in ``self.kv_format`` (SPEC layouts 1-3).
           k_cache: indexer K cache, ``fp8_indexer`` uint8 ``[num_pages, P * (D_I + 4)]``.
           block_table: int32 ``[B, max_pages]`` shared by both caches (P = ``cfg.page_size``).
-          context_lens: int32 ``[B]``, L_b counting the N new tokens; token i sits at position
-            ``L_b - N + i``; a position the block table does not map is not written.
+          context_lens: int32 ``[B]``, L_b counting the N new tokens, in ``[N, max_pages * P]``;
+            token i sits at position ``L_b - N + i``, whose page entry must be in
+            ``[0, num_pages)``.
           return_intermediates: also return a dict (``q``, ``idx_q``, ``idx_weights``,
             ``indices``, ``idx_context_lens``, ``attn``, ``lse``).
         Returns:
           ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
           row-parallel partial when ``tp_size > 1``) and the updated caches.
         Raises:
-          TypeError / ValueError: bad argument (named). NotImplementedError: a named ``path``
-          that cannot run.
+          TypeError: an argument of the wrong type or dtype (named: ``x`` not a float array,
+            ``block_table`` / ``context_lens`` not int32, a cache not an array).
+          ValueError: a wrong shape or layout (named); ``k_cache`` with another page count than
+            ``kv_cache``; ``context_lens`` outside ``[N, max_pages * P]``; a new token's page
+            entry outside ``[0, num_pages)`` (``block_table``). The last two are value checks,
+            made when ``context_lens`` and ``block_table`` are concrete; traced (inside
+            ``jax.jit`` / ``nnx.jit``) they cannot run, and an unmapped new token's write is
+            then dropped (neither cache changes for it) while the step still runs.
+          NotImplementedError: a named ``path`` that cannot run.
         """
         self._validate(x, kv_cache, k_cache, block_table, context_lens)
         cfg, dt = self.cfg, self.dtype
         B, N, _ = x.shape
         r, D_I, H_I, P = cfg.d_rope, cfg.index_head_dim, cfg.index_heads, cfg.page_size
         x = x.astype(dt)
-        pos = context_lens[:, None] - N + jnp.arange(N, dtype=jnp.int32)[None]        # [B, N]
-        entry = jnp.take_along_axis(block_table, jnp.clip(pos // P, 0, block_table.shape[1] - 1), axis=1)
-        ok = (pos >= 0) & (pos < block_table.shape[1] * P) & (entry >= 0)
-        slots = jnp.where(ok, entry * P + pos % P, 0)
+        pos, page, off, ok = self._new_tokens(block_table, context_lens, N, kv_cache.shape[0])
         cos, sin = _cos_sin(cfg, jnp.maximum(pos, 0))
         cos_h, sin_h = cos[:, :, None], sin[:, :, None]
 
@@ -268,7 +345,7 @@ class DSADecodeLayer(nnx.Module):
         idx_q = jnp.clip(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).astype(jnp.float8_e4m3fn)
         idx_w = (x.astype(jnp.float32) @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
 
-        kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, slots, ok)
+        kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, page, off, ok)
 
         lens_bn = jnp.maximum(context_lens[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None], 0)
         if cfg.window:

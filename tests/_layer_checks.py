@@ -7,6 +7,8 @@ parity suite (``dsa_decode_layer``) and the bench use too; these helpers assert 
 """
 from __future__ import annotations
 
+import numpy as np
+
 from kernels import compare, layer_compare, layer_reference as lref
 
 BF16_COS = layer_compare.BF16_COS
@@ -35,3 +37,171 @@ def check_bf16_step(case: lref.LayerCase, out, k_cache, inter, *, tp_rank: int =
     got = {"out": out, "k_cache": k_cache, **inter}
     compare.assert_pass(layer_compare.check_low_precision_step(case, got, tp_rank=tp_rank,
                                                                tp_size=tp_size))
+
+
+# ------------------------------------------------------------------------------ bad input
+# One table of bad inputs for both layers, so the torch and the Flax NNX layer are held to the
+# same exception type and message for the same mistake.
+
+def bad_input_case() -> lref.LayerCase:
+    """V3.2 scaled down, latent cache, B = 2, N = 2 (MTP), lengths (40, 20): 4 table columns
+    (capacity 64 positions), 8 pages."""
+    return lref.make_layer_case(lref.DSV32_LAYER.scaled_down(), seed=0, B=2, N=2, lens=(40, 20),
+                                kv_format="latent", name="bad_input")
+
+
+def layer_inputs(case):
+    """The five forward inputs of ``case`` as keyword arguments (NumPy arrays)."""
+    return {"x": case.x, "kv_cache": case.kv_cache, "k_cache": case.k_cache,
+            "block_table": case.block_table, "context_lens": case.context_lens}
+
+
+def _with(case, **kw):
+    return {**layer_inputs(case), **kw}
+
+
+def _new_page(case, b, i=0):
+    """(b, column) of the block-table entry holding new token i of request b."""
+    N = case.x.shape[1]
+    return b, (int(case.context_lens[b]) - N + i) // case.cfg.page_size
+
+
+def set_entries(case, values):
+    """The inputs with the page entry of request b's (first) new token set to ``values[b]``."""
+    bt = case.block_table.copy()
+    for b, value in values.items():
+        bt[_new_page(case, b)] = value
+    return _with(case, block_table=bt)
+
+
+def set_len(case, b, value):
+    """The inputs with context_lens[b] set to ``value``."""
+    cl = case.context_lens.copy()
+    cl[b] = value
+    return _with(case, context_lens=cl)
+
+
+# id: (edit(case) -> the five forward inputs as NumPy arrays (or non-arrays), error, regex)
+BAD_FORWARD_INPUTS = {
+    "x_int": (lambda c: _with(c, x=c.x.astype("int32")), TypeError, r"^x: expected a floating-point"),
+    "x_list": (lambda c: _with(c, x=c.x.tolist()), TypeError, r"^x: expected a floating-point .*got list"),
+    "x_hidden": (lambda c: _with(c, x=c.x[..., :-1]), ValueError,
+                 r"^x: expected shape \[B, N, 256\], got \(2, 2, 255\)"),
+    "x_batch": (lambda c: _with(c, x=c.x[:1]), ValueError, r"^block_table: expected shape \[1, max_pages >= 1\]"),
+    "block_table_float": (lambda c: _with(c, block_table=c.block_table.astype("float32")), TypeError,
+                          r"^block_table: expected an int32"),
+    "block_table_no_columns": (lambda c: _with(c, block_table=c.block_table[:, :0]), ValueError,
+                               r"^block_table: expected shape \[2, max_pages >= 1\], got \(2, 0\)"),
+    "context_lens_2d": (lambda c: _with(c, context_lens=c.context_lens[:, None]), ValueError,
+                        r"^context_lens: expected shape \[2\], got \(2, 1\)"),
+    "kv_cache_list": (lambda c: _with(c, kv_cache=[0.0]), TypeError, r"^kv_cache: expected a .*got list"),
+    "k_cache_list": (lambda c: _with(c, k_cache=[0]), TypeError, r"^k_cache: expected a .*got list"),
+    "kv_cache_no_pages": (lambda c: _with(c, kv_cache=c.kv_cache[:0], k_cache=c.k_cache[:0]), ValueError,
+                          r"^kv_cache: expected num_pages >= 1, got shape \(0, 16, 576\)"),
+    "k_cache_fewer_pages": (lambda c: _with(c, k_cache=c.k_cache[:-1]), ValueError,
+                            r"^k_cache: expected num_pages = 8 \(kv_cache's; the two caches share "
+                            r"block_table\), got 7"),
+    "k_cache_more_pages": (lambda c: _with(c, k_cache=np.concatenate([c.k_cache, c.k_cache[:1]])),
+                           ValueError, r"^k_cache: expected num_pages = 8 .*got 9"),
+    # values: L_b - N + i must be a position of the table, and its page entry a page of the cache
+    "context_lens_below_N": (lambda c: set_len(c, 1, 1), ValueError,
+                             r"^context_lens: expected every L_b in \[N, max_pages \* P\] = \[2, 64\] "
+                             r"\(L_b counts the N new tokens\), got 1 for request 1"),
+    "context_lens_zero": (lambda c: set_len(c, 0, 0), ValueError, r"^context_lens: .* got 0 for request 0"),
+    "context_lens_negative": (lambda c: set_len(c, 1, -7), ValueError, r"^context_lens: .* got -7 for request 1"),
+    "context_lens_int32_min": (lambda c: set_len(c, 0, -2 ** 31), ValueError,
+                               r"^context_lens: .* got -2147483648 for request 0"),
+    "context_lens_past_table": (lambda c: set_len(c, 0, 65), ValueError,
+                                r"^context_lens: expected every L_b in \[N, max_pages \* P\] = \[2, 64\] .*got 65"),
+    "N_above_context": (lambda c: _with(c, x=np.repeat(c.x[:, :1], 21, axis=1)), ValueError,
+                        r"^context_lens: expected every L_b in \[N, max_pages \* P\] = \[21, 64\] .*"
+                        r"got 20 for request 1"),
+    "N_above_table": (lambda c: _with(c, x=np.repeat(c.x[:, :1], 65, axis=1)), ValueError,
+                      r"^context_lens: expected every L_b in \[N, max_pages \* P\] = \[65, 64\]"),
+    "page_entry_negative": (lambda c: set_entries(c, {1: -1}), ValueError,
+                            r"^block_table: expected page entries in \[0, num_pages\) = \[0, 8\) for every "
+                            r"new token's page, got -1 at block_table\[1, 1\] \(new token 0 of request 1 "
+                            r"at position 18;"),
+    "page_entry_num_pages": (lambda c: set_entries(c, {0: 8}), ValueError,
+                             r"^block_table: expected page entries in \[0, num_pages\) = \[0, 8\) .*got 8 "
+                             r"at block_table\[0, 2\]"),
+    "page_entry_wraps_int32": (lambda c: set_entries(c, {0: 2 ** 28 + 1}), ValueError,
+                               r"^block_table: .*got 268435457 at block_table\[0, 2\]"),
+    "page_entry_int32_max": (lambda c: set_entries(c, {1: 2 ** 31 - 1}), ValueError,
+                             r"^block_table: .*got 2147483647 at block_table\[1, 1\]"),
+}
+
+
+# id: (edit(full weights) -> weights argument, error, regex)
+BAD_WEIGHTS = {
+    "str": (lambda w: "x", TypeError, r"^weights: expected a mapping \{name: array\} .* or None, got str"),
+    "list": (lambda w: list(w.values()), TypeError, r"^weights: expected a mapping .*got list"),
+    "missing": (lambda w: {k: v for k, v in w.items() if k != "wkv_b"}, ValueError,
+                r"^weights: missing 'wkv_b' \(expected shape \(256, 512\)\)"),
+    "wrong_shape": (lambda w: {**w, "wo": w["wo"][:, :8]}, ValueError,
+                    r"^weights\['wo'\]: expected shape \(256, 128\), got \(256, 8\)"),
+    "transposed": (lambda w: {**w, "wq_a": w["wq_a"].T}, ValueError,
+                   r"^weights\['wq_a'\]: expected shape \(64, 256\), got \(256, 64\)"),
+    "not_numeric": (lambda w: {**w, "q_norm": "ones"}, TypeError,
+                    r"^weights\['q_norm'\]: expected a real floating-point array, got str"),
+    "complex": (lambda w: {**w, "kv_norm": w["kv_norm"].astype(np.complex64)}, TypeError,
+                r"^weights\['kv_norm'\]: expected a real floating-point array, got ndarray complex64"),
+}
+
+
+def token_write_masks(case: lref.LayerCase, tokens, kv_shape, kc_shape):
+    """Boolean masks (shapes of the two caches) of every element / byte the cache write of the
+    new tokens ``tokens`` ((b, i) pairs) touches, for the case's block table and lengths."""
+    P, D_I = case.cfg.page_size, case.cfg.index_head_dim
+    N = case.x.shape[1]
+    kv = np.zeros(kv_shape, bool).reshape(kv_shape[0], -1)
+    kc = np.zeros(kc_shape, bool)
+    for b, i in tokens:
+        pos = int(case.context_lens[b]) - N + i
+        page, off = int(case.block_table[b, pos // P]), pos % P
+        if case.kv_format == "fp8_model1":
+            kv[page, off * 576:(off + 1) * 576] = True
+            kv[page, P * 576 + off * 8:P * 576 + off * 8 + 8] = True
+        else:
+            w = kv.shape[1] // P
+            kv[page, off * w:(off + 1) * w] = True
+        kc[page, off * D_I:(off + 1) * D_I] = True
+        kc[page, P * D_I + 4 * off:P * D_I + 4 * off + 4] = True
+    return kv.reshape(kv_shape), kc
+
+
+def _num_pages(case):
+    return case.kv_cache.shape[0]
+
+
+# Unmapped new tokens where the value checks cannot run (torch.compile / CUDA-graph capture,
+# jax.jit): the step runs, their cache writes are dropped. kind: (edit(case) -> the five
+# inputs, the requests whose new tokens are still written). Entry 2^28 + 1 times P = 16 wraps
+# int32 to slot 16 + offset, a row of page 1: a wrapping multiply would overwrite it.
+UNMAPPED_NEW_TOKENS = {
+    "entry_num_pages": (lambda c: set_entries(c, {1: _num_pages(c)}), [0]),
+    "entry_wraps_int32": (lambda c: set_entries(c, {1: 2 ** 28 + 1}), [0]),
+    "entry_negative": (lambda c: set_entries(c, {0: -1}), [1]),
+    "len_negative": (lambda c: set_len(c, 1, -5), [0]),
+    "len_int32_max": (lambda c: set_len(c, 0, 2 ** 31 - 1), [1]),
+    "all_tokens_unmapped": (lambda c: set_entries(c, {0: _num_pages(c), 1: 2 ** 28 + 1}), []),
+}
+
+
+def check_unmapped_dropped(case: lref.LayerCase, kind: str, good, bad):
+    """``good`` / ``bad``: (out, kv_cache, k_cache) NumPy of the step on the case's own inputs and
+    on ``UNMAPPED_NEW_TOKENS[kind]``'s. Both caches must equal the inputs except exactly the
+    rows of the still-mapped requests' new tokens, which equal the good step's; those requests'
+    outputs match the good step's."""
+    _, requests = UNMAPPED_NEW_TOKENS[kind]
+    N = case.x.shape[1]
+    kv_mask, kc_mask = token_write_masks(case, [(b, i) for b in requests for i in range(N)],
+                                         case.kv_cache.shape, case.k_cache.shape)
+    want_kv = np.where(kv_mask, good[1], case.kv_cache)
+    want_kc = np.where(kc_mask, good[2], case.k_cache)
+    assert np.array_equal(bad[1], want_kv), f"kv_cache: {np.argwhere(bad[1] != want_kv)[:4].tolist()} differ"
+    assert np.array_equal(bad[2], want_kc), f"k_cache: {np.argwhere(bad[2] != want_kc)[:4].tolist()} differ"
+    if requests:
+        assert kc_mask.any() and not np.array_equal(good[2], case.k_cache)
+    for b in requests:
+        np.testing.assert_allclose(bad[0][b], good[0][b], rtol=1e-5, atol=1e-6)

@@ -66,16 +66,63 @@ def test_tp2_partials_sum_to_tp1():
                                             rel_tol=compare.OUT_REL, cos_tol=compare.OUT_COS))
 
 
-def test_unmapped_new_token_is_not_written():
-    """Inside jit nothing can raise on values: a new token whose page entry is -1 is dropped
-    (out-of-bounds scatter), the rest of both caches is untouched."""
-    case = lref.make_layer_case(V32, seed=2, B=1, N=1, lens=(40,), kv_format="latent")
-    bt = case.block_table.copy()
-    bt[0, (40 - 1) // V32.page_size] = -1
-    layer = DSADecodeLayer(case.cfg, case.weights, kv_format="latent", path="xla")
-    _, kv, kc, _ = _step(layer, *(jnp.asarray(a) for a in (case.x, case.kv_cache, case.k_cache, bt,
-                                                             case.context_lens)))
-    assert np.array_equal(np.asarray(kv), case.kv_cache) and np.array_equal(np.asarray(kc), case.k_cache)
+def _model1_case():
+    return lref.make_layer_case(V4, seed=3, B=2, N=1, lens=(40, 20), kv_format="fp8_model1",
+                                name="unmapped_model1")
+
+
+def _jit_step(layer, inputs):
+    out, kv, kc, _ = _step(layer, *(jnp.asarray(inputs[k]) for k in
+                                    ("x", "kv_cache", "k_cache", "block_table", "context_lens")))
+    return compare.to_numpy(out), np.asarray(kv), np.asarray(kc)
+
+
+@pytest.mark.parametrize("fmt,kind", [("latent", k) for k in checks.UNMAPPED_NEW_TOKENS]
+                         + [("fp8_model1", "entry_wraps_int32"), ("fp8_model1", "all_tokens_unmapped")])
+def test_unmapped_new_token_is_dropped_under_jit(fmt, kind):
+    """Inside jit nothing can raise on values: an unmapped new token (page entry >= num_pages,
+    one that wraps int32 when multiplied by P, -1, or a position outside the table) changes no
+    byte of either cache (its scatter is dropped, never wrapped onto another page); the other
+    request's rows are written as in the good step and its output is unchanged."""
+    case = checks.bad_input_case() if fmt == "latent" else _model1_case()
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, path="xla")
+    edit, _ = checks.UNMAPPED_NEW_TOKENS[kind]
+    good = _jit_step(layer, checks.layer_inputs(case))
+    checks.check_unmapped_dropped(case, kind, good, _jit_step(layer, edit(case)))
+
+
+@pytest.fixture(scope="module")
+def bad_input_layer():
+    case = checks.bad_input_case()
+    return case, DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, path="xla")
+
+
+@pytest.mark.parametrize("name", list(checks.BAD_FORWARD_INPUTS))
+def test_bad_forward_input_is_named(bad_input_layer, name):
+    """The shared bad-input table (tests/_layer_checks.py, the torch layer gets the same one):
+    the same exception type and message as the torch layer. Called eagerly, so the value checks
+    (context_lens range, new tokens' page entries) run on the concrete inputs."""
+    case, layer = bad_input_layer
+    edit, exc, match = checks.BAD_FORWARD_INPUTS[name]
+    args = {k: jnp.asarray(v) if isinstance(v, np.ndarray) else v for k, v in edit(case).items()}
+    with pytest.raises(exc, match=match):
+        layer(**args)
+
+
+@pytest.mark.parametrize("name", list(checks.BAD_WEIGHTS))
+def test_bad_weights_are_named(name):
+    edit, exc, match = checks.BAD_WEIGHTS[name]
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, edit(lref.init_weights(V32, 1)))
+
+
+def test_weights_as_bf16_arrays():
+    """jax (and ml_dtypes NumPy) bf16 weights are taken at their value: each parameter equals the
+    bf16 value in float32."""
+    w = {k: jnp.asarray(v, jnp.bfloat16) for k, v in lref.init_weights(V32, 1).items()}
+    layer = DSADecodeLayer(V32, w)
+    for name in ("wq_a", "wkv_b", "indexer.weights_proj", "q_norm"):
+        assert np.array_equal(np.asarray(layer.w(name)), np.asarray(w[name], np.float32)), name
 
 
 def test_bad_input_is_named():

@@ -104,7 +104,7 @@ def test_bad_input_is_named():
         layer(x, kv[..., :-1].contiguous(), kc, bt, cl)
     bad = bt.clone()
     bad[0] = -1                                    # the new token's page is unmapped
-    with pytest.raises(ValueError, match="block_table: every new token"):
+    with pytest.raises(ValueError, match=r"block_table: expected page entries in \[0, num_pages\)"):
         layer(x, kv, kc, bad, cl)
     with pytest.raises(ValueError, match="tp_size"):
         DSADecodeLayer(case.cfg, case.weights, tp_size=3)
@@ -112,6 +112,84 @@ def test_bad_input_is_named():
         DSADecodeLayer(case.cfg, case.weights, kv_format="fp8_model1")
     with pytest.raises(ValueError, match="weights\\['wo'\\]"):
         DSADecodeLayer(case.cfg, {**case.weights, "wo": case.weights["wo"][:, :8]})
+
+
+@pytest.fixture(scope="module")
+def bad_input_layer():
+    case = checks.bad_input_case()
+    return case, DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+
+
+def _to_torch(inputs):
+    return {k: as_tensor(v, DEVICE) if isinstance(v, np.ndarray) else v for k, v in inputs.items()}
+
+
+@pytest.mark.parametrize("name", list(checks.BAD_FORWARD_INPUTS))
+def test_bad_forward_input_is_named(bad_input_layer, name):
+    """The shared bad-input table (tests/_layer_checks.py, the JAX layer gets the same one): the
+    exception type and message naming the argument, raised before either cache is written."""
+    case, layer = bad_input_layer
+    edit, exc, match = checks.BAD_FORWARD_INPUTS[name]
+    args = _to_torch(edit(case))
+    before = {k: v.clone() for k, v in args.items() if isinstance(v, torch.Tensor)}
+    with pytest.raises(exc, match=match):
+        layer(**args)
+    for k, v in before.items():
+        assert torch.equal(args[k], v), f"{k} was modified before the error"
+
+
+@pytest.mark.parametrize("name", list(checks.BAD_WEIGHTS))
+def test_bad_weights_are_named(name):
+    edit, exc, match = checks.BAD_WEIGHTS[name]
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, edit(lref.init_weights(V32, 1)))
+
+
+def test_weights_as_bf16_tensors():
+    """torch weights of any float dtype (bf16, requiring grad) are taken at their value: each
+    buffer equals the bf16 value in float32."""
+    w = {k: torch.tensor(v).bfloat16().requires_grad_() for k, v in lref.init_weights(V32, 1).items()}
+    layer = DSADecodeLayer(V32, w)
+    for name in ("wq_a", "wkv_b", "indexer.weights_proj", "q_norm"):
+        assert torch.equal(layer.w(name), w[name].detach().float()), name
+
+
+def test_input_on_another_device_is_named():
+    """Tensors on another device than the layer's: ValueError naming the tensor and both devices
+    (the layer lives on the meta device here, so no GPU is needed)."""
+    case = checks.bad_input_case()
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device="meta")
+    args = _to_torch(checks.layer_inputs(case))
+    with pytest.raises(ValueError, match=r"^x: expected a tensor on the layer's device meta, got cpu"):
+        layer(**args)
+
+
+def _model1_case():
+    return lref.make_layer_case(V4, seed=3, B=2, N=1, lens=(40, 20), kv_format="fp8_model1",
+                                name="unmapped_model1")
+
+
+@pytest.mark.parametrize("fmt,kind", [("latent", k) for k in checks.UNMAPPED_NEW_TOKENS]
+                         + [("fp8_model1", "entry_wraps_int32"), ("fp8_model1", "all_tokens_unmapped")])
+def test_unmapped_new_token_is_dropped_under_capture(monkeypatch, fmt, kind):
+    """Under CUDA-graph capture / torch.compile (``_capturing()`` patched True: the value checks
+    cannot run) an unmapped new token (page entry >= num_pages, one that wraps int32 when
+    multiplied by P, -1, or a position outside the table) changes no byte of either cache; the
+    other request's rows are written as in the good step and its output is unchanged. With no
+    mapped token at all the fallback target (page 0, offset 0) keeps its bytes."""
+    import torch_impl.layer as tlayer
+    case = checks.bad_input_case() if fmt == "latent" else _model1_case()
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+
+    def step(inputs):
+        args = _to_torch(inputs)
+        out, kv, kc = layer(**args)
+        return _np(out), _np(kv), _np(kc)
+
+    good = step(checks.layer_inputs(case))
+    monkeypatch.setattr(tlayer, "_capturing", lambda: True)
+    edit, _ = checks.UNMAPPED_NEW_TOKENS[kind]
+    checks.check_unmapped_dropped(case, kind, good, step(edit(case)))
 
 
 @pytest.mark.slow
@@ -122,6 +200,18 @@ def test_torch_compile_matches_reference():
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
     out, kv, kc = torch.compile(layer)(*_inputs(case))
     checks.check_step(case, case.reference(), _np(out), _np(kv), _np(kc))
+
+
+@pytest.mark.slow
+def test_torch_compile_drops_unmapped_new_token():
+    """Under torch.compile (the value checks cannot run) a new token whose page entry wraps int32
+    when multiplied by P changes no cache byte; the other request is written as eagerly."""
+    case = checks.bad_input_case()
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+    good = [_np(t) for t in layer(**_to_torch(checks.layer_inputs(case)))]
+    edit, _ = checks.UNMAPPED_NEW_TOKENS["entry_wraps_int32"]
+    bad = [_np(t) for t in torch.compile(layer)(**_to_torch(edit(case)))]
+    checks.check_unmapped_dropped(case, "entry_wraps_int32", good, bad)
 
 
 # ------------------------------------------------------------- the layer reference itself

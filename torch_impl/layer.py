@@ -12,6 +12,9 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import numpy as np
 import torch
 from torch import nn
 
@@ -52,6 +55,32 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
+def _float32_weights(cfg: lref.LayerConfig, weights) -> dict:
+    """``{name: float32 ndarray}`` of the weights the layer uses (NumPy, torch or anything
+    ``np.asarray`` takes, any real float dtype incl. ml_dtypes bfloat16); names that are absent
+    or of the wrong shape are left to :func:`kernels.layer_reference.shard_weights` to report."""
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights: expected a mapping {{name: array}} (DeepSeek names, "
+                        f"kernels.layer_reference.weight_shapes) or None, got {type(weights).__name__}")
+    out = {}
+    for name in lref.weight_shapes(cfg):
+        if name not in weights:
+            continue
+        v = weights[name]
+        try:
+            if isinstance(v, torch.Tensor):
+                if v.is_complex():
+                    raise TypeError
+                v = v.detach().float().cpu().numpy()
+            elif np.iscomplexobj(v):
+                raise TypeError
+            out[name] = np.asarray(v, np.float32)
+        except (TypeError, ValueError):
+            raise TypeError(f"weights[{name!r}]: expected a real floating-point array, got "
+                            f"{type(v).__name__} {getattr(v, 'dtype', '')}".rstrip()) from None
+    return out
+
+
 class DSADecodeLayer(nn.Module):
     """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
 
@@ -74,7 +103,10 @@ class DSADecodeLayer(nn.Module):
       path: op path for ``indexer_topk`` / ``sparse_mla_decode`` (``"auto"``, ``"triton"``,
         ``"torch"``).
     Raises:
-      ValueError / TypeError: bad config, rank, format, dtype or weight shapes (named).
+      TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
+        (or None), a weight that is not a real float array (``weights['name']``).
+      ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
+        of the wrong shape (``weights['name']: expected shape ..., got ...``).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -95,10 +127,7 @@ class DSADecodeLayer(nn.Module):
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
-        if weights is None:
-            weights = lref.init_weights(cfg, seed)
-        weights = {k: (v.detach().float().cpu().numpy() if isinstance(v, torch.Tensor) else v)
-                   for k, v in weights.items()}
+        weights = lref.init_weights(cfg, seed) if weights is None else _float32_weights(cfg, weights)
         shard = lref.shard_weights(cfg, weights, tp_rank, tp_size)
         self._names = list(shard)
         for name, arr in shard.items():
@@ -130,72 +159,122 @@ class DSADecodeLayer(nn.Module):
     # ------------------------------------------------------------------ forward
 
     def _validate(self, x, kv_cache, k_cache, block_table, context_lens):
-        cfg = self.cfg
+        """Types, dtypes, shapes, devices and layouts (no values: nothing here syncs)."""
+        cfg, dev = self.cfg, self.w("wq_a").device
         if not isinstance(x, torch.Tensor) or not x.is_floating_point():
-            raise TypeError(f"x: expected a floating-point torch.Tensor, got "
-                            f"{getattr(x, 'dtype', type(x).__name__)}")
+            got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+            raise TypeError(f"x: expected a floating-point torch.Tensor, got {got}")
         if x.dim() != 3 or x.shape[-1] != cfg.hidden or min(x.shape) < 1:
             raise ValueError(f"x: expected shape [B, N, {cfg.hidden}], got {tuple(x.shape)}")
         B = x.shape[0]
         for name, t in (("block_table", block_table), ("context_lens", context_lens)):
             if not isinstance(t, torch.Tensor) or t.dtype != torch.int32:
-                raise TypeError(f"{name}: expected an int32 torch.Tensor, got {getattr(t, 'dtype', type(t).__name__)}")
-        if block_table.dim() != 2 or block_table.shape[0] != B:
-            raise ValueError(f"block_table: expected shape [{B}, max_pages], got {tuple(block_table.shape)}")
+                got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+                raise TypeError(f"{name}: expected an int32 torch.Tensor, got {got}")
+        if block_table.dim() != 2 or block_table.shape[0] != B or block_table.shape[1] < 1:
+            raise ValueError(f"block_table: expected shape [{B}, max_pages >= 1], got {tuple(block_table.shape)}")
         if tuple(context_lens.shape) != (B,):
             raise ValueError(f"context_lens: expected shape [{B}], got {tuple(context_lens.shape)}")
         for name, t in (("kv_cache", kv_cache), ("k_cache", k_cache)):
-            if not isinstance(t, torch.Tensor) or not t.is_contiguous():
-                raise ValueError(f"{name}: expected a contiguous torch.Tensor (written in place)")
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if not t.is_contiguous():
+                raise ValueError(f"{name}: expected a contiguous torch.Tensor (written in place), "
+                                 f"got strides {t.stride()}")
+        for name, t in (("x", x), ("kv_cache", kv_cache), ("k_cache", k_cache),
+                        ("block_table", block_table), ("context_lens", context_lens)):
+            if t.device != dev:
+                raise ValueError(f"{name}: expected a tensor on the layer's device {dev}, got {t.device}")
         want = lref.kv_cache_shape(cfg, self.kv_format, kv_cache.shape[0] if kv_cache.dim() else 0)
         latent_ok = kv_cache.dtype in _FLOAT if self.kv_format == "latent" else kv_cache.dtype == torch.uint8
         if tuple(kv_cache.shape) != want or not latent_ok:
             raise ValueError(f"kv_cache: expected {'float' if self.kv_format == 'latent' else 'uint8'} "
                              f"{list(want)} ({self.kv_format!r}, P = cfg.page_size), got {kv_cache.dtype} "
                              f"{tuple(kv_cache.shape)}")
+        if kv_cache.shape[0] < 1:
+            raise ValueError(f"kv_cache: expected num_pages >= 1, got shape {tuple(kv_cache.shape)}")
         if k_cache.dtype != torch.uint8 or k_cache.dim() != 2 or k_cache.shape[1] % (cfg.index_head_dim + 4):
             raise ValueError(f"k_cache: expected uint8 [num_pages, P * {cfg.index_head_dim + 4}] "
                              f"('fp8_indexer'), got {k_cache.dtype} {tuple(k_cache.shape)}")
         P = k_cache.shape[1] // (cfg.index_head_dim + 4)
         if P != cfg.page_size:
             raise ValueError(f"k_cache: expected page size {cfg.page_size} (cfg.page_size), got {P}")
+        if k_cache.shape[0] != kv_cache.shape[0]:
+            raise ValueError(f"k_cache: expected num_pages = {kv_cache.shape[0]} (kv_cache's; the two "
+                             f"caches share block_table), got {k_cache.shape[0]}")
 
-    def _slots(self, block_table, context_lens, N):
-        P = self.cfg.page_size
-        pos = context_lens.long()[:, None] - N + torch.arange(N, device=context_lens.device)[None]
-        page_idx = torch.clamp(pos // P, 0, block_table.shape[1] - 1)
-        entry = torch.gather(block_table.long(), 1, page_idx)
-        ok = (pos >= 0) & (pos < block_table.shape[1] * P) & (entry >= 0)
+    def _new_tokens(self, block_table, context_lens, N, num_pages):
+        """Positions, pages and in-page offsets of the N new tokens, and which of them are mapped.
+
+        Returns ``(pos, page, off, ok)``, each ``[B, N]`` (int64, int64, int64, bool): token i of
+        request b sits at ``pos = L_b - N + i``, in page ``block_table[b, pos // P]`` at offset
+        ``pos % P``; ``ok`` is ``0 <= pos < max_pages * P`` and ``0 <= page < num_pages``.
+        Eagerly every token must be mapped (ValueError naming context_lens or block_table); under
+        CUDA-graph capture / torch.compile values cannot be checked and :meth:`_write_caches`
+        drops the writes of unmapped tokens instead.
+        """
+        P, max_pages = self.cfg.page_size, block_table.shape[1]
+        lens = context_lens.long()
+        pos = lens[:, None] - N + torch.arange(N, device=context_lens.device)[None]
+        page_idx = torch.clamp(pos // P, 0, max_pages - 1)
+        page = torch.gather(block_table, 1, page_idx).long()
+        ok = (pos >= 0) & (pos < max_pages * P) & (page >= 0) & (page < num_pages)
         if not _capturing() and not bool(ok.all()):
-            raise ValueError("block_table: every new token's position L_b - N + i must map to a page "
-                             "(allocate the pages before the step); got an unmapped position")
-        return pos, entry * P + pos % P
+            bad_len = ((lens < N) | (lens > max_pages * P)).nonzero()
+            if len(bad_len):
+                b = int(bad_len[0, 0])
+                raise ValueError(f"context_lens: expected every L_b in [N, max_pages * P] = [{N}, "
+                                 f"{max_pages * P}] (L_b counts the N new tokens), got {int(lens[b])} "
+                                 f"for request {b}")
+            b, i = (int(v) for v in (~ok).nonzero()[0])
+            j = int(page_idx[b, i])
+            raise ValueError(f"block_table: expected page entries in [0, num_pages) = [0, {num_pages}) "
+                             f"for every new token's page, got {int(page[b, i])} at block_table[{b}, "
+                             f"{j}] (new token {i} of request {b} at position {int(pos[b, i])}; "
+                             f"allocate the pages before the step)")
+        return pos, page, pos % P, ok
 
-    def _write_caches(self, kv_cache, k_cache, latent, ik, slots):
+    def _write_caches(self, kv_cache, k_cache, latent, ik, page, off, ok):
+        """Write the new tokens' latent and indexer rows in place.
+
+        ``page`` / ``off`` / ``ok`` ``[B, N]`` from :meth:`_new_tokens`. Unmapped tokens (only
+        possible under capture) change no byte and touch nothing outside the caches: torch has no
+        drop-mode scatter, so their writes go to the first mapped token's target with that token's
+        bytes (a duplicate index with identical bytes is deterministic), or, when no token is
+        mapped, to page 0 offset 0 with the bytes it already holds.
+        """
         cfg, P, D_I = self.cfg, self.cfg.page_size, self.cfg.index_head_dim
-        s = slots.reshape(-1)
-        page, off = s // P, s % P
-        T = s.shape[0]
+        page, off, ok = page.reshape(-1), off.reshape(-1), ok.reshape(-1)
+        T, dev = page.shape[0], page.device
+        masked = _capturing()                 # eagerly _new_tokens has raised on unmapped tokens
+        if masked:
+            any_ok = ok.any()
+            t0 = torch.argmax(ok.to(torch.int32))                  # first mapped token (0 if none)
+            page = torch.where(ok, page, torch.where(any_ok, page[t0], 0))
+            off = torch.where(ok, off, torch.where(any_ok, off[t0], 0))
+
+        def put(cache, start, width, vals):
+            """``cache.view(num_pages, -1)[page[t], start[t] + j] = vals[t, j]``, j < width."""
+            flat = cache.view(cache.shape[0], -1)
+            cols = start[:, None] + torch.arange(width, device=dev)
+            if masked:
+                cur = flat[page[:, None], cols]
+                vals = torch.where(ok[:, None], vals, torch.where(any_ok, vals[t0], cur))
+            flat.index_put_((page[:, None], cols), vals)
+
         if self.kv_format == "latent":
-            kv_cache.view(-1, kv_cache.shape[-1]).index_copy_(0, s, latent.reshape(T, -1).to(kv_cache.dtype))
+            D = kv_cache.shape[-1]
+            put(kv_cache, off * D, D, latent.reshape(T, D).to(kv_cache.dtype))
         elif self.kv_format == "fp8_ds_mla":
-            rows = tformats.quantize_fp8_ds_mla(latent.reshape(T, -1).float())
-            kv_cache.view(-1, np_formats.DS_MLA_BYTES).index_copy_(0, s, rows)
+            rows = tformats.quantize_fp8_ds_mla(latent.reshape(T, -1).float())      # [T, 656]
+            put(kv_cache, off * np_formats.DS_MLA_BYTES, np_formats.DS_MLA_BYTES, rows)
         else:
-            one = tformats.quantize_fp8_model1(latent.reshape(T, 1, -1).float())      # [T, page(P=1)]
-            pb = kv_cache.shape[1]
-            base = page * pb
-            ar_d = torch.arange(576, device=s.device)
-            ar_s = torch.arange(8, device=s.device)
-            flat = kv_cache.view(-1)
-            flat.index_put_(((base + off * 576)[:, None] + ar_d,), one[:, :576])
-            flat.index_put_(((base + P * 576 + off * 8)[:, None] + ar_s,), one[:, 576:584])
+            one = tformats.quantize_fp8_model1(latent.reshape(T, 1, -1).float())  # [T, page(P=1)]
+            put(kv_cache, off * 576, 576, one[:, :576])
+            put(kv_cache, P * 576 + off * 8, 8, one[:, 576:584])
         one = tformats.quantize_fp8_indexer(ik.reshape(T, 1, D_I).float(), cfg.scale_fmt)  # [T, D_I + 4]
-        pb = k_cache.shape[1]
-        base = page * pb
-        flat = k_cache.view(-1)
-        flat.index_put_(((base + off * D_I)[:, None] + torch.arange(D_I, device=s.device),), one[:, :D_I])
-        flat.index_put_(((base + P * D_I + 4 * off)[:, None] + torch.arange(4, device=s.device),), one[:, D_I:])
+        put(k_cache, off * D_I, D_I, one[:, :D_I])
+        put(k_cache, P * D_I + 4 * off, 4, one[:, D_I:])
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
                 block_table: torch.Tensor, context_lens: torch.Tensor, *,
@@ -210,24 +289,31 @@ class DSADecodeLayer(nn.Module):
           k_cache: indexer K cache, ``fp8_indexer`` uint8 ``[num_pages, P * (D_I + 4)]`` (ue8m0
             scales), written in place.
           block_table: int32 ``[B, max_pages]``, shared by both caches (P = ``cfg.page_size``).
-          context_lens: int32 ``[B]``, L_b counting the N new tokens; token i sits at position
-            ``L_b - N + i`` and draft i attends positions ``< L_b - (N - 1 - i)``.
+          context_lens: int32 ``[B]``, L_b counting the N new tokens, in ``[N, max_pages * P]``;
+            token i sits at position ``L_b - N + i`` (whose page entry must be in
+            ``[0, num_pages)``) and draft i attends positions ``< L_b - (N - 1 - i)``.
           return_intermediates: also return a dict (``q``, ``idx_q``, ``idx_weights``,
             ``indices``, ``idx_context_lens``, ``attn``, ``lse``) for tests.
         Returns:
           ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
           row-parallel partial when ``tp_size > 1``), and the two caches (the same tensors).
         Raises:
-          TypeError / ValueError: bad argument (named); a new token's position not mapped by the
-            block table (checked eagerly; under torch.compile / CUDA-graph capture this is the
-            caller's precondition). NotImplementedError: a named ``path`` that cannot run.
+          TypeError: an argument of the wrong type or dtype (named: ``x`` not a float tensor,
+            ``block_table`` / ``context_lens`` not int32 tensors, a cache not a tensor).
+          ValueError: a wrong shape, layout or device (named); ``k_cache`` with another page
+            count than ``kv_cache``; ``context_lens`` outside ``[N, max_pages * P]``; a new
+            token's page entry outside ``[0, num_pages)`` (``block_table``). The last two are
+            value checks, made eagerly; under torch.compile / CUDA-graph capture they cannot
+            run, and an unmapped new token is then not written (no byte of either cache changes
+            for it and nothing outside them is touched) while the step still runs.
+          NotImplementedError: a named ``path`` that cannot run.
         """
         self._validate(x, kv_cache, k_cache, block_table, context_lens)
         cfg, dt = self.cfg, self.dtype
         B, N, _ = x.shape
         r, D_I, H_I = cfg.d_rope, cfg.index_head_dim, cfg.index_heads
         x = x.to(dt)
-        pos, slots = self._slots(block_table, context_lens, N)
+        pos, page, off, ok = self._new_tokens(block_table, context_lens, N, kv_cache.shape[0])
         ang = pos.double()[..., None] * self.rope_freqs                       # [B, N, r/2]
         cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
         cos_h, sin_h = cos[:, :, None], sin[:, :, None]
@@ -263,7 +349,7 @@ class DSADecodeLayer(nn.Module):
         idx_q = torch.clamp(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
         idx_w = (x.float() @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
 
-        self._write_caches(kv_cache, k_cache, latent, ik, slots)
+        self._write_caches(kv_cache, k_cache, latent, ik, page, off, ok)
 
         lens_bn = torch.clamp(context_lens.long()[:, None] - (N - 1 - torch.arange(N, device=x.device))[None], min=0)
         if cfg.window:
