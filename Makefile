@@ -1,7 +1,9 @@
-# Two commands do all set-up on a fresh machine: `make parity` and `make test`.
-# The first use creates .venv and installs the project with [dev]. On a machine without an
-# NVIDIA GPU, torch is pinned to the CPU build (constraints-cpu.txt); any looser spec would pull
-# a multi-GB CUDA build.
+# Targets: `make env` (versions and which paths run here: python -m parity --env), `make parity`
+# (python -m parity $(PARITY_ARGS)), `make test` (pytest $(PYTEST_ARGS)), `make bench`
+# (python -m bench $(BENCH_ARGS), default --write-dispatch), `make clean`.
+# The first use of any of them creates .venv and installs the project with [dev]. On a machine
+# without an NVIDIA GPU, torch is pinned to the CPU build (constraints-cpu.txt); any looser spec
+# would pull a multi-GB CUDA build.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -2,7 +2,8 @@
 against each other, on a grid of named cases (see parity/README.md).
 
 Exit status: 0 when every comparison passed (unavailable paths are not failures unless
-``--strict``), 1 when any failed, 2 on a usage error (bad flag, no case matches ``-k``).
+``--strict``), 1 when any failed, 2 on a usage error (bad flag, a ``--case`` name that is no
+case of the grid, no case matches the selection).
 """
 from __future__ import annotations
 
@@ -14,7 +15,6 @@ import time
 from parity import runners as _runners
 
 OP_CHOICES = _runners.OPS
-BACKEND_PATHS = {"torch": ("triton", "torch"), "jax": ("pallas", "xla")}
 
 
 def _csv(choices):
@@ -28,28 +28,44 @@ def _csv(choices):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # choices come from the registries (ops: parity.runners.OPS; backends and paths: the
+    # registered runners, so a runner a test registers is selectable like the real ones)
+    backend_paths: dict[str, list[str]] = {}
+    for r in _runners.REGISTRY.values():
+        backend_paths.setdefault(r.backend, []).append(r.path)
+    backends = tuple(backend_paths)
+    all_paths = tuple(dict.fromkeys(x for v in backend_paths.values() for x in v))
+    described = "; ".join(f"{b}: {', '.join(ps)}" for b, ps in backend_paths.items())
     p = argparse.ArgumentParser(
         prog="python -m parity",
-        description="Parity suite of the DSA decode kernels: every available path (torch: triton, "
-                    "torch; jax: pallas, xla) against the float64 NumPy reference and against each "
-                    "other, with SPEC tolerances (kernels.compare).")
+        description=f"Parity suite of the DSA decode kernels: every available path ({described}) "
+                    "against the float64 NumPy reference and against each other, with SPEC "
+                    "tolerances (kernels.compare).",
+        epilog="A failing comparison prints the command that reruns exactly that case and path, "
+               "e.g. python -m parity --case mla/fp8_ds_mla/invalid_middle --op sparse_mla_decode "
+               "--backend torch --path triton --seed 0")
     m = p.add_mutually_exclusive_group()
     m.add_argument("--quick", dest="mode", action="store_const", const="quick",
-                   help="presets and a subset of the corner cases (about a minute on a CPU)")
+                   help="presets and a subset of the corner cases (20 cases on a CPU, about 2 min on 2 "
+                        "cores)")
     m.add_argument("--full", dest="mode", action="store_const", const="full",
                    help="larger shapes, fp16 corner cases, bitwise-repeat checks")
     p.set_defaults(mode="default")
-    p.add_argument("--backend", type=_csv(tuple(BACKEND_PATHS)), default=None,
-                   help="comma-separated backends to run (torch, jax; default both)")
-    all_paths = tuple(dict.fromkeys(x for v in BACKEND_PATHS.values() for x in v))
+    p.add_argument("--backend", type=_csv(backends), default=None,
+                   help=f"comma-separated backends to run ({', '.join(backends)}; default all)")
     p.add_argument("--path", type=_csv(all_paths), default=None,
-                   help="comma-separated paths to run (triton, torch, pallas, xla; default all)")
+                   help=f"comma-separated paths to run ({', '.join(all_paths)}; default all)")
     p.add_argument("--op", type=_csv(OP_CHOICES), default=None,
-                   help="comma-separated ops (sparse_mla_decode, indexer_logits, indexer_topk, "
-                        "dsa_decode_step; default all)")
+                   help=f"comma-separated ops ({', '.join(OP_CHOICES)}; default all)")
+    p.add_argument("--case", dest="cases", action="append", default=None, metavar="NAME",
+                   help="run only the case named exactly NAME (repeatable; a name that is no case "
+                        "of the selected grid is an error listing the closest names). With -k and "
+                        "--op, a case runs only when it matches all three")
     p.add_argument("-k", dest="pattern", default=None,
-                   help="run only cases whose name contains PATTERN (comma-separated alternatives; "
-                        "* ? [] wildcards; an exact case name selects only that case)")
+                   help="run only cases whose name contains PATTERN, a substring match like pytest "
+                        "-k (-k idx/corner/ties also runs idx/corner/ties_sorted: use --case for "
+                        "one exact case); comma-separated alternatives; with * ? [] the pattern is "
+                        "a wildcard matched against the whole name")
     p.add_argument("--seed", type=int, default=0, help="seed of every generated input (default 0)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
                    help="write the JSON report (schema: SPEC.md 'Result files') to PATH")
@@ -274,9 +290,17 @@ def main(argv=None) -> int:
 
     from parity import cases as pcases, report
     grid = pcases.build_grid(mode=args.mode, gpu=gpu, seed=args.seed)
-    cases = pcases.filter_grid(grid, pattern=args.pattern, ops=args.op)
+    try:
+        cases = pcases.filter_grid(grid, pattern=args.pattern, ops=args.op, names=args.cases)
+    except ValueError as e:
+        err_console.print(str(e), style="red", markup=False, highlight=False)
+        return 2
     if not cases:
-        err_console.print(f"no case matches -k {args.pattern!r} / --op {args.op}", style="red")
+        given = [f"--case {' --case '.join(args.cases)}" if args.cases else "",
+                 f"-k {args.pattern}" if args.pattern else "",
+                 f"--op {','.join(args.op)}" if args.op else ""]
+        err_console.print(f"no case of this grid matches {' '.join(g for g in given if g)} (--list "
+                          f"shows the grid)", style="red", markup=False, highlight=False)
         return 2
     if args.list:
         for c in cases:

@@ -3,7 +3,7 @@
 A :class:`ParityCase` is one (name, op) pair with a lazy builder: nothing is generated until a
 case survives the command-line filters, and a case's inputs depend only on its name, the run's
 ``--seed``, the mode (quick / default / full) and the machine class (CPU interpreter / GPU), so
-``python -m parity -k <name> --seed <seed>`` rebuilds exactly the inputs of a failing run.
+``python -m parity --case <name> --seed <seed>`` rebuilds exactly the inputs of a failing run.
 
 Groups (name prefixes):
 
@@ -609,18 +609,48 @@ def _idx_corner_names() -> list[str]:
     return _NAME_CACHE["idx"]
 
 
-def filter_grid(grid, *, pattern=None, ops=None) -> list[ParityCase]:
-    """Cases whose name contains ``pattern`` (shell-style wildcards allowed) and whose op is in ``ops``."""
+def filter_grid(grid, *, pattern=None, ops=None, names=None) -> list[ParityCase]:
+    """The cases of ``grid`` that every given selector keeps, in grid order.
+
+    ``names`` (``--case``): exact case names; a case is kept when its name is one of them.
+    ``pattern`` (``-k``): comma-separated alternatives, each a substring of the name (like
+    pytest ``-k``: ``idx/corner/ties`` also keeps ``idx/corner/ties_sorted``) or, when it holds
+    ``* ? [``, a shell-style wildcard matched against the whole name. ``ops``: op names.
+    A selector that is None or empty keeps every case.
+
+    Raises:
+        TypeError: ``names`` is a single string instead of a list of names.
+        ValueError: a name in ``names`` is no case of ``grid``; the message lists the closest
+            names of the grid (``difflib``).
+    """
     import fnmatch
+    if isinstance(names, str):
+        raise TypeError(f"names: expected a list of case names, got the string {names!r}")
+    if names:
+        known = list(dict.fromkeys(c.name for c in grid))
+        known_set = set(known)
+        missing = [n for n in dict.fromkeys(names) if n not in known_set]
+        if missing:
+            import difflib
+            parts = []
+            for n in missing:
+                close = difflib.get_close_matches(n, known, n=5, cutoff=0.6)
+                parts.append(f"{n!r} (closest: {', '.join(close)})" if close else f"{n!r} (no close name)")
+            raise ValueError(
+                f"--case: expected the exact name of a case of this grid ({len(known)} names; the "
+                f"grid depends on --quick / --full and on CPU vs GPU, --list shows it), got "
+                + "; ".join(parts))
+        wanted = set(names)
+    pats = [p for p in pattern.split(",") if p] if pattern else []
     out = []
     for c in grid:
         if ops and c.op not in ops:
             continue
-        if pattern:
-            pats = [p for p in pattern.split(",") if p]
-            if not any((fnmatch.fnmatchcase(c.name, p) if any(ch in p for ch in "*?[") else p in c.name)
-                       for p in pats):
-                continue
+        if names and c.name not in wanted:
+            continue
+        if pats and not any((fnmatch.fnmatchcase(c.name, p) if any(ch in p for ch in "*?[") else p in c.name)
+                            for p in pats):
+            continue
         out.append(c)
     return out
 

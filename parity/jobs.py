@@ -14,7 +14,7 @@ def run_shard(argv: list, shard: int, jobs: int) -> list:
     from parity import cases as pcases
     selected = _runners.select(args.backend, args.path)
     cases = pcases.filter_grid(pcases.build_grid(mode=args.mode, gpu=gpu, seed=args.seed),
-                               pattern=args.pattern, ops=args.op)
+                               pattern=args.pattern, ops=args.op, names=args.cases)
     repeat = pcases.sizes_for(args.mode, gpu).repeat
     return [(ci, run_suite([cases[ci]], selected, seed=args.seed, mode=args.mode, repeat=repeat))
             for ci in range(shard, len(cases), jobs)]

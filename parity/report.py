@@ -149,10 +149,11 @@ def summarize(rows: list[Row]) -> dict:
 
 
 def rerun_command(case: str, op: str, keys: list[str], seed: int, mode: str) -> str:
-    """The command line that reruns one (case, op) on the given paths."""
+    """The command line that reruns exactly one (case, op) on the given paths (``--case``, an
+    exact name: ``-k`` would also run every case whose name contains this one)."""
     backends = sorted({k.split("/")[0] for k in keys})
     paths = [k.split("/")[1] for k in keys]
-    cmd = ["python", "-m", "parity", "-k", case, "--op", op, "--backend", ",".join(backends),
+    cmd = ["python", "-m", "parity", "--case", case, "--op", op, "--backend", ",".join(backends),
            "--path", ",".join(dict.fromkeys(paths)), "--seed", str(seed)]
     if mode != "default":
         cmd.append(f"--{mode}")

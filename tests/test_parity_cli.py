@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ from parity import runners
 ROOT = Path(__file__).resolve().parents[1]
 
 MLA_CASE = "mla/fp8_ds_mla/invalid_middle"
+SINK_CASE = "mla/fp8_ds_mla/attn_sink"        # a prefix of mla/fp8_ds_mla/attn_sink_empty_row
 IDX_CASE = "idx/corner/nan_rows"
 STEP_CASE = "step/DSV32/N1"
 LAYER_CASE = "layer/DSV32/fp8_ds_mla_float32"
@@ -163,20 +165,88 @@ def test_correct_paths_pass_with_exit_0_and_json_schema(registry, tmp_path):
 
 
 def test_broken_mla_path_fails_with_exit_1_and_rerun_command(registry, tmp_path, capsys):
+    """A shifted output fails (exit 1); the printed rerun command selects exactly the failing
+    case, even when ``-k`` with that name (a substring match) selects more, and rebuilds the same
+    inputs (same worst error)."""
     registry(_fake("good", _ref_outputs), _fake("broken", _broken_outputs))
-    rc, doc = _run(["-k", MLA_CASE], tmp_path)
+    rc, doc = _run(["-k", SINK_CASE], tmp_path)
     assert rc == 1
-    good = _rows(doc, path="good", against="reference")[0]
-    bad = _rows(doc, path="broken", against="reference")[0]
+    # -k is a substring match: the name of one case selects its longer-named sibling too
+    assert {r["case"] for r in doc["rows"]} == {SINK_CASE, SINK_CASE + "_empty_row"}
+    good = _rows(doc, case=SINK_CASE, path="good", against="reference")[0]
+    bad = _rows(doc, case=SINK_CASE, path="broken", against="reference")[0]
     assert good["passed"] is True
     assert bad["passed"] is False and bad["status"] == "fail"
     assert bad["ratio"] > 10 and abs(bad["worst_error"] - 0.05) < 1e-3
-    cross = _rows(doc, against="fake/broken")[0]
+    cross = _rows(doc, case=SINK_CASE, against="fake/broken")[0]
     assert cross["path"] == "good" and cross["passed"] is False
-    assert bad["rerun"] == (f"python -m parity -k {MLA_CASE} --op sparse_mla_decode "
+    assert bad["rerun"] == (f"python -m parity --case {SINK_CASE} --op sparse_mla_decode "
                             f"--backend fake --path broken --seed 0")
+    assert cross["rerun"] == (f"python -m parity --case {SINK_CASE} --op sparse_mla_decode "
+                              f"--backend fake --path good,broken --seed 0")
     printed = capsys.readouterr().out
     assert "FAIL" in printed and bad["rerun"] in printed
+    # the printed command, run as printed: exactly one case, op and path, the same failure
+    argv = shlex.split(bad["rerun"])
+    assert argv[:3] == ["python", "-m", "parity"]
+    assert cli.main([*argv[3:], "--list"]) == 0
+    assert capsys.readouterr().out.split("\n") == [f"{SINK_CASE}  [sparse_mla_decode]", ""]
+    (tmp_path / "again").mkdir()
+    rc, again = _run(argv[3:], tmp_path / "again")
+    assert rc == 1
+    assert [(r["case"], r["op"], r["path"], r["against"]) for r in again["rows"]] == [
+        (SINK_CASE, "sparse_mla_decode", "broken", "reference")]
+    assert again["rows"][0]["worst_error"] == bad["worst_error"]
+    capsys.readouterr()
+    # the cross row's command: the same one case on both paths of the pair
+    assert cli.main([*shlex.split(cross["rerun"])[3:], "--list"]) == 0
+    assert capsys.readouterr().out.split("\n") == [f"{SINK_CASE}  [sparse_mla_decode]", ""]
+
+
+def test_case_selects_exact_names_and_lists_close_names(registry, capsys):
+    """``--case`` is exact and repeatable, combines with ``-k`` / ``--op`` (all must match); an
+    unknown name exits 2 naming the closest case names; ``-k`` stays a substring match."""
+    registry(_fake("good", _ref_outputs))
+
+    def listed(*argv):
+        assert cli.main([*argv, "--list"]) == 0
+        return capsys.readouterr().out.splitlines()
+
+    assert listed("-k", "idx/corner/ties") == [
+        "idx/corner/ties  [indexer_topk]", "idx/corner/ties_sorted  [indexer_topk]"]
+    assert listed("--case", "idx/corner/ties") == ["idx/corner/ties  [indexer_topk]"]
+    assert listed("--case", IDX_CASE) == [f"{IDX_CASE}  [indexer_logits]", f"{IDX_CASE}  [indexer_topk]"]
+    assert listed("--case", IDX_CASE, "--op", "indexer_topk") == [f"{IDX_CASE}  [indexer_topk]"]
+    assert listed("--case", IDX_CASE, "--case", SINK_CASE + "_empty_row") == [
+        f"{SINK_CASE}_empty_row  [sparse_mla_decode]", f"{IDX_CASE}  [indexer_logits]",
+        f"{IDX_CASE}  [indexer_topk]"]   # grid order, not argument order
+    assert listed("--case", SINK_CASE, "--case", IDX_CASE, "-k", "idx/") == [
+        f"{IDX_CASE}  [indexer_logits]", f"{IDX_CASE}  [indexer_topk]"]
+    # a typo: usage error, the message names the flag, the bad name and the closest real names
+    assert cli.main(["--case", "mla/fp8_ds_mla/atn_sink", "--case", IDX_CASE, "--list"]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert "--case: expected the exact name of a case of this grid" in err
+    assert f"got 'mla/fp8_ds_mla/atn_sink' (closest: {SINK_CASE}," in err
+    assert IDX_CASE not in err                      # only the unknown name is reported
+    assert cli.main(["--case", "zzz", "--list"]) == 2
+    assert "got 'zzz' (no close name)" in " ".join(capsys.readouterr().err.split())
+    # a real name that the other selectors exclude: nothing to run, also a usage error
+    assert cli.main(["--case", SINK_CASE, "--op", "indexer_topk", "--list"]) == 2
+    assert (f"no case of this grid matches --case {SINK_CASE} --op indexer_topk"
+            in " ".join(capsys.readouterr().err.split()))
+    with pytest.raises(TypeError, match="names: expected a list of case names, got the string"):
+        pcases.filter_grid(pcases.build_grid(mode="quick", gpu=False), names=SINK_CASE)
+
+
+def test_help_lists_every_registered_op_backend_and_path(registry, capsys):
+    """--help's choices come from the registries, not a hand-written list."""
+    registry(_fake("good", _ref_outputs), runners.Runner("other", "alt", {}))
+    text = " ".join(cli.build_parser().format_help().split())
+    assert f"comma-separated ops ({', '.join(runners.OPS)}; default all)" in text
+    assert "dsa_decode_layer" in runners.OPS
+    assert "comma-separated backends to run (fake, other; default all)" in text
+    assert "comma-separated paths to run (good, alt; default all)" in text
+    assert "a substring match like pytest -k" in text and "--case" in text
 
 
 def test_wrong_topk_is_caught(registry, tmp_path):
@@ -265,7 +335,7 @@ def test_layer_op_catches_a_wrong_output_and_checks_every_rank(registry, tmp_pat
         ("DSV32", "fp8_ds_mla", "float32", 4)
     assert bad["passed"] is False and "out:" in bad["message"]
     assert _rows(doc, against="fake/broken")[0]["passed"] is False
-    assert bad["rerun"] == (f"python -m parity -k {LAYER_CASE} --op dsa_decode_layer --backend fake "
+    assert bad["rerun"] == (f"python -m parity --case {LAYER_CASE} --op dsa_decode_layer --backend fake "
                             f"--path broken --seed 0")
     registry(_fake("good", _ref_outputs), _fake("good2", _ref_outputs))
     rc, doc = _run(["-k", LAYER_TP_CASE, "--op", "dsa_decode_layer"], tmp_path)
@@ -294,12 +364,12 @@ def test_layer_cases_per_mode_and_machine():
 
 def test_case_inputs_depend_only_on_name_seed_and_mode():
     a = {c.name + c.op: c for c in pcases.build_grid(mode="default", gpu=False, seed=3)}
-    b = pcases.filter_grid(pcases.build_grid(mode="default", gpu=False, seed=3), pattern=MLA_CASE)
-    assert [c.name for c in b] == [MLA_CASE]          # an exact name selects only that case
+    b = pcases.filter_grid(pcases.build_grid(mode="default", gpu=False, seed=3), names=[MLA_CASE])
+    assert [c.name for c in b] == [MLA_CASE]          # an exact name (--case) selects only that case
     x, y = a[MLA_CASE + "sparse_mla_decode"].build(), b[0].build()
     assert np.array_equal(x.q, y.q) and np.array_equal(x.indices, y.indices)
     assert x.kv_cache.tobytes() == y.kv_cache.tobytes()
-    z = pcases.filter_grid(pcases.build_grid(mode="default", gpu=False, seed=4), pattern=MLA_CASE)[0].build()
+    z = pcases.filter_grid(pcases.build_grid(mode="default", gpu=False, seed=4), names=[MLA_CASE])[0].build()
     assert not np.array_equal(x.q, z.q)
     # names are unique per op, and the grid covers every op and both presets
     grid = pcases.build_grid(mode="default", gpu=False, seed=0)
