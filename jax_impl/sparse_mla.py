@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_impl import formats as jfmt
-from jax_impl._common import JAX_PATHS, check_array, device_info, run_path
+from jax_impl._common import JAX_PATHS, check_array, check_sm_scale, device_info, run_path
 from kernels import configs, dispatch, hardware
 from kernels import formats as nf
 from kernels.pallas import sparse_mla as pk
@@ -51,23 +51,20 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
     check_array("indices", indices, ndim=3, dtypes=(jnp.int32,), shape=(B, N, None))
     if indices.shape[2] < 1:
         raise ValueError(f"indices: expected K >= 1 entries per row, got shape {tuple(indices.shape)}")
-    if isinstance(d_v, bool) or not isinstance(d_v, int) or not 1 <= d_v <= d_qk:
+    if isinstance(d_v, (bool, np.bool_)) or not isinstance(d_v, (int, np.integer)):
+        raise TypeError(f"d_v: expected an int, got {type(d_v).__name__} {d_v!r}")
+    if not 1 <= d_v <= d_qk:
         raise ValueError(f"d_v: expected an int in [1, D_qk={d_qk}], got {d_v!r}")
+    if kv_format == "fp8_ds_mla" and d_v != nf.DS_MLA_NOPE:
+        raise ValueError(f"d_v: kv_format 'fp8_ds_mla' stores V as the {nf.DS_MLA_NOPE} fp8 dims, "
+                         f"expected {nf.DS_MLA_NOPE}, got {d_v}")
     if block_table is not None:
         check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
     if topk_length is not None:
         check_array("topk_length", topk_length, ndim=1, dtypes=(jnp.int32,), shape=(B,))
     if attn_sink is not None:
         check_array("attn_sink", attn_sink, ndim=1, dtypes=(jnp.float32,), shape=(H,))
-    if isinstance(sm_scale, bool) or not (
-            isinstance(sm_scale, (int, float)) or
-            (hasattr(sm_scale, "shape") and tuple(sm_scale.shape) == ()
-             and jnp.issubdtype(sm_scale.dtype, jnp.floating))):
-        raise TypeError(f"sm_scale: expected a Python float or a scalar float array, "
-                        f"got {type(sm_scale).__name__} {getattr(sm_scale, 'shape', '')}")
-    concrete = isinstance(sm_scale, (int, float, np.generic, np.ndarray))   # not a traced value
-    if concrete and not np.isfinite(np.asarray(sm_scale, np.float64)):
-        raise ValueError(f"sm_scale: expected a finite float, got {sm_scale!r}")
+    check_sm_scale(sm_scale)   # TypeError / ValueError naming sm_scale; concrete NaN / inf too
     return page_size, num_pages
 
 
@@ -222,9 +219,12 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
         dereferenced) when negative (-1 is the padding), >= num_pages * P (slots) or
         >= max_pages * P (logical), or when its page entry is negative or >= num_pages.
         Duplicated valid entries count once per occurrence.
-      sm_scale: softmax scale (Python float or scalar float array), natural-log domain.
+      sm_scale: softmax scale, natural-log domain: a Python int / float, a NumPy integer or
+        floating scalar, or a 0-d float array (traced under ``jax.jit`` too); never a bool. A
+        concrete value must be finite (a concrete ``jax.Array`` is read back to check it).
       kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"`` (static).
-      d_v: value width, the first d_v latent dims (static; the pallas path supports 512).
+      d_v: value width, the first d_v latent dims (static int; the pallas path supports 512;
+        ``"fp8_ds_mla"`` stores V as its 512 fp8 dims and needs 512).
       block_table: ``[B, max_pages]`` int32 or None; entries past a request's pages may be -1.
       topk_length: ``[B]`` int32 or None: list positions >= topk_length[b] are ignored.
       attn_sink: ``[H]`` float32 or None (V4): ``out *= 1 / (1 + exp(sink_h - lse))``; the
@@ -236,7 +236,9 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
       out 0 and lse -inf (FlashMLA returns +inf there; its wrapper converts, this API does not).
     Raises:
       TypeError / ValueError: wrong dtype, rank or shape of an argument, unknown kv_format or
-        path, bad d_v (the message names the argument, the expectation and what came).
+        path, bad d_v (not an int, outside [1, D_qk], not 512 with ``"fp8_ds_mla"``), an
+        sm_scale that is not a real scalar (TypeError) or is a concrete NaN / inf (ValueError)
+        (the message names the argument, the expectation and what came).
       NotImplementedError: ``path="pallas"`` on a GPU / shape it cannot run (names the GPU, its
         compute capability and what is supported), raised before launch.
     """
@@ -271,6 +273,10 @@ def _sparse_mla_decode_checked(q, kv_cache, indices, sm_scale, *, kv_format="lat
     # would be cast to int32 silently (JAX without x64) and a Python NaN scale become a tracer.
     _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
               attn_sink, path)
+    if isinstance(sm_scale, (int, float, np.integer, np.floating)):
+        # a Python float traces as a weak float32 scalar; a Python / NumPy int would trace as an
+        # int32 array, which the traced check (0-d float arrays only) refuses
+        sm_scale = float(sm_scale)
     return _sparse_mla_decode_jit(q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v,
                                   block_table=block_table, topk_length=topk_length,
                                   attn_sink=attn_sink, path=path)

@@ -15,6 +15,7 @@ both give bitwise identical outputs. Traceable under ``jax.jit`` (all shapes sta
 """
 from __future__ import annotations
 
+from jax_impl._common import check_int, check_sm_scale
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
 
@@ -43,8 +44,11 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
         addresses both caches (they share the page pool and P).
       context_lens: int32 ``[B]`` (L_b, counting the N new tokens; draft i sees positions
         ``j < L_b - (N - 1 - i)``) or ``[B, N]`` (per-draft valid lengths).
-      sm_scale: softmax scale of ``q . k`` (natural-log domain), a Python float.
-      topk: K, positions attended per draft (``index_topk``; 2048 for V3.2), a Python int.
+      sm_scale: softmax scale of ``q . k`` (natural-log domain): a Python int / float, a NumPy
+        integer or floating scalar, or a 0-d float array (traced under ``jax.jit`` too); never
+        a bool; finite when concrete.
+      topk: K >= 1, positions attended per draft (``index_topk``; 2048 for V3.2): a Python int
+        or NumPy integer scalar, never a bool (static under ``jax.jit``).
       kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"``.
       d_v: value width, the first ``d_v`` latent dims (512).
       attn_sink: float32 ``[H]`` or None (V4-Flash): ``out *= 1 / (1 + exp(sink_h - lse))``.
@@ -62,11 +66,15 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
         the smaller position), -1 padding last.
 
     Raises:
-      TypeError / ValueError: bad argument (named) from either op's validation.
+      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``
+        and ``topk`` are checked first (before the indexer runs): TypeError for a wrong type,
+        ValueError for a NaN / inf scale or ``topk`` < 1.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
+    check_sm_scale(sm_scale)
+    topk = check_int("topk", topk, minimum=1)
     indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
                            k_format=k_format, sorted=True, path=path)
     out, lse = sparse_mla_decode(q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v,

@@ -48,7 +48,7 @@ from jax import lax
 from jax.sharding import Mesh, PartitionSpec as PS
 
 from kernels import formats as np_formats
-from jax_impl._common import check_array
+from jax_impl._common import JAX_PATHS, check_array, check_int, check_sm_scale
 from jax_impl.indexer import indexer_logits, indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
 
@@ -62,26 +62,27 @@ def heads_per_rank(num_heads: int, tp: int) -> int:
     """Query heads on one device: ``num_heads // tp``.
 
     Raises:
-      ValueError: ``tp`` is not a positive integer or does not divide ``num_heads`` (names both).
+      TypeError: ``num_heads`` or ``tp`` not an int (Python or NumPy integer, not bool).
+      ValueError: either below 1, or ``tp`` does not divide ``num_heads`` (names heads and tp).
     """
-    if isinstance(tp, bool) or not isinstance(tp, (int, np.integer)) or tp < 1:
-        raise ValueError(f"tp: expected a positive int, got {tp!r}")
-    if num_heads < 1:
-        raise ValueError(f"heads: expected a positive int, got {num_heads!r}")
+    tp = check_int("tp", tp, minimum=1)
+    num_heads = check_int("heads", num_heads, minimum=1)
     if num_heads % tp:
         raise ValueError(f"heads: {num_heads} query heads cannot be split evenly over tp={tp} "
                          f"devices (heads must be a multiple of tp)")
-    return int(num_heads) // int(tp)
+    return num_heads // tp
 
 
 def make_tp_mesh(tp: int, *, axis_name: str = "tp", devices=None) -> Mesh:
     """A 1-D mesh of the first ``tp`` devices with one axis ``axis_name``.
 
     Raises:
-      ValueError: fewer than ``tp`` devices (names both counts).
+      TypeError: ``tp`` not an int. ValueError: ``tp`` outside ``[1, devices available]``
+      (names both counts).
     """
     devs = list(jax.devices() if devices is None else devices)
-    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= len(devs):
+    tp = check_int("tp", tp)
+    if not 1 <= tp <= len(devs):
         raise ValueError(f"tp: expected an int in [1, {len(devs)}] (devices available), got {tp!r}")
     return Mesh(np.array(devs[:tp]), (axis_name,))
 
@@ -199,10 +200,10 @@ def sequence_sharded_topk(idx_q, idx_weights, k_cache, block_table, context_lens
       int32 ``[B, N, topk]`` logical positions, descending logit (ties to the smaller position),
       -1 padding last; replicated over ``axis_name``.
     Raises:
-      TypeError / ValueError: bad argument (named).
+      TypeError / ValueError: bad argument (named); ``topk`` not an int (TypeError) or < 1
+        (ValueError).
     """
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk: expected a positive int, got {topk!r}")
+    topk = check_int("topk", topk, minimum=1)
     check_array("idx_q", idx_q, ndim=4)
     check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,))
     B, N = int(idx_q.shape[0]), int(idx_q.shape[1])
@@ -278,8 +279,13 @@ def dsa_decode_step_tp(mesh: Mesh, q, kv_cache, idx_q, idx_weights, k_cache, blo
       (ties to the smaller position, -1 last) and identical in both modes, so out / lse are
       bitwise identical in both modes too.
     Raises:
-      ValueError: ``H`` not divisible by the axis size (names heads and tp), unknown
-        ``indexer_mode`` / ``axis_name``, or a bad argument (named) from the ops.
+      TypeError: ``sm_scale`` not a real scalar (Python int / float or NumPy scalar, or a
+        concrete 0-d float array; never a bool, never traced: the scale is compiled in);
+        ``topk`` or ``d_v`` not an int (Python or NumPy integer, not bool); ``mesh`` not a Mesh.
+      ValueError: ``H`` not divisible by the axis size (names heads and tp), ``sm_scale`` NaN or
+        inf, ``topk`` < 1, unknown ``indexer_mode`` / ``axis_name`` / ``kv_format`` /
+        ``k_format`` / ``path``, or a bad argument (named) from the ops. All of these are
+        raised before anything is traced or compiled.
       NotImplementedError: the named ``path`` cannot run here.
     """
     if indexer_mode not in INDEXER_MODES:
@@ -288,13 +294,25 @@ def dsa_decode_step_tp(mesh: Mesh, q, kv_cache, idx_q, idx_weights, k_cache, blo
         raise TypeError(f"mesh: expected a jax.sharding.Mesh, got {type(mesh).__name__}")
     if axis_name not in mesh.axis_names:
         raise ValueError(f"axis_name: expected one of the mesh axes {mesh.axis_names}, got {axis_name!r}")
+    # the scalars and names are compiled in (lru_cache key of _build): validate them here, so a
+    # float topk is not truncated, a NaN scale not compiled, an unhashable name not a TypeError
+    # from the cache
+    if kv_format not in np_formats.KV_FORMATS:
+        raise ValueError(f"kv_format: expected one of {np_formats.KV_FORMATS}, got {kv_format!r}")
+    if k_format not in np_formats.K_FORMATS:
+        raise ValueError(f"k_format: expected one of {np_formats.K_FORMATS}, got {k_format!r}")
+    if path not in JAX_PATHS:
+        raise ValueError(f"path: expected one of {JAX_PATHS}, got {path!r}")
+    sm_scale = check_sm_scale(sm_scale, static=True)
+    topk = check_int("topk", topk, minimum=1)
+    d_v = check_int("d_v", d_v, minimum=1)
     check_array("q", q, ndim=4)
     tp = int(mesh.shape[axis_name])
     heads_per_rank(int(q.shape[2]), tp)
     if attn_sink is not None:
         check_array("attn_sink", attn_sink, shape=(q.shape[2],), dtypes=(jnp.float32,))
-    fn = _build(mesh, axis_name, float(sm_scale), int(topk), kv_format, int(d_v), k_format,
-                indexer_mode, path, attn_sink is not None)
+    fn = _build(mesh, axis_name, sm_scale, topk, kv_format, d_v, k_format, indexer_mode, path,
+                attn_sink is not None)
     args = (q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens)
     if attn_sink is not None:
         args += (attn_sink,)

@@ -9,6 +9,8 @@ page tails), so a step that attended anything outside the valid range produces N
 each runs ``torch_impl.tp.dsa_decode_step_tp`` in both indexer modes on the same case and writes
 its head shard and indices to ``<outdir>/rank<r>.npz`` for the parent (pytest) to check. The
 children inherit ``TRITON_INTERPRET=1`` from the parent's environment (tests/conftest.py).
+``run_uneven_gather`` starts ``world`` processes that split heads by hand unevenly and call
+``gather_heads`` (no kernels): each rank records the error it got.
 
 On GPUs use torchrun instead (bench/tp_bench.py); this file is for the CPU tests.
 """
@@ -138,9 +140,33 @@ def _worker(rank: int, world: int, port: int, outdir: str, jobs: list) -> None:
         dist.destroy_process_group()
 
 
-def run_workers(world: int, outdir: str, jobs: list) -> list[list[dict]]:
-    """Run the TP step on ``world`` gloo processes for each ``(case_kw, path)`` job; returns
-    ``results[job][rank]`` dicts of arrays."""
+def _uneven_gather_worker(rank: int, world: int, port: int, outdir: str, heads: int) -> None:
+    """A manual head split by ``torch.tensor_split`` (uneven when ``world`` does not divide
+    ``heads``), then ``gather_heads``: records the error each rank gets, then gathers an even
+    split (rank r's shard filled with r) to show the group still works after the error."""
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    try:
+        from torch_impl import tp
+
+        q = torch.arange(heads, dtype=torch.float32).view(1, 1, heads, 1).expand(1, 1, heads, 3)
+        mine = torch.tensor_split(q, world, dim=2)[rank].contiguous()
+        err = ""
+        try:
+            tp.gather_heads(mine)
+        except ValueError as e:
+            err = str(e)
+        even = torch.full((1, 1, 2, 3), float(rank))
+        np.savez(os.path.join(outdir, f"uneven_rank{rank}.npz"), error=np.array(err),
+                 gathered=tp.gather_heads(even).numpy())
+    finally:
+        dist.destroy_process_group()
+
+
+def _start(fn, world: int, args: tuple) -> None:
     import multiprocessing
 
     import torch.multiprocessing as mp
@@ -150,7 +176,19 @@ def run_workers(world: int, outdir: str, jobs: list) -> list[list[dict]]:
     # the (possibly multithreaded, JAX-initialised) pytest process.
     multiprocessing.get_context("forkserver").set_forkserver_preload(
         ["torch", "torch.distributed", "torch_impl", "torch_impl.tp", __name__])
-    mp.start_processes(_worker, args=(world, free_port(), outdir, jobs), nprocs=world,
-                       join=True, start_method="forkserver")
+    mp.start_processes(fn, args=(world, free_port()) + args, nprocs=world, join=True,
+                       start_method="forkserver")
+
+
+def run_uneven_gather(world: int, outdir: str, heads: int) -> list[dict]:
+    """Run :func:`_uneven_gather_worker` on ``world`` gloo processes; per-rank result dicts."""
+    _start(_uneven_gather_worker, world, (outdir, heads))
+    return [dict(np.load(os.path.join(outdir, f"uneven_rank{r}.npz"))) for r in range(world)]
+
+
+def run_workers(world: int, outdir: str, jobs: list) -> list[list[dict]]:
+    """Run the TP step on ``world`` gloo processes for each ``(case_kw, path)`` job; returns
+    ``results[job][rank]`` dicts of arrays."""
+    _start(_worker, world, (outdir, jobs))
     return [[dict(np.load(os.path.join(outdir, f"job{j}_rank{r}.npz"))) for r in range(world)]
             for j in range(len(jobs))]

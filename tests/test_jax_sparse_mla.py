@@ -299,11 +299,46 @@ def test_bad_kwargs(kwargs, exc, match):
 
 def test_bad_sm_scale():
     q, kv, idx = _good()
-    with pytest.raises(TypeError, match="sm_scale"):
-        sparse_mla_decode(q, kv, idx, jnp.ones((2,), jnp.float32))
-    for bad in (float("nan"), np.float32("nan"), np.float64("inf"), np.array(np.nan, np.float32)):
-        with pytest.raises(ValueError, match="sm_scale"):
+    for bad in (jnp.ones((2,), jnp.float32), "0.1", None, True, np.bool_(False), 1j,
+                jnp.array(1, jnp.int32)):
+        with pytest.raises(TypeError, match="sm_scale: expected a real number"):
             sparse_mla_decode(q, kv, idx, bad)
+    # concrete non-finite scales: Python, NumPy and (new-user trial) jax scalars
+    for bad in (float("nan"), np.float32("nan"), np.float64("inf"), np.array(np.nan, np.float32),
+                jnp.float32(float("nan")), jnp.array(-jnp.inf, jnp.float32),
+                jnp.array(float("nan"), jnp.bfloat16)):
+        with pytest.raises(ValueError, match="sm_scale: expected a finite value"):
+            sparse_mla_decode(q, kv, idx, bad)
+
+
+def test_numpy_and_jax_scalar_sm_scale_accepted():
+    """The scalar rule of both stacks: NumPy integer / floating scalars and concrete 0-d float
+    jax arrays are accepted and give the bits of the equal Python float (and the reference)."""
+    case = cases.make_mla_case(12, B=1, N=1, H=8, d_qk=576, K=16, P=16,
+                               sm_scale=float(np.float32(0.0625)))
+    ref = _call(case, "xla")
+    _check(case, *ref)
+    for s in (np.float32(0.0625), np.float16(0.0625), jnp.float32(0.0625)):
+        got = sparse_mla_decode(_j(case.q), _j(case.kv_cache), _j(case.indices), s, path="xla")
+        for x, y in zip(ref, got):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    one = cases.make_mla_case(12, B=1, N=1, H=8, d_qk=576, K=16, P=16, sm_scale=1.0)
+    out, lse = sparse_mla_decode(_j(one.q), _j(one.kv_cache), _j(one.indices), np.int64(1), path="xla")
+    _check(one, out, lse)
+
+
+def test_fp8_ds_mla_d_v_same_message_as_torch():
+    """fp8_ds_mla stores V as its 512 fp8 dims: d_v=256 is a ValueError with torch_impl's
+    message (it used to run in jax); a float d_v is a TypeError, as in torch."""
+    case = cases.make_mla_case(13, B=1, N=1, H=8, d_qk=576, K=16, P=16, kv_format="fp8_ds_mla")
+    q, kv, idx = _j(case.q), _j(case.kv_cache), _j(case.indices)
+    for path in ("auto", "xla", "pallas"):
+        with pytest.raises(ValueError) as e:
+            sparse_mla_decode(q, kv, idx, 0.1, kv_format="fp8_ds_mla", d_v=256, path=path)
+        assert str(e.value) == ("d_v: kv_format 'fp8_ds_mla' stores V as the 512 fp8 dims, "
+                                "expected 512, got 256")
+    with pytest.raises(TypeError, match="d_v: expected an int"):
+        sparse_mla_decode(q, kv, idx, 0.1, kv_format="fp8_ds_mla", d_v=512.0)
 
 
 def test_pallas_named_path_raises_xla_auto_falls_through():

@@ -7,7 +7,9 @@ Checks: the single-device step against the float64 reference (top-k as exact set
 step's own indices); the sharded step in both indexer modes against the single-device step
 (indices bitwise, out / lse within SPEC tolerance, and bitwise between the two modes); the
 candidate merge of the sequence-sharded top-k against ``topk_from_logits`` on rows full of
-ties, NaN, -inf and -0.0; set-up errors (heads not divisible by tp).
+ties, NaN, -inf and -0.0; set-up errors (heads not divisible by tp); the scalar rule shared with
+torch_impl (sm_scale / topk / d_v named TypeError / ValueError before tracing, NumPy scalars
+accepted bit for bit like Python ones).
 """
 from __future__ import annotations
 
@@ -157,3 +159,77 @@ def test_setup_errors():
         tp.dsa_decode_step_tp(mesh, *_arrays(c), c.sm_scale, c.topk, axis_name="model")
     with pytest.raises(ValueError, match="tp: expected an int in"):
         tp.make_tp_mesh(len(jax.devices()) + 1)
+
+
+# ============================================================================ bad input (new-user trial)
+
+@pytest.mark.parametrize("kw,exc,match", [
+    # topk used to go through int(): 2.5 ran as 2, True as 1
+    (dict(topk=2.5), TypeError, r"topk: expected an int .* got float 2.5"),
+    (dict(topk=True), TypeError, r"topk: expected an int .*not a bool.* got bool"),
+    (dict(topk=np.bool_(True)), TypeError, "topk: expected an int"),
+    (dict(topk="64"), TypeError, "topk: expected an int"),
+    (dict(topk=0), ValueError, "topk: expected an int >= 1, got 0"),
+    # sm_scale used to go through float(): "abc" / None gave unnamed errors
+    (dict(sm_scale="abc"), TypeError, "sm_scale: expected a real number"),
+    (dict(sm_scale=None), TypeError, "sm_scale: expected a real number .* got NoneType"),
+    (dict(sm_scale=True), TypeError, "sm_scale: expected a real number"),
+    (dict(sm_scale=jnp.ones((2,), jnp.float32)), TypeError, r"sm_scale: .* shape \(2,\)"),
+    (dict(sm_scale=float("nan")), ValueError, "sm_scale: expected a finite value, got nan"),
+    (dict(sm_scale=np.float32("inf")), ValueError, "sm_scale: expected a finite value, got inf"),
+    (dict(sm_scale=jnp.float32(float("nan"))), ValueError, "sm_scale: expected a finite value"),
+    (dict(d_v=512.0), TypeError, "d_v: expected an int"),
+    (dict(kv_format=["latent"]), ValueError, "kv_format: expected one of"),
+    (dict(k_format="fp8"), ValueError, "k_format: expected one of"),
+    (dict(path="cuda"), ValueError, "path: expected one of"),
+])
+def test_tp_bad_scalars_named_before_tracing(kw, exc, match):
+    c = make_step_case(0, B=1, H=16, lens=[70])
+    mesh = tp.make_tp_mesh(1)
+    args = dict(sm_scale=c.sm_scale, topk=c.topk)
+    opts = dict(kv_format=c.kv_format, path="xla")
+    for k, v in kw.items():
+        (args if k in args else opts)[k] = v
+    with pytest.raises(exc, match=match):
+        tp.dsa_decode_step_tp(mesh, *_arrays(c), args["sm_scale"], args["topk"], **opts)
+    if set(kw) <= {"sm_scale", "topk"}:
+        with pytest.raises(exc, match=match):   # the one-device step checks them before the indexer
+            dsa_decode_step(*_arrays(c), args["sm_scale"], args["topk"], kv_format=c.kv_format,
+                            path="xla")
+
+
+def test_tp_traced_sm_scale_refused_and_heads_type():
+    """The TP step compiles sm_scale in: a traced scale is a TypeError naming it (not a
+    ConcretizationTypeError from float()); heads_per_rank / make_tp_mesh name a bad type."""
+    c = make_step_case(0, B=1, H=16, lens=[70])
+    mesh = tp.make_tp_mesh(1)
+    arrs = _arrays(c)
+    with pytest.raises(TypeError, match="sm_scale: expected a concrete value"):
+        jax.jit(lambda s: tp.dsa_decode_step_tp(mesh, *arrs, s, c.topk, kv_format=c.kv_format))(0.1)
+    with pytest.raises(TypeError, match="tp: expected an int"):
+        tp.heads_per_rank(16, 4.0)
+    with pytest.raises(TypeError, match="heads: expected an int"):
+        tp.heads_per_rank(16.0, 4)
+    with pytest.raises(TypeError, match="tp: expected an int"):
+        tp.make_tp_mesh(True)
+    assert tp.heads_per_rank(np.int64(16), np.int64(4)) == 4
+
+
+def test_tp_numpy_scalars_match_python_scalars():
+    """np.float32 sm_scale and np.int64 topk are accepted (the rule of both stacks) and give the
+    bits of the equal Python scalars, on one device and through the TP step."""
+    c = make_step_case(5, B=2, H=16, lens=[150, 70])
+    scale = float(np.float32(c.sm_scale))
+    arrs = _arrays(c)
+    ref = dsa_decode_step(*arrs, scale, c.topk, kv_format=c.kv_format, path="xla")
+    got = dsa_decode_step(*arrs, np.float32(scale), np.int64(c.topk), kv_format=c.kv_format, path="xla")
+    tpo = tp.dsa_decode_step_tp(tp.make_tp_mesh(1), *arrs, np.float32(scale), np.int64(c.topk),
+                                kv_format=c.kv_format, path="xla")
+    for a, b, d in zip(ref, got, tpo):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(d))
+    compare.assert_pass(compare.check_topk(np.asarray(ref[2]), c.reference_logits(), c.topk, sorted=True))
+    c.sm_scale = scale
+    ref_out, ref_lse = c.reference_mla(np.asarray(ref[2]))
+    compare.assert_pass(compare.check_mla(compare.to_numpy(ref[0]), np.asarray(ref[1]), ref_out, ref_lse,
+                                          q_dtype=c.params["q_dtype"]))

@@ -6,7 +6,9 @@ Checks: the single-device step against the float64 reference (top-k as exact set
 step's own indices); the TP step in both indexer modes against the single-device step (indices
 bitwise, out / lse per head shard within SPEC tolerance, and bitwise between the two modes);
 the candidate pack / merge of the sequence-sharded top-k against ``topk_from_logits`` on rows
-full of ties, NaN, -inf and -0.0; set-up errors.
+full of ties, NaN, -inf and -0.0; set-up errors: a manual head split checked by a pure function
+(``head_split``), an uneven split raising on every rank in ``gather_heads`` (4 gloo processes, no
+kernels), the sm_scale / topk rule shared with jax_impl (NumPy scalars accepted bit for bit).
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+import _tp_worker as tp_worker
 from _tp_worker import make_step_case, run_workers
 from conftest import HAS_CUDA
 from kernels import compare, reference
@@ -162,3 +165,122 @@ def test_setup_errors():
                               indexer_mode="pipeline")
     with pytest.raises(RuntimeError, match="not initialised"):
         tp.sequence_sharded_topk(*_tensors(c)[2:], c.topk)
+
+
+# ============================================================================ bad input (new-user trial)
+
+def test_head_split_manual_split_checked_without_collectives():
+    """A manual head split is checked by a pure function of replicated values (the same verdict
+    on every rank, before any collective); shard_heads(head_counts=...) applies it."""
+    assert tp.head_split(16, 4) == (4, 4, 4, 4)
+    assert tp.head_split(np.int64(32), np.int64(8), [4] * 8) == (4,) * 8
+    bad = [
+        ((18, 4, None), ValueError, r"heads: 18 query heads cannot be split evenly over tp=4"),
+        ((18, 4, [5, 5, 4, 4]), ValueError, r"head_counts: \[5, 5, 4, 4\] is an uneven split; heads: 18"),
+        ((18, 4, [4, 4, 4, 4]), ValueError,
+         r"head_counts: the per-rank head counts \[4, 4, 4, 4\] sum to 16, expected heads = 18"),
+        ((16, 4, [5, 5, 3, 3]), ValueError,
+         r"head_counts: expected an even split, 4 heads on each of tp=4 ranks \(16 heads\), "
+         r"got \[5, 5, 3, 3\]"),
+        ((16, 4, [4, 4, 4]), ValueError, r"head_counts: expected 4 per-rank head counts .* got 3"),
+        ((16, 4, 4), TypeError, r"head_counts: expected a sequence of 4 ints"),
+        ((16, 4, [4, 4, 4.0, 4]), TypeError, r"head_counts\[2\]: expected an int .* got float"),
+        ((16, 4.0, None), TypeError, r"tp: expected an int .* got float"),
+        ((16, True, None), TypeError, r"tp: expected an int .*not a bool.* got bool"),
+        ((16, 0, None), ValueError, r"tp: expected an int >= 1, got 0"),
+        ((0, 4, None), ValueError, r"heads: expected an int >= 1, got 0"),
+    ]
+    for args, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            tp.head_split(*args)
+    q = torch.arange(16, dtype=torch.float32).view(1, 1, 16, 1)
+    for r in range(4):
+        got = tp.shard_heads(q, r, 4, head_counts=[4, 4, 4, 4])
+        assert got.flatten().tolist() == list(range(4 * r, 4 * r + 4))
+    sink = torch.arange(18, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"head_counts: \[5, 5, 4, 4\] is an uneven split"):
+        tp.shard_heads(sink, 0, 4, dim=0, head_counts=[5, 5, 4, 4])
+    with pytest.raises(ValueError, match=r"head_counts: the per-rank head counts \[4, 4, 4, 4\] sum to 16"):
+        tp.shard_heads(sink, 3, 4, dim=0, head_counts=[4, 4, 4, 4])
+    with pytest.raises(TypeError, match="rank: expected an int"):
+        tp.shard_heads(q, 1.0, 4)
+
+
+def test_uneven_manual_split_raises_on_every_rank_in_gather_heads(tmp_path):
+    """18 heads split by hand over 4 gloo ranks (5, 5, 4, 4): gather_heads used to abort the
+    processes in gloo's all-gather; now every rank gets the same ValueError naming x and each
+    rank's shape, and the group still gathers an even split correctly afterwards."""
+    ranks = tp_worker.run_uneven_gather(4, str(tmp_path), heads=18)
+    msgs = [str(res["error"]) for res in ranks]
+    assert len(set(msgs)) == 1, msgs
+    assert msgs[0].startswith("x: gather_heads needs the same shard shape and dtype on every rank")
+    assert "rank 0: (1, 1, 5, 3) x 4 bytes" in msgs[0] and "rank 3: (1, 1, 4, 3) x 4 bytes" in msgs[0]
+    want = np.broadcast_to(np.repeat(np.arange(4, dtype=np.float32), 2)[None, None, :, None], (1, 1, 8, 3))
+    for res in ranks:
+        np.testing.assert_array_equal(res["gathered"], want)
+
+
+def test_step_scalar_rule():
+    """One rule for sm_scale / topk in both stacks: Python or NumPy scalars of the right kind,
+    never bool; topk >= 1; sm_scale finite."""
+    from torch_impl.step import check_step_scalars
+    scale, k = check_step_scalars(np.float32(0.1), np.int64(64))
+    assert type(scale) is float and scale == float(np.float32(0.1))
+    assert type(k) is int and k == 64
+    assert check_step_scalars(2, np.int32(1)) == (2.0, 1)
+    assert check_step_scalars(-0.5, 3) == (-0.5, 3)          # the ops accept any finite scale
+    bad = [
+        (("0.1", 64), TypeError, "sm_scale: expected a real number"),
+        ((None, 64), TypeError, "sm_scale: expected a real number .* got NoneType"),
+        ((True, 64), TypeError, "sm_scale: .*not a bool"),
+        ((np.bool_(True), 64), TypeError, "sm_scale"),
+        ((torch.tensor(0.1), 64), TypeError, "sm_scale: .* got Tensor"),
+        ((float("nan"), 64), ValueError, "sm_scale: expected a finite value, got nan"),
+        ((np.float32("inf"), 64), ValueError, "sm_scale: expected a finite value, got inf"),
+        ((0.1, 2.5), TypeError, "topk: expected an int .* got float 2.5"),
+        ((0.1, 64.0), TypeError, "topk: expected an int .* got float"),
+        ((0.1, True), TypeError, "topk: expected an int .*not a bool.* got bool"),
+        ((0.1, np.bool_(True)), TypeError, "topk"),
+        ((0.1, 0), ValueError, "topk: expected an int >= 1, got 0"),
+        ((0.1, np.int64(-3)), ValueError, "topk: expected an int >= 1"),
+    ]
+    for args, exc, match in bad:
+        with pytest.raises(exc, match=match):
+            check_step_scalars(*args)
+
+
+@pytest.mark.parametrize("kw,exc,match", [
+    (dict(topk=2.5), TypeError, "topk: expected an int"),
+    (dict(topk=True), TypeError, "topk: expected an int"),
+    (dict(topk=0), ValueError, "topk: expected an int >= 1"),
+    (dict(sm_scale="0.1"), TypeError, "sm_scale: expected a real number"),
+    (dict(sm_scale=None), TypeError, "sm_scale: expected a real number"),
+    (dict(sm_scale=float("inf")), ValueError, "sm_scale: expected a finite value"),
+])
+@pytest.mark.parametrize("mode", ["replicated", "sequence"])
+def test_tp_and_step_bad_scalars_raise_before_any_work(kw, exc, match, mode):
+    """Checked first: no indexer, no collective (the sequence mode without torch.distributed
+    would raise RuntimeError at its first collective; the scalar error comes before it)."""
+    c = make_step_case(0, B=1, H=16, lens=[70])
+    args = dict(sm_scale=c.sm_scale, topk=c.topk)
+    args.update(kw)
+    with pytest.raises(exc, match=match):
+        tp.dsa_decode_step_tp(*_tensors(c), args["sm_scale"], args["topk"], kv_format=c.kv_format,
+                              indexer_mode=mode)
+    with pytest.raises(exc, match=match):
+        dsa_decode_step(*_tensors(c), args["sm_scale"], args["topk"], kv_format=c.kv_format)
+
+
+def test_step_numpy_scalars_match_python_scalars():
+    """np.float32 sm_scale and np.int64 topk give the bits of the equal Python scalars."""
+    c = make_step_case(5, B=2, H=16, lens=[150, 70])
+    scale = float(np.float32(c.sm_scale))
+    t = _tensors(c, "cpu")
+    ref = dsa_decode_step(*t, scale, c.topk, kv_format=c.kv_format, path="torch")
+    got = dsa_decode_step(*t, np.float32(scale), np.int64(c.topk), kv_format=c.kv_format, path="torch")
+    tpo = tp.dsa_decode_step_tp(*t, np.float32(scale), np.int64(c.topk), kv_format=c.kv_format,
+                                path="torch")
+    for a, b, d in zip(ref, got, tpo):
+        assert torch.equal(a, b) and torch.equal(a, d)
+    c.sm_scale = scale
+    _check_against_reference(c, compare.to_numpy(ref[0]), ref[1].numpy(), ref[2].numpy())

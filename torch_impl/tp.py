@@ -59,9 +59,11 @@ from kernels import formats as np_formats
 from torch_impl import _common
 from torch_impl.indexer import indexer_logits, indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
+from torch_impl.step import check_int, check_step_scalars
 
-__all__ = ["INDEXER_MODES", "heads_per_rank", "shard_heads", "gather_heads", "shard_block_table",
-           "sequence_sharded_topk", "dsa_decode_step_tp", "pack_candidates", "merge_candidates"]
+__all__ = ["INDEXER_MODES", "heads_per_rank", "head_split", "shard_heads", "gather_heads",
+           "shard_block_table", "sequence_sharded_topk", "dsa_decode_step_tp", "pack_candidates",
+           "merge_candidates"]
 
 INDEXER_MODES = ("replicated", "sequence")
 _INT64_MIN = -(2 ** 63)
@@ -74,37 +76,95 @@ def heads_per_rank(num_heads: int, tp: int) -> int:
     """Query heads on one rank: ``num_heads // tp``.
 
     Raises:
-      ValueError: ``tp`` is not a positive integer or does not divide ``num_heads`` (names both).
+      TypeError: ``num_heads`` or ``tp`` not an int (Python or NumPy integer, not bool).
+      ValueError: either below 1, or ``tp`` does not divide ``num_heads`` (names heads and tp).
     """
-    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
-        raise ValueError(f"tp: expected a positive int, got {tp!r}")
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int) or num_heads < 1:
-        raise ValueError(f"heads: expected a positive int, got {num_heads!r}")
+    tp = check_int("tp", tp, minimum=1)
+    num_heads = check_int("heads", num_heads, minimum=1)
     if num_heads % tp:
         raise ValueError(f"heads: {num_heads} query heads cannot be split evenly over tp={tp} "
                          f"ranks (heads must be a multiple of tp)")
     return num_heads // tp
 
 
-def shard_heads(x: torch.Tensor, rank: int, world: int, *, dim: int = 2) -> torch.Tensor:
+def head_split(num_heads: int, tp: int, head_counts=None) -> tuple[int, ...]:
+    """The per-rank query-head counts of a TP split, validated: ``(num_heads // tp,) * tp``.
+
+    A pure function of replicated values (the model's head count, the TP size and the caller's
+    stated split), so every rank reaches the same verdict and raises before any collective: call
+    it at set-up (:func:`shard_heads` does) rather than find out in :func:`gather_heads`, whose
+    all-gather of unequal shards aborts a gloo process (NCCL hangs or reads garbage). The split
+    must be even: out / lse shards are all-gathered as equal blocks, and JAX's ``shard_map``
+    splits the same way (``jax_impl.tp``).
+
+    Args:
+      num_heads: the model's query heads H (>= 1).
+      tp: the TP size (>= 1).
+      head_counts: None, or a manual split to check: a sequence of ``tp`` ints, rank r's head
+        count at r. It must sum to ``num_heads`` with every entry ``num_heads / tp``.
+    Returns:
+      tuple of ``tp`` ints, all ``num_heads // tp``.
+    Raises:
+      TypeError: ``num_heads``, ``tp`` or an entry of ``head_counts`` not an int (Python or
+        NumPy integer, not bool); ``head_counts`` not a sequence.
+      ValueError: ``num_heads`` or ``tp`` < 1; ``tp`` does not divide ``num_heads`` (names
+        heads and tp); ``head_counts`` of the wrong length, not summing to ``num_heads`` or
+        uneven (names head_counts and lists it).
+    """
+    tp = check_int("tp", tp, minimum=1)
+    num_heads = check_int("heads", num_heads, minimum=1)
+    if head_counts is None:
+        return (heads_per_rank(num_heads, tp),) * tp
+    if isinstance(head_counts, (str, bytes, torch.Tensor)) or not hasattr(head_counts, "__len__"):
+        raise TypeError(f"head_counts: expected a sequence of {tp} ints (one per rank), got "
+                        f"{type(head_counts).__name__}")
+    counts = [check_int(f"head_counts[{r}]", c, minimum=0) for r, c in enumerate(head_counts)]
+    if len(counts) != tp:
+        raise ValueError(f"head_counts: expected {tp} per-rank head counts (one per rank, tp={tp}), "
+                         f"got {len(counts)}: {counts}")
+    if sum(counts) != num_heads:
+        raise ValueError(f"head_counts: the per-rank head counts {counts} sum to {sum(counts)}, "
+                         f"expected heads = {num_heads}")
+    if num_heads % tp:
+        raise ValueError(f"head_counts: {counts} is an uneven split; heads: {num_heads} query "
+                         f"heads cannot be split evenly over tp={tp} ranks (heads must be a "
+                         f"multiple of tp)")
+    h = num_heads // tp
+    if any(c != h for c in counts):
+        raise ValueError(f"head_counts: expected an even split, {h} heads on each of tp={tp} "
+                         f"ranks ({num_heads} heads), got {counts}")
+    return (h,) * tp
+
+
+def shard_heads(x: torch.Tensor, rank: int, world: int, *, dim: int = 2,
+                head_counts=None) -> torch.Tensor:
     """This rank's contiguous block of heads of ``x`` (a view).
+
+    Every check is a pure function of ``x``'s shape, ``world`` and ``head_counts`` (the same on
+    every rank), so a bad split raises on every rank at set-up, before any collective.
 
     Args:
       x: a tensor with the model's heads on ``dim``: q ``[B, N, H, D_qk]`` (``dim=2``, default)
         or attn_sink ``[H]`` (``dim=0``).
       rank, world: this rank and the TP size; rank r gets heads ``[r * H/world, (r+1) * H/world)``.
+      head_counts: None, or the caller's intended per-rank head counts (a sequence of ``world``
+        ints), checked by :func:`head_split` against H: it must sum to H, evenly.
     Returns:
       ``x.narrow(dim, rank * H // world, H // world)``.
     Raises:
-      TypeError: ``x`` not a tensor. ValueError: ``world`` does not divide H, or ``rank`` outside
-      ``[0, world)``.
+      TypeError: ``x`` not a tensor; ``rank``, ``world`` or ``dim`` not an int. ValueError:
+      ``world`` does not divide H, ``head_counts`` does not describe that even split (see
+      :func:`head_split`), ``dim`` not a dim of x, or ``rank`` outside ``[0, world)``.
     """
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
+    dim = check_int("dim", dim)
     if not -x.dim() <= dim < x.dim():
         raise ValueError(f"dim: expected a dim of x (shape {tuple(x.shape)}), got {dim}")
-    h = heads_per_rank(int(x.shape[dim]), world)
-    if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < world:
+    world = check_int("world", world, minimum=1)
+    h = head_split(int(x.shape[dim]), world, head_counts)[0]
+    rank = check_int("rank", rank)
+    if not 0 <= rank < world:
         raise ValueError(f"rank: expected an int in [0, {world}), got {rank!r}")
     return x.narrow(dim, rank * h, h)
 
@@ -122,9 +182,45 @@ def _all_gather(t: torch.Tensor, group) -> torch.Tensor:
     return torch.stack(parts)
 
 
+_DESC_DIMS = 8
+
+
+def _check_same_shards(x: torch.Tensor, group) -> None:
+    """ValueError on every rank unless every rank's ``x`` has the same shape and element size.
+
+    One all-gather of a fixed-size int64 descriptor (same size on every rank, so it cannot
+    mismatch) and a host read of it, before the all-gather of the data, which on unequal shards
+    aborts a gloo process and hangs or corrupts under NCCL.
+    """
+    if dist.get_world_size(group) == 1:
+        return
+    shape = list(x.shape)
+    desc = [x.dim(), x.element_size(), x.numel()] + (shape + [-1] * _DESC_DIMS)[:_DESC_DIMS]
+    rows = _all_gather(torch.tensor(desc, dtype=torch.int64, device=x.device), group).cpu().tolist()
+    if any(r != rows[0] for r in rows):
+        got = ", ".join(f"rank {i}: {tuple(r[3:3 + min(r[0], _DESC_DIMS)])} x {r[1]} bytes"
+                        for i, r in enumerate(rows))
+        raise ValueError(f"x: gather_heads needs the same shard shape and dtype on every rank (an "
+                         f"even head split: head_split / shard_heads), got {got}")
+
+
 def gather_heads(x: torch.Tensor, group=None, *, dim: int = 2) -> torch.Tensor:
     """Concatenate every rank's head shard along ``dim`` (out ``[B, N, H_local, d_v]`` ->
-    ``[B, N, H, d_v]``; lse with ``dim=2`` too). A collective: every rank must call it."""
+    ``[B, N, H, d_v]``; lse with ``dim=2`` too). A collective: every rank must call it.
+
+    The ranks' shard shapes are compared first (one all-gather of a small int64 descriptor and
+    a host read), so an uneven manual head split raises on every rank instead of aborting the
+    data all-gather.
+
+    Raises:
+      TypeError: ``x`` not a tensor. ValueError: the ranks' shards differ in shape or dtype
+      size (raised on every rank; lists each rank's shape), or ``dim`` not a dim of ``x``.
+    """
+    _common.check_tensor("x", x)
+    dim = check_int("dim", dim)
+    if not -x.dim() <= dim < x.dim():
+        raise ValueError(f"dim: expected a dim of x (shape {tuple(x.shape)}), got {dim}")
+    _check_same_shards(x, group)
     g = _all_gather(x, group)                                  # [world, ...]
     return torch.cat(list(g.unbind(0)), dim=dim)
 
@@ -273,14 +369,14 @@ def sequence_sharded_topk(idx_q: torch.Tensor, idx_weights: torch.Tensor, k_cach
       int32 ``[B, N, topk]`` logical positions, descending logit (ties to the smaller
       position), -1 padding last: equal to ``indexer_topk(..., sorted=True)`` on one device.
     Raises:
-      TypeError / ValueError: bad argument (named). RuntimeError: torch.distributed is not
-      initialised.
+      TypeError / ValueError: bad argument (named); ``topk`` not an int (Python or NumPy
+      integer, not bool: TypeError) or < 1 (ValueError). RuntimeError: torch.distributed is not
+      initialised. All raised before the collective.
     """
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("sequence_sharded_topk: torch.distributed is not initialised "
                            "(call dist.init_process_group first)")
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 1:
-        raise ValueError(f"topk: expected a positive int, got {topk!r}")
+    topk = check_int("topk", topk, minimum=1)
     _common.check_tensor("idx_q", idx_q, ndim=4)
     _common.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
     _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,))
@@ -325,9 +421,10 @@ def dsa_decode_step_tp(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Ten
     Arguments are those of :func:`torch_impl.step.dsa_decode_step` on one device, except that
     ``q`` ``[B, N, H_local, D_qk]`` and ``attn_sink`` ``[H_local]`` are this rank's head shard
     (:func:`shard_heads`; ``H_local = H / TP``, any count: the sparse-MLA launcher pads heads to
-    its dot tile internally). ``kv_cache``, ``idx_q`` ``[B, N, H_I, D_I]``, ``idx_weights``
-    ``[B, N, H_I]``, ``k_cache``, ``block_table`` ``[B, max_pages]`` and ``context_lens`` are
-    replicated (identical on every rank).
+    its dot tile internally; a split made by hand must be that even one: check it at set-up with
+    :func:`head_split`, which raises on every rank alike). ``kv_cache``, ``idx_q``
+    ``[B, N, H_I, D_I]``, ``idx_weights`` ``[B, N, H_I]``, ``k_cache``, ``block_table``
+    ``[B, max_pages]`` and ``context_lens`` are replicated (identical on every rank).
 
     Args:
       indexer_mode: ``"replicated"`` (every rank runs the full indexer; no collective) or
@@ -340,12 +437,16 @@ def dsa_decode_step_tp(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Ten
       replicated (descending logit, ties to the smaller position, -1 last) and identical in both
       modes, so out / lse are bitwise identical in both modes too.
     Raises:
-      ValueError: unknown ``indexer_mode``, or a bad argument (named) from the ops.
+      TypeError: ``sm_scale`` not a real scalar (Python int / float or NumPy integer / floating
+        scalar, not bool) or ``topk`` not an int (Python or NumPy integer, not bool).
+      ValueError: unknown ``indexer_mode``, ``sm_scale`` NaN / inf, ``topk`` < 1, or a bad
+        argument (named) from the ops. The scalar and mode checks run before any collective.
       RuntimeError: ``"sequence"`` without an initialised torch.distributed.
       NotImplementedError: the named ``path`` cannot run here.
     """
     if indexer_mode not in INDEXER_MODES:
         raise ValueError(f"indexer_mode: expected one of {INDEXER_MODES}, got {indexer_mode!r}")
+    sm_scale, topk = check_step_scalars(sm_scale, topk)
     if indexer_mode == "replicated":
         indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
                                k_format=k_format, sorted=True, path=path)
