@@ -134,9 +134,10 @@ def test_every_config(cfg, splits):
 
 
 def test_logical_to_slots_matches_the_in_kernel_block_table():
-    """Pipelined configs on the GPU resolve a block table before the launch
-    (``_logical_to_slots``): same slots, same invalid entries (-1 pages, out of the table,
-    negative), so the slot form gives the in-kernel lookup's result bit for bit."""
+    """The plain-PyTorch path resolves a block table with ``_logical_to_slots``; the Triton
+    kernel looks it up in its pipelined loop. Same slots, same invalid entries (-1 pages, out of
+    the table, negative), so the kernel's slot form gives its block-table form's result bit for
+    bit."""
     case = cases.make_mla_case(12, B=2, N=2, H=16, K=100, P=16, d_qk=576, kv_format="fp8_ds_mla",
                                invalid="mix", logical=True, topk_length=True)
     kw = {k: _t(v) for k, v in case.kwargs().items()}

@@ -30,11 +30,19 @@ LAUNCHERS = {
 TARGETS = {120: (12, 0), 90: (9, 0)}
 
 
+# The sparse MLA split kernel is compiled twice per config: logical indices with the block
+# table in the kernel, and slots. The slot form is the block-table form with the table lookup
+# compiled out, so on sm_90 (not the target; the H200 runs it) only the block-table form is
+# compiled here, to keep CI's time down; sm_120 compiles both.
+SKIP = {90: lambda spec: spec.label.startswith("split ") and " slots " in spec.label}
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(cc: int, launcher: str) -> tuple:
     limit = hardware.smem_limit(TARGETS[cc])
     specs = LAUNCHERS[launcher](configs.smem_class(limit))
-    return tuple(_aot.compile_specs(specs, (cc,)))
+    skip = SKIP.get(cc, lambda spec: False)
+    return tuple(_aot.compile_specs([s for s in specs if not skip(s)], (cc,)))
 
 
 @pytest.mark.slow
@@ -58,7 +66,8 @@ def test_aot_compile_one_kernel_without_gpu():
     limit = hardware.smem_limit((12, 0))
     cfg = configs.sparse_mla_heuristic(64, limit)
     specs = [s for s in _sparse_mla.aot_specs(configs.smem_class(limit))
-             if s.label.startswith("split fp8_ds_mla D576 q=bfloat16 partial") and str(cfg) in s.label]
+             if s.label.startswith("split fp8_ds_mla D576 q=bfloat16 partial block table")
+             and str(cfg) in s.label]
     assert len(specs) == 1
     (res,) = _aot.compile_specs(specs, (120,))
     assert "error" not in res, res.get("error")

@@ -200,15 +200,16 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                          "stride_tok", "N", "H", "K", "num_slots", "num_pages",
                          "max_pages", "page_size", "page_bytes", "chunk"):
                 sig[name] = "i32"
-            # the launcher resolves a block table outside the kernel for pipelined configs
-            cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, has_bt=not cfg.prefetch,
-                                  has_tkl=True, has_sink=True, final=final)
-            label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
-                     f"{'final' if final else 'partial'} {cfg}")
-            specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
-                                    cfg.num_warps, cfg.num_stages, ("DOT_DTYPE",),
-                                    ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
-                                     "page_bytes")))
+            for has_bt in (True, False):
+                cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, has_bt=has_bt,
+                                      has_tkl=True, has_sink=True, final=final)
+                label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
+                         f"{'final' if final else 'partial'} {'block table' if has_bt else 'slots'} "
+                         f"{cfg}")
+                specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
+                                        cfg.num_warps, cfg.num_stages, ("DOT_DTYPE",),
+                                        ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
+                                         "page_bytes")))
     for q_dtype in (torch.bfloat16, torch.float32):
         sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
                "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32"}
@@ -257,12 +258,6 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
         stride_page = stride_tok = 0
         page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * np_formats.DS_MLA_BYTES
 
-    if block_table is not None and cfg.prefetch and not dev.interpret:
-        # Triton 3.6 (the H200's) fails in TritonGPURemoveLayoutConversions on the pipelined
-        # loop with the in-kernel block-table lookup (seen 2026-11-29; 3.9 compiles it): resolve
-        # logical indices to slots here (one small gather, no host sync) and run the slot form.
-        indices = _logical_to_slots(indices, block_table, P, num_pages)
-        block_table = None
     head_blocks = triton_cdiv(H, cfg.block_h)
     rows = B * N * head_blocks
     splits = num_splits or configs.sparse_mla_num_splits(rows, K, cfg.block_k, dev.num_sms)

@@ -17,6 +17,7 @@ with the variable cleared (``python -m kernels.triton._aot`` reads specs as JSON
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib
 import io
@@ -99,20 +100,45 @@ def compile_spec(spec: LaunchSpec, cc: int) -> dict:
             "spill_store_bytes": int(spill.group(1)) if spill else None}
 
 
-def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200) -> list[dict]:
-    """Compile every spec for every ``cc`` in a subprocess without ``TRITON_INTERPRET``.
+def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200,
+                  workers: int | None = None) -> list[dict]:
+    """Compile every spec for every ``cc`` in subprocesses without ``TRITON_INTERPRET``.
 
-    Returns one result dict per (spec, cc) in order (see :func:`compile_spec`); a failed compile
-    gives ``{"label", "cc", "error": message}`` instead of ``"shared"``.
+    The specs are dealt round-robin to ``workers`` processes (default: the CPUs this process may
+    use, at most 8) that compile concurrently; ptxas is single-threaded, so on the 2-core CI
+    machine two workers halve the wall time.
+
+    Returns one result dict per (spec, cc), in the order of ``specs`` then ``ccs`` (see
+    :func:`compile_spec`); a failed compile gives ``{"label", "cc", "error": message}`` instead
+    of ``"shared"``.
+    Raises:
+      RuntimeError: a worker process failed (its stderr tail is in the message).
     """
+    if workers is None:
+        workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else (os.cpu_count() or 1))
+    workers = max(1, min(workers, len(specs)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["PYTHONPATH"] = str(_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    payload = json.dumps({"ccs": list(ccs), "specs": [asdict(s) for s in specs]})
-    proc = subprocess.run([sys.executable, "-m", "kernels.triton._aot"], input=payload,
-                          capture_output=True, text=True, env=env, cwd=str(_ROOT), timeout=timeout)
-    if proc.returncode != 0:
-        raise RuntimeError(f"AOT compile subprocess failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"label"')]
+    shares = [list(range(w, len(specs), workers)) for w in range(workers)]
+
+    def run(share: list[int]) -> list[dict]:
+        payload = json.dumps({"ccs": list(ccs), "specs": [asdict(specs[i]) for i in share]})
+        proc = subprocess.run([sys.executable, "-m", "kernels.triton._aot"], input=payload,
+                              capture_output=True, text=True, env=env, cwd=str(_ROOT),
+                              timeout=timeout)
+        if proc.returncode != 0:
+            raise RuntimeError(f"AOT compile subprocess failed ({proc.returncode}):\n"
+                               f"{proc.stderr[-4000:]}")
+        return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith('{"label"')]
+
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        outputs = list(pool.map(run, shares))
+    by_spec = {}
+    for share, results in zip(shares, outputs):
+        for j, i in enumerate(share):
+            by_spec[i] = results[j * len(ccs): (j + 1) * len(ccs)]
+    return [r for i in range(len(specs)) for r in by_spec.get(i, [])]
 
 
 def _main() -> None:

@@ -317,7 +317,9 @@ def _sparse_mla_split_kernel(
     # i + 1 are in flight (their slots known), the block-table entries of block i + 2 and the
     # indices of block i + 3. Each load waits on values that arrived an iteration earlier, so
     # no iteration stalls on a dependent chain of gathers (the dots need the rows converted
-    # first, which Triton's own pipeliner does not turn into async copies).
+    # first, which Triton's own pipeliner does not turn into async copies). The slots of
+    # block i + 2 are resolved at the end of the body, behind the dots, and carried (Triton
+    # 3.6 fails in TritonGPURemoveLayoutConversions when the raw entries are carried instead).
     idx_row = idx_ptr + b.to(tl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(tl.int64) * sbt_b
     ar = tl.arange(0, BLOCK_K)
@@ -330,7 +332,8 @@ def _sparse_mla_split_kernel(
         i2 = tl.load(idx_row + start + 2 * BLOCK_K + ar, mask=in2, other=-1)
         slot, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
                             num_slots, num_pages, max_pages, page_size, HAS_BT)
-        e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
+        s1, ok1 = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT), in1,
+                           num_slots, num_pages, max_pages, page_size, HAS_BT)
         r0, r1, r2, r3, r4, r5, r6, r7, r8, c0, c1, c2, c3, c4, c5, c6, c7 = _issue_rows(
             kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok, page_bytes, page_size,
             BLOCK_K, KV_FORMAT, TAIL)
@@ -338,8 +341,7 @@ def _sparse_mla_split_kernel(
         if PREFETCH:
             ok_cur = ok
             # block i + 1: slots from the entries loaded last iteration; issue its rows
-            in1 = k0 + BLOCK_K + ar < end
-            slot, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+            slot, ok = s1, ok1
             n0, n1, n2, n3, n4, n5, n6, n7, n8, d0, d1, d2, d3, d4, d5, d6, d7 = _issue_rows(
                 kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok, page_bytes,
                 page_size, BLOCK_K, KV_FORMAT, TAIL)
@@ -392,7 +394,8 @@ def _sparse_mla_split_kernel(
         if PREFETCH:        # rotate the pipeline
             r0, r1, r2, r3, r4, r5, r6, r7, r8 = n0, n1, n2, n3, n4, n5, n6, n7, n8
             c0, c1, c2, c3, c4, c5, c6, c7 = d0, d1, d2, d3, d4, d5, d6, d7
-            i1, e1, i2 = i2, e2, i3
+            s1, ok1 = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size, HAS_BT)
+            i2 = i3
 
     # Empty iff nothing was summed (l == 0); a NaN sum (NaN in q or a selected row) propagates
     # to out and lse as in the reference instead of reading as an empty row.
