@@ -1,7 +1,6 @@
 """Validation, device gates and path dispatch shared by the jax_impl launchers."""
 from __future__ import annotations
 
-import math
 from typing import Callable, Sequence
 
 import jax
@@ -9,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels import hardware
+from kernels.scalars import check_int, check_real  # noqa: F401 - re-exported
 
 JAX_PATHS = ("auto", "pallas", "xla")
 
@@ -43,26 +43,6 @@ def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | Non
             raise ValueError(f"{name}: expected shape {pretty}, got {tuple(a.shape)}")
 
 
-def check_int(name: str, value, *, minimum: int | None = None) -> int:
-    """``value`` as a Python int: a Python int or a NumPy integer scalar, never a bool.
-
-    The scalar rule of both stacks (``torch_impl.step`` applies the same one): NumPy integer
-    scalars (``np.int64(64)``, what indexing a NumPy config array gives) are accepted like Python
-    ints; bools (Python or NumPy), floats (even integral ones, ``64.0``), strings and arrays are
-    not.
-
-    Raises:
-      TypeError: not an int (names ``name``, the accepted types and the type received).
-      ValueError: below ``minimum`` (names ``name``, the bound and the value).
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int (a Python int or NumPy integer scalar, not a bool), "
-                        f"got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def check_sm_scale(sm_scale, *, static: bool = False):
     """Validate a softmax scale; the sm_scale rule of both stacks.
 
@@ -83,12 +63,11 @@ def check_sm_scale(sm_scale, *, static: bool = False):
       TypeError: not a real scalar (a string, None, a bool, a complex or a non-0-d array), or
         traced while ``static``. ValueError: a concrete NaN or +-inf.
     """
-    if isinstance(sm_scale, (bool, np.bool_)):
-        raise TypeError(f"sm_scale: expected a real number (not a bool), got {sm_scale!r}")
-    is_scalar = isinstance(sm_scale, (int, float, np.integer, np.floating))
-    if not is_scalar and not (hasattr(sm_scale, "shape") and hasattr(sm_scale, "dtype")
-                              and tuple(sm_scale.shape) == ()
-                              and jnp.issubdtype(sm_scale.dtype, jnp.floating)):
+    if isinstance(sm_scale, (bool, np.bool_, int, float, np.integer, np.floating)):
+        value = check_real("sm_scale", sm_scale)     # the rule of both stacks (kernels.scalars)
+        return value if static else sm_scale
+    if not (hasattr(sm_scale, "shape") and hasattr(sm_scale, "dtype")
+            and tuple(sm_scale.shape) == () and jnp.issubdtype(sm_scale.dtype, jnp.floating)):
         what = type(sm_scale).__name__
         if hasattr(sm_scale, "shape") and hasattr(sm_scale, "dtype"):
             what += f" of shape {tuple(sm_scale.shape)} dtype {jnp.dtype(sm_scale.dtype).name}"
@@ -99,9 +78,7 @@ def check_sm_scale(sm_scale, *, static: bool = False):
             raise TypeError("sm_scale: expected a concrete value (this entry point compiles the "
                             "scale in), got a traced array; pass a Python float")
         return sm_scale
-    value = float(np.asarray(sm_scale, np.float64))
-    if not math.isfinite(value):
-        raise ValueError(f"sm_scale: expected a finite value, got {value!r}")
+    value = check_real("sm_scale", np.float64(np.asarray(sm_scale, np.float64)))
     return value if static else sm_scale
 
 

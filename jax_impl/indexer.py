@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_impl._common import check_array, device_info, run_path
+from jax_impl._common import check_array, check_int, device_info, run_path
 from jax_impl.formats import split_fp8_indexer
 from kernels import dispatch, hardware
 from kernels.formats import K_FORMATS
@@ -75,10 +75,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format):
 
 
 def _check_topk(topk, sorted):
-    if isinstance(topk, bool) or not isinstance(topk, (int, np.integer)):
-        raise TypeError(f"topk: expected a Python int, got {type(topk).__name__}")
-    if topk < 1:
-        raise ValueError(f"topk: expected >= 1, got {topk}")
+    check_int("topk", topk, minimum=1)
     if not isinstance(sorted, (bool, np.bool_)):
         raise TypeError(f"sorted: expected a bool, got {type(sorted).__name__}")
 

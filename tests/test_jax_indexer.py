@@ -330,9 +330,9 @@ def test_bad_options():
         indexer_logits(**a, k_format="fp8")
     with pytest.raises(ValueError, match="path: expected one of"):
         indexer_topk(**a, topk=K, path="triton")
-    with pytest.raises(TypeError, match="topk: expected a Python int"):
+    with pytest.raises(TypeError, match="topk: expected an int"):
         indexer_topk(**a, topk=2.0)
-    with pytest.raises(ValueError, match="topk: expected >= 1"):
+    with pytest.raises(ValueError, match="topk: expected an int >= 1"):
         indexer_topk(**a, topk=0)
     with pytest.raises(TypeError, match="sorted: expected a bool"):
         indexer_topk(**a, topk=K, sorted="yes")

@@ -254,6 +254,17 @@ def test_torch_compile_fullgraph(path):
     compare.assert_pass(compare.check_topk(idx, ref, 16, sorted=True))
 
 
+def test_numpy_int_topk_accepted():
+    """np.int64 topk (kernels.scalars rule) gives the Python-int result; np.bool_ is refused."""
+    case, args = _small()
+    a = indexer_topk(*args, 16, path="torch")
+    b = indexer_topk(*args, np.int64(16), path="torch")
+    assert torch.equal(a, b)
+    compare.assert_pass(compare.check_topk(b, case.reference_logits(), 16))
+    with pytest.raises(TypeError, match="topk: expected an int"):
+        indexer_topk(*args, np.bool_(True), path="torch")
+
+
 # ============================================================================ bad input
 
 def _small():

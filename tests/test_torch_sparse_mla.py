@@ -261,7 +261,7 @@ def _bad_inputs():
         ("topk_length", dict(topk_length=tkl[:1]), ValueError, "topk_length: expected shape"),
         ("attn_sink", dict(attn_sink=sink.half()), TypeError, "attn_sink: expected dtype"),
         ("attn_sink", dict(attn_sink=sink[:3]), ValueError, "attn_sink: expected shape"),
-        ("sm_scale", dict(sm_scale="0.1"), TypeError, "sm_scale: expected a Python float"),
+        ("sm_scale", dict(sm_scale="0.1"), TypeError, "sm_scale: expected a real number"),
         ("sm_scale", dict(sm_scale=float("nan")), ValueError, "sm_scale: expected a finite"),
         ("d_v", dict(d_v=256), ValueError, "d_v: kv_format 'fp8_ds_mla'"),
         ("d_v", dict(d_v=1000), ValueError, "d_v: expected 1 <= d_v"),
@@ -286,6 +286,22 @@ def test_bad_input(j):
     with pytest.raises(exc, match=msg.replace("(", r"\(").replace(")", r"\)")):
         sparse_mla_decode(args.pop("q"), args.pop("kv_cache"), args.pop("indices"), args.pop("sm_scale"),
                           **args)
+
+
+def test_numpy_scalars_accepted_like_python_scalars():
+    """The scalar rule of both stacks (kernels.scalars): np.float32 sm_scale and np.int64 d_v
+    give the Python-scalar result bit for bit; np.bool_ is refused."""
+    case = cases.make_mla_case(14, B=1, N=1, H=16, K=64, kv_format="fp8_model1", d_qk=512)
+    args = (_t(case.q), _t(case.kv_cache), _t(case.indices))
+    a = sparse_mla_decode(*args, case.sm_scale, kv_format="fp8_model1", path="torch")
+    b = sparse_mla_decode(*args, np.float32(case.sm_scale), kv_format="fp8_model1",
+                          d_v=np.int64(512), path="torch")
+    c = sparse_mla_decode(*args, float(np.float32(case.sm_scale)), kv_format="fp8_model1",
+                          path="torch")
+    assert torch.equal(b[0], c[0]) and torch.equal(b[1], c[1])
+    _check(case, *a)
+    with pytest.raises(TypeError, match="sm_scale: expected a real number"):
+        sparse_mla_decode(*args, np.bool_(True), kv_format="fp8_model1", path="torch")
 
 
 # ============================================================================ torch.compile

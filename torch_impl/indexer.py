@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from kernels import dispatch, formats as np_formats, hardware
+from kernels.scalars import check_int
 from torch_impl import _common
 
 __all__ = ["indexer_logits", "indexer_topk"]
@@ -86,10 +87,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
         raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got "
                          f"{tuple(context_lens.shape)}")
     if topk is not None:
-        if isinstance(topk, bool) or not isinstance(topk, int):
-            raise TypeError(f"topk: expected an int, got {type(topk).__name__}")
-        if topk < 1:
-            raise ValueError(f"topk: expected topk >= 1, got {topk}")
+        check_int("topk", topk, minimum=1)
     if not isinstance(sorted_, bool):
         raise TypeError(f"sorted: expected a bool, got {type(sorted_).__name__}")
     return P
@@ -450,7 +448,7 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
     {raises}
     """
     _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, sorted)
-    return torch.ops.dsa.indexer_topk(q, weights, k_cache, block_table, context_lens, topk,
+    return torch.ops.dsa.indexer_topk(q, weights, k_cache, block_table, context_lens, int(topk),
                                       k_format, sorted, path)
 
 

@@ -11,12 +11,12 @@ values or ``topk_length``).
 """
 from __future__ import annotations
 
-import math
 from typing import Optional
 
 import torch
 
 from kernels import configs, dispatch, formats as np_formats, hardware
+from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.formats import dequantize_fp8_ds_mla
 
@@ -44,12 +44,8 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         raise ValueError(f"kv_format: expected one of {np_formats.KV_FORMATS}, got {kv_format!r}")
     if path not in _common.TORCH_PATHS:
         raise ValueError(f"path: expected one of {_common.TORCH_PATHS}, got {path!r}")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
-        raise TypeError(f"sm_scale: expected a Python float, got {type(sm_scale).__name__}")
-    if not math.isfinite(sm_scale):
-        raise ValueError(f"sm_scale: expected a finite float, got {sm_scale}")
-    if isinstance(d_v, bool) or not isinstance(d_v, int):
-        raise TypeError(f"d_v: expected an int, got {type(d_v).__name__}")
+    check_real("sm_scale", sm_scale)
+    check_int("d_v", d_v)
     if min(B, N, H) < 1:
         raise ValueError(f"q: expected non-empty [B, N, H, D_qk], got shape {tuple(q.shape)}")
     if kv_format in _D_QK and D != _D_QK[kv_format]:
@@ -474,5 +470,5 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     """
     _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
               attn_sink, path)
-    return torch.ops.dsa.sparse_mla_decode(q, kv_cache, indices, float(sm_scale), kv_format, d_v,
+    return torch.ops.dsa.sparse_mla_decode(q, kv_cache, indices, float(sm_scale), kv_format, int(d_v),
                                            block_table, topk_length, attn_sink, path)

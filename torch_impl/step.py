@@ -16,64 +16,25 @@ MLA sums the entries in list order, so both give bitwise identical outputs.
 """
 from __future__ import annotations
 
-import math
-
-import numpy as np
 import torch
 
+from kernels.scalars import check_int, check_real
 from torch_impl.indexer import indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
 
 __all__ = ["dsa_decode_step"]
 
 
-def check_int(name: str, value, *, minimum: int | None = None) -> int:
-    """``value`` as a Python int: a Python int or a NumPy integer scalar (``np.int64(64)``),
-    never a bool nor a float (even an integral one).
-
-    The scalar rule both stacks share (``jax_impl._common.check_int`` is the JAX side's).
-
-    Raises:
-      TypeError: not an int (names ``name``, the accepted types and what came).
-      ValueError: below ``minimum`` (names ``name``, the bound and the value).
-    """
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name}: expected an int (a Python int or NumPy integer scalar, not a bool), "
-                        f"got {type(value).__name__} {value!r}")
-    if minimum is not None and value < minimum:
-        raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
-    return int(value)
-
-
-def check_sm_scale(sm_scale) -> float:
-    """``float(sm_scale)`` of a real scalar: a Python int / float or a NumPy integer / floating
-    scalar (``np.float32(0.1)``), never a bool, finite. Zero and negative scales are allowed (the
-    SPEC formula is defined for them; the ops accept them).
-
-    Raises:
-      TypeError: not a real scalar (a string, None, a bool, a tensor, a complex ...).
-      ValueError: NaN or inf.
-    """
-    if (isinstance(sm_scale, (bool, np.bool_))
-            or not isinstance(sm_scale, (int, float, np.integer, np.floating))):
-        raise TypeError(f"sm_scale: expected a real number (a Python int / float or a NumPy integer "
-                        f"or floating scalar, not a bool), got {type(sm_scale).__name__}")
-    scale = float(sm_scale)
-    if not math.isfinite(scale):
-        raise ValueError(f"sm_scale: expected a finite value, got {scale!r}")
-    return scale
-
-
 def check_step_scalars(sm_scale, topk) -> tuple[float, int]:
     """``(float(sm_scale), int(topk))`` after the scalar rule both stacks share
-    (:func:`check_sm_scale`; topk by :func:`check_int`, >= 1). NumPy scalars are converted here,
+    (:mod:`kernels.scalars`; topk >= 1). NumPy scalars are converted here,
     so the ops (whose own checks want Python scalars) receive Python ones.
 
     Raises:
       TypeError: sm_scale or topk of the wrong type (names it, the accepted types, what came).
       ValueError: sm_scale NaN or inf; topk < 1.
     """
-    return check_sm_scale(sm_scale), check_int("topk", topk, minimum=1)
+    return check_real("sm_scale", sm_scale), check_int("topk", topk, minimum=1)
 
 
 def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor,

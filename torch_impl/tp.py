@@ -33,11 +33,11 @@ The indexer is the part that grows with context. Two modes:
   (no two valid keys are equal) and its sorted output is the SPEC's ``sorted=True`` order. Empty
   candidates carry ``INT64_MIN`` and come out as -1.
 
-  The shard's scores are materialised as a ``[B, N, W / TP]`` float32 row by ``indexer_logits``
-  (``W = max_pages * P``), then reduced to K candidates by the Triton radix top-k
-  (``kernels.triton.topk``) or ``torch.topk`` (``path="torch"`` / non-CUDA tensors). A fused
-  scores-returning top-k would save writing and re-reading that row; the all-gather moves only
-  ``TP * B * N * K * 8`` bytes.
+  On the triton path the shard runs the one-device fused logits + split radix top-k
+  (``torch_impl.indexer.triton_select``) and the selected positions' scores are gathered from
+  its logits row; the ``"torch"`` path (and non-CUDA tensors outside the interpreter)
+  materialises the shard's ``[B, N, W / TP]`` float32 row with ``indexer_logits`` and reduces it
+  with a packed-key ``torch.topk``. The all-gather moves only ``TP * B * N * K * 8`` bytes.
 
 Launch (one process per rank; NCCL on GPUs, gloo on the CPU)::
 
@@ -59,7 +59,8 @@ from kernels import formats as np_formats
 from torch_impl import _common
 from torch_impl.indexer import indexer_logits, indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
-from torch_impl.step import check_int, check_step_scalars
+from kernels.scalars import check_int
+from torch_impl.step import check_step_scalars
 
 __all__ = ["INDEXER_MODES", "heads_per_rank", "head_split", "shard_heads", "gather_heads",
            "shard_block_table", "sequence_sharded_topk", "dsa_decode_step_tp", "pack_candidates",
