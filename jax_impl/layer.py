@@ -14,7 +14,6 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
@@ -77,28 +76,6 @@ def _layernorm(x, w, b, eps):
     return (x - mu) * jax.lax.rsqrt(var + eps) * w + b
 
 
-def _float32_weights(cfg: lref.LayerConfig, weights) -> dict:
-    """``{name: float32 ndarray}`` of the weights the layer uses (NumPy, jax or anything
-    ``np.asarray`` takes, any real float dtype incl. ml_dtypes bfloat16); names that are absent
-    or of the wrong shape are left to :func:`kernels.layer_reference.shard_weights` to report."""
-    if not isinstance(weights, Mapping):
-        raise TypeError(f"weights: expected a mapping {{name: array}} (DeepSeek names, "
-                        f"kernels.layer_reference.weight_shapes) or None, got {type(weights).__name__}")
-    out = {}
-    for name in lref.weight_shapes(cfg):
-        if name not in weights:
-            continue
-        v = weights[name]
-        try:
-            if np.iscomplexobj(v):
-                raise TypeError
-            out[name] = np.asarray(v, np.float32)
-        except (TypeError, ValueError):
-            raise TypeError(f"weights[{name!r}]: expected a real floating-point array, got "
-                            f"{type(v).__name__} {getattr(v, 'dtype', '')}".rstrip()) from None
-    return out
-
-
 def _host(a):
     """``a`` as a NumPy array, or None when it is traced (inside jit: values unknown)."""
     try:
@@ -149,7 +126,7 @@ class DSADecodeLayer(nnx.Module):
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, jnp.dtype(dtype), path
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
-        weights = lref.init_weights(cfg, seed) if weights is None else _float32_weights(cfg, weights)
+        weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights)
         for name, arr in lref.shard_weights(cfg, weights, tp_rank, tp_size).items():
             keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
             setattr(self, name.replace(".", "_"),

@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kernels import cases, formats, reference
+from kernels.scalars import check_int
 from kernels.presets import DSV32, DSV4_FLASH, ModelPreset
 
 __all__ = [
@@ -255,6 +256,36 @@ def init_weights(cfg: LayerConfig, seed=0) -> dict[str, np.ndarray]:
     return out
 
 
+def float32_weights(cfg: LayerConfig, weights, convert=None) -> dict:
+    """``{name: float32 ndarray}`` of the weights the layer uses, from a mapping of NumPy arrays
+    (any real float dtype, ml_dtypes bfloat16 included) or framework arrays that ``convert``
+    (the caller's; e.g. torch tensor -> NumPy) or ``np.asarray`` turns into NumPy. Names that are
+    absent or of the wrong shape are left to :func:`shard_weights` to report.
+
+    Raises:
+      TypeError: ``weights`` not a mapping; a weight that is not a real floating-point array
+        (names ``weights[name]``).
+    """
+    from collections.abc import Mapping
+    if not isinstance(weights, Mapping):
+        raise TypeError(f"weights: expected a mapping {{name: array}} (DeepSeek names, "
+                        f"kernels.layer_reference.weight_shapes) or None, got {type(weights).__name__}")
+    out = {}
+    for name in weight_shapes(cfg):
+        if name not in weights:
+            continue
+        v = weights[name]
+        try:
+            a = convert(v) if convert is not None else v
+            if np.iscomplexobj(a):
+                raise TypeError
+            out[name] = np.asarray(a, np.float32)
+        except (TypeError, ValueError):
+            raise TypeError(f"weights[{name!r}]: expected a real floating-point array, got "
+                            f"{type(v).__name__} {getattr(v, 'dtype', '')}".rstrip()) from None
+    return out
+
+
 def shard_weights(cfg: LayerConfig, weights: dict, tp_rank: int, tp_size: int) -> dict:
     """This rank's slices of the full weights (DeepSeek's tensor parallelism over heads).
 
@@ -267,7 +298,8 @@ def shard_weights(cfg: LayerConfig, weights: dict, tp_rank: int, tp_size: int) -
       ValueError: missing weight, wrong shape, or ``tp_rank`` / ``tp_size`` out of range.
     """
     Hl = cfg.heads_per_rank(tp_size)
-    if isinstance(tp_rank, bool) or not isinstance(tp_rank, int) or not 0 <= tp_rank < tp_size:
+    tp_rank = check_int("tp_rank", tp_rank)
+    if not 0 <= tp_rank < tp_size:
         raise ValueError(f"tp_rank: expected an int in [0, {tp_size}), got {tp_rank!r}")
     shapes = weight_shapes(cfg)
     for name, shape in shapes.items():

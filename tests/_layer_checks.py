@@ -205,3 +205,11 @@ def check_unmapped_dropped(case: lref.LayerCase, kind: str, good, bad):
         assert kc_mask.any() and not np.array_equal(good[2], case.k_cache)
     for b in requests:
         np.testing.assert_allclose(bad[0][b], good[0][b], rtol=1e-5, atol=1e-6)
+
+# (tp_rank, exception, message regex) with tp_size = 2, the same in both stacks.
+BAD_TP_RANK = [
+    ("0", TypeError, r"^tp_rank: expected an int \(a Python int or NumPy integer scalar, not a bool\), got str"),
+    (True, TypeError, r"^tp_rank: expected an int .*got bool"),
+    (2, ValueError, r"^tp_rank: expected an int in \[0, 2\), got 2"),
+    (-1, ValueError, r"^tp_rank: expected an int in \[0, 2\), got -1"),
+]

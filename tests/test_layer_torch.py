@@ -138,6 +138,12 @@ def test_bad_forward_input_is_named(bad_input_layer, name):
         assert torch.equal(args[k], v), f"{k} was modified before the error"
 
 
+@pytest.mark.parametrize("tp_rank,exc,match", checks.BAD_TP_RANK)
+def test_bad_tp_rank_is_named(tp_rank, exc, match):
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, None, tp_rank=tp_rank, tp_size=2)
+
+
 @pytest.mark.parametrize("name", list(checks.BAD_WEIGHTS))
 def test_bad_weights_are_named(name):
     edit, exc, match = checks.BAD_WEIGHTS[name]

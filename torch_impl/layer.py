@@ -12,7 +12,6 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
 
 import numpy as np
 import torch
@@ -55,30 +54,13 @@ def _capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def _float32_weights(cfg: lref.LayerConfig, weights) -> dict:
-    """``{name: float32 ndarray}`` of the weights the layer uses (NumPy, torch or anything
-    ``np.asarray`` takes, any real float dtype incl. ml_dtypes bfloat16); names that are absent
-    or of the wrong shape are left to :func:`kernels.layer_reference.shard_weights` to report."""
-    if not isinstance(weights, Mapping):
-        raise TypeError(f"weights: expected a mapping {{name: array}} (DeepSeek names, "
-                        f"kernels.layer_reference.weight_shapes) or None, got {type(weights).__name__}")
-    out = {}
-    for name in lref.weight_shapes(cfg):
-        if name not in weights:
-            continue
-        v = weights[name]
-        try:
-            if isinstance(v, torch.Tensor):
-                if v.is_complex():
-                    raise TypeError
-                v = v.detach().float().cpu().numpy()
-            elif np.iscomplexobj(v):
-                raise TypeError
-            out[name] = np.asarray(v, np.float32)
-        except (TypeError, ValueError):
-            raise TypeError(f"weights[{name!r}]: expected a real floating-point array, got "
-                            f"{type(v).__name__} {getattr(v, 'dtype', '')}".rstrip()) from None
-    return out
+def _to_numpy(v):
+    """A torch tensor as a float32 NumPy array (complex refused); anything else unchanged."""
+    if isinstance(v, torch.Tensor):
+        if v.is_complex():
+            raise TypeError
+        return v.detach().float().cpu().numpy()
+    return v
 
 
 class DSADecodeLayer(nn.Module):
@@ -127,7 +109,7 @@ class DSADecodeLayer(nn.Module):
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
-        weights = lref.init_weights(cfg, seed) if weights is None else _float32_weights(cfg, weights)
+        weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights, _to_numpy)
         shard = lref.shard_weights(cfg, weights, tp_rank, tp_size)
         self._names = list(shard)
         for name, arr in shard.items():
