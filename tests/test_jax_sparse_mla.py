@@ -421,7 +421,7 @@ def _aot_smem(kv_format: str, d_qk: int, cfg, cc: int, dtype=jnp.bfloat16) -> in
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cc", [90, 120])
+@pytest.mark.parametrize("cc", [pytest.param(90, marks=pytest.mark.sm90), 120])
 @pytest.mark.parametrize("kv_format,d_qk", [("latent", 576), ("fp8_ds_mla", 576), ("fp8_model1", 512)])
 def test_aot_compile_fits_smem(kv_format, d_qk, cc):
     """Every config of the Pallas space for this GPU's class (bf16 dots) and the fp32-dot config
