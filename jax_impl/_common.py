@@ -27,6 +27,16 @@ def device_info() -> hardware.DeviceInfo:
                                smem_per_block=hardware.smem_limit(cc))
 
 
+def require_32bit_indices(op: str) -> None:
+    """NotImplementedError (before launch) when JAX runs with 64-bit types (``jax_enable_x64``,
+    ``JAX_ENABLE_X64=1`` or ``jax.enable_x64()``): the Pallas kernels compute their offsets in
+    int32 and fail to lower with int64 indices; the xla path runs under x64."""
+    if jax.dtypes.canonicalize_dtype(jnp.int64) == jnp.dtype(jnp.int64):
+        raise NotImplementedError(
+            f"{op}: pallas path: not supported with jax_enable_x64 (64-bit indices in the "
+            f"kernel); use path='xla' or disable x64 (jax.config.update('jax_enable_x64', False))")
+
+
 def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | None = None,
                 shape: Sequence[int | None] | None = None):
     """Raise TypeError / ValueError naming ``name``, what was expected and what came."""

@@ -194,10 +194,11 @@ def dequantize_fp8_model1(cache: jax.Array, page_size: int | None = None) -> jax
     ``[num_pages, P, 512]`` (exact). ``page_size`` defaults to the P implied by page_bytes.
 
     Raises:
-      TypeError / ValueError: ``cache`` not uint8 rank 2, or page_bytes is no model1 page.
+      TypeError / ValueError: ``cache`` not uint8 rank 2; ``page_size`` not an int, < 1, or not
+        the P of the cache's page bytes (None: the P they imply; no P matches).
     """
     _check("cache", cache, ndim=2, dtype=jnp.uint8)
-    p = page_size or _nf.model1_page_size(cache.shape[1])
+    p = _nf.resolve_model1_page_size(cache.shape[1], page_size)
     n = cache.shape[0]
     data = cache[:, : p * _nf.MODEL1_DATA_BYTES].reshape(n, p, _nf.MODEL1_DATA_BYTES)
     q = _from_bytes(data[..., :_nf.MODEL1_NOPE], jnp.float8_e4m3fn).astype(jnp.float32)
@@ -248,15 +249,13 @@ def split_fp8_indexer(cache: jax.Array, head_dim: int = 128):
     """(e4m3 values ``[num_pages, P, D_I]`` float8_e4m3fn, float32 scales ``[num_pages, P]``).
 
     Raises:
-      TypeError / ValueError: ``cache`` not uint8 rank 2, or bytes per page not a multiple of
-      ``head_dim + 4``.
+      TypeError / ValueError: ``cache`` not uint8 rank 2; ``head_dim`` not an int or < 1; bytes
+      per page not a positive multiple of ``head_dim + 4``.
     """
     _check("k_cache", cache, ndim=2, dtype=jnp.uint8)
     n, page_bytes = cache.shape
-    if page_bytes % (head_dim + 4):
-        raise ValueError(f"k_cache: {page_bytes} bytes per page is not a multiple of "
-                         f"D_I + 4 = {head_dim + 4}")
-    p = page_bytes // (head_dim + 4)
+    p = _nf.indexer_page_size(page_bytes, head_dim)
+    head_dim = int(head_dim)
     vals = _from_bytes(cache[:, : p * head_dim].reshape(n, p, head_dim), jnp.float8_e4m3fn)
     scales = _from_bytes(cache[:, p * head_dim:], jnp.float32)
     return vals, scales

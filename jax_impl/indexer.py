@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_impl._common import check_array, check_int, device_info, run_path
+from jax_impl._common import check_array, check_int, device_info, require_32bit_indices, run_path
 from jax_impl.formats import split_fp8_indexer
 from kernels import dispatch, hardware
 from kernels.formats import K_FORMATS
@@ -62,6 +62,8 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format):
             raise TypeError(f"k_cache: dense cache must have q's dtype {jnp.dtype(q.dtype).name}, "
                             f"got {jnp.dtype(k_cache.dtype).name}")
         P = int(k_cache.shape[1])
+    if int(k_cache.shape[0]) < 1:
+        raise ValueError(f"k_cache: expected at least one page, got shape {tuple(k_cache.shape)}")
     if min(B, N, H, D, P) == 0:
         raise ValueError(f"q / k_cache: empty dimension (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)})")
     check_array("weights", weights, dtypes=(jnp.float32,), shape=(B, N, H))
@@ -94,6 +96,7 @@ def _draft_lengths(context_lens, B, N, width):
 
 def _pallas_gate(dev: hardware.DeviceInfo, *, D, P, H, N, fp8, pages=2):
     """NotImplementedError (before launch) for what the Pallas kernels cannot run."""
+    require_32bit_indices("jax indexer")
     hardware.require_arch(dev, "jax indexer (pallas)")
     where = f"{dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]})"
     if P < 16 or P & (P - 1):
@@ -269,7 +272,8 @@ def indexer_logits(q, weights, k_cache, block_table, context_lens, *, k_format="
       TypeError / ValueError: an argument's dtype, rank or shape (named, expected and received),
         an unknown ``k_format`` or ``path``.
       NotImplementedError: ``path="pallas"`` on a GPU / page size / head dim the kernel does not
-        support (names the GPU, its compute capability and what is supported).
+        support (names the GPU, its compute capability and what is supported), or with
+        ``jax_enable_x64`` on (raised before launch; ``"auto"`` then runs the xla path).
     """
     B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
     W = int(block_table.shape[1]) * P

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_impl import formats as jfmt
-from jax_impl._common import JAX_PATHS, check_array, check_sm_scale, device_info, run_path
+from jax_impl._common import (JAX_PATHS, check_array, check_sm_scale, device_info,
+                              require_32bit_indices, run_path)
 from kernels import configs, dispatch, hardware
 from kernels import formats as nf
 from kernels.pallas import sparse_mla as pk
@@ -48,6 +49,8 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         check_array("kv_cache", kv_cache, ndim=2, dtypes=(jnp.uint8,))
         num_pages = kv_cache.shape[0]
         page_size = nf.model1_page_size(kv_cache.shape[1])      # ValueError names kv_cache
+    if num_pages < 1 or page_size < 1:
+        raise ValueError(f"kv_cache: expected at least one page of one slot, got {tuple(kv_cache.shape)}")
     check_array("indices", indices, ndim=3, dtypes=(jnp.int32,), shape=(B, N, None))
     if indices.shape[2] < 1:
         raise ValueError(f"indices: expected K >= 1 entries per row, got shape {tuple(indices.shape)}")
@@ -59,7 +62,10 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         raise ValueError(f"d_v: kv_format 'fp8_ds_mla' stores V as the {nf.DS_MLA_NOPE} fp8 dims, "
                          f"expected {nf.DS_MLA_NOPE}, got {d_v}")
     if block_table is not None:
-        check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
+        check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,))
+        if block_table.shape[0] != B or block_table.shape[1] < 1:
+            raise ValueError(f"block_table: expected shape ({B}, max_pages >= 1), got "
+                             f"{tuple(block_table.shape)}")
     if topk_length is not None:
         check_array("topk_length", topk_length, ndim=1, dtypes=(jnp.int32,), shape=(B,))
     if attn_sink is not None:
@@ -90,6 +96,7 @@ def _kv_rows(kv_cache, kv_format: str, page_size: int):
 def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_length,
             attn_sink, page_size, num_pages, config=None, num_splits=None, interpret=None):
     B, N, H, d_qk = q.shape
+    require_32bit_indices("sparse_mla_decode")
     dev = device_info()
     hardware.require_arch(dev, "sparse_mla_decode (pallas)")
     if d_v != pk.MAIN or d_qk not in (pk.MAIN, pk.MAIN + pk.TAIL):
@@ -240,7 +247,8 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
         sm_scale that is not a real scalar (TypeError) or is a concrete NaN / inf (ValueError)
         (the message names the argument, the expectation and what came).
       NotImplementedError: ``path="pallas"`` on a GPU / shape it cannot run (names the GPU, its
-        compute capability and what is supported), raised before launch.
+        compute capability and what is supported) or with ``jax_enable_x64`` on, raised before
+        launch (``"auto"`` then runs the xla path).
     """
     page_size, num_pages = _validate(q, kv_cache, indices, sm_scale, kv_format, d_v,
                                      block_table, topk_length, attn_sink, path)

@@ -30,6 +30,8 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from kernels.scalars import check_int
+
 E4M3 = ml_dtypes.float8_e4m3fn
 BF16 = ml_dtypes.bfloat16
 E8M0 = ml_dtypes.float8_e8m0fnu
@@ -126,6 +128,37 @@ def model1_page_size(page_bytes: int) -> int:
                      f"(P*584 rounded up to a multiple of 576)")
 
 
+def resolve_model1_page_size(page_bytes: int, page_size=None) -> int:
+    """P of an ``fp8_model1`` page of ``page_bytes`` bytes: ``page_size`` checked against it, or
+    the P it implies when ``page_size`` is None.
+
+    Raises:
+      TypeError: ``page_size`` not an int (kernels.scalars rule). ValueError: ``page_size`` < 1,
+        or its page would not be ``page_bytes`` bytes; no P matches ``page_bytes``.
+    """
+    if page_size is None:
+        return model1_page_size(page_bytes)
+    p = check_int("page_size", page_size, minimum=1)
+    if model1_page_bytes(p) != page_bytes:
+        raise ValueError(f"page_size: {p} slots make an fp8_model1 page of {model1_page_bytes(p)} "
+                         f"bytes, the cache's pages have {page_bytes}")
+    return p
+
+
+def indexer_page_size(page_bytes: int, head_dim) -> int:
+    """P of an ``fp8_indexer`` page of ``page_bytes`` bytes (``P * (head_dim + 4)``).
+
+    Raises:
+      TypeError: ``head_dim`` not an int. ValueError: ``head_dim`` < 1, or ``page_bytes`` not a
+        positive multiple of ``head_dim + 4``.
+    """
+    d = check_int("head_dim", head_dim, minimum=1)
+    if page_bytes < 1 or page_bytes % (d + 4):
+        raise ValueError(f"k_cache: {page_bytes} bytes per page is not a positive multiple of "
+                         f"D_I + 4 = {d + 4}")
+    return page_bytes // (d + 4)
+
+
 def quantize_fp8_model1(latent: np.ndarray) -> np.ndarray:
     """Quantize latent pages into the V4-Flash ``fp8_model1`` layout.
 
@@ -154,7 +187,7 @@ def dequantize_fp8_model1(cache: np.ndarray, page_size: int | None = None) -> np
     """Inverse of :func:`quantize_fp8_model1`: uint8 ``[num_pages, page_bytes]`` -> float32
     ``[num_pages, P, 512]`` (exact)."""
     _check("cache", cache, ndim=2, dtype=np.uint8)
-    p = page_size or model1_page_size(cache.shape[1])
+    p = resolve_model1_page_size(cache.shape[1], page_size)
     n = cache.shape[0]
     c = np.ascontiguousarray(cache)
     data = c[:, : p * MODEL1_DATA_BYTES].reshape(n, p, MODEL1_DATA_BYTES)
@@ -202,9 +235,8 @@ def split_fp8_indexer(cache: np.ndarray, head_dim: int = 128):
     """Views of an ``fp8_indexer`` cache: (e4m3 values ``[n, P, D_I]``, float32 scales ``[n, P]``)."""
     _check("k_cache", cache, ndim=2, dtype=np.uint8)
     n, page_bytes = cache.shape
-    if page_bytes % (head_dim + 4):
-        raise ValueError(f"k_cache: {page_bytes} bytes per page is not a multiple of D_I + 4 = {head_dim + 4}")
-    p = page_bytes // (head_dim + 4)
+    p = indexer_page_size(page_bytes, head_dim)
+    head_dim = int(head_dim)
     c = np.ascontiguousarray(cache)
     vals = c[:, : p * head_dim].reshape(n, p, head_dim).copy().view(E4M3)
     scales = c[:, p * head_dim:].copy().view(np.float32).reshape(n, p)

@@ -141,9 +141,11 @@ class LayerConfig:
         """Query heads per rank at tensor-parallel size ``tp``.
 
         Raises:
-          ValueError: ``tp`` does not divide ``num_heads`` (or V4's ``o_groups``).
+          TypeError: ``tp`` not an int (kernels.scalars rule). ValueError: ``tp`` < 1 or not a
+            divisor of ``num_heads`` (or V4's ``o_groups``).
         """
-        if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1 or self.num_heads % tp:
+        tp = check_int("tp_size", tp, minimum=1)
+        if self.num_heads % tp:
             raise ValueError(f"tp_size: expected a positive divisor of {self.name}.num_heads="
                              f"{self.num_heads}, got {tp!r}")
         if not self.absorbed and self.o_groups % tp:

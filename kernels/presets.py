@@ -18,6 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from kernels.scalars import check_int
+
 
 def _v32_sm_scale() -> float:
     mscale = 0.1 * 1.0 * math.log(40.0) + 1.0
@@ -65,9 +67,11 @@ class ModelPreset:
         """Query heads on one rank at tensor-parallel size ``tp``.
 
         Raises:
-          ValueError: ``tp`` does not divide ``num_heads``.
+          TypeError: ``tp`` not an int (kernels.scalars rule). ValueError: ``tp`` < 1 or not a
+            divisor of ``num_heads``.
         """
-        if tp < 1 or self.num_heads % tp:
+        tp = check_int("tp", tp, minimum=1)
+        if self.num_heads % tp:
             raise ValueError(
                 f"tp: expected a positive divisor of {self.name}.num_heads={self.num_heads}, got {tp}")
         return self.num_heads // tp

@@ -213,3 +213,11 @@ BAD_TP_RANK = [
     (2, ValueError, r"^tp_rank: expected an int in \[0, 2\), got 2"),
     (-1, ValueError, r"^tp_rank: expected an int in \[0, 2\), got -1"),
 ]
+
+# (tp_size, exception, message regex): the kernels.scalars rule for the layers' tp_size.
+BAD_TP_SIZE = [
+    (True, TypeError, r"^tp_size: expected an int .*got bool"),
+    (2.0, TypeError, r"^tp_size: expected an int .*got float"),
+    (3, ValueError, r"^tp_size: expected a positive divisor of .*num_heads=4, got 3"),
+    (0, ValueError, r"^tp_size: expected an int >= 1, got 0"),
+]

@@ -121,3 +121,42 @@ def test_format_errors():
         formats.quantize_fp8_indexer(np.zeros((1, 2, 128), np.float32), "e5m2")
     with pytest.raises(ValueError, match="kv_format"):
         formats.dequantize_kv(np.zeros((1, 2, 8)), "int4")
+
+
+@pytest.mark.parametrize("stack", ["torch", "jax"])
+def test_dequantizer_arguments_named_in_both_stacks(stack):
+    """``page_size`` / ``head_dim`` of the framework dequantizers follow kernels.scalars and are
+    checked against the page bytes (the same errors in both stacks); valid calls decode the
+    NumPy writers' bytes exactly."""
+    if stack == "torch":
+        import torch
+        from torch_impl import formats as fm
+        arr = lambda a: torch.from_numpy(a)                               # noqa: E731
+        back = lambda t: t.numpy()                                         # noqa: E731
+    else:
+        import jax.numpy as jnp
+        from jax_impl import formats as fm
+        arr = jnp.asarray                                                  # noqa: E731
+        back = np.asarray                                                  # noqa: E731
+    rng = np.random.default_rng(5)
+    x = _latent(rng, (2, 4, 512))
+    cache = formats.quantize_fp8_model1(x)                                  # P = 4
+    want = formats.dequantize_fp8_model1(cache)
+    np.testing.assert_array_equal(back(fm.dequantize_fp8_model1(arr(cache))), want)
+    np.testing.assert_array_equal(back(fm.dequantize_fp8_model1(arr(cache), np.int64(4))), want)
+    for bad, exc, msg in [(5, ValueError, "page_size: 5 slots make an fp8_model1 page of"),
+                          (0, ValueError, "page_size: expected an int >= 1, got 0"),
+                          (4.0, TypeError, "page_size: expected an int"),
+                          (True, TypeError, "page_size: expected an int")]:
+        with pytest.raises(exc, match=msg):
+            fm.dequantize_fp8_model1(arr(cache), bad)
+    k = rng.standard_normal((2, 3, 64)).astype(np.float32)
+    kc = formats.quantize_fp8_indexer(k, "ue8m0")                           # [2, 3 * 68]
+    np.testing.assert_array_equal(back(fm.dequantize_fp8_indexer(arr(kc), 64)),
+                                  formats.dequantize_fp8_indexer(kc, 64))
+    for bad, exc, msg in [(0, ValueError, "head_dim: expected an int >= 1, got 0"),
+                          (-4, ValueError, "head_dim: expected an int >= 1, got -4"),
+                          (64.0, TypeError, "head_dim: expected an int"),
+                          (60, ValueError, "k_cache: 204 bytes per page is not a positive multiple")]:
+        with pytest.raises(exc, match=msg):
+            fm.dequantize_fp8_indexer(arr(kc), bad)

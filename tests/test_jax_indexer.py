@@ -352,3 +352,51 @@ def test_unsupported_page_size_falls_through():
         indexer_topk(*args, 16, path="pallas")
     got = jax.jit(lambda *a: indexer_topk(*a, 16, path="auto"))(*args)
     compare.assert_pass(compare.check_topk(got, case.reference_logits(), 16))
+
+
+@pytest.mark.parametrize("k_format", ["fp8_indexer", "dense"])
+def test_x64_pallas_refused_auto_runs_xla(k_format):
+    """With jax_enable_x64 the Pallas kernels cannot lower (int64 offsets): the named path
+    raises NotImplementedError before launch, "auto" falls through to xla, and the xla path
+    matches the float64 reference under x64 (new-user trial: unnamed internal errors)."""
+    case = cases.make_indexer_case(4, B=2, N=2, H_I=16, P=16, lens=[40, 130], topk=16,
+                                   k_format=k_format)
+    prev = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        args = [jnp.asarray(a) for a in case.args()]
+        msg = r"jax indexer: pallas path: not supported with jax_enable_x64.*use path='xla' or disable x64"
+        with pytest.raises(NotImplementedError, match=msg):
+            indexer_logits(*args, k_format=k_format, path="pallas")
+        with pytest.raises(NotImplementedError, match=msg):
+            indexer_topk(*args, 16, k_format=k_format, path="pallas")
+        ref = case.reference_logits()
+        logits = indexer_logits(*args, k_format=k_format, path="xla")
+        compare.assert_pass(compare.check_logits(logits, ref))
+        np.testing.assert_array_equal(np.asarray(indexer_logits(*args, k_format=k_format, path="auto")),
+                                      np.asarray(logits))
+        idx = indexer_topk(*args, 16, k_format=k_format, sorted=True, path="xla")
+        assert idx.dtype == jnp.int32
+        compare.assert_pass(compare.check_topk(idx, ref, 16, sorted=True))
+        np.testing.assert_array_equal(
+            np.asarray(indexer_topk(*args, 16, k_format=k_format, sorted=True, path="auto")),
+            np.asarray(idx))
+    finally:
+        jax.config.update("jax_enable_x64", prev)
+    assert jax.config.jax_enable_x64 == prev
+
+
+@pytest.mark.parametrize("k_format", ["fp8_indexer", "dense"])
+@pytest.mark.parametrize("path", ["auto", "pallas", "xla"])
+def test_bad_zero_page_k_cache(k_format, path):
+    """A k_cache of zero pages is a ValueError naming k_cache (it was an unnamed gather
+    TypeError), for both ops on every path."""
+    case = cases.make_indexer_case(5, B=2, H_I=16, P=16, max_len=40, k_format=k_format)
+    q, w, kc, bt, cl = [jnp.asarray(a) for a in case.args()]
+    kc = kc[:0]
+    want = f"k_cache: expected at least one page, got shape {tuple(kc.shape)}"
+    for fn in (lambda: indexer_logits(q, w, kc, bt, cl, k_format=k_format, path=path),
+               lambda: indexer_topk(q, w, kc, bt, cl, 8, k_format=k_format, path=path)):
+        with pytest.raises(ValueError) as e:
+            fn()
+        assert str(e.value) == want

@@ -358,6 +358,57 @@ def test_unsupported_gpu_raises_before_launch(monkeypatch):
         _call_pallas(case)
 
 
+@pytest.mark.parametrize("kv_format,d_qk", [("latent", 576), ("fp8_ds_mla", 576), ("fp8_model1", 512)])
+def test_x64_pallas_refused_auto_runs_xla(kv_format, d_qk):
+    """With jax_enable_x64 the Pallas kernels cannot lower (int64 offsets): the named path
+    raises NotImplementedError before launch, "auto" falls through to xla, and the xla path
+    matches the float64 reference under x64 (new-user trial: unnamed internal errors)."""
+    case = cases.make_mla_case(21, B=2, N=2, H=8, d_qk=d_qk, K=32, P=16, kv_format=kv_format,
+                               logical=True, invalid="random", topk_length=True,
+                               attn_sink=kv_format == "fp8_model1")
+    prev = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    try:
+        with pytest.raises(NotImplementedError,
+                           match=r"sparse_mla_decode: pallas path: not supported with jax_enable_x64"
+                                 r".*use path='xla' or disable x64"):
+            _call(case, "pallas")
+        xla = _call(case, "xla")
+        _check(case, *xla)
+        auto = _call(case, "auto")
+        for x, y in zip(xla, auto):
+            np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+    finally:
+        jax.config.update("jax_enable_x64", prev)
+    assert jax.config.jax_enable_x64 == prev
+
+
+@pytest.mark.parametrize("kv_format,shape", [("fp8_ds_mla", (0, 16, 656)), ("latent", (0, 16, 576)),
+                                             ("latent", (4, 0, 576)), ("fp8_model1", (0, 9792))])
+@pytest.mark.parametrize("path", ["auto", "pallas", "xla"])
+def test_bad_zero_page_cache(kv_format, shape, path):
+    """A cache of zero pages (or zero slots per page) is a ValueError naming kv_cache with
+    torch_impl's message, on every path (it was an unnamed gather TypeError)."""
+    d_qk = 512 if kv_format == "fp8_model1" else 576
+    q = jnp.zeros((1, 1, 8, d_qk), jnp.float32)
+    kv = jnp.zeros(shape, jnp.float32 if kv_format == "latent" else jnp.uint8)
+    idx = jnp.zeros((1, 1, 16), jnp.int32)
+    with pytest.raises(ValueError) as e:
+        sparse_mla_decode(q, kv, idx, 0.1, kv_format=kv_format, path=path)
+    assert str(e.value) == f"kv_cache: expected at least one page of one slot, got {shape}"
+
+
+@pytest.mark.parametrize("path", ["auto", "pallas", "xla"])
+def test_bad_empty_block_table(path):
+    """block_table [B, 0] is a ValueError with torch_impl's message (xla returned empty rows,
+    pallas an unnamed TypeError); a wrong B gets the same message."""
+    q, kv, idx = _good()
+    for bt in (jnp.zeros((1, 0), jnp.int32), jnp.zeros((2, 3), jnp.int32)):
+        with pytest.raises(ValueError) as e:
+            sparse_mla_decode(q, kv, idx, 0.1, block_table=bt, path=path)
+        assert str(e.value) == f"block_table: expected shape (1, max_pages >= 1), got {tuple(bt.shape)}"
+
+
 # ============================================================================ GPU only
 
 @gpu_only

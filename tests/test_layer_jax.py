@@ -109,6 +109,13 @@ def test_bad_forward_input_is_named(bad_input_layer, name):
         layer(**args)
 
 
+@pytest.mark.parametrize("tp_size,exc,match", checks.BAD_TP_SIZE)
+def test_bad_tp_size_is_named(tp_size, exc, match):
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, None, tp_size=tp_size)
+    assert DSADecodeLayer(V32, None, tp_size=np.int64(2)).local_heads == V32.num_heads // 2
+
+
 @pytest.mark.parametrize("tp_rank,exc,match", checks.BAD_TP_RANK)
 def test_bad_tp_rank_is_named(tp_rank, exc, match):
     with pytest.raises(exc, match=match):

@@ -265,6 +265,36 @@ def test_numpy_int_topk_accepted():
         indexer_topk(*args, np.bool_(True), path="torch")
 
 
+def test_sorted_numpy_bool_and_zero_page_cache():
+    """``sorted=np.bool_(True)`` is a bool (same result as True); a cache of zero pages is a
+    ValueError naming k_cache (both formats)."""
+    case, args = _small()
+    a = indexer_topk(*args, 16, sorted=True, path="torch")
+    b = indexer_topk(*args, 16, sorted=np.bool_(True), path="torch")
+    assert torch.equal(a, b)
+    compare.assert_pass(compare.check_topk(b, case.reference_logits(), 16, sorted=True))
+    empty = args[2][:0]
+    with pytest.raises(ValueError, match=r"k_cache: expected at least one page, got shape \(0, "):
+        indexer_topk(args[0], args[1], empty, args[3], args[4], 16)
+    dense = cases.make_indexer_case(801, B=1, N=1, H_I=16, P=16, lens=[20], topk=8, k_format="dense",
+                                    q_dtype="float32")
+    d = _args(dense)
+    with pytest.raises(ValueError, match="k_cache: expected at least one page"):
+        indexer_logits(d[0], d[1], d[2][:0], d[3], d[4], k_format="dense")
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's bf16 gate; bf16 runs on the GPU")
+def test_bf16_dense_refused_in_the_interpreter():
+    case = cases.make_indexer_case(802, B=1, N=1, H_I=16, P=16, lens=[20], topk=8, k_format="dense",
+                                   q_dtype="float32")
+    q, w, kc, bt, cl = _args(case)
+    q, kc = q.to(torch.bfloat16), kc.to(torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="interpreter: bf16 operands are not supported"):
+        indexer_logits(q, w, kc, bt, cl, k_format="dense", path="triton")
+    got = indexer_logits(q, w, kc, bt, cl, k_format="dense")                # auto -> torch
+    assert torch.equal(got, indexer_logits(q, w, kc, bt, cl, k_format="dense", path="torch"))
+
+
 # ============================================================================ bad input
 
 def _small():

@@ -304,6 +304,22 @@ def test_numpy_scalars_accepted_like_python_scalars():
         sparse_mla_decode(*args, np.bool_(True), kv_format="fp8_model1", path="torch")
 
 
+@pytest.mark.skipif(CUDA, reason="the interpreter's bf16 gate; bf16 runs on the GPU")
+def test_bf16_refused_in_the_interpreter_auto_uses_torch():
+    """The Triton interpreter computes bf16 on raw bits: the triton path raises
+    NotImplementedError before launch, and auto gives the torch path's result (within the SPEC
+    bf16 tolerance of the reference)."""
+    case = cases.make_mla_case(15, B=1, N=1, H=16, K=32, kv_format="fp8_ds_mla", d_qk=576,
+                               q_dtype="bfloat16")
+    args = (_t(case.q).to(torch.bfloat16), _t(case.kv_cache), _t(case.indices), case.sm_scale)
+    with pytest.raises(NotImplementedError, match="interpreter: bf16 operands are not supported"):
+        sparse_mla_decode(*args, kv_format="fp8_ds_mla", path="triton")
+    out, lse = sparse_mla_decode(*args, kv_format="fp8_ds_mla")
+    ref = sparse_mla_decode(*args, kv_format="fp8_ds_mla", path="torch")
+    assert torch.equal(out, ref[0]) and torch.equal(lse, ref[1])
+    _check(case, out, lse)
+
+
 # ============================================================================ torch.compile
 
 @pytest.mark.parametrize("path", ["torch", "triton"])
@@ -438,5 +454,5 @@ def test_formats_bad_input():
         t_formats.dequantize_fp8_ds_mla(torch.zeros(2, 656))
     with pytest.raises(ValueError, match="scale_fmt"):
         t_formats.quantize_fp8_indexer(torch.zeros(1, 2, 128), "e5m2")
-    with pytest.raises(ValueError, match="not a multiple"):
+    with pytest.raises(ValueError, match="not a positive multiple"):
         t_formats.dequantize_fp8_indexer(torch.zeros(1, 100, dtype=torch.uint8))

@@ -38,6 +38,17 @@ def device_info(device: torch.device) -> hardware.DeviceInfo:
         f"got tensors on {device}")
 
 
+def require_no_interpreted_bf16(dev: hardware.DeviceInfo, op: str, *tensors: torch.Tensor) -> None:
+    """NotImplementedError before launch when a Triton kernel would run bf16 operands in the
+    interpreter (``TRITON_INTERPRET=1``): it evaluates bf16 arithmetic on raw bit patterns, so
+    results drift past the SPEC tolerances. ``path="auto"`` then falls through to ``"torch"``;
+    bf16 runs on the GPU."""
+    if dev.interpret and any(t is not None and t.dtype == torch.bfloat16 for t in tensors):
+        raise NotImplementedError(f"{op} in the Triton CPU interpreter: bf16 operands are not "
+                                  f"supported there (it computes bf16 on raw bits); use fp16 / "
+                                  f"fp32 or path='torch' on the CPU, bf16 on a GPU")
+
+
 def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torch.dtype] | None = None,
                  shape: Sequence[int | None] | None = None, device: torch.device | None = None):
     """Raise TypeError / ValueError naming ``name``, what was expected and what came."""

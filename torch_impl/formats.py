@@ -121,9 +121,14 @@ def quantize_fp8_model1(latent: torch.Tensor) -> torch.Tensor:
 
 def dequantize_fp8_model1(cache: torch.Tensor, page_size: int | None = None) -> torch.Tensor:
     """uint8 ``[num_pages, page_bytes]`` ``fp8_model1`` pages -> float32 ``[num_pages, P, 512]``
-    (exact; scale byte e means 2^(e-127))."""
+    (exact; scale byte e means 2^(e-127)).
+
+    Raises:
+      TypeError / ValueError: ``cache`` not uint8 rank 2; ``page_size`` not an int, < 1, or not
+        the P of the cache's page bytes (None: the P they imply; no P matches).
+    """
     _check("cache", cache, ndim=2, dtype=torch.uint8)
-    p = page_size or _nf.model1_page_size(cache.shape[1])
+    p = _nf.resolve_model1_page_size(cache.shape[1], page_size)
     n = cache.shape[0]
     data = cache[:, : p * 576].reshape(n, p, 576)
     q = data[..., :448].contiguous().view(_E4M3).float().reshape(n, p, 7, 64)
@@ -170,14 +175,13 @@ def dequantize_fp8_indexer(cache: torch.Tensor, head_dim: int = 128) -> torch.Te
     """uint8 ``[num_pages, P * (D_I + 4)]`` -> float32 ``[num_pages, P, D_I]`` (value x scale).
 
     Raises:
-      ValueError: bytes per page not a multiple of ``head_dim + 4``.
+      TypeError: ``head_dim`` not an int. ValueError: ``head_dim`` < 1, bytes per page not a
+        positive multiple of ``head_dim + 4``.
     """
     _check("k_cache", cache, ndim=2, dtype=torch.uint8)
     n, page_bytes = cache.shape
-    if page_bytes % (head_dim + 4):
-        raise ValueError(f"k_cache: {page_bytes} bytes per page is not a multiple of "
-                         f"D_I + 4 = {head_dim + 4}")
-    p = page_bytes // (head_dim + 4)
+    p = _nf.indexer_page_size(page_bytes, head_dim)
+    head_dim = int(head_dim)
     vals = cache[:, : p * head_dim].contiguous().view(_E4M3).float().reshape(n, p, head_dim)
     scales = cache[:, p * head_dim:].contiguous().view(torch.float32)      # [n, p]
     return vals * scales[..., None]

@@ -22,7 +22,7 @@ It reads ``max(L_b)`` back to the host once per call, so it is **not** CUDA-grap
 """
 from __future__ import annotations
 
-
+import numpy as np
 import torch
 
 from kernels import dispatch, formats as np_formats, hardware
@@ -58,6 +58,8 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
     if k_format == "fp8_indexer":
         _common.check_tensor("k_cache", k_cache, ndim=2, dtypes=(torch.uint8,), device=dev)
         page_bytes = k_cache.shape[1]
+        if k_cache.shape[0] < 1:
+            raise ValueError(f"k_cache: expected at least one page, got shape {tuple(k_cache.shape)}")
         if page_bytes == 0 or page_bytes % (D + 4):
             raise ValueError(f"k_cache: 'fp8_indexer' pages hold P * (D_I + 4) = P * {D + 4} bytes, "
                              f"got shape {tuple(k_cache.shape)}")
@@ -71,6 +73,8 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
         P = page_bytes // (D + 4)
     else:
         _common.check_tensor("k_cache", k_cache, ndim=3, dtypes=(q.dtype,), device=dev)
+        if k_cache.shape[0] < 1:
+            raise ValueError(f"k_cache: expected at least one page, got shape {tuple(k_cache.shape)}")
         if k_cache.shape[2] != D or k_cache.shape[1] < 1:
             raise ValueError(f"k_cache: expected 'dense' shape (num_pages, P, {D}) matching q's "
                              f"D_I, got {tuple(k_cache.shape)}")
@@ -88,7 +92,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
                          f"{tuple(context_lens.shape)}")
     if topk is not None:
         check_int("topk", topk, minimum=1)
-    if not isinstance(sorted_, bool):
+    if not isinstance(sorted_, (bool, np.bool_)):
         raise TypeError(f"sorted: expected a bool, got {type(sorted_).__name__}")
     return P
 
@@ -130,6 +134,7 @@ def _triton_gate(q, k_format, P, lcfg):
     """NotImplementedError (GPU, compute capability, what is supported) before launch."""
     dev = _common.device_info(q.device)
     hardware.require_arch(dev, "indexer_logits (triton)")
+    _common.require_no_interpreted_bf16(dev, "indexer_logits (triton)", q)
     B, N, H, D = q.shape
     if D < 16 or D & (D - 1):
         raise NotImplementedError(f"indexer_logits (triton) on {dev.name} (compute capability "
@@ -449,7 +454,7 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
     """
     _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, sorted)
     return torch.ops.dsa.indexer_topk(q, weights, k_cache, block_table, context_lens, int(topk),
-                                      k_format, sorted, path)
+                                      k_format, bool(sorted), path)
 
 
 indexer_logits.__doc__ = indexer_logits.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)

@@ -226,6 +226,8 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
 
     dev = _common.device_info(q.device)
     hardware.require_arch(dev, "sparse_mla_decode (triton)")
+    _common.require_no_interpreted_bf16(dev, "sparse_mla_decode (triton)", q,
+                                        kv_cache if kv_format == "latent" else None)
     B, N, H, D = q.shape
     K = indices.shape[2]
     if (D, d_v) not in TRITON_SHAPES:
