@@ -11,10 +11,15 @@ Examples::
 
 Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
 (roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
+
+Exit status: 0 when every row that ran passed its check, 1 when any failed or errored, 2 on a
+usage error (a bad flag, a non-positive ``--budget-s`` / ``--max-gb``, an ``--out`` that cannot
+be written, a selection that matches no path or no shape), checked before anything runs.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -29,7 +34,19 @@ def _has_cuda() -> bool:
         return False
 
 
+def _positive_float(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text!r}")
+    return v
+
+
 def parse(argv=None) -> argparse.Namespace:
+    """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
+    cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
     from bench import grid                # NumPy-only imports: no framework is loaded here
 
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
@@ -46,9 +63,9 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--op", action="append", choices=grid.OPS)
     ap.add_argument("--preset", action="append", choices=("DSV32", "DSV4_FLASH"))
     ap.add_argument("--kv", action="append", choices=("bf16", "fp8"), help="latent-cache kind")
-    ap.add_argument("--budget-s", type=float, default=None,
+    ap.add_argument("--budget-s", type=_positive_float, default=None,
                     help="stop starting new shapes after this many seconds (quick: 240, full: none)")
-    ap.add_argument("--max-gb", type=float, default=60.0, help="device memory for inputs (all rotations)")
+    ap.add_argument("--max-gb", type=_positive_float, default=60.0, help="device memory for inputs (all rotations)")
     ap.add_argument("--write-dispatch", action="store_true",
                     help="write kernels/dispatch/<arch>.json from the fastest checked paths")
     ap.add_argument("--dispatch-dir", type=Path, default=None,
@@ -59,7 +76,18 @@ def parse(argv=None) -> argparse.Namespace:
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--tag", default="", help="result file tag (default: the arch, or 'dry')")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    from parity.report import unwritable
+    # checked before the run: a result that cannot be written would cost the whole run
+    why = unwritable(args.out, directory=True)
+    if why:
+        ap.error(f"argument --out: expected a writable directory, got {str(args.out)!r}: {why}")
+    if args.write_dispatch and args.dispatch_dir is not None:
+        why = unwritable(args.dispatch_dir, directory=True)
+        if why:
+            ap.error(f"argument --dispatch-dir: expected a writable directory, got "
+                     f"{str(args.dispatch_dir)!r}: {why}")
+    return args
 
 
 def main(argv=None) -> int:
@@ -73,7 +101,7 @@ def main(argv=None) -> int:
         if not args.dry_run:
             print("no CUDA GPU: running the CPU dry run (timings meaningless)", file=sys.stderr)
     from bench import report
-    from bench.runner import RunConfig, run
+    from bench.runner import RunConfig, empty_selection, run
 
     mode = "dry" if dry else ("full" if args.full else "quick")
     budget = args.budget_s if args.budget_s is not None else {"quick": 240.0, "full": 1e9, "dry": 1e9}[mode]
@@ -84,6 +112,10 @@ def main(argv=None) -> int:
                     command="python -m bench " + " ".join(shlex.quote(a) for a in argv),
                     progress=not args.no_progress, ref_max_positions=args.ref_max_positions,
                     plot=not args.no_plot, tag=args.tag)
+    why = empty_selection(cfg)
+    if why:                                  # like python -m parity: nothing to run is a usage error
+        print(f"python -m bench: error: {why}", file=sys.stderr)
+        return 2
     res = run(cfg)
     report.print_table(res["rows"], res["meta"])
     print(f"json: {res['json']}")

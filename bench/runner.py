@@ -142,8 +142,43 @@ def _free(device: str):
         torch.cuda.empty_cache()
 
 
+def selection(cfg: RunConfig) -> tuple[list, list]:
+    """``(shapes, [(backend, path), ...])`` that ``cfg`` selects from its mode's grid and the
+    registered backends (``bench.paths.REGISTRY``), without importing any framework.
+    Unavailable backends are still selected (their rows say why)."""
+    shapes = {"quick": grid.quick_grid, "full": grid.full_grid, "dry": grid.dry_grid}[cfg.mode]()
+    shapes = grid.select(shapes + list(cfg.extra_shapes), ops=cfg.ops, presets=cfg.presets, kvs=cfg.kvs)
+    pairs = [(name, pth) for name, b in paths.REGISTRY.items()
+             if not cfg.backends or name in cfg.backends
+             for pth in b.paths if not cfg.paths or pth in cfg.paths]
+    return shapes, pairs
+
+
+def empty_selection(cfg: RunConfig) -> str | None:
+    """Why ``cfg`` selects nothing to run (no path or no shape), or None when it selects rows."""
+    shapes, pairs = selection(cfg)
+
+    def given(*opts):
+        return " ".join(f"--{o} {','.join(v)}" for o, v in opts if v)
+    if not pairs:
+        known = "; ".join(f"{n}: {', '.join(b.paths)}" for n, b in paths.REGISTRY.items())
+        return (f"no path matches {given(('backend', cfg.backends), ('path', cfg.paths)) or 'the selection'} "
+                f"(backends and their paths: {known})")
+    if not shapes:
+        return (f"no shape of the {cfg.mode} grid matches "
+                f"{given(('op', cfg.ops), ('preset', cfg.presets), ('kv', cfg.kvs)) or 'the selection'}")
+    return None
+
+
 def run(cfg: RunConfig) -> dict:
-    """Run the grid; returns ``{"meta", "rows", "json", "png", "dispatch"}``."""
+    """Run the grid; returns ``{"meta", "rows", "json", "png", "dispatch"}``.
+
+    Raises:
+        ValueError: ``cfg`` selects no path or no shape (``empty_selection``); nothing is written.
+    """
+    why = empty_selection(cfg)
+    if why:
+        raise ValueError(f"cfg: {why}")
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

@@ -2,8 +2,9 @@
 against each other, on a grid of named cases (see parity/README.md).
 
 Exit status: 0 when every comparison passed (unavailable paths are not failures unless
-``--strict``), 1 when any failed, 2 on a usage error (bad flag, a ``--case`` name that is no
-case of the grid, no case matches the selection).
+``--strict``), 1 when any failed, 2 on a usage error (bad flag, an empty ``--backend`` /
+``--path`` / ``--op`` / ``-k``, a ``--case`` name that is no case of the grid, no case matches
+the selection, a ``--json`` path that cannot be written: checked before any case runs).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import sys
 import time
 
 from parity import runners as _runners
+from parity.report import unwritable as report_unwritable
 
 OP_CHOICES = _runners.OPS
 
@@ -20,6 +22,9 @@ OP_CHOICES = _runners.OPS
 def _csv(choices):
     def parse(s):
         vals = [v.strip() for v in s.split(",") if v.strip()]
+        if not vals:                     # '' or ',' would otherwise select everything
+            raise argparse.ArgumentTypeError(
+                f"expected a non-empty comma-separated subset of {list(choices)}, got {s!r}")
         bad = [v for v in vals if v not in choices]
         if bad:
             raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {list(choices)}, got {bad}")
@@ -61,14 +66,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run only the case named exactly NAME (repeatable; a name that is no case "
                         "of the selected grid is an error listing the closest names). With -k and "
                         "--op, a case runs only when it matches all three")
-    p.add_argument("-k", dest="pattern", default=None,
+    p.add_argument("-k", dest="pattern", type=_pattern, default=None,
                    help="run only cases whose name contains PATTERN, a substring match like pytest "
                         "-k (-k idx/corner/ties also runs idx/corner/ties_sorted: use --case for "
                         "one exact case); comma-separated alternatives; with * ? [] the pattern is "
                         "a wildcard matched against the whole name")
     p.add_argument("--seed", type=int, default=0, help="seed of every generated input (default 0)")
     p.add_argument("--json", dest="json_path", default=None, metavar="PATH",
-                   help="write the JSON report (schema: SPEC.md 'Result files') to PATH")
+                   help="write the JSON report (schema: SPEC.md 'Result files') to PATH (checked "
+                        "to be writable before any case runs)")
     p.add_argument("--env", action="store_true",
                    help="print GPU, driver, CUDA and library versions and which paths can run, then exit")
     p.add_argument("--list", action="store_true", help="list the selected case names and exit")
@@ -83,6 +89,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "and order as one process). On a GPU the workers share it; compiling and "
                         "the float64 reference are what the extra CPU cores speed up")
     return p
+
+
+def _pattern(text: str) -> str:
+    """``-k``: at least one non-empty alternative ('' and ',' would select the whole grid)."""
+    if not any(p.strip() for p in text.split(",")):
+        raise argparse.ArgumentTypeError(
+            f"expected a non-empty pattern (comma-separated alternatives), got {text!r}")
+    return text
 
 
 def _positive_int(text: str) -> int:
@@ -272,7 +286,13 @@ def _run_jobs(argv: list, jobs: int, n_cases: int, err_console) -> list:
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.json_path is not None and not (args.env or args.list):
+        why = report_unwritable(args.json_path)     # before the run: a report lost after it costs the run
+        if why:
+            parser.error(f"argument --json: expected a writable file path, got "
+                         f"{args.json_path!r}: {why}")
     gpu = _runners.prepare_environment()
 
     from rich.console import Console

@@ -126,6 +126,43 @@ def now_iso() -> str:
 
 # ============================================================================ JSON
 
+def unwritable(target, *, directory: bool = False) -> str | None:
+    """Why ``target`` cannot be written, or None when it can.
+
+    ``target`` is a file (``directory=False``) or a directory; missing parent directories are
+    fine when the nearest existing one accepts new files (the writers create them). The check
+    creates and removes a temporary file there: permission bits alone do not tell (root, /proc,
+    read-only mounts).
+    """
+    import tempfile
+    from pathlib import Path
+    if str(target) == "":
+        return "an empty path"
+    t = Path(os.path.abspath(target))
+    if directory and t.exists() and not t.is_dir():
+        return f"{t} exists and is not a directory"
+    if not directory and t.is_dir():
+        return f"{t} is a directory"
+    anc = t if directory else t.parent
+    while not anc.exists() and anc != anc.parent:
+        anc = anc.parent
+    if not anc.is_dir():
+        return f"{anc} is not a directory"
+    try:
+        fd, probe = tempfile.mkstemp(dir=anc, prefix=".write-probe-")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        return f"cannot create files in {anc} ({e.strerror or e})"
+    if not directory and t.exists():
+        try:
+            with open(t, "a"):
+                pass
+        except OSError as e:
+            return f"cannot write {t} ({e.strerror or e})"
+    return None
+
+
 def write_json(path, *, info: dict, command: str, rows: list[Row], extra: dict) -> dict:
     """Write the run's JSON report to ``path`` and return it."""
     doc = {"gpu": info["gpu"], "compute_capability": info["compute_capability"],

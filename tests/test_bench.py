@@ -316,6 +316,87 @@ def test_cli_exit_status_and_filters(tmp_path, stub_registry, monkeypatch, capsy
     assert "FAILED" in capsys.readouterr().out
 
 
+def _no_run(cfg):
+    raise AssertionError("a usage error must be reported before the run starts")
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--budget-s", "-1"], "argument --budget-s: expected a positive finite number, got '-1'"),
+    (["--budget-s", "0"], "argument --budget-s: expected a positive finite number, got '0'"),
+    (["--max-gb", "0"], "argument --max-gb: expected a positive finite number, got '0'"),
+    (["--max-gb", "nan"], "argument --max-gb: expected a positive finite number, got 'nan'"),
+    (["--max-gb", "lots"], "argument --max-gb: expected a positive number, got 'lots'"),
+    (["--out", "/proc/nope"], "argument --out: expected a writable directory, got '/proc/nope': "
+                              "cannot create files in /proc"),
+])
+def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypatch, capsys, argv, message):
+    import bench.runner
+    from bench.__main__ import main
+    monkeypatch.setattr(bench.runner, "run", _no_run)
+    with pytest.raises(SystemExit) as e:
+        main(["--dry-run", "--out", str(tmp_path), "--no-progress", "--no-plot", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_cli_out_must_be_a_writable_directory(tmp_path, stub_registry, monkeypatch, capsys):
+    import bench.runner
+    from bench.__main__ import main
+    monkeypatch.setattr(bench.runner, "run", _no_run)
+    (tmp_path / "f").write_text("x")
+    for out, why in [(tmp_path / "f", "exists and is not a directory"),
+                     (tmp_path / "f" / "sub", "is not a directory")]:
+        with pytest.raises(SystemExit) as e:
+            main(["--dry-run", "--out", str(out), "--no-progress"])
+        assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --out: expected a writable directory" in err and why in err, err
+    with pytest.raises(SystemExit) as e:
+        main(["--dry-run", "--out", str(tmp_path), "--write-dispatch", "--dispatch-dir", str(tmp_path / "f")])
+    assert e.value.code == 2
+    assert "argument --dispatch-dir: expected a writable directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_cli_empty_selection_exits_2_like_parity(tmp_path, stub_registry, monkeypatch, capsys):
+    import bench.runner
+    from bench.__main__ import main
+    monkeypatch.setattr(grid, "dry_grid", _small_shapes)
+    monkeypatch.setattr(bench.runner, "run", _no_run)
+    rc = main(["--dry-run", "--out", str(tmp_path), "--no-progress", "--backend", "jax", "--path", "triton"])
+    assert rc == 2
+    err = capsys.readouterr().err
+    assert "no path matches --backend jax --path triton" in err and "jax: pallas, xla" in err, err
+    rc = main(["--dry-run", "--out", str(tmp_path), "--no-progress", "--op", "indexer_topk",
+               "--preset", "DSV4_FLASH"])
+    assert rc == 2
+    assert "no shape of the dry grid matches --op indexer_topk --preset DSV4_FLASH" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []                              # no empty JSON
+    # the library entry point refuses the same selection
+    monkeypatch.undo()
+    monkeypatch.setattr(paths, "REGISTRY", stub_registry)
+    with pytest.raises(ValueError, match="cfg: no path matches --backend jax --path triton"):
+        run(RunConfig(mode="dry", out=tmp_path, backends=("jax",), paths=("triton",), progress=False))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dry_run_dispatch_dir_is_git_ignored():
+    """``python -m bench --write-dispatch`` on a CPU writes bench/results/dispatch/interpreter.json
+    (the README's contributing steps commit only kernels/dispatch/<arch>.json)."""
+    import shutil
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if shutil.which("git") is None or not os.path.isdir(os.path.join(root, ".git")):
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "check-ignore", "-v", "bench/results/dispatch/interpreter.json"],
+                       cwd=root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and ".gitignore" in r.stdout, r.stdout + r.stderr
+    r = subprocess.run(["git", "check-ignore", "-q", "kernels/dispatch/sm_120.json"], cwd=root, timeout=60)
+    assert r.returncode == 1                                           # GPU tables stay tracked
+
+
 def test_unavailable_backend_is_reported_not_failed(tmp_path, monkeypatch):
     class Missing(paths.Backend):
         name, paths = "torch", ("triton", "torch")

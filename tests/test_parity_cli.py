@@ -305,6 +305,41 @@ def test_usage_errors_exit_2(registry, capsys):
     assert e.value.code == 2
 
 
+@pytest.mark.parametrize("argv, option", [(["--backend", ""], "--backend"), (["--op", ""], "--op"),
+                                           (["--path", ""], "--path"), (["--path", ","], "--path"),
+                                           (["-k", ""], "-k"), (["-k", ","], "-k")])
+def test_empty_selector_is_a_usage_error_naming_the_option(registry, capsys, argv, option):
+    """An empty value would select the whole grid; it is rejected (exit 2) before anything runs."""
+    registry(_fake("good", _ref_outputs))
+    with pytest.raises(SystemExit) as e:
+        cli.main([*argv, "--list"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {option}: expected a non-empty" in err, err
+    assert "got ''" in err or "got ','" in err, err
+
+
+def test_unwritable_json_is_a_usage_error_before_any_case_runs(registry, tmp_path, capsys):
+    calls = []
+    registry(_fake("good", lambda op, c: calls.append(op) or _ref_outputs(op, c)))
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    for target, why in [("/proc/x.json", "cannot create files in /proc"),
+                        (str(a_file / "x.json"), "is not a directory"),
+                        (str(tmp_path), "is a directory"),
+                        ("", "an empty path")]:
+        with pytest.raises(SystemExit) as e:
+            cli.main(["-k", MLA_CASE, "--no-progress", "--json", target])
+        assert e.value.code == 2, target
+        err = capsys.readouterr().err
+        assert "argument --json: expected a writable file path" in err and why in err, err
+    assert calls == []                                   # checked before the first case
+    assert a_file.read_text() == "x"
+    # a directory that does not exist yet is created by the report writer, as before
+    rc, doc = _run(["-k", MLA_CASE], tmp_path / "new" / "dir")
+    assert rc == 0 and doc["summary"]["failed"] == 0 and calls
+
+
 def test_env_lists_versions_and_probes_paths(registry, capsys):
     registry(_fake("good", _ref_outputs), _fake("broken", _broken_outputs),
              _raising("nogpu", NotImplementedError("no such GPU")))
