@@ -68,13 +68,15 @@ def _ceil_log2_table() -> np.ndarray:
 
 def _pow2_ceil(s: jax.Array) -> jax.Array:
     """``2^ceil(log2(s))`` for positive normal float32 ``s``, bit-identical to NumPy's
-    ``np.exp2(np.ceil(np.log2(s)))`` in float32."""
-    bits = jax.lax.bitcast_convert_type(s.astype(jnp.float32), jnp.uint32)
+    ``np.exp2(np.ceil(np.log2(s)))`` in float32; NaN and +inf pass through (as in NumPy; the
+    exponent bump would otherwise carry a NaN into the sign bit: -0.0)."""
+    s = s.astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(s, jnp.uint32)
     e = (bits >> 23) & 0xFF
     m = bits & 0x7FFFFF
     up = m > jnp.asarray(_ceil_log2_table())[e].astype(jnp.uint32)
-    e = e + up.astype(jnp.uint32)
-    return jax.lax.bitcast_convert_type(e << 23, jnp.float32)
+    out = jax.lax.bitcast_convert_type((e + up.astype(jnp.uint32)) << 23, jnp.float32)
+    return jnp.where(e == 0xFF, s, out)
 
 
 def _div_448(x: jax.Array) -> jax.Array:

@@ -160,3 +160,30 @@ def test_dequantizer_arguments_named_in_both_stacks(stack):
                           (60, ValueError, "k_cache: 204 bytes per page is not a positive multiple")]:
         with pytest.raises(exc, match=msg):
             fm.dequantize_fp8_indexer(arr(kc), bad)
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+def test_jax_and_torch_writers_match_numpy_on_non_finite_input(value):
+    """A NaN / +-inf latent or key: both framework writers give NumPy's bytes exactly (the JAX
+    ue8m0 scale used to turn a NaN amax into -0.0 and saturate the row)."""
+    import jax.numpy as jnp
+    import torch
+    from jax_impl import formats as jf
+    from torch_impl import formats as tf
+    x = np.ones((1, 2, 576), np.float32)
+    x[0, 0, 0] = value
+    y = np.ones((1, 2, 512), np.float32)
+    y[0, 0, 0] = value
+    k = np.ones((1, 2, 128), np.float32)
+    k[0, 0, 0] = value
+    with np.errstate(invalid="ignore"):
+        want = [formats.quantize_fp8_ds_mla(x), formats.quantize_fp8_model1(y),
+                formats.quantize_fp8_indexer(k, "ue8m0"), formats.quantize_fp8_indexer(k, None)]
+    got_j = [jf.quantize_fp8_ds_mla(jnp.asarray(x)), jf.quantize_fp8_model1(jnp.asarray(y)),
+             jf.quantize_fp8_indexer(jnp.asarray(k), "ue8m0"), jf.quantize_fp8_indexer(jnp.asarray(k), None)]
+    got_t = [tf.quantize_fp8_ds_mla(torch.from_numpy(x)), tf.quantize_fp8_model1(torch.from_numpy(y)),
+             tf.quantize_fp8_indexer(torch.from_numpy(k), "ue8m0"),
+             tf.quantize_fp8_indexer(torch.from_numpy(k), None)]
+    for w, j, t in zip(want, got_j, got_t):
+        np.testing.assert_array_equal(np.asarray(j), w)
+        np.testing.assert_array_equal(t.numpy(), w)
