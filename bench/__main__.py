@@ -44,6 +44,16 @@ def _positive_float(text: str) -> float:
     return v
 
 
+def _positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
+    return v
+
+
 def parse(argv=None) -> argparse.Namespace:
     """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
     cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
@@ -70,7 +80,7 @@ def parse(argv=None) -> argparse.Namespace:
                     help="write kernels/dispatch/<arch>.json from the fastest checked paths")
     ap.add_argument("--dispatch-dir", type=Path, default=None,
                     help="where --write-dispatch writes (default kernels/dispatch; dry runs: <out>/dispatch)")
-    ap.add_argument("--ref-max-positions", type=int, default=1 << 18,
+    ap.add_argument("--ref-max-positions", type=_positive_int, default=1 << 18,
                     help="indexer rows with N*L above this are checked path-vs-path, not against the reference")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")

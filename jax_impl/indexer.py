@@ -69,7 +69,8 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format):
     check_array("weights", weights, dtypes=(jnp.float32,), shape=(B, N, H))
     check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
     if int(block_table.shape[1]) == 0:
-        raise ValueError(f"block_table: expected at least one page column, got shape {tuple(block_table.shape)}")
+        raise ValueError(f"block_table: expected shape ({B}, max_pages) with max_pages >= 1, got "
+                         f"{tuple(block_table.shape)}")
     check_array("context_lens", context_lens, dtypes=(jnp.int32,))
     if tuple(context_lens.shape) not in ((B,), (B, N)):
         raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got {tuple(context_lens.shape)}")

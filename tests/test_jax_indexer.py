@@ -400,3 +400,12 @@ def test_bad_zero_page_k_cache(k_format, path):
         with pytest.raises(ValueError) as e:
             fn()
         assert str(e.value) == want
+
+
+def test_bad_empty_block_table_same_message_as_torch():
+    """A block table with no page column: ValueError with torch's wording."""
+    case = cases.make_indexer_case(6, B=2, H_I=16, P=16, max_len=40)
+    q, w, kc, bt, cl = [jnp.asarray(a) for a in case.args()]
+    with pytest.raises(ValueError, match=r"^block_table: expected shape \(2, max_pages\) with "
+                                         r"max_pages >= 1, got \(2, 0\)$"):
+        indexer_topk(q, w, kc, bt[:, :0], cl, 8)
