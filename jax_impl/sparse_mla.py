@@ -189,7 +189,7 @@ def _xla(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_le
     s = jnp.einsum("bnhd,bnkd->bnhk", q.astype(jnp.float32), rows, precision=hi)
     s = jnp.where(ok[:, :, None, :], s * jnp.asarray(sm_scale, jnp.float32), -jnp.inf)
     m = jnp.max(s, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    m = jnp.where(m == -jnp.inf, 0.0, m)     # all masked -> p = 0; +inf / NaN propagate (NaN)
     p = jnp.exp(s - m)                                                 # masked -> 0
     den = jnp.sum(p, axis=-1)
     has = den != 0          # NaN sums propagate (as in the reference); empty iff den == 0

@@ -365,7 +365,7 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
     s = torch.einsum("bnhd,bnkd->bnhk", q.float(), rows[..., :D]) * float(sm_scale)
     s = torch.where(ok[:, :, None, :], s, float("-inf"))
     m = s.amax(dim=-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, 0.0)
+    m = torch.where(m == float("-inf"), 0.0, m)   # all masked -> p = 0; +inf / NaN give NaN
     p = torch.exp(s - m)                                                     # masked -> 0
     den = p.sum(dim=-1)                                                      # [B, N, H]
     has = den != 0          # NaN sums propagate (as in the reference); empty iff den == 0
