@@ -187,7 +187,7 @@ def print_env(console, gpu: bool, selected) -> dict:
 
 def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=None, log=None):
     """Run every case on every selected runner; returns the list of report.Row."""
-    from parity import checks, report
+    from parity import cases as _pcases, checks, report
 
     rows: list[report.Row] = []
     refs = checks.References()
@@ -202,6 +202,9 @@ def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=N
         try:
             case = pc.build()
             build_err = None
+            for k, v in _pcases.built_shape(case).items():     # corner cases: shape known once built
+                if params.get(k) is None:
+                    params[k] = v
         except Exception as e:  # noqa: BLE001 - a broken generator fails the case, not the run
             case, build_err = None, f"building the case failed: {type(e).__name__}: {e}"
         got, ok = {}, {}

@@ -106,6 +106,25 @@ class LayerParityCase:
         return self.dtype in layer_compare.LOW_PRECISION
 
 
+def built_shape(case) -> dict:
+    """Shape fields (B, N, L, P) of a built ``kernels.cases`` MLA / indexer case, for result rows
+    whose grid entry could not know them before building (the corner cases); {} otherwise."""
+    out = {}
+    q = getattr(case, "q", None)
+    if q is None or np.ndim(q) != 4:
+        return out
+    out["B"], out["N"] = int(q.shape[0]), int(q.shape[1])
+    cl = getattr(case, "context_lens", None)
+    if cl is not None and np.size(cl):
+        out["L"] = int(np.max(cl))
+    if isinstance(case, kcases.MLACase):
+        out["P"] = int(formats.kv_page_size(case.kv_cache, case.kv_format))
+    elif isinstance(case, kcases.IndexerCase):
+        kc = case.k_cache
+        out["P"] = int(kc.shape[1] if case.k_format == "dense" else kc.shape[1] // (q.shape[3] + 4))
+    return out
+
+
 @dataclass
 class ParityCase:
     """One named (case, op) of the grid.

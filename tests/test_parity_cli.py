@@ -160,6 +160,12 @@ def test_correct_paths_pass_with_exit_0_and_json_schema(registry, tmp_path):
     assert 0.0 < mla["worst_error"] < 1e-5 and mla["ratio"] < 0.01
     assert mla["tolerance"] >= min(compare.LSE_ABS, compare.OUT_ABS)     # lse or out bound
     assert mla["kv_format"] == "fp8_ds_mla" and mla["H"] == 16
+    # corner cases' shape fields come from the built case (were null): B, N, P for all, L for
+    # the indexer (its context lengths)
+    for r in doc["rows"]:
+        for key in ("B", "N", "P"):
+            assert isinstance(r[key], int) and r[key] >= 1, (r["case"], key, r[key])
+    assert all(isinstance(r["L"], int) and r["L"] >= 0 for r in _rows(doc, case=IDX_CASE))
     topk = _rows(doc, case=IDX_CASE, op="indexer_topk", path="good", against="reference")[0]
     assert topk["ratio"] == 0.0
 
