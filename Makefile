@@ -9,6 +9,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
+# Without a GPU the tests are CPU-bound interpreter runs: spread them over the cores (pytest-xdist;
+# 2 on the CI machine: 18.5 -> 11 min, measured 2026-11-30). On a GPU machine they share one GPU,
+# so they run in one process.
+XDIST := $(if $(HAS_GPU),,-n auto --maxprocesses=4)
 PYTEST_ARGS ?=
 BENCH_ARGS ?= --write-dispatch
 
@@ -24,7 +28,7 @@ parity: $(VENV)/.installed
 	$(PY) -m parity $(PARITY_ARGS)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) -m bench $(BENCH_ARGS)
