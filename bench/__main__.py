@@ -44,20 +44,11 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive int, got {text!r}")
-    return v
-
-
 def parse(argv=None) -> argparse.Namespace:
     """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
     cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
     from bench import grid                # NumPy-only imports: no framework is loaded here
+    from parity.report import positive_int, unwritable
 
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -80,14 +71,13 @@ def parse(argv=None) -> argparse.Namespace:
                     help="write kernels/dispatch/<arch>.json from the fastest checked paths")
     ap.add_argument("--dispatch-dir", type=Path, default=None,
                     help="where --write-dispatch writes (default kernels/dispatch; dry runs: <out>/dispatch)")
-    ap.add_argument("--ref-max-positions", type=_positive_int, default=1 << 18,
+    ap.add_argument("--ref-max-positions", type=positive_int, default=1 << 18,
                     help="indexer rows with N*L above this are checked path-vs-path, not against the reference")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-progress", action="store_true")
     ap.add_argument("--no-plot", action="store_true")
     ap.add_argument("--tag", default="", help="result file tag (default: the arch, or 'dry')")
     args = ap.parse_args(argv)
-    from parity.report import unwritable
     # checked before the run: a result that cannot be written would cost the whole run
     why = unwritable(args.out, directory=True)
     if why:

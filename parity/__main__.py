@@ -14,7 +14,7 @@ import sys
 import time
 
 from parity import runners as _runners
-from parity.report import unwritable as report_unwritable
+from parity.report import positive_int, unwritable as report_unwritable
 
 OP_CHOICES = _runners.OPS
 
@@ -84,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="print only the failing cases in the final table")
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (and, when stderr is not a terminal, no per-case lines)")
-    p.add_argument("--jobs", type=_positive_int, default=1, metavar="N",
+    p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
                    help="run the cases in N worker processes (round-robin; one report, same rows "
                         "and order as one process). On a GPU the workers share it; compiling and "
                         "the float64 reference are what the extra CPU cores speed up")
@@ -97,16 +97,6 @@ def _pattern(text: str) -> str:
         raise argparse.ArgumentTypeError(
             f"expected a non-empty pattern (comma-separated alternatives), got {text!r}")
     return text
-
-
-def _positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
-    return v
 
 
 def _command_line(argv) -> str:

@@ -19,6 +19,7 @@ NotImplementedError; ``passed`` is null). ``ratio`` = worst error / tolerance at
 """
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import math
@@ -122,6 +123,20 @@ def machine_info(gpu: bool) -> dict:
 
 def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+# ============================================================================ CLI argument types
+# (shared by ``python -m parity`` and ``python -m bench``)
+
+def positive_int(text: str) -> int:
+    """argparse type: an int >= 1 (ArgumentTypeError, a usage error with exit status 2)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v
 
 
 # ============================================================================ JSON

@@ -324,7 +324,7 @@ def _no_run(cfg):
     (["--budget-s", "-1"], "argument --budget-s: expected a positive finite number, got '-1'"),
     (["--budget-s", "0"], "argument --budget-s: expected a positive finite number, got '0'"),
     (["--max-gb", "0"], "argument --max-gb: expected a positive finite number, got '0'"),
-    (["--ref-max-positions", "0"], "argument --ref-max-positions: expected a positive int, got '0'"),
+    (["--ref-max-positions", "0"], "argument --ref-max-positions: expected a positive integer, got 0"),
     (["--max-gb", "nan"], "argument --max-gb: expected a positive finite number, got 'nan'"),
     (["--max-gb", "lots"], "argument --max-gb: expected a positive number, got 'lots'"),
     (["--out", "/proc/nope"], "argument --out: expected a writable directory, got '/proc/nope': "
