@@ -123,7 +123,7 @@ def _nan_bytes(kv_format: str, kv_cache: np.ndarray, slots: np.ndarray, page_siz
 def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_format="latent",
                   q_dtype="float32", kv_dtype="float32", logical=False, invalid=None,
                   topk_length=False, attn_sink=False, nan_unselected=True, duplicates=False,
-                  lens=None, sm_scale=None, nan_q=False, nan_selected=False,
+                  lens=None, sm_scale=None, nan_q=False, inf_q=False, nan_selected=False,
                   name=None) -> MLACase:
     """A random sparse-MLA case with a realistic scattered page layout.
 
@@ -143,6 +143,8 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
       lens: per-request context lengths (default random around K, some < K so rows have -1).
       nan_q: one element of q (request 0, draft 0, head 0) is NaN: that head's out and lse are
         NaN (the reference propagates it; docs/SEMANTICS.md).
+      inf_q: q[0, 0, 1, 3] = +inf and q[0, 0, 2, 5] = -inf: those heads' scores hold +-inf, so
+        their out and lse are NaN in the reference (``exp(s - max)`` is ``inf - inf``).
       nan_selected: one row selected by request 0, draft 0 holds NaN: all its heads are NaN.
     """
     rng = _rng(seed)
@@ -227,6 +229,8 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
     q = (0.5 * rng.standard_normal((B, N, H, d_qk))).astype(np.float32)
     if nan_q:
         q[0, 0, 0, 5] = np.nan
+    if inf_q:
+        q[0, 0, 1, 3], q[0, 0, 2, 5] = np.inf, -np.inf
     q = _cast(q, q_dtype)
     if sm_scale is None:
         sm_scale = d_qk ** -0.5
