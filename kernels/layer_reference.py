@@ -48,6 +48,7 @@ Indexer (both)::
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -268,7 +269,6 @@ def float32_weights(cfg: LayerConfig, weights, convert=None) -> dict:
       TypeError: ``weights`` not a mapping; a weight that is not a real floating-point array
         (names ``weights[name]``).
     """
-    from collections.abc import Mapping
     if not isinstance(weights, Mapping):
         raise TypeError(f"weights: expected a mapping {{name: array}} (DeepSeek names, "
                         f"kernels.layer_reference.weight_shapes) or None, got {type(weights).__name__}")

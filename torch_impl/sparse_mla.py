@@ -128,16 +128,13 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
     return path, cfg
 
 
-def _dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str, interpret: bool) -> str:
+def _dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str) -> str:
     """Operand dtype (``triton.language`` name) of both tl.dot: q's dtype when the cache's values
     are exact in it (the same dtype, or an fp8 format whose dequantized values are e4m3 x 2^k
-    and bf16), else fp32 (IEEE). The interpreter computes bf16 math on raw bits, so bf16 runs as
-    fp32 there."""
+    and bf16), else fp32 (IEEE). (bf16 never reaches the interpreter: the launcher refuses it.)"""
     if q_dtype == torch.float32 or (kv_format == "latent" and kv_dtype != q_dtype):
         return "float32"
-    if q_dtype == torch.bfloat16:
-        return "float32" if interpret else "bfloat16"
-    return "float16"
+    return "bfloat16" if q_dtype == torch.bfloat16 else "float16"
 
 
 def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLAConfig,
@@ -185,7 +182,7 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     for kv_format, d_qk, q_dtype, final in variants:
         kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
         kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
-        dot = _dot_dtype(q_dtype, kv_dtype, kv_format, interpret=False)
+        dot = _dot_dtype(q_dtype, kv_dtype, kv_format)
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
@@ -235,7 +232,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
             f"sparse_mla_decode (triton) on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}) "
             f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
     P, num_slots, num_pages = _geometry(kv_cache, kv_format)
-    dot_name = _dot_dtype(q.dtype, kv_cache.dtype, kv_format, dev.interpret)
+    dot_name = _dot_dtype(q.dtype, kv_cache.dtype, kv_format)
     _, cfg = choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                            operand_bytes=4 if dot_name == "float32" else 2)
     cfg = config or cfg
