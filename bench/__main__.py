@@ -4,6 +4,7 @@ Examples::
 
     python -m bench                      # --quick grid on this GPU (~4 min on an H200)
     python -m bench --full               # the whole grid (long; see bench/grid.py)
+    python -m bench --targets            # the rows the performance issues name
     python -m bench --quick --write-dispatch   # also write kernels/dispatch/<arch>.json
     python -m bench --dry-run            # CPU interpreter plumbing check (timings meaningless)
     python -m bench --op sparse_mla_decode --backend torch --preset DSV32
@@ -55,6 +56,8 @@ def parse(argv=None) -> argparse.Namespace:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the priority grid (default), ~4 min on an H200")
     mode.add_argument("--full", action="store_true", help="the full grid of the issue")
+    mode.add_argument("--targets", action="store_true",
+                      help="the rows the open performance issues name, headline first")
     mode.add_argument("--dry-run", "--cpu-smoke", dest="dry_run", action="store_true",
                       help="tiny grid in the CPU interpreter: plumbing only, timings meaningless")
     ap.add_argument("--out", type=Path, default=Path("bench/results"), help="result directory")
@@ -103,8 +106,8 @@ def main(argv=None) -> int:
     from bench import report
     from bench.runner import RunConfig, empty_selection, run
 
-    mode = "dry" if dry else ("full" if args.full else "quick")
-    budget = args.budget_s if args.budget_s is not None else {"quick": 240.0, "full": 1e9, "dry": 1e9}[mode]
+    mode = "dry" if dry else ("full" if args.full else "targets" if args.targets else "quick")
+    budget = args.budget_s if args.budget_s is not None else {"quick": 240.0, "dry": 1e9}.get(mode, 1e9)
     cfg = RunConfig(mode=mode, out=args.out, backends=tuple(args.backend or ()), paths=tuple(args.path or ()),
                     ops=tuple(args.op or ()), presets=tuple(args.preset or ()), kvs=tuple(args.kv or ()),
                     budget_s=budget, max_gb=args.max_gb, write_dispatch=args.write_dispatch,

@@ -6,6 +6,9 @@
   Shapes whose inputs would not fit in ``--max-gb`` of device memory are skipped with a reason.
 * ``quick``: the shapes that decide dispatch and the roofline story in ~4 minutes on an H200,
   ordered by priority (the run stops at ``--budget-s`` and records the rest as skipped).
+* ``targets``: the rows the open performance issues name, headline first (sparse MLA: V3.2 fp8
+  B 64/16/1/128 at H 128, B 64 at H 64 / 16 and N 2, bf16 latent, V4-Flash H 64 / 8; indexer:
+  B 64 / 1 at L 64K / 128K, V4-Flash 4K in a 1M table, 1M at B 8 / 1, N 2; the decode layer).
 * ``dry``: a tiny grid for the CPU interpreter (``--dry-run``): real D_qk / D_I and formats,
   16 (V3.2) or 8 (V4-Flash) heads, K 64 (+16 window), L 256; ``scaled_down()`` layers.
 
@@ -205,6 +208,45 @@ def quick_grid() -> list[Shape]:
             seen.add(s_)
             uniq.append(s_)
     return uniq
+
+
+def targets_grid() -> list[Shape]:
+    """The issues' target rows (sparse MLA, indexer + top-k, decode layer), headline first, so one
+    ``python -m bench --targets`` call measures every row an issue's "done when" names. Sparse MLA
+    rows use L 32K (the top-k selects K rows of it; the cost does not depend on L); TP t means
+    H = heads / t (V3.2: 128 / t, V4-Flash: 64 / t)."""
+    S = Shape
+    mla, idx = "sparse_mla_decode", "indexer_topk"
+    return [
+        S(mla, "DSV32", 64, 1, 1, K32, "fp8"),                 # H 128, the headline
+        S(mla, "DSV32", 64, 1, 2, K32, "fp8"),                 # H 64
+        S(mla, "DSV32", 16, 1, 1, K32, "fp8"),
+        S(mla, "DSV32", 1, 1, 1, K32, "fp8"),
+        S(mla, "DSV32", 128, 1, 1, K32, "fp8"),
+        S(mla, "DSV32", 64, 2, 1, K32, "fp8"),                 # MTP N 2
+        S(mla, "DSV32", 64, 1, 8, K32, "fp8"),                 # H 16 (TP 8)
+        S(mla, "DSV4_FLASH", 64, 1, 1, K32, "fp8"),            # H 64, K 512 + 128
+        S(mla, "DSV4_FLASH", 64, 1, 8, K32, "fp8"),            # H 8
+        S(mla, "DSV32", 64, 1, 1, K32, "bf16"),                # latent cache
+        S(idx, "DSV32", 64, 1, 1, K64),
+        S(idx, "DSV32", 64, 1, 1, K128),
+        S(idx, "DSV32", 1, 1, 1, K128),
+        S(idx, "DSV32", 1, 1, 1, K64),
+        S(idx, "DSV4_FLASH", 64, 1, 1, K4, table_len=M1),
+        S(idx, "DSV4_FLASH", 64, 1, 1, K4),
+        S(idx, "DSV4_FLASH", 8, 1, 1, M1),
+        S(idx, "DSV4_FLASH", 1, 1, 1, M1),
+        S(idx, "DSV32", 64, 2, 1, K64),
+        *layer_shapes(),
+    ]
+
+
+GRIDS = {"quick": quick_grid, "full": full_grid, "targets": targets_grid}
+
+
+def grid_for(mode: str) -> list[Shape]:
+    """The shapes of a run mode: ``quick``, ``full``, ``targets`` or ``dry``."""
+    return (GRIDS | {"dry": dry_grid})[mode]()
 
 
 def dry_grid() -> list[Shape]:

@@ -16,7 +16,7 @@ from kernels import dispatch, hardware
 
 @dataclass
 class RunConfig:
-    mode: str = "quick"                     # quick | full | dry
+    mode: str = "quick"                     # quick | full | targets | dry
     out: Path = Path("bench/results")
     backends: tuple = ()                    # () = all
     paths: tuple = ()
@@ -146,8 +146,8 @@ def selection(cfg: RunConfig) -> tuple[list, list]:
     """``(shapes, [(backend, path), ...])`` that ``cfg`` selects from its mode's grid and the
     registered backends (``bench.paths.REGISTRY``), without importing any framework.
     Unavailable backends are still selected (their rows say why)."""
-    shapes = {"quick": grid.quick_grid, "full": grid.full_grid, "dry": grid.dry_grid}[cfg.mode]()
-    shapes = grid.select(shapes + list(cfg.extra_shapes), ops=cfg.ops, presets=cfg.presets, kvs=cfg.kvs)
+    shapes = grid.select(grid.grid_for(cfg.mode) + list(cfg.extra_shapes), ops=cfg.ops,
+                         presets=cfg.presets, kvs=cfg.kvs)
     pairs = [(name, pth) for name, b in paths.REGISTRY.items()
              if not cfg.backends or name in cfg.backends
              for pth in b.paths if not cfg.paths or pth in cfg.paths]
@@ -199,8 +199,8 @@ def run(cfg: RunConfig) -> dict:
             "q_dtype": q_dtype, "latent_dtype": latent_dtype, "unavailable": {}}
     if dry:
         meta["note"] = "DRY RUN in the CPU interpreter: plumbing check only, timings meaningless"
-    shapes = {"quick": grid.quick_grid, "full": grid.full_grid, "dry": grid.dry_grid}[cfg.mode]()
-    shapes = grid.select(shapes + list(cfg.extra_shapes), ops=cfg.ops, presets=cfg.presets, kvs=cfg.kvs)
+    shapes = grid.select(grid.grid_for(cfg.mode) + list(cfg.extra_shapes), ops=cfg.ops,
+                         presets=cfg.presets, kvs=cfg.kvs)
     found = paths.discover(cfg.backends or None)
     if env["device"] == "cuda" and found.get("jax", (None, ""))[0] is not None:
         import jax

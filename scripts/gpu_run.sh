@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One GPU call: the steps named as arguments, in order, each under its own time limit, results
+# and logs under $OUT (the device tool's output folder; default ./out). Run it from the repo root:
+#
+#   scripts/gpu_run.sh bench:targets:330 tests:layer:120 sweep:mla:120
+#
+# Steps (NAME:WHAT:SECONDS):
+#   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"), JSON + log
+#   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
+#   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
+#   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
+#   parity:full     python -m parity --full --jobs 6 (JSON report)
+#   sanitize:all    compute-sanitizer memcheck over scripts/sanitize_ops.py
+# The last lines printed are a one-line summary per step (the device tool returns the tail).
+set -u
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+OUT=${OUT:-out}; mkdir -p "$OUT"
+BENCH_PATHS=${BENCH_PATHS:-"triton pallas"}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
+declare -a SUMMARY
+group() {
+  case "$1" in
+    layer) echo "tests/test_layer_torch.py tests/test_layer_jax.py" ;;
+    mla) echo "tests/test_torch_sparse_mla.py tests/test_jax_sparse_mla.py" ;;
+    idx) echo "tests/test_torch_indexer.py tests/test_torch_topk.py tests/test_jax_indexer.py" ;;
+    ops) echo "tests/test_torch_sparse_mla.py tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
+    *) echo "$1" ;;
+  esac
+}
+for step in "$@"; do
+  IFS=: read -r kind what secs <<< "$step"
+  secs=${secs:-300}
+  log="$OUT/${kind}_${what//\//_}.log"
+  t0=$(date +%s)
+  case "$kind" in
+    bench)
+      paths=(); for p in $BENCH_PATHS; do paths+=(--path "$p"); done
+      extra=(); [ "$what" = quick ] && extra=(--write-dispatch --dispatch-dir "$OUT")
+      timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
+        --no-progress --no-plot --out "$OUT" > "$log" 2>&1 ;;
+    tests)
+      timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short -m "not slow" \
+        $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
+    sweep)
+      mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
+      timeout "$secs" python3 -m "bench.$mod" --out "$OUT/sweep_$what.json" > "$log" 2>&1 ;;
+    parity)
+      timeout "$secs" python3 -m parity "--$what" --jobs 6 --no-progress \
+        --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
+    sanitize)
+      timeout "$secs" compute-sanitizer --tool memcheck --target-processes all \
+        python3 scripts/sanitize_ops.py > "$log" 2>&1 ;;
+    *) echo "unknown step $step" > "$log"; false ;;
+  esac
+  rc=$?
+  SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:' "$log" | tail -2 | tr '\n' ' ')")
+done
+printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
