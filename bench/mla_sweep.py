@@ -55,6 +55,8 @@ def main():
                     help="extra config block_h,block_k,num_warps,num_stages[,prefetch 0/1]")
     ap.add_argument("--splits-scale", type=float, nargs="+", default=[1.0])
     ap.add_argument("--only-extra", action="store_true", help="skip the search space")
+    ap.add_argument("--targets", action="store_true",
+                    help="the issue's target shapes (B 64/16/1 H 128, H 64/16, V4 H 64/8)")
     args = ap.parse_args()
     extra = []
     for c in args.config:
@@ -63,6 +65,11 @@ def main():
     dev = _common.device_info(torch.device("cuda"))
     shapes = [("DSV32", 64, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 64, 16, 2048, 576, "fp8_ds_mla"),
               ("DSV4_FLASH", 64, 64, 512, 512, "fp8_model1")]
+    if args.targets:
+        shapes = [("DSV32", 64, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 64, 64, 2048, 576, "fp8_ds_mla"),
+                  ("DSV32", 16, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 1, 128, 2048, 576, "fp8_ds_mla"),
+                  ("DSV32", 64, 16, 2048, 576, "fp8_ds_mla"), ("DSV4_FLASH", 64, 64, 640, 512, "fp8_model1"),
+                  ("DSV4_FLASH", 64, 8, 640, 512, "fp8_model1")]
     rows = []
     for preset, B, H, K, d_qk, fmt in shapes:
         q, kv, idx = _inputs(B, H, K, d_qk, fmt)
@@ -75,8 +82,9 @@ def main():
         for cfg, fac in todo:
             t0 = time.time()
             rows_ = B * -(-H // cfg.block_h)
-            splits = max(1, round(fac * configs.sparse_mla_num_splits(rows_, K, cfg.block_k,
-                                                                      dev.num_sms)))
+            splits = max(1, round(fac * configs.sparse_mla_num_splits(
+                rows_, K, cfg.block_k, dev.num_sms,
+                ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))))
             try:
                 fn = lambda: sparse_mla._triton_impl(q, kv, idx, scale, fmt, 512, None, None, None,
                                                      config=cfg, num_splits=splits)

@@ -67,23 +67,35 @@ class SparseMLAConfig:
         return asdict(self)
 
 
-# Every config the launcher may pick, per (shared-memory class, dot operand bytes): 2 for bf16 /
-# fp16 operands (bf16 / fp16 q), 4 for IEEE fp32 operands (fp32 q, twice the staging bytes).
-# tests/test_triton_compile.py compiles each one for every kv_format and checks its shared
-# memory against the class limit.
-# The default: 32 heads x 32 entries, 8 warps, hand-pipelined loads. Measured on the H200
-# (bench/results/mla_sweep_h200_20261129_v3.json, do_bench medians, B = 64, fp8): fastest of the
-# sweep at DSV32 H = 128 (655 us) and H = 16 (214 us; the 16 padded heads cost less than the
-# 4-warp 16-head block's lower occupancy), 5 % behind the best at DSV4_FLASH H = 64 (126.5 vs
-# 120.4 us for 16 heads x 32, 4 warps). The dispatch table overrides it per shape bucket.
+# Every config the launcher may pick, per (shared-memory class, dot operand bytes): 2 for 16-bit
+# operands (bf16 / fp16 q; the fp8 formats run fp16 nope dots), 4 for IEEE fp32 operands (fp32
+# q, twice the staging bytes). tests/test_triton_compile.py compiles each one for every
+# kv_format and checks its shared memory against the class limit.
+# The kernel converts each gathered chunk once for both dots (fp16 for the fp8 formats). AOT
+# compile reports, Triton 3.6.0, sm_90, fp8_ds_mla / fp8_model1, bf16 q (2026-12-01; registers,
+# shared bytes, spill-store bytes):
+#   32 x 32, 8 warps, 1 stage, prefetch:     240 / 255 regs, 73,856 / 67,584 B, no spill
+#   64 x 32, 8 warps, 1 stage, no prefetch:  255, 110,848 / 98,560 B, 4 / 36 B spilled
+#   64 x 32, 8 warps, 2 stages, no prefetch: 255, 132,864 / 117,504 B, 28 / 96 B spilled
+#   16 x 32, 4 warps, 1 stage, prefetch:     255, 55,360 / 50,176 B, 252 / 248 B spilled
+#   16 x 32, 4 warps, 2 stages, no prefetch: 255, 105,984 / 92,672 B, no spill (large class)
+#   64 x 64 (8 warps) and 32 x 32 with 4 warps spill 436-844 B.
+# Measured on the H200 (bench/results/mla_sweep_h200_20261201.json, do_bench medians with the L2
+# flushed, fp8 caches, bf16 q; rows under ~150 us are launch-bound there, see bench/NOTES.md):
+#   B 64 H 128 K 2048: 64x32 s2 331.6, 64x32 s1 343.8, 32x32 502.2, 16x32 s2 540.2 us
+#   B 64 H 64:  64x32 s2 180.0, 16x32 s2 276.2, 32x32 255.5
+#   B 16 H 128: 16x32 s2 169.1, 64x32 s1 278.9, 32x32 299.3
+#   B 64 H 16:  16x32 s2 264.4, 32x32 273.3;  V4 B 64 H 64 K 640: 32x32 147.0, 64x32 s2 165.6
 SPARSE_MLA_DEFAULT = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1)
+SPARSE_MLA_SMALL_H = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1)
+SPARSE_MLA_W64 = SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2, prefetch=False)
+SPARSE_MLA_N16 = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False)
 
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
-    # sm_120 (99 KiB; tests/test_triton_compile.py, latent / fp8_ds_mla layouts the largest):
-    # 32 heads x 64 entries and 64 x 32 need 110,592 B, so the small class stops at 32 x 32.
+    # sm_120 (99 KiB): 64-head tiles and two-stage 16-head tiles need > 101,376 B.
     ("small", 2): (
         SPARSE_MLA_DEFAULT,
-        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SPARSE_MLA_SMALL_H,
         SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=1),
         SparseMLAConfig(block_h=32, block_k=32, num_warps=4, num_stages=1),
     ),
@@ -93,11 +105,13 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     ),
     ("large", 2): (
         SPARSE_MLA_DEFAULT,
-        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        SPARSE_MLA_SMALL_H,
         SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=1),
         SparseMLAConfig(block_h=32, block_k=32, num_warps=4, num_stages=1),
         SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1, prefetch=False),
+        SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2, prefetch=False),
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False),
     ),
     ("large", 4): (
@@ -105,6 +119,24 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
     ),
 }
+
+# Registers per SM on every supported GPU (sm_80 .. sm_120): 64 K 32-bit registers.
+REGISTERS_PER_SM = 65_536
+# Shared memory per SM (bytes) by class: sm_90 228 KiB, sm_120 100 KiB.
+SMEM_PER_SM = {"large": 233_472, "small": 102_400}
+
+
+def sparse_mla_ctas_per_sm(cfg: SparseMLAConfig, smem_per_block: int,
+                           registers: int = 255, smem: int | None = None) -> int:
+    """Resident CTAs per SM of ``cfg`` from its compile report: registers per thread (255 for
+    every config above but one: conservative) and shared bytes (default: the (block_h + block_k)
+    x 576 x 2 staging estimate, within 10 % of the reports above)."""
+    if smem is None:
+        smem = (cfg.block_h + cfg.block_k) * 576 * 2 * max(1, cfg.num_stages)
+    by_regs = REGISTERS_PER_SM // (registers * 32 * cfg.num_warps)
+    by_smem = SMEM_PER_SM[smem_class(smem_per_block)] // max(1, smem)
+    return max(1, min(by_regs, by_smem))
+
 
 # Combine kernel: heads per program and warps (no shared memory beyond the reductions).
 SPARSE_MLA_COMBINE_BLOCK_H = 16
@@ -117,28 +149,53 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
     return SPARSE_MLA_SPACE[(smem_class(smem_per_block), 4 if operand_bytes >= 4 else 2)]
 
 
-def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2) -> SparseMLAConfig:
+def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
+                         rows: int | None = None, topk: int | None = None) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
-    :data:`SPARSE_MLA_DEFAULT` when it is in :func:`sparse_mla_space` (bf16 / fp16 dots), else
-    the first member of the space (fp32 dots). ``num_heads`` is accepted for a future rule.
+    the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
+    large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
+    4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
-    del num_heads
+    if operand_bytes >= 4:
+        return space[0]
+    if rows is not None and topk is not None and SPARSE_MLA_W64 in space:
+        # large class (sm_90): 64-head tiles when there are 64 heads, >= 32 requests and a long
+        # list; two-stage 16-head tiles for few heads or few requests; 32x32 otherwise
+        if num_heads >= 64 and rows >= 32 and topk >= 1024:
+            return SPARSE_MLA_W64
+        if num_heads <= 32 or rows < 32:
+            return SPARSE_MLA_N16
+        return SPARSE_MLA_DEFAULT
+    if num_heads <= 16 and SPARSE_MLA_SMALL_H in space:
+        return SPARSE_MLA_SMALL_H
     return SPARSE_MLA_DEFAULT if SPARSE_MLA_DEFAULT in space else space[0]
 
 
 def sparse_mla_num_splits(rows: int, topk: int, block_k: int, num_sms: int,
-                          waves: float = 2.0, min_blocks_per_split: int = 2) -> int:
-    """Split-K count: enough programs for ``waves`` x ``num_sms`` when ``rows`` (= B x N x head
-    blocks) alone do not fill the GPU, each split keeping at least
-    ``min_blocks_per_split`` loop iterations of ``block_k`` entries. Returns 1..ceil(K/block_k).
+                          ctas_per_sm: int = 1, prologue_blocks: float = 1.0,
+                          combine_blocks: float = 1.0) -> int:
+    """Split-K count S from the GPU's CTA slots and waves: ``rows`` (= B x N x head blocks)
+    programs of ``ceil(K / block_k)`` loop iterations each, split S ways, run in
+    ``ceil(rows * S / (num_sms * ctas_per_sm))`` waves of ``ceil(blocks / S) +
+    prologue_blocks`` iterations (the prologue: q load, pipeline fill, epilogue), plus
+    ``combine_blocks`` for the combine launch when S > 1. Returns the S in 1..blocks with the
+    smallest cost, the smallest S on ties (one split writes the result directly).
+
+    E.g. on an H200 (132 SMs, 1 CTA per SM): B 64 H 128 in 32-head blocks (256 rows) -> 1;
+    B 1 H 128 -> 32 (128 programs of 2 iterations); B 64 H 16 (64 rows, 2 CTAs per SM) -> 4.
     """
     if rows <= 0:
         return 1
     blocks = max(1, -(-topk // block_k))
-    want = max(1, math.ceil(waves * num_sms / rows))
-    cap = max(1, blocks // min_blocks_per_split)
-    return int(min(want, cap))
+    slots = max(1, num_sms * max(1, ctas_per_sm))
+    best, best_cost = 1, None
+    for S in range(1, blocks + 1):
+        cost = -(-rows * S // slots) * (-(-blocks // S) + prologue_blocks)
+        cost += combine_blocks if S > 1 else 0.0
+        if best_cost is None or cost < best_cost - 1e-9:
+            best, best_cost = S, cost
+    return best
 
 
 def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -> SparseMLAConfig | None:

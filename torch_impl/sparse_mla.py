@@ -114,7 +114,7 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
     ``kernels.configs.sparse_mla_heuristic``; either way a config compiled and checked for the
     GPU's shared-memory class and the dot operand width (``operand_bytes``: 2 bf16/fp16, 4 fp32).
     """
-    cfg = configs.sparse_mla_heuristic(H, dev.smem_per_block, operand_bytes)
+    cfg = configs.sparse_mla_heuristic(H, dev.smem_per_block, operand_bytes, rows=B * N, topk=K)
     path = None
     if not dev.interpret:
         bkt = dispatch.bucket("sparse_mla_decode", B=B, N=N, H=H, K=K, d_qk=d_qk, kv_format=kv_format)
@@ -129,24 +129,37 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
 
 
 def _dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str) -> str:
-    """Operand dtype (``triton.language`` name) of both tl.dot: q's dtype when the cache's values
-    are exact in it (the same dtype, or an fp8 format whose dequantized values are e4m3 x 2^k
-    and bf16), else fp32 (IEEE). (bf16 never reaches the interpreter: the launcher refuses it.)"""
+    """Operand dtype (``triton.language`` name) of the nope / value dots: fp16 for the fp8
+    formats with 16-bit q (dequantized tiles shifted per tile into fp16, q scaled per head: exact,
+    docs/SEMANTICS.md "fast-path numerics"); for a latent cache q's dtype when the cache has it;
+    else fp32 (IEEE). (bf16 never reaches the interpreter: the launcher refuses it.)"""
     if q_dtype == torch.float32 or (kv_format == "latent" and kv_dtype != q_dtype):
         return "float32"
+    if kv_format != "latent":
+        return "float16"
     return "bfloat16" if q_dtype == torch.bfloat16 else "float16"
 
 
+def _rope_dtype(q_dtype: torch.dtype, dot_dtype: str, kv_format: str) -> str:
+    """Operand dtype of the rope dots of the fp8 formats (the rope is stored in bf16): bf16 for
+    bf16 q (exact), else the nope dots' dtype (fp16 q: the documented fp16 rounding of the rope)."""
+    if kv_format != "latent" and q_dtype == torch.bfloat16:
+        return "bfloat16"
+    return dot_dtype
+
+
 def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLAConfig,
-                     dot_dtype: str, *, has_bt: bool, has_tkl: bool, has_sink: bool,
-                     final: bool) -> dict:
-    """Constexpr arguments of ``_sparse_mla_split_kernel`` for one launch (``DOT_DTYPE`` as a
-    ``triton.language`` dtype name). Shared by the launcher and the AOT compile test."""
+                     dot_dtype: str, rope_dtype: str, *, has_bt: bool, has_tkl: bool,
+                     has_sink: bool, final: bool) -> dict:
+    """Constexpr arguments of ``_sparse_mla_split_kernel`` for one launch (``DOT_DTYPE`` and
+    ``ROPE_DTYPE`` as ``triton.language`` dtype names). Shared by the launcher and the AOT
+    compile test."""
     from kernels.triton.sparse_mla import KV_FORMAT_CODES
     return dict(
         KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
         BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, HAS_BT=has_bt, HAS_TKL=has_tkl,
-        HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_dtype, DOT_FP32=dot_dtype == "float32")
+        HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_dtype, ROPE_DTYPE=rope_dtype,
+        DOT_FP32=dot_dtype == "float32")
 
 
 def combine_constexprs(d_v: int, has_sink: bool) -> dict:
@@ -194,13 +207,14 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                          "max_pages", "page_size", "page_bytes", "chunk"):
                 sig[name] = "i32"
             for has_bt in (True, False):
-                cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, has_bt=has_bt,
+                cx = split_constexprs(kv_format, d_qk, 512, cfg, dot,
+                                      _rope_dtype(q_dtype, dot, kv_format), has_bt=has_bt,
                                       has_tkl=True, has_sink=True, final=final)
                 label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
                          f"{'final' if final else 'partial'} {'block table' if has_bt else 'slots'} "
                          f"{cfg}")
                 specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
-                                        cfg.num_warps, cfg.num_stages, ("DOT_DTYPE",),
+                                        cfg.num_warps, cfg.num_stages, ("DOT_DTYPE", "ROPE_DTYPE"),
                                         ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
                                          "page_bytes")))
     for q_dtype in (torch.bfloat16, torch.float32):
@@ -255,7 +269,9 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
 
     head_blocks = triton_cdiv(H, cfg.block_h)
     rows = B * N * head_blocks
-    splits = num_splits or configs.sparse_mla_num_splits(rows, K, cfg.block_k, dev.num_sms)
+    splits = num_splits or configs.sparse_mla_num_splits(
+        rows, K, cfg.block_k, dev.num_sms,
+        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
     chunk = triton_cdiv(triton_cdiv(K, splits), cfg.block_k) * cfg.block_k
     splits = triton_cdiv(K, chunk)
     final = splits == 1
@@ -268,11 +284,13 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
         po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
         pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
     dummy = indices
-    cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, has_bt=block_table is not None,
-                          has_tkl=topk_length is not None, has_sink=attn_sink is not None,
-                          final=final)
+    rope_name = _rope_dtype(q.dtype, dot_name, kv_format)
+    cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, rope_name,
+                          has_bt=block_table is not None, has_tkl=topk_length is not None,
+                          has_sink=attn_sink is not None, final=final)
     import triton.language as tl
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
+    cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (head_blocks, splits, B * N)
     tk._sparse_mla_split_kernel[grid](
         q, kv, kv16, kv32, indices,

@@ -133,14 +133,60 @@ def _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr,             # cache as its dtype / in
 
 @triton.jit
 def _chunk_val(raw, C: tl.constexpr, KV_FORMAT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """Chunk ``C`` as loaded by :func:`_chunk_raw` -> values in ``DOT_DTYPE`` (exact: e4m3 and
-    bf16 rope fit bf16 / fp16)."""
+    """Chunk ``C`` as loaded by :func:`_chunk_raw` -> unscaled values in ``DOT_DTYPE`` (exact:
+    e4m3 fits bf16 / fp16; the bf16 rope fits bf16)."""
     if KV_FORMAT == 0:
         return raw.to(DOT_DTYPE)
     elif (KV_FORMAT == 1 and C < 8) or (KV_FORMAT == 2 and C < 7):
         return raw.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
     else:
         return _bf16_bits_to_f32(raw).to(DOT_DTYPE)
+
+
+@triton.jit
+def _nope_tile(raw, sc, shift, C: tl.constexpr, KV_FORMAT: tl.constexpr,
+               DOT_DTYPE: tl.constexpr, SHIFTED: tl.constexpr):
+    """Chunk ``C`` converted ONCE for both dots: ``[BLOCK_K, 64]`` in ``DOT_DTYPE``.
+
+    SHIFTED (fp8 formats with 16-bit dots): the dequantized value ``e4m3 * scale * shift`` in
+    fp16, where ``1 / shift`` is the program's running unit (:func:`_tile_unit`). For
+    power-of-two scales within 22 binades below the largest scale seen so far the fp16 value is
+    exact (docs/SEMANTICS.md "fast-path numerics"); the dots' fp32 results are multiplied back by
+    the unit. Else the latent value, or (fp32 dots)
+    the dequantized fp32 value."""
+    if SHIFTED:
+        f = (sc * shift).to(tl.float16)
+        return raw.to(tl.float8e4nv, bitcast=True).to(tl.float16) * f[:, None]
+    elif KV_FORMAT == 0:
+        return _chunk_val(raw, C, KV_FORMAT, DOT_DTYPE)
+    else:                   # fp32 dots: the dequantized value in fp32 (1 for the rope chunk)
+        return _chunk_val(raw, C, KV_FORMAT, DOT_DTYPE) * sc[:, None]
+
+
+@triton.jit
+def _exp_field(x):
+    """Biased float32 exponent field of ``x`` (0 for zero / subnormals, 255 for inf / NaN)."""
+    return (x.to(tl.int32, bitcast=True) >> 23) & 0xFF
+
+
+@triton.jit
+def _pow2(e):
+    """2^(e - 127) as float32 for an int32 biased exponent ``e`` in [1, 254]."""
+    return (e << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tile_unit(ok, c0, c1, c2, c3, c4, c5, c6, c7, KV_FORMAT: tl.constexpr):
+    """Biased exponent ``ub`` (int32 in [1, 253]) of the unit ``2^(ub - 127)`` one row block of
+    an fp8 format needs: the largest biased exponent E of its valid rows' scales gives
+    ``ub = E - 6``, so every scale divided by the unit is below 2^7 and ``448 * 2^7 < 65504``
+    holds for any scale of that exponent. A block without valid rows gives 1 (no constraint)."""
+    e = tl.maximum(tl.maximum(_exp_field(c0), _exp_field(c2)),
+                   tl.maximum(_exp_field(c4), _exp_field(c6)))
+    if KV_FORMAT == 2:      # fp8_model1: 7 scale groups of 64 dims (chunks 0..6)
+        e = tl.maximum(e, tl.maximum(tl.maximum(_exp_field(c1), _exp_field(c3)), _exp_field(c5)))
+    e = tl.max(tl.where(ok, e, 0), axis=0)
+    return tl.minimum(tl.maximum(e - 6, 1), 253)
 
 
 @triton.jit
@@ -199,36 +245,27 @@ def _resolve(raw, ent, in_list, num_slots, num_pages, max_pages, page_size, HAS_
 
 
 @triton.jit
-def _qk(s, q_c, x_c, sc_c, SCALED: tl.constexpr, DOT_FP32: tl.constexpr):
-    """``s + (q_c . x_c^T) * sc_c`` over one chunk: ``[BLOCK_H, BLOCK_K]`` fp32. The chunk's
-    per-row scale multiplies the fp32 partial dot (exactly the dequantized product for the
-    power-of-two scales of the fp8 formats)."""
-    if SCALED:
-        return s + _dot(q_c, tl.trans(x_c), DOT_FP32) * sc_c[None, :]
+def _qk(s, q_c, x_c, DOT_FP32: tl.constexpr):
+    """``s + q_c . x_c^T`` over one chunk: ``[BLOCK_H, BLOCK_K]`` fp32 (accumulated in the dot)."""
+    if DOT_FP32:
+        return tl.dot(q_c, tl.trans(x_c), s, input_precision="ieee")
     else:
-        if DOT_FP32:
-            return tl.dot(q_c, tl.trans(x_c), s, input_precision="ieee")
-        else:
-            return tl.dot(q_c, tl.trans(x_c), s)
+        return tl.dot(q_c, tl.trans(x_c), s)
 
 
 @triton.jit
-def _pv(acc_c, alpha, p, x_c, sc_c, SCALED: tl.constexpr, DOT_DTYPE: tl.constexpr,
-        DOT_FP32: tl.constexpr):
-    """``acc_c * alpha + (p * sc_c) . x_c`` over one chunk of D_v: the chunk's scale folds into
-    p (``[BLOCK_H, BLOCK_K]``) instead of the value tile (``[BLOCK_K, 64]``)."""
-    if SCALED:
-        p = p * sc_c[None, :]
+def _pv(acc_c, alpha, p, x_c, P_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr):
+    """``acc_c * alpha + p . x_c`` over one chunk of D_v, p ``[BLOCK_H, BLOCK_K]`` fp32 rounded to
+    ``x_c``'s dtype. P_SPLIT (bf16 values): a second dot with p's bf16 rounding residual, so p
+    keeps 16 bits (bf16 alone keeps 8: a flat softmax over K rows then missed the SPEC bound by
+    up to 1.3x on the H200). fp16 p keeps 11 bits and needs no residual."""
     acc_c = acc_c * alpha[:, None]
-    p_hi = p.to(DOT_DTYPE)
+    p_hi = p.to(x_c.dtype)
     if DOT_FP32:
         return tl.dot(p_hi, x_c, acc_c, input_precision="ieee")
     acc_c = tl.dot(p_hi, x_c, acc_c)
-    if DOT_DTYPE == tl.bfloat16:
-        # bf16 keeps 8 bits of p: a flat softmax over K rows then misses the SPEC bound
-        # (abs 1e-3 / rel 2^-6) by up to 1.3x (seen on the H200). A second dot with the
-        # rounding residual makes p effectively 16 bits; x_c is exact in bf16 already.
-        acc_c = tl.dot((p - p_hi.to(tl.float32)).to(DOT_DTYPE), x_c, acc_c)
+    if P_SPLIT:
+        acc_c = tl.dot((p - p_hi.to(tl.float32)).to(x_c.dtype), x_c, acc_c)
     return acc_c
 
 
@@ -267,13 +304,17 @@ def _sparse_mla_split_kernel(
     KV_FORMAT: tl.constexpr, D_QK: tl.constexpr, D_V: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_BT: tl.constexpr, HAS_TKL: tl.constexpr, HAS_SINK: tl.constexpr, FINAL: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, ROPE_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr,
 ):
     tl.static_assert(D_V == 512, "D_v must be 512 (8 chunks of 64)")
     tl.static_assert((D_QK == 576) | (D_QK == 512), "D_qk must be 576 or 512")
     TAIL: tl.constexpr = D_QK == 576                 # a 9th chunk (rope dims 512..575) in q.k only
-    S7: tl.constexpr = KV_FORMAT != 0                # chunks 0..6 carry a scale in both fp8 formats
-    S8: tl.constexpr = KV_FORMAT == 1                # chunk 7: e4m3 in fp8_ds_mla, rope in model1
+    # fp8 formats with 16-bit dots: fp16 nope tiles (scale folded in, shifted per tile), q nope
+    # scaled per head by a power of two into fp16; the bf16 rope chunk in its own dtype.
+    SHIFTED: tl.constexpr = (KV_FORMAT != 0) & (not DOT_FP32)
+    ROPE_C: tl.constexpr = 8 if KV_FORMAT == 1 else 7  # the rope chunk (fp8 formats)
+    P_SPLIT: tl.constexpr = DOT_DTYPE == tl.bfloat16   # bf16 value dots: p + its residual
+    R_SPLIT: tl.constexpr = ROPE_DTYPE == tl.bfloat16  # model1's rope is part of V
     pid_h = tl.program_id(0)
     pid_s = tl.program_id(1)
     pid_bn = tl.program_id(2)
@@ -285,17 +326,58 @@ def _sparse_mla_split_kernel(
     dq = tl.arange(0, CH)
     q_row = q_ptr + b.to(tl.int64) * sq_b + n * sq_n + heads[:, None] * sq_h + dq[None, :]
     qm = h_ok[:, None]
-    # q in 64-dim chunks, loaded once ([BLOCK_H, 64] each; staged in shared memory by the dots)
-    q0 = tl.load(q_row + 0 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q1 = tl.load(q_row + 1 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q2 = tl.load(q_row + 2 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q3 = tl.load(q_row + 3 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q4 = tl.load(q_row + 4 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q5 = tl.load(q_row + 5 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q6 = tl.load(q_row + 6 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
-    q7 = tl.load(q_row + 7 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+    # q in 64-dim chunks, loaded once ([BLOCK_H, 64] each)
+    f0 = tl.load(q_row + 0 * CH, mask=qm, other=0.0).to(tl.float32)
+    f1 = tl.load(q_row + 1 * CH, mask=qm, other=0.0).to(tl.float32)
+    f2 = tl.load(q_row + 2 * CH, mask=qm, other=0.0).to(tl.float32)
+    f3 = tl.load(q_row + 3 * CH, mask=qm, other=0.0).to(tl.float32)
+    f4 = tl.load(q_row + 4 * CH, mask=qm, other=0.0).to(tl.float32)
+    f5 = tl.load(q_row + 5 * CH, mask=qm, other=0.0).to(tl.float32)
+    f6 = tl.load(q_row + 6 * CH, mask=qm, other=0.0).to(tl.float32)
+    f7 = tl.load(q_row + 7 * CH, mask=qm, other=0.0).to(tl.float32)
     if TAIL:
-        q8 = tl.load(q_row + 8 * CH, mask=qm, other=0.0).to(DOT_DTYPE)
+        f8 = tl.load(q_row + 8 * CH, mask=qm, other=0.0).to(tl.float32)
+    else:
+        f8 = f7
+    q_inv = tl.full([BLOCK_H], 1.0, tl.float32)     # 1 / the per-head q scale (SHIFTED)
+    if SHIFTED:
+        # per head, a power of two 2^t that puts max|q_nope| in [2^14, 2^15): bf16 q (8 bits)
+        # is then exact in fp16 for every element >= max * 2^-31; 0 / inf / NaN heads keep
+        # their values' meaning (t clamped; NaN and inf survive any power-of-two scaling)
+        am = tl.maximum(tl.maximum(tl.max(tl.abs(f0), axis=1), tl.max(tl.abs(f1), axis=1)),
+                        tl.maximum(tl.max(tl.abs(f2), axis=1), tl.max(tl.abs(f3), axis=1)))
+        am = tl.maximum(am, tl.maximum(tl.maximum(tl.max(tl.abs(f4), axis=1),
+                                                  tl.max(tl.abs(f5), axis=1)),
+                                       tl.max(tl.abs(f6), axis=1)))
+        if KV_FORMAT == 1:
+            am = tl.maximum(am, tl.max(tl.abs(f7), axis=1))
+        am = tl.where(am != am, float("inf"), am)             # NaN head: like inf (t = -113)
+        qb = tl.minimum(tl.maximum(268 - _exp_field(am), 1), 253)   # biased exponent of 2^t
+        q_sc = _pow2(qb)
+        q_inv = _pow2(254 - qb)
+        q0 = (f0 * q_sc[:, None]).to(tl.float16)
+        q1 = (f1 * q_sc[:, None]).to(tl.float16)
+        q2 = (f2 * q_sc[:, None]).to(tl.float16)
+        q3 = (f3 * q_sc[:, None]).to(tl.float16)
+        q4 = (f4 * q_sc[:, None]).to(tl.float16)
+        q5 = (f5 * q_sc[:, None]).to(tl.float16)
+        q6 = (f6 * q_sc[:, None]).to(tl.float16)
+        if KV_FORMAT == 1:
+            q7 = (f7 * q_sc[:, None]).to(tl.float16)
+            q8 = f8.to(ROPE_DTYPE)
+        else:
+            q7 = f7.to(ROPE_DTYPE)
+            q8 = q7
+    else:
+        q0 = f0.to(DOT_DTYPE)
+        q1 = f1.to(DOT_DTYPE)
+        q2 = f2.to(DOT_DTYPE)
+        q3 = f3.to(DOT_DTYPE)
+        q4 = f4.to(DOT_DTYPE)
+        q5 = f5.to(DOT_DTYPE)
+        q6 = f6.to(DOT_DTYPE)
+        q7 = f7.to(DOT_DTYPE)
+        q8 = f8.to(DOT_DTYPE)
 
     k_len = K
     if HAS_TKL:
@@ -305,6 +387,10 @@ def _sparse_mla_split_kernel(
 
     m_i = tl.full([BLOCK_H], NEG_SENTINEL, tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
+    # SHIFTED: the nope tiles and accumulators are in units of 2^(ub_i - 127), the largest unit
+    # any row block of this program needed so far (it only grows, so rescaling the accumulators
+    # never overflows); 1 until the first block with valid rows.
+    ub_i = pid_h * 0 + 1
     a0 = tl.zeros([BLOCK_H, CH], tl.float32)
     a1 = tl.zeros([BLOCK_H, CH], tl.float32)
     a2 = tl.zeros([BLOCK_H, CH], tl.float32)
@@ -313,13 +399,11 @@ def _sparse_mla_split_kernel(
     a5 = tl.zeros([BLOCK_H, CH], tl.float32)
     a6 = tl.zeros([BLOCK_H, CH], tl.float32)
     a7 = tl.zeros([BLOCK_H, CH], tl.float32)
-    # Software pipeline by hand, three deep: while block i is computed, the rows of block
-    # i + 1 are in flight (their slots known), the block-table entries of block i + 2 and the
-    # indices of block i + 3. Each load waits on values that arrived an iteration earlier, so
-    # no iteration stalls on a dependent chain of gathers (the dots need the rows converted
-    # first, which Triton's own pipeliner does not turn into async copies). The slots of
-    # block i + 2 are resolved at the end of the body, behind the dots, and carried (Triton
-    # 3.6 fails in TritonGPURemoveLayoutConversions when the raw entries are carried instead).
+    # Software pipeline by hand (PREFETCH), three deep: while block i is computed, the rows of
+    # block i + 1 are in flight (their slots known), the block-table entries of block i + 2 and
+    # the indices of block i + 3, so no iteration stalls on a dependent chain of gathers. The
+    # slots of block i + 2 are resolved at the end of the body and carried (Triton 3.6 fails in
+    # TritonGPURemoveLayoutConversions when the raw entries are carried instead).
     idx_row = idx_ptr + b.to(tl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(tl.int64) * sbt_b
     ar = tl.arange(0, BLOCK_K)
@@ -340,18 +424,15 @@ def _sparse_mla_split_kernel(
     for k0 in range(start, end, BLOCK_K):
         if PREFETCH:
             ok_cur = ok
-            # block i + 1: slots from the entries loaded last iteration; issue its rows
             slot, ok = s1, ok1
             n0, n1, n2, n3, n4, n5, n6, n7, n8, d0, d1, d2, d3, d4, d5, d6, d7 = _issue_rows(
                 kv_ptr, kv16_ptr, kv32_ptr, slot, ok, stride_page, stride_tok, page_bytes,
                 page_size, BLOCK_K, KV_FORMAT, TAIL)
-            # block i + 2: page entries; block i + 3: indices
             in2 = k0 + 2 * BLOCK_K + ar < end
             e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
             in3 = k0 + 3 * BLOCK_K + ar < end
             i3 = tl.load(idx_row + k0 + 3 * BLOCK_K + ar, mask=in3, other=-1)
         else:
-            # this block's loads, all issued back to back before any conversion or dot
             in0 = k0 + ar < end
             i0 = tl.load(idx_row + k0 + ar, mask=in0, other=-1)
             slot, ok_cur = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size,
@@ -361,36 +442,72 @@ def _sparse_mla_split_kernel(
                 kv_ptr, kv16_ptr, kv32_ptr, slot, ok_cur, stride_page, stride_tok, page_bytes,
                 page_size, BLOCK_K, KV_FORMAT, TAIL)
 
-        # scores s = q . k over the chunks, each chunk's scale applied to its fp32 partial dot
-        s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
-        s = _qk(s, q0, _chunk_val(r0, 0, KV_FORMAT, DOT_DTYPE), c0, S7, DOT_FP32)
-        s = _qk(s, q1, _chunk_val(r1, 1, KV_FORMAT, DOT_DTYPE), c1, S7, DOT_FP32)
-        s = _qk(s, q2, _chunk_val(r2, 2, KV_FORMAT, DOT_DTYPE), c2, S7, DOT_FP32)
-        s = _qk(s, q3, _chunk_val(r3, 3, KV_FORMAT, DOT_DTYPE), c3, S7, DOT_FP32)
-        s = _qk(s, q4, _chunk_val(r4, 4, KV_FORMAT, DOT_DTYPE), c4, S7, DOT_FP32)
-        s = _qk(s, q5, _chunk_val(r5, 5, KV_FORMAT, DOT_DTYPE), c5, S7, DOT_FP32)
-        s = _qk(s, q6, _chunk_val(r6, 6, KV_FORMAT, DOT_DTYPE), c6, S7, DOT_FP32)
-        s = _qk(s, q7, _chunk_val(r7, 7, KV_FORMAT, DOT_DTYPE), c7, S8, DOT_FP32)
+        # each chunk converted once, read by both dots
+        shift = 1.0
+        ub = ub_i
+        if SHIFTED:
+            ub = tl.maximum(_tile_unit(ok_cur, c0, c1, c2, c3, c4, c5, c6, c7, KV_FORMAT), ub_i)
+            shift = _pow2(254 - ub)
+        x0 = _nope_tile(r0, c0, shift, 0, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        x1 = _nope_tile(r1, c1, shift, 1, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        x2 = _nope_tile(r2, c2, shift, 2, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        x3 = _nope_tile(r3, c3, shift, 3, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        x4 = _nope_tile(r4, c4, shift, 4, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        x5 = _nope_tile(r5, c5, shift, 5, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        x6 = _nope_tile(r6, c6, shift, 6, KV_FORMAT, DOT_DTYPE, SHIFTED)
+        if SHIFTED and (ROPE_C == 7):
+            x7 = _chunk_val(r7, 7, KV_FORMAT, ROPE_DTYPE)
+        else:
+            x7 = _nope_tile(r7, c7, shift, 7, KV_FORMAT, DOT_DTYPE, SHIFTED)
         if TAIL:
-            s = _qk(s, q8, _chunk_val(r8, 8, KV_FORMAT, DOT_DTYPE), c7, False, DOT_FP32)
-        ok_blk = ok_cur
+            x8 = _chunk_val(r8, 8, KV_FORMAT, ROPE_DTYPE if SHIFTED else DOT_DTYPE)
+
+        # scores: the nope dots, unshifted (tile and per-head q scales), then the rope dot
+        s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
+        s = _qk(s, q0, x0, DOT_FP32)
+        s = _qk(s, q1, x1, DOT_FP32)
+        s = _qk(s, q2, x2, DOT_FP32)
+        s = _qk(s, q3, x3, DOT_FP32)
+        s = _qk(s, q4, x4, DOT_FP32)
+        s = _qk(s, q5, x5, DOT_FP32)
+        s = _qk(s, q6, x6, DOT_FP32)
+        if SHIFTED:
+            if ROPE_C == 8:
+                s = _qk(s, q7, x7, DOT_FP32)
+                s = s * (q_inv * _pow2(ub))[:, None]
+                s = _qk(s, q8, x8, DOT_FP32)
+            else:
+                s = s * (q_inv * _pow2(ub))[:, None]
+                s = _qk(s, q7, x7, DOT_FP32)
+        else:
+            s = _qk(s, q7, x7, DOT_FP32)
+            if TAIL:
+                s = _qk(s, q8, x8, DOT_FP32)
         # online softmax in the exp2 domain; invalid entries get p = 0 (never NaN)
-        s = tl.where(ok_blk[None, :], s * qk_scale_log2, NEG_SENTINEL)
+        s = tl.where(ok_cur[None, :], s * qk_scale_log2, NEG_SENTINEL)
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.where(ok_blk[None, :], tl.exp2(s - m_new[:, None]), 0.0)
+        p = tl.where(ok_cur[None, :], tl.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         m_i = m_new
+        an = alpha
+        if SHIFTED:
+            # the nope accumulators move to the new unit (a factor <= 1: ub >= ub_i)
+            an = alpha * _pow2(tl.maximum(ub_i - ub + 127, 1))
+            ub_i = ub
 
         # acc += p . v over the 8 chunks of D_v (the value tile is the first 512 latent dims)
-        a0 = _pv(a0, alpha, p, _chunk_val(r0, 0, KV_FORMAT, DOT_DTYPE), c0, S7, DOT_DTYPE, DOT_FP32)
-        a1 = _pv(a1, alpha, p, _chunk_val(r1, 1, KV_FORMAT, DOT_DTYPE), c1, S7, DOT_DTYPE, DOT_FP32)
-        a2 = _pv(a2, alpha, p, _chunk_val(r2, 2, KV_FORMAT, DOT_DTYPE), c2, S7, DOT_DTYPE, DOT_FP32)
-        a3 = _pv(a3, alpha, p, _chunk_val(r3, 3, KV_FORMAT, DOT_DTYPE), c3, S7, DOT_DTYPE, DOT_FP32)
-        a4 = _pv(a4, alpha, p, _chunk_val(r4, 4, KV_FORMAT, DOT_DTYPE), c4, S7, DOT_DTYPE, DOT_FP32)
-        a5 = _pv(a5, alpha, p, _chunk_val(r5, 5, KV_FORMAT, DOT_DTYPE), c5, S7, DOT_DTYPE, DOT_FP32)
-        a6 = _pv(a6, alpha, p, _chunk_val(r6, 6, KV_FORMAT, DOT_DTYPE), c6, S7, DOT_DTYPE, DOT_FP32)
-        a7 = _pv(a7, alpha, p, _chunk_val(r7, 7, KV_FORMAT, DOT_DTYPE), c7, S8, DOT_DTYPE, DOT_FP32)
+        a0 = _pv(a0, an, p, x0, P_SPLIT, DOT_FP32)
+        a1 = _pv(a1, an, p, x1, P_SPLIT, DOT_FP32)
+        a2 = _pv(a2, an, p, x2, P_SPLIT, DOT_FP32)
+        a3 = _pv(a3, an, p, x3, P_SPLIT, DOT_FP32)
+        a4 = _pv(a4, an, p, x4, P_SPLIT, DOT_FP32)
+        a5 = _pv(a5, an, p, x5, P_SPLIT, DOT_FP32)
+        a6 = _pv(a6, an, p, x6, P_SPLIT, DOT_FP32)
+        if SHIFTED and (ROPE_C == 7):
+            a7 = _pv(a7, alpha, p, x7, R_SPLIT, DOT_FP32)      # bf16 rope values, true units
+        else:
+            a7 = _pv(a7, an, p, x7, P_SPLIT, DOT_FP32)
         if PREFETCH:        # rotate the pipeline
             r0, r1, r2, r3, r4, r5, r6, r7, r8 = n0, n1, n2, n3, n4, n5, n6, n7, n8
             c0, c1, c2, c3, c4, c5, c6, c7 = d0, d1, d2, d3, d4, d5, d6, d7
@@ -402,6 +519,9 @@ def _sparse_mla_split_kernel(
     has = l_i != 0.0
     l_safe = tl.where(has, l_i, 1.0)
     inv_l = 1.0 / l_safe
+    inv_n = inv_l
+    if SHIFTED:
+        inv_n = inv_l * _pow2(ub_i)              # the nope accumulators back to true units
     lse2 = tl.where(has, m_i + tl.log2(l_safe), float("-inf"))    # [BLOCK_H], log2 domain
     sink_f = tl.full([BLOCK_H], 1.0, tl.float32)
     if FINAL:
@@ -413,14 +533,19 @@ def _sparse_mla_split_kernel(
     else:
         tl.store(pl_ptr + (pid_s.to(tl.int64) * tl.num_programs(2) + pid_bn) * H + heads, lse2,
                  mask=h_ok)
-    _store_chunk(a0, inv_l, has, 0, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a1, inv_l, has, 1, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a2, inv_l, has, 2, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a3, inv_l, has, 3, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a4, inv_l, has, 4, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a5, inv_l, has, 5, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a6, inv_l, has, 6, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
-    _store_chunk(a7, inv_l, has, 7, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a0, inv_n, has, 0, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a1, inv_n, has, 1, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a2, inv_n, has, 2, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a3, inv_n, has, 3, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a4, inv_n, has, 4, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a5, inv_n, has, 5, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    _store_chunk(a6, inv_n, has, 6, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
+    if SHIFTED and (ROPE_C == 7):
+        _store_chunk(a7, inv_l, has, 7, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr,
+                     FINAL)
+    else:
+        _store_chunk(a7, inv_n, has, 7, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr,
+                     FINAL)
 
 
 @triton.jit
