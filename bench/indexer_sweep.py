@@ -20,7 +20,7 @@ import triton
 from bench.grid import Shape
 from bench.inputs import make_inputs
 from kernels.triton import indexer as kx
-from kernels.triton.topk import HIST_BINS, launch_topk
+from kernels.triton.topk import hist_shape, launch_topk
 from torch_impl import _common
 
 DEFAULT = ["0,0,1,1,2", "0,0,3,0,1", "16,4,1,1,2"]
@@ -52,7 +52,7 @@ def main() -> None:
             t0 = time.time()
             splits = kx.logits_splits(B, bt.shape[1], dev.num_sms, cfg)
             out = torch.full((B, 1, W), float("-inf"), device="cuda")
-            hist = torch.empty((B, splits, 1, HIST_BINS.value), dtype=torch.int32, device="cuda")
+            hist = torch.empty(hist_shape(B, splits, 1), dtype=torch.int32, device="cuda")
             topk = torch.empty((B, 2048), dtype=torch.int32, device="cuda")
             scratch = torch.empty((B, W), dtype=torch.int32, device="cuda")
             fn = lambda: kx.launch_indexer_logits(s["iq"], s["iw"], kv, ks, bt, cl, out,

@@ -149,7 +149,7 @@ def test_fused_histogram_matches_unfused_topk():
     the top-k kernel's own pass over the row, bit for bit, at several split counts, with pass B
     in one program per row and split over the logits splits."""
     from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
-    from kernels.triton.topk import launch_topk
+    from kernels.triton.topk import hist_shape, launch_topk
 
     P, K = 16, 40
     case = cases.make_indexer_case(650, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=K, ties=True)
@@ -162,7 +162,7 @@ def test_fused_histogram_matches_unfused_topk():
     for splits in (1, 3, 7):
         cfg = IndexerLogitsConfig(num_splits=splits)
         logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-        hist = torch.full((B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), 4, 256), -5,
+        hist = torch.full(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N), -5,
                           dtype=torch.int32, device=DEVICE)
         launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
                               logits, page_size=P, num_sms=dev.num_sms, config=cfg,
@@ -191,7 +191,7 @@ def test_logits_kernel_variants(trans, pages):
     N = 3 drafts with the MTP mask, a -1 page in the table and e4m3 NaN keys: logits against the
     float64 reference and the fused top-k against the exact SPEC set."""
     from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
-    from kernels.triton.topk import launch_topk
+    from kernels.triton.topk import hist_shape, launch_topk
 
     P, K = 16, 40
     case = cases.make_indexer_case(651, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=K,
@@ -205,7 +205,7 @@ def test_logits_kernel_variants(trans, pages):
     for splits in (1, 3):
         cfg = IndexerLogitsConfig(num_splits=splits, trans=trans, pages=pages)
         logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-        hist = torch.empty((B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), 4, 256),
+        hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
                            dtype=torch.int32, device=DEVICE)
         launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
                               logits, page_size=P, num_sms=dev.num_sms, config=cfg,

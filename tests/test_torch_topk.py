@@ -130,3 +130,175 @@ def test_million_positions():
     top = np.sort(x[0])[-600]
     x[0, rng.choice(W, 40, replace=False)] = top          # 40 extra copies of a value near the cut
     _check(x, [W], 512)
+
+
+# ---------------------------------------------------------------------------- windowed first digit
+# The first digit is a 1/8-binade window over the 32 binades below the row max
+# (kernels.triton.topk.window_bin); a threshold further down is a window miss (bin 0), and the
+# lower levels then descend the full key over bin 0. Both must give the exact set.
+
+
+def _keys(x: np.ndarray) -> np.ndarray:
+    """uint32 order keys (0 = NaN / -inf), as kernels.triton.topk.order_key."""
+    x = np.where(x == 0, np.float32(0), x.astype(np.float32))
+    u = x.view(np.uint32)
+    k = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
+    return np.where(np.isnan(x) | (x == -np.inf), np.uint32(0), k)
+
+
+def _window_bucket(row: np.ndarray, K: int) -> int:
+    """Threshold bin of the windowed first digit for one valid row (-1: every key taken)."""
+    k = _keys(row)
+    k = k[k != 0]
+    if k.size <= K:
+        return -1
+    base = (int(k.max()) >> 20) - 255
+    h = np.bincount(np.clip((k >> 20).astype(np.int64) - base, 0, 255), minlength=256)
+    ge = np.cumsum(h[::-1])[::-1]
+    return int(np.nonzero(ge >= K)[0].max())
+
+
+def _heavy_rows(seed, R, W):
+    rng = np.random.default_rng(seed)
+    x = np.empty((R, W), np.float32)
+    x[0] = rng.standard_t(1.0, W)                                  # Cauchy
+    x[1] = rng.standard_normal(W) * np.exp(2.0 * rng.standard_normal(W))   # lognormal scales
+    x[2] = np.abs(rng.standard_t(1.5, W))
+    x[3] = -np.abs(rng.standard_t(1.0, W))                         # all negative
+    return x.astype(np.float32)
+
+
+@pytest.mark.parametrize("K", [64, 777])
+def test_heavy_tailed(K):
+    """Cauchy, lognormal-scaled, one-sided Student-t and all-negative heavy-tailed rows."""
+    W = 4000
+    x = _heavy_rows(20 + K, 4, W)
+    _check(x, [W, W, W - 333, W], K)
+
+
+def test_window_miss_fallback():
+    """Thresholds below the window (bin 0): one +1e30 outlier above normal values, a few huge
+    values, a threshold among negatives (L < 2K of symmetric values), a +inf max, the threshold
+    just below the window's lower edge (bin 1 holds fewer than K), ties inside the missed
+    bucket (candidates as positions only: more than half the scratch row)."""
+    K = 100
+    W = 1500
+    rng = np.random.default_rng(21)
+    x = rng.standard_normal((6, W)).astype(np.float32)
+    x[0, 700] = 1e30                                              # threshold ~100 binades down
+    x[1, [3, 900, 1400]] = [1e20, 3e25, 1e38]
+    x[2] = rng.standard_normal(W)                                 # len 160: threshold negative
+    x[3, 10] = np.inf                                             # +inf: window at +inf's bin
+    x[4] = np.float32(2.0) ** -32                                 # edge: max 1.0; 2^-32 in bin 0,
+    x[4, 100:150] = np.float32(1.25) * np.float32(2.0) ** -32     # 1.25 * 2^-32 in bin 1 (50 < K)
+    x[4, 1000] = 1.0
+    x[5] = np.round(x[5] * 2)                                     # ties in the missed bucket
+    x[5, 0] = 1e30
+    lens = [W, W, 160, W, W, W]
+    buckets = [_window_bucket(x[r, :lens[r]], K) for r in range(6)]
+    assert buckets == [0] * 6, buckets                            # every row misses the window
+    _check(x, lens, K)
+
+
+def test_running_max_rebase():
+    """Pass A's histogram with the max rising block after block (ascending rows: the window
+    moves at every block, lower bins merging into bin 0) and falling (no move), at blocks
+    smaller than the row."""
+    K = 300
+    W = 9000
+    rng = np.random.default_rng(22)
+    up = np.sort(rng.standard_normal(W)).astype(np.float32) * np.float32(8.0)
+    up = up * np.exp2(np.linspace(-40, 10, W)).astype(np.float32)
+    x = np.stack([up, up[::-1].copy(), np.sort(np.abs(rng.standard_t(1.0, W))).astype(np.float32)])
+    for block in (1024, 4096):
+        _check(x, [W, W, W], K, TopkConfig(block=block))
+
+
+def test_all_invalid_rows_and_repeatable():
+    """All -inf, all NaN, all invalid but one, a length-0 row: -1 padding; repeated calls and
+    block sizes give identical bits."""
+    K = 32
+    W = 2500
+    x = np.full((4, W), -np.inf, np.float32)
+    x[1] = np.nan
+    x[2, 1234] = -3.0
+    x[3] = 1.0
+    out = _check(x, [W, W, W, 0], K)
+    assert (out[0] == -1).all() and (out[1] == -1).all() and (out[3] == -1).all()
+    assert out[2, 0].item() == 1234 and (out[2, 1:] == -1).all()
+    y = _heavy_rows(23, 4, W)
+    a = _run(y, [W] * 4, 200)
+    b = _run(y, [W] * 4, 200)
+    c = _run(y, [W] * 4, 200, TopkConfig(block=2048))
+    assert torch.equal(a, b) and torch.equal(a, c)
+
+
+def test_request_lengths_mtp_rule():
+    """lengths given per request with n_drafts = N: row b * N + i has length L_b - (N - 1 - i),
+    computed in the kernel (negative and past-W lengths clamp)."""
+    K = 40
+    N = 3
+    W = 600
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((3 * N, W)).astype(np.float32)
+    req = [500, 1, W + 50]
+    out = torch.full((3 * N, K), -7, dtype=torch.int32, device=DEVICE)
+    scratch = torch.empty((3 * N, W), dtype=torch.int32, device=DEVICE)
+    launch_topk(torch.from_numpy(x).to(DEVICE), torch.tensor(req, dtype=torch.int32, device=DEVICE),
+                K, out, scratch, n_drafts=N)
+    rows = [max(0, min(W, L - (N - 1 - i))) for L in req for i in range(N)]
+    compare.assert_pass(compare.check_topk(out, _ref_rows(x, rows), K))
+
+
+def _split_hists(x, lens, n_drafts, S, P, base_drop=0):
+    """NumPy model of the logits kernel's fused histograms: int32 hist_shape(B, S, N) with each
+    (request, split, draft) block's windowed histogram at its own running-max base (lowered by
+    ``base_drop`` to exercise the plan's rebase further)."""
+    from kernels.triton.topk import HIST_ROW, hist_shape
+    R, W = x.shape
+    B = R // n_drafts
+    h = np.zeros(hist_shape(B, S, n_drafts), np.int32)
+    h[..., 256] = -(1 << 20)
+    for b in range(B):
+        n_pages = min(-(-max(lens[b * n_drafts:(b + 1) * n_drafts]) // P), W // P)
+        per = -(-n_pages // S)
+        for s in range(S):
+            for i in range(n_drafts):
+                r = b * n_drafts + i
+                lo, hi = min(s * per * P, lens[r]), min(s * per * P + per * P, lens[r])
+                k = _keys(x[r, lo:hi])
+                k = k[k != 0]
+                if k.size == 0:
+                    h[b, s, i, 256] = -255 if hi > lo else -(1 << 20)
+                    continue
+                base = (int(k.max()) >> 20) - 255 - base_drop
+                h[b, s, i, :256] = np.bincount(np.clip((k >> 20).astype(np.int64) - base, 0, 255),
+                                               minlength=256)
+                h[b, s, i, 256] = base
+    assert h.shape[-1] == HIST_ROW.value
+    return h
+
+
+@pytest.mark.parametrize("S", [1, 5])
+def test_split_plan_with_window_miss(S):
+    """Plan + split pass B (R x S programs) from per-split windowed histograms whose bases
+    differ (the plan brings them to the row's): a heavy-tailed row, a window miss, a tied row
+    and a short row, N = 2 drafts per request; same bits as the one-program path."""
+    K, P, N = 64, 16, 2
+    W = 1600
+    x = _heavy_rows(25, 4, W)
+    x[1, 77] = 1e30                                               # window miss
+    x[2] = np.round(x[2])                                         # ties
+    lens = [W, W - 5, 1200, 90]
+    h = _split_hists(x, lens, N, S, P, base_drop=3 if S > 1 else 0)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    ht = torch.from_numpy(h).to(DEVICE)
+    scratch = torch.empty((4, W), dtype=torch.int32, device=DEVICE)
+    split = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, split, scratch, hist=ht, n_drafts=N, page_size=P)
+    compare.assert_pass(compare.check_topk(split, _ref_rows(x, lens), K))
+    fused = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, fused, scratch, hist=ht, n_drafts=N)
+    plain = _run(x, lens, K)
+    assert torch.equal(split, plain) and torch.equal(fused, plain)

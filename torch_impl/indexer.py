@@ -215,17 +215,18 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
     from kernels.triton.indexer import logits_splits
-    from kernels.triton.topk import HIST_BINS
+    from kernels.triton.topk import hist_shape
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
-    nb = 1 << (N - 1).bit_length()
-    hist = torch.empty((B, splits, nb, HIST_BINS.value), dtype=torch.int32, device=q.device)
+    hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
     _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, logits,
                    hist)
-    lens = _draft_lengths(context_lens, B, N, W).reshape(B * N)
+    # The top-k kernels compute each row's length from context_lens themselves ([B, N]: per
+    # row; [B]: the MTP rule), clamped to [0, W]: no torch op in front of their launches.
+    lens = context_lens if context_lens.is_contiguous() else context_lens.contiguous()
     out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
-    launch_topk(logits.view(B * N, W), lens, topk, out, scratch, config=tcfg, hist=hist,
+    launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg, hist=hist,
                 n_drafts=N, page_size=P)
     return logits, out
 
@@ -517,27 +518,29 @@ def aot_specs_topk(smem_class: str) -> list:
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
     pass B (``FROM_PLAN``); the plan and scatter kernels of the split pass B."""
     from kernels.triton._aot import LaunchSpec
-    from kernels.triton.topk import SCATTER_BLOCK, TopkConfig
+    from kernels.triton.topk import PLAN_SPLITS, SCATTER_BLOCK, TopkConfig
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
-           "stride_c": "i32", "n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32",
-           "state_ptr": "*i32"}
+           "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
+           "n_drafts_pow2": "i32", "num_splits": "i32", "state_ptr": "*i32"}
     specs = []
     for blk in TopkConfig.SEARCH_SPACE["block"]:
         for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
             for has_hist, plan in ((False, False), (True, False), (True, True)):
                 specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan={plan}",
                                         "kernels.triton.topk", "_radix_topk_kernel", sig,
-                                        dict(BLOCK=blk, RADIX_BITS=8, HAS_HIST=has_hist,
-                                             FROM_PLAN=plan), nw, 1))
+                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=plan,
+                                             PLAN_SB=PLAN_SPLITS), nw, 1))
     specs.append(LaunchSpec("topk plan", "kernels.triton.topk", "_topk_plan_kernel",
                             {"hist_ptr": "*i32", "state_ptr": "*i32", "offs_ptr": "*i32",
-                             "topk": "i32", "n_drafts": "i32", "n_drafts_pow2": "i32",
-                             "num_splits": "i32"}, {}, 4, 1))
+                             "topk": "i32", "cap": "i32", "n_drafts": "i32",
+                             "n_drafts_pow2": "i32", "num_splits": "i32"},
+                            dict(SB=PLAN_SPLITS), 8, 1))
     specs.append(LaunchSpec("topk scatter", "kernels.triton.topk", "_topk_scatter_kernel",
                             {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
                              "cand_ptr": "*i32", "state_ptr": "*i32", "offs_ptr": "*i32",
                              "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
-                             "stride_c": "i32", "n_drafts": "i32", "num_splits": "i32"},
+                             "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
+                             "num_splits": "i32"},
                             dict(BLOCK=SCATTER_BLOCK), 4, 1))
     return specs

@@ -51,9 +51,11 @@ Design (one program = one request b and one contiguous chunk of its pages; grid 
   logits are -inf. Positions of pages this kernel does not visit (``j >= n_pages_b * P``) are not
   written: ``indexer_logits`` pre-fills its output with -inf; the top-k never reads them.
 * Fused pass A of the radix top-k (``hist=``, used by ``indexer_topk``): the logits are in
-  registers anyway, so each program also histograms the top 8 bits of their order keys
-  (``kernels.triton.topk.order_key``) per draft with ``tl.histogram`` and writes one
-  ``[NB, 256]`` int32 block per (request, split): the top-k then skips one full read of the row.
+  registers anyway, so each program also histograms the first digit of their order keys
+  (``kernels.triton.topk.window_hist_add``: 1/8-binade bins in a window below the running max,
+  shifted when a tile raises the max) per draft with ``tl.histogram`` and writes one
+  ``[NB, HIST_ROW]`` int32 block (256 counts and the window base per draft) per (request,
+  split): the top-k then skips one full read of the row.
 * No atomics: every output element is written by exactly one program, so results are bitwise
   reproducible.
 * Padding: heads are padded to ``BLOCK_H = max(16, next_pow2(H_I))`` (dots need M >= 16),
@@ -73,7 +75,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from kernels.triton.topk import HIST_BINS, order_key
+from kernels.triton.topk import BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_hist_add
 
 
 @dataclass(frozen=True)
@@ -144,7 +146,7 @@ def _indexer_logits_kernel(
     bt_ptr,           # [B, max_pages] int32
     cl_ptr,           # [B] or [B, N] int32
     out_ptr,          # [B, N, W] float32, W = max_pages * P
-    hist_ptr,         # [B, S, NB, HIST_BINS] int32 top-digit histograms (WRITE_HIST)
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 windowed first-digit histograms (WRITE_HIST)
     num_pages, max_pages,
     stride_qb, stride_qn, stride_qh,
     stride_wb, stride_wn,
@@ -201,6 +203,7 @@ def _indexer_logits_kernel(
     out_row = out_ptr + b * stride_ob + i_out[:, None] * stride_on             # [NB, 1]
     HB: tl.constexpr = HIST_BINS
     hist = tl.zeros((NB * HB,), tl.int32)
+    hbase = tl.full((NB,), BASE_NONE, tl.int32)                              # window bases
     # Software pipeline by hand: the K tile (and scales) of the next page group are loaded
     # while this one is scored, and the block-table entries one group further ahead, so no
     # iteration waits on a dependent chain of global loads (the tile feeds a conversion before
@@ -271,15 +274,17 @@ def _indexer_logits_kernel(
         logit = tl.where(valid, logit, float("-inf"))
         tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & (t_ok & pg_in)[None, :])
         if WRITE_HIST:
-            # Pass A of the radix top-k, fused: per-draft histogram of the keys' top digit
-            # (key 0 = NaN / -inf / invalid is not counted). Bin = draft * HB + digit.
-            key = order_key(logit)
-            bin_ = (key >> (32 - 8)).to(tl.int32) + i_out[:, None] * HB
-            hist += tl.histogram(tl.reshape(bin_, (NB * BLOCK_T,)), NB * HB,
-                                 mask=tl.reshape(key != 0, (NB * BLOCK_T,)))
+            # Pass A of the radix top-k, fused: per-draft windowed histogram of the keys' first
+            # digit against the running max (kernels.triton.topk.window_hist_add; key 0 = NaN /
+            # -inf / invalid is not counted). Bin = draft * HB + digit.
+            hist, hbase = window_hist_add(hist, hbase, order_key(logit), NB, BLOCK_T)
     if WRITE_HIST:
-        # Every program writes its slot (zeros for an empty page range): no fill needed.
-        tl.store(hist_ptr + (b * num_splits + split) * (NB * HB) + tl.arange(0, NB * HB), hist)
+        # Every program writes its block (zeros and BASE_NONE for an empty page range): no fill
+        # needed. Block (b, split, draft): HB counts, then the window base (HIST_ROW words).
+        hb = hist_ptr + (b * num_splits + split) * (NB * HIST_ROW)
+        hi = tl.arange(0, NB * HB)
+        tl.store(hb + (hi // HB) * HIST_ROW + hi % HB, hist)
+        tl.store(hb + i_out * HIST_ROW + HB, hbase)
 
 
 def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out, *,
@@ -305,9 +310,10 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
       fp8_upcast: convert e4m3 q and k to fp16 (exact) before the dot, so the dot accumulates in
         full fp32 (the launcher always sets it for fp8 caches; the interpreter computes fp16).
       fp8_nan_fix: make e4m3 NaN keys give NaN scores (the CPU interpreter decodes them as 480).
-      hist: None, or int32 ``[B, S, NB, 256]`` (``S = logits_splits(...)``, ``NB =
-        next_pow2(N)``), contiguous and uninitialised: receives per-split histograms of the top
-        8 bits of the logits' order keys (pass A of ``kernels.triton.topk``, fused).
+      hist: None, or int32 ``kernels.triton.topk.hist_shape(B, S, N)`` = ``[B, S, NB,
+        HIST_ROW]`` (``S = logits_splits(...)``, ``NB = next_pow2(N)``), contiguous and
+        uninitialised: receives per-split windowed first-digit histograms of the logits' order
+        keys and their window bases (pass A of ``kernels.triton.topk``, fused).
     Returns:
       ``out``.
     """

@@ -7,44 +7,63 @@ select all of them; the rest of the output row is -1. Output order: unspecified 
 the binding sorts by descending logit when ``sorted=True``). Same semantics as
 ``kernels.reference.topk_from_logits``.
 
-Algorithm (one program per row, no atomics, no sort):
+Algorithm (no atomics, no sort):
 
 1. Map each float to an order-preserving uint32 key (``u | 0x80000000`` for sign 0, ``~u`` for
    sign 1; -0.0 first becomes +0.0 so that the two zeros tie); NaN and -inf (and positions
    ``>= len``) get key 0, which no qualifying value has (the smallest, ``-FLT_MAX``, maps to
    ``0x00800000``), so "qualifies" is ``key != 0``.
-2. Pass A over the valid prefix: a 256-bin ``tl.histogram`` of the top 8 bits and the count C of
-   qualifying positions. The threshold digit is the largest d whose suffix count reaches K.
-   If ``C <= K`` every qualifying position is taken.
-3. Pass B over the valid prefix: keys whose top digit is above d go straight to the output
-   (slots from a running inclusive ``tl.cumsum``, so the write order is deterministic); keys in
-   the threshold bucket are compacted, in position order, into an int32 scratch row.
-4. Radix levels 2..4 (8 bits each) run over the compacted candidates only (typically a few
-   percent of the row): histogram of the next digit among keys matching the prefix, pick the
-   digit, subtract the count above it. The descent stops early when the chosen bucket must be
-   taken whole.
+2. First digit: a **window below the row max** at 1/8 binade. ``key >> 20`` (sign, 8 exponent
+   bits and 3 mantissa bits: 4,096 monotone bins, 1/8 binade each, both signs) is taken relative
+   to ``base = (max_key >> 20) - 255``: ``bin = clamp((key >> 20) - base, 0, 255)``. Bins 1..255
+   are the 32 binades (of magnitude, on the max's side of zero) just below the row's largest
+   value, one bin per 1/8 binade; bin 0 holds everything further down. The mapping is monotone
+   in the key, so the selection stays exact whatever the base. The base comes from the data of
+   the same pass, not from the host or a guess: a histogram is accumulated against a running
+   base (the max seen so far) and, when a block raises the max, shifted down by the base's
+   increase, its lowest bins merging into bin 0 (exact: bin 0 is the clamp of every lower bin).
+   Partial histograms of one row (the logits kernel's splits) are brought to the row's base,
+   the largest of theirs, the same way and summed. Pass A's histogram and the count C of
+   qualifying positions give the threshold bin d: the largest bin whose suffix count reaches K.
+   ``C <= K``: every qualifying position is taken.
+3. Pass B over the valid prefix: keys in bins above d go straight to the output (slots from a
+   running inclusive ``tl.cumsum``, so the write order is deterministic); keys in bin d are
+   compacted, in position order, into the scratch row as **(key, position) pairs** (keys in the
+   first half of the scratch row, positions in the second half) when they fit in half the row,
+   else as positions only (the levels then gather the logits).
+4. Lower levels over the candidates only, 8 bits of the full key per level at bit offsets
+   24, 16, 8 and 0, restricted to the keys matching the chosen high bits ``(key & mask) ==
+   prefix``; a level whose bits the first digit already fixed is skipped. When d >= 1 the
+   bucket fixes ``key >> 20`` (12 bits): three levels remain (bits 19..0). When d = 0 (the
+   threshold lies more than 32 binades below the row max: a window miss) the bucket is "every
+   key below the window" and the descent runs over the full key from bit 31 (four levels): the
+   fallback, exact in every case, costs passes over that bucket. The descent stops early when
+   the chosen bucket is taken whole.
 5. Selection over the candidates in position order: keys above the final bucket are taken,
    keys in it while their running rank is ``<= need``: exactly the SPEC tie rule.
 6. The tail ``[min(C, K), K)`` of the output row is filled with -1.
 
+Lengths: every kernel computes its rows' valid lengths from the caller's lengths on the device
+(``len = lengths[r]``, or with ``n_drafts = N`` and per-request lengths ``L_b - (N - 1 - i)``;
+clamped to ``[0, W]`` in 64-bit arithmetic): no torch op runs in front of the launches.
+
 Cost: two reads of the row's valid prefix (A and B; 8 bytes per position in all) plus a few
-passes over the threshold bucket's candidates, and only of the prefix: a row of ``len``
-positions costs O(len) whatever the row's capacity W, and K (any value, 512/1024/2048 or not)
-only enters through the digit choice and the -1 fill. Histograms are integer counts (order
-independent), so results are bitwise reproducible. Rows up to 2^31 positions. At B*N = 64 rows
-of 64K positions the logits (16 MiB) stay in the H200's L2 between the logits kernel and both
-passes. The worst case (all values tied) makes the candidate passes read the whole row again.
+passes over the threshold bucket's candidates (typically under 1% of the row, see
+``bench/topk_sim.py``), and only of the prefix: a row of ``len`` positions costs O(len) whatever
+the row's capacity W, and K only enters through the digit choice and the -1 fill. Histograms
+are integer counts (order independent), so results are bitwise reproducible. Rows up to 2^31
+positions. Scratch: int32 ``[R, W]`` (4 bytes per table position), beside the float32 logits.
 
 Fused with the indexer (``hist=``): the logits kernel already holds every logit in registers,
-so it also builds pass A's histogram per (request, split, draft) and writes 1 KiB per draft
-instead of the top-k re-reading the row. Given the logits kernel's page size as well
-(``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) sums the S
-histograms, picks the threshold digit and hands each split its output and candidate offsets
-(the counts above and in the threshold bucket of a split are read off its own histogram), then
-``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only, and
-writes in ascending position order exactly as the one-program pass would. The per-row kernel
-then continues from the candidates (``FROM_PLAN``). At B = 1 the row is spread over as many
-programs as the logits kernel used, instead of one.
+so it also builds pass A's windowed histogram per (request, split, draft) with its running base
+(:func:`window_hist_add`) and writes one ``HIST_ROW``-int32 block per draft (256 bins, then the
+base) instead of the top-k re-reading the row. Given the logits kernel's page size as well
+(``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) rebases and
+sums the S histograms, picks the threshold bin and hands each split its output and candidate
+offsets (the counts above and in the threshold bin of a split are read off its own rebased
+histogram), then ``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's
+positions only, and writes in ascending position order exactly as the one-program pass would.
+The per-row kernel then continues from the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
 
@@ -54,9 +73,23 @@ import triton
 import triton.language as tl
 
 
-# Bins of the top-digit histogram (8 radix bits); also the layout of the per-split histograms the
-# logits kernel writes (kernels/triton/indexer.py, fused pass A).
+# Bins of the first-digit histogram; the logits kernel (kernels/triton/indexer.py, fused pass A)
+# histograms with the same bin function (window_hist_add).
 HIST_BINS = tl.constexpr(256)
+# int32 words per (request, split, draft) histogram block: HIST_BINS counts, then the block's
+# window base (word HIST_BINS), then padding. Hist buffers are [B, S, next_pow2(N), HIST_ROW].
+HIST_ROW = tl.constexpr(264)
+# The first digit is key >> WINDOW_SHIFT (1/8 binade); the window is the top HIST_BINS of them.
+WINDOW_SHIFT = tl.constexpr(20)
+# Window base of a histogram that has seen no block yet (below every real base, >= -255).
+BASE_NONE = tl.constexpr(-(1 << 20))
+# Split histograms the plan kernel rebases and sums per iteration.
+PLAN_SPLITS = 32
+
+
+def hist_shape(batch: int, num_splits: int, n_drafts: int) -> tuple:
+    """Shape of the int32 histogram buffer the fused logits kernel writes for the top-k."""
+    return (batch, num_splits, 1 << (n_drafts - 1).bit_length(), HIST_ROW.value)
 
 
 @dataclass(frozen=True)
@@ -91,144 +124,265 @@ def order_key(x):
 
 
 @triton.jit
-def _descend(hist, SHIFT: tl.constexpr, bins, prefix, shift, need, done):
-    """One radix level: pick the threshold digit from ``hist`` (counts of digit ``SHIFT`` among
-    keys in the current bucket) unless ``done``. Returns (prefix, shift, need, done)."""
+def window_base(kmax):
+    """Window base (int32) for the largest key ``kmax``: its 1/8-binade bin lands in the top bin."""
+    return (kmax >> WINDOW_SHIFT).to(tl.int32) - (HIST_BINS - 1)
+
+
+@triton.jit
+def window_bin(key, base):
+    """First digit of ``key`` (int32 in ``[0, 256)``): ``clamp((key >> 20) - base, 0, 255)``."""
+    d = (key >> WINDOW_SHIFT).to(tl.int32) - base
+    return tl.minimum(tl.maximum(d, 0), HIST_BINS - 1)
+
+
+@triton.jit
+def window_rebase(hist, shift):
+    """Histograms ``hist`` int32 ``[M, 256]`` taken at bases ``b``, brought to bases ``b + shift``
+    (``shift`` int32 ``[M]`` >= 0): bin i takes bin ``i + shift``, bin 0 the sum of bins
+    ``<= shift`` (the clamp of the new window), bins past the top are empty."""
+    c = tl.arange(0, HIST_BINS)[None, :]
+    idx = c + shift[:, None]
+    g = tl.gather(hist, tl.minimum(idx, HIST_BINS - 1), axis=1)
+    g = tl.where(idx < HIST_BINS, g, 0)
+    low = tl.sum(tl.where(c <= shift[:, None], hist, 0), axis=1)
+    return tl.where(c == 0, low[:, None], g)
+
+
+@triton.jit
+def window_hist_add(hist, base, key, NB: tl.constexpr, T: tl.constexpr):
+    """Add the keys ``key`` uint32 ``[NB, T]`` (row n of ``key`` into histogram n; key 0 is not
+    counted) to the windowed histograms ``hist`` int32 ``[NB * 256]`` (row n at ``n * 256``)
+    of running bases ``base`` int32 ``[NB]``; returns the new ``(hist, base)``. A block whose
+    max key lies above the window moves the base up and shifts the histogram first, so the
+    max is always inside the window and no count is ever clamped at the top."""
+    new_base = tl.maximum(base, window_base(tl.max(key, axis=1)))
+    shift = new_base - base
+    if tl.max(shift, axis=0) > 0:
+        h2 = window_rebase(tl.reshape(hist, (NB, HIST_BINS)), shift)
+        hist = tl.reshape(h2, (NB * HIST_BINS,))
+    bins = window_bin(key, new_base[:, None]) + tl.arange(0, NB)[:, None] * HIST_BINS
+    hist += tl.histogram(tl.reshape(bins, (NB * T,)), NB * HIST_BINS,
+                         mask=tl.reshape(key != 0, (NB * T,)))
+    return hist, new_base
+
+
+@triton.jit
+def _row_len(len_ptr, row, n_drafts, per_row, W):
+    """Valid length (int32) of row ``row = b * N + i``: ``len[row]`` when ``per_row``, else the
+    MTP rule ``len[b] - (N - 1 - i)``; clamped to ``[0, W]`` (64-bit arithmetic)."""
+    b = row // n_drafts
+    i = row % n_drafts
+    src = tl.where(per_row != 0, row, b)
+    L = tl.load(len_ptr + src).to(tl.int64) - tl.where(per_row != 0, 0, n_drafts - 1 - i)
+    return tl.maximum(tl.minimum(L, W), 0).to(tl.int32)
+
+
+@triton.jit
+def _sum_split_hists(h_row, split_stride, num_splits, SB: tl.constexpr):
+    """Sum of the ``num_splits`` histogram blocks at ``h_row + s * split_stride`` (each 256
+    counts then its base), each brought to the row's base (the largest). Returns
+    ``(hist int32 [256], base int32)``."""
+    c = tl.arange(0, HIST_BINS)
+    sv = tl.arange(0, SB)
+    base = tl.full((), BASE_NONE, tl.int32)
+    for s0 in range(0, num_splits, SB):
+        s = s0 + sv
+        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=s < num_splits,
+                     other=BASE_NONE)
+        base = tl.maximum(base, tl.max(bs, axis=0))
+    hist = tl.zeros((HIST_BINS,), tl.int32)
+    for s0 in range(0, num_splits, SB):
+        s = s0 + sv
+        ms = s < num_splits
+        blk = h_row + s.to(tl.int64)[:, None] * split_stride
+        h = tl.load(blk + c[None, :], mask=ms[:, None], other=0)
+        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
+        h = window_rebase(h, tl.where(ms, base - bs, 0))
+        hist += tl.sum(h, axis=0)
+    return hist, base
+
+
+@triton.jit
+def _first_digit(hist, topk):
+    """Threshold bin of the windowed histogram. Returns ``(d0, need, done, total, n_eq)``:
+    ``d0`` -1 when every qualifying key is taken (``total <= topk``); ``need`` positions still
+    to take from bin ``d0``; ``done`` when bin ``d0`` is taken whole."""
+    bins = tl.arange(0, HIST_BINS)
+    total = tl.sum(hist, axis=0)
+    ge = tl.cumsum(hist, axis=0, reverse=True)                     # count with bin >= d
+    d_sel = tl.max(tl.where(ge >= topk, bins, -1), axis=0)
+    n_gt = tl.sum(tl.where(bins > d_sel, hist, 0), axis=0)
+    n_eq = tl.sum(tl.where(bins == d_sel, hist, 0), axis=0)
+    all_in = total <= topk
+    d0 = tl.where(all_in, -1, d_sel)
+    need = tl.where(all_in, topk, topk - n_gt)
+    done = (all_in | (n_eq == need)).to(tl.int32)
+    n_eq = tl.where(all_in, 0, n_eq)
+    return d0, need, done, total, n_eq
+
+
+@triton.jit
+def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
+    """One radix level over bits ``[SHIFT, SHIFT + 8)`` of the key: pick the threshold digit
+    from ``hist`` (counts of that digit among keys with ``key & mask == prefix``) unless
+    ``done``. Returns (prefix, mask, need, done)."""
     ge = tl.cumsum(hist, axis=0, reverse=True)                     # count with digit >= d
     d_sel = tl.max(tl.where(ge >= need, bins, -1), axis=0)
     n_gt = tl.sum(tl.where(bins > d_sel, hist, 0), axis=0)
     n_eq = tl.sum(tl.where(bins == d_sel, hist, 0), axis=0)
     upd = done == 0
     prefix = tl.where(upd, prefix | (d_sel.to(tl.uint32) << SHIFT), prefix)
-    shift = tl.where(upd, tl.full((), SHIFT, tl.uint32), shift)
+    mask = tl.where(upd, mask | tl.full((), 0xFF << SHIFT, tl.uint32), mask)
     need = tl.where(upd, need - n_gt, need)
     # The chosen bucket is taken whole: no need to look at lower digits.
     done = tl.where(upd & (n_eq == need), 1, done)
-    return prefix, shift, need, done
+    return prefix, mask, need, done
 
 
 @triton.jit
-def _pass_b(x_row, o_row, c_row, lo, hi, prefix, shift, done, n_out, n_cand,
+def _pass_b(x_row, o_row, c_row, lo, hi, base, d0, done, pairs, cap, n_out, n_cand,
             BLOCK: tl.constexpr):
-    """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bucket
-    (``key >> shift > prefix >> shift``) go to the output at ``n_out, n_out + 1, ...``, keys in
-    it too when the descent is ``done``, else their positions are compacted into the candidate
-    row at ``n_cand, ...``; both in ascending position order. Returns the new
-    ``(n_out, n_cand)``."""
+    """Pass B over positions ``[lo, hi)`` of one row: keys in bins above the threshold bin
+    ``d0`` go to the output at ``n_out, n_out + 1, ...``, keys in it too when the descent is
+    ``done``, else they are compacted into the candidate row at ``n_cand, ...`` (key at
+    ``c_row[c]`` and position at ``c_row[cap + c]`` when ``pairs``, else the position at
+    ``c_row[c]``); both in ascending position order. Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
-    p_bucket = prefix >> shift
-    done_v = (tl.zeros((BLOCK,), tl.int32) + done) != 0              # [BLOCK] (see NOTE below)
+    zero = tl.zeros((BLOCK,), tl.int32)
+    done_v = (zero + done) != 0                                      # [BLOCK] (see NOTE below)
+    pairs_v = (zero + pairs) != 0
+    pos_off = tl.where(pairs != 0, cap, 0)
     for start in range(lo, hi, BLOCK):
         pos = start + offs
         key = order_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
-        k_bucket = key >> shift
+        b = window_bin(key, base)
         qual = key != 0
-        gt = qual & (k_bucket > p_bucket)
-        eq = qual & (k_bucket == p_bucket)
+        gt = qual & (b > d0)
+        eq = qual & (b == d0)
         direct = gt | (eq & done_v)
         keep = eq & (done_v == 0)
         slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
         tl.store(o_row + slot, pos.to(tl.int32), mask=direct)
         cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
-        tl.store(c_row + cslot, pos.to(tl.int32), mask=keep)
+        tl.store(c_row + pos_off + cslot, pos.to(tl.int32), mask=keep)
+        tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=keep & pairs_v)
         n_out += tl.sum(direct.to(tl.int32), axis=0)
         n_cand += tl.sum(keep.to(tl.int32), axis=0)
     return n_out, n_cand
 
 
 @triton.jit
+def _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, NEED_POS: tl.constexpr):
+    """Keys (and positions if ``NEED_POS``) of candidates ``o`` (mask ``m``): read from the
+    pairs, or gathered from the logits through the positions."""
+    kp = tl.load(c_row + o, mask=m & pairs_v, other=0).to(tl.uint32, bitcast=True)
+    if NEED_POS:
+        pos = tl.load(c_row + pos_off + o, mask=m, other=0)
+    else:
+        pos = tl.load(c_row + o, mask=m & (pairs_v == 0), other=0)
+    kx = order_key(tl.load(x_row + pos, mask=m & (pairs_v == 0), other=float("-inf")))
+    return tl.where(pairs_v, kp, kx), pos
+
+
+@triton.jit
 def _radix_topk_kernel(
     x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
-    len_ptr,          # [R] int32 valid-prefix lengths
+    len_ptr,          # [R] int32 row lengths (per_row), or [B] request lengths (MTP rule)
     out_ptr,          # [R, topk] int32 selected positions, -1 padded
-    cand_ptr,         # [R, W] int32 scratch: positions in the level-0 threshold bucket
-    hist_ptr,         # [B, S, NB, 256] int32 per-split top-digit histograms (HAS_HIST), row = b*N+i
+    cand_ptr,         # [R, >= W] int32 scratch: level-0 threshold-bin candidates
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms (HAS_HIST)
     W, topk,
-    stride_x, stride_o, stride_c,
-    n_drafts, n_drafts_pow2, num_splits,
-    state_ptr,        # [R, 8] int32 plan (FROM_PLAN): prefix, shift, need, done, total, n_out, n_cand
-    BLOCK: tl.constexpr, RADIX_BITS: tl.constexpr, HAS_HIST: tl.constexpr,
-    FROM_PLAN: tl.constexpr,
+    stride_x, stride_o, stride_c, cap,
+    n_drafts, per_row, n_drafts_pow2, num_splits,
+    state_ptr,        # [R, 8] int32 plan (FROM_PLAN): base, d0, need, done, total, n_out, n_cand, pairs
+    BLOCK: tl.constexpr, HAS_HIST: tl.constexpr, FROM_PLAN: tl.constexpr,
+    PLAN_SB: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    L = tl.maximum(tl.minimum(tl.load(len_ptr + row), W), 0)
+    L = _row_len(len_ptr, row, n_drafts, per_row, W)
     x_row = x_ptr + row * stride_x
     o_row = out_ptr + row * stride_o
     c_row = cand_ptr + row * stride_c
     offs = tl.arange(0, BLOCK)
-    BINS: tl.constexpr = 1 << RADIX_BITS
-    NUM_LEVELS: tl.constexpr = 32 // RADIX_BITS
-    SHIFT0: tl.constexpr = 32 - RADIX_BITS
-    bins = tl.arange(0, BINS)
+    bins = tl.arange(0, 256)
 
     if FROM_PLAN:
         # Passes A and B ran as _topk_plan_kernel + _topk_scatter_kernel (split over programs).
         st = state_ptr + row * 8
-        prefix = tl.load(st + 0).to(tl.uint32)
-        shift = tl.load(st + 1).to(tl.uint32)
+        base = tl.load(st + 0)
+        d0 = tl.load(st + 1)
         need = tl.load(st + 2)
         done = tl.load(st + 3)
         total = tl.load(st + 4)
         n_out = tl.load(st + 5)
         n_cand = tl.load(st + 6)
+        pairs = tl.load(st + 7)
     else:
-        # Pass A: histogram of the top digit, count of qualifying positions C; either summed from the
-        # logits kernel's per-split histograms (fused) or by reading the whole prefix.
-        hist = tl.zeros((BINS,), tl.int32)
+        # Pass A: windowed histogram of the first digit, summed from the logits kernel's
+        # per-split histograms (fused) or built by reading the whole prefix.
         if HAS_HIST:
             b = row // n_drafts
             i = row % n_drafts
-            h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * BINS + bins
-            for sp in range(0, num_splits):
-                hist += tl.load(h_row + sp * (n_drafts_pow2 * BINS))
+            h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
+            hist, base = _sum_split_hists(h_row, n_drafts_pow2 * HIST_ROW, num_splits, PLAN_SB)
         else:
+            hist = tl.zeros((HIST_BINS,), tl.int32)
+            base1 = tl.full((1,), BASE_NONE, tl.int32)
             for start in range(0, L, BLOCK):
                 o = start + offs
                 key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-                hist += tl.histogram((key >> SHIFT0).to(tl.int32), BINS, mask=key != 0)
-        total = tl.sum(hist, axis=0)
-        # C <= topk: every qualifying position is taken (prefix = shift = 0: bucket "key > 0").
-        done = (total <= topk).to(tl.int32)
-        prefix = tl.zeros((), tl.uint32)       # chosen high digits of the threshold key
-        shift = tl.zeros((), tl.uint32)        # threshold bucket: key >> shift == prefix >> shift
-        need = topk                            # positions still to take from the threshold bucket
-        prefix, shift, need, done = _descend(hist, SHIFT0, bins, prefix, shift, need, done)
-
-        # Pass B (whole prefix): keys above the threshold bucket go straight to the output; keys in
-        # it go to the output too when the descent is over, else their positions are compacted (in
+                hist, base1 = window_hist_add(hist, base1, tl.reshape(key, (1, BLOCK)), 1, BLOCK)
+            base = tl.max(base1, axis=0)
+        d0, need, done, total, n_eq = _first_digit(hist, topk)
+        pairs = (n_eq <= cap).to(tl.int32)
+        # Pass B (whole prefix): keys above the threshold bin go straight to the output; keys in
+        # it go to the output too when the descent is over, else they are compacted (in
         # position order) into the scratch row for the lower digits.
-        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, prefix, shift, done,
+        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, base, d0, done, pairs, cap,
                                 tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
         # The candidate row is read back below by other threads of this program: make every store
         # of pass B visible first (bar.sync orders global memory within the CTA).
         tl.debug_barrier()
 
+    # The level-0 bucket as high bits of the key: bin d0 >= 1 fixes key >> 20 = base + d0;
+    # bin 0 (window miss) fixes nothing (the candidates are exactly the keys below the window).
+    hit = d0 >= 1
+    prefix = tl.where(hit, (base + d0).to(tl.uint32) << WINDOW_SHIFT, tl.zeros((), tl.uint32))
+    mask = tl.where(hit, tl.full((), 0xFFF00000, tl.uint32), tl.zeros((), tl.uint32))
+    zero = tl.zeros((BLOCK,), tl.int32)
+    pairs_v = (zero + pairs) != 0
+    pos_off = tl.where(pairs != 0, cap, 0)
+
     # Lower digits over the compacted candidates only (empty when the descent is over).
-    for lvl in tl.static_range(1, NUM_LEVELS):
-        SHIFT = 32 - (lvl + 1) * RADIX_BITS                       # constexpr (static loop)
-        hist = tl.zeros((BINS,), tl.int32)
-        end = tl.where(done != 0, 0, n_cand)
+    for lvl in tl.static_range(0, 4):
+        SHIFT = 24 - 8 * lvl                                       # constexpr (static loop)
+        hist = tl.zeros((256,), tl.int32)
+        known = ((mask >> SHIFT) & 0xFF) == 0xFF                   # digit fixed by the first one
+        end = tl.where((done != 0) | known, 0, n_cand)
         for start in range(0, end, BLOCK):
             o = start + offs
             m = o < n_cand
-            pos = tl.load(c_row + o, mask=m, other=0)
-            key = order_key(tl.load(x_row + pos, mask=m, other=float("-inf")))
-            m = m & ((key >> (SHIFT + RADIX_BITS)) == (prefix >> (SHIFT + RADIX_BITS)))
-            hist += tl.histogram(((key >> SHIFT) & (BINS - 1)).to(tl.int32), BINS, mask=m)
-        prefix, shift, need, done = _descend(hist, SHIFT, bins, prefix, shift, need, done)
+            key, _ = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, False)
+            m = m & ((key & mask) == prefix)
+            hist += tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256, mask=m)
+        skip = (done != 0) | known
+        p2, m2, n2, dn2 = _descend(hist, SHIFT, bins, prefix, mask, need, done)
+        prefix = tl.where(skip, prefix, p2)
+        mask = tl.where(skip, mask, m2)
+        need = tl.where(skip, need, n2)
+        done = tl.where(skip, done, dn2)
 
     # Selection over the candidates in position order: the SPEC tie rule (smaller position wins)
     # is the running rank within the threshold bucket.
-    p_bucket = prefix >> shift
     eq_seen = tl.zeros((), tl.int32)
     for start in range(0, n_cand, BLOCK):
         o = start + offs
         m = o < n_cand
-        pos = tl.load(c_row + o, mask=m, other=0)
-        key = order_key(tl.load(x_row + pos, mask=m, other=float("-inf")))
-        k_bucket = key >> shift
-        gt = m & (k_bucket > p_bucket)
-        eq = m & (k_bucket == p_bucket)
+        key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
+        hi_bits = key & mask
+        gt = m & (hi_bits > prefix)
+        eq = m & (hi_bits == prefix)
         eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) + eq_seen
         sel = gt | (eq & (eq_rank <= need))
         slot = tl.cumsum(sel.to(tl.int32), axis=0) + n_out - 1
@@ -248,17 +402,19 @@ def _radix_topk_kernel(
 
 
 @triton.jit
-def _split_range(len_ptr, row, n_drafts, s, num_splits, W, P):
+def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
     """Positions ``[lo, hi)`` of row ``row`` covered by logits split ``s`` (the page range the
     logits kernel gives that split: ``n_pages = ceil(max_i len[b, i] / P)`` over the drafts of
     request ``b``, ``ceil(n_pages / S)`` pages per split), clipped to the row's valid prefix."""
     b = row // n_drafts
     dr = tl.arange(0, 4)            # N <= 4 drafts per request
-    lens = tl.load(len_ptr + b * n_drafts + dr, mask=dr < n_drafts, other=0)
-    lens = tl.maximum(tl.minimum(lens, W), 0)
-    n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), W // P)
+    src = tl.where(per_row != 0, b * n_drafts + dr, b)
+    lens = tl.load(len_ptr + src, mask=dr < n_drafts, other=0).to(tl.int64)
+    lens = lens - tl.where(per_row != 0, 0, n_drafts - 1 - dr)
+    lens = tl.where(dr < n_drafts, tl.maximum(tl.minimum(lens, W), 0), 0)
+    n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), W // P).to(tl.int32)
     per = tl.cdiv(n_pages, num_splits)
-    L = tl.maximum(tl.minimum(tl.load(len_ptr + row), W), 0)
+    L = _row_len(len_ptr, row, n_drafts, per_row, W)
     lo = tl.minimum(s * per * P, L)
     hi = tl.minimum(lo + per * P, L)
     return lo, hi
@@ -266,74 +422,77 @@ def _split_range(len_ptr, row, n_drafts, s, num_splits, W, P):
 
 @triton.jit
 def _topk_plan_kernel(
-    hist_ptr,         # [B, S, NB, 256] int32 per-split top-digit histograms, row = b * N + i
-    state_ptr,        # [R, 8] int32 out: prefix, shift, need, done, total, n_out, n_cand, -
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
+    state_ptr,        # [R, 8] int32 out: base, d0, need, done, total, n_out, n_cand, pairs
     offs_ptr,         # [R, S, 2] int32 out: exclusive output / candidate offsets of each split
-    topk, n_drafts, n_drafts_pow2, num_splits,
+    topk, cap, n_drafts, n_drafts_pow2, num_splits,
+    SB: tl.constexpr,
 ):
-    """Pass A of the split top-k (grid ``(R,)``): sum the per-split histograms, choose the top
-    digit of the threshold, and give each split the offsets at which pass B writes its direct
-    selections and its candidates, so that every row keeps ascending position order whatever
-    program writes it (the counts per split come straight from its histogram)."""
+    """Pass A of the split top-k (grid ``(R,)``): bring the per-split histograms to the row's
+    base and sum them, choose the threshold bin, and give each split the offsets at which pass B
+    writes its direct selections and its candidates, so that every row keeps ascending position
+    order whatever program writes it (the counts per split come from its rebased histogram)."""
     row = tl.program_id(0).to(tl.int64)
-    BINS: tl.constexpr = HIST_BINS
-    bins = tl.arange(0, BINS)
+    c = tl.arange(0, HIST_BINS)
+    sv = tl.arange(0, SB)
     b = row // n_drafts
     i = row % n_drafts
-    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * BINS + bins
-    hist = tl.zeros((BINS,), tl.int32)
-    for sp in range(0, num_splits):
-        hist += tl.load(h_row + sp * (n_drafts_pow2 * BINS))
-    total = tl.sum(hist, axis=0)
-    done = (total <= topk).to(tl.int32)
-    all_in = done                       # every qualifying key is taken: no threshold digit
-    prefix = tl.zeros((), tl.uint32)
-    shift = tl.zeros((), tl.uint32)
-    need = topk
-    prefix, shift, need, done = _descend(hist, 32 - 8, bins, prefix, shift, need, done)
-    d_sel = tl.where(all_in != 0, -1, (prefix >> 24).to(tl.int32))
+    split_stride = n_drafts_pow2 * HIST_ROW
+    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
+    hist, base = _sum_split_hists(h_row, split_stride, num_splits, SB)
+    d0, need, done, total, n_eq = _first_digit(hist, topk)
+    pairs = (n_eq <= cap).to(tl.int32)
     n_out = tl.zeros((), tl.int32)
     n_cand = tl.zeros((), tl.int32)
-    for sp in range(0, num_splits):
-        h = tl.load(h_row + sp * (n_drafts_pow2 * BINS))
-        gt = tl.sum(tl.where(bins > d_sel, h, 0), axis=0)
-        eq = tl.sum(tl.where(bins == d_sel, h, 0), axis=0)
-        o = offs_ptr + (row * num_splits + sp) * 2
-        tl.store(o, n_out)
-        tl.store(o + 1, n_cand)
-        n_out += gt + tl.where(done != 0, eq, 0)
-        n_cand += tl.where(done != 0, 0, eq)
+    for s0 in range(0, num_splits, SB):
+        s = s0 + sv
+        ms = s < num_splits
+        blk = h_row + s.to(tl.int64)[:, None] * split_stride
+        h = tl.load(blk + c[None, :], mask=ms[:, None], other=0)
+        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
+        h = window_rebase(h, tl.where(ms, base - bs, 0))
+        gt = tl.sum(tl.where(c[None, :] > d0, h, 0), axis=1)                       # [SB]
+        eq = tl.sum(tl.where(c[None, :] == d0, h, 0), axis=1)
+        n_dir = gt + tl.where(done != 0, eq, 0)
+        n_cnd = tl.where(done != 0, 0, eq)
+        o = offs_ptr + (row * num_splits + s) * 2
+        tl.store(o, tl.cumsum(n_dir, axis=0) - n_dir + n_out, mask=ms)
+        tl.store(o + 1, tl.cumsum(n_cnd, axis=0) - n_cnd + n_cand, mask=ms)
+        n_out += tl.sum(n_dir, axis=0)
+        n_cand += tl.sum(n_cnd, axis=0)
     st = state_ptr + row * 8
-    tl.store(st + 0, prefix.to(tl.int32))
-    tl.store(st + 1, shift.to(tl.int32))
+    tl.store(st + 0, base)
+    tl.store(st + 1, d0)
     tl.store(st + 2, need)
     tl.store(st + 3, done)
     tl.store(st + 4, total)
     tl.store(st + 5, n_out)
     tl.store(st + 6, n_cand)
+    tl.store(st + 7, pairs)
 
 
 @triton.jit
 def _topk_scatter_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr, offs_ptr,
-    W, P, stride_x, stride_o, stride_c, n_drafts, num_splits,
+    W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits,
     BLOCK: tl.constexpr,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
-    split's positions, writes keys above the threshold bucket to the output and compacts the
-    bucket's positions into the candidate row, at the offsets of :func:`_topk_plan_kernel`."""
+    split's positions, writes keys above the threshold bin to the output and compacts the
+    bin's keys into the candidate row, at the offsets of :func:`_topk_plan_kernel`."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    lo, hi = _split_range(len_ptr, row, n_drafts, s, num_splits, W, P)
+    lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
     st = state_ptr + row * 8
-    prefix = tl.load(st + 0).to(tl.uint32)
-    shift = tl.load(st + 1).to(tl.uint32)
+    base = tl.load(st + 0)
+    d0 = tl.load(st + 1)
     done = tl.load(st + 3)
+    pairs = tl.load(st + 7)
     o = offs_ptr + (row * num_splits + s) * 2
     n_out = tl.load(o)
     n_cand = tl.load(o + 1)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
-            prefix, shift, done, n_out, n_cand, BLOCK)
+            base, d0, done, pairs, cap, n_out, n_cand, BLOCK)
 
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
@@ -341,26 +500,43 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
-      logits: float32 ``[R, W]`` with contiguous last dim; only ``[r, :lengths[r]]`` is read.
-      lengths: int32 ``[R]`` contiguous valid-prefix lengths (clamped to ``[0, W]`` in-kernel).
+      logits: float32 ``[R, W]`` with contiguous last dim; only ``[r, :len[r]]`` is read.
+      lengths: contiguous int32, either ``[R]`` (``len[r] = lengths[r]``; a ``[B, N]``
+        context_lens flattens to this), or ``[B]`` with ``R = B * n_drafts`` (request lengths:
+        draft i of request b gets ``lengths[b] - (n_drafts - 1 - i)``, the MTP rule). Clamped to
+        ``[0, W]`` in-kernel (64-bit arithmetic); no torch op runs here.
       topk: K >= 1, any value.
       out: int32 ``[R, topk]`` with contiguous last dim; receives the selected positions (those
         above the threshold bucket in ascending position order, then the rest of the selection
         in ascending position order), then -1.
-      scratch: int32 ``[R, W]`` (or wider) with contiguous last dim, uninitialised: candidate
-        positions of the threshold bucket (at most ``lengths[r]`` are written per row).
-      hist: None, or the int32 ``[B, S, next_pow2(N), 256]`` histograms written by
-        ``kernels.triton.indexer.launch_indexer_logits(hist=...)`` for these rows
-        (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
-      n_drafts: N (rows per request) when ``hist`` is given (N <= 4).
+      scratch: int32 ``[R, C]`` (``C >= W``) with contiguous last dim, uninitialised: the
+        threshold bin's candidates, as (key, position) pairs (keys at ``[0, n)``, positions at
+        ``[C // 2, C // 2 + n)``) when ``n <= C // 2``, else positions at ``[0, n)``.
+      hist: None, or the int32 :func:`hist_shape` ``[B, S, next_pow2(N), HIST_ROW]`` windowed
+        histograms written by ``kernels.triton.indexer.launch_indexer_logits(hist=...)`` for
+        these rows (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
+      n_drafts: N (rows per request; N <= 4 with ``page_size``).
       page_size: P of the logits kernel's pages, with ``hist``: pass B then runs split over
         ``R x S`` programs, each over the positions of one logits split (the split histograms
         give every program its output offsets), instead of one program per row.
+    Raises:
+      ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, or the scratch
+        is narrower than W.
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
     if R == 0 or topk == 0:
         return out
+    if lengths.numel() == R:
+        per_row = 1
+    elif n_drafts >= 1 and lengths.numel() * n_drafts == R:
+        per_row = 0
+    else:
+        raise ValueError(f"lengths: expected {R} row lengths or {R // max(n_drafts, 1)} request "
+                         f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
+    if scratch.shape[1] < W:
+        raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
+    cap = scratch.shape[1] // 2
     if hist is not None:
         num_splits, nb = hist.shape[1], hist.shape[2]
     else:
@@ -371,16 +547,17 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         import torch
         state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
         offs = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
-        _topk_plan_kernel[(R,)](hist, state, offs, topk, n_drafts, nb, num_splits, num_warps=4)
+        _topk_plan_kernel[(R,)](hist, state, offs, topk, cap, n_drafts, nb, num_splits,
+                                SB=PLAN_SPLITS, num_warps=8)
         _topk_scatter_kernel[(R, num_splits)](
             logits, lengths, out, scratch, state, offs, W, page_size, logits.stride(0),
-            out.stride(0), scratch.stride(0), n_drafts, num_splits,
+            out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits,
             BLOCK=SCATTER_BLOCK, num_warps=4)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
-                             W, topk, logits.stride(0), out.stride(0), scratch.stride(0),
-                             n_drafts, nb, num_splits, state,
-                             BLOCK=cfg.block, RADIX_BITS=8, HAS_HIST=hist is not None,
-                             FROM_PLAN=split, num_warps=cfg.num_warps)
+                             W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
+                             n_drafts, per_row, nb, num_splits, state,
+                             BLOCK=cfg.block, HAS_HIST=hist is not None, FROM_PLAN=split,
+                             PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps)
     return out
 
 

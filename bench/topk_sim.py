@@ -1,0 +1,196 @@
+"""NumPy simulation of the radix top-k's threshold-bucket sizes: old first digit against new.
+
+    python -m bench.topk_sim [--rows 16] [--json out.json] [--quick]
+
+The Triton top-k (``kernels/triton/topk.py``) picks the threshold among the 256 bins of a first
+digit from one histogram, then runs its lower radix levels over the keys of the threshold bin
+only (the *candidates*): their number is what the levels cost. This script computes, per row,
+the candidates each first digit leaves, on float32 logits computed on the CPU (float32, the
+same math as the kernels: ``k_scale * sum_h w_h * relu(q_h . k)`` over dequantised e4m3):
+
+* ``old``: the top 8 bits of the order key (sign + 7 exponent bits: 2 binades per bin), the
+  digit before this change.
+* ``window``: the kernel's digit, ``clamp((key >> 20) - base, 0, 255)`` with
+  ``base = (max_key >> 20) - 255``: 1/8-binade bins over the 32 binades below the row max; a
+  threshold in bin 0 is a *window miss* (the kernel then descends the full key over bin 0: the
+  candidates are that bin).
+* ``window16``: the same at 1/16 binade (``key >> 19``, 16 binades), for comparison only.
+
+A row whose qualifying count is <= K has no threshold (0 candidates). The counts are the
+threshold bin's size whether or not the kernel can take it whole (it then skips the levels).
+
+Inputs:
+
+* ``bench``: ``bench.inputs.make_inputs`` (the benchmark's generator, run on the CPU with
+  torch), V3.2 K 2048 at L 64K and 128K, V4-Flash K 512 at L 1M.
+* ``step``: ``parity.cases.make_step_case`` (serving-structured keys: sink tokens, a recent
+  window, topic spans, some heads voting against; requests of varying length, one shorter than
+  K), V3.2 K 2048 and V4-Flash K 512 at contexts 64K / 128K.
+* heavy tails: the bench logits times a lognormal(0, 2) factor per position (heavy-tailed k
+  scales), i.i.d. Student-t rows with 1.5 and 1 (Cauchy) degrees of freedom, and the bench
+  logits with one +1e30 outlier per row (a forced window miss: the threshold lies ~100 binades
+  below the max).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------- digits
+
+def order_keys(x: np.ndarray) -> np.ndarray:
+    """uint32 order keys of float32 ``x`` (kernels.triton.topk.order_key); 0 = NaN / -inf."""
+    x = np.where(x == 0, np.float32(0), x.astype(np.float32))
+    u = x.view(np.uint32)
+    key = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
+    ok = ~np.isnan(x) & (x != -np.inf)
+    return np.where(ok, key, np.uint32(0))
+
+
+def _threshold_bucket(bins: np.ndarray, nbins: int, K: int) -> tuple[int, int]:
+    """(threshold bin or -1 when all qualifying are taken, its count) for int bins of keys."""
+    hist = np.bincount(bins, minlength=nbins)
+    if hist.sum() <= K:
+        return -1, 0
+    ge = np.cumsum(hist[::-1])[::-1]
+    d = int(np.nonzero(ge >= K)[0].max())
+    return d, int(hist[d])
+
+
+def candidates(key: np.ndarray, K: int) -> dict:
+    """Threshold-bucket sizes of one row's keys (0 = not qualifying) under each digit."""
+    q = key[key != 0]
+    out = {}
+    _, out["old"] = _threshold_bucket((q >> 24).astype(np.int64), 256, K)
+    kmax = int(q.max()) if q.size else 0
+    for name, shift in (("window", 20), ("window16", 19)):
+        base = (kmax >> shift) - 255
+        b = np.clip((q >> shift).astype(np.int64) - base, 0, 255)
+        d, n = _threshold_bucket(b, 256, K)
+        out[name] = n
+        out[name + "_miss"] = d == 0
+    return out
+
+
+# ----------------------------------------------------------------------------- logits
+
+def _logits_rows(q, w, k, sc):
+    """float32 logits [N, L] of one request: q [N, H, D], w [N, H], k [L, D], sc [L]."""
+    import torch
+    s = torch.einsum("nhd,ld->nlh", q, k).clamp_min_(0.0)
+    return ((s @ w[:, :, None])[..., 0] * sc[None, :]).numpy()
+
+
+def bench_logits(preset: str, B: int, L: int, seed: int = 0) -> np.ndarray:
+    """[B, L] float32 logits of the benchmark's generator (bench.inputs, torch on the CPU)."""
+    import torch
+    from bench.grid import Shape
+    from bench.inputs import make_inputs
+    shape = Shape("indexer_topk", preset, B, 1, 1, L)
+    s = make_inputs(shape, rotations=1, device="cpu", q_dtype="bfloat16",
+                    latent_dtype="bfloat16", seed=seed).sets[0]
+    P, D = shape.P, shape.p.index_head_dim
+    kc = s["k_cache"]
+    vals = kc[:, : P * D].contiguous().view(torch.float8_e4m3fn).float().view(-1, P, D)
+    scales = kc[:, P * D:].contiguous().view(torch.float32).view(-1, P)
+    q = s["iq"].float()
+    w = s["iw"].float()
+    n = -(-L // P)
+    rows = []
+    for b in range(B):
+        pages = s["block_table"][b, :n].long()
+        k = vals[pages].reshape(-1, D)[:L]
+        sc = scales[pages].reshape(-1)[:L]
+        rows.append(_logits_rows(q[b], w[b], k, sc)[0])
+    return np.stack(rows)
+
+
+def step_logits(preset: str, B: int, context: int, K: int, seed: int = 0) -> list:
+    """Per-request float32 logit rows (valid prefix only) of a ``parity.cases.make_step_case``."""
+    import torch
+    from kernels.presets import PRESETS
+    from parity.cases import make_step_case
+    pr = PRESETS[preset]
+    case = make_step_case(seed, name=f"step/{preset}/N1", preset=pr, B=B, N=1, H=16, topk=K,
+                          context=context, q_dtype="float32", kv_format="latent").indexer
+    D = pr.index_head_dim
+    P = case.k_cache.shape[1] // (D + 4)
+    kc = torch.from_numpy(np.ascontiguousarray(case.k_cache))
+    vals = kc[:, : P * D].contiguous().view(torch.float8_e4m3fn).float().view(-1, P, D)
+    scales = kc[:, P * D:].contiguous().view(torch.float32).view(-1, P)
+    q = torch.from_numpy(np.asarray(case.q).astype(np.float32))
+    w = torch.from_numpy(np.asarray(case.weights, np.float32))
+    rows = []
+    for b in range(B):
+        L = int(case.context_lens[b])
+        n = -(-L // P)
+        pages = torch.from_numpy(case.block_table[b, :n].astype(np.int64))
+        k = vals[pages].reshape(-1, D)[:L]
+        sc = scales[pages].reshape(-1)[:L]
+        rows.append(_logits_rows(q[b], w[b], k, sc)[0])
+    return rows
+
+
+# ----------------------------------------------------------------------------- report
+
+def summarize(name: str, rows, K: int) -> dict:
+    """Median / worst candidates per row under each digit and the window-miss rate."""
+    per = [candidates(order_keys(np.asarray(r, np.float32)), K) for r in rows]
+    out = dict(inputs=name, K=K, rows=len(per), L=int(max(len(r) for r in rows)))
+    for d in ("old", "window", "window16"):
+        v = np.array([p[d] for p in per])
+        out[d + "_median"] = int(np.median(v))
+        out[d + "_worst"] = int(v.max())
+    for d in ("window", "window16"):
+        out[d + "_miss_rate"] = float(np.mean([p[d + "_miss"] for p in per]))
+    return out
+
+
+def _heavy(rows: np.ndarray, rng) -> dict:
+    lognormal = rows * np.exp(2.0 * rng.standard_normal(rows.shape)).astype(np.float32)
+    outlier = rows.copy()
+    outlier[np.arange(rows.shape[0]), rng.integers(0, rows.shape[1], rows.shape[0])] = 1e30
+    return {"bench x lognormal(0,2)": lognormal.astype(np.float32), "bench + one 1e30": outlier}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=16, help="bench rows (requests) per shape")
+    ap.add_argument("--json", default=None, help="also write the table rows as JSON here")
+    ap.add_argument("--quick", action="store_true", help="L 64K only, 4 rows")
+    args = ap.parse_args(argv)
+    rng = np.random.default_rng(0)
+    R = 4 if args.quick else args.rows
+    table = []
+    shapes = [("DSV32", 65536, 2048)] if args.quick else \
+        [("DSV32", 65536, 2048), ("DSV32", 131072, 2048), ("DSV4_FLASH", 1 << 20, 512)]
+    for preset, L, K in shapes:
+        rows = bench_logits(preset, R if L < (1 << 20) else max(1, R // 8), L)
+        table.append(summarize(f"bench {preset} L{L // 1024}K", rows, K))
+        for nm, hv in _heavy(rows, rng).items():
+            table.append(summarize(f"{nm} {preset} L{L // 1024}K", hv, K))
+        for df in (1.5, 1.0):
+            t = rng.standard_t(df, size=(rows.shape[0], L)).astype(np.float32)
+            table.append(summarize(f"student-t df {df} L{L // 1024}K", t, K))
+    steps = [("DSV32", 65536, 2048)] if args.quick else \
+        [("DSV32", 65536, 2048), ("DSV32", 131072, 2048), ("DSV4_FLASH", 131072, 512)]
+    for preset, ctx, K in steps:
+        rows = step_logits(preset, 4, ctx, K, seed=1)
+        table.append(summarize(f"step {preset} ctx{ctx // 1024}K (B4)", rows, K))
+    cols = ["inputs", "K", "rows", "old_median", "old_worst", "window_median", "window_worst",
+            "window_miss_rate", "window16_median", "window16_worst", "window16_miss_rate"]
+    print("| " + " | ".join(cols) + " |")
+    print("|" + "---|" * len(cols))
+    for r in table:
+        print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c])
+                                for c in cols) + " |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(table, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
