@@ -344,7 +344,9 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
       valid positions whose logit is neither NaN nor -inf (+inf qualifies); ties at the
       threshold go to the smaller position, so the set is exact and deterministic. When fewer
       than K positions qualify all are selected and the rest of the row is -1. Every index is in
-      ``[0, len[b, i])`` or -1, whatever the cache holds past the lengths.
+      ``[0, len[b, i])`` or -1, whatever the cache holds past the lengths. ``topk`` may exceed
+      the table's capacity ``W = max_pages * P``: both paths select over ``min(topk, W)`` (the
+      work, scratch and sort of that K) and pad the rest of the row with -1.
     Raises:
       TypeError / ValueError: as :func:`indexer_logits`; ``topk`` not an int >= 1, ``sorted``
         not a bool.
@@ -356,19 +358,27 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
     W = int(block_table.shape[1]) * P
     lens = _draft_lengths(context_lens, B, N, W)
 
+    # No row holds more than W positions: the work (selection, sort, scratch) is that of
+    # min(topk, W) and the columns past it are -1 padding.
+    k_work = min(topk, W)
+
+    def pad(idx):
+        return jnp.pad(idx, ((0, 0), (0, 0), (0, topk - k_work)), constant_values=-1)
+
     def pallas():
         cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
         raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
                                    cfg=cfg, group_max=True)
-        idx = _pallas.launch_topk_select(raw, gmax, lens, topk, num_rows=N, cfg=cfg)[:, :N, :topk]
+        idx = _pallas.launch_topk_select(raw, gmax, lens, k_work, num_rows=N, cfg=cfg,
+                                         num_sms=device_info().num_sms)[:, :N, :k_work]
         if not sorted:
-            return idx
+            return pad(idx)
         vals = jnp.take_along_axis(raw[:, :N], jnp.maximum(idx, 0), axis=-1)
         keys = _pallas.order_key(vals, idx >= 0)
-        return _sort_desc(keys, idx)[1]
+        return pad(_sort_desc(keys, idx)[1])
 
     def xla():
-        return _xla_topk(q, weights, k_cache, block_table, lens, topk, k_format=k_format, P=P)
+        return pad(_xla_topk(q, weights, k_cache, block_table, lens, k_work, k_format=k_format, P=P))
 
     order, cfg_auto = _PATH_ORDER, None
     if path == "auto":
