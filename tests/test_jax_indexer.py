@@ -366,6 +366,24 @@ def test_logits_kernel_variants(trans, pages):
                 assert np.isnan(raw[b, :, end:]).all(), f"request {b}: positions past {end} written"
 
 
+@pytest.mark.parametrize("trans", [False, True])
+def test_logits_kernel_n1_head_sum(trans):
+    """N = 1: the head sum is a plain reduction over the accumulator's head axis (no reshape /
+    transpose), in both dot orientations: logits against the float64 reference, with NaN keys,
+    a -1 page and 40 heads (padded to 64: the padded heads must add nothing)."""
+    from jax_impl import indexer as ji
+    case = cases.make_indexer_case(652, B=2, N=1, H_I=40, P=16, lens=[250, 61], topk=16,
+                                   nan_rows=True, neg_pages=True)
+    q, w, kc, bt, cl = (jnp.asarray(a) for a in case.args())
+    W = bt.shape[1] * 16
+    lens = ji._draft_lengths(cl, 2, 1, W)
+    cfg = pk.PallasIndexerConfig(trans=trans, pages=1, num_splits=2)
+    raw = jax.jit(lambda *a: pk.launch_indexer_logits(*a, fp8=True, page_size=16, num_sms=4,
+                                                      cfg=cfg))(q, w, kc, bt, lens)
+    logits = np.asarray(ji._mask_logits(raw, lens, 1, W))
+    compare.assert_pass(compare.check_logits(logits, case.reference_logits()))
+
+
 @pytest.mark.parametrize("cfg", [pk.PallasIndexerConfig(), pk.PallasIndexerConfig(trans=False, pages=1)],
                          ids=["default", "q_rows_one_page"])
 def test_pallas_lowers_for_cuda(cfg):

@@ -44,7 +44,10 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   weight, padded rows zeroed with ``where`` (so a NaN key cannot leak through ``0 * NaN``), head
   sum along the last axis (``reshape [T, NP, HP] -> sum(axis=2)``), transposed to ``[NP, T]``;
   with ``trans=False`` q rows are M: ``[NP*HP, D_I] x [D_I, T]``, head sum
-  ``reshape [NP, HP, T] -> sum(axis=1)``. Then the k scale, draft mask, store ``[NP, T]``.
+  ``reshape [NP, HP, T] -> sum(axis=1)``; at N = 1 (``NP = 1``) either orientation is a plain
+  sum over the head axis of the accumulator, with no reshape or transpose (the Triton twin's
+  ``tl.sum(relu(s) * w, axis=1)``: no layout conversion before the store). Then the k scale,
+  draft mask, store ``[NP, T]``.
   Operands: fp8 q and keys are converted to fp16 first (exact for e4m3; products of two 11-bit
   significands are exact and the dot accumulates in fp32), because Hopper's fp8 x fp8 dot
   accumulates with ~14 mantissa bits, which reorders near-ties against the float64 reference
@@ -362,13 +365,19 @@ def _indexer_logits_kernel(
                                  preferred_element_type=jnp.float32)          # [T, R]
             contrib = jnp.where(live[None, :], jnp.where(sc < 0, jnp.float32(0.0), sc) * w[None, :],
                                 jnp.float32(0.0))
-            acc = jnp.sum(contrib.reshape(T, NP, HP), axis=2).T               # [NP, T]
+            if NP == 1:     # N = 1: a plain row sum, no reshape / transpose (layout converts)
+                acc = jnp.sum(contrib, axis=1)[None, :]                       # [1, T]
+            else:
+                acc = jnp.sum(contrib.reshape(T, NP, HP), axis=2).T           # [NP, T]
         else:
             sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
                                  preferred_element_type=jnp.float32)          # [R, T]
             contrib = jnp.where(live[:, None], jnp.where(sc < 0, jnp.float32(0.0), sc) * w[:, None],
                                 jnp.float32(0.0))
-            acc = jnp.sum(contrib.reshape(NP, HP, T), axis=1)                 # [NP, T]
+            if NP == 1:
+                acc = jnp.sum(contrib, axis=0)[None, :]                       # [1, T]
+            else:
+                acc = jnp.sum(contrib.reshape(NP, HP, T), axis=1)             # [NP, T]
         valid = (g0 * P + t[None, :] < lens[:, None]) & ok_t[None, :]         # [NP, T]
         logit = jnp.where(valid, acc * scale[None, :], -jnp.inf)
         if PAGES == 1:
