@@ -12,7 +12,10 @@ definition is :mod:`kernels.reference`. Paths:
   through the block table, scores them, and merges them into a running exact top-k with a
   two-key ``lax.sort`` (descending key, then ascending position: the SPEC tie rule by
   construction, independent of ``lax.top_k``'s tie order). Work scales with ``max(L_b)``, the
-  most static shapes allow (a batch shares one trip count).
+  most static shapes allow (a batch shares one trip count). Numerics: float32 operands decoded
+  from the e4m3 bytes by a table gather and an explicit ``F32_F32_F32`` dot algorithm, so that
+  XLA:GPU neither turns the dot into an fp8 cuBLASLt matmul nor picks TF32 / bf16x3
+  (:func:`_e4m3_bytes_to_f32`).
 * ``"auto"``: the ``kernels/dispatch`` entry for this GPU and shape bucket if any, else
   ``"pallas"`` then ``"xla"`` (falls through on NotImplementedError only).
 
@@ -20,6 +23,8 @@ Both functions are ``jax.jit``-compatible with ``topk``, ``k_format``, ``sorted`
 static (e.g. ``jax.jit(indexer_topk, static_argnames=("topk", "k_format", "sorted", "path"))``).
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -142,29 +147,58 @@ def _xla_chunk_pages(P: int, max_pages: int, chunk: int | None) -> int:
     return max(1, min(max_pages, -(-(chunk or _XLA_CHUNK) // P)))
 
 
+@functools.lru_cache(maxsize=None)
+def _e4m3_table() -> np.ndarray:
+    """float32 ``[256]``: the value of every e4m3 (float8_e4m3fn) byte (exact; 0x7F / 0xFF NaN)."""
+    return np.arange(256, dtype=np.uint8).view(jnp.float8_e4m3fn).astype(np.float32)
+
+
+def _e4m3_bytes_to_f32(b):
+    """uint8 e4m3 bytes -> their float32 values, by a 256-entry table gather.
+
+    Not ``astype``: XLA:GPU's GEMM rewriter (``gemm_rewriter.cc`` ``MatchFp8Param``) follows a
+    dot operand back through converts / reshapes / slices to an F8-typed instruction and, when
+    both operands lead to one, replaces the dot by a cuBLASLt FP8 matmul (``__cublas$lt$matmul$f8``)
+    whatever the dot's precision or output type; Hopper's fp8 tensor-core accumulation then puts
+    the logits ~5e-5 relative off. A gather has two operands, so the search stops there and no
+    F8 type reaches the dot.
+    """
+    return jnp.asarray(_e4m3_table())[b.astype(jnp.int32)]
+
+
+# float32 operands, float32 products and accumulation on every backend: never TF32 / bf16x3 /
+# an fp8 tensor-core dot (an explicit algorithm is binding; Precision.HIGHEST is only a hint).
+_F32_DOT = lax.DotAlgorithmPreset.F32_F32_F32
+
+
 def _xla_chunk_logits(q, weights, k_cache, block_table, lens, c, *, k_format, P, CP, num_pages):
-    """Logits of positions ``[c * CP * P, (c + 1) * CP * P)``: float32 ``[B, N, CP * P]``."""
+    """Logits of positions ``[c * CP * P, (c + 1) * CP * P)``: float32 ``[B, N, CP * P]``.
+
+    Numerics: e4m3 q and keys decoded to float32 (exact) by :func:`_e4m3_bytes_to_f32`, dense
+    caches cast to float32 (exact); ``q . k`` one float32 dot (``F32_F32_F32``: IEEE products
+    and sums, 128 terms); ReLU; the weighted head sum ``sum_h w_h * relu(s_h)`` as an
+    elementwise float32 multiply and reduce over H_I (not a dot, so no dot algorithm applies to
+    it); times the token's scale: the reference's association, each step in float32.
+    """
     B, N, H, D = q.shape
     pages = lax.dynamic_slice_in_dim(block_table, c * CP, CP, axis=1)          # [B, CP]
     ok_page = (pages >= 0) & (pages < num_pages)
     safe = jnp.where(ok_page, pages, 0)
     if k_format == "fp8_indexer":
-        raw = jnp.take(k_cache, safe.reshape(-1), axis=0)                      # [B*CP, P*(D+4)]
-        k, scale = split_fp8_indexer(raw, D)                     # the chunk's pages only, not the cache
-        k, scale = k.reshape(B, CP, P, D), scale.reshape(B, CP, P)
-        # float32 operands with HIGHEST precision: exact e4m3 values, float32 sums. A bf16 dot
-        # with float32 output was ~3e-5 (relative) off on the H200 under XLA:GPU (2026-11-29
-        # bench: top-k sets off the reference by more than one ulp), so it is not used.
-        qf, kf = q.astype(jnp.float32), k.astype(jnp.float32)
+        raw = jnp.take(k_cache, safe.reshape(-1), axis=0)                      # [B*CP, P*(D+4)] u8
+        _, scale = split_fp8_indexer(raw, D)                  # the chunk's pages only, not the cache
+        kf = _e4m3_bytes_to_f32(raw[:, :P * D].reshape(B, CP, P, D))           # [B, CP, P, D] f32
+        scale = scale.reshape(B, CP, P)
+        qf = _e4m3_bytes_to_f32(lax.bitcast_convert_type(q, jnp.uint8))        # [B, N, H, D] f32
     else:
-        kf = jnp.take(k_cache, safe, axis=0)                                   # [B, CP, P, D]
+        kf = jnp.take(k_cache, safe, axis=0).astype(jnp.float32)               # [B, CP, P, D]
         scale = jnp.ones((B, CP, P), jnp.float32)
-        qf = q
-    s = jnp.einsum("bnhd,bcpd->bnhcp", qf, kf, precision=lax.Precision.HIGHEST,
-                   preferred_element_type=jnp.float32)                         # never TF32
+        qf = q.astype(jnp.float32)
+    s = jnp.einsum("bnhd,bcpd->bnhcp", qf, kf, precision=_F32_DOT,
+                   preferred_element_type=jnp.float32)
     s = jnp.where(s < 0, jnp.float32(0.0), s)                                  # NaN propagates
-    # the weighted head sum elementwise in float32: as a dot, XLA:GPU ran it at reduced
-    # precision on the H200 (logits ~7e-5 relative off, top-k sets off the reference)
+    # the weighted head sum elementwise in float32 (as a dot it would be one more place for a
+    # reduced-precision algorithm)
     logit = jnp.sum(s * weights[:, :, :, None, None], axis=2)
     logit = (logit * scale[:, None]).reshape(B, N, CP * P)
     pos = c * CP * P + jnp.arange(CP * P, dtype=jnp.int32)
@@ -310,7 +344,9 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
       valid positions whose logit is neither NaN nor -inf (+inf qualifies); ties at the
       threshold go to the smaller position, so the set is exact and deterministic. When fewer
       than K positions qualify all are selected and the rest of the row is -1. Every index is in
-      ``[0, len[b, i])`` or -1, whatever the cache holds past the lengths.
+      ``[0, len[b, i])`` or -1, whatever the cache holds past the lengths. ``topk`` may exceed
+      the table's capacity ``W = max_pages * P``: both paths select over ``min(topk, W)`` (the
+      work, scratch and sort of that K) and pad the rest of the row with -1.
     Raises:
       TypeError / ValueError: as :func:`indexer_logits`; ``topk`` not an int >= 1, ``sorted``
         not a bool.
@@ -322,19 +358,27 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
     W = int(block_table.shape[1]) * P
     lens = _draft_lengths(context_lens, B, N, W)
 
+    # No row holds more than W positions: the work (selection, sort, scratch) is that of
+    # min(topk, W) and the columns past it are -1 padding.
+    k_work = min(topk, W)
+
+    def pad(idx):
+        return jnp.pad(idx, ((0, 0), (0, 0), (0, topk - k_work)), constant_values=-1)
+
     def pallas():
         cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
         raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
                                    cfg=cfg, group_max=True)
-        idx = _pallas.launch_topk_select(raw, gmax, lens, topk, num_rows=N, cfg=cfg)[:, :N, :topk]
+        idx = _pallas.launch_topk_select(raw, gmax, lens, k_work, num_rows=N, cfg=cfg,
+                                         num_sms=device_info().num_sms)[:, :N, :k_work]
         if not sorted:
-            return idx
+            return pad(idx)
         vals = jnp.take_along_axis(raw[:, :N], jnp.maximum(idx, 0), axis=-1)
         keys = _pallas.order_key(vals, idx >= 0)
-        return _sort_desc(keys, idx)[1]
+        return pad(_sort_desc(keys, idx)[1])
 
     def xla():
-        return _xla_topk(q, weights, k_cache, block_table, lens, topk, k_format=k_format, P=P)
+        return pad(_xla_topk(q, weights, k_cache, block_table, lens, k_work, k_format=k_format, P=P))
 
     order, cfg_auto = _PATH_ORDER, None
     if path == "auto":

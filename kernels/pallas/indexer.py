@@ -44,7 +44,10 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   weight, padded rows zeroed with ``where`` (so a NaN key cannot leak through ``0 * NaN``), head
   sum along the last axis (``reshape [T, NP, HP] -> sum(axis=2)``), transposed to ``[NP, T]``;
   with ``trans=False`` q rows are M: ``[NP*HP, D_I] x [D_I, T]``, head sum
-  ``reshape [NP, HP, T] -> sum(axis=1)``. Then the k scale, draft mask, store ``[NP, T]``.
+  ``reshape [NP, HP, T] -> sum(axis=1)``; at N = 1 (``NP = 1``) either orientation is a plain
+  sum over the head axis of the accumulator, with no reshape or transpose (the Triton twin's
+  ``tl.sum(relu(s) * w, axis=1)``: no layout conversion before the store). Then the k scale,
+  draft mask, store ``[NP, T]``.
   Operands: fp8 q and keys are converted to fp16 first (exact for e4m3; products of two 11-bit
   significands are exact and the dot accumulates in fp32), because Hopper's fp8 x fp8 dot
   accumulates with ~14 mantissa bits, which reorders near-ties against the float64 reference
@@ -70,50 +73,68 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   16 positions, the max order key (below), 1/16 of the logits' size: the pruning input of
   kernel 2 (``pages * P / 16`` groups per iteration, masked like the logits).
 
-Kernel 2, ``_topk_select_kernel`` (grid ``(B, N)``; one program per row), exact selection:
+Top-k, four kernels (:func:`launch_topk_select`), exact selection:
 
-* The lowering has no sort, no top-k, no histogram and (in interpret mode) no scatter, so the
-  selection is built from reductions, ``cumsum`` (``tt.scan``) and contiguous masked stores.
+* The lowering has no sort, no top-k and no histogram, so the selection is built from
+  compare-and-count passes, ``cumsum`` (``tt.scan``) and scatter stores (``plgpu.store`` through
+  an integer-array index: one pointer tensor, masked lanes write nothing; the interpreter runs
+  the same code, so one branch serves both).
 * Keys: float32 -> order-preserving int32 (``bits`` for sign 0, ``bits ^ 0x7FFFFFFF`` for
   sign 1, -0 canonicalised to +0 so that -0 and +0 tie as in the reference); NaN, -inf and
   positions ``>= len`` get ``INT32_MIN`` (:data:`SENTINEL`), below every qualifying key.
-* Radix select (``_radix_select``), most significant digit first, ``32 / RADIX_BITS`` passes (8
-  at the default 4 bits): each pass counts, for the ``2^RADIX_BITS`` candidate prefixes, the keys
-  ``>=`` each candidate (a ``[BLOCK, 2^R]`` compare and column sum per chunk, the replacement for
-  ``tl.histogram``), keeps the largest digit whose count still reaches K, and tracks the count
-  strictly above the chosen interval, which after the last pass is ``#{key > T}``.
-* Stage 1, prune: if at least K groups of 16 hold a qualifying key, the K-th largest group max
-  ``tau`` (radix select over ``L / 16`` group maxima) is a lower bound of the K-th largest key
-  (K groups each hold a key ``>= tau``), so only keys ``>= tau`` can be selected. On random
-  scores with ``L / 16 >= 2 K`` that leaves ~1.3-2 K candidates of L (2-3K of 64K at K = 2048).
-* Stage 2, one pass over the row: count the qualifying keys C and compact the candidates (key
-  and position, in position order) into per-row scratch of ``CAP = next_pow2(4 K)`` slots.
-  Compaction without scatter: each group of 16 slots is filled by a one-hot ``[16, BLOCK]``
-  match of slot ids against the running ``cumsum`` rank and one contiguous masked store. A CTA
-  barrier (``debug_barrier``) orders these global writes before stage 3 reads them.
-* Stage 3, over the candidates (or over the whole row if they overflowed CAP: exact either way,
-  only slower): radix select of the K-th largest key T (skipped when ``C <= K``: everything
-  qualifying is taken), then emission in position order: keys ``> T``, and keys ``== T`` while
-  their running rank (inclusive ``cumsum`` carried across chunks) is ``<= K - #{key > T}``:
-  exactly the SPEC tie rule. Slots ``[min(C, K), K)`` get -1 (disjoint from the data slots, so no
-  two threads write one address). Output order: ascending position; the binding sorts
-  (``sorted=True``) by descending logit in XLA over the K selected only.
-* Cost per row of L valid positions (K = 2048, L = 64K): 1 read of the row's logits (stage 2;
-  stage 1 reads L/16 keys, stage 3 the candidates), 8 radix passes over L/16 group maxima
-  and over ~3K candidates instead of over L, and ~16 one-hot compares per position for the
-  compaction at BLOCK = 256. Integer counting only: bitwise reproducible, no atomics. The
-  torch path does 4 ``tl.histogram`` passes + 1 selection pass over the full row instead.
-* Only B * N programs (64 at B = 64, N = 1: half of an H200's SMs); if this kernel shows in the
-  profile, the next step is splitting stage 2 over several programs per row.
+* Radix select (``_radix_select``): first a *windowed* digit (:func:`window_bin`: 16 bins of
+  1/8 binade at and below the source's maximum, everything lower clamped into bin 0; the
+  monotone mapping of PERF_DESIGN's windowed first digit). If the K-th key lands in bins 1..15
+  its top 12 bits (sign, exponent, 3 mantissa bits) are fixed after that one pass and the
+  three most significant 4-bit passes are skipped (6 passes instead of 8); if it lands in bin 0
+  (the window missed: the threshold lies more than ~2 binades below the maximum) the full 8
+  passes run. Each pass counts, for the ``2^RADIX_BITS`` candidate prefixes, the keys ``>=``
+  each (``[BLOCK, 2^R]`` compares), with *deferred counts*: a ``[BLOCK, 2^R]`` int32 partial
+  count is carried through the pass's loop and reduced across threads once per pass (the
+  previous kernel reduced per 256-element chunk: ~300-400 latency-bound reductions per row).
+* ``_topk_prune_kernel`` (grid ``(B, N)``): over the ``L / 16`` group maxima the logits kernel
+  emits: their count and the row's max key (one deferred pass), then, if at least K groups hold
+  a qualifying key, ``tau`` = the K-th largest group max rounded down to its 1/128-binade
+  interval (the radix select stops after the window pass and one 4-bit digit): a lower bound
+  of the K-th largest key (K groups each hold a key ``>= tau``), so only keys ``>= tau`` can be
+  selected. On random scores with ``L / 16 >= 2 K`` the exact K-th group max leaves ~1.3-2 K
+  candidates of L; the rounding adds those within 1/128 binade below it.
+* ``_topk_count_kernel`` (grid ``(B, N, S)``): split s of the row (a contiguous range of
+  ``ceil(chunks / S)`` chunks) counts its keys ``>= tau`` and its qualifying keys (deferred,
+  one reduction per program).
+* ``_topk_compact_kernel`` (grid ``(B, N, S)``): split s starts at the exact offset
+  ``sum_{s' < s} count[s']`` (read from the count pass, summed in the kernel) and scatters its
+  candidates (key and position, in position order) into the row's ``CAP`` slots
+  (``CAP = next_pow2(4 K)``, at most the row): per chunk one ``cumsum`` for the ranks and one
+  sum for the running base. Candidates past CAP are dropped (the select then reads the row).
+* ``_topk_select_kernel`` (grid ``(B, N)``): over the candidates (or over the whole row if they
+  overflowed CAP: exact either way, only slower): radix select of the K-th largest key T
+  (skipped when ``C <= K``: everything qualifying is taken), then emission in position order by
+  scatter: keys ``> T``, and keys ``== T`` while their running rank (inclusive ``cumsum``
+  carried across chunks) is ``<= K - #{key > T}``: exactly the SPEC tie rule. Slots
+  ``[min(C, K), K_PAD)`` get -1 (disjoint from the data slots, so no two threads write one
+  address). Output order: ascending position; the binding sorts (``sorted=True``) by
+  descending logit in XLA over the K selected only.
+* ``topk`` above the row's capacity: every kernel, the scratch and the binding's sort are sized
+  by ``min(K, W_pad)``; the columns past it are written as -1 by an XLA pad.
+* Cost per row of L valid positions (K = 2048, L = 64K, 4-bit digits, window hit): the
+  prune kernel reads L/16 keys 3 times (one stats pass + 2 radix passes; 16 compare-adds per
+  key per pass); count and compact read the row's logits once each (2 x 4 B x L), split over
+  S programs (``default_topk_splits``: about two per SM over all rows); the select kernel
+  reads the ~2-3K candidates 7 times and emits. Integer counting only, no atomics: bitwise
+  reproducible.
+* The scratch and counts are extra outputs of the calls (Pallas-Triton has no scratch
+  buffers); the kernels of one top-k are ordered by their data dependencies, so no barrier is
+  needed between the compaction's writes and the select's reads.
 
 What the Triton lowering cannot do (and what replaces it): sort / top-k / histogram (counting
-against ``2^R`` candidate thresholds), masked scatters in interpret mode, and gathers there
-unless every index is an integer array (plain ref slices with dynamic starts, one-hot
-compaction; the page groups' gathers use integer arrays only), concatenation other than joining
-two trailing size-1 axes (per-row page ids instead of stacked page tiles), bitcasts between
-widths (byte assembly), scalar prefetch / data-dependent BlockSpecs (whole-array refs, page ids
-read in the kernel), scratch buffers (extra outputs used as per-row scratch), ``debug_barrier``
-in interpret mode (skipped there: the interpreter runs one program at a time).
+against ``2^R`` candidate thresholds), gathers in interpret mode unless every index is an
+integer array (the page groups' gathers use integer arrays only), concatenation other than
+joining two trailing size-1 axes (per-row page ids instead of stacked page tiles), bitcasts
+between widths (byte assembly), scalar prefetch / data-dependent BlockSpecs (whole-array refs,
+page ids read in the kernel), scratch buffers (extra outputs used as per-row scratch). Masked
+scatter stores do run in interpret mode (jax 0.10), but as a read-modify-write of every lane's
+address: masked lanes therefore get distinct dummy slots past the live ones (``_compact``).
 
 Every ``pallas_call`` goes through :func:`kernels.pallas._pallas_call.triton_call`.
 """
@@ -163,9 +184,11 @@ class PallasIndexerConfig:
       radix_bits: bits per radix pass of the top-k kernel (1, 2, 4 or 8; 32 / radix_bits passes,
         ``2^radix_bits`` candidate thresholds counted per position and pass).
       topk_num_warps: warps of the top-k kernel.
-      candidates: candidate capacity per row of the top-k kernel (power of two); None =
-        ``next_pow2(4 * K)``. Rows whose pruned candidate set overflows it are selected from the
-        full row instead (exact either way, slower).
+      candidates: candidate capacity per row of the top-k kernels (power of two); None =
+        ``next_pow2(4 * K)``; never more than the padded row. Rows whose pruned candidate set
+        overflows it are selected from the full row instead (exact either way, slower).
+      topk_splits: programs per row of the top-k count and compact passes (a power of two);
+        None = :func:`default_topk_splits` (about two programs per SM over all rows).
     """
 
     num_splits: int | None = None
@@ -175,6 +198,7 @@ class PallasIndexerConfig:
     radix_bits: int = 4
     topk_num_warps: int = 4
     candidates: int | None = None
+    topk_splits: int | None = None
     trans: bool = True
     pages: int = 2
 
@@ -182,6 +206,7 @@ class PallasIndexerConfig:
                         num_stages=(1, 2, 3), block=(128, 256, 512, 1024),
                         radix_bits=(2, 4, 8), topk_num_warps=(4, 8),
                         candidates=(None, 2048, 4096, 8192, 16384),
+                        topk_splits=(None, 1, 2, 4, 8, 16, 32, 64, 128, 256),
                         trans=(False, True), pages=(1, 2))
 
     def to_dict(self) -> dict:
@@ -340,13 +365,19 @@ def _indexer_logits_kernel(
                                  preferred_element_type=jnp.float32)          # [T, R]
             contrib = jnp.where(live[None, :], jnp.where(sc < 0, jnp.float32(0.0), sc) * w[None, :],
                                 jnp.float32(0.0))
-            acc = jnp.sum(contrib.reshape(T, NP, HP), axis=2).T               # [NP, T]
+            if NP == 1:     # N = 1: a plain row sum, no reshape / transpose (layout converts)
+                acc = jnp.sum(contrib, axis=1)[None, :]                       # [1, T]
+            else:
+                acc = jnp.sum(contrib.reshape(T, NP, HP), axis=2).T           # [NP, T]
         else:
             sc = lax.dot_general(q, k, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
                                  preferred_element_type=jnp.float32)          # [R, T]
             contrib = jnp.where(live[:, None], jnp.where(sc < 0, jnp.float32(0.0), sc) * w[:, None],
                                 jnp.float32(0.0))
-            acc = jnp.sum(contrib.reshape(NP, HP, T), axis=1)                 # [NP, T]
+            if NP == 1:
+                acc = jnp.sum(contrib, axis=0)[None, :]                       # [1, T]
+            else:
+                acc = jnp.sum(contrib.reshape(NP, HP, T), axis=1)             # [NP, T]
         valid = (g0 * P + t[None, :] < lens[:, None]) & ok_t[None, :]         # [NP, T]
         logit = jnp.where(valid, acc * scale[None, :], -jnp.inf)
         if PAGES == 1:
@@ -367,149 +398,285 @@ def _indexer_logits_kernel(
     lax.fori_loop(0, (p1 - p0 + (PAGES - 1)) // PAGES, body, jnp.int32(0))
 
 
-# ============================================================================ top-k kernel
+# ============================================================================ top-k kernels
 #
-# Helpers shared by the three stages of _topk_select_kernel. A *source* is a function
-# c -> (key [BLOCK] int32, pos [BLOCK] int32) reading chunk c; keys past the source's length are
-# SENTINEL.
+# Four Pallas calls per top-k (see the module docstring, "Top-k"): _topk_prune_kernel (one
+# program per row, over the L/16 group maxima), _topk_split_kernel twice (count, then compact;
+# grid (B, N, S), S programs per row over contiguous ranges of the row), _topk_select_kernel (one
+# program per row, over the <= CAP candidates). A *source* is a function c -> (key [BLOCK] int32,
+# pos [BLOCK] int32) reading chunk c; keys past the source's length are SENTINEL.
 
-def _count(src, n_chunks, pred):
-    """Number of keys with ``pred(key)`` over chunks ``[0, n_chunks)``."""
+WINDOW_SHIFT = 20              # key >> 20: sign, 8 exponent bits, 3 mantissa bits (1/8 binade)
+_HI_MIN = -(1 << (31 - WINDOW_SHIFT))   # smallest key >> WINDOW_SHIFT (-2048: SENTINEL's)
+
+
+def window_bin(key, top, nbins: int):
+    """The windowed first digit: ``clamp((key >> WINDOW_SHIFT) - (top - (nbins - 1)), 0, nbins - 1)``.
+
+    ``key``: order keys (:func:`order_key`, int32); ``top``: ``max_key >> WINDOW_SHIFT`` of the
+    source (so no key lands above bin ``nbins - 1``). Bins ``1 .. nbins - 1`` are the 1/8-binade
+    buckets of the ``nbins - 1`` buckets at and below the maximum's; bin 0 holds everything
+    lower (clamped). Monotone in ``key``, so a threshold found among the bins is exact; a
+    threshold in the clamped bin 0 means the window missed (the caller falls back to the full
+    key). Same mapping as PERF_DESIGN's windowed first digit (there with 256 bins and a
+    histogram); written with operators and ``jnp.clip`` only, so one definition can serve both
+    stacks. :func:`window_lower` gives the bins' lower bounds, which is what the kernels compare
+    against (counting ``key >= lower(d)`` per bin replaces the histogram Pallas lacks).
+    """
+    hi = lax.shift_right_arithmetic(key, jnp.int32(WINDOW_SHIFT))
+    return jnp.clip(hi - (top - (nbins - 1)), 0, nbins - 1)
+
+
+def window_lower(top, digit, nbins: int):
+    """Smallest key whose :func:`window_bin` is ``>= digit`` (int32, elementwise over ``digit``):
+    SENTINEL for bin 0, ``(top - (nbins - 1) + digit) << WINDOW_SHIFT`` above (a bucket below
+    the smallest key's clamps to SENTINEL as well)."""
+    hi = jnp.maximum(top - (nbins - 1) + digit, _HI_MIN)
+    return jnp.where(digit == 0, jnp.int32(SENTINEL), lax.shift_left(hi, jnp.int32(WINDOW_SHIFT)))
+
+
+def _count_ge(src, n_chunks, cand, *, BLOCK: int):
+    """``[BINS]``: for each threshold ``cand[d]``, the keys ``>= cand[d]`` over chunks
+    ``[0, n_chunks)``. Deferred counts: a ``[BLOCK, BINS]`` int32 partial count is carried
+    through the loop (per-thread adds only) and reduced across threads once, after it."""
     def body(c, acc):
         key, _ = src(c)
-        return acc + jnp.sum(pred(key).astype(jnp.int32))
-    return lax.fori_loop(0, n_chunks, body, jnp.int32(0))
+        return acc + (key[:, None] >= cand[None, :]).astype(jnp.int32)           # [BLOCK, BINS]
+    acc = lax.fori_loop(0, n_chunks, body, jnp.zeros((BLOCK, cand.shape[0]), jnp.int32))
+    return jnp.sum(acc, axis=0)
 
 
-def _radix_select(src, n_chunks, kth, *, RADIX_BITS: int):
-    """``(T, #{key > T})`` for T the ``kth``-largest key of the source (``1 <= kth <= #keys``).
+def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_SHIFT: int = 0):
+    """``(T, #{key > T})`` for T the ``kth``-largest key of the source (``1 <= kth <= #keys``;
+    anything when ``n_chunks`` is 0). ``top``: ``max_key >> WINDOW_SHIFT`` over the source.
+    ``MIN_SHIFT > 0``: stop once the bits at and above it are fixed and return the smallest key
+    of that interval, a lower bound of T (``#{key > T}`` is then meaningless).
 
-    Most significant digit first: each of the ``32 / RADIX_BITS`` passes counts, for the
-    ``2^RADIX_BITS`` candidate prefixes, the keys ``>=`` the candidate and keeps the largest digit
-    whose count still reaches ``kth`` (the lowering has no histogram). The count strictly above
-    the chosen interval is tracked; after the last pass it is ``#{key > T}``.
+    First a windowed pass (:func:`window_bin`, ``2^RADIX_BITS`` bins of 1/8 binade below the
+    maximum): when the K-th key lands in bins ``1..`` its top 12 bits are known after that one
+    pass and the three (at 4 bits) most significant radix passes run zero chunks; when it lands
+    in the clamped bin 0 (the window missed) they run. Then most significant digit first over
+    the remaining bits: each pass counts, for the ``2^RADIX_BITS`` candidate prefixes, the keys
+    ``>=`` the candidate (:func:`_count_ge`, one cross-thread reduction per pass) and keeps the
+    largest digit whose count still reaches ``kth``; the count strictly above the chosen
+    interval is tracked, and after the last pass it is ``#{key > T}``. Integer counting only.
     """
     BINS = 1 << RADIX_BITS
     digit = lax.broadcasted_iota(jnp.int32, (BINS,), 0)
     sent = jnp.int32(SENTINEL)
+
+    def pick(cnt):
+        dstar = jnp.sum((cnt >= kth).astype(jnp.int32)) - 1
+        return dstar, jnp.sum(jnp.where(digit == dstar + 1, cnt, 0))          # 0 past BINS - 1
+
     t_u = jnp.int32(0)          # threshold bits so far, in the unsigned (key ^ INT32_MIN) domain
     above = jnp.int32(0)        # keys strictly above the current threshold interval
+    hit = jnp.bool_(False)
+    window = WINDOW_SHIFT % RADIX_BITS == 0
+    if window:
+        lo = top - (BINS - 1)
+        dstar, nxt = pick(_count_ge(src, n_chunks, window_lower(top, digit, BINS), BLOCK=BLOCK))
+        hit = (dstar >= 1) & (lo + dstar >= _HI_MIN)
+        t_u = jnp.where(hit, lax.shift_left(lo + dstar, jnp.int32(WINDOW_SHIFT)) ^ sent, 0)
+        above = jnp.where(hit, nxt, 0)
     for p in range(32 // RADIX_BITS):
         shift = 32 - RADIX_BITS * (p + 1)
-        cand = (t_u | lax.shift_left(digit, jnp.int32(shift))) ^ sent      # [BINS] signed
-
-        def count_ge(c, acc, cand=cand):
-            key, _ = src(c)
-            ge = (key[:, None] >= cand[None, :]).astype(jnp.int32)           # [BLOCK, BINS]
-            return acc + jnp.sum(ge, axis=0)
-
-        cnt = lax.fori_loop(0, n_chunks, count_ge, jnp.zeros((BINS,), jnp.int32))
-        dstar = jnp.sum((cnt >= kth).astype(jnp.int32)) - 1
-        nxt = jnp.sum(jnp.where(digit == dstar + 1, cnt, 0))
-        above = jnp.where(dstar + 1 < BINS, nxt, above)
-        t_u = t_u | lax.shift_left(dstar, jnp.int32(shift))
+        if shift < MIN_SHIFT:
+            break
+        active = jnp.logical_not(hit) if (window and shift >= WINDOW_SHIFT) else jnp.bool_(True)
+        cand = (t_u | lax.shift_left(digit, jnp.int32(shift))) ^ sent                  # [BINS]
+        dstar, nxt = pick(_count_ge(src, jnp.where(active, n_chunks, 0), cand, BLOCK=BLOCK))
+        above = jnp.where(active & (dstar + 1 < BINS), nxt, above)
+        t_u = jnp.where(active, t_u | lax.shift_left(dstar, jnp.int32(shift)), t_u)
     return t_u ^ sent, above
 
 
-def _compact(src, n_chunks, take_fn, write, limit):
-    """Write, in source order, the positions/keys that ``take_fn`` selects into slots
-    ``[0, min(count, limit))`` through ``write(base, slot_ids [16], pos [16], key [16], mask)``.
-    ``take_fn(key, eq_before)`` -> (take [BLOCK] bool, eq [BLOCK] bool), ``eq_before`` the running
-    count of ``eq``. Returns (count of ``eq``, count of ``take``).
-
-    No scatter (interpret mode cannot run one): each group of 16 slots is filled by a one-hot
-    ``[16, BLOCK]`` match of slot ids against the running ``cumsum`` rank, then one contiguous
-    masked store; ``ceil(taken / 16)`` groups per chunk.
-    """
-    slot16 = lax.broadcasted_iota(jnp.int32, (_SLOTS,), 0)
-
+def _compact(src, c0, n_chunks, take_fn, write, base, limit):
+    """Write, in source order, what ``take_fn`` selects from chunks ``[c0, c0 + n_chunks)`` into
+    slots ``base + rank`` below ``limit``: ``write(slot [BLOCK], key, pos, mask)`` is one
+    scatter store (masked lanes write nothing on the GPU; their slots are
+    ``limit + lane``, so the buffer needs ``limit + BLOCK`` slots). ``take_fn(key, eq_before)`` -> (take, eq)
+    ``[BLOCK]`` bool, ``eq_before`` the running count of ``eq``. Per chunk: one ``cumsum`` (the
+    ranks) and one sum (the running base), no other cross-thread work. Returns the counts of
+    ``eq`` and of ``take``."""
     def body(c, carry):
-        eq_before, sel_before = carry
-        key, pos = src(c)
+        eq_before, sel = carry
+        key, pos = src(c0 + c)
         take, eq = take_fn(key, eq_before)
         take_i = take.astype(jnp.int32)
-        slot = jnp.where(take, sel_before + jnp.cumsum(take_i) - 1, -1)        # [BLOCK]
-        end = sel_before + jnp.sum(take_i)
-        n_groups = (jnp.minimum(end, limit) - sel_before + (_SLOTS - 1)) // _SLOTS
+        slot = sel + jnp.cumsum(take_i) - 1                                            # [BLOCK]
+        ok = take & (slot < limit)
+        # masked lanes get distinct addresses past the limit (the buffers hold BLOCK more
+        # slots): the interpreter's masked scatter rewrites them with their old values, so a
+        # shared dummy slot could undo a real write there
+        write(jnp.where(ok, slot, limit + lax.broadcasted_iota(jnp.int32, slot.shape, 0)), key, pos, ok)
+        return eq_before + jnp.sum(eq.astype(jnp.int32)), sel + jnp.sum(take_i)
 
-        def group(g, carry2):
-            base = sel_before + g * _SLOTS
-            ids = base + slot16                                                # [16]
-            hit = slot[None, :] == ids[:, None]                                # [16, BLOCK]
-            gpos = jnp.sum(jnp.where(hit, pos[None, :], 0), axis=1)
-            gkey = jnp.sum(jnp.where(hit, key[None, :], 0), axis=1)
-            write(base, ids, gpos, gkey, (ids < end) & (ids < limit))
-            return carry2
-
-        lax.fori_loop(0, jnp.maximum(n_groups, 0), group, jnp.int32(0))
-        return eq_before + jnp.sum(eq.astype(jnp.int32)), end
-
-    return lax.fori_loop(0, n_chunks, body, (jnp.int32(0), jnp.int32(0)))
+    n_eq, end = lax.fori_loop(0, n_chunks, body, (jnp.int32(0), jnp.int32(base)))
+    return n_eq, end - base
 
 
-def _topk_select_kernel(
-    lens_ref,   # [B, NP] int32 valid length per draft (<= W_pad)
-    x_ref,      # [B, NP, W_pad] float32 logits (read only below lens)
+def _row_source(x_ref, b, i, L, *, BLOCK: int):
+    """The logits row ``(b, i)`` as order keys, SENTINEL at and past ``L`` (never read there)."""
+    offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
+
+    def src(c):
+        pos = c * BLOCK + offs
+        ok = pos < L
+        x = plgpu.load(x_ref.at[b, i, pl.ds(c * BLOCK, BLOCK)], mask=ok, other=-jnp.inf)
+        return order_key(x, ok), pos
+    return src
+
+
+def _split_counts(cnt_ref, b, i, *, S: int):
+    """Per-split ``(candidates [S], valid [S])`` from the count pass's ``[S, 16]`` rows."""
+    blk = cnt_ref[b, i]                                                               # [S, 16]
+    col = lax.broadcasted_iota(jnp.int32, (S, _SLOTS), 1)
+    return jnp.sum(jnp.where(col == 0, blk, 0), axis=1), jnp.sum(jnp.where(col == 1, blk, 0), axis=1)
+
+
+def _stats_vec(*vals):
+    """int32 ``[16]`` holding ``vals`` in its first lanes (one contiguous store of a small row)."""
+    lane = lax.broadcasted_iota(jnp.int32, (_SLOTS,), 0)
+    out = jnp.zeros((_SLOTS,), jnp.int32)
+    for j, v in enumerate(vals):
+        out = jnp.where(lane == j, v, out)
+    return out
+
+
+def _topk_prune_kernel(
+    lens_ref,   # [B, NP] int32 valid length per draft
     bm_ref,     # [B, NP, BM_W] int32 max order key per group of 16 positions
-    o_ref,      # [B, NP, K_PAD] int32 selected positions (ascending), -1 padded
-    ck_ref,     # [B, NP, CAP + BLOCK] int32 candidate keys (scratch, in position order)
-    cp_ref,     # [B, NP, CAP + BLOCK] int32 candidate positions (scratch)
-    *, K: int, K_PAD: int, BLOCK: int, RADIX_BITS: int, CAP: int, INTERPRET: bool,
+    st_ref,     # [B, NP, 16] int32 out: lane 0 tau (candidate bound), lane 1 the row's max key
+    *, K: int, BLOCK: int, RADIX_BITS: int,
 ):
     b = pl.program_id(0)
     i = pl.program_id(1)
     L = lens_ref[b, i]
     sent = jnp.int32(SENTINEL)
     offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
-    n_chunks = (L + (BLOCK - 1)) // BLOCK
-
-    def row_src(c):
-        pos = c * BLOCK + offs
-        return order_key(x_ref[b, i, pl.ds(c * BLOCK, BLOCK)], pos < L), pos
-
-    # Stage 1: prune with the group maxima. If at least K groups hold a qualifying key, the K-th
-    # largest group max tau is a lower bound of the K-th largest key (K groups each hold a key
-    # >= tau), so only keys >= tau can be selected; otherwise tau admits every qualifying key.
     n_groups = (L + (_GROUP - 1)) // _GROUP
     n_gchunks = (n_groups + (BLOCK - 1)) // BLOCK
 
     def group_src(c):
         gi = c * BLOCK + offs
-        return jnp.where(gi < n_groups, bm_ref[b, i, pl.ds(c * BLOCK, BLOCK)], sent), gi
+        ok = gi < n_groups
+        return plgpu.load(bm_ref.at[b, i, pl.ds(c * BLOCK, BLOCK)], mask=ok, other=sent), gi
 
-    n_vgroups = _count(group_src, n_gchunks, lambda k: k != sent)
+    def scan(c, carry):         # qualifying groups and the max key, reduced once after the loop
+        n, mx = carry
+        key, _ = group_src(c)
+        return n + (key != sent).astype(jnp.int32), jnp.maximum(mx, key)
+
+    n, mx = lax.fori_loop(0, n_gchunks, scan, (jnp.zeros((BLOCK,), jnp.int32),
+                                               jnp.full((BLOCK,), SENTINEL, jnp.int32)))
+    n_vgroups, row_max = jnp.sum(n), jnp.max(mx)
+    # If at least K groups hold a qualifying key, the K-th largest group max tau is a lower bound
+    # of the K-th largest key (K groups each hold a key >= tau): only keys >= tau can be selected.
+    # Any lower bound of the K-th group max serves, so the select stops after the window pass
+    # and one more digit (3 passes when the window hits): the bound is then the K-th group max
+    # rounded down to 1/128 binade (4-bit digits), which adds few candidates.
     prune = n_vgroups >= K
-    tau, _ = _radix_select(group_src, jnp.where(prune, n_gchunks, 0), K, RADIX_BITS=RADIX_BITS)
+    top = lax.shift_right_arithmetic(row_max, jnp.int32(WINDOW_SHIFT))
+    tau, _ = _radix_select(group_src, jnp.where(prune, n_gchunks, 0), K, top,
+                           RADIX_BITS=RADIX_BITS, BLOCK=BLOCK,
+                           MIN_SHIFT=max(0, WINDOW_SHIFT - RADIX_BITS))
     tau = jnp.where(prune, tau, sent + 1)          # sent + 1 is below every qualifying key
+    st_ref[b, i, :] = _stats_vec(tau, row_max)
 
-    # Stage 2: one pass over the row: count the qualifying keys and compact the candidates
-    # (key >= tau, in position order) into the scratch rows, up to CAP of them.
-    def write_cand(base, ids, gpos, gkey, mask):
-        plgpu.store(cp_ref.at[b, i, pl.ds(base, _SLOTS)], gpos, mask=mask)
-        plgpu.store(ck_ref.at[b, i, pl.ds(base, _SLOTS)], gkey, mask=mask)
 
-    n_valid, n_cand = _compact(row_src, n_chunks, lambda k, e: (k >= tau, k != sent), write_cand, CAP)
-    if not INTERPRET:
-        plgpu.debug_barrier()      # candidates written by all threads, read by all below
+def _split_range(L, s, *, S: int, BLOCK: int):
+    """Chunks ``[c0, c0 + n)`` of split ``s``: the row's ``ceil(L / BLOCK)`` chunks cut into S
+    contiguous ranges of ``ceil(n_chunks / S)`` (programs past the row's end get none)."""
+    n_chunks = (L + (BLOCK - 1)) // BLOCK
+    per = (n_chunks + (S - 1)) // S
+    c0 = s * per
+    return c0, jnp.maximum(jnp.minimum(c0 + per, n_chunks) - c0, 0)
+
+
+def _topk_count_kernel(
+    lens_ref,   # [B, NP] int32
+    st_ref,     # [B, NP, 16] int32 (lane 0: tau)
+    x_ref,      # [B, NP, W_pad] float32 logits (read below lens only)
+    cnt_ref,    # [B, NP, S, 16] int32 out: lane 0 keys >= tau, lane 1 qualifying keys, of split s
+    *, S: int, BLOCK: int,
+):
+    b, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    L = lens_ref[b, i]
+    tau = st_ref[b, i, 0]
+    src = _row_source(x_ref, b, i, L, BLOCK=BLOCK)
+    c0, n = _split_range(L, s, S=S, BLOCK=BLOCK)
+
+    def body(c, carry):         # deferred: [BLOCK] partial counts, reduced once below
+        nc, nv = carry
+        key, _ = src(c0 + c)
+        return nc + (key >= tau).astype(jnp.int32), nv + (key != SENTINEL).astype(jnp.int32)
+
+    z = jnp.zeros((BLOCK,), jnp.int32)
+    nc, nv = lax.fori_loop(0, n, body, (z, z))
+    cnt_ref[b, i, s, :] = _stats_vec(jnp.sum(nc), jnp.sum(nv))
+
+
+def _topk_compact_kernel(
+    lens_ref,   # [B, NP] int32
+    st_ref,     # [B, NP, 16] int32 (lane 0: tau)
+    cnt_ref,    # [B, NP, S, 16] int32 per-split counts (count pass)
+    x_ref,      # [B, NP, W_pad] float32 logits
+    ck_ref,     # [B, NP, CAP + BLOCK] int32 out: candidate keys, in position order
+    cp_ref,     # [B, NP, CAP + BLOCK] int32 out: candidate positions
+    *, S: int, BLOCK: int, CAP: int,
+):
+    b, i, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
+    L = lens_ref[b, i]
+    tau = st_ref[b, i, 0]
+    cand, _ = _split_counts(cnt_ref, b, i, S=S)
+    base = jnp.sum(jnp.where(lax.broadcasted_iota(jnp.int32, (S,), 0) < s, cand, 0))  # exact offset
+    c0, n = _split_range(L, s, S=S, BLOCK=BLOCK)
+
+    def write(slot, key, pos, mask):
+        plgpu.store(ck_ref.at[b, i, slot], key, mask=mask)
+        plgpu.store(cp_ref.at[b, i, slot], pos, mask=mask)
+
+    _compact(_row_source(x_ref, b, i, L, BLOCK=BLOCK), c0, n,
+             lambda key, e: (key >= tau, key >= tau), write, base, CAP)
+
+
+def _topk_select_kernel(
+    lens_ref,   # [B, NP] int32
+    st_ref,     # [B, NP, 16] int32 (lane 1: the row's max key)
+    cnt_ref,    # [B, NP, S, 16] int32 per-split counts
+    x_ref,      # [B, NP, W_pad] float32 logits (read only if the candidates overflowed CAP)
+    ck_ref,     # [B, NP, CAP + BLOCK] int32 candidate keys (position order)
+    cp_ref,     # [B, NP, CAP + BLOCK] int32 candidate positions
+    o_ref,      # [B, NP, K_PAD + BLOCK] int32 out: selected positions (ascending), -1 padded
+    *, K: int, K_PAD: int, S: int, BLOCK: int, RADIX_BITS: int, CAP: int,
+):
+    b = pl.program_id(0)
+    i = pl.program_id(1)
+    L = lens_ref[b, i]
+    top = lax.shift_right_arithmetic(st_ref[b, i, 1], jnp.int32(WINDOW_SHIFT))
+    cand, valid = _split_counts(cnt_ref, b, i, S=S)
+    n_cand, n_valid = jnp.sum(cand), jnp.sum(valid)
+    sent = jnp.int32(SENTINEL)
+    offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
     k_eff = jnp.minimum(n_valid, K)
-    fits = n_cand <= CAP
 
     def cand_src(c):
         j = c * BLOCK + offs
         ok = j < n_cand
-        return (jnp.where(ok, ck_ref[b, i, pl.ds(c * BLOCK, BLOCK)], sent),
-                jnp.where(ok, cp_ref[b, i, pl.ds(c * BLOCK, BLOCK)], -1))
+        return (plgpu.load(ck_ref.at[b, i, pl.ds(c * BLOCK, BLOCK)], mask=ok, other=sent),
+                plgpu.load(cp_ref.at[b, i, pl.ds(c * BLOCK, BLOCK)], mask=ok, other=-1))
 
-    def write_out(base, ids, gpos, gkey, mask):
-        plgpu.store(o_ref.at[b, i, pl.ds(base, _SLOTS)], gpos, mask=mask)
+    def write_out(slot, key, pos, mask):
+        plgpu.store(o_ref.at[b, i, slot], pos, mask=mask)
 
     def select(src, n):
-        # Stage 3: exact threshold T over the candidates (or the whole row if they overflowed),
-        # then emission in position order: keys > T, and keys == T while their running rank is
+        # Exact threshold T over the candidates (or the whole row if they overflowed), then
+        # emission in position order: keys > T, and keys == T while their running rank is
         # <= K - #{key > T} (ties to the smaller position).
         take_all = n_valid <= K
-        thr, n_gt = _radix_select(src, jnp.where(take_all, 0, n), jnp.maximum(k_eff, 1),
-                                  RADIX_BITS=RADIX_BITS)
+        thr, n_gt = _radix_select(src, jnp.where(take_all, 0, n), jnp.maximum(k_eff, 1), top,
+                                  RADIX_BITS=RADIX_BITS, BLOCK=BLOCK)
         thr = jnp.where(take_all, sent + 1, thr)
         need_eq = k_eff - jnp.where(take_all, n_valid, n_gt)
 
@@ -517,7 +684,9 @@ def _topk_select_kernel(
             eq = key == thr
             return (key > thr) | (eq & (eq_before + jnp.cumsum(eq.astype(jnp.int32)) <= need_eq)), eq
 
-        _compact(src, n, take_fn, write_out, K_PAD)
+        _compact(src, 0, n, take_fn, write_out, 0, K_PAD)
+
+    fits = n_cand <= CAP
 
     @pl.when(fits)
     def _from_candidates():
@@ -525,17 +694,15 @@ def _topk_select_kernel(
 
     @pl.when(jnp.logical_not(fits))
     def _from_row():
-        select(row_src, n_chunks)
-
-    slot16 = lax.broadcasted_iota(jnp.int32, (_SLOTS,), 0)
+        select(_row_source(x_ref, b, i, L, BLOCK=BLOCK), (L + (BLOCK - 1)) // BLOCK)
 
     def fill(g, carry):         # -1 in slots [k_eff, K_PAD): disjoint from the data slots
-        ids = g * _SLOTS + slot16
-        plgpu.store(o_ref.at[b, i, pl.ds(g * _SLOTS, _SLOTS)], jnp.full((_SLOTS,), -1, jnp.int32),
+        ids = g * BLOCK + offs
+        plgpu.store(o_ref.at[b, i, pl.ds(g * BLOCK, BLOCK)], jnp.full((BLOCK,), -1, jnp.int32),
                     mask=ids >= k_eff)
         return carry
 
-    lax.fori_loop(k_eff // _SLOTS, K_PAD // _SLOTS, fill, jnp.int32(0))
+    lax.fori_loop(k_eff // BLOCK, K_PAD // BLOCK, fill, jnp.int32(0))
 
 
 # ============================================================================ launchers
@@ -551,10 +718,19 @@ def group_max_width(w_pad: int, block: int) -> int:
     return _cdiv(w_pad // _GROUP, block) * block
 
 
-def candidate_capacity(topk: int, cfg: PallasIndexerConfig) -> int:
-    """Candidates kept per row by the top-k kernel: ``cfg.candidates`` or ``next_pow2(4 K)``,
-    at least one block (a multiple of it: both are powers of two)."""
-    return max(cfg.block, cfg.candidates or _next_pow2(4 * topk))
+def candidate_capacity(topk: int, cfg: PallasIndexerConfig, w_pad: int | None = None) -> int:
+    """Candidates kept per row by the top-k kernels: ``cfg.candidates`` or ``next_pow2(4 K)``,
+    at least one block and at most ``w_pad`` (a multiple of the block: powers of two, and
+    ``w_pad`` a multiple of the block)."""
+    cap = max(cfg.block, cfg.candidates or _next_pow2(4 * topk))
+    return cap if w_pad is None else max(cfg.block, min(cap, w_pad))
+
+
+def default_topk_splits(rows: int, w_pad: int, block: int, num_sms: int) -> int:
+    """Programs per row of the count / compact passes: about two per SM over all rows, a power
+    of two, at most one per chunk of ``block`` positions."""
+    want = _cdiv(2 * max(num_sms, 1), max(rows, 1))
+    return max(1, min(_next_pow2(want), _next_pow2(max(1, w_pad // block))))
 
 
 def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, page_size: int,
@@ -610,9 +786,9 @@ def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, 
 
 
 def launch_topk_select(logits, group_max, lens, topk: int, *, num_rows: int,
-                       cfg: PallasIndexerConfig = PallasIndexerConfig(),
+                       cfg: PallasIndexerConfig = PallasIndexerConfig(), num_sms: int = 132,
                        interpret: bool | None = None):
-    """Run :func:`_topk_select_kernel` on rows ``[:, :num_rows]`` of ``logits``.
+    """Exact top-k of rows ``[:, :num_rows]`` of ``logits``: four Pallas calls (module docstring).
 
     Args:
       logits: float32 ``[B, NP, W_pad]`` (``W_pad`` a multiple of ``cfg.block``), valid below
@@ -621,26 +797,51 @@ def launch_topk_select(logits, group_max, lens, topk: int, *, num_rows: int,
         :func:`launch_indexer_logits` (max :func:`order_key` per 16 positions, valid below
         ``ceil(lens / 16)``).
       lens: int32 ``[B, N]`` valid lengths, ``0 <= lens <= W_pad``.
-      topk: K.
+      topk: K. Work and scratch are sized by ``min(K, W_pad)`` (no row holds more); the columns
+        past it are -1 (written by XLA's pad, not by the kernels).
+      num_sms: streaming multiprocessors, for the split heuristic (:func:`default_topk_splits`).
     Returns:
-      int32 ``[B, NP, K_pad]``; ``[:, :num_rows, :K]`` holds the exact SPEC selection in
-      ascending position order, then -1.
+      int32 ``[B, NP, K_out]``, ``K_out >= topk``; ``[:, :num_rows, :topk]`` holds the exact SPEC
+      selection in ascending position order, then -1.
+    Memory: besides the output, ``8 * (CAP + block)`` bytes of candidate scratch per row
+    (``CAP = candidate_capacity(min(K, W_pad), cfg, W_pad) <= W_pad``), ``16 * 4 * S`` bytes of
+    per-split counts and 64 bytes of row statistics per row.
     """
     B, NP, W_pad = logits.shape
-    if W_pad % cfg.block:
-        raise ValueError(f"logits: width {W_pad} is not a multiple of block {cfg.block}")
-    if group_max.shape != (B, NP, group_max_width(W_pad, cfg.block)):
-        raise ValueError(f"group_max: expected shape {(B, NP, group_max_width(W_pad, cfg.block))}, "
+    BLOCK = cfg.block
+    if W_pad % BLOCK:
+        raise ValueError(f"logits: width {W_pad} is not a multiple of block {BLOCK}")
+    if group_max.shape != (B, NP, group_max_width(W_pad, BLOCK)):
+        raise ValueError(f"group_max: expected shape {(B, NP, group_max_width(W_pad, BLOCK))}, "
                          f"got {group_max.shape}")
-    K_PAD = _cdiv(topk, _SLOTS) * _SLOTS + _SLOTS
-    CAP = candidate_capacity(topk, cfg)
+    k_work = max(1, min(int(topk), W_pad))
+    K_PAD = _cdiv(k_work, BLOCK) * BLOCK
+    CAP = candidate_capacity(k_work, cfg, W_pad)
+    S = cfg.topk_splits or default_topk_splits(B * num_rows, W_pad, BLOCK, num_sms)
+    S = max(1, min(_next_pow2(S), _next_pow2(W_pad // BLOCK)))
     interp = interpret_default() if interpret is None else interpret
     lp = jnp.pad(lens, ((0, 0), (0, NP - lens.shape[1])))
-    kernel = lambda *refs: _topk_select_kernel(  # noqa: E731
-        *refs, K=topk, K_PAD=K_PAD, BLOCK=cfg.block, RADIX_BITS=cfg.radix_bits, CAP=CAP,
-        INTERPRET=interp)
-    scratch = jax.ShapeDtypeStruct((B, NP, CAP + cfg.block), jnp.int32)
-    call = triton_call(kernel, out_shape=(jax.ShapeDtypeStruct((B, NP, K_PAD), jnp.int32), scratch, scratch),
-                       grid=(B, num_rows), num_warps=cfg.topk_num_warps, num_stages=1,
-                       interpret=interp, name="indexer_topk_select")
-    return call(lp, logits, group_max)[0]
+    i32 = jnp.int32
+    common = dict(num_warps=cfg.topk_num_warps, num_stages=1, interpret=interp)
+
+    st = triton_call(
+        lambda *r: _topk_prune_kernel(*r, K=k_work, BLOCK=BLOCK, RADIX_BITS=cfg.radix_bits),
+        out_shape=jax.ShapeDtypeStruct((B, NP, _SLOTS), i32), grid=(B, num_rows),
+        name="indexer_topk_prune", **common)(lp, group_max)
+    cnt = triton_call(
+        lambda *r: _topk_count_kernel(*r, S=S, BLOCK=BLOCK),
+        out_shape=jax.ShapeDtypeStruct((B, NP, S, _SLOTS), i32), grid=(B, num_rows, S),
+        name="indexer_topk_count", **common)(lp, st, logits)
+    scratch = jax.ShapeDtypeStruct((B, NP, CAP + BLOCK), i32)
+    ck, cp = triton_call(
+        lambda *r: _topk_compact_kernel(*r, S=S, BLOCK=BLOCK, CAP=CAP),
+        out_shape=(scratch, scratch), grid=(B, num_rows, S),
+        name="indexer_topk_compact", **common)(lp, st, cnt, logits)
+    idx = triton_call(
+        lambda *r: _topk_select_kernel(*r, K=k_work, K_PAD=K_PAD, S=S, BLOCK=BLOCK,
+                                       RADIX_BITS=cfg.radix_bits, CAP=CAP),
+        out_shape=jax.ShapeDtypeStruct((B, NP, K_PAD + BLOCK), i32), grid=(B, num_rows),
+        name="indexer_topk_select", **common)(lp, st, cnt, logits, ck, cp)[:, :, :K_PAD]
+    if topk > K_PAD:
+        idx = jnp.pad(idx, ((0, 0), (0, 0), (0, topk - K_PAD)), constant_values=-1)
+    return idx
