@@ -205,26 +205,61 @@ def test_unmapped_new_token_is_dropped_under_capture(monkeypatch, fmt, kind):
     checks.check_unmapped_dropped(case, kind, good, step(edit(case)))
 
 
+@pytest.fixture
+def compile_logs(caplog):
+    """caplog for torch.compile tests: torch's structured-trace logger (``torch.__trace``) logs
+    at DEBUG on every compile, ~800 lines in a failure report; it is held at WARNING here, so a
+    failure shows the assertion and any real warning only. ``torch._dynamo.reset()`` first, so
+    one test's compiled frames (and recompile limits) do not leak into the next."""
+    import logging
+    torch._dynamo.reset()
+    caplog.set_level(logging.WARNING, logger="torch.__trace")
+    return caplog
+
+
+def _compile_quietly(fn, compile_logs, *args, **kwargs):
+    """``torch.compile(fn, fullgraph=True)(*args, **kwargs)`` asserting no graph break (fullgraph
+    raises on one), no Python warning and no log record at WARNING or above (Dynamo's graph-break
+    and recompile warnings are log records)."""
+    import logging
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = torch.compile(fn, fullgraph=True)(*args, **kwargs)
+    records = [f"{r.name}: {r.getMessage()[:200]}" for r in compile_logs.records if r.levelno >= logging.WARNING]
+    # torch 2.13's Inductor imports modules that use its own deprecated torch.jit.script_method at
+    # import time (first compile of the process): torch's own API deprecation, not this code's
+    caught = [w for w in caught if not (issubclass(w.category, DeprecationWarning)
+                                        and "torch.jit" in str(w.message))]
+    assert not caught, f"warnings under torch.compile: {[(w.category.__name__, w.filename, str(w.message)[:200]) for w in caught[:3]]}"
+    assert not records, f"log records under torch.compile: {records[:3]}"
+    return result
+
+
 @pytest.mark.slow
-def test_torch_compile_matches_reference():
-    """torch.compile of the whole layer (the ops are opaque torch.library custom ops). Works on
-    the CPU but Inductor's C++ build takes ~1 minute of CPU, hence slow."""
+def test_torch_compile_matches_reference(compile_logs):
+    """torch.compile(fullgraph=True) of the whole layer (the ops and the cache write are opaque
+    torch.library custom ops): no graph break, no warning, and the float64 reference's bounds.
+    Works on the CPU but Inductor's C++ build takes ~1 minute of CPU, hence slow."""
     case = _case("dsv32_fp8_ds_mla")
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
-    out, kv, kc = torch.compile(layer)(*_inputs(case))
+    out, kv, kc = _compile_quietly(layer, compile_logs, *_inputs(case))
     checks.check_step(case, case.reference(), _np(out), _np(kv), _np(kc))
 
 
 @pytest.mark.slow
-def test_torch_compile_drops_unmapped_new_token():
-    """Under torch.compile (the value checks cannot run) a new token whose page entry wraps int32
-    when multiplied by P changes no cache byte; the other request is written as eagerly."""
+def test_torch_compile_drops_unmapped_new_token(compile_logs):
+    """Under torch.compile(fullgraph=True) (the value checks cannot run) a new token whose page
+    entry wraps int32 when multiplied by P changes no cache byte (bit for bit: order-free); the
+    other request's rows and output match the eager step within the SPEC bounds, not bit for
+    bit: Inductor fuses and reorders the float32 norm / rope / projection math (~3e-7 apart on an
+    AVX-512 CPU), see checks.check_unmapped_dropped(exact=False)."""
     case = checks.bad_input_case()
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
     good = [_np(t) for t in layer(**_to_torch(checks.layer_inputs(case)))]
     edit, _ = checks.UNMAPPED_NEW_TOKENS["entry_wraps_int32"]
-    bad = [_np(t) for t in torch.compile(layer)(**_to_torch(edit(case)))]
-    checks.check_unmapped_dropped(case, "entry_wraps_int32", good, bad)
+    bad = [_np(t) for t in _compile_quietly(layer, compile_logs, **_to_torch(edit(case)))]
+    checks.check_unmapped_dropped(case, "entry_wraps_int32", good, bad, exact=False)
 
 
 # ------------------------------------------------------------- the layer reference itself
