@@ -203,3 +203,32 @@ def cache_write_constexprs(fmt: str, *, page_size: int, dim: int, page_bytes: in
         raise ValueError(f"fmt: expected one of {FORMATS}, got {fmt!r}")
     return dict(FORMAT=fmt, P=page_size, D=dim, BLOCK_D=triton.next_power_of_2(dim),
                 PAGE_BYTES=page_bytes, UE8M0=scale_fmt == "ue8m0", BF16_CACHE=bf16_cache)
+
+
+def aot_specs(smem_class: str) -> list:
+    """Every launch :func:`torch_impl.layer.write_new_tokens` can make at the real dimensions
+    (P = 64; D_qk 576 / 512, D_I 128; fp32 / fp16 / bf16 rows; the latent cache in each float
+    dtype, bf16 as its uint16 view), for ``tests/test_triton_compile.py``. No shared memory
+    beyond the reductions' scratch, whatever ``smem_class``."""
+    from kernels import formats as nf
+    from kernels.triton._aot import LaunchSpec
+    del smem_class
+    P = 64
+    ints = {n: "i32" for n in ("N", "max_pages", "num_pages", "bt_stride", "src_stride")}
+    specs = []
+    for src in ("fp32", "fp16", "bf16"):
+        cases = [("fp8_ds_mla", 576, "*u8", P * 656, False), ("fp8_model1", 512, "*u8", nf.model1_page_bytes(P), False),
+                 ("fp8_indexer", 128, "*u8", P * 132, False)]
+        cases += [("latent", d, ptr, P * d, ptr == "*u16") for d in (576, 512)
+                  for ptr in ("*fp32", "*fp16", "*u16")]
+        for fmt, dim, cache, page_bytes, bf16 in cases:
+            for ue8m0 in ((True, False) if fmt == "fp8_indexer" else (True,)):
+                ce = cache_write_constexprs(fmt, page_size=P, dim=dim, page_bytes=page_bytes,
+                                            scale_fmt="ue8m0" if ue8m0 else None, bf16_cache=bf16)
+                specs.append(LaunchSpec(
+                    label=f"cache_write {fmt} D{dim} src={src} cache={cache[1:]} ue8m0={ue8m0}",
+                    module="kernels.triton.cache_write", kernel="_cache_write_kernel",
+                    signature={"src_ptr": f"*{src}", "cache_ptr": cache, "bt_ptr": "*i32",
+                               "cl_ptr": "*i32", **ints},
+                    constexprs=ce, num_warps=NUM_WARPS, num_stages=1))
+    return specs
