@@ -384,3 +384,74 @@ def test_cuda_graph_replay_is_bitwise_identical():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, eager)
+
+
+def _next_step_case(case):
+    """The same caches and block table with new hidden states and every L_b one shorter (the new
+    token moves to another slot of the table): new inputs of the same shapes, for a graph replay."""
+    import dataclasses
+    rng = np.random.default_rng(case.seed + 100)
+    return dataclasses.replace(case, name=case.name + "_next", x=rng.standard_normal(case.x.shape).astype(np.float32),
+                               context_lens=(case.context_lens - 1).astype(np.int32))
+
+
+def _intermediates_np(inter):
+    return {k: (t.view(torch.uint8).cpu().numpy().view(lref.formats.E4M3)
+                if t.dtype == torch.float8_e4m3fn else _np(t)) for k, t in inter.items()}
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_cuda_graph_step_at_real_dimensions(name):
+    """One step of the unscaled layer (bf16, Triton path, fp8 caches) captured in a CUDA graph,
+    then replayed with new inputs copied into the static buffers: the replay matches the eager
+    step on those inputs (caches and indices bit for bit, out within BF16_COS) and the float64
+    reference (check_bf16_step). ``torch.cuda.set_sync_debug_mode("error")`` is on around the
+    capture and the replay, so any host synchronisation in the step raises."""
+    from kernels import layer_compare
+    case = _real_case(name)
+    case.weights = _bf16_rounded(case.weights)
+    nxt = _next_step_case(case)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           dtype=torch.bfloat16, path="triton")
+    static = _inputs(case)                         # x, kv_cache, k_cache, block_table, context_lens
+    kv0, kc0 = static[1].clone(), static[2].clone()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):                  # warm-up: Triton compiles, cuBLAS handles, allocator
+        layer(*static)
+    torch.cuda.current_stream().wait_stream(side)
+    static[1].copy_(kv0)
+    static[2].copy_(kc0)
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph):
+            g_out, g_kv, g_kc, g_inter = layer(*static, return_intermediates=True)
+        for dst, src in zip(static, _inputs(nxt)):  # new inputs into the static buffers
+            dst.copy_(src)
+        graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    torch.cuda.synchronize()
+    replay = {"out": _np(g_out), "kv_cache": _np(g_kv), "k_cache": _np(g_kc), **_intermediates_np(g_inter)}
+    e_out, e_kv, e_kc, e_inter = layer(*_inputs(nxt), return_intermediates=True)
+    assert np.array_equal(replay["kv_cache"], _np(e_kv)) and np.array_equal(replay["k_cache"], _np(e_kc))
+    assert np.array_equal(replay["indices"], _np(e_inter["indices"]))
+    compare.assert_pass(layer_compare.check_out(replay["out"], _np(e_out).astype(np.float64), low_precision=True,
+                                                name="out (graph replay vs eager)"))
+    checks.check_bf16_step(nxt, replay["out"], replay["k_cache"], {k: v for k, v in replay.items()
+                                                                  if k in layer_compare.INTERMEDIATES})
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_torch_compile_fullgraph_at_real_dimensions_on_gpu(name, compile_logs):
+    """torch.compile(fullgraph=True) of the unscaled bf16 layer on the Triton path: no graph
+    break, no warning, and the float64 reference's bf16 bounds (check_bf16_step)."""
+    case = _real_case(name)
+    case.weights = _bf16_rounded(case.weights)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           dtype=torch.bfloat16, path="triton")
+    out, _, kc, inter = _compile_quietly(layer, compile_logs, *_inputs(case), return_intermediates=True)
+    checks.check_bf16_step(case, _np(out), _np(kc), _intermediates_np(inter))

@@ -3,8 +3,10 @@
 The math, the weight names and the tensor-parallel slicing are those of
 :mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
 runs it with the project's ops: ``indexer_topk`` and ``sparse_mla_decode`` (Triton kernels or
-plain PyTorch, ``path``), and the byte-exact cache writers ``quantize_fp8_ds_mla``,
-``quantize_fp8_model1`` and ``quantize_fp8_indexer``.
+plain PyTorch, ``path``), and the new tokens' cache writes as one fused quantize + scatter per
+cache (:func:`write_new_tokens`: the Triton kernel ``kernels/triton/cache_write.py``, or the
+byte-exact plain-PyTorch writers ``quantize_fp8_ds_mla``, ``quantize_fp8_model1`` and
+``quantize_fp8_indexer`` with ``path="torch"``).
 
 Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
 ``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
@@ -395,6 +397,12 @@ class DSADecodeLayer(nn.Module):
             run, and an unmapped new token is then not written (no byte of either cache changes
             for it and nothing outside them is touched) while the step still runs.
           NotImplementedError: a named ``path`` that cannot run.
+
+        Capture and compile: apart from the eager value check, the step reads no tensor value on
+        the host and allocates nothing whose size depends on one (positions, the drop mask, the
+        V4 window and the ops are device work; the cache writes are the ``dsa::cache_write``
+        custom op, one fused Triton kernel per cache), so one call captures in a CUDA graph and
+        ``torch.compile(layer, fullgraph=True)`` has no graph break (docs/SEMANTICS.md).
         """
         self._validate(x, kv_cache, k_cache, block_table, context_lens)
         cfg, dt = self.cfg, self.dtype
