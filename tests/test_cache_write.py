@@ -126,12 +126,13 @@ def test_torch_cache_write_bad_input_is_named():
 
 # ---------------------------------------------------------------------------------------- JAX
 
-@pytest.mark.parametrize("table", ["mapped", "unmapped"])
 @pytest.mark.parametrize("fmt,latent_dtype", PARAMS, ids=[f"{f}-{np.dtype(d).name if d else 'u8'}" for f, d in PARAMS])
-@pytest.mark.parametrize("path", ["pallas", "xla"])
-def test_jax_cache_write_matches_numpy_writers(path, fmt, latent_dtype, table):
+@pytest.mark.parametrize("path,table", [("pallas", "unmapped"), ("xla", "mapped"), ("xla", "unmapped")])
+def test_jax_cache_write_matches_numpy_writers(path, table, fmt, latent_dtype):
     """``jax_impl.layer.write_new_tokens`` under ``jax.jit`` with the cache donated: the same bytes
-    as the NumPy writers (Pallas kernel in interpret mode on the CPU, or the one XLA scatter)."""
+    as the NumPy writers (Pallas kernel in interpret mode on the CPU, or the one XLA scatter). The
+    Pallas kernel runs the "unmapped" table only (its requests also hold mapped tokens, written
+    next to the dropped ones): interpret mode costs ~15 s per case on two CPU cores."""
     import functools
 
     import jax

@@ -401,25 +401,29 @@ def _intermediates_np(inter):
 
 
 @gpu_only
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
-def test_cuda_graph_step_at_real_dimensions(name):
-    """One step of the unscaled layer (bf16, Triton path, fp8 caches) captured in a CUDA graph,
-    then replayed with new inputs copied into the static buffers: the replay matches the eager
-    step on those inputs (caches and indices bit for bit, out within BF16_COS) and the float64
-    reference (check_bf16_step). ``torch.cuda.set_sync_debug_mode("error")`` is on around the
-    capture and the replay, so any host synchronisation in the step raises."""
+def test_cuda_graph_step_at_real_dimensions(name, compiled):
+    """One step of the unscaled layer (bf16, Triton path, fp8 caches; as is, or
+    ``torch.compile(fullgraph=True)`` as serving runs it) captured in a CUDA graph, then replayed
+    with new inputs copied into the static buffers: the replay matches the eager step on those
+    inputs (caches and indices bit for bit when not compiled, the compiled layer's own eager call
+    otherwise; out within BF16_COS) and the float64 reference (check_bf16_step).
+    ``torch.cuda.set_sync_debug_mode("error")`` is on around the capture and the replay, so any
+    host synchronisation in the step raises."""
     from kernels import layer_compare
     case = _real_case(name)
     case.weights = _bf16_rounded(case.weights)
     nxt = _next_step_case(case)
-    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
-                           dtype=torch.bfloat16, path="triton")
+    eager_layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                                 dtype=torch.bfloat16, path="triton")
+    layer = torch.compile(eager_layer, fullgraph=True) if compiled else eager_layer
     static = _inputs(case)                         # x, kv_cache, k_cache, block_table, context_lens
     kv0, kc0 = static[1].clone(), static[2].clone()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):                  # warm-up: Triton compiles, cuBLAS handles, allocator
-        layer(*static)
+    with torch.cuda.stream(side):                  # warm-up: Triton / Inductor compiles, cuBLAS, allocator
+        layer(*static, return_intermediates=True)
     torch.cuda.current_stream().wait_stream(side)
     static[1].copy_(kv0)
     static[2].copy_(kc0)
