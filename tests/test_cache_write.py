@@ -121,6 +121,33 @@ def test_torch_cache_write_bad_input_is_named():
         write_new_tokens(src, kv, bt, cl.long(), 1, "latent", page_size=P)
     with pytest.raises(ValueError, match=r"^path: expected one of"):
         write_new_tokens(src, kv, bt, cl, 1, "latent", page_size=P, path="pallas")
+    with pytest.raises(ValueError, match=r"^cache: expected uint8 \[num_pages, 16, 656\] \('fp8_ds_mla'"):
+        write_new_tokens(src, kv, bt, cl, 1, "fp8_ds_mla", page_size=P)      # a float cache: no
+    with pytest.raises(ValueError, match=r"^cache: expected float \[num_pages, 8, 576\]"):
+        write_new_tokens(src, kv, bt, cl, 1, "latent", page_size=8)           # another P: no
+    with pytest.raises(ValueError, match=r"^cache: expected uint8 \[num_pages, 2112\]"):
+        write_new_tokens(src[:, :128].contiguous(), torch.zeros(NUM_PAGES, 2000, dtype=torch.uint8), bt, cl, 1,
+                         "fp8_indexer", page_size=P)
+    with pytest.raises(ValueError, match=r"^cache: expected 4-byte aligned pages"):
+        flat = torch.zeros(NUM_PAGES * P * 656 + 2, dtype=torch.uint8)
+        write_new_tokens(src, flat[2:].view(NUM_PAGES, P, 656), bt, cl, 1, "fp8_ds_mla", page_size=P)
+
+
+def test_jax_cache_write_bad_input_is_named():
+    import jax.numpy as jnp
+
+    from jax_impl.layer import write_new_tokens as jwrite
+    kv = jnp.zeros((NUM_PAGES, P, 576))
+    bt, cl = jnp.zeros((2, 4), jnp.int32), jnp.full((2,), 5, jnp.int32)
+    src = jnp.zeros((2, 576))
+    with pytest.raises(ValueError, match=r"^fmt: expected one of"):
+        jwrite(src, kv, bt, cl, 1, "fp8", page_size=P)
+    with pytest.raises(ValueError, match=r"^src: expected \[B \* N = 4, D\]"):
+        jwrite(src, kv, bt, cl, 2, "latent", page_size=P)
+    with pytest.raises(ValueError, match=r"^path: expected one of"):
+        jwrite(src, kv, bt, cl, 1, "latent", page_size=P, path="triton")
+    with pytest.raises(ValueError, match=r"^cache: expected uint8 \[num_pages, 16, 656\]"):
+        jwrite(src, kv, bt, cl, 1, "fp8_ds_mla", page_size=P)
 
 
 

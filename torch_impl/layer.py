@@ -147,6 +147,9 @@ def _triton_cache_write(src, cache, block_table, context_lens, N, fmt, page_size
 def _cache_write_op(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     context_lens: torch.Tensor, N: int, fmt: str, page_size: int,
                     scale_fmt: Optional[str], path: str) -> None:
+    if fmt != "latent" and cache.storage_offset() % 4:
+        raise ValueError(f"cache: expected 4-byte aligned pages (float32 scales are stored through a "
+                         f"float32 view), got storage offset {cache.storage_offset()}")
     args = (src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt)
     impls = {"triton": lambda: _triton_cache_write(*args), "torch": lambda: _torch_cache_write(*args)}
     _common.run_path("cache_write", path, impls, ("triton", "torch"))
@@ -158,6 +161,18 @@ def _(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt, path)
 
 
 _WRITE_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
+
+
+def _cache_layout(fmt: str, cache: torch.Tensor, D: int, P: int):
+    """(expected shape, dtype ok) of a ``fmt`` cache with ``cache.shape[0]`` pages for rows of D."""
+    n = cache.shape[0] if cache.dim() else 0
+    if fmt == "latent":
+        return (n, P, D), cache.dtype in _FLOAT
+    if fmt == "fp8_ds_mla":
+        return (n, P, np_formats.DS_MLA_BYTES), cache.dtype == torch.uint8 and D == 576
+    if fmt == "fp8_model1":
+        return (n, np_formats.model1_page_bytes(P)), cache.dtype == torch.uint8 and D == 512
+    return (n, P * (D + 4)), cache.dtype == torch.uint8
 
 
 def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -202,6 +217,14 @@ def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.
                          f"{type(cache).__name__ if not isinstance(cache, torch.Tensor) else tuple(cache.shape)}")
     if not block_table.is_contiguous():
         raise ValueError(f"block_table: expected contiguous, got strides {block_table.stride()}")
+    want, dtype_ok = _cache_layout(fmt, cache, src.shape[1], int(page_size))
+    if tuple(cache.shape) != want or not dtype_ok:
+        raise ValueError(f"cache: expected {'float' if fmt == 'latent' else 'uint8'} [num_pages, "
+                         f"{', '.join(str(w) for w in want[1:])}] ({fmt!r}, P = {page_size}, D = "
+                         f"{src.shape[1]}), got {cache.dtype} {tuple(cache.shape)}")
+    for name, t in (("cache", cache), ("block_table", block_table), ("context_lens", context_lens)):
+        if t.device != src.device:
+            raise ValueError(f"{name}: expected a tensor on src's device {src.device}, got {t.device}")
     torch.ops.dsa.cache_write(src, cache, block_table, context_lens, int(N), fmt, int(page_size),
                               scale_fmt, path)
 
