@@ -146,6 +146,47 @@ class TorchBackend(Backend):
             torch.cuda.synchronize()
 
 
+# Decode-layer phases from the profiler's GPU kernel times (torch on CUDA): a kernel belongs to
+# the first phase whose name marker it contains (lower case); GEMMs are cuBLAS / CUTLASS kernels.
+LAYER_PHASES = {
+    "indexer": ("_indexer_logits_kernel", "_topk_", "_radix_topk_kernel"),
+    "sparse_mla": ("_sparse_mla_",),
+    "projections": ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "splitk"),
+}
+
+
+def torch_layer_phases(calls, reps: int = 5) -> dict:
+    """Mean GPU kernel time per call (us) of each phase of a torch layer step, from
+    ``torch.profiler`` CUDA activity over ``reps`` rounds of ``calls`` run eagerly (the same
+    kernels the graph replays): ``{"projections", "indexer", "sparse_mla", "other_kernels",
+    "kernels"}`` (``other_kernels``: the glue's kernels, norms, rope, quantizers, cache writes;
+    ``kernels``: the names seen per phase, for the record)."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    for c in calls:
+        c()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for c in calls:
+                c()
+        torch.cuda.synchronize()
+    tot = {"projections": 0.0, "indexer": 0.0, "sparse_mla": 0.0, "other_kernels": 0.0}
+    names: dict = {k: set() for k in tot}
+    for e in prof.key_averages():
+        if getattr(e, "device_type", None) != DeviceType.CUDA:
+            continue
+        us = float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
+        low = e.key.lower()
+        phase = next((k for k, marks in LAYER_PHASES.items() if any(m in low for m in marks)), "other_kernels")
+        tot[phase] += us
+        names[phase].add(e.key[:80])
+    n = reps * len(calls)
+    return {**{k: v / n for k, v in tot.items()}, "kernels": {k: sorted(v)[:12] for k, v in names.items()}}
+
+
 def _step_fn(module: str):
     """The project's composed step (``dsa_decode_step``) if its module imports, else None (the
     bench composes indexer_topk(sorted=True) -> sparse_mla_decode itself, as that step does; it

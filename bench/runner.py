@@ -330,5 +330,27 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
         return upd | {"status": f"error while timing: {type(e).__name__}: {e}"[:300]}
     upd.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, timer=t.timer, status="ok")
     upd.update(roofline.row_metrics(machine, nbytes, flops, t.median_us))
+    if shape.op == "dsa_decode_layer" and not dry and adapter.name == "torch":
+        upd.update(_layer_phases(calls, t.median_us))
     return upd
+
+
+def _layer_phases(calls, step_us: float) -> dict:
+    """The decode-layer row's phases (issue 15): GPU kernel time per call of the projections
+    (GEMM kernels), the indexer and sparse MLA from the profiler (paths.torch_layer_phases), and
+    glue = the timed step minus those three (the rest of the kernels plus launch gaps)."""
+    try:
+        ph = paths.torch_layer_phases(calls)
+    except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
+        return {"phases_error": f"{type(e).__name__}: {e}"[:200]}
+    main = ph["projections"] + ph["indexer"] + ph["sparse_mla"]
+    glue = step_us - main
+    return {"phases_us": {"projections": ph["projections"], "indexer": ph["indexer"],
+                          "sparse_mla": ph["sparse_mla"], "glue": glue,
+                          "glue_kernels": ph["other_kernels"]},
+            "phase_kernels": ph["kernels"],
+            "phases_timer": "torch.profiler CUDA kernel times (eager calls, mean per call); glue = "
+                            "median_us - projections - indexer - sparse_mla",
+            "glue_frac": glue / step_us if step_us > 0 else None,
+            "step_over_phases": step_us / main if main > 0 else None}
 

@@ -3,9 +3,11 @@
 The math, the weight names and the tensor-parallel slicing are those of
 :mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
 runs it with the project's JAX ops: ``indexer_topk`` and ``sparse_mla_decode`` (Pallas kernels
-lowered through Triton, or plain XLA, ``path``) and the byte-exact cache writers. Functional:
-the updated caches are returned (``jax.jit`` / ``nnx.jit`` compatible, static shapes; donate the
-caches to update them in place).
+lowered through Triton, or plain XLA, ``path``) and the new tokens' cache writes as one fused
+quantize + scatter per cache (:func:`write_new_tokens`: the Pallas kernel
+``kernels/pallas/cache_write.py``, or one XLA scatter). Functional: the updated caches are
+returned; :class:`DecodeStep` runs the whole step under one ``jax.jit`` with both caches donated,
+so they are updated in place.
 
 Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
 ``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
@@ -27,7 +29,7 @@ from jax_impl.sparse_mla import sparse_mla_decode
 from kernels import formats as np_formats
 from kernels import layer_reference as lref
 
-__all__ = ["DSADecodeLayer"]
+__all__ = ["DSADecodeLayer", "DecodeStep", "new_token_targets", "write_new_tokens"]
 
 _FLOAT = (jnp.float32, jnp.float16, jnp.bfloat16)
 _ROPE_SPLIT = 1024
@@ -82,6 +84,124 @@ def _host(a):
         return np.asarray(a)
     except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError):
         return None
+
+
+def new_token_targets(block_table, context_lens, N: int, page_size: int, num_pages: int):
+    """Where the N new tokens of each request go (traceable; the twin of
+    ``torch_impl.layer.new_token_targets``): token i of request b at ``pos = L_b - N + i``, page
+    entry ``block_table[b, pos // P]``, offset ``pos % P``; mapped when
+    ``0 <= pos < max_pages * P`` and the entry is in ``[0, num_pages)``.
+
+    Returns ``(pos, page, off, ok)``, each ``[B, N]`` (int32 x 3, bool). Nothing is multiplied by
+    a page entry, so no int32 product can wrap; ``L_b - N + i`` is formed so that ``L_b`` near
+    INT32_MIN stays negative.
+    """
+    P, max_pages = page_size, block_table.shape[1]
+    lens = context_lens[:, None]
+    pos = lens - N + jnp.arange(N, dtype=jnp.int32)[None]                          # [B, N]
+    pos = jnp.where(lens < jnp.int32(np.iinfo(np.int32).min + N), -1, pos)
+    page_idx = jnp.clip(pos // P, 0, max_pages - 1)
+    page = jnp.take_along_axis(block_table, page_idx, axis=1)
+    ok = (pos >= 0) & (pos < max_pages * P) & (page >= 0) & (page < num_pages)
+    return pos, page, pos % P, ok
+
+
+def _xla_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
+    """One XLA scatter per cache (``mode="drop"``): the token's encoded bytes / elements (the
+    ``jax_impl.formats`` writers) to their columns of the page, an unmapped token's page index set
+    to ``num_pages`` (out of bounds, dropped). Caches are addressed ``[page, column]``, so no
+    index is a flat product that could overflow int32."""
+    P, num_pages = page_size, cache.shape[0]
+    _, page, off, ok = new_token_targets(block_table, context_lens, N, P, num_pages)
+    T, D = src.shape
+    page, off = jnp.where(ok, page, num_pages).reshape(T), off.reshape(T)
+    x = src.astype(jnp.float32)
+
+    def cols(start, width):
+        return start[:, None] + jnp.arange(width, dtype=jnp.int32)
+
+    if fmt == "latent":
+        rows, c = src.astype(cache.dtype), cols(off * D, D)
+    elif fmt == "fp8_ds_mla":
+        rows, c = jformats.quantize_fp8_ds_mla(x), cols(off * np_formats.DS_MLA_BYTES, np_formats.DS_MLA_BYTES)
+    elif fmt == "fp8_model1":
+        rows = jformats.quantize_fp8_model1(x[:, None])[:, :np_formats.MODEL1_TOKEN_BYTES]     # [T, 584]
+        c = jnp.concatenate([cols(off * 576, 576), cols(P * 576 + off * 8, 8)], axis=1)
+    else:
+        rows = jformats.quantize_fp8_indexer(x[:, None], scale_fmt)                         # [T, D + 4]
+        c = jnp.concatenate([cols(off * D, D), cols(P * D + 4 * off, 4)], axis=1)
+    flat = cache.reshape(num_pages, -1)
+    return flat.at[page[:, None], c].set(rows, mode="drop").reshape(cache.shape)
+
+
+def _pallas_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
+    """One Pallas kernel (``kernels.pallas.cache_write``), the cache aliased to its output."""
+    from jax_impl._common import device_info, require_32bit_indices
+    from kernels.pallas import cache_write as pcw
+    require_32bit_indices("cache_write")
+    device_info()                                          # NotImplementedError off NVIDIA GPUs
+    if fmt == "fp8_indexer" and src.shape[1] & (src.shape[1] - 1):
+        raise NotImplementedError(f"cache_write: pallas path: D_I must be a power of two, got {src.shape[1]}")
+    flat = cache.reshape(cache.shape[0], -1)
+    out = pcw.launch_cache_write(src, flat, block_table, context_lens, N, fmt, page_size=page_size,
+                                 scale_fmt=scale_fmt)
+    return out.reshape(cache.shape)
+
+
+_WRITE_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
+
+
+def write_new_tokens(src, cache, block_table, context_lens, N: int, fmt: str, *, page_size: int,
+                     scale_fmt: str | None = "ue8m0", path: str = "auto"):
+    """The N new tokens' rows of each request quantized into ``cache``; returns the new cache.
+
+    Functional (the JAX twin of ``torch_impl.layer.write_new_tokens``): inside a ``jax.jit`` that
+    donates ``cache`` the update happens in the donated buffer (the Pallas kernel aliases its
+    output to the cache input; XLA's scatter updates in place), so the cache is not copied.
+    Token ``t = b * N + i`` goes to position ``L_b - N + i`` of request b; an unmapped token is
+    dropped (no byte of the cache changes for it; docs/SEMANTICS.md). Bytes: the NumPy writers of
+    ``kernels/formats.py`` (docs/SPEC.md "Cache layouts").
+
+    Args:
+      src: ``[B * N, D]`` float: latent rows (D = D_qk) or indexer keys (D = D_I).
+      cache: ``"latent"`` ``[num_pages, P, D]`` float; ``"fp8_ds_mla"`` uint8
+        ``[num_pages, P, 656]``; ``"fp8_model1"`` uint8 ``[num_pages, model1_page_bytes(P)]``;
+        ``"fp8_indexer"`` uint8 ``[num_pages, P * (D + 4)]``.
+      block_table: int32 ``[B, max_pages]``; context_lens: int32 ``[B]`` (L_b, counting the N
+        new tokens); N: new tokens per request; page_size: P.
+      scale_fmt: indexer scale, ``"ue8m0"`` or None (``amax / 448``).
+      path: ``"auto"`` (Pallas, else XLA), ``"pallas"`` or ``"xla"``.
+    Returns:
+      the updated cache (same shape and dtype).
+    Raises:
+      TypeError / ValueError: bad dtype, shape, ``fmt`` or ``path`` (named).
+      NotImplementedError: ``path="pallas"`` where it cannot run (not an NVIDIA GPU or the CPU
+        interpreter; ``jax_enable_x64``).
+    """
+    from jax_impl._common import check_array, run_path
+    if fmt not in _WRITE_FORMATS:
+        raise ValueError(f"fmt: expected one of {_WRITE_FORMATS}, got {fmt!r}")
+    if path not in JAX_PATHS:
+        raise ValueError(f"path: expected one of {JAX_PATHS}, got {path!r}")
+    check_array("src", src, ndim=2, dtypes=_FLOAT)
+    check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,))
+    check_array("context_lens", context_lens, shape=(block_table.shape[0],), dtypes=(jnp.int32,))
+    if src.shape[0] != block_table.shape[0] * N:
+        raise ValueError(f"src: expected [B * N = {block_table.shape[0] * N}, D], got {tuple(src.shape)}")
+    check_array("cache", cache)
+    D, P, n = src.shape[1], int(page_size), (cache.shape[0] if cache.ndim else 0)
+    want, dtype_ok = {
+        "latent": ((n, P, D), jnp.issubdtype(cache.dtype, jnp.floating)),
+        "fp8_ds_mla": ((n, P, np_formats.DS_MLA_BYTES), jnp.dtype(cache.dtype) == jnp.uint8 and D == 576),
+        "fp8_model1": ((n, np_formats.model1_page_bytes(P)), jnp.dtype(cache.dtype) == jnp.uint8 and D == 512),
+        "fp8_indexer": ((n, P * (D + 4)), jnp.dtype(cache.dtype) == jnp.uint8)}[fmt]
+    if tuple(cache.shape) != want or not dtype_ok:
+        raise ValueError(f"cache: expected {'float' if fmt == 'latent' else 'uint8'} [num_pages, "
+                         f"{', '.join(str(w) for w in want[1:])}] ({fmt!r}, P = {P}, D = {D}), got "
+                         f"{jnp.dtype(cache.dtype).name} {tuple(cache.shape)}")
+    args = (src, cache, block_table, context_lens, int(N), fmt, int(page_size), scale_fmt)
+    impls = {"pallas": lambda: _pallas_cache_write(*args), "xla": lambda: _xla_cache_write(*args)}
+    return run_path("cache_write", path, impls, ("pallas", "xla"))
 
 
 class DSADecodeLayer(nnx.Module):
@@ -211,36 +331,14 @@ class DSADecodeLayer(nnx.Module):
                              f"{i} of request {b} at position {p}; allocate the pages before the step)")
         return pos, page, pos % P, ok
 
-    def _write_caches(self, kv_cache, k_cache, latent, ik, page, off, ok):
-        """Functional cache write of the new tokens' rows (``page`` / ``off`` / ``ok`` ``[B, N]``
-        from :meth:`_new_tokens`); an unmapped token's write is dropped (its page index is set
-        to ``num_pages``, out of bounds, and the scatter runs in ``mode="drop"``). Caches are
-        addressed as ``[page, byte / element in page]``, so no index is a flat product that
-        could overflow int32 in a large cache."""
-        cfg, P, D_I = self.cfg, self.cfg.page_size, self.cfg.index_head_dim
-        T = page.size
-        off = off.reshape(T)
-        page = jnp.where(ok, page, kv_cache.shape[0]).reshape(T)
-
-        def put(cache, start, width, vals):
-            """``cache.reshape(num_pages, -1)[page[t], start[t] + j] = vals[t, j]``, j < width."""
-            flat = cache.reshape(cache.shape[0], -1)
-            cols = start[:, None] + jnp.arange(width, dtype=start.dtype)
-            return flat.at[page[:, None], cols].set(vals, mode="drop").reshape(cache.shape)
-
-        if self.kv_format == "latent":
-            D = kv_cache.shape[-1]
-            kv_cache = put(kv_cache, off * D, D, latent.reshape(T, D).astype(kv_cache.dtype))
-        elif self.kv_format == "fp8_ds_mla":
-            rows = jformats.quantize_fp8_ds_mla(latent.reshape(T, -1).astype(jnp.float32))   # [T, 656]
-            kv_cache = put(kv_cache, off * np_formats.DS_MLA_BYTES, np_formats.DS_MLA_BYTES, rows)
-        else:
-            one = jformats.quantize_fp8_model1(latent.reshape(T, 1, -1).astype(jnp.float32))
-            kv_cache = put(kv_cache, off * 576, 576, one[:, :576])
-            kv_cache = put(kv_cache, P * 576 + off * 8, 8, one[:, 576:584])
-        one = jformats.quantize_fp8_indexer(ik.reshape(T, 1, D_I).astype(jnp.float32), cfg.scale_fmt)
-        k_cache = put(k_cache, off * D_I, D_I, one[:, :D_I])
-        k_cache = put(k_cache, P * D_I + 4 * off, 4, one[:, D_I:])
+    def _write_caches(self, kv_cache, k_cache, latent, ik, block_table, context_lens, N):
+        """Functional cache write of the new tokens' rows: one fused quantize + scatter per cache
+        (:func:`write_new_tokens`); an unmapped token's write is dropped."""
+        T, P = latent.shape[0] * latent.shape[1], self.cfg.page_size
+        kv_cache = write_new_tokens(latent.reshape(T, -1), kv_cache, block_table, context_lens, N,
+                                    self.kv_format, page_size=P, scale_fmt=None, path=self.path)
+        k_cache = write_new_tokens(ik.reshape(T, -1), k_cache, block_table, context_lens, N,
+                                   "fp8_indexer", page_size=P, scale_fmt=self.cfg.scale_fmt, path=self.path)
         return kv_cache, k_cache
 
     def __call__(self, x, kv_cache, k_cache, block_table, context_lens, *,
@@ -322,7 +420,7 @@ class DSADecodeLayer(nnx.Module):
         idx_q = jnp.clip(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).astype(jnp.float8_e4m3fn)
         idx_w = (x.astype(jnp.float32) @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
 
-        kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, page, off, ok)
+        kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
         lens_bn = jnp.maximum(context_lens[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None], 0)
         if cfg.window:
@@ -353,3 +451,44 @@ class DSADecodeLayer(nnx.Module):
                          idx_context_lens=idx_lens, attn=attn, lse=lse)
             return out, kv_cache, k_cache, inter
         return out, kv_cache, k_cache
+
+
+def _step_body(graphdef, return_intermediates, state, x, kv_cache, k_cache, block_table, context_lens):
+    return nnx.merge(graphdef, state)(x, kv_cache, k_cache, block_table, context_lens,
+                                      return_intermediates=return_intermediates)
+
+
+_STEP_DONATED = (4, 5)          # kv_cache, k_cache in _step_body's arguments
+_jit_step = jax.jit(_step_body, static_argnums=(0, 1), donate_argnums=_STEP_DONATED)
+
+
+class DecodeStep:
+    """The whole decode step of ``layer`` under one ``jax.jit``, the caches donated.
+
+    ``step = DecodeStep(layer)``; ``out, kv_cache, k_cache = step(x, kv_cache, k_cache,
+    block_table, context_lens)`` (plus the intermediates dict with ``return_intermediates=True``),
+    arguments as :meth:`DSADecodeLayer.forward`.
+
+    Donated: ``kv_cache`` and ``k_cache``. Their buffers become the returned caches (XLA's
+    ``input_output_alias``; the fused cache writes update them in place), so a step does not copy
+    either cache. The arrays passed in are consumed: JAX deletes them, and the caller threads the
+    returned caches into the next step (as a serving loop does). Not donated: ``x``,
+    ``block_table``, ``context_lens`` and the weights (``nnx.split(layer)`` state, held here and
+    passed to the jitted function, not baked into it as constants).
+
+    Traced, the value checks of :meth:`DSADecodeLayer._new_tokens` cannot run: an unmapped new
+    token's write is dropped (docs/SEMANTICS.md). Compiled once per input shape.
+    """
+
+    def __init__(self, layer: DSADecodeLayer, *, return_intermediates: bool = False):
+        self.graphdef, self.state = nnx.split(layer)
+        self.return_intermediates = bool(return_intermediates)
+
+    def __call__(self, x, kv_cache, k_cache, block_table, context_lens):
+        return _jit_step(self.graphdef, self.return_intermediates, self.state, x, kv_cache, k_cache,
+                         block_table, context_lens)
+
+    def lower(self, x, kv_cache, k_cache, block_table, context_lens):
+        """``jax.jit(...).lower`` of the step for these arguments (for inspecting the HLO)."""
+        return _jit_step.lower(self.graphdef, self.return_intermediates, self.state, x, kv_cache,
+                               k_cache, block_table, context_lens)

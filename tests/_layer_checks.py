@@ -188,23 +188,53 @@ UNMAPPED_NEW_TOKENS = {
 }
 
 
-def check_unmapped_dropped(case: lref.LayerCase, kind: str, good, bad):
+def check_unmapped_dropped(case: lref.LayerCase, kind: str, good, bad, *, exact: bool = True):
     """``good`` / ``bad``: (out, kv_cache, k_cache) NumPy of the step on the case's own inputs and
-    on ``UNMAPPED_NEW_TOKENS[kind]``'s. Both caches must equal the inputs except exactly the
-    rows of the still-mapped requests' new tokens, which equal the good step's; those requests'
-    outputs match the good step's."""
+    on ``UNMAPPED_NEW_TOKENS[kind]``'s. Every cache byte outside the rows of the still-mapped
+    requests' new tokens must equal the input's, bit for bit (always: which bytes are written is
+    order-free integer logic); those rows, and those requests' outputs, must equal the good
+    step's: bit for bit when ``exact`` (both steps ran the same eager code), else within the
+    SPEC bounds (``exact=False``: ``good`` eager, ``bad`` compiled, where Inductor may fuse and
+    reorder the float32 math of the norms, rope and projections; the written rows within one
+    e4m3 step / rel 1e-5 of a float latent, :mod:`kernels.layer_compare`, and out within SPEC's
+    out tolerance)."""
     _, requests = UNMAPPED_NEW_TOKENS[kind]
     N = case.x.shape[1]
     kv_mask, kc_mask = token_write_masks(case, [(b, i) for b in requests for i in range(N)],
                                          case.kv_cache.shape, case.k_cache.shape)
-    want_kv = np.where(kv_mask, good[1], case.kv_cache)
-    want_kc = np.where(kc_mask, good[2], case.k_cache)
-    assert np.array_equal(bad[1], want_kv), f"kv_cache: {np.argwhere(bad[1] != want_kv)[:4].tolist()} differ"
-    assert np.array_equal(bad[2], want_kc), f"k_cache: {np.argwhere(bad[2] != want_kc)[:4].tolist()} differ"
+    for name, got, old, mask in (("kv_cache", bad[1], case.kv_cache, kv_mask),
+                                 ("k_cache", bad[2], case.k_cache, kc_mask)):
+        diff = (np.asarray(got).view(np.uint8) != np.asarray(old).view(np.uint8)).reshape(got.shape[0], -1)
+        unwritten = diff & ~np.repeat(mask.reshape(got.shape[0], -1), diff.shape[1] // mask.reshape(
+            got.shape[0], -1).shape[1], axis=1)
+        assert not unwritten.any(), (f"{name}: bytes outside the mapped new tokens' rows changed, first "
+                                     f"at [page, byte] {np.argwhere(unwritten)[:4].tolist()}")
     if requests:
         assert kc_mask.any() and not np.array_equal(good[2], case.k_cache)
-    for b in requests:
-        np.testing.assert_allclose(bad[0][b], good[0][b], rtol=1e-5, atol=1e-6)
+    if exact:
+        want_kv = np.where(kv_mask, good[1], case.kv_cache)
+        want_kc = np.where(kc_mask, good[2], case.k_cache)
+        assert np.array_equal(bad[1], want_kv), f"kv_cache: {np.argwhere(bad[1] != want_kv)[:4].tolist()} differ"
+        assert np.array_equal(bad[2], want_kc), f"k_cache: {np.argwhere(bad[2] != want_kc)[:4].tolist()} differ"
+        for b in requests:
+            np.testing.assert_allclose(bad[0][b], good[0][b], rtol=1e-5, atol=1e-6)
+        return
+    if not requests:
+        return
+    slots = np.zeros(case.k_cache.shape[0] * case.cfg.page_size, bool)
+    _, new = lref.new_token_slots(case.block_table, case.context_lens, N, case.cfg.page_size)
+    slots[[int(new[b, i]) for b in requests for i in range(N)]] = True
+    got_rows, got_k = layer_compare._cache_rows(case, bad[1], bad[2])
+    want_rows, want_k = layer_compare._cache_rows(case, good[1], good[2])
+    compare.assert_pass(layer_compare._merge([
+        compare.check_close("kv_cache new rows (compiled vs eager)", got_rows[slots], want_rows[slots],
+                            abs_tol=layer_compare.CACHE_ABS, rel_tol=layer_compare._cache_rel(case)),
+        compare.check_close("k_cache new rows (compiled vs eager)", got_k[slots], want_k[slots],
+                            abs_tol=layer_compare.CACHE_ABS, rel_tol=layer_compare.CACHE_REL_FP8),
+        compare.check_close("out of the mapped requests (compiled vs eager)",
+                            bad[0][requests].astype(np.float64), good[0][requests].astype(np.float64),
+                            abs_tol=compare.OUT_ABS, rel_tol=compare.OUT_REL, cos_tol=compare.OUT_COS)]))
+
 
 # (tp_rank, exception, message regex) with tp_size = 2, the same in both stacks.
 BAD_TP_RANK = [

@@ -1,4 +1,6 @@
-"""jax_impl.layer.DSADecodeLayer (Flax NNX) against the float64 layer reference, under nnx.jit.
+"""jax_impl.layer.DSADecodeLayer (Flax NNX) against the float64 layer reference, each step under
+one jax.jit with both caches donated (jax_impl.layer.DecodeStep; the tests thread the returned
+caches).
 
 Scaled-down configs (4 heads, hidden 256, D_qk 576 / 512, d_v 512, D_I 128, P 16) at both presets;
 checks in tests/_layer_checks.py (SPEC tolerances via kernels.compare). On the CPU the Pallas
@@ -13,10 +15,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 import _layer_checks as checks
-from jax_impl.layer import DSADecodeLayer
+from jax_impl.layer import DSADecodeLayer, DecodeStep
 from kernels import compare, layer_reference as lref
 
 GPU = jax.default_backend() == "gpu"
@@ -25,9 +26,10 @@ gpu_only = pytest.mark.skipif(not GPU, reason="needs a CUDA GPU")
 V32, V4 = lref.DSV32_LAYER.scaled_down(), lref.DSV4_FLASH_LAYER.scaled_down()
 
 
-@nnx.jit
 def _step(layer, x, kv, kc, bt, cl):
-    return layer(x, kv, kc, bt, cl, return_intermediates=True)
+    """One step under the layer's single jit with both caches donated (jax_impl.layer.DecodeStep):
+    ``kv`` / ``kc`` are consumed, the returned caches are the updated ones."""
+    return DecodeStep(layer, return_intermediates=True)(x, kv, kc, bt, cl)
 
 
 def _run(layer, case):
@@ -42,7 +44,7 @@ def _run(layer, case):
     (V4, "fp8_model1", 2, 1, (120, 30), 3),
 ], ids=["dsv32_fp8_ds_mla_mtp2", "dsv4_fp8_model1"])
 def test_layer_matches_reference_jit(cfg, fmt, B, N, lens, seed):
-    """The Pallas path (named: no silent fall-back to XLA) under nnx.jit."""
+    """The Pallas path (named: no silent fall-back to XLA) under the donating jit."""
     case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt)
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, path="pallas")
     out, kv, kc, inter = _run(layer, case)
@@ -89,6 +91,42 @@ def test_unmapped_new_token_is_dropped_under_jit(fmt, kind):
     edit, _ = checks.UNMAPPED_NEW_TOKENS[kind]
     good = _jit_step(layer, checks.layer_inputs(case))
     checks.check_unmapped_dropped(case, kind, good, _jit_step(layer, edit(case)))
+
+
+def test_step_donates_both_caches_in_the_compiled_hlo():
+    """The whole step is one jit whose compiled HLO aliases the kv_cache and k_cache parameters
+    to outputs 1 and 2 (``input_output_alias``): the update is written into the donated buffers,
+    neither cache is copied. The passed arrays are consumed (deleted) by the call."""
+    import re
+    case = _model1_case()
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, path="xla")
+    step = DecodeStep(layer)
+    args = [jnp.asarray(a) for a in (case.x, case.kv_cache, case.k_cache, case.block_table, case.context_lens)]
+    hlo = step.lower(*args).compile().as_text()
+    header = next(line for line in hlo.splitlines() if line.startswith("HloModule"))
+    aliases = {int(o): int(p) for o, p in re.findall(r"\{(\d+)\}: \((\d+), \{\}, (?:may|must)-alias\)", header)}
+    params = {name: int(k) for name, k in re.findall(r"%(kv_cache|k_cache)[.\w]* = \S+ parameter\((\d+)\)", hlo)}
+    assert "input_output_alias" in header and set(params) == {"kv_cache", "k_cache"}, header[:300]
+    assert aliases.get(1) == params["kv_cache"] and aliases.get(2) == params["k_cache"], (aliases, params)
+    out, kv, kc = step(*args)
+    assert args[1].is_deleted() and args[2].is_deleted()
+    assert kv.shape == case.kv_cache.shape and kc.dtype == jnp.uint8
+
+
+def test_repeat_threads_the_returned_caches():
+    """Two steps, the second fed the caches the first returned (the donated inputs are gone):
+    it rewrites the same slots with the same bytes, so outputs and caches are bitwise identical;
+    both match the float64 reference."""
+    case = lref.make_layer_case(V32, seed=2, B=2, N=1, lens=(70, 33), kv_format="fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, path="xla")
+    step = DecodeStep(layer)
+    x, bt, cl = (jnp.asarray(a) for a in (case.x, case.block_table, case.context_lens))
+    out1, kv, kc = step(x, jnp.asarray(case.kv_cache), jnp.asarray(case.k_cache), bt, cl)
+    first = (np.asarray(out1), np.asarray(kv), np.asarray(kc))
+    out2, kv, kc = step(x, kv, kc, bt, cl)
+    for a, b in zip(first, (np.asarray(out2), np.asarray(kv), np.asarray(kc))):
+        assert np.array_equal(a, b)
+    checks.check_step(case, case.reference(), compare.to_numpy(out1), first[1], first[2])
 
 
 @pytest.fixture(scope="module")

@@ -88,3 +88,19 @@ LAUNCHERS["indexer_topk"] = _indexer.aot_specs_topk
 def test_indexer_configs_fit_shared_memory(launcher, cc):
     """Every indexer logits / radix top-k launch compiles for sm_120 and sm_90 and fits."""
     test_every_config_fits_shared_memory(launcher, cc)
+
+
+# ---------------------------------------------------------------------------- new-token cache write
+# (appended by the layer engineer: kernels.triton.cache_write lists its launches; same checks.)
+
+from kernels.triton import cache_write as _cache_write  # noqa: E402
+
+LAUNCHERS["cache_write"] = _cache_write.aot_specs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", CCS)
+def test_cache_write_configs_fit_shared_memory(cc):
+    """Every new-token cache-write launch (format x row dtype x cache dtype) compiles for sm_120
+    and sm_90 and fits."""
+    test_every_config_fits_shared_memory("cache_write", cc)

@@ -3,8 +3,10 @@
 The math, the weight names and the tensor-parallel slicing are those of
 :mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
 runs it with the project's ops: ``indexer_topk`` and ``sparse_mla_decode`` (Triton kernels or
-plain PyTorch, ``path``), and the byte-exact cache writers ``quantize_fp8_ds_mla``,
-``quantize_fp8_model1`` and ``quantize_fp8_indexer``.
+plain PyTorch, ``path``), and the new tokens' cache writes as one fused quantize + scatter per
+cache (:func:`write_new_tokens`: the Triton kernel ``kernels/triton/cache_write.py``, or the
+byte-exact plain-PyTorch writers ``quantize_fp8_ds_mla``, ``quantize_fp8_model1`` and
+``quantize_fp8_indexer`` with ``path="torch"``).
 
 Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
 ``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
@@ -12,6 +14,7 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 """
 from __future__ import annotations
 
+from typing import Optional
 
 import numpy as np
 import torch
@@ -20,11 +23,12 @@ from torch import nn
 from kernels import formats as np_formats
 from kernels import layer_reference as lref
 from torch_impl import formats as tformats
+from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
 from torch_impl.indexer import indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
 
-__all__ = ["DSADecodeLayer"]
+__all__ = ["DSADecodeLayer", "new_token_targets", "write_new_tokens"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -61,6 +65,168 @@ def _to_numpy(v):
             raise TypeError
         return v.detach().float().cpu().numpy()
     return v
+
+
+def new_token_targets(block_table: torch.Tensor, context_lens: torch.Tensor, N: int, page_size: int,
+                      num_pages: int):
+    """Where the N new tokens of each request go, on the device (no host read).
+
+    Token ``t = b * N + i`` sits at position ``pos = L_b - N + i`` (``L_b = context_lens[b]``), in
+    page ``block_table[b, pos // P]`` at offset ``pos % P``; it is *mapped* when
+    ``0 <= pos < max_pages * P`` and that page entry is in ``[0, num_pages)``.
+
+    Returns:
+      ``(pos, page, off, ok)``, each ``[B, N]``: int64, int64 (the entry, meaningful where ok),
+      int64, bool. Nothing is multiplied by a page entry, so nothing can wrap.
+    """
+    P, max_pages = page_size, block_table.shape[1]
+    pos = context_lens.long()[:, None] - N + torch.arange(N, device=context_lens.device)[None]
+    col = torch.clamp(pos // P, 0, max_pages - 1)
+    page = torch.gather(block_table, 1, col).long()
+    ok = (pos >= 0) & (pos < max_pages * P) & (page >= 0) & (page < num_pages)
+    return pos, page, pos % P, ok
+
+
+def _encode_rows(src: torch.Tensor, fmt: str, scale_fmt, cache_dtype) -> list[tuple[int, int, torch.Tensor]]:
+    """The new tokens' bytes / elements in ``fmt`` as ``[(start_mult, start_add, rows [T, W])]``:
+    row t goes to columns ``off * start_mult + start_add + [0, W)`` of its page (plain-PyTorch
+    writers of torch_impl.formats)."""
+    T, D = src.shape
+    if fmt == "latent":
+        return [(D, 0, src.to(cache_dtype))]
+    if fmt == "fp8_ds_mla":
+        return [(np_formats.DS_MLA_BYTES, 0, tformats.quantize_fp8_ds_mla(src.float()))]
+    if fmt == "fp8_indexer":
+        one = tformats.quantize_fp8_indexer(src.float()[:, None], scale_fmt)     # [T, D + 4]
+        return [(D, 0, one[:, :D]), (4, None, one[:, D:])]
+    one = tformats.quantize_fp8_model1(src.float()[:, None])                     # [T, page(P=1)]
+    return [(576, 0, one[:, :576]), (8, None, one[:, 576:584])]
+
+
+def _torch_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
+    """Plain-PyTorch twin of the Triton cache write. PyTorch has no drop-mode scatter, so an
+    unmapped token's write goes to the first mapped token's target with that token's bytes (a
+    duplicate index with identical values is deterministic), or, when no token is mapped, to
+    page 0 offset 0 with the bytes it already holds: either way no byte changes for it. All on
+    the device (``index_select`` with a one-element index tensor, no host read)."""
+    P, num_pages = page_size, cache.shape[0]
+    _, page, off, ok = new_token_targets(block_table, context_lens, N, P, num_pages)
+    page, off, ok = page.reshape(-1), off.reshape(-1), ok.reshape(-1)
+    any_ok = ok.any()
+    t0 = torch.argmax(ok.to(torch.int32)).reshape(1)                 # first mapped token (0 if none)
+    page = torch.where(ok, page, torch.where(any_ok, page.index_select(0, t0), 0))
+    off = torch.where(ok, off, torch.where(any_ok, off.index_select(0, t0), 0))
+    flat = cache.view(num_pages, -1)
+    D = src.shape[1]
+    for mult, add, vals in _encode_rows(src, fmt, scale_fmt, cache.dtype):
+        if add is None:                                   # the scale area after the P data rows
+            add = P * (D if fmt == "fp8_indexer" else 576)
+        cols = (off * mult + add)[:, None] + torch.arange(vals.shape[1], device=src.device)
+        cur = flat[page[:, None], cols]
+        vals = torch.where(ok[:, None], vals, torch.where(any_ok, vals.index_select(0, t0), cur))
+        flat.index_put_((page[:, None], cols), vals)
+
+
+def _triton_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
+    """One launch of ``kernels.triton.cache_write._cache_write_kernel`` (grid ``B * N``)."""
+    from kernels.triton import cache_write as tcw
+    dev = _common.device_info(src.device)
+    _common.require_no_interpreted_bf16(dev, "cache_write", src)
+    B, max_pages = block_table.shape
+    num_pages = cache.shape[0]
+    bf16 = cache.dtype == torch.bfloat16
+    ce = tcw.cache_write_constexprs(fmt, page_size=page_size, dim=src.shape[1],
+                                    page_bytes=cache[0].numel() * cache.element_size(),
+                                    scale_fmt=scale_fmt, bf16_cache=bf16)
+    tcw._cache_write_kernel[(B * N,)](src, cache.view(torch.uint16) if bf16 else cache,
+                                      block_table.contiguous(), context_lens.contiguous(), N, max_pages, num_pages, block_table.stride(0),
+                                      src.stride(0), **ce, num_warps=tcw.NUM_WARPS)
+
+
+@torch.library.custom_op("dsa::cache_write", mutates_args=("cache",))
+def _cache_write_op(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                    context_lens: torch.Tensor, N: int, fmt: str, page_size: int,
+                    scale_fmt: Optional[str], path: str) -> None:
+    if fmt != "latent" and cache.storage_offset() % 4:
+        raise ValueError(f"cache: expected 4-byte aligned pages (float32 scales are stored through a "
+                         f"float32 view), got storage offset {cache.storage_offset()}")
+    args = (src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt)
+    impls = {"triton": lambda: _triton_cache_write(*args), "torch": lambda: _torch_cache_write(*args)}
+    _common.run_path("cache_write", path, impls, ("triton", "torch"))
+
+
+@_cache_write_op.register_fake
+def _(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt, path):
+    return None
+
+
+_WRITE_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
+
+
+def _cache_layout(fmt: str, cache: torch.Tensor, D: int, P: int):
+    """(expected shape, dtype ok) of a ``fmt`` cache with ``cache.shape[0]`` pages for rows of D."""
+    n = cache.shape[0] if cache.dim() else 0
+    if fmt == "latent":
+        return (n, P, D), cache.dtype in _FLOAT
+    if fmt == "fp8_ds_mla":
+        return (n, P, np_formats.DS_MLA_BYTES), cache.dtype == torch.uint8 and D == 576
+    if fmt == "fp8_model1":
+        return (n, np_formats.model1_page_bytes(P)), cache.dtype == torch.uint8 and D == 512
+    return (n, P * (D + 4)), cache.dtype == torch.uint8
+
+
+def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                     context_lens: torch.Tensor, N: int, fmt: str, *, page_size: int,
+                     scale_fmt: str | None = "ue8m0", path: str = "auto") -> None:
+    """Quantize the N new tokens' rows of each request into ``cache`` (in place), one launch.
+
+    Token ``t = b * N + i`` goes to position ``L_b - N + i`` of request b (page
+    ``block_table[b, pos // P]``, offset ``pos % P``); an unmapped token (position outside
+    ``[0, max_pages * P)`` or page entry outside ``[0, num_pages)``) is dropped: no byte of the
+    cache changes for it and nothing outside it is addressed (docs/SEMANTICS.md). Bytes: those of
+    the NumPy writers in ``kernels/formats.py`` (docs/SPEC.md "Cache layouts").
+
+    Args:
+      src: ``[B * N, D]`` float (fp32 / fp16 / bf16), last dim contiguous: latent rows (D = D_qk)
+        or indexer keys (D = D_I).
+      cache: contiguous, 4-byte aligned: ``"latent"`` ``[num_pages, P, D]`` float;
+        ``"fp8_ds_mla"`` uint8 ``[num_pages, P, 656]``; ``"fp8_model1"`` uint8
+        ``[num_pages, model1_page_bytes(P)]``; ``"fp8_indexer"`` uint8 ``[num_pages, P * (D + 4)]``.
+      block_table: int32 ``[B, max_pages]``, contiguous; context_lens: int32 ``[B]`` (L_b,
+        counting the N new tokens).
+      N: new tokens per request (>= 1). fmt: the cache layout (above). page_size: P.
+      scale_fmt: indexer scale, ``"ue8m0"`` (power of two, the model's) or None (``amax / 448``).
+      path: ``"auto"`` (Triton, else plain PyTorch), ``"triton"`` or ``"torch"``.
+    Raises:
+      TypeError / ValueError: a bad dtype, shape, layout or ``fmt`` / ``path`` (named).
+      NotImplementedError: ``path="triton"`` where Triton cannot run (CPU without
+        ``TRITON_INTERPRET=1``; bf16 ``src`` in the interpreter).
+    """
+    if fmt not in _WRITE_FORMATS:
+        raise ValueError(f"fmt: expected one of {_WRITE_FORMATS}, got {fmt!r}")
+    if path not in TORCH_PATHS:
+        raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
+    _common.check_tensor("src", src, ndim=2, dtypes=_FLOAT)
+    _common.check_tensor("block_table", block_table, ndim=2, dtypes=(torch.int32,))
+    _common.check_tensor("context_lens", context_lens, shape=(block_table.shape[0],), dtypes=(torch.int32,))
+    if src.shape[0] != block_table.shape[0] * N or src.stride(1) != 1:
+        raise ValueError(f"src: expected [B * N = {block_table.shape[0] * N}, D] with a contiguous last "
+                         f"dim, got shape {tuple(src.shape)} strides {src.stride()}")
+    if not isinstance(cache, torch.Tensor) or not cache.is_contiguous() or cache.dim() < 2:
+        raise ValueError(f"cache: expected a contiguous torch.Tensor [num_pages, ...], got "
+                         f"{type(cache).__name__ if not isinstance(cache, torch.Tensor) else tuple(cache.shape)}")
+    if not block_table.is_contiguous():
+        raise ValueError(f"block_table: expected contiguous, got strides {block_table.stride()}")
+    want, dtype_ok = _cache_layout(fmt, cache, src.shape[1], int(page_size))
+    if tuple(cache.shape) != want or not dtype_ok:
+        raise ValueError(f"cache: expected {'float' if fmt == 'latent' else 'uint8'} [num_pages, "
+                         f"{', '.join(str(w) for w in want[1:])}] ({fmt!r}, P = {page_size}, D = "
+                         f"{src.shape[1]}), got {cache.dtype} {tuple(cache.shape)}")
+    for name, t in (("cache", cache), ("block_table", block_table), ("context_lens", context_lens)):
+        if t.device != src.device:
+            raise ValueError(f"{name}: expected a tensor on src's device {src.device}, got {t.device}")
+    torch.ops.dsa.cache_write(src, cache, block_table, context_lens, int(N), fmt, int(page_size),
+                              scale_fmt, path)
 
 
 class DSADecodeLayer(nn.Module):
@@ -186,22 +352,20 @@ class DSADecodeLayer(nn.Module):
                              f"caches share block_table), got {k_cache.shape[0]}")
 
     def _new_tokens(self, block_table, context_lens, N, num_pages):
-        """Positions, pages and in-page offsets of the N new tokens, and which of them are mapped.
+        """Positions ``[B, N]`` int64 of the N new tokens (token i of request b at
+        ``L_b - N + i``), after the eager value check.
 
-        Returns ``(pos, page, off, ok)``, each ``[B, N]`` (int64, int64, int64, bool): token i of
-        request b sits at ``pos = L_b - N + i``, in page ``block_table[b, pos // P]`` at offset
-        ``pos % P``; ``ok`` is ``0 <= pos < max_pages * P`` and ``0 <= page < num_pages``.
-        Eagerly every token must be mapped (ValueError naming context_lens or block_table); under
-        CUDA-graph capture / torch.compile values cannot be checked and :meth:`_write_caches`
-        drops the writes of unmapped tokens instead.
+        Eagerly every token must be mapped (:func:`new_token_targets`; ValueError naming
+        context_lens or block_table): the check reads a ``[B, N]`` bool back to the host. Under
+        CUDA-graph capture / torch.compile (:func:`_capturing`) values cannot be read, the check is
+        skipped, and the cache write drops the writes of unmapped tokens instead.
         """
         P, max_pages = self.cfg.page_size, block_table.shape[1]
-        lens = context_lens.long()
-        pos = lens[:, None] - N + torch.arange(N, device=context_lens.device)[None]
-        page_idx = torch.clamp(pos // P, 0, max_pages - 1)
-        page = torch.gather(block_table, 1, page_idx).long()
-        ok = (pos >= 0) & (pos < max_pages * P) & (page >= 0) & (page < num_pages)
-        if not _capturing() and not bool(ok.all()):
+        if _capturing():            # no check: only the positions (the cache write masks by itself)
+            return context_lens.long()[:, None] - N + torch.arange(N, device=context_lens.device)[None]
+        pos, page, _, ok = new_token_targets(block_table, context_lens, N, P, num_pages)
+        if not bool(ok.all()):
+            lens = context_lens.long()
             bad_len = ((lens < N) | (lens > max_pages * P)).nonzero()
             if len(bad_len):
                 b = int(bad_len[0, 0])
@@ -209,54 +373,23 @@ class DSADecodeLayer(nn.Module):
                                  f"{max_pages * P}] (L_b counts the N new tokens), got {int(lens[b])} "
                                  f"for request {b}")
             b, i = (int(v) for v in (~ok).nonzero()[0])
-            j = int(page_idx[b, i])
+            j = int(pos[b, i]) // P
             raise ValueError(f"block_table: expected page entries in [0, num_pages) = [0, {num_pages}) "
                              f"for every new token's page, got {int(page[b, i])} at block_table[{b}, "
                              f"{j}] (new token {i} of request {b} at position {int(pos[b, i])}; "
                              f"allocate the pages before the step)")
-        return pos, page, pos % P, ok
+        return pos
 
-    def _write_caches(self, kv_cache, k_cache, latent, ik, page, off, ok):
-        """Write the new tokens' latent and indexer rows in place.
-
-        ``page`` / ``off`` / ``ok`` ``[B, N]`` from :meth:`_new_tokens`. Unmapped tokens (only
-        possible under capture) change no byte and touch nothing outside the caches: torch has no
-        drop-mode scatter, so their writes go to the first mapped token's target with that token's
-        bytes (a duplicate index with identical bytes is deterministic), or, when no token is
-        mapped, to page 0 offset 0 with the bytes it already holds.
-        """
-        cfg, P, D_I = self.cfg, self.cfg.page_size, self.cfg.index_head_dim
-        page, off, ok = page.reshape(-1), off.reshape(-1), ok.reshape(-1)
-        T, dev = page.shape[0], page.device
-        masked = _capturing()                 # eagerly _new_tokens has raised on unmapped tokens
-        if masked:
-            any_ok = ok.any()
-            t0 = torch.argmax(ok.to(torch.int32))                  # first mapped token (0 if none)
-            page = torch.where(ok, page, torch.where(any_ok, page[t0], 0))
-            off = torch.where(ok, off, torch.where(any_ok, off[t0], 0))
-
-        def put(cache, start, width, vals):
-            """``cache.view(num_pages, -1)[page[t], start[t] + j] = vals[t, j]``, j < width."""
-            flat = cache.view(cache.shape[0], -1)
-            cols = start[:, None] + torch.arange(width, device=dev)
-            if masked:
-                cur = flat[page[:, None], cols]
-                vals = torch.where(ok[:, None], vals, torch.where(any_ok, vals[t0], cur))
-            flat.index_put_((page[:, None], cols), vals)
-
-        if self.kv_format == "latent":
-            D = kv_cache.shape[-1]
-            put(kv_cache, off * D, D, latent.reshape(T, D).to(kv_cache.dtype))
-        elif self.kv_format == "fp8_ds_mla":
-            rows = tformats.quantize_fp8_ds_mla(latent.reshape(T, -1).float())      # [T, 656]
-            put(kv_cache, off * np_formats.DS_MLA_BYTES, np_formats.DS_MLA_BYTES, rows)
-        else:
-            one = tformats.quantize_fp8_model1(latent.reshape(T, 1, -1).float())  # [T, page(P=1)]
-            put(kv_cache, off * 576, 576, one[:, :576])
-            put(kv_cache, P * 576 + off * 8, 8, one[:, 576:584])
-        one = tformats.quantize_fp8_indexer(ik.reshape(T, 1, D_I).float(), cfg.scale_fmt)  # [T, D_I + 4]
-        put(k_cache, off * D_I, D_I, one[:, :D_I])
-        put(k_cache, P * D_I + 4 * off, 4, one[:, D_I:])
+    def _write_caches(self, kv_cache, k_cache, latent, ik, block_table, context_lens, N):
+        """Write the new tokens' latent and indexer rows in place: one fused quantize + scatter
+        launch per cache (``dsa::cache_write``, :func:`write_new_tokens`). Unmapped tokens (only
+        possible under capture / compile, eagerly :meth:`_new_tokens` has raised) are dropped."""
+        T = latent.shape[0] * latent.shape[1]
+        P = self.cfg.page_size
+        torch.ops.dsa.cache_write(latent.reshape(T, -1), kv_cache, block_table, context_lens, N,
+                                  self.kv_format, P, None, self.path)
+        torch.ops.dsa.cache_write(ik.reshape(T, -1), k_cache, block_table, context_lens, N,
+                                  "fp8_indexer", P, self.cfg.scale_fmt, self.path)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
                 block_table: torch.Tensor, context_lens: torch.Tensor, *,
@@ -289,13 +422,19 @@ class DSADecodeLayer(nn.Module):
             run, and an unmapped new token is then not written (no byte of either cache changes
             for it and nothing outside them is touched) while the step still runs.
           NotImplementedError: a named ``path`` that cannot run.
+
+        Capture and compile: apart from the eager value check, the step reads no tensor value on
+        the host and allocates nothing whose size depends on one (positions, the drop mask, the
+        V4 window and the ops are device work; the cache writes are the ``dsa::cache_write``
+        custom op, one fused Triton kernel per cache), so one call captures in a CUDA graph and
+        ``torch.compile(layer, fullgraph=True)`` has no graph break (docs/SEMANTICS.md).
         """
         self._validate(x, kv_cache, k_cache, block_table, context_lens)
         cfg, dt = self.cfg, self.dtype
         B, N, _ = x.shape
         r, D_I, H_I = cfg.d_rope, cfg.index_head_dim, cfg.index_heads
         x = x.to(dt)
-        pos, page, off, ok = self._new_tokens(block_table, context_lens, N, kv_cache.shape[0])
+        pos = self._new_tokens(block_table, context_lens, N, kv_cache.shape[0])
         ang = pos.double()[..., None] * self.rope_freqs                       # [B, N, r/2]
         cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
         cos_h, sin_h = cos[:, :, None], sin[:, :, None]
@@ -331,7 +470,7 @@ class DSADecodeLayer(nn.Module):
         idx_q = torch.clamp(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
         idx_w = (x.float() @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
 
-        self._write_caches(kv_cache, k_cache, latent, ik, page, off, ok)
+        self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
         lens_bn = torch.clamp(context_lens.long()[:, None] - (N - 1 - torch.arange(N, device=x.device))[None], min=0)
         if cfg.window:

@@ -18,10 +18,12 @@ def interpret_default() -> bool:
 
 
 def triton_call(kernel, *, out_shape, grid, in_specs=None, out_specs=None, num_warps: int = 4,
-                num_stages: int = 2, interpret: bool | None = None, name: str | None = None):
+                num_stages: int = 2, interpret: bool | None = None, name: str | None = None,
+                input_output_aliases: dict | None = None):
     """``pl.pallas_call`` with the Triton lowering's compiler params always set.
 
-    Args mirror ``pl.pallas_call``; ``num_warps`` / ``num_stages`` go into
+    Args mirror ``pl.pallas_call`` (``input_output_aliases``: ``{input index: output index}``,
+    the output written into the input's buffer); ``num_warps`` / ``num_stages`` go into
     ``plgpu.CompilerParams``; ``interpret=None`` picks :func:`interpret_default`.
     """
     kwargs = {}
@@ -29,6 +31,8 @@ def triton_call(kernel, *, out_shape, grid, in_specs=None, out_specs=None, num_w
         kwargs["in_specs"] = in_specs
     if out_specs is not None:
         kwargs["out_specs"] = out_specs
+    if input_output_aliases:
+        kwargs["input_output_aliases"] = input_output_aliases
     return pl.pallas_call(
         kernel, out_shape=out_shape, grid=grid, name=name,
         interpret=interpret_default() if interpret is None else interpret,
