@@ -105,7 +105,8 @@ def _reference(q, scopes, sm_scale, sink):
         rows.append(r)
         off += r.shape[0]
     cache = np.concatenate(rows)[:, None, :]
-    ro, rl = reference.sparse_mla_decode(np.asarray(q, np.float64), cache,
+    with np.errstate(invalid="ignore"):   # -inf sink on an empty row: NaN, zeroed below
+        ro, rl = reference.sparse_mla_decode(np.asarray(q, np.float64), cache,
                                          np.concatenate(idx, axis=2), sm_scale,
                                          kv_format="latent", d_v=512, attn_sink=sink)
     ro = np.where(np.isneginf(rl)[..., None], 0.0, ro)   # FlashMLA zeroes lonely rows after the sink
