@@ -312,3 +312,25 @@ def test_not_provided_modes_raise():
         flash_mla.flash_mla_sparse_fwd(q[:, 0], kc, _t(idx), 0.1)
     with pytest.raises(NotImplementedError, match="flash_attn_varlen_func"):
         flash_mla.flash_attn_varlen_func()
+
+
+# ============================================================================ GPU: production shapes
+
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16, production sizes)")
+
+
+@gpu_only
+@pytest.mark.parametrize("b", [74, 321])
+def test_v32_production_shapes_gpu(b):
+    """FlashMLA's V3.2 production case (h_q 128, topk 2048, s_q 2) at b 74 and 321, strided
+    pages as FlashMLA's quantizer writes them."""
+    _run(b, b, 2, 128, 64, 2048, 576, torch.bfloat16, s_k=2048, sink=False)
+
+
+@gpu_only
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_model1_production_shapes_gpu(h_q):
+    """FlashMLA's MODEL1 CONFIG1 / CONFIG2 shape family: main cache P 256 topk 128, extra cache
+    P 64 topk 512 with extra_topk_length, sink, b 74, s_q 2."""
+    _run(h_q, 74, 2, h_q, 256, 128, 512, torch.bfloat16, s_k=1024, sink=True,
+         extra=(64, 512, dict(topk_len=True)))
