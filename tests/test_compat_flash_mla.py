@@ -123,7 +123,7 @@ def _t(x, dtype=None):
 def _check(out, lse, ref_out, ref_lse, q):
     b, s_q, h_q, _ = q.shape
     assert out.shape == (b, s_q, h_q, 512) and out.dtype == q.dtype
-    assert lse.shape == (b, h_q, s_q) and lse.dtype == torch.float32
+    assert lse.shape == (b, h_q, s_q) and lse.dtype == torch.float32 and lse.is_contiguous()
     got_lse = compare.to_numpy(lse).transpose(0, 2, 1)
     assert (np.isposinf(got_lse) == np.isneginf(ref_lse)).all(), "+inf lse exactly on empty rows"
     got_lse = np.where(np.isposinf(got_lse), -np.inf, got_lse)

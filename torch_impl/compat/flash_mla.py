@@ -307,9 +307,8 @@ def flash_mla_with_kvcache(
 
     Returns:
       (out, lse): out ``[b, s_q, h_q, 512]`` in q's dtype (bf16 for FlashMLA's bf16 q), 0 for a
-      row with no valid entry; lse float32 ``[b, h_q, s_q]`` natural log over both caches,
-      excluding the sink, +inf for a row with no valid entry. lse is a transposed view of a
-      ``[b, s_q, h_q]`` tensor (FlashMLA returns it contiguous; equal for s_q = 1).
+      row with no valid entry; lse float32 ``[b, h_q, s_q]`` contiguous, natural log over both
+      caches, excluding the sink, +inf for a row with no valid entry.
 
     Raises:
       TypeError / ValueError: a bad argument, named, with what was expected and what came.
@@ -382,12 +381,15 @@ def flash_mla_with_kvcache(
                          extra_topk_length, scale, is_fp8_kvcache, None, path)
         o, lse = _merge(o0, l0, o1, l1, sink)
         o = o.to(q.dtype)
-    lse = torch.where(lse == float("-inf"), torch.full_like(lse, float("inf")), lse)
+    # FlashMLA's lse: [b, h_q, s_q] contiguous, +inf for an empty row (one fused pass)
+    lse_fm = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
+    torch.nan_to_num(lse.transpose(1, 2), nan=float("nan"), posinf=float("inf"),
+                     neginf=float("inf"), out=lse_fm)
     if out is not None:
         _common.check_tensor("out", out, shape=(b, s_q, h_q, 512), device=q.device)
         out.copy_(o)
         o = out
-    return o, lse.transpose(1, 2)
+    return o, lse_fm
 
 
 def _check_sched(meta, q, k_cache, causal, is_fp8, indices, extra_k_cache, extra_indices):
