@@ -235,7 +235,9 @@ def _merge(out0, lse0, out1, lse1, sink):
     f = torch.where(has, 1.0 / safe, torch.zeros_like(den))
     if sink is not None:
         f = f * (1.0 / (1.0 + torch.exp(sink - lse)))
-    out = (out0.float() * (w0 * f)[..., None] + out1.float() * (w1 * f)[..., None])
+    # two passes over [b, s_q, h_q, 512] (bf16 partials promote to float32 in the products)
+    out = out0 * (w0 * f)[..., None]
+    out.addcmul_(out1, (w1 * f)[..., None])
     return out, lse
 
 
