@@ -237,3 +237,18 @@ def test_compat_md_example(monkeypatch, capsys):
         assert "patched:" in capsys.readouterr().out
     finally:
         scope["patch"].undo()
+
+
+def test_sglang_gets_the_compat_deep_gemm_module_when_none_is_installed(monkeypatch):
+    import importlib.util
+    if importlib.util.find_spec("deep_gemm") is not None:
+        pytest.skip("a real deep_gemm is installed here")
+    monkeypatch.delitem(sys.modules, "deep_gemm", raising=False)
+    patch = engines.patch_sglang()
+    try:
+        import deep_gemm                                   # what SGLang's indexer does
+        assert deep_gemm.fp8_paged_mqa_logits is engines.c_deep_gemm.fp8_paged_mqa_logits
+        assert ("deep_gemm", "<module>") in patch.replaced
+    finally:
+        patch.undo()
+    assert "deep_gemm" not in sys.modules

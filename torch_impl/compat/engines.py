@@ -111,11 +111,15 @@ class Patch:
     missing: list = dataclasses.field(default_factory=list)
     absent: list = dataclasses.field(default_factory=list)
     _saved: list = dataclasses.field(default_factory=list, repr=False)
+    _installed: list = dataclasses.field(default_factory=list, repr=False)
 
     def undo(self) -> None:
         for obj, name, old in reversed(self._saved):
             setattr(obj, name, old)
         self._saved.clear()
+        for name in self._installed:
+            sys.modules.pop(name, None)
+        self._installed.clear()
 
 
 def _module(name: str, modules: Mapping[str, types.ModuleType] | None, import_missing: bool):
@@ -184,8 +188,11 @@ def patch_sglang(*, modules: Mapping[str, types.ModuleType] | None = None,
     Args / returns: as :func:`patch_vllm`.
     """
     patch = Patch()
+    targets = dict(SGLANG_TARGETS)
     if modules is None and _module("deep_gemm", None, import_missing) is None:
         sys.modules["deep_gemm"] = c_deep_gemm
+        patch._installed.append("deep_gemm")
         patch.replaced.append(("deep_gemm", "<module>"))
-    _apply(SGLANG_TARGETS, patch, modules, import_missing)
+        del targets["deep_gemm"]
+    _apply(targets, patch, modules, import_missing)
     return patch
