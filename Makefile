@@ -1,6 +1,8 @@
 # Targets: `make env` (versions and which paths run here: python -m parity --env), `make parity`
 # (python -m parity $(PARITY_ARGS)), `make test` (pytest $(PYTEST_ARGS)), `make bench`
-# (python -m bench $(BENCH_ARGS), default --write-dispatch), `make clean`.
+# (python -m bench $(BENCH_ARGS), default --write-dispatch), `make report` (one file to attach
+# to a bug report or pull request: environment, parity --full --strict, bench --targets, the
+# dispatch tables; REPORT=path names it), `make clean`.
 # The first use of any of them creates .venv and installs the project with [dev]. On a machine
 # without an NVIDIA GPU, torch is pinned to the CPU build (constraints-cpu.txt); any looser spec
 # would pull a multi-GB CUDA build.
@@ -16,7 +18,9 @@ XDIST := $(if $(HAS_GPU),,-n auto --maxprocesses=4)
 PYTEST_ARGS ?=
 BENCH_ARGS ?= --write-dispatch
 
-.PHONY: parity test bench env clean
+REPORT ?= dsa-report-$(shell date -u +%Y%m%dT%H%M%SZ).txt
+
+.PHONY: parity test bench env report clean
 
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
@@ -35,6 +39,20 @@ bench: $(VENV)/.installed
 
 env: $(VENV)/.installed
 	$(PY) -m parity --env
+
+# Every step runs even when an earlier one fails; its exit status is written into the file.
+report: $(VENV)/.installed
+	@{ echo "# dsa-kernels report, $$(date -u +%Y-%m-%dT%H:%M:%SZ), commit $$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$$(git diff --quiet 2>/dev/null || echo ' (uncommitted changes)')"; \
+	  echo; echo "## environment: python -m parity --env"; \
+	  $(PY) -m parity --env 2>&1 || echo "[exit status $$?]"; \
+	  echo; echo "## python -m parity --full --strict"; \
+	  COLUMNS=160 $(PY) -m parity --full --strict --no-progress 2>&1 || echo "[exit status $$?]"; \
+	  echo; echo "## python -m bench --targets"; \
+	  $(PY) -m bench --targets --no-progress --no-plot 2>&1 || echo "[exit status $$?]"; \
+	  echo; echo "## dispatch tables (kernels/dispatch/*.json)"; \
+	  for f in kernels/dispatch/*.json; do echo "### $$f"; cat "$$f"; echo; done; \
+	} > $(REPORT)
+	@echo "wrote $(REPORT): attach it to the bug report or pull request"
 
 clean:
 	rm -rf $(VENV) *.egg-info

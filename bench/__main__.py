@@ -45,14 +45,24 @@ def _positive_float(text: str) -> float:
     return v
 
 
-def parse(argv=None) -> argparse.Namespace:
-    """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
-    cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The module docstring as written, and every flag's default in its help."""
+
+    def _get_help_string(self, action):
+        h = action.help or ""
+        if ("default" in h or action.default is None or action.default is False
+                or action.default is argparse.SUPPRESS):
+            return h
+        return h + " (default: %(default)s)"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser (every flag with help text; defaults shown by the formatter)."""
     from bench import grid                # NumPy-only imports: no framework is loaded here
-    from parity.report import positive_int, unwritable
+    from parity.report import csv_choices, positive_int
 
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=_HelpFormatter)
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the priority grid (default), ~4 min on an H200")
     mode.add_argument("--full", action="store_true", help="the full grid of the issue")
@@ -60,27 +70,52 @@ def parse(argv=None) -> argparse.Namespace:
                       help="the rows the open performance issues name, headline first")
     mode.add_argument("--dry-run", "--cpu-smoke", dest="dry_run", action="store_true",
                       help="tiny grid in the CPU interpreter: plumbing only, timings meaningless")
-    ap.add_argument("--out", type=Path, default=Path("bench/results"), help="result directory")
-    ap.add_argument("--backend", action="append", choices=("torch", "jax"), help="repeatable; default all")
-    ap.add_argument("--path", action="append", choices=("triton", "torch", "pallas", "xla"),
-                    help="repeatable; default all")
-    ap.add_argument("--op", action="append", choices=grid.OPS)
-    ap.add_argument("--preset", action="append", choices=("DSV32", "DSV4_FLASH"))
-    ap.add_argument("--kv", action="append", choices=("bf16", "fp8"), help="latent-cache kind")
+    ap.add_argument("--out", type=Path, default=Path("bench/results"),
+                    help="result directory (JSON, PNG; created if missing)")
+    sel = "comma-separated and/or repeated (--backend torch,jax = --backend torch --backend jax)"
+    ap.add_argument("--backend", type=csv_choices(("torch", "jax")), action="extend",
+                    help=f"backends to time (torch, jax; default all): {sel}")
+    ap.add_argument("--path", type=csv_choices(("triton", "torch", "pallas", "xla")),
+                    action="extend", help="paths to time (triton, torch, pallas, xla; default all): "
+                                          "comma-separated and/or repeated")
+    ap.add_argument("--op", type=csv_choices(grid.OPS), action="extend",
+                    help=f"ops to time ({', '.join(grid.OPS)}; default all): comma-separated "
+                         f"and/or repeated")
+    ap.add_argument("--preset", type=csv_choices(("DSV32", "DSV4_FLASH")), action="extend",
+                    help="model presets (DSV32, DSV4_FLASH; default all): comma-separated and/or "
+                         "repeated")
+    ap.add_argument("--kv", type=csv_choices(("bf16", "fp8")), action="extend",
+                    help="latent-cache kind of the sparse MLA rows (bf16, fp8; default all): "
+                         "comma-separated and/or repeated")
     ap.add_argument("--budget-s", type=_positive_float, default=None,
-                    help="stop starting new shapes after this many seconds (quick: 240, full: none)")
-    ap.add_argument("--max-gb", type=_positive_float, default=60.0, help="device memory for inputs (all rotations)")
+                    help="stop starting new shapes after this many seconds (default: 240 for "
+                         "--quick, none otherwise)")
+    ap.add_argument("--max-gb", type=_positive_float, default=60.0,
+                    help="device memory the inputs of one shape may take, all rotations, GB")
     ap.add_argument("--write-dispatch", action="store_true",
                     help="write kernels/dispatch/<arch>.json from the fastest checked paths")
     ap.add_argument("--dispatch-dir", type=Path, default=None,
-                    help="where --write-dispatch writes (default kernels/dispatch; dry runs: <out>/dispatch)")
+                    help="where --write-dispatch writes (default: kernels/dispatch; dry runs: "
+                         "<out>/dispatch)")
     ap.add_argument("--ref-max-positions", type=positive_int, default=1 << 18,
-                    help="indexer rows with N*L above this are checked path-vs-path, not against the reference")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--no-plot", action="store_true")
+                    help="indexer rows with N*L above this are checked path-vs-path, not against "
+                         "the float64 reference")
+    ap.add_argument("--seed", type=int, default=0, help="seed of every generated input")
+    ap.add_argument("--no-progress", action="store_true", help="no progress bar / per-row lines")
+    ap.add_argument("--no-plot", action="store_true", help="do not write the roofline PNG")
     ap.add_argument("--tag", default="", help="result file tag (default: the arch, or 'dry')")
+    return ap
+
+
+def parse(argv=None) -> argparse.Namespace:
+    """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
+    cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
+    from parity.report import selection, unwritable
+
+    ap = build_parser()
     args = ap.parse_args(argv)
+    for name in ("backend", "path", "op", "preset", "kv"):
+        setattr(args, name, selection(getattr(args, name)))
     # checked before the run: a result that cannot be written would cost the whole run
     why = unwritable(args.out, directory=True)
     if why:
@@ -129,6 +164,10 @@ def main(argv=None) -> int:
     failed = [r for r in res["rows"] if str(r.get("status", "")).startswith(("FAILED", "error"))]
     if failed:
         print(f"{len(failed)} rows failed their check or errored (see 'status')", file=sys.stderr)
+    if dry:
+        why = "--dry-run" if args.dry_run else "no CUDA GPU"
+        print(f"this was a dry run ({why}): tiny shapes in the CPU interpreter, the timings "
+              f"are meaningless; run on a CUDA GPU for real numbers")
     return 1 if failed else 0
 
 

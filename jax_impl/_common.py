@@ -40,6 +40,12 @@ def require_32bit_indices(op: str) -> None:
 def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | None = None,
                 shape: Sequence[int | None] | None = None):
     """Raise TypeError / ValueError naming ``name``, what was expected and what came."""
+    if type(a).__module__.split(".")[0] == "torch":
+        # a torch.Tensor has .shape and .dtype too, but jnp.dtype(torch.float32) fails later
+        # with an error naming no argument
+        raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got a torch.Tensor "
+                        f"(convert with jax.dlpack.from_dlpack(t) or jnp.asarray(t.cpu().numpy()), "
+                        f"or call torch_impl, which has the same functions)")
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected a jax.Array, got {type(a).__name__}")
     if dtypes is not None and jnp.dtype(a.dtype) not in [jnp.dtype(d) for d in dtypes]:

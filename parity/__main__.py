@@ -14,22 +14,9 @@ import sys
 import time
 
 from parity import runners as _runners
-from parity.report import positive_int, unwritable as report_unwritable
+from parity.report import csv_choices, positive_int, selection, unwritable as report_unwritable
 
 OP_CHOICES = _runners.OPS
-
-
-def _csv(choices):
-    def parse(s):
-        vals = [v.strip() for v in s.split(",") if v.strip()]
-        if not vals:                     # '' or ',' would otherwise select everything
-            raise argparse.ArgumentTypeError(
-                f"expected a non-empty comma-separated subset of {list(choices)}, got {s!r}")
-        bad = [v for v in vals if v not in choices]
-        if bad:
-            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {list(choices)}, got {bad}")
-        return vals
-    return parse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,12 +43,15 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--full", dest="mode", action="store_const", const="full",
                    help="larger shapes, fp16 corner cases, bitwise-repeat checks")
     p.set_defaults(mode="default")
-    p.add_argument("--backend", type=_csv(backends), default=None,
-                   help=f"comma-separated backends to run ({', '.join(backends)}; default all)")
-    p.add_argument("--path", type=_csv(all_paths), default=None,
-                   help=f"comma-separated paths to run ({', '.join(all_paths)}; default all)")
-    p.add_argument("--op", type=_csv(OP_CHOICES), default=None,
-                   help=f"comma-separated ops ({', '.join(OP_CHOICES)}; default all)")
+    p.add_argument("--backend", type=csv_choices(backends), action="extend", default=None,
+                   help=f"comma-separated backends to run ({', '.join(backends)}; default all), "
+                        f"also repeatable (--backend torch,jax = --backend torch --backend jax)")
+    p.add_argument("--path", type=csv_choices(all_paths), action="extend", default=None,
+                   help=f"comma-separated paths to run ({', '.join(all_paths)}; default all), "
+                        f"also repeatable")
+    p.add_argument("--op", type=csv_choices(OP_CHOICES), action="extend", default=None,
+                   help=f"comma-separated ops ({', '.join(OP_CHOICES)}; default all), also "
+                        f"repeatable")
     p.add_argument("--case", dest="cases", action="append", default=None, metavar="NAME",
                    help="run only the case named exactly NAME (repeatable; a name that is no case "
                         "of the selected grid is an error listing the closest names). With -k and "
@@ -85,10 +75,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true",
                    help="no progress bar (and, when stderr is not a terminal, no per-case lines)")
     p.add_argument("--jobs", type=positive_int, default=1, metavar="N",
-                   help="run the cases in N worker processes (round-robin; one report, same rows "
-                        "and order as one process). On a GPU the workers share it; compiling and "
-                        "the float64 reference are what the extra CPU cores speed up")
+                   help="run the cases in N worker processes (one report, same rows and order as "
+                        "one process; a line per finished case). On a GPU the workers share it; "
+                        "compiling and the float64 reference are what the extra CPU cores speed up")
     return p
+
+
+def parse_args(argv):
+    """``build_parser().parse_args`` with the selector lists flattened and de-duplicated."""
+    args = build_parser().parse_args(argv)
+    args.backend, args.path, args.op = (selection(args.backend), selection(args.path),
+                                        selection(args.op))
+    return args
 
 
 def _pattern(text: str) -> str:
@@ -250,37 +248,48 @@ def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=N
         case_rows = ref_rows + repeat_rows + cross_rows
         rows.extend(case_rows)
         if log is not None:
-            bad = [x for x in case_rows if x.failed]
-            na = sum(x.status == "unavailable" for x in case_rows)
-            log(f"[{ci + 1}/{len(cases)}] {pc.name} [{pc.op}]: "
-                + (f"FAIL ({len(bad)} comparisons)" if bad else "ok")
-                + (f", {na} unavailable" if na else "") + f" ({time.perf_counter() - t0:.1f} s)")
+            log(_case_line(ci + 1, len(cases), case_rows, time.perf_counter() - t0))
         # the next case of the same inputs may reuse them; other references can go
         if ci + 1 >= len(cases) or cases[ci + 1].builder is not pc.builder:
             refs.clear()
     return rows
 
 
-def _run_jobs(argv: list, jobs: int, n_cases: int, err_console) -> list:
-    """``--jobs``: the shards in spawned worker processes, rows merged in case order."""
+def _case_line(k: int, n: int, case_rows, seconds: float, what: str = "") -> str:
+    """The per-case progress line (one process and ``--jobs`` print the same)."""
+    pc = case_rows[0] if case_rows else None
+    bad = [x for x in case_rows if x.failed]
+    na = sum(x.status == "unavailable" for x in case_rows)
+    name = f"{pc.case} [{pc.op}]" if pc else "?"
+    return (f"[{k}/{n}] {name}: " + (f"FAIL ({len(bad)} comparisons)" if bad else "ok")
+            + (f", {na} unavailable" if na else "") + f" ({seconds:.1f} s{what})")
+
+
+def _run_jobs(argv: list, jobs: int, n_cases: int, err_console, show: bool = True) -> list:
+    """``--jobs``: each case in one of ``jobs`` spawned worker processes (a one-case shard of
+    ``parity.jobs.run_shard``), a progress line per finished case, rows merged in case order."""
     import concurrent.futures as cf
     import multiprocessing as mp
     done = []
+    t0 = time.perf_counter()
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
         from parity.jobs import run_shard
-        futs = [pool.submit(run_shard, argv, s, jobs) for s in range(min(jobs, n_cases))]
+        futs = [pool.submit(run_shard, argv, ci, n_cases) for ci in range(n_cases)]
         for f in cf.as_completed(futs):
             part = f.result()
             done.extend(part)
-            err_console.print(f"parity: worker finished {len(part)} cases "
-                              f"({len(done)}/{n_cases})", highlight=False)
+            if show:
+                for _, case_rows in part:
+                    err_console.print(_case_line(len(done), n_cases, case_rows,
+                                                 time.perf_counter() - t0, " elapsed"),
+                                      markup=False, highlight=False)
     return [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     if args.json_path is not None and not (args.env or args.list):
         why = report_unwritable(args.json_path)     # before the run: a report lost after it costs the run
         if why:
@@ -289,8 +298,9 @@ def main(argv=None) -> int:
     gpu = _runners.prepare_environment()
 
     from rich.console import Console
-    # a table in a log file or CI output should not be squeezed to 80 columns
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    # a table in a log file or CI output should not be squeezed to 80 columns (an explicit
+    # COLUMNS is honoured: the table then folds long case names instead)
+    console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
     err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
 
     selected = _runners.select(args.backend, args.path)
@@ -327,7 +337,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     show_bar = not args.no_progress and err_console.is_terminal
     if args.jobs > 1:
-        rows = _run_jobs(argv, args.jobs, len(cases), err_console)
+        rows = _run_jobs(argv, args.jobs, len(cases), err_console, show=not args.no_progress)
     elif show_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
@@ -345,6 +355,8 @@ def main(argv=None) -> int:
         for r in rows:
             if r.status == "unavailable":
                 r.status, r.message = "fail", f"--strict: path unavailable: {r.message}"
+            if r.rerun and " --strict" not in r.rerun:
+                r.rerun += " --strict"              # rerun what failed, under the same rule
     report.render(console, rows, [r.key for r in selected], seconds=seconds,
                   show_all=not args.failures_only)
     if args.json_path:

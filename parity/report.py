@@ -139,6 +139,30 @@ def positive_int(text: str) -> int:
     return v
 
 
+def csv_choices(choices):
+    """argparse type of a selector flag shared by ``python -m parity`` and ``python -m bench``:
+    a comma-separated non-empty subset of ``choices`` -> list (use with ``action="extend"`` so
+    ``--backend torch,jax`` and ``--backend torch --backend jax`` select the same)."""
+    choices = tuple(choices)
+
+    def parse(s):
+        vals = [v.strip() for v in s.split(",") if v.strip()]
+        if not vals:                     # '' or ',' would otherwise select everything
+            raise argparse.ArgumentTypeError(
+                f"expected a non-empty comma-separated subset of {list(choices)}, got {s!r}")
+        bad = [v for v in vals if v not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"expected a comma-separated subset of {list(choices)}, got {bad}")
+        return vals
+    return parse
+
+
+def selection(values):
+    """The flattened, de-duplicated values of an ``action="extend"`` selector (None: all)."""
+    return None if values is None else list(dict.fromkeys(values))
+
+
 # ============================================================================ JSON
 
 def unwritable(target, *, directory: bool = False) -> str | None:
@@ -200,15 +224,19 @@ def summarize(rows: list[Row]) -> dict:
             "cases": len({(r.case, r.op) for r in rows})}
 
 
-def rerun_command(case: str, op: str, keys: list[str], seed: int, mode: str) -> str:
+def rerun_command(case: str, op: str, keys: list[str], seed: int, mode: str, *,
+                  strict: bool = False) -> str:
     """The command line that reruns exactly one (case, op) on the given paths (``--case``, an
-    exact name: ``-k`` would also run every case whose name contains this one)."""
+    exact name: ``-k`` would also run every case whose name contains this one); ``--strict``
+    kept when the run had it (an unavailable path is then the failure being rerun)."""
     backends = sorted({k.split("/")[0] for k in keys})
     paths = [k.split("/")[1] for k in keys]
     cmd = ["python", "-m", "parity", "--case", case, "--op", op, "--backend", ",".join(backends),
            "--path", ",".join(dict.fromkeys(paths)), "--seed", str(seed)]
     if mode != "default":
         cmd.append(f"--{mode}")
+    if strict:
+        cmd.append("--strict")
     return " ".join(shlex.quote(c) for c in cmd)
 
 
@@ -242,6 +270,7 @@ def render(console, rows: list[Row], keys: list[str], *, seconds: float, show_al
     ``repeat`` whether repeated calls gave identical bits.
     """
     from rich.table import Table
+    from rich.text import Text
 
     by = {}
     order = []
@@ -266,6 +295,7 @@ def render(console, rows: list[Row], keys: list[str], *, seconds: float, show_al
     t.add_column("cross", justify="left", no_wrap=True)
     if has_repeat:
         t.add_column("repeat", justify="left", no_wrap=True)
+    table_rows = []
     for k in order:
         v = by[k]
         fails_here = any(r.failed for r in v["ref"].values()) or any(r.failed for r in v["cross"] + v["repeat"])
@@ -286,16 +316,39 @@ def render(console, rows: list[Row], keys: list[str], *, seconds: float, show_al
             cells.append("[dim]-[/dim]" if not rep else
                          ("[bold red]DIFF[/bold red]" if any(r.failed for r in rep) else "[green]same[/green]"))
         t.add_row(*cells)
-    console.print(t)
+        table_rows.append(cells)
+    from rich.measure import Measurement
+    if Measurement.get(console, console.options.update_width(1 << 16), t).maximum <= console.width:
+        console.print(t)
+    else:
+        # Narrower than the table (COLUMNS=80 with 4 paths): one block per case instead, the
+        # name whole on its own line and the cells as "path result" pairs wrapped at spaces,
+        # so nothing is cut off with an ellipsis.
+        heads = [c.header for c in t.columns]
+        console.print(Text(str(t.title), style="bold"))
+        for cells in table_rows:
+            console.print(Text(f"{cells[0]}  [{cells[1]}]", style="bold"), soft_wrap=True,
+                          highlight=False)
+            line = Text("   ")
+            for h, c in zip(heads[2:], cells[2:]):     # pack whole "path result" pairs per line
+                pair = Text.from_markup(f"[dim]{h}[/dim] {c}")
+                if line.cell_len > 3 and line.cell_len + 3 + pair.cell_len > console.width:
+                    console.print(line, soft_wrap=True, highlight=False)
+                    line = Text("   ")
+                line.append("   ")
+                line.append_text(pair)
+            console.print(line, soft_wrap=True, highlight=False)
 
     failed = [r for r in rows if r.failed]
     if failed:
         console.print(f"\n[bold red]{len(failed)} failing comparisons[/bold red]:")
         for r in failed:
             what = r.key if r.against == "reference" else f"{r.key} vs {r.against}"
-            console.print(f"  [red]{r.status.upper()}[/red] {r.case} [{r.op}] {what}: {r.message}",
-                          markup=False, highlight=False)
-            console.print(f"    rerun: {r.rerun}", markup=False, highlight=False)
+            console.print(Text.assemble("  ", (r.status.upper(), "red"),
+                                        f" {r.case} [{r.op}] {what}: {r.message}"),
+                          highlight=False, soft_wrap=True)
+            # one line whatever the width, so it can be copied and pasted as printed
+            console.print(f"    rerun: {r.rerun}", markup=False, highlight=False, soft_wrap=True)
     unavailable = {}
     for r in rows:
         if r.status == "unavailable":

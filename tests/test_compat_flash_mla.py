@@ -1,0 +1,336 @@
+"""torch_impl.compat.flash_mla against the float64 reference, on FlashMLA's own test set.
+
+Cases follow FlashMLA 9241ae3 ``tests/test_flash_mla_sparse_decoding.py`` / ``tests/lib.py``:
+page sizes 2 / 53 / 61 / 64 / 69 / 576, s_q 1 and 3, b 4 and 74, h_q 8..128, random block
+tables, indices as global slots with -1 padding, all-invalid rows, zero-length requests,
+unused cache rows filled with NaN (every byte 0xFF: NaN e4m3, NaN scales, NaN bf16 rope), attn
+sink with +-inf entries, topk_length, MODEL1 with an extra cache. Caches are quantized, and the
+reference is fed the dequantized bytes (FlashMLA's quantize -> dequantize reference). V3.2
+caches use FlashMLA's quantizer layout: pages strided by one padding token row.
+
+On the CPU the Triton kernels run in the interpreter with fp16 / fp32 q (bf16 only on a GPU),
+with small b and topk (the interpreter is slow); on a CUDA GPU the same bodies run with bf16.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import compare, formats as np_formats, reference
+from torch_impl import formats as t_formats
+from torch_impl.compat import flash_mla
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+Q_DTYPES = (torch.bfloat16,) if CUDA else (torch.float16, torch.float32)
+
+
+# ============================================================================ FlashMLA-style data
+
+def _gen_scope(g, b, s_q, s_k, P, topk, d_qk, *, varlen=True, zero_len=False, all_invalid=False,
+               topk_len=False, strided=True):
+    """One KV scope as FlashMLA's ``generate_one_k_scope``: (k_cache view, indices [b, s_q,
+    topk] int32 global slots, topk_length or None, dequantized rows [num_slots, d_qk] float64)."""
+    lens = np.full(b, s_k)
+    if varlen:
+        lens = np.maximum(g.normal(s_k, s_k / 2, b), s_q).astype(np.int64)
+    if zero_len:
+        lens[g.standard_normal(b) > 0] = 0
+    align = 4 * P
+    max_pad = max(-(-int(lens.max()) // align), 1) * align
+    bt = g.permutation(b * max_pad // P).astype(np.int32).reshape(b, -1)
+    nb = bt.size
+    lat = np.clip(g.standard_normal((nb, P, d_qk)) / 10, -1, 1).astype(np.float32)
+    abs_idx = np.full((b, s_q, topk), -1, np.int64)
+    if not all_invalid:
+        for i in range(b):
+            for j in range(s_q):
+                sel = g.permutation(int(lens[i]))[:topk]
+                abs_idx[i, j, : sel.size] = sel
+    slots = np.where(abs_idx >= 0, bt[np.arange(b)[:, None, None], np.maximum(abs_idx, 0) // P] * P
+                     + np.maximum(abs_idx, 0) % P, -1)
+    tkl = g.integers(0, topk + 1, b).astype(np.int32) if topk_len else None
+    used = slots if tkl is None else np.where(np.arange(topk)[None, None] < tkl[:, None, None], slots, -1)
+    unused = np.ones(nb * P, bool)
+    unused[used[used >= 0]] = False
+
+    t_lat = torch.from_numpy(lat)
+    if d_qk == 576:
+        q8 = t_formats.quantize_fp8_ds_mla(t_lat)                          # [nb, P, 656]
+        rows = np_formats.dequantize_fp8_ds_mla(q8.numpy()).reshape(nb * P, d_qk)
+        q8 = q8.reshape(nb * P, 656)
+        q8[torch.from_numpy(unused)] = 0xFF                                # NaN everywhere
+        q8 = q8.reshape(nb, P, 656)
+        if strided:   # FlashMLA tests/quant.py: empty((nb, P + 1, 656))[:, :P]
+            buf = torch.zeros((nb, P + 1, 656), dtype=torch.uint8, device=DEVICE)
+            buf[:, :P] = q8.to(DEVICE)
+            q8 = buf[:, :P]
+        else:
+            q8 = q8.to(DEVICE)
+        k_cache = q8.view(torch.float8_e4m3fn).unsqueeze(2)               # [nb, P, 1, 656]
+    else:
+        pages = t_formats.quantize_fp8_model1(t_lat)                        # [nb, padded]
+        rows = np_formats.dequantize_fp8_model1(pages.numpy()).reshape(nb * P, d_qk)
+        data = pages[:, : P * 576].view(nb, P, 576)
+        scl = pages[:, P * 576: P * 584].view(nb, P, 8)
+        um = torch.from_numpy(unused.reshape(nb, P))
+        data[um] = 0xFF
+        scl[um] = 0xFF
+        padded = pages.shape[1]
+        pages = pages.to(DEVICE)
+        k_cache = torch.as_strided(pages.view(torch.float8_e4m3fn), (nb, P, 1, 584),
+                                   (padded, 584, 584, 1))
+    return k_cache, slots.astype(np.int32), tkl, rows
+
+
+def _sink(g, h):
+    s = g.standard_normal(h).astype(np.float32)
+    m = g.standard_normal(h)
+    s[m < -0.5] = -np.inf
+    s[m > 0.5] = np.inf
+    return s
+
+
+def _reference(q, scopes, sm_scale, sink):
+    """float64 FlashMLA reference (tests/ref.py ref_sparse_attn_decode): both caches' gathered
+    rows concatenated into one softmax, the sink once, empty rows out 0 / lse -inf (native
+    orientation [b, s_q, h_q]; the caller converts)."""
+    rows, idx, off = [], [], 0
+    for _, ind, tkl, r in scopes:
+        ind = ind.astype(np.int64)
+        if tkl is not None:
+            ind = np.where(np.arange(ind.shape[2])[None, None] < tkl[:, None, None], ind, -1)
+        idx.append(np.where(ind >= 0, ind + off, -1))
+        rows.append(r)
+        off += r.shape[0]
+    cache = np.concatenate(rows)[:, None, :]
+    with np.errstate(invalid="ignore"):   # -inf sink on an empty row: NaN, zeroed below
+        ro, rl = reference.sparse_mla_decode(np.asarray(q, np.float64), cache,
+                                         np.concatenate(idx, axis=2), sm_scale,
+                                         kv_format="latent", d_v=512, attn_sink=sink)
+    ro = np.where(np.isneginf(rl)[..., None], 0.0, ro)   # FlashMLA zeroes lonely rows after the sink
+    return ro, rl
+
+
+def _t(x, dtype=None):
+    if x is None:
+        return None
+    t = torch.from_numpy(np.ascontiguousarray(x)) if isinstance(x, np.ndarray) else x
+    return t.to(DEVICE) if dtype is None else t.to(DEVICE, dtype)
+
+
+def _check(out, lse, ref_out, ref_lse, q):
+    b, s_q, h_q, _ = q.shape
+    assert out.shape == (b, s_q, h_q, 512) and out.dtype == q.dtype
+    assert lse.shape == (b, h_q, s_q) and lse.dtype == torch.float32 and lse.is_contiguous()
+    got_lse = compare.to_numpy(lse).transpose(0, 2, 1)
+    assert (np.isposinf(got_lse) == np.isneginf(ref_lse)).all(), "+inf lse exactly on empty rows"
+    got_lse = np.where(np.isposinf(got_lse), -np.inf, got_lse)
+    compare.assert_pass(compare.check_mla(out, got_lse, ref_out, ref_lse,
+                                          q_dtype=str(q.dtype).replace("torch.", "")))
+
+
+def _run(seed, b, s_q, h_q, P, topk, d_qk, q_dtype, *, s_k=None, extra=None, sink=True,
+         path="triton", **scope_kw):
+    g = np.random.default_rng(seed)
+    q = np.clip(g.standard_normal((b, s_q, h_q, d_qk)), -1, 1).astype(np.float32)
+    qt = _t(q, q_dtype)
+    q_ref = qt.float().cpu().numpy()
+    scopes = [_gen_scope(g, b, s_q, s_k or 2 * topk, P, topk, d_qk, **scope_kw)]
+    if extra is not None:
+        eP, etopk, ekw = extra
+        scopes.append(_gen_scope(g, b, s_q, 2 * etopk, eP, etopk, d_qk, strided=False, **ekw))
+    sk = _sink(g, h_q) if sink else None
+    sm_scale = d_qk ** -0.55
+    meta, _ = flash_mla.get_mla_metadata()
+    kw = {}
+    if extra is not None:
+        kw = dict(extra_k_cache=_t(scopes[1][0]), extra_indices_in_kvcache=_t(scopes[1][1]),
+                  extra_topk_length=_t(scopes[1][2]))
+    out, lse = flash_mla.flash_mla_with_kvcache(
+        qt, _t(scopes[0][0]), None, None, 512, meta, None, sm_scale, False, True,
+        _t(scopes[0][1]), _t(sk), topk_length=_t(scopes[0][2]), path=path, **kw)
+    ro, rl = _reference(q_ref, scopes, sm_scale, sk)
+    _check(out, lse, ro, rl, qt)
+    return out, lse, rl
+
+
+# ============================================================================ V3.2 (D_qk 576)
+
+# (page size, s_q, h_q): every FlashMLA page size with both s_q and h_q from 8 to 128.
+_V32 = [(2, 1, 8), (2, 3, 16), (53, 3, 8), (61, 1, 24), (61, 3, 8), (64, 1, 128), (64, 3, 16),
+        (69, 1, 8), (69, 3, 64), (576, 1, 8), (576, 3, 16)]
+
+
+@pytest.mark.parametrize("q_dtype", Q_DTYPES, ids=str)
+@pytest.mark.parametrize("P,s_q,h_q", _V32)
+def test_v32_sparse_decode(P, s_q, h_q, q_dtype):
+    _run(P * 10 + s_q, 4, s_q, h_q, P, 64, 576, q_dtype, sink=False)
+
+
+@pytest.mark.parametrize("corner", ["all_invalid", "zero_len", "sink"])
+def test_v32_corner_cases(corner):
+    kw = dict(all_invalid=corner == "all_invalid", zero_len=corner == "zero_len")
+    _, lse, rl = _run(7, 4, 3, 16, 61, 64, 576, Q_DTYPES[0], sink=True, **kw)
+    if corner != "sink":
+        assert np.isneginf(rl).any(), "the case must hold an empty row"
+
+
+def test_v32_contiguous_pages_and_torch_path():
+    _run(3, 4, 2, 8, 64, 64, 576, Q_DTYPES[-1], sink=True, strided=False, path="torch")
+    _run(3, 4, 2, 8, 64, 64, 576, Q_DTYPES[-1], sink=True, strided=True, path="torch")
+
+
+def test_v32_batch_74():
+    _run(74, 74, 1, 8, 64, 16, 576, Q_DTYPES[0], s_k=40, sink=True)
+
+
+# ============================================================================ MODEL1 (D_qk 512)
+
+# (main P, main topk, extra (P, topk) or None, topk_length, extra_topk_length)
+_MODEL1 = [(64, 64, None, False, False), (2, 64, None, True, False), (61, 64, (53, 64), False, False),
+           (69, 64, (2, 64), True, True), (64, 32, (64, 64), False, True)]
+
+
+@pytest.mark.parametrize("q_dtype", Q_DTYPES, ids=str)
+@pytest.mark.parametrize("P,topk,extra,tkl,etkl", _MODEL1)
+def test_model1_sparse_decode(P, topk, extra, tkl, etkl, q_dtype):
+    ex = None if extra is None else (extra[0], extra[1], dict(topk_len=etkl))
+    _run(P + topk, 4, 3, 16, P, topk, 512, q_dtype, extra=ex, sink=True, topk_len=tkl)
+
+
+@pytest.mark.parametrize("corner", ["all_invalid", "zero_len"])
+def test_model1_two_caches_empty_rows(corner):
+    kw = dict(all_invalid=corner == "all_invalid", zero_len=corner == "zero_len")
+    _, _, rl = _run(11, 4, 3, 8, 61, 64, 512, Q_DTYPES[0], sink=True,
+                    extra=(53, 64, dict(kw)), **kw)
+    assert np.isneginf(rl).any()
+
+
+def test_two_caches_equal_one_concatenated_cache():
+    """extra_k_cache merged through the two LSEs equals one call over both rows (torch path,
+    fp32, both through the compat entry point)."""
+    g = np.random.default_rng(5)
+    b, s_q, h, P = 2, 2, 8, 64
+    q = _t(np.clip(g.standard_normal((b, s_q, h, 576)), -1, 1).astype(np.float32))
+    a = _gen_scope(g, b, s_q, 128, P, 32, 576, strided=False, varlen=False)
+    c = _gen_scope(g, b, s_q, 128, P, 32, 576, strided=False, varlen=False)
+    sink = _t(_sink(g, h))
+    meta, _ = flash_mla.get_mla_metadata()
+    o2, l2 = flash_mla.flash_mla_with_kvcache(
+        q, a[0], None, None, 512, meta, is_fp8_kvcache=True, indices=_t(a[1]),
+        attn_sink=sink, extra_k_cache=c[0], extra_indices_in_kvcache=_t(c[1]),
+        path="torch")
+    both = torch.cat([a[0], c[0]])                                   # one cache, pages appended
+    nslots = a[0].shape[0] * P
+    idx = torch.cat([_t(a[1]), torch.where(_t(c[1]) >= 0, _t(c[1]) + nslots, -1)], 2)
+    o1, l1 = flash_mla.flash_mla_with_kvcache(q, both, None, None, 512, flash_mla.get_mla_metadata()[0],
+                                              is_fp8_kvcache=True, indices=idx.int(),
+                                              attn_sink=sink, path="torch")
+    torch.testing.assert_close(o2, o1, rtol=1e-5, atol=1e-6)   # fp32: merge vs one softmax
+    torch.testing.assert_close(l2, l1, rtol=1e-6, atol=1e-6)
+
+
+# ============================================================================ conventions
+
+def test_strided_pages_are_not_copied(monkeypatch):
+    """The cache handed to the native op shares the FlashMLA view's storage."""
+    import torch_impl.compat.flash_mla as fm
+    seen = []
+    real = fm.sparse_mla_decode
+
+    def spy(q, kv_cache, indices, sm_scale, **kw):
+        seen.append(kv_cache.untyped_storage().data_ptr())
+        return real(q, kv_cache, indices, sm_scale, **kw)
+
+    monkeypatch.setattr(fm, "sparse_mla_decode", spy)
+    g = np.random.default_rng(1)
+    kc, idx, _, _ = _gen_scope(g, 2, 1, 64, 61, 16, 576, strided=True)
+    q = torch.zeros((2, 1, 8, 576), dtype=torch.float32, device=DEVICE)
+    fm.flash_mla_with_kvcache(q, kc, None, None, 512, fm.get_mla_metadata()[0], None, None, False,
+                              True, _t(idx), path="torch")
+    assert seen and all(p == kc.untyped_storage().data_ptr() for p in seen)
+
+
+def test_softmax_scale_default_and_metadata_forms():
+    meta, none = flash_mla.get_mla_metadata()
+    assert isinstance(meta, flash_mla.FlashMLASchedMeta) and none is None and not meta.have_initialized
+    old, _ = flash_mla.get_mla_metadata(torch.ones(4, dtype=torch.int32), 128, 1, num_heads_q=128,
+                                        is_fp8_kvcache=True, topk=2048)
+    assert isinstance(old, flash_mla.FlashMLASchedMeta)
+    g = np.random.default_rng(2)
+    kc, idx, _, rows = _gen_scope(g, 2, 1, 64, 64, 32, 576, strided=False)
+    q = _t(np.clip(g.standard_normal((2, 1, 8, 576)), -1, 1).astype(np.float32))
+    out, lse = flash_mla.flash_mla_with_kvcache(q, kc, None, None, 512, meta, is_fp8_kvcache=True,
+                                                indices=_t(idx), path="torch")
+    assert meta.have_initialized and meta.config.topk == 32 and meta.config.h_q == 8
+    ro, rl = _reference(q.cpu().numpy(), [(kc, idx, None, rows)], 576 ** -0.5, None)
+    _check(out, lse, ro, rl, q)
+
+
+def test_sched_meta_mismatch_and_bad_input():
+    g = np.random.default_rng(4)
+    kc, idx, _, _ = _gen_scope(g, 2, 1, 64, 64, 32, 576, strided=False)
+    q = torch.zeros((2, 1, 8, 576), device=DEVICE)
+    it = _t(idx)
+    meta, _ = flash_mla.get_mla_metadata()
+    call = flash_mla.flash_mla_with_kvcache
+    call(q, kc, None, None, 512, meta, is_fp8_kvcache=True, indices=it, path="torch")
+    with pytest.raises(ValueError, match="tile_scheduler_metadata.*h_q"):
+        call(torch.zeros((2, 1, 16, 576), device=DEVICE), kc, None, None, 512, meta, is_fp8_kvcache=True,
+             indices=it, path="torch")
+    fresh = lambda: flash_mla.get_mla_metadata()[0]  # noqa: E731
+    with pytest.raises(ValueError, match="k_cache.*656"):
+        call(q, kc[..., :600], None, None, 512, fresh(),
+             is_fp8_kvcache=True, indices=it)
+    with pytest.raises(TypeError, match="indices"):
+        call(q, kc, None, None, 512, fresh(), is_fp8_kvcache=True, indices=it.long())
+    with pytest.raises(ValueError, match="head_dim_v"):
+        call(q, kc, None, None, 576, fresh(), is_fp8_kvcache=True, indices=it)
+    with pytest.raises(ValueError, match="num_splits"):
+        call(q, kc, None, None, 512, fresh(), torch.zeros(1), is_fp8_kvcache=True, indices=it)
+    with pytest.raises(TypeError, match="tile_scheduler_metadata"):
+        call(q, kc, None, None, 512, None, is_fp8_kvcache=True, indices=it)
+    with pytest.raises(TypeError, match="attn_sink"):
+        call(q, kc, None, None, 512, fresh(), is_fp8_kvcache=True, indices=it,
+             attn_sink=torch.zeros(8, dtype=torch.float16, device=DEVICE))
+
+
+def test_not_provided_modes_raise():
+    g = np.random.default_rng(6)
+    kc, idx, _, _ = _gen_scope(g, 2, 1, 64, 64, 32, 576, strided=False)
+    q = torch.zeros((2, 1, 8, 576), device=DEVICE)
+    meta = flash_mla.get_mla_metadata()[0]
+    with pytest.raises(NotImplementedError, match="dense decode"):
+        flash_mla.flash_mla_with_kvcache(q, kc, torch.zeros((2, 1), dtype=torch.int32),
+                                         torch.ones(2, dtype=torch.int32), 512, meta)
+    with pytest.raises(NotImplementedError, match="causal"):
+        flash_mla.flash_mla_with_kvcache(q, kc, None, None, 512, meta, causal=True,
+                                         is_fp8_kvcache=True, indices=_t(idx))
+    with pytest.raises(NotImplementedError, match="flash_mla_sparse_fwd"):
+        flash_mla.flash_mla_sparse_fwd(q[:, 0], kc, _t(idx), 0.1)
+    with pytest.raises(NotImplementedError, match="flash_attn_varlen_func"):
+        flash_mla.flash_attn_varlen_func()
+
+
+# ============================================================================ GPU: production shapes
+
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (bf16, production sizes)")
+
+
+@gpu_only
+@pytest.mark.parametrize("b", [74, 321])
+def test_v32_production_shapes_gpu(b):
+    """FlashMLA's V3.2 production case (h_q 128, topk 2048, s_q 2) at b 74 and 321, strided
+    pages as FlashMLA's quantizer writes them."""
+    _run(b, b, 2, 128, 64, 2048, 576, torch.bfloat16, s_k=2048, sink=False)
+
+
+@gpu_only
+@pytest.mark.parametrize("h_q", [64, 128])
+def test_model1_production_shapes_gpu(h_q):
+    """FlashMLA's MODEL1 CONFIG1 / CONFIG2 shape family: main cache P 256 topk 128, extra cache
+    P 64 topk 512 with extra_topk_length, sink, b 74, s_q 2."""
+    _run(h_q, 74, 2, h_q, 256, 128, 512, torch.bfloat16, s_k=1024, sink=True,
+         extra=(64, 512, dict(topk_len=True)))

@@ -1,0 +1,182 @@
+"""The top-k the serving engines run after the indexer logits, on this project's exact top-k.
+
+vLLM (``vllm/model_executor/layers/sparse_attn_indexer.py``, decode branch, after
+``fp8_fp4_paged_mqa_logits``) calls one of three ops, each writing into a slice of its
+persistent ``topk_indices_buffer``:
+
+- ``torch.ops._C.persistent_topk(logits, seq_lens, topk_indices, workspace, k, max_seq_len)``
+  when ``k`` is 512 / 1024 / 2048 on CUDA (the sm_120 case);
+- ``torch.ops._C.cooperative_topk(logits, seq_lens, topk_indices, workspace, k, max_seq_len)``
+  for at most 32 rows on sm_90 / sm_100 (not on the sm_120 family);
+- ``vllm._custom_ops.top_k_per_row_decode(logits, next_n, seq_lens, topk_indices, num_rows,
+  stride0, stride1, topk_tokens)`` otherwise.
+
+SGLang's NSA indexer (``sgl_kernel``) calls ``fast_topk_v2(score, lengths, topk,
+row_starts=None)`` or ``fast_topk_transform_fused(score, lengths, page_table_size_1,
+cu_seqlens_q, topk, row_starts=None)`` (the fused form maps each selected position through the
+request's page-size-1 table).
+
+All of them select, per logits row r, the positions of the ``k`` largest logits among the first
+``len[r]`` positions; the rest of the row is -1. Here the selection is exact (SPEC "Operation A":
+NaN and -inf never selected, ties to the smaller position) and the output order is unspecified,
+as in the engines (the attention that consumes the indices sums over them). Backed by the radix
+top-k kernel ``kernels.triton.topk.launch_topk`` (no host sync, CUDA-graph capturable) where
+Triton runs, else an exact PyTorch top-k over unique (logit, position) keys.
+"""
+from __future__ import annotations
+
+import torch
+
+from torch_impl import _common
+from torch_impl.indexer import _POS_BITS, _order_key
+
+__all__ = ["select_topk", "top_k_per_row_decode", "persistent_topk", "cooperative_topk",
+           "fast_topk_v2", "fast_topk_transform_fused"]
+
+
+def _torch_select(logits: torch.Tensor, lengths: torch.Tensor, k: int, out: torch.Tensor):
+    R, W = logits.shape
+    pos = torch.arange(W, device=logits.device)
+    ok = (~torch.isnan(logits) & (logits != float("-inf"))
+          & (pos[None, :] < lengths.long()[:, None]))
+    key = torch.where(ok, _order_key(logits), torch.zeros_like(pos))
+    comp = (key << _POS_BITS) | ((1 << _POS_BITS) - 1 - pos)
+    kk = min(k, W)
+    top = torch.topk(comp, kk, dim=1, sorted=True).values
+    low = (1 << _POS_BITS) - 1
+    sel = torch.where((top >> _POS_BITS) > 0, low - (top & low), torch.full_like(top, -1))
+    out[:, :kk] = sel.to(torch.int32)
+    if kk < k:
+        out[:, kk:] = -1
+    return out
+
+
+def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
+                out: torch.Tensor | None = None, *, path: str = "auto") -> torch.Tensor:
+    """Exact top-k positions of each row's valid prefix.
+
+    Args:
+      logits: float32 ``[R, W]`` (bf16 / fp16 widened), any row stride, last dim contiguous.
+      lengths: int ``[R]``: row r's valid prefix ``[0, lengths[r])`` (clamped to ``[0, W]``).
+      k: top-k width (>= 1).
+      out: int32 ``[R, k]`` with contiguous last dim to write into (any row stride), or None.
+      path: ``"auto"`` (Triton where it runs, else torch), ``"triton"`` or ``"torch"``.
+    Returns:
+      int32 ``[R, k]``: selected positions (order unspecified), then -1.
+    """
+    _common.check_tensor("logits", logits, ndim=2,
+                         dtypes=(torch.float32, torch.bfloat16, torch.float16))
+    R, W = logits.shape
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k: expected a positive int, got {k!r}")
+    _common.check_tensor("lengths", lengths, shape=(R,), dtypes=(torch.int32, torch.int64),
+                         device=logits.device)
+    if out is None:
+        out = torch.empty((R, k), dtype=torch.int32, device=logits.device)
+    _common.check_tensor("out", out, shape=(R, k), dtypes=(torch.int32,), device=logits.device)
+    if logits.dtype != torch.float32 or logits.stride(1) != 1:
+        logits = logits.float().contiguous()
+    lens = lengths.to(torch.int32).clamp(0, W).contiguous()
+    if R == 0:
+        return out
+
+    def triton():
+        from kernels import hardware
+        from kernels.triton.topk import launch_topk
+        dev = _common.device_info(logits.device)
+        hardware.require_arch(dev, "select_topk (triton)")
+        dst = out if out.stride(1) == 1 else torch.empty((R, k), dtype=torch.int32,
+                                                         device=logits.device)
+        scratch = torch.empty((R, W), dtype=torch.int32, device=logits.device)
+        launch_topk(logits, lens, k, dst, scratch)
+        if dst is not out:
+            out.copy_(dst)
+        return out
+
+    impls = {"triton": triton, "torch": lambda: _torch_select(logits, lens, k, out)}
+    return _common.run_path("select_topk", path, impls, ("triton", "torch"))
+
+
+def _row_lengths(seq_lens: torch.Tensor, num_rows: int, next_n: int | None) -> torch.Tensor:
+    """Per-row valid lengths: ``seq_lens`` with one entry per row (2-D ``[B, next_n]``
+    flattened, or ``[num_rows]``), else the decode rule of a 1-D ``[B]``: row ``r = b * next_n
+    + i`` sees ``seq_lens[b] - next_n + i + 1`` positions."""
+    if seq_lens.numel() == num_rows and (seq_lens.dim() == 2 or next_n in (None, 1)):
+        return seq_lens.reshape(num_rows)
+    if seq_lens.dim() != 1:
+        raise ValueError(f"seq_lens: expected [B, next_n] with B * next_n = {num_rows} rows, or "
+                         f"[B], got shape {tuple(seq_lens.shape)}")
+    B = seq_lens.shape[0]
+    n = next_n if next_n is not None else (num_rows // B if B and num_rows % B == 0 else 0)
+    if n < 1 or B * n != num_rows:
+        raise ValueError(f"seq_lens: {B} requests do not split {num_rows} logits rows into "
+                         f"next_n = {next_n} drafts each")
+    r = torch.arange(num_rows, device=seq_lens.device)
+    return seq_lens.long()[r // n] - n + (r % n) + 1
+
+
+def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor,
+                         topk_indices: torch.Tensor, num_rows: int, stride0: int, stride1: int,
+                         topk_tokens: int) -> None:
+    """vLLM's ``_custom_ops.top_k_per_row_decode``: writes ``topk_indices[:num_rows,
+    :topk_tokens]`` (int32, -1 padded) in place.
+
+    Args:
+      logits: float32 ``[num_rows, W]`` read with strides ``(stride0, stride1)``.
+      next_n: drafts per request. seq_lens: int32 ``[B]`` (row ``b * next_n + i`` sees
+        ``seq_lens[b] - next_n + i + 1`` positions) or ``[B, next_n]`` (per row).
+      topk_indices: int32 ``[>= num_rows, >= topk_tokens]`` output buffer.
+    """
+    view = torch.as_strided(logits, (num_rows, logits.shape[1]), (stride0, stride1),
+                            logits.storage_offset())
+    lens = _row_lengths(seq_lens, num_rows, next_n)
+    select_topk(view, lens, topk_tokens, topk_indices[:num_rows, :topk_tokens])
+
+
+def persistent_topk(logits: torch.Tensor, seq_lens: torch.Tensor, topk_indices: torch.Tensor,
+                    workspace: torch.Tensor, k: int, max_seq_len: int) -> None:
+    """vLLM's ``torch.ops._C.persistent_topk``: writes ``topk_indices[:, :k]`` for every logits
+    row in place; ``workspace`` is unused; ``max_seq_len`` bounds the row width read."""
+    R = logits.shape[0]
+    view = logits[:, : min(int(max_seq_len), logits.shape[1])]
+    select_topk(view, _row_lengths(seq_lens, R, None), k, topk_indices[:R, :k])
+
+
+def cooperative_topk(logits, seq_lens, topk_indices, workspace, k, max_seq_len) -> None:
+    """vLLM's ``torch.ops._C.cooperative_topk``: the same contract as :func:`persistent_topk`."""
+    persistent_topk(logits, seq_lens, topk_indices, workspace, k, max_seq_len)
+
+
+def fast_topk_v2(score: torch.Tensor, lengths: torch.Tensor, topk: int,
+                 row_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """SGLang ``sgl_kernel.fast_topk_v2`` (paged / decode form): int32 ``[R, topk]`` positions
+    of the top-k of ``score[r, :lengths[r]]``, -1 padded. Any topk (SGLang: 2048 only).
+    ``row_starts`` (the ragged prefill form) is not provided."""
+    if row_starts is not None:
+        raise NotImplementedError("fast_topk_v2: row_starts (ragged prefill) is not provided")
+    return select_topk(score, lengths, topk)
+
+
+def fast_topk_transform_fused(score: torch.Tensor, lengths: torch.Tensor,
+                              page_table_size_1: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                              topk: int, row_starts: torch.Tensor | None = None) -> torch.Tensor:
+    """SGLang ``sgl_kernel.fast_topk_transform_fused`` (decode form): the top-k positions of
+    each row mapped through its request's page-size-1 table,
+    ``dst[r, j] = page_table_size_1[req(r), pos[r, j]]``, -1 kept. ``req(r)`` is r when the table
+    has one row per score row, else the request whose ``cu_seqlens_q`` range holds r.
+    ``row_starts`` (ragged prefill) is not provided."""
+    if row_starts is not None:
+        raise NotImplementedError("fast_topk_transform_fused: row_starts (ragged prefill) is "
+                                  "not provided")
+    pos = select_topk(score, lengths, topk)
+    R = score.shape[0]
+    _common.check_tensor("page_table_size_1", page_table_size_1, ndim=2,
+                         dtypes=(torch.int32,), device=score.device)
+    table = page_table_size_1
+    if table.shape[0] != R:
+        req = torch.searchsorted(cu_seqlens_q[1:].long().contiguous(),
+                                 torch.arange(R, device=score.device), right=True)
+        table = table[req.clamp(max=table.shape[0] - 1)]
+    ok = (pos >= 0) & (pos < table.shape[1])
+    slot = torch.gather(table, 1, torch.where(ok, pos, 0).long())
+    return torch.where(ok, slot, -1).to(torch.int32)
