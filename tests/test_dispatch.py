@@ -37,7 +37,10 @@ def _write(arch, entries, directory):
 
 
 def _entry(op, backend, bkt, path, config=None):
-    return {"op": op, "backend": backend, "bucket": bkt, "path": path, "config": config}
+    """A table entry; ``config`` defaults to ``{}`` (a plain path's, or the kernel path's
+    heuristic: a kernel path fills an empty config with its defaults)."""
+    return {"op": op, "backend": backend, "bucket": bkt, "path": path,
+            "config": {} if config is None else config}
 
 
 # ----------------------------------------------------------------------------- lookup rules
@@ -162,8 +165,7 @@ def _idx_case():
 
 
 def _idx_bucket(c):
-    W = c.block_table.shape[1] * 16
-    assert dispatch.bucket("x", L=W) == dispatch.bucket("x", L=int(c.context_lens.max()))
+    W = c.block_table.shape[1] * 16             # both stacks bucket L by the table's capacity
     return dispatch.bucket("indexer_topk", B=2, N=1, L=W, topk=c.topk)
 
 
