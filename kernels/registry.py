@@ -29,43 +29,24 @@ Vocabulary:
   (:meth:`Registry.heuristic`). The split-K count of sparse MLA is a per-call choice, not part
   of the config (``kernels.configs.sparse_mla_num_splits``).
 
-Imports: NumPy-free and framework-free at module level; the indexer config classes live beside
-their kernels (``kernels.triton.indexer`` / ``topk`` import triton, ``kernels.pallas.indexer``
-imports jax) and are imported only when a config of that path is asked for.
+Modules: the names (ops, paths, bucket keys, :func:`kernels.ops.bucket`) are defined in
+``kernels.ops``, which the dispatch table (``kernels.dispatch``) also reads; this module adds the
+config rules and the plan on top of both (``ops <- dispatch <- registry``, no cycle). NumPy-free
+and framework-free at module level; the indexer config classes live beside their kernels
+(``kernels.triton.indexer`` / ``topk`` import triton, ``kernels.pallas.indexer`` imports jax) and
+are imported only when a config of that path is asked for.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from kernels import configs
+from kernels import configs, dispatch
 
-AUTO = "auto"
-
-OPS = ("sparse_mla_decode", "indexer_logits", "indexer_topk", "dsa_decode_step", "dsa_decode_layer")
-"""Every op, in the order reports list them."""
-
-BACKEND_PATHS = MappingProxyType({"torch": ("triton", "torch"), "jax": ("pallas", "xla")})
-"""Paths of each backend in their fall-through order (kernel path first)."""
-
-KERNEL_PATHS = MappingProxyType({"torch": "triton", "jax": "pallas"})
-"""The path of each backend that launches a kernel with a config; the others are plain."""
-
-BUCKET_KEYS = MappingProxyType({
-    "sparse_mla_decode": ("B", "N", "H", "K", "d_qk", "kv_format"),
-    "indexer_topk": ("B", "N", "L", "topk"),
-    "indexer_logits": ("B", "N", "L"),
-})
-"""Dispatch-bucket keys of the kernel ops (the other ops have no dispatch entries)."""
-
-POW2_KEYS = ("B", "L")
-"""Bucket keys rounded up to a power of two (nearest-entry fallback measures log2 distance)."""
-
-TIMED_OPS = ("sparse_mla_decode", "indexer_topk", "dsa_decode_step", "dsa_decode_layer")
-"""The ops ``python -m bench`` times (indexer_logits is a debugging output, not a serving op)."""
+from kernels.ops import (AUTO, BACKEND_PATHS, BUCKET_KEYS, KERNEL_PATHS, OPS, POW2_KEYS,  # noqa: F401
+                         TIMED_OPS, bucket as _bucket, pow2_bucket)
 
 
 # ============================================================================ config rules
@@ -257,23 +238,13 @@ class Registry:
 
     # ------------------------------------------------------------------ buckets
     def bucket(self, op: str, **dims) -> dict:
-        """The dispatch bucket of a call: the op's :data:`BUCKET_KEYS` (other keys of ``dims``
-        are ignored), ``B`` and ``L`` rounded up to powers of two (1 for values <= 1), the
-        rest exact. Ops without dispatch entries have the empty bucket.
+        """The dispatch bucket of a call (``kernels.ops.bucket``): the op's bucket keys, ``B``
+        and ``L`` rounded up to powers of two, the rest exact; ``{}`` for the compositions.
 
         Raises:
           ValueError: unknown op, or a bucket key missing from ``dims``.
         """
-        self._check_op(op)
-        keys = BUCKET_KEYS.get(op, ())
-        missing = [k for k in keys if k not in dims]
-        if missing:
-            raise ValueError(f"dims: the {op} bucket needs keys {keys}, missing {missing}")
-        out = {}
-        for k in sorted(keys):
-            v = dims[k]
-            out[k] = pow2_bucket(v) if k in POW2_KEYS and isinstance(v, int) else v
-        return out
+        return _bucket(op, **dims)
 
     # ------------------------------------------------------------------ configs
     def _rule(self, op, backend, path) -> ConfigRule | None:
@@ -341,8 +312,6 @@ class Registry:
         Raises:
           ValueError: unknown op, backend or path, or a missing bucket key.
         """
-        from kernels import dispatch                   # dispatch imports this module
-
         self._check_op(op)
         if path != AUTO and path not in self.paths(backend):
             raise ValueError(f"path: expected one of {self.path_choices(backend)}, got {path!r}")
@@ -361,11 +330,6 @@ class Registry:
                 cfg = self.accept(op, backend, p, dev, entry.get("config"), **shape)
             cfgs[p] = cfg if cfg is not None else self.heuristic(op, backend, p, dev, **shape)
         return Plan(op, backend, bkt, tuple(order), MappingProxyType(cfgs), entry)
-
-
-def pow2_bucket(x: int) -> int:
-    """Smallest power of two >= ``x`` (1 for ``x <= 1``): the bucket of a batch or a length."""
-    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
 
 
 def run_path(op: str, path: str, impls: Mapping[str, Callable], order: Sequence[str]):

@@ -13,12 +13,13 @@
                   "path": "triton", "config": {...},
                   "gpu": "NVIDIA H200", "median_us": {"triton": 41.2, "torch": 390.0}}, ...]}
 
-``backend`` and ``path``: a backend of ``kernels.registry`` and one of its paths (torch:
+``backend`` and ``path``: a backend of ``kernels.ops`` and one of its paths (torch:
 ``"triton"``, ``"torch"``; jax: ``"pallas"``, ``"xla"``). ``config`` is the config the winning
 row ran (``kernels.registry.Plan.config``: ``{}`` for a plain path, the kernel's launch
 parameters as a dict for a kernel path). ``path="auto"`` runs it when it is in the path's space
-(``Registry.accept``), else the path's heuristic; which ops, paths and bucket keys exist is
-``kernels.registry``'s decision, this module only stores and finds entries.
+(``kernels.registry.Registry.accept``), else the path's heuristic; which ops, paths and bucket
+keys exist is ``kernels.ops``' decision, what runs ``kernels.registry``'s; this module only
+stores and finds entries (it imports ``kernels.ops`` only, the registry imports it).
 
 Lookup (:func:`lookup`) matches an entry when every key of the entry's bucket is present in the
 query bucket with the same value (extra query keys are ignored). When no entry matches exactly,
@@ -39,7 +40,8 @@ import math
 import os
 from pathlib import Path
 
-from kernels.registry import BACKEND_PATHS, BUCKET_KEYS, POW2_KEYS, REGISTRY  # noqa: F401 - re-exported
+from kernels.ops import BACKEND_PATHS, BUCKET_KEYS, KERNEL_PATHS, POW2_KEYS  # noqa: F401 - re-exported
+from kernels.ops import bucket as _bucket
 
 _DIR = Path(__file__).resolve().parent
 DISPATCH_DIR_ENV = "DSA_DISPATCH_DIR"
@@ -54,15 +56,15 @@ def dispatch_dir() -> Path:
 
 
 def bucket(op: str, **dims) -> dict:
-    """Shape bucket of an op call (``kernels.registry.Registry.bucket``): the op's bucket keys
-    (``kernels.registry.BUCKET_KEYS``; sparse_mla_decode: B, N, H, K, d_qk, kv_format;
+    """Shape bucket of an op call (``kernels.ops.bucket``): the op's bucket keys
+    (``kernels.ops.BUCKET_KEYS``; sparse_mla_decode: B, N, H, K, d_qk, kv_format;
     indexer_topk: B, N, L (the block table's capacity in positions), topk; indexer_logits: B,
     N, L), batch and length rounded up to powers of two, the rest exact.
 
     Raises:
       ValueError: unknown op or a missing bucket key.
     """
-    return REGISTRY.bucket(op, **dims)
+    return _bucket(op, **dims)
 
 
 def clear_cache() -> None:
@@ -132,7 +134,7 @@ def lookup(op: str, backend: str, arch: str, bkt: dict, *, nearest: bool = True)
 
 def validate_table(table: dict) -> None:
     """Raise ValueError when ``table`` is not a dispatch table this module can read: keys,
-    ops and paths of ``kernels.registry``, every entry's ``config`` a dict (``{}`` for plain
+    ops and paths of ``kernels.ops``, every entry's ``config`` a dict (``{}`` for plain
     paths)."""
     if not isinstance(table, dict):
         raise ValueError(f"table: expected a JSON object, got {type(table).__name__}")
@@ -151,7 +153,7 @@ def validate_table(table: dict) -> None:
         if not isinstance(e["config"], dict):
             raise ValueError(f"table.entries[{i}]: config: expected a dict (the config the entry's "
                              f"path ran, {{}} for a plain path), got {e['config']!r}")
-        if REGISTRY.is_plain(e["backend"], e["path"]) and e["config"]:
+        if e["path"] != KERNEL_PATHS[e["backend"]] and e["config"]:
             raise ValueError(f"table.entries[{i}]: config: a plain path ({e['backend']}/"
                              f"{e['path']}) runs the empty config {{}}, got {e['config']!r}")
 
