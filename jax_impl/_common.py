@@ -1,7 +1,7 @@
 """Validation, device gates and path dispatch shared by the jax_impl launchers."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp

@@ -21,7 +21,6 @@ static (e.g. ``jax.jit(indexer_topk, static_argnames=("topk", "k_format", "sorte
 """
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
