@@ -9,6 +9,7 @@ Examples::
     python -m bench --dry-run            # CPU interpreter plumbing check (timings meaningless)
     python -m bench --op sparse_mla_decode --backend torch --preset DSV32
     python -m bench --op dsa_decode_layer   # the whole decode layer (weights + attention)
+    python -m bench --path auto          # path="auto" rows: what the dispatch table picks
 
 Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
 (roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
@@ -21,13 +22,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
 
 
 def _has_cuda() -> bool:
+    """parity's device detection (``parity.machine``: a visible NVIDIA GPU, not forced off by
+    ``DSA_FORCE_INTERPRET``), then torch's view of it (the bench times torch inputs)."""
+    from parity.machine import has_cuda_gpu
+    if not has_cuda_gpu():
+        return False
     try:
         import torch
         return torch.cuda.is_available()
@@ -49,6 +54,7 @@ def parse(argv=None) -> argparse.Namespace:
     """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
     cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
     from bench import grid                # NumPy-only imports: no framework is loaded here
+    from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
     from parity.report import positive_int, unwritable
 
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
@@ -61,9 +67,11 @@ def parse(argv=None) -> argparse.Namespace:
     mode.add_argument("--dry-run", "--cpu-smoke", dest="dry_run", action="store_true",
                       help="tiny grid in the CPU interpreter: plumbing only, timings meaningless")
     ap.add_argument("--out", type=Path, default=Path("bench/results"), help="result directory")
-    ap.add_argument("--backend", action="append", choices=("torch", "jax"), help="repeatable; default all")
-    ap.add_argument("--path", action="append", choices=("triton", "torch", "pallas", "xla"),
+    ap.add_argument("--backend", action="append", choices=OP_REGISTRY.backends,
                     help="repeatable; default all")
+    ap.add_argument("--path", action="append", choices=OP_REGISTRY.all_paths() + (AUTO,),
+                    help="repeatable; default every path (auto excluded); 'auto' times the "
+                         "bindings' path=\"auto\" (the dispatch table's choice)")
     ap.add_argument("--op", action="append", choices=grid.OPS)
     ap.add_argument("--preset", action="append", choices=("DSV32", "DSV4_FLASH"))
     ap.add_argument("--kv", action="append", choices=("bf16", "fp8"), help="latent-cache kind")
@@ -97,10 +105,9 @@ def main(argv=None) -> int:
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     dry = args.dry_run or not _has_cuda()
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # torch and JAX share the GPU
+    from parity.machine import prepare_environment
+    prepare_environment(gpu=not dry)          # interpreters on the CPU; JAX does not preallocate
     if dry:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         if not args.dry_run:
             print("no CUDA GPU: running the CPU dry run (timings meaningless)", file=sys.stderr)
     from bench import report
@@ -126,6 +133,11 @@ def main(argv=None) -> int:
         print(f"plot: {res['png']}")
     if res["dispatch"]:
         print(f"dispatch: {res['dispatch']}")
+    agree = res["meta"].get("auto_vs_fastest")
+    if agree:
+        n = sum(a["agrees"] for a in agree)
+        print(f"auto: {n} of {len(agree)} auto rows ran the path and config of their backend's "
+              f"fastest checked row (json meta 'auto_vs_fastest')")
     failed = [r for r in res["rows"] if str(r.get("status", "")).startswith(("FAILED", "error"))]
     if failed:
         print(f"{len(failed)} rows failed their check or errored (see 'status')", file=sys.stderr)
