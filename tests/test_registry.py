@@ -345,7 +345,8 @@ def test_plan_reads_the_table_once_per_auto_call(table_dir, monkeypatch):
     compare.assert_pass(compare.check_mla(out, lse, ref_out, ref_lse, q_dtype=mla.q_dtype))
     t_idx = ti.indexer_topk(*(as_tensor(a) for a in idx.args()), idx.topk, k_format=idx.k_format)
     compare.assert_pass(compare.check_topk(t_idx, idx.reference_logits(), idx.topk))
-    ti.indexer_logits(*(as_tensor(a) for a in idx.args()), k_format=idx.k_format)
+    t_lg = ti.indexer_logits(*(as_tensor(a) for a in idx.args()), k_format=idx.k_format)
+    compare.assert_pass(compare.check_logits(t_lg, idx.reference_logits()))
     assert calls == [("sparse_mla_decode", "torch"), ("indexer_topk", "torch"), ("indexer_logits", "torch")]
 
     calls.clear()
@@ -355,7 +356,9 @@ def test_plan_reads_the_table_once_per_auto_call(table_dir, monkeypatch):
     compare.assert_pass(compare.check_mla(out, lse, ref_out, ref_lse, q_dtype=mla.q_dtype))
     j_idx = jx.indexer_topk(*(jnp.asarray(a) for a in idx.args()), idx.topk, k_format=idx.k_format)
     compare.assert_pass(compare.check_topk(j_idx, idx.reference_logits(), idx.topk))
-    assert calls == [("sparse_mla_decode", "jax"), ("indexer_topk", "jax")]
+    j_lg = jx.indexer_logits(*(jnp.asarray(a) for a in idx.args()), k_format=idx.k_format)
+    compare.assert_pass(compare.check_logits(j_lg, idx.reference_logits()))
+    assert calls == [("sparse_mla_decode", "jax"), ("indexer_topk", "jax"), ("indexer_logits", "jax")]
     dispatch.clear_cache()
 
 
