@@ -19,7 +19,7 @@ Vocabulary:
   ``"xla"``: framework ops only) whose config is the explicit empty dict ``{}``. ``"auto"`` is
   not a path: it tries the backend's paths in order (the dispatch entry's path first), falling
   through on ``NotImplementedError`` (SPEC "Public names").
-* *bucket*: the dispatch key of a call (:data:`BUCKET_KEYS`; ``B`` and ``L`` rounded up to
+* *bucket*: the dispatch key of a call (``kernels.ops.BUCKET_KEYS``; ``B`` and ``L`` rounded up to
   powers of two, the rest exact). ``L`` is the block table's capacity in positions
   (``max_pages * P``): the actual lengths live on the device and are never read back.
 * *config*: a plain dict (JSON-able) of the kernel's launch parameters; ``None`` in a field
@@ -44,7 +44,6 @@ from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
 from kernels import configs, dispatch
-
 from kernels.ops import (AUTO, BACKEND_PATHS, BUCKET_KEYS, KERNEL_PATHS, OPS, POW2_KEYS,  # noqa: F401
                          TIMED_OPS, bucket as _bucket, pow2_bucket)
 
@@ -203,10 +202,9 @@ class Registry:
     config_rules = CONFIG_RULES
 
     # ------------------------------------------------------------------ names
-    def _check_op(self, op: str, kernel_only: bool = False) -> None:
-        allowed = self.kernel_ops if kernel_only else self.ops
-        if op not in allowed:
-            raise ValueError(f"op: expected one of {allowed}, got {op!r}")
+    def _check_op(self, op: str) -> None:
+        if op not in self.ops:
+            raise ValueError(f"op: expected one of {self.ops}, got {op!r}")
 
     def _check_backend(self, backend: str) -> None:
         if backend not in BACKEND_PATHS:
@@ -226,6 +224,7 @@ class Registry:
         return tuple(p for b in self.backends for p in BACKEND_PATHS[b])
 
     def kernel_path(self, backend: str) -> str:
+        """The backend's path that launches a kernel (``"triton"`` / ``"pallas"``)."""
         self._check_backend(backend)
         return KERNEL_PATHS[backend]
 
