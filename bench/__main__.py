@@ -9,6 +9,7 @@ Examples::
     python -m bench --dry-run            # CPU interpreter plumbing check (timings meaningless)
     python -m bench --op sparse_mla_decode --backend torch --preset DSV32
     python -m bench --op dsa_decode_layer   # the whole decode layer (weights + attention)
+    python -m bench --path auto          # path="auto" rows: what the dispatch table picks
 
 Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
 (roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
@@ -21,13 +22,17 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
 
 
 def _has_cuda() -> bool:
+    """parity's device detection (``parity.machine``: a visible NVIDIA GPU, not forced off by
+    ``DSA_FORCE_INTERPRET``), then torch's view of it (the bench times torch inputs)."""
+    from parity.machine import has_cuda_gpu
+    if not has_cuda_gpu():
+        return False
     try:
         import torch
         return torch.cuda.is_available()
@@ -59,6 +64,7 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser (every flag with help text; defaults shown by the formatter)."""
     from bench import grid                # NumPy-only imports: no framework is loaded here
+    from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
     from parity.report import csv_choices, positive_int
 
     ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n\n")[0],
@@ -73,11 +79,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=Path("bench/results"),
                     help="result directory (JSON, PNG; created if missing)")
     sel = "comma-separated and/or repeated (--backend torch,jax = --backend torch --backend jax)"
-    ap.add_argument("--backend", type=csv_choices(("torch", "jax")), action="extend",
-                    help=f"backends to time (torch, jax; default all): {sel}")
-    ap.add_argument("--path", type=csv_choices(("triton", "torch", "pallas", "xla")),
-                    action="extend", help="paths to time (triton, torch, pallas, xla; default all): "
-                                          "comma-separated and/or repeated")
+    backends = tuple(OP_REGISTRY.backends)
+    ap.add_argument("--backend", type=csv_choices(backends), action="extend",
+                    help=f"backends to time ({', '.join(backends)}; default all): {sel}")
+    all_paths = tuple(OP_REGISTRY.all_paths()) + (AUTO,)
+    ap.add_argument("--path", type=csv_choices(all_paths), action="extend",
+                    help=f"paths to time ({', '.join(all_paths)}; default every path, auto "
+                         f"excluded; 'auto' times the bindings' path=\"auto\", the dispatch "
+                         f"table's choice): comma-separated and/or repeated")
     ap.add_argument("--op", type=csv_choices(grid.OPS), action="extend",
                     help=f"ops to time ({', '.join(grid.OPS)}; default all): comma-separated "
                          f"and/or repeated")
@@ -132,10 +141,9 @@ def main(argv=None) -> int:
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
     dry = args.dry_run or not _has_cuda()
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # torch and JAX share the GPU
+    from parity.machine import prepare_environment
+    prepare_environment(gpu=not dry)          # interpreters on the CPU; JAX does not preallocate
     if dry:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
         if not args.dry_run:
             print("no CUDA GPU: running the CPU dry run (timings meaningless)", file=sys.stderr)
     from bench import report
@@ -161,6 +169,11 @@ def main(argv=None) -> int:
         print(f"plot: {res['png']}")
     if res["dispatch"]:
         print(f"dispatch: {res['dispatch']}")
+    agree = res["meta"].get("auto_vs_fastest")
+    if agree:
+        n = sum(a["agrees"] for a in agree)
+        print(f"auto: {n} of {len(agree)} auto rows ran the path and config of their backend's "
+              f"fastest checked row (json meta 'auto_vs_fastest')")
     failed = [r for r in res["rows"] if str(r.get("status", "")).startswith(("FAILED", "error"))]
     if failed:
         print(f"{len(failed)} rows failed their check or errored (see 'status')", file=sys.stderr)

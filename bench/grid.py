@@ -27,8 +27,9 @@ import itertools
 from dataclasses import asdict, dataclass
 
 from kernels.presets import PRESETS
+from kernels.registry import REGISTRY as OP_REGISTRY
 
-OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step", "dsa_decode_layer")
+OPS = OP_REGISTRY.timed_ops
 KV_KINDS = ("bf16", "fp8")
 
 

@@ -12,34 +12,59 @@ through donated buffers (JAX, see :class:`_DonatingLayerCall`). A backend that d
 or a path that raises NotImplementedError, is reported as unavailable with the reason, never as
 a failure.
 
-``REGISTRY`` maps backend name -> adapter; tests register stub backends there.
+``REGISTRY`` maps backend name -> adapter; tests register stub backends there. Ops, backends
+and paths are ``kernels.registry``'s (:data:`OP_REGISTRY`); the bindings are imported through
+parity's backend adapters (``parity.runners.BACKENDS``: one import, one reason when it fails).
 
-Kernel configs are recorded as the op reports them: a binding module that defines
-``choose_config(dev, **dims) -> (path_override, config)`` (torch_impl.sparse_mla does) is asked
-for the config of the timed call; otherwise the row's ``config`` is null.
+``path="auto"`` is timed like a path (``python -m bench --path auto``): the bindings plan the
+call with ``kernels.registry`` (dispatch table first, then the fall-through order).
+
+Kernel configs: every row records the config its call ran, from the same plan the binding
+makes (:meth:`Backend.plan`, ``kernels.registry.Registry.plan`` for this backend, device and
+shape): ``{}`` for a plain path, the kernel's launch parameters for a kernel path, and for
+compositions (``dsa_decode_step``, ``dsa_decode_layer``) ``{op: config}`` of the ops they call.
+``auto`` rows also record the path the plan runs first (``auto_path``).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
-import sys
 
 from bench.inputs import Inputs
+from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
 
-OPS = ("indexer_topk", "sparse_mla_decode", "dsa_decode_step", "dsa_decode_layer")
+OPS = OP_REGISTRY.timed_ops
 LAYER_OUTPUTS = ("indices", "idx_q", "idx_weights", "idx_context_lens")
 """The layer intermediates a ``dsa_decode_layer`` call returns besides ``out`` and the caches."""
 
 
-def _config_dict(cfg):
-    if cfg is None:
-        return None
-    if hasattr(cfg, "to_dict"):
-        return cfg.to_dict()
-    if dataclasses.is_dataclass(cfg):
-        return dataclasses.asdict(cfg)
-    return dict(cfg) if isinstance(cfg, dict) else None
+# the kernel ops each timed op calls (their plans are the row's config)
+_CALLS = {"sparse_mla_decode": ("sparse_mla_decode",), "indexer_topk": ("indexer_topk",),
+          "dsa_decode_step": ("indexer_topk", "sparse_mla_decode"),
+          "dsa_decode_layer": ("indexer_topk", "sparse_mla_decode")}
+
+
+def plan_dims(op: str, inp: Inputs) -> dict:
+    """The ``kernels.registry`` shape of kernel op ``op`` as a bench shape calls it (the bucket
+    keys the bindings pass: the indexer's L is the block table's capacity)."""
+    sh = inp.shape
+    if op == "indexer_topk":
+        return dict(B=sh.B, N=sh.N, L=sh.table_positions, topk=sh.K_topk)
+    return dict(B=sh.B, N=sh.N, H=sh.H, K=sh.K_topk + sh.W_window, d_qk=sh.p.d_qk,
+                kv_format=sh.kv_format, operand_bytes=4 if inp.q_dtype == "float32" else 2)
+
+
+def registry_plan(backend: str, dev, op: str, inp: Inputs, path: str):
+    """``(path run first, config)`` of one timed call from ``kernels.registry``'s plan: for a
+    composition, ``({op: path}, {op: config})`` of the ops it calls (the path collapses to one
+    name when all agree)."""
+    plans = {name: OP_REGISTRY.plan(name, backend, dev, path=path, **plan_dims(name, inp))
+             for name in _CALLS[op]}
+    if op in plans:
+        return plans[op].path, plans[op].config
+    ran = {n: p.path for n, p in plans.items()}
+    return (next(iter(ran.values())) if len(set(ran.values())) == 1 else ran,
+            {n: p.config for n, p in plans.items()})
 
 
 class Backend:
@@ -57,8 +82,13 @@ class Backend:
         raise NotImplementedError
 
     def config(self, op: str, inp: Inputs, path: str):
-        """The kernel config the op reports for this call, or None."""
+        """The kernel config this call runs, or None when the adapter cannot tell."""
         return None
+
+    def plan(self, op: str, inp: Inputs, path: str):
+        """``(path the call runs first, config it runs)``; ``path`` may be ``"auto"``. The
+        default: the named path (``"auto"``: the first of :attr:`paths`) and :meth:`config`."""
+        return (self.paths[0] if path == AUTO else path), self.config(op, inp, path)
 
     def sync(self, outputs) -> None:
         """Wait until ``outputs`` are computed."""
@@ -66,10 +96,11 @@ class Backend:
 
 class TorchBackend(Backend):
     name = "torch"
-    paths = ("triton", "torch")
+    paths = OP_REGISTRY.paths("torch")
 
     def load(self):
-        return importlib.import_module("torch_impl")
+        from parity.runners import BACKENDS
+        return _load(BACKENDS["torch"])
 
     def _fns(self, inp: Inputs, path: str):
         m = self.load()
@@ -129,16 +160,8 @@ class TorchBackend(Backend):
             return {"out": out, "kv_cache": kv, "k_cache": kc, **{k: inter[k] for k in LAYER_OUTPUTS}}
         return [functools.partial(call, s) for s in inp.sets]
 
-    def config(self, op, inp, path):
-        if path != "triton" or op == "dsa_decode_layer":
-            return None
-        m = self.load()
-        names = {"sparse_mla_decode": ("sparse_mla_decode",), "indexer_topk": ("indexer_topk",),
-                 "dsa_decode_step": ("indexer_topk", "sparse_mla_decode")}[op]
-        cfgs = {}
-        for name in names:
-            cfgs[name] = _probe_choose_config(getattr(m, name, None), inp, name, dev_of=_torch_dev(inp))
-        return cfgs[op] if op in cfgs else (cfgs if any(v is not None for v in cfgs.values()) else None)
+    def plan(self, op, inp, path):
+        return registry_plan("torch", _device(_torch_dev(inp)), op, inp, path)
 
     def sync(self, outputs):
         import torch
@@ -205,6 +228,15 @@ def step_impl(backend: str, window: int) -> str:
     return "bench: indexer_topk(sorted=True) -> [+window] -> sparse_mla_decode(block_table)"
 
 
+def _load(be):
+    """The binding module through parity's backend adapter (ImportError with its reason)."""
+    from parity.runners import Unavailable
+    try:
+        return be.module()
+    except Unavailable as e:
+        raise ImportError(str(e)) from None
+
+
 def _torch_dev(inp):
     def get():
         import torch
@@ -218,23 +250,12 @@ def _jax_dev():
     return _common.device_info()
 
 
-def _probe_choose_config(fn, inp: Inputs, op: str, dev_of):
-    """Ask the op's binding module for its config (``choose_config``), or None."""
-    if fn is None:
-        return None
-    mod = sys.modules.get(getattr(fn, "__module__", ""), None)
-    choose = getattr(mod, "choose_config", None)
-    if choose is None:
-        return None
-    sh = inp.shape
-    dims = (dict(B=sh.B, N=sh.N, H=sh.H, K=sh.K, d_qk=sh.p.d_qk, kv_format=sh.kv_format)
-            if op == "sparse_mla_decode" else dict(B=sh.B, N=sh.N, L=sh.L, topk=sh.K_topk))
+def _device(get):
+    """The binding's DeviceInfo, or None where it has none (the plan then names no config)."""
     try:
-        res = choose(dev_of(), **dims)
-    except Exception:  # noqa: BLE001 - a different signature: no config reported
+        return get()
+    except NotImplementedError:
         return None
-    cfg = res[1] if isinstance(res, tuple) and len(res) == 2 else res
-    return _config_dict(cfg)
 
 
 def to_jax(t):
@@ -257,10 +278,11 @@ def to_jax(t):
 
 class JaxBackend(Backend):
     name = "jax"
-    paths = ("pallas", "xla")
+    paths = OP_REGISTRY.paths("jax")
 
     def load(self):
-        return importlib.import_module("jax_impl")
+        from parity.runners import BACKENDS
+        return _load(BACKENDS["jax"])
 
     def prepare(self, op, inp, path):
         import jax
@@ -333,13 +355,8 @@ class JaxBackend(Backend):
             calls.append(_DonatingLayerCall(f, state, *args))
         return calls
 
-    def config(self, op, inp, path):
-        if path != "pallas":
-            return None
-        m = self.load()
-        if op in ("dsa_decode_step", "dsa_decode_layer"):
-            return None
-        return _probe_choose_config(getattr(m, op, None), inp, op, dev_of=_jax_dev)
+    def plan(self, op, inp, path):
+        return registry_plan("jax", _device(_jax_dev), op, inp, path)
 
     def sync(self, outputs):
         import jax
@@ -370,7 +387,8 @@ class _DonatingLayerCall:
         return res
 
 
-REGISTRY: dict[str, Backend] = {"torch": TorchBackend(), "jax": JaxBackend()}
+_ADAPTERS = {"torch": TorchBackend, "jax": JaxBackend}
+REGISTRY: dict[str, Backend] = {b: _ADAPTERS[b]() for b in OP_REGISTRY.backends}
 
 
 def discover(backends=None) -> dict[str, tuple[Backend | None, str]]:

@@ -8,6 +8,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from kernels import dispatch
+from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
 
 ROW_KEYS = ("op", "backend", "path", "preset", "B", "N", "H", "L", "K", "P", "kv_format",
             "table_len", "tp", "median_us", "p20_us", "p80_us", "bytes", "flops", "floor_us",
@@ -88,7 +89,8 @@ def plot(path: Path, meta: dict, rows: list[dict], machine: dict) -> Path | None
     xs = [10 ** (i / 20) for i in range(-20, 101)]
     ax.plot(xs, [min(bw * x, peak) / 1e12 for x in xs], "k-", lw=1.5,
             label=f"roof: {bw / 1e12:.2f} TB/s copy, {peak / 1e12:.0f} TFLOP/s bf16")
-    colors = {"triton": "tab:blue", "torch": "tab:orange", "pallas": "tab:green", "xla": "tab:red"}
+    colors = {"triton": "tab:blue", "torch": "tab:orange", "pallas": "tab:green", "xla": "tab:red",
+              AUTO: "tab:purple"}
     markers = {"sparse_mla_decode": "o", "indexer_topk": "s", "dsa_decode_step": "^", "dsa_decode_layer": "D"}
     seen = set()
     for r in rows:
@@ -132,16 +134,18 @@ def row_bucket(r: dict) -> dict | None:
 
 
 def dispatch_entries(rows: list[dict], gpu: str) -> list[dict]:
-    """Fastest checked path per (op, backend, bucket).
+    """Fastest checked path per (op, backend, bucket), with the config it ran.
 
     Rows of one bucket (e.g. several L for sparse MLA, whose bucket has no L) are compared on
     the shapes every candidate path measured: the winner has the smallest geometric mean of
-    median_us over them. The entry carries the winner's config (as the op reported it) and
-    every candidate's geometric-mean time.
+    median_us over them. The entry carries the config of the winner's fastest checked row (the
+    config that row's call ran, ``kernels.registry.Plan.config``; ``{}`` for a plain path) and
+    every candidate's geometric-mean time. ``auto`` rows are not candidates (auto is what the
+    table steers).
     """
     groups: dict = defaultdict(lambda: defaultdict(dict))      # key -> path -> shape -> row
     for r in rows:
-        if r.get("status") != "ok" or not r.get("median_us"):
+        if r.get("status") != "ok" or not r.get("median_us") or r.get("path") == AUTO:
             continue
         bkt = row_bucket(r)
         if bkt is None:
@@ -157,8 +161,36 @@ def dispatch_entries(rows: list[dict], gpu: str) -> list[dict]:
             use = common if common else set(by_shape)
             score[path] = math.exp(sum(math.log(by_shape[s]["median_us"]) for s in use) / len(use))
         best = min(score, key=score.get)
-        rep = next(iter(by_path[best].values()))
+        rep = min(by_path[best].values(), key=lambda r: r["median_us"])
+        config = rep.get("config")
+        if config is None and OP_REGISTRY.is_plain(backend, best):
+            config = {}                                 # an adapter that reports none
         entries.append({"op": op, "backend": backend, "bucket": json.loads(bkt_s), "path": best,
-                        "config": rep.get("config"), "gpu": gpu,
+                        "config": config, "gpu": gpu,
                         "median_us": {p: round(v, 3) for p, v in sorted(score.items())}})
     return entries
+
+
+def auto_vs_fastest(rows: list[dict]) -> list[dict]:
+    """For every checked ``auto`` row, the fastest checked row of the same backend and shape in
+    the same run: ``{op, backend, preset, B, N, H, L, K, kv_format, table_len, tp, auto_path,
+    auto_config, auto_us, fastest_path, fastest_config, fastest_us, agrees}`` (``agrees``: auto
+    ran the fastest row's path and config). Timing noise between rows, and buckets that span
+    several shapes, can make a disagreement legitimate; the list says where to look."""
+    shape_keys = ("op", "preset", "B", "N", "H", "L", "K", "kv_format", "table_len", "tp")
+    ok = [r for r in rows if r.get("status") == "ok" and r.get("median_us")]
+    out = []
+    for a in ok:
+        if a.get("path") != AUTO:
+            continue
+        same = [r for r in ok if r.get("path") != AUTO and r["backend"] == a["backend"]
+                and all(r.get(k) == a.get(k) for k in shape_keys)]
+        if not same:
+            continue
+        f = min(same, key=lambda r: r["median_us"])
+        out.append({**{k: a.get(k) for k in shape_keys}, "backend": a["backend"],
+                    "auto_path": a.get("auto_path"), "auto_config": a.get("config"),
+                    "auto_us": a["median_us"], "fastest_path": f["path"],
+                    "fastest_config": f.get("config"), "fastest_us": f["median_us"],
+                    "agrees": (a.get("auto_path"), a.get("config")) == (f["path"], f.get("config"))})
+    return out

@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
-import platform
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,30 +34,19 @@ class RunConfig:
     extra_shapes: list = field(default_factory=list)
 
 
-def _version(mod):
-    try:
-        m = __import__(mod)
-        return getattr(m, "__version__", None)
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def environment(dry: bool) -> dict:
-    """GPU name, compute capability, arch tag, device string and library versions."""
+    """GPU name, compute capability, arch tag, device string and library versions: parity's
+    machine metadata (``parity.report.machine_info``) plus what the bench needs from torch (SM
+    count, arch tag)."""
     import torch
+    from parity.report import machine_info
 
-    versions = {"python": platform.python_version(), "numpy": _version("numpy"), "torch": torch.__version__,
-                "triton": _version("triton"), "jax": _version("jax"), "jaxlib": _version("jaxlib"),
-                "cuda": torch.version.cuda}
-    if not dry and torch.cuda.is_available():
+    gpu = not dry and torch.cuda.is_available()
+    info = machine_info(gpu)
+    versions = dict(info["versions"])
+    if gpu:
         props = torch.cuda.get_device_properties(0)
         cc = (props.major, props.minor)
-        try:
-            drv = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=10).stdout.strip().splitlines()[0]
-        except Exception:  # noqa: BLE001
-            drv = None
-        versions["driver"] = drv
         dev = hardware.DeviceInfo(props.name, cc, props.multi_processor_count, hardware.smem_limit(cc))
         return dict(gpu=props.name, compute_capability=f"{cc[0]}.{cc[1]}", arch=dev.arch, device="cuda",
                     num_sms=props.multi_processor_count, versions=versions)
@@ -150,8 +137,16 @@ def selection(cfg: RunConfig) -> tuple[list, list]:
                          presets=cfg.presets, kvs=cfg.kvs)
     pairs = [(name, pth) for name, b in paths.REGISTRY.items()
              if not cfg.backends or name in cfg.backends
-             for pth in b.paths if not cfg.paths or pth in cfg.paths]
+             for pth in timed_paths(b, cfg.paths)]
     return shapes, pairs
+
+
+def timed_paths(adapter, selected=()) -> tuple:
+    """The paths of ``adapter`` a run times: all of its paths, or those ``selected`` names;
+    ``"auto"`` (the bindings' own dispatch) only when selected."""
+    if not selected:
+        return tuple(adapter.paths)
+    return tuple(p for p in tuple(adapter.paths) + (paths.AUTO,) if p in selected)
 
 
 def empty_selection(cfg: RunConfig) -> str | None:
@@ -209,9 +204,7 @@ def run(cfg: RunConfig) -> dict:
                                   f"{jax.default_backend()!r}); install jax[cuda12]")
     todo = []                                    # (backend name, adapter, path)
     for name, (adapter, why) in found.items():
-        for pth in paths.REGISTRY[name].paths:
-            if cfg.paths and pth not in cfg.paths:
-                continue
+        for pth in timed_paths(paths.REGISTRY[name], cfg.paths):
             if adapter is None:
                 meta["unavailable"][f"{name}/{pth}"] = why
             todo.append((name, adapter, pth))
@@ -276,6 +269,8 @@ def run(cfg: RunConfig) -> dict:
             _free(env["device"])
             report.write_json(json_path, meta | {"partial": True}, rows)
     meta["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    if any(r["path"] == paths.AUTO for r in rows):
+        meta["auto_vs_fastest"] = report.auto_vs_fastest(rows)
     report.write_json(json_path, meta, rows)
     png = None
     if cfg.plot:
@@ -307,8 +302,10 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
     except Exception as e:  # noqa: BLE001 - a broken path is a row, not a crashed run
         return {"status": f"error: {type(e).__name__}: {e}"[:300]}
     try:
-        upd["config"] = adapter.config(shape.op, inp, pth)
-    except Exception:  # noqa: BLE001
+        ran, upd["config"] = adapter.plan(shape.op, inp, pth)
+        if pth == paths.AUTO:
+            upd["auto_path"] = ran
+    except Exception:  # noqa: BLE001 - the row is still timed; its config is unknown
         upd["config"] = None
     try:
         res, how = checker.check(shape.op, out0, pth)

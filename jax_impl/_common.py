@@ -1,16 +1,17 @@
 """Validation, device gates and path dispatch shared by the jax_impl launchers."""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from kernels import hardware
+from kernels.registry import REGISTRY, Plan, run_path  # noqa: F401 - run_path re-exported
 from kernels.scalars import check_int, check_real  # noqa: F401 - re-exported
 
-JAX_PATHS = ("auto", "pallas", "xla")
+JAX_PATHS = REGISTRY.path_choices("jax")
 
 
 def device_info() -> hardware.DeviceInfo:
@@ -98,16 +99,13 @@ def check_sm_scale(sm_scale, *, static: bool = False):
     return value if static else sm_scale
 
 
-def run_path(op: str, path: str, impls: dict[str, Callable], order: Sequence[str]):
-    """Run ``impls[path]``; ``"auto"`` tries ``order`` and falls through on NotImplementedError."""
-    if path == "auto":
-        errors = []
-        for name in order:
-            try:
-                return impls[name]()
-            except NotImplementedError as e:  # noqa: PERF203
-                errors.append(f"{name}: {e}")
-        raise NotImplementedError(f"{op}: no path can run: " + "; ".join(errors))
-    if path not in impls:
-        raise ValueError(f"path: expected one of {('auto',) + tuple(impls)}, got {path!r}")
-    return impls[path]()
+def plan(op: str, path: str, **shape) -> Plan:
+    """``kernels.registry`` plan of one JAX call on the default device: the paths to try and
+    the config each runs (the dispatch table read once, at trace time under ``jax.jit``). On a
+    platform the Pallas kernels do not target there is no device to plan for: the default
+    order, no kernel config."""
+    try:
+        dev = device_info()
+    except NotImplementedError:
+        dev = None
+    return REGISTRY.plan(op, "jax", dev, path=path, **shape)

@@ -31,9 +31,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from jax_impl._common import check_array, check_int, device_info, require_32bit_indices, run_path
+from jax_impl._common import (check_array, check_int, device_info, plan, require_32bit_indices,
+                              run_path)
 from jax_impl.formats import split_fp8_indexer
-from kernels import dispatch, hardware
+from kernels import hardware
 from kernels.formats import K_FORMATS
 from kernels.pallas import indexer as _pallas
 
@@ -41,7 +42,6 @@ __all__ = ["indexer_logits", "indexer_topk"]
 
 _FLOAT_DTYPES = (jnp.float32, jnp.float16, jnp.bfloat16)
 _XLA_CHUNK = 4096            # positions per iteration of the XLA path (rounded to whole pages)
-_PATH_ORDER = ("pallas", "xla")
 
 
 # ============================================================================ validation
@@ -254,28 +254,12 @@ def _xla_topk(q, weights, k_cache, block_table, lens, topk, *, k_format, P, chun
 
 # ============================================================================ public API
 
-def _auto_order(op, B, N, lens_hint, topk, dev):
-    """Paths for ``"auto"``: the dispatch entry's first (with its config), then the default order."""
-    try:
-        arch = dev.arch
-    except Exception:  # noqa: BLE001
-        return _PATH_ORDER, None
-    dims = dict(B=B, N=N, L=lens_hint)
-    if topk is not None:
-        dims["topk"] = topk
-    entry = dispatch.lookup(op, "jax", arch, dispatch.bucket(op, **dims))
-    if not entry or entry.get("path") not in _PATH_ORDER:
-        return _PATH_ORDER, None
-    first = entry["path"]
-    return (first,) + tuple(p for p in _PATH_ORDER if p != first), entry.get("config")
-
-
-def _length_hint(context_lens, W):
-    """Max context length for the dispatch bucket: concrete when possible, else the table width."""
-    try:
-        return int(np.max(np.asarray(context_lens), initial=0))
-    except (jax.errors.ConcretizationTypeError, jax.errors.TracerArrayConversionError, TypeError):
-        return W
+def _plan(op, B, N, W, topk, path):
+    """``kernels.registry`` plan of one call (the dispatch table read once, at trace time under
+    ``jax.jit``). The bucket's L is the block table's capacity W, as in torch_impl: the lengths
+    are device data, not read back."""
+    dims = dict(B=B, N=N, L=W) if topk is None else dict(B=B, N=N, L=W, topk=topk)
+    return plan(op, path, **dims)
 
 
 def indexer_logits(q, weights, k_cache, block_table, context_lens, *, k_format="fp8_indexer",
@@ -322,11 +306,9 @@ def indexer_logits(q, weights, k_cache, block_table, context_lens, *, k_format="
     def xla():
         return _xla_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P)
 
-    order, cfg_auto = _PATH_ORDER, None
-    if path == "auto":
-        order, cfg_auto = _auto_order("indexer_logits", B, N, _length_hint(context_lens, W), None,
-                                      device_info())
-    return run_path("indexer_logits", path, {"pallas": pallas, "xla": xla}, order)
+    pl = _plan("indexer_logits", B, N, W, None, path)
+    cfg_auto = pl.configs.get("pallas")
+    return run_path("indexer_logits", path, {"pallas": pallas, "xla": xla}, pl.order)
 
 
 def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_format="fp8_indexer",
@@ -380,8 +362,6 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
     def xla():
         return pad(_xla_topk(q, weights, k_cache, block_table, lens, k_work, k_format=k_format, P=P))
 
-    order, cfg_auto = _PATH_ORDER, None
-    if path == "auto":
-        order, cfg_auto = _auto_order("indexer_topk", B, N, _length_hint(context_lens, W), topk,
-                                      device_info())
-    return run_path("indexer_topk", path, {"pallas": pallas, "xla": xla}, order)
+    pl = _plan("indexer_topk", B, N, W, topk, path)
+    cfg_auto = pl.configs.get("pallas")
+    return run_path("indexer_topk", path, {"pallas": pallas, "xla": xla}, pl.order)

@@ -14,9 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_impl import formats as jfmt
-from jax_impl._common import (JAX_PATHS, check_array, check_sm_scale, device_info,
+from jax_impl._common import (JAX_PATHS, check_array, check_sm_scale, device_info, plan,
                               require_32bit_indices, run_path)
-from kernels import configs, dispatch, hardware
+from kernels import configs, hardware
 from kernels import formats as nf
 from kernels.pallas import sparse_mla as pk
 
@@ -93,6 +93,13 @@ def _kv_rows(kv_cache, kv_format: str, page_size: int):
 
 # ----------------------------------------------------------------------------- pallas path
 
+def _plan(q, indices, kv_format, kv_dtype, path):
+    """``kernels.registry`` plan of one call (the dispatch table read once, at trace time)."""
+    B, N, H, d_qk = q.shape
+    return plan("sparse_mla_decode", path, B=B, N=N, H=H, K=indices.shape[2], d_qk=d_qk,
+                kv_format=kv_format, operand_bytes=_dot_dtype(q.dtype, kv_format, kv_dtype).itemsize)
+
+
 def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_length,
             attn_sink, page_size, num_pages, config=None, num_splits=None, interpret=None):
     B, N, H, d_qk = q.shape
@@ -107,13 +114,8 @@ def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk
                                       kv_cache.size * kv_cache.dtype.itemsize)
     dot_dtype = _dot_dtype(q.dtype, kv_format, kv_cache.dtype)
     if config is None:
-        entry = dispatch.lookup("sparse_mla_decode", "jax", dev.arch, dispatch.bucket(
-            "sparse_mla_decode", B=B, N=N, H=H, K=indices.shape[2], d_qk=d_qk,
-            kv_format=kv_format))
-        if entry is not None and entry.get("path") == "pallas" and dot_dtype.itemsize == 2:
-            config = configs.pallas_sparse_mla_from_dict(entry.get("config", {}), dev.smem_per_block)
-        if config is None:
-            config = configs.pallas_sparse_mla_heuristic(H, dev.smem_per_block, dot_dtype.itemsize)
+        config = configs.SparseMLAConfig(**_plan(q, indices, kv_format, kv_cache.dtype,
+                                                 "pallas").config)
     hardware.require_smem(dev, f"sparse_mla_decode (pallas, {config})",
                           configs.pallas_sparse_mla_smem(config, dot_dtype.itemsize))
     head_blocks = -(-H // config.block_h)
@@ -254,19 +256,12 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
                                      block_table, topk_length, attn_sink, path)
     kw = dict(kv_format=kv_format, d_v=d_v, block_table=block_table, topk_length=topk_length,
               attn_sink=attn_sink, page_size=page_size, num_pages=num_pages)
-    impls = {"pallas": lambda: _pallas(q, kv_cache, indices, sm_scale, **kw),
+    pl = _plan(q, indices, kv_format, kv_cache.dtype, path)
+    cfg = pl.configs.get("pallas")
+    impls = {"pallas": lambda: _pallas(q, kv_cache, indices, sm_scale, **kw,
+                                       config=configs.SparseMLAConfig(**cfg) if cfg else None),
              "xla": lambda: _xla(q, kv_cache, indices, sm_scale, **kw)}
-    order = ["pallas", "xla"]
-    if path == "auto":
-        try:
-            dev = device_info()
-            entry = dispatch.lookup("sparse_mla_decode", "jax", dev.arch, dispatch.bucket(
-                "sparse_mla_decode", B=q.shape[0], N=q.shape[1], H=q.shape[2],
-                K=indices.shape[2], d_qk=q.shape[3], kv_format=kv_format))
-        except NotImplementedError:
-            entry = None
-        if entry is not None and entry.get("path") in impls:
-            order = [entry["path"]] + [p for p in order if p != entry["path"]]
+    order = pl.order
     return run_path("sparse_mla_decode", path, impls, order)
 
 

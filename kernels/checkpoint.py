@@ -47,7 +47,7 @@ import ml_dtypes
 import numpy as np
 
 from kernels import formats
-from kernels.layer_reference import LayerConfig, weight_shapes
+from kernels.layer_config import LayerConfig, weight_shapes
 
 __all__ = [
     "BLOCK", "read_header", "load_tensors", "save_safetensors", "weight_dequant", "weight_quant",

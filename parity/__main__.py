@@ -14,6 +14,7 @@ import sys
 import time
 
 from parity import runners as _runners
+from parity.jobs import SELECTION_ARGS, case_line, run_shard, run_suite
 from parity.report import csv_choices, positive_int, selection, unwritable as report_unwritable
 
 OP_CHOICES = _runners.OPS
@@ -172,116 +173,27 @@ def print_env(console, gpu: bool, selected) -> dict:
 
 
 # ============================================================================ the run
+# run_suite (one process) and run_shard (one --jobs worker) live in parity.jobs, which never
+# imports this module (spawned workers import their target by module name).
 
-def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=None, log=None):
-    """Run every case on every selected runner; returns the list of report.Row."""
-    from parity import cases as _pcases, checks, report
-
-    rows: list[report.Row] = []
-    refs = checks.References()
-    keys = [r.key for r in selected]
-    import_err = {r.key: _runners.import_status(r) for r in selected}
-    task = progress.add_task("parity", total=len(cases) * max(1, len(selected))) if progress else None
-
-    for ci, pc in enumerate(cases):
-        params = dict(pc.params)
-        rerun = lambda ks: report.rerun_command(pc.name, pc.op, ks, seed, mode)  # noqa: E731
-        t0 = time.perf_counter()
-        try:
-            case = pc.build()
-            build_err = None
-            for k, v in _pcases.built_shape(case).items():     # corner cases: shape known once built
-                if params.get(k) is None:
-                    params[k] = v
-        except Exception as e:  # noqa: BLE001 - a broken generator fails the case, not the run
-            case, build_err = None, f"building the case failed: {type(e).__name__}: {e}"
-        got, ok = {}, {}
-        ref_rows, repeat_rows, cross_rows = [], [], []
-        for r in selected:
-            if progress:
-                progress.update(task, description=f"{pc.name} [{pc.op}] {r.key}")
-            row = report.Row(pc.name, pc.op, r.backend, r.path, "reference", "pass",
-                             rerun=rerun([r.key]), params=params)
-            t1, c1 = time.perf_counter(), time.process_time()
-            try:
-                if build_err:
-                    raise RuntimeError(build_err)
-                if import_err[r.key]:
-                    raise _runners.Unavailable(import_err[r.key])
-                out = r.call(pc.op, case)
-                row.seconds, row.cpu_seconds = time.perf_counter() - t1, time.process_time() - c1
-                res = checks.against_reference(pc.op, case, out, refs)
-                row.status = "pass" if res.passed else "fail"
-                row.worst_error, row.tolerance, row.ratio, row.message = (
-                    res.worst_error, res.tolerance, res.ratio, res.message)
-                got[r.key], ok[r.key] = out, res.passed
-                if repeat:
-                    again = r.call(pc.op, case)
-                    rep = checks.bitwise_equal(out, again)
-                    repeat_rows.append(report.Row(pc.name, pc.op, r.backend, r.path, "repeat",
-                                                "pass" if rep.passed else "fail", 0.0, 0.0,
-                                                0.0 if rep.passed else float("inf"), rep.message,
-                                                rerun=rerun([r.key]), params=params))
-            except _runners.Unavailable as e:
-                row.status, row.message = "unavailable", str(e)
-            except Exception as e:  # noqa: BLE001 - any other exception is a failure of the path
-                row.status, row.message = "error", f"{type(e).__name__}: {str(e)[:1000]}"
-                row.seconds = time.perf_counter() - t1
-            ref_rows.append(row)
-            if progress:
-                progress.advance(task)
-        # cross-path agreement, every pair of paths that produced outputs
-        ran = [k for k in keys if k in got]
-        for i, a in enumerate(ran):
-            for b in ran[i + 1:]:
-                ra = next(r for r in selected if r.key == a)
-                row = report.Row(pc.name, pc.op, ra.backend, ra.path, b, "pass", rerun=rerun([a, b]),
-                                 params=params)
-                try:
-                    res = checks.between_paths(pc.op, case, got[a], got[b], ok[a], ok[b])
-                    row.status = "pass" if res.passed else "fail"
-                    row.worst_error, row.tolerance, row.ratio, row.message = (
-                        res.worst_error, res.tolerance, res.ratio, res.message)
-                except Exception as e:  # noqa: BLE001
-                    row.status, row.message = "error", f"{type(e).__name__}: {e}"
-                cross_rows.append(row)
-        case_rows = ref_rows + repeat_rows + cross_rows
-        rows.extend(case_rows)
-        if log is not None:
-            log(_case_line(ci + 1, len(cases), case_rows, time.perf_counter() - t0))
-        # the next case of the same inputs may reuse them; other references can go
-        if ci + 1 >= len(cases) or cases[ci + 1].builder is not pc.builder:
-            refs.clear()
-    return rows
-
-
-def _case_line(k: int, n: int, case_rows, seconds: float, what: str = "") -> str:
-    """The per-case progress line (one process and ``--jobs`` print the same)."""
-    pc = case_rows[0] if case_rows else None
-    bad = [x for x in case_rows if x.failed]
-    na = sum(x.status == "unavailable" for x in case_rows)
-    name = f"{pc.case} [{pc.op}]" if pc else "?"
-    return (f"[{k}/{n}] {name}: " + (f"FAIL ({len(bad)} comparisons)" if bad else "ok")
-            + (f", {na} unavailable" if na else "") + f" ({seconds:.1f} s{what})")
-
-
-def _run_jobs(argv: list, jobs: int, n_cases: int, err_console, show: bool = True) -> list:
+def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
+              show: bool = True) -> list:
     """``--jobs``: each case in one of ``jobs`` spawned worker processes (a one-case shard of
     ``parity.jobs.run_shard``), a progress line per finished case, rows merged in case order."""
     import concurrent.futures as cf
     import multiprocessing as mp
     done = []
     t0 = time.perf_counter()
+    sel = {k: getattr(args, k) for k in SELECTION_ARGS}
     with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        from parity.jobs import run_shard
-        futs = [pool.submit(run_shard, argv, ci, n_cases) for ci in range(n_cases)]
+        futs = [pool.submit(run_shard, sel, ci, n_cases) for ci in range(n_cases)]
         for f in cf.as_completed(futs):
             part = f.result()
             done.extend(part)
             if show:
                 for _, case_rows in part:
-                    err_console.print(_case_line(len(done), n_cases, case_rows,
-                                                 time.perf_counter() - t0, " elapsed"),
+                    err_console.print(case_line(len(done), n_cases, case_rows,
+                                                time.perf_counter() - t0, " elapsed"),
                                       markup=False, highlight=False)
     return [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
 
@@ -298,8 +210,8 @@ def main(argv=None) -> int:
     gpu = _runners.prepare_environment()
 
     from rich.console import Console
-    # a table in a log file or CI output should not be squeezed to 80 columns (an explicit
-    # COLUMNS is honoured: the table then folds long case names instead)
+    # a table in a log file or CI output should not be squeezed to 80 columns
+    # (an explicit COLUMNS is honoured: the table then folds long case names instead)
     console = Console() if sys.stdout.isatty() or os.environ.get("COLUMNS") else Console(width=160)
     err_console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
 
@@ -337,7 +249,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     show_bar = not args.no_progress and err_console.is_terminal
     if args.jobs > 1:
-        rows = _run_jobs(argv, args.jobs, len(cases), err_console, show=not args.no_progress)
+        rows = _run_jobs(args, args.jobs, len(cases), err_console, show=not args.no_progress)
     elif show_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)

@@ -15,7 +15,8 @@ Availability is discovered at run time, never assumed:
   interpreter) -> that cell is *unavailable* with the error text;
 * any other exception is a failure of the path (it is reported, with its traceback's last line).
 
-Order of paths everywhere: torch/triton, torch/torch, jax/pallas, jax/xla.
+Ops, backends and paths (and their order: torch/triton, torch/torch, jax/pallas, jax/xla) are
+``kernels.registry``'s (:data:`OP_REGISTRY`).
 
 The registry (:data:`REGISTRY`) maps ``"backend/path"`` to a :class:`Runner`; tests register
 deliberately broken runners through :func:`register` to prove the suite catches them.
@@ -24,49 +25,21 @@ from __future__ import annotations
 
 import functools
 import importlib
-import os
-import shutil
 from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
 from kernels import compare, formats
+from kernels.registry import REGISTRY as OP_REGISTRY
+# device detection (parity.machine, also bench's and the tests'), re-exported for the CLI
+from parity.machine import has_cuda_gpu, prepare_environment  # noqa: F401
 
-OPS = ("sparse_mla_decode", "indexer_logits", "indexer_topk", "dsa_decode_step", "dsa_decode_layer")
+OPS = OP_REGISTRY.ops
 
 
 class Unavailable(Exception):
     """A path cannot run here (import failure or NotImplementedError); the message says why."""
-
-
-# ============================================================================ machine
-
-def has_cuda_gpu() -> bool:
-    """True when an NVIDIA GPU is visible (checked without importing torch or jax).
-
-    ``DSA_FORCE_INTERPRET=1`` pretends there is none (interpreter mode on a GPU machine),
-    the same switch ``tests/conftest.py`` honours.
-    """
-    if os.environ.get("DSA_FORCE_INTERPRET", "0") not in ("", "0"):
-        return False
-    return shutil.which("nvidia-smi") is not None or os.path.exists("/dev/nvidia0")
-
-
-def prepare_environment() -> bool:
-    """Set the environment before any kernel module is imported; returns True on a GPU machine.
-
-    On a CPU machine: ``TRITON_INTERPRET=1`` (Triton kernels run in the interpreter; it is read
-    when ``@triton.jit`` functions are created, so it must precede the ``torch_impl`` import)
-    and ``JAX_PLATFORMS=cpu`` (Pallas interprets on the CPU backend). On both: JAX must not
-    preallocate GPU memory, since torch and JAX share one GPU in a parity run.
-    """
-    gpu = has_cuda_gpu()
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    if not gpu:
-        os.environ.setdefault("TRITON_INTERPRET", "1")
-        os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    return gpu
 
 
 # ============================================================================ backends
@@ -291,8 +264,8 @@ def unregister(key: str) -> None:
     REGISTRY.pop(key, None)
 
 
-for _be, _paths in (("torch", ("triton", "torch")), ("jax", ("pallas", "xla"))):
-    for _p in _paths:
+for _be in OP_REGISTRY.backends:
+    for _p in OP_REGISTRY.paths(_be):
         register(_framework_runner(BACKENDS[_be], _p))
 
 

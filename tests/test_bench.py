@@ -193,7 +193,7 @@ class StubBackend(paths.Backend):
     def prepare(self, op, inp, path):
         def call(s):
             if path in self.slow:
-                time.sleep(0.02)
+                time.sleep(0.1)     # well above the reference work (~20-50 ms on a loaded CPU)
             return _ref_outputs(op, inp, s, perturb=path in self.broken)
         return [lambda s=s: call(s) for s in inp.sets]
 
@@ -289,6 +289,7 @@ def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
     assert ents[("sparse_mla_decode", "torch")]["path"] == "triton"     # the slow stub loses
     assert ents[("sparse_mla_decode", "torch")]["config"] == {"block_h": 16, "stub": "triton"}
     assert ents[("sparse_mla_decode", "jax")]["path"] == "xla"          # the broken one is never chosen
+    assert ents[("sparse_mla_decode", "jax")]["config"] == {}           # a plain path's config
     # round trip: the bucket the launchers compute finds the entry
     monkeypatch.setenv(dispatch.DISPATCH_DIR_ENV, str(tmp_path / "dispatch"))
     dispatch.clear_cache()
@@ -458,6 +459,79 @@ def test_dry_run_real_layer_paths(tmp_path, monkeypatch):
         assert r["check"]["passed"] and r["median_us"] > 0 and r["bytes"] > r["weight_bytes"]
         ran += 1
     assert ran >= 1
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                    reason="a CPU-interpreter round trip; on a GPU `python -m bench --write-dispatch` "
+                           "then `python -m bench --path auto` is the same check")
+def test_auto_rows_run_the_fastest_checked_path_and_config(tmp_path, monkeypatch):
+    """A dry run writes the dispatch table from its fastest checked rows; a second dry run, with
+    that table as the dispatch directory, times ``path="auto"``: for every op and backend the
+    auto row runs (and records) the path and config of that backend's fastest checked row, the
+    bindings' own plans (``kernels.registry``) chose the same, and the row passes its check."""
+    from kernels.registry import Registry
+
+    found = paths.discover()
+    if all(a is None for a, _ in found.values()):
+        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
+    S = grid.Shape
+    monkeypatch.setattr(grid, "dry_grid", lambda: [
+        S("sparse_mla_decode", "DSV32", 2, 1, 8, 128, "fp8", topk=32, window=0),
+        S("indexer_topk", "DSV4_FLASH", 1, 1, 1, 100, topk=32)])
+    first = run(RunConfig(mode="dry", out=tmp_path / "a", progress=False, plot=False,
+                          write_dispatch=True))
+    table = json.loads(first["dispatch"].read_text())
+    entries = {(e["op"], e["backend"]): e for e in table["entries"]}
+    checked = [r for r in first["rows"] if r["status"] == "ok"]
+    assert {(r["op"], r["backend"]) for r in checked} == set(entries)
+
+    planned = []                                     # every plan made while the auto rows run
+    real_plan = Registry.plan
+
+    def spy(self, op, backend, dev, *, path="auto", **shape):
+        p = real_plan(self, op, backend, dev, path=path, **shape)
+        planned.append((op, backend, path, p.path, p.config))
+        return p
+    monkeypatch.setattr(Registry, "plan", spy)
+    monkeypatch.setenv(dispatch.DISPATCH_DIR_ENV, str(first["dispatch"].parent))
+    dispatch.clear_cache()
+    second = run(RunConfig(mode="dry", out=tmp_path / "b", progress=False, plot=False,
+                           paths=("auto",)))
+    dispatch.clear_cache()
+    ran = 0
+    for r in second["rows"]:
+        if r["status"].startswith("unavailable"):
+            continue
+        assert r["path"] == "auto" and r["status"] == "ok", (r["op"], r["backend"], r["status"])
+        key = (r["op"], r["backend"])
+        fastest = min((x for x in checked if (x["op"], x["backend"]) == key),
+                      key=lambda x: x["median_us"])
+        e = entries[key]
+        assert (e["path"], e["config"]) == (fastest["path"], fastest["config"]), key
+        assert (r["auto_path"], r["config"]) == (e["path"], e["config"]), key
+        made = {(p, json.dumps(c, sort_keys=True)) for o, b, via, p, c in planned
+                if (o, b, via) == (*key, "auto")}
+        assert made == {(e["path"], json.dumps(e["config"], sort_keys=True))}, (key, made)
+        ran += 1
+    assert ran >= 1
+
+
+def test_auto_vs_fastest_compares_auto_rows_with_the_fastest_of_their_shape():
+    base = dict(op="sparse_mla_decode", preset="DSV32", B=64, N=1, H=128, L=32768, K=2048,
+                kv_format="fp8_ds_mla", table_len=32768, tp=1, status="ok")
+    cfg = {"block_h": 32}
+    rows = [dict(base, backend="torch", path="triton", median_us=10.0, config=cfg),
+            dict(base, backend="torch", path="torch", median_us=30.0, config={}),
+            dict(base, backend="torch", path="auto", median_us=10.5, config=cfg, auto_path="triton"),
+            dict(base, backend="jax", path="pallas", median_us=20.0, config=cfg),
+            dict(base, backend="jax", path="xla", median_us=12.0, config={}),
+            dict(base, backend="jax", path="auto", median_us=20.5, config=cfg, auto_path="pallas"),
+            dict(base, backend="jax", path="auto", B=1, median_us=1.0, config={}, auto_path="xla")]
+    got = {a["backend"]: a for a in report.auto_vs_fastest(rows)}
+    assert set(got) == {"torch", "jax"}                 # the B=1 auto row has no row to compare
+    assert got["torch"]["agrees"] and got["torch"]["fastest_us"] == 10.0
+    assert not got["jax"]["agrees"] and got["jax"]["fastest_path"] == "xla"
+    assert got["jax"]["auto_path"] == "pallas" and got["jax"]["fastest_config"] == {}
 
 
 def test_topk_path_vs_path_allows_only_subulp_swaps(monkeypatch):

@@ -37,7 +37,10 @@ def _write(arch, entries, directory):
 
 
 def _entry(op, backend, bkt, path, config=None):
-    return {"op": op, "backend": backend, "bucket": bkt, "path": path, "config": config}
+    """A table entry; ``config`` defaults to ``{}`` (a plain path's, or the kernel path's
+    heuristic: a kernel path fills an empty config with its defaults)."""
+    return {"op": op, "backend": backend, "bucket": bkt, "path": path,
+            "config": {} if config is None else config}
 
 
 # ----------------------------------------------------------------------------- lookup rules
@@ -139,6 +142,24 @@ def pallas_calls(monkeypatch):
     return count
 
 
+def _spy(monkeypatch, obj, name, record):
+    """Wrap ``obj.name`` so every call's keyword arguments land in ``record``."""
+    real = getattr(obj, name)
+
+    def wrapper(*a, **k):
+        record.append(k)
+        return real(*a, **k)
+    monkeypatch.setattr(obj, name, wrapper)
+
+
+# Configs the kernel-path tables carry: members of the H200's spaces other than the heuristic's,
+# so a launch with them proves the table's config (not the default) reached the launcher.
+TABLE_MLA_TRITON = {"block_h": 16, "block_k": 64, "num_warps": 4, "num_stages": 1, "prefetch": True}
+TABLE_MLA_PALLAS = {"block_h": 16, "block_k": 32, "num_warps": 4, "num_stages": 1, "prefetch": True}
+TABLE_IDX_TRITON = {"num_splits": 2, "pages": 1, "topk_block": 2048}
+TABLE_IDX_PALLAS = {"num_splits": 2, "pages": 1, "block": 128}
+
+
 def _import(mod):
     try:
         return __import__(mod, fromlist=["_"])
@@ -162,8 +183,7 @@ def _idx_case():
 
 
 def _idx_bucket(c):
-    W = c.block_table.shape[1] * 16
-    assert dispatch.bucket("x", L=W) == dispatch.bucket("x", L=int(c.context_lens.max()))
+    W = c.block_table.shape[1] * 16             # both stacks bucket L by the table's capacity
     return dispatch.bucket("indexer_topk", B=2, N=1, L=W, topk=c.topk)
 
 
@@ -174,55 +194,94 @@ _interp_only = pytest.mark.skipif(torch.cuda.is_available(), reason="interpreter
 
 @_interp_only
 @pytest.mark.parametrize("named, kernel_runs", [("torch", False), ("triton", True)])
-def test_torch_sparse_mla_auto_follows_table(fake_gpu, triton_launches, named, kernel_runs):
+def test_torch_sparse_mla_auto_follows_table(fake_gpu, triton_launches, named, kernel_runs,
+                                             monkeypatch):
     ti = _import("torch_impl")
+    import torch_impl.sparse_mla as tsm
     from torch_impl._common import as_tensor
     c = _mla_case()
-    _write("sm_90", [_entry("sparse_mla_decode", "torch", _mla_bucket(c), named)], fake_gpu)
+    cfg = TABLE_MLA_TRITON if kernel_runs else {}
+    _write("sm_90", [_entry("sparse_mla_decode", "torch", _mla_bucket(c), named, cfg)], fake_gpu)
+    launched, lookups = [], []
+    _spy(monkeypatch, tsm, "_triton_impl", launched)
+    _spy(monkeypatch, dispatch, "lookup", lookups)
     kw = {k: as_tensor(v) if isinstance(v, np.ndarray) else v for k, v in c.kwargs().items()}
     out, lse = ti.sparse_mla_decode(as_tensor(c.q), as_tensor(c.kv_cache), as_tensor(c.indices), c.sm_scale,
                                     path="auto", **{k: v for k, v in kw.items() if k != "sm_scale"})
     assert (triton_launches["n"] > 0) == kernel_runs, (named, triton_launches["n"])
+    assert len(lookups) == 1                                    # one plan, one table read
+    if kernel_runs:                                             # the table's config ran
+        assert [k["config"].to_dict() for k in launched] == [TABLE_MLA_TRITON]
     ref_out, ref_lse = c.reference()
     compare.assert_pass(compare.check_mla(out, lse, ref_out, ref_lse, q_dtype=c.q_dtype))
 
 
 @_interp_only
 @pytest.mark.parametrize("named, kernel_runs", [("torch", False), ("triton", True)])
-def test_torch_indexer_topk_auto_follows_table(fake_gpu, triton_launches, named, kernel_runs):
+def test_torch_indexer_topk_auto_follows_table(fake_gpu, triton_launches, named, kernel_runs,
+                                               monkeypatch):
     ti = _import("torch_impl")
+    from kernels.triton import indexer as tix, topk as ttk
     from torch_impl._common import as_tensor
     c = _idx_case()
-    _write("sm_90", [_entry("indexer_topk", "torch", _idx_bucket(c), named)], fake_gpu)
+    cfg = TABLE_IDX_TRITON if kernel_runs else {}
+    _write("sm_90", [_entry("indexer_topk", "torch", _idx_bucket(c), named, cfg)], fake_gpu)
+    logits_cfg, topk_cfg, lookups = [], [], []
+    _spy(monkeypatch, tix, "launch_indexer_logits", logits_cfg)
+    _spy(monkeypatch, ttk, "launch_topk", topk_cfg)
+    _spy(monkeypatch, dispatch, "lookup", lookups)
     idx = ti.indexer_topk(*(as_tensor(a) for a in c.args()), c.topk, k_format=c.k_format, path="auto")
     assert (triton_launches["n"] > 0) == kernel_runs, (named, triton_launches["n"])
+    assert len(lookups) == 1
+    if kernel_runs:
+        (lk,), (tk,) = logits_cfg, topk_cfg
+        assert (lk["config"].num_splits, lk["config"].pages, tk["config"].block) == (2, 1, 2048)
     compare.assert_pass(compare.check_topk(idx, c.reference_logits(), c.topk))
 
 
 @pytest.mark.parametrize("named, kernel_runs", [("xla", False), ("pallas", True)])
-def test_jax_sparse_mla_auto_follows_table(fake_gpu, pallas_calls, named, kernel_runs):
+def test_jax_sparse_mla_auto_follows_table(fake_gpu, pallas_calls, named, kernel_runs, monkeypatch):
     jx = _import("jax_impl")
     import jax
     import jax.numpy as jnp
+    from kernels.pallas import sparse_mla as pk
     jax.clear_caches()                       # the table is read at trace time
     c = _mla_case()
-    _write("sm_90", [_entry("sparse_mla_decode", "jax", _mla_bucket(c), named)], fake_gpu)
+    cfg = TABLE_MLA_PALLAS if kernel_runs else {}
+    _write("sm_90", [_entry("sparse_mla_decode", "jax", _mla_bucket(c), named, cfg)], fake_gpu)
+    launched, lookups = [], []
+    _spy(monkeypatch, pk, "sparse_mla_decode_pallas", launched)
+    _spy(monkeypatch, dispatch, "lookup", lookups)
     kw = {k: (jnp.asarray(v) if isinstance(v, np.ndarray) else v) for k, v in c.kwargs().items() if k != "sm_scale"}
     out, lse = jx.sparse_mla_decode(jnp.asarray(c.q), jnp.asarray(c.kv_cache), jnp.asarray(c.indices), c.sm_scale,
                                     path="auto", **kw)
     assert (pallas_calls["n"] > 0) == kernel_runs, (named, pallas_calls["n"])
+    assert len(lookups) == 1                                    # one plan at trace time
+    if kernel_runs:
+        (k,) = launched
+        assert {f: k[f] for f in ("block_h", "block_k", "num_warps", "num_stages", "prefetch")} \
+            == TABLE_MLA_PALLAS
     ref_out, ref_lse = c.reference()
     compare.assert_pass(compare.check_mla(np.asarray(out), np.asarray(lse), ref_out, ref_lse, q_dtype=c.q_dtype))
 
 
 @pytest.mark.parametrize("named, kernel_runs", [("xla", False), ("pallas", True)])
-def test_jax_indexer_topk_auto_follows_table(fake_gpu, pallas_calls, named, kernel_runs):
+def test_jax_indexer_topk_auto_follows_table(fake_gpu, pallas_calls, named, kernel_runs, monkeypatch):
     jx = _import("jax_impl")
     import jax
     import jax.numpy as jnp
+    from kernels.pallas import indexer as pix
     jax.clear_caches()
     c = _idx_case()
-    _write("sm_90", [_entry("indexer_topk", "jax", _idx_bucket(c), named)], fake_gpu)
+    cfg = TABLE_IDX_PALLAS if kernel_runs else {}
+    _write("sm_90", [_entry("indexer_topk", "jax", _idx_bucket(c), named, cfg)], fake_gpu)
+    launched, lookups = [], []
+    _spy(monkeypatch, pix, "launch_indexer_logits", launched)
+    _spy(monkeypatch, dispatch, "lookup", lookups)
     idx = jx.indexer_topk(*(jnp.asarray(a) for a in c.args()), c.topk, k_format=c.k_format, path="auto")
     assert (pallas_calls["n"] > 0) == kernel_runs, (named, pallas_calls["n"])
+    assert len(lookups) == 1
+    if kernel_runs:
+        (k,) = launched
+        assert (k["cfg"].num_splits, k["cfg"].pages, k["cfg"].block) == (2, 1, 128)
     compare.assert_pass(compare.check_topk(np.asarray(idx), c.reference_logits(), c.topk))

@@ -28,7 +28,11 @@ def test_kernels_core_needs_only_numpy_and_ml_dtypes():
     code = ("import sys\n"
             "for m in ('torch', 'jax', 'triton'): sys.modules[m] = None\n"
             "import kernels, kernels.formats, kernels.reference, kernels.compare, kernels.cases, "
-            "kernels.presets, kernels.hardware, kernels.dispatch\n"
+            "kernels.presets, kernels.hardware, kernels.dispatch, kernels.ops, kernels.registry, "
+            "kernels.layer_config\n"
+            "from kernels.registry import REGISTRY\n"
+            "assert REGISTRY.plan('sparse_mla_decode', 'torch', kernels.hardware.CPU_INTERPRETER, "
+            "B=1, N=1, H=16, K=64, d_qk=576, kv_format='latent').order == ('triton', 'torch')\n"
             "print(kernels.DSV32.d_qk, kernels.DSV4_FLASH.d_qk)\n")
     r = _run(code)
     assert r.returncode == 0, r.stderr[-2000:]

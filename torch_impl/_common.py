@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 
 from kernels import hardware
+from kernels.registry import REGISTRY, Plan, run_path  # noqa: F401 - run_path re-exported
 
-TORCH_PATHS = ("auto", "triton", "torch")
+TORCH_PATHS = REGISTRY.path_choices("torch")
 
 
 def interpret_mode() -> bool:
@@ -67,22 +68,15 @@ def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torc
         raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
 
 
-def run_path(op: str, path: str, impls: dict[str, Callable], order: Sequence[str]):
-    """Run ``impls[path]``; ``"auto"`` tries ``order`` and falls through on NotImplementedError.
-
-    A named path re-raises (SPEC: only "auto" falls through).
-    """
-    if path == "auto":
-        errors = []
-        for name in order:
-            try:
-                return impls[name]()
-            except NotImplementedError as e:  # noqa: PERF203 - fall through to the next path
-                errors.append(f"{name}: {e}")
-        raise NotImplementedError(f"{op}: no path can run: " + "; ".join(errors))
-    if path not in impls:
-        raise ValueError(f"path: expected one of {('auto',) + tuple(impls)}, got {path!r}")
-    return impls[path]()
+def plan(op: str, device: torch.device, path: str, **shape) -> Plan:
+    """``kernels.registry`` plan of one torch call on ``device``: the paths to try and the
+    config each runs (the dispatch table read once). Where Triton cannot run (CPU without the
+    interpreter) there is no device to plan for: the default order, no kernel config."""
+    try:
+        dev = device_info(device)
+    except NotImplementedError:
+        dev = None
+    return REGISTRY.plan(op, "torch", dev, path=path, **shape)
 
 
 _NP_TO_TORCH_VIEW = {"bfloat16": (np.uint16, torch.bfloat16), "float8_e4m3fn": (np.uint8, torch.float8_e4m3fn)}

@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kernels import dispatch, formats as np_formats, hardware
+from kernels import formats as np_formats, hardware
 from kernels.scalars import check_int
 from torch_impl import _common
 
@@ -111,19 +111,21 @@ def _draft_lengths(context_lens, B, N, W) -> torch.Tensor:
 
 # ============================================================================ triton path
 
-def _dispatch_entry(dev, op, B, N, W, topk=None):
-    """Dispatch-table entry for this call or None. The bucket's L is the block table's capacity
-    W (the actual lengths live on the device and are not read back)."""
-    if dev.interpret:
-        return None
+def _plan(q, block_table, k_cache, k_format, op, path, topk=None):
+    """``kernels.registry`` plan of one call: the bucket's L is the block table's capacity W
+    (the actual lengths live on the device and are not read back)."""
+    B, N = q.shape[:2]
+    W = block_table.shape[1] * _page_size(q, k_cache, k_format)
     dims = dict(B=B, N=N, L=W) if topk is None else dict(B=B, N=N, L=W, topk=topk)
-    return dispatch.lookup(op, "torch", dev.arch, dispatch.bucket(op, **dims))
+    return _common.plan(op, q.device, path, **dims)
 
 
-def _triton_configs(entry):
+def _triton_configs(cfg):
+    """(IndexerLogitsConfig, TopkConfig) of a plan's triton config dict (registry field names:
+    the logits config's fields, the top-k config's prefixed ``topk_``)."""
     from kernels.triton.indexer import IndexerLogitsConfig
     from kernels.triton.topk import TopkConfig
-    cfg = dict((entry or {}).get("config") or {})
+    cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
                                                       "trans", "pages") if k in cfg})
     tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps") if k in cfg})
@@ -171,12 +173,14 @@ def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, 
     return out
 
 
-def _triton_logits(q, weights, k_cache, block_table, context_lens, k_format):
+def _triton_logits(q, weights, k_cache, block_table, context_lens, k_format, cfg=None):
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
     W = block_table.shape[1] * P
     dev = _common.device_info(q.device)
-    lcfg, _ = _triton_configs(_dispatch_entry(dev, "indexer_logits", B, N, W))
+    if cfg is None:
+        cfg = _plan(q, block_table, k_cache, k_format, "indexer_logits", "triton").config
+    lcfg, _ = _triton_configs(cfg)
     _triton_gate(q, k_format, P, lcfg)
     out = torch.full((B, N, W), float("-inf"), dtype=torch.float32, device=q.device)
     return _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out)
@@ -199,18 +203,21 @@ def _sort_selected(idx, logits):
     return torch.where(comp >= 0, low - (comp & low), torch.full_like(comp, -1)).to(torch.int32)
 
 
-def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format):
+def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format, cfg=None):
     """Fused logits + top-k on already-validated tensors: ``(logits, idx)`` with ``logits``
     float32 ``[B, N, W]`` (written at positions ``j < ceil(max_i len[b, i] / P) * P`` of each
     request, every selected position among them; the rest is uninitialised) and ``idx``
     int32 ``[B * N, topk]`` (order unspecified, -1 padded). Shared by ``indexer_topk`` and the
-    sequence-sharded TP indexer (which gathers the scores of the selection)."""
+    sequence-sharded TP indexer (which gathers the scores of the selection). ``cfg``: the
+    registry plan's triton config (None: plan it here)."""
     from kernels.triton.topk import launch_topk
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
     W = block_table.shape[1] * P
     dev = _common.device_info(q.device)
-    lcfg, tcfg = _triton_configs(_dispatch_entry(dev, "indexer_topk", B, N, W, topk))
+    if cfg is None:
+        cfg = _plan(q, block_table, k_cache, k_format, "indexer_topk", "triton", topk).config
+    lcfg, tcfg = _triton_configs(cfg)
     _triton_gate(q, k_format, P, lcfg)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
@@ -231,9 +238,10 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     return logits, out
 
 
-def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+def _triton_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort, cfg=None):
     B, N = q.shape[:2]
-    logits, out = triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format)
+    logits, out = triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format,
+                                cfg)
     if sort:
         out = _sort_selected(out, logits.view(B * N, -1))
     return out.view(B, N, topk)
@@ -329,24 +337,6 @@ def _torch_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, 
 
 # ============================================================================ custom ops
 
-def _order(dev_entry_path):
-    order = ("triton", "torch")
-    if dev_entry_path in order:
-        order = (dev_entry_path,) + tuple(p for p in order if p != dev_entry_path)
-    return order
-
-
-def _auto_order(q, block_table, k_cache, k_format, op, topk=None):
-    try:
-        dev = _common.device_info(q.device)
-    except NotImplementedError:
-        return ("triton", "torch")
-    B, N = q.shape[:2]
-    W = block_table.shape[1] * _page_size(q, k_cache, k_format)
-    entry = _dispatch_entry(dev, op, B, N, W, topk)
-    return _order(entry.get("path") if entry else None)
-
-
 def _check_byte_offset(k_cache: torch.Tensor, k_format: str) -> None:
     if k_format == "fp8_indexer" and k_cache.storage_offset() % 4:
         raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
@@ -359,9 +349,10 @@ def _indexer_logits_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Te
                        path: str) -> torch.Tensor:
     _check_byte_offset(k_cache, k_format)
     args = (q, weights, k_cache, block_table, context_lens, k_format)
-    impls = {"triton": lambda: _triton_logits(*args), "torch": lambda: _torch_logits(*args)}
-    order = _auto_order(q, block_table, k_cache, k_format, "indexer_logits") if path == "auto" else ()
-    return _common.run_path("indexer_logits", path, impls, order)
+    pl = _plan(q, block_table, k_cache, k_format, "indexer_logits", path)
+    cfg = pl.configs.get("triton")
+    impls = {"triton": lambda: _triton_logits(*args, cfg), "torch": lambda: _torch_logits(*args)}
+    return _common.run_path("indexer_logits", path, impls, pl.order)
 
 
 @_indexer_logits_op.register_fake
@@ -377,9 +368,10 @@ def _indexer_topk_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tens
                      k_format: str, sort: bool, path: str) -> torch.Tensor:
     _check_byte_offset(k_cache, k_format)
     args = (q, weights, k_cache, block_table, context_lens, topk, k_format, sort)
-    impls = {"triton": lambda: _triton_topk(*args), "torch": lambda: _torch_topk(*args)}
-    order = _auto_order(q, block_table, k_cache, k_format, "indexer_topk", topk) if path == "auto" else ()
-    return _common.run_path("indexer_topk", path, impls, order)
+    pl = _plan(q, block_table, k_cache, k_format, "indexer_topk", path, topk)
+    cfg = pl.configs.get("triton")
+    impls = {"triton": lambda: _triton_topk(*args, cfg), "torch": lambda: _torch_topk(*args)}
+    return _common.run_path("indexer_topk", path, impls, pl.order)
 
 
 @_indexer_topk_op.register_fake

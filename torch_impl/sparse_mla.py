@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from kernels import configs, dispatch, formats as np_formats, hardware
+from kernels import configs, formats as np_formats, hardware
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.formats import dequantize_fp8_ds_mla
@@ -107,25 +107,17 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
 
 def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d_qk: int,
                   kv_format: str, operand_bytes: int = 2) -> tuple[str | None, configs.SparseMLAConfig]:
-    """(path override from the dispatch table or None, kernel config) for one call.
+    """(path the dispatch table chose or None, kernel config the triton path runs) for one call.
 
-    The config comes from ``kernels/dispatch/<arch>.json`` when it holds an entry for this shape
-    bucket whose config is in this GPU's search space, else from
-    ``kernels.configs.sparse_mla_heuristic``; either way a config compiled and checked for the
-    GPU's shared-memory class and the dot operand width (``operand_bytes``: 2 bf16/fp16, 4 fp32).
+    The plan of ``kernels.registry`` for the triton path: the config of the table's entry
+    (``kernels/dispatch/<arch>.json``) for this shape bucket when the entry chose "triton" and
+    the config is in this GPU's search space, else ``kernels.configs.sparse_mla_heuristic``;
+    either way a config compiled and checked for the GPU's shared-memory class and the dot
+    operand width (``operand_bytes``: 2 bf16/fp16, 4 fp32).
     """
-    cfg = configs.sparse_mla_heuristic(H, dev.smem_per_block, operand_bytes, rows=B * N, topk=K)
-    path = None
-    if not dev.interpret:
-        bkt = dispatch.bucket("sparse_mla_decode", B=B, N=N, H=H, K=K, d_qk=d_qk, kv_format=kv_format)
-        entry = dispatch.lookup("sparse_mla_decode", "torch", dev.arch, bkt)
-        if entry:
-            path = entry.get("path")
-            override = configs.sparse_mla_from_dict(entry.get("config") or {}, dev.smem_per_block,
-                                                    operand_bytes)
-            if override is not None:
-                cfg = override
-    return path, cfg
+    pl = _common.REGISTRY.plan("sparse_mla_decode", "torch", dev, path="triton", B=B, N=N, H=H,
+                               K=K, d_qk=d_qk, kv_format=kv_format, operand_bytes=operand_bytes)
+    return (pl.entry or {}).get("path"), configs.SparseMLAConfig(**pl.config)
 
 
 def _dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str) -> str:
@@ -247,9 +239,8 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
             f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
     P, num_slots, num_pages = _geometry(kv_cache, kv_format)
     dot_name = _dot_dtype(q.dtype, kv_cache.dtype, kv_format)
-    _, cfg = choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
-                           operand_bytes=4 if dot_name == "float32" else 2)
-    cfg = config or cfg
+    cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
+                                  operand_bytes=4 if dot_name == "float32" else 2)[1]
 
     if q.stride(3) != 1:
         q = q.contiguous()
@@ -405,19 +396,14 @@ def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_lengt
          path):
     _check_byte_offset(kv_cache, kv_format)
     args = (q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink)
-    impls = {"triton": lambda: _triton_impl(*args), "torch": lambda: _torch_impl(*args)}
-    order = ("triton", "torch")
-    if path == "auto":
-        try:
-            dev = _common.device_info(q.device)
-        except NotImplementedError:
-            dev = None
-        if dev is not None:
-            B, N, H, D = q.shape
-            override, _ = choose_config(dev, B=B, N=N, H=H, K=indices.shape[2], d_qk=D,
-                                        kv_format=kv_format)
-            if override in impls:
-                order = (override,) + tuple(p for p in order if p != override)
+    B, N, H, D = q.shape
+    dot = _dot_dtype(q.dtype, kv_cache.dtype, kv_format)
+    pl = _common.plan("sparse_mla_decode", q.device, path, B=B, N=N, H=H, K=indices.shape[2],
+                      d_qk=D, kv_format=kv_format, operand_bytes=4 if dot == "float32" else 2)
+    cfg = pl.config_for("triton") if "triton" in pl.order else None
+    impls = {"triton": lambda: _triton_impl(*args, config=configs.SparseMLAConfig(**cfg) if cfg else None),
+             "torch": lambda: _torch_impl(*args)}
+    order = pl.order
     return _common.run_path("sparse_mla_decode", path, impls, order)
 
 

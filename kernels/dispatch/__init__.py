@@ -10,12 +10,16 @@
      "entries": [{"op": "sparse_mla_decode", "backend": "torch",
                   "bucket": {"B": 64, "H": 128, "K": 2048, "N": 1, "d_qk": 576,
                              "kv_format": "fp8_ds_mla"},
-                  "path": "triton", "config": {...} | null,
+                  "path": "triton", "config": {...},
                   "gpu": "NVIDIA H200", "median_us": {"triton": 41.2, "torch": 390.0}}, ...]}
 
-``backend`` is ``"torch"`` (paths ``"triton"``, ``"torch"``) or ``"jax"`` (``"pallas"``,
-``"xla"``). ``config`` is the kernel config the op reported for the winning path (a
-``kernels.configs`` dataclass as a dict), or null when it reports none.
+``backend`` and ``path``: a backend of ``kernels.ops`` and one of its paths (torch:
+``"triton"``, ``"torch"``; jax: ``"pallas"``, ``"xla"``). ``config`` is the config the winning
+row ran (``kernels.registry.Plan.config``: ``{}`` for a plain path, the kernel's launch
+parameters as a dict for a kernel path). ``path="auto"`` runs it when it is in the path's space
+(``kernels.registry.Registry.accept``), else the path's heuristic; which ops, paths and bucket
+keys exist is ``kernels.ops``' decision, what runs ``kernels.registry``'s; this module only
+stores and finds entries (it imports ``kernels.ops`` only, the registry imports it).
 
 Lookup (:func:`lookup`) matches an entry when every key of the entry's bucket is present in the
 query bucket with the same value (extra query keys are ignored). When no entry matches exactly,
@@ -36,18 +40,11 @@ import math
 import os
 from pathlib import Path
 
+from kernels.ops import BACKEND_PATHS, BUCKET_KEYS, KERNEL_PATHS, POW2_KEYS  # noqa: F401 - re-exported
+from kernels.ops import bucket as _bucket
+
 _DIR = Path(__file__).resolve().parent
 DISPATCH_DIR_ENV = "DSA_DISPATCH_DIR"
-
-OPS = ("sparse_mla_decode", "indexer_topk", "indexer_logits")
-BACKEND_PATHS = {"torch": ("triton", "torch"), "jax": ("pallas", "xla")}
-# Bucket keys per op (documented contract between the launchers and the bench writer).
-BUCKET_KEYS = {
-    "sparse_mla_decode": ("B", "N", "H", "K", "d_qk", "kv_format"),
-    "indexer_topk": ("B", "N", "L", "topk"),
-    "indexer_logits": ("B", "N", "L"),
-}
-POW2_KEYS = ("B", "L")
 
 _cache: dict[str, dict | None] = {}
 
@@ -58,23 +55,16 @@ def dispatch_dir() -> Path:
     return Path(env) if env else _DIR
 
 
-def _pow2_bucket(x: int) -> int:
-    return 1 if x <= 1 else 1 << math.ceil(math.log2(x))
-
-
 def bucket(op: str, **dims) -> dict:
-    """Shape bucket of an op call: batch and lengths rounded up to powers of two, the rest exact.
+    """Shape bucket of an op call (``kernels.ops.bucket``): the op's bucket keys
+    (``kernels.ops.BUCKET_KEYS``; sparse_mla_decode: B, N, H, K, d_qk, kv_format;
+    indexer_topk: B, N, L (the block table's capacity in positions), topk; indexer_logits: B,
+    N, L), batch and length rounded up to powers of two, the rest exact.
 
-    sparse_mla_decode: B, N, H, K, d_qk, kv_format. indexer_topk: B, N, L (max context length
-    in positions), topk. indexer_logits: B, N, L. Unknown keys are kept as given.
+    Raises:
+      ValueError: unknown op or a missing bucket key.
     """
-    out = {}
-    for k, v in sorted(dims.items()):
-        if k in POW2_KEYS and isinstance(v, int):
-            out[k] = _pow2_bucket(v)
-        else:
-            out[k] = v
-    return out
+    return _bucket(op, **dims)
 
 
 def clear_cache() -> None:
@@ -143,7 +133,9 @@ def lookup(op: str, backend: str, arch: str, bkt: dict, *, nearest: bool = True)
 
 
 def validate_table(table: dict) -> None:
-    """Raise ValueError when ``table`` is not a dispatch table this module can read."""
+    """Raise ValueError when ``table`` is not a dispatch table this module can read: keys,
+    ops and paths of ``kernels.ops``, every entry's ``config`` a dict (``{}`` for plain
+    paths)."""
     if not isinstance(table, dict):
         raise ValueError(f"table: expected a JSON object, got {type(table).__name__}")
     for k in ("arch", "gpu", "compute_capability", "entries"):
@@ -155,9 +147,15 @@ def validate_table(table: dict) -> None:
                 raise ValueError(f"table.entries[{i}]: missing key {k!r}")
         if e["backend"] not in BACKEND_PATHS or e["path"] not in BACKEND_PATHS[e["backend"]]:
             raise ValueError(f"table.entries[{i}]: path {e['path']!r} is no path of backend {e['backend']!r} "
-                             f"(expected one of {BACKEND_PATHS})")
-        if e["op"] not in OPS:
-            raise ValueError(f"table.entries[{i}]: op {e['op']!r} not in {OPS}")
+                             f"(expected one of {dict(BACKEND_PATHS)})")
+        if e["op"] not in BUCKET_KEYS:
+            raise ValueError(f"table.entries[{i}]: op {e['op']!r} not in {tuple(BUCKET_KEYS)}")
+        if not isinstance(e["config"], dict):
+            raise ValueError(f"table.entries[{i}]: config: expected a dict (the config the entry's "
+                             f"path ran, {{}} for a plain path), got {e['config']!r}")
+        if e["path"] != KERNEL_PATHS[e["backend"]] and e["config"]:
+            raise ValueError(f"table.entries[{i}]: config: a plain path ({e['backend']}/"
+                             f"{e['path']}) runs the empty config {{}}, got {e['config']!r}")
 
 
 def write_table(arch: str, entries: list[dict], *, gpu: str, compute_capability: str,
