@@ -27,6 +27,7 @@ from jax_impl._common import JAX_PATHS
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
 from kernels import formats as np_formats
+from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
 
 __all__ = ["DSADecodeLayer", "DecodeStep", "new_token_targets", "write_new_tokens"]
@@ -201,7 +202,7 @@ def write_new_tokens(src, cache, block_table, context_lens, N: int, fmt: str, *,
                          f"{jnp.dtype(cache.dtype).name} {tuple(cache.shape)}")
     args = (src, cache, block_table, context_lens, int(N), fmt, int(page_size), scale_fmt)
     impls = {"pallas": lambda: _pallas_cache_write(*args), "xla": lambda: _xla_cache_write(*args)}
-    return run_path("cache_write", path, impls, ("pallas", "xla"))
+    return run_path("cache_write", path, impls, BACKEND_PATHS["jax"])
 
 
 class DSADecodeLayer(nnx.Module):

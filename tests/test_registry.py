@@ -110,7 +110,8 @@ def test_bucket_uses_the_bucket_keys_only():
 def test_plan_without_a_table_is_the_default_order_and_the_heuristics(table_dir):
     p = REGISTRY.plan("sparse_mla_decode", "torch", H200, **MLA)
     assert p.order == ("triton", "torch") and p.entry is None
-    assert p.config == configs.sparse_mla_heuristic(128, H200.smem_per_block).to_dict()
+    assert p.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=MLA["B"] * MLA["N"],
+                                                    topk=MLA["K"]).to_dict()
     assert p.config_for("torch") == {}
     p = REGISTRY.plan("sparse_mla_decode", "jax", H200, **MLA, operand_bytes=4)
     assert p.config == configs.PALLAS_SPARSE_MLA_FP32.to_dict()

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from kernels import formats as np_formats
+from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
 from torch_impl import formats as tformats
 from torch_impl import _common
@@ -152,7 +153,7 @@ def _cache_write_op(src: torch.Tensor, cache: torch.Tensor, block_table: torch.T
                          f"float32 view), got storage offset {cache.storage_offset()}")
     args = (src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt)
     impls = {"triton": lambda: _triton_cache_write(*args), "torch": lambda: _torch_cache_write(*args)}
-    _common.run_path("cache_write", path, impls, ("triton", "torch"))
+    _common.run_path("cache_write", path, impls, BACKEND_PATHS["torch"])
 
 
 @_cache_write_op.register_fake

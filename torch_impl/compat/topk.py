@@ -26,6 +26,7 @@ Triton runs, else an exact PyTorch top-k over unique (logit, position) keys.
 from __future__ import annotations
 
 import torch
+from kernels.ops import BACKEND_PATHS
 
 from torch_impl import _common
 from torch_impl.indexer import _POS_BITS, _order_key
@@ -94,7 +95,7 @@ def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
         return out
 
     impls = {"triton": triton, "torch": lambda: _torch_select(logits, lens, k, out)}
-    return _common.run_path("select_topk", path, impls, ("triton", "torch"))
+    return _common.run_path("select_topk", path, impls, BACKEND_PATHS["torch"])
 
 
 def _row_lengths(seq_lens: torch.Tensor, num_rows: int, next_n: int | None) -> torch.Tensor:
