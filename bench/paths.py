@@ -8,7 +8,10 @@ V4 window, sparse MLA through the block table), ``dsa_decode_layer`` -> ``{"out"
 "idx_q", "idx_weights", "idx_context_lens", "kv_cache", "k_cache"}`` (one step of the binding's
 ``DSADecodeLayer`` built with ``path=<name>`` in the inputs' dtype; the intermediates are ones the
 step computes anyway). The layer writes the new tokens into the caches in place (torch) or
-through donated buffers (JAX, see :class:`_DonatingLayerCall`). A backend that does not import,
+through donated buffers (JAX, see :class:`_DonatingLayerCall`); the torch step has no host
+synchronisation, so its rows are timed inside one CUDA graph (``timer``), with
+``DSA_BENCH_COMPILE_LAYER=1`` as ``torch.compile(layer, fullgraph=True)`` (row ``config``), and
+carry the step's phases from the profiler (:func:`torch_layer_phases`). A backend that does not import,
 or a path that raises NotImplementedError, is reported as unavailable with the reason, never as
 a failure.
 
@@ -122,15 +125,20 @@ class TorchBackend(Backend):
         layer = m.DSADecodeLayer(inp.shape.layer_cfg, inp.extra["layer_weights"], tp_size=inp.shape.tp,
                                  kv_format=inp.shape.kv_format, dtype=getattr(torch, inp.q_dtype),
                                  device=inp.device, path=path)
+        # DSA_BENCH_COMPILE_LAYER=1: time torch.compile(layer, fullgraph=True) (inside the same CUDA
+        # graph), as serving runs it: Inductor fuses the ~75 elementwise glue kernels of the step
+        fn = torch.compile(layer, fullgraph=True) if _compile_layer() else layer
 
         def call(s):
-            out, kv, kc, inter = layer(s["x"], s["kv_cache"], s["k_cache"], s["block_table"],
-                                       s["context_lens"], return_intermediates=True)
+            out, kv, kc, inter = fn(s["x"], s["kv_cache"], s["k_cache"], s["block_table"],
+                                    s["context_lens"], return_intermediates=True)
             return {"out": out, "kv_cache": kv, "k_cache": kc, **{k: inter[k] for k in LAYER_OUTPUTS}}
         return [functools.partial(call, s) for s in inp.sets]
 
     def config(self, op, inp, path):
-        if path != "triton" or op == "dsa_decode_layer":
+        if op == "dsa_decode_layer":
+            return {"torch_compile_fullgraph": _compile_layer()}
+        if path != "triton":
             return None
         m = self.load()
         names = {"sparse_mla_decode": ("sparse_mla_decode",), "indexer_topk": ("indexer_topk",),
@@ -185,6 +193,13 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
         names[phase].add(e.key[:80])
     n = reps * len(calls)
     return {**{k: v / n for k, v in tot.items()}, "kernels": {k: sorted(v)[:12] for k, v in names.items()}}
+
+
+def _compile_layer() -> bool:
+    """Whether torch decode-layer rows time ``torch.compile(layer, fullgraph=True)``
+    (``DSA_BENCH_COMPILE_LAYER=1``; recorded in the row's ``config``)."""
+    import os
+    return os.environ.get("DSA_BENCH_COMPILE_LAYER", "0") not in ("", "0")
 
 
 def _step_fn(module: str):
