@@ -8,7 +8,10 @@ V4 window, sparse MLA through the block table), ``dsa_decode_layer`` -> ``{"out"
 "idx_q", "idx_weights", "idx_context_lens", "kv_cache", "k_cache"}`` (one step of the binding's
 ``DSADecodeLayer`` built with ``path=<name>`` in the inputs' dtype; the intermediates are ones the
 step computes anyway). The layer writes the new tokens into the caches in place (torch) or
-through donated buffers (JAX, see :class:`_DonatingLayerCall`). A backend that does not import,
+through donated buffers (JAX, see :class:`_DonatingLayerCall`); the torch step has no host
+synchronisation, so its rows are timed inside one CUDA graph (``timer``), with
+``DSA_BENCH_COMPILE_LAYER=1`` as ``torch.compile(layer, fullgraph=True)`` (row ``config``), and
+carry the step's phases from the profiler (:func:`torch_layer_phases`). A backend that does not import,
 or a path that raises NotImplementedError, is reported as unavailable with the reason, never as
 a failure.
 
@@ -153,15 +156,21 @@ class TorchBackend(Backend):
         layer = m.DSADecodeLayer(inp.shape.layer_cfg, inp.extra["layer_weights"], tp_size=inp.shape.tp,
                                  kv_format=inp.shape.kv_format, dtype=getattr(torch, inp.q_dtype),
                                  device=inp.device, path=path)
+        # DSA_BENCH_COMPILE_LAYER=1: time torch.compile(layer, fullgraph=True) (inside the same CUDA
+        # graph), as serving runs it: Inductor fuses the ~75 elementwise glue kernels of the step
+        fn = torch.compile(layer, fullgraph=True) if _compile_layer() else layer
 
         def call(s):
-            out, kv, kc, inter = layer(s["x"], s["kv_cache"], s["k_cache"], s["block_table"],
-                                       s["context_lens"], return_intermediates=True)
+            out, kv, kc, inter = fn(s["x"], s["kv_cache"], s["k_cache"], s["block_table"],
+                                    s["context_lens"], return_intermediates=True)
             return {"out": out, "kv_cache": kv, "k_cache": kc, **{k: inter[k] for k in LAYER_OUTPUTS}}
         return [functools.partial(call, s) for s in inp.sets]
 
     def plan(self, op, inp, path):
-        return registry_plan("torch", _device(_torch_dev(inp)), op, inp, path)
+        ran, cfg = registry_plan("torch", _device(_torch_dev(inp)), op, inp, path)
+        if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER)
+            cfg = dict(cfg, torch_compile_fullgraph=_compile_layer())
+        return ran, cfg
 
     def sync(self, outputs):
         import torch
@@ -169,21 +178,24 @@ class TorchBackend(Backend):
             torch.cuda.synchronize()
 
 
-# Decode-layer phases from the profiler's GPU kernel times (torch on CUDA): a kernel belongs to
-# the first phase whose name marker it contains (lower case); GEMMs are cuBLAS / CUTLASS kernels.
-LAYER_PHASES = {
-    "indexer": ("_indexer_logits_kernel", "_topk_", "_radix_topk_kernel"),
-    "sparse_mla": ("_sparse_mla_",),
-    "projections": ("gemm", "gemv", "cutlass", "xmma", "nvjet", "cublas", "splitk"),
-}
+# Decode-layer phases from the profiler's GPU time (torch on CUDA), by the op that launched each
+# kernel: the two DSA custom ops (every kernel inside them, sorts included), and the GEMM ops.
+LAYER_PHASE_OPS = {"indexer": ("dsa::indexer_topk",), "sparse_mla": ("dsa::sparse_mla_decode",),
+                   "projections": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")}
+
+
+def _device_us(e) -> float:
+    v = getattr(e, "device_time_total", None)
+    return float(getattr(e, "cuda_time_total", 0.0) if v is None else v)
 
 
 def torch_layer_phases(calls, reps: int = 5) -> dict:
-    """Mean GPU kernel time per call (us) of each phase of a torch layer step, from
-    ``torch.profiler`` CUDA activity over ``reps`` rounds of ``calls`` run eagerly (the same
-    kernels the graph replays): ``{"projections", "indexer", "sparse_mla", "other_kernels",
-    "kernels"}`` (``other_kernels``: the glue's kernels, norms, rope, quantizers, cache writes;
-    ``kernels``: the names seen per phase, for the record)."""
+    """Mean GPU time per call (us) of each phase of a torch layer step, from ``torch.profiler``
+    over ``reps`` rounds of ``calls`` run eagerly (the kernels the graph replays): a phase is the
+    GPU time of the kernels launched inside its ops (:data:`LAYER_PHASE_OPS`; a GEMM inside a DSA
+    op counts for that op), ``other_kernels`` the GPU time of every other kernel (the glue's:
+    norms, rope, quantizers, cache writes, casts). Returns ``{"projections", "indexer",
+    "sparse_mla", "other_kernels", "kernels_per_step"}`` (every GPU kernel / memcpy record per call)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -191,23 +203,39 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
     for c in calls:
         c()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(reps):
             for c in calls:
                 c()
         torch.cuda.synchronize()
-    tot = {"projections": 0.0, "indexer": 0.0, "sparse_mla": 0.0, "other_kernels": 0.0}
-    names: dict = {k: set() for k in tot}
-    for e in prof.key_averages():
-        if getattr(e, "device_type", None) != DeviceType.CUDA:
+    phase_of = {name: ph for ph, names in LAYER_PHASE_OPS.items() for name in names}
+    tot = {"projections": 0.0, "indexer": 0.0, "sparse_mla": 0.0}
+    all_us, all_n = 0.0, 0
+    for e in prof.events():
+        if getattr(e, "device_type", None) == DeviceType.CUDA:      # a kernel / memcpy record
+            all_us += _device_us(e) or float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+            all_n += 1
             continue
-        us = float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0.0))
-        low = e.key.lower()
-        phase = next((k for k, marks in LAYER_PHASES.items() if any(m in low for m in marks)), "other_kernels")
-        tot[phase] += us
-        names[phase].add(e.key[:80])
+        ph = phase_of.get(e.name)
+        if ph is None:
+            continue
+        parent, nested = e.cpu_parent, False
+        while parent is not None:
+            nested = nested or parent.name in phase_of
+            parent = parent.cpu_parent
+        if not nested:
+            tot[ph] += _device_us(e)
     n = reps * len(calls)
-    return {**{k: v / n for k, v in tot.items()}, "kernels": {k: sorted(v)[:12] for k, v in names.items()}}
+    main = sum(tot.values())
+    return {**{k: v / n for k, v in tot.items()}, "other_kernels": max(0.0, all_us - main) / n,
+            "kernels_per_step": all_n / n}
+
+
+def _compile_layer() -> bool:
+    """Whether torch decode-layer rows time ``torch.compile(layer, fullgraph=True)``
+    (``DSA_BENCH_COMPILE_LAYER=1``; recorded in the row's ``config``)."""
+    import os
+    return os.environ.get("DSA_BENCH_COMPILE_LAYER", "0") not in ("", "0")
 
 
 def _step_fn(module: str):

@@ -333,9 +333,10 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
 
 
 def _layer_phases(calls, step_us: float) -> dict:
-    """The decode-layer row's phases (issue 15): GPU kernel time per call of the projections
-    (GEMM kernels), the indexer and sparse MLA from the profiler (paths.torch_layer_phases), and
-    glue = the timed step minus those three (the rest of the kernels plus launch gaps)."""
+    """The decode-layer row's phases (issue 15): GPU time per call of the projections (GEMM
+    ops), the indexer and sparse MLA (their custom ops) from the profiler
+    (paths.torch_layer_phases), and glue = the timed step minus those three (the other kernels
+    plus the gaps between kernels)."""
     try:
         ph = paths.torch_layer_phases(calls)
     except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
@@ -345,9 +346,9 @@ def _layer_phases(calls, step_us: float) -> dict:
     return {"phases_us": {"projections": ph["projections"], "indexer": ph["indexer"],
                           "sparse_mla": ph["sparse_mla"], "glue": glue,
                           "glue_kernels": ph["other_kernels"]},
-            "phase_kernels": ph["kernels"],
-            "phases_timer": "torch.profiler CUDA kernel times (eager calls, mean per call); glue = "
-                            "median_us - projections - indexer - sparse_mla",
+            "kernels_per_step": ph["kernels_per_step"],
+            "phases_timer": "torch.profiler GPU time of the kernels inside each phase's ops (eager "
+                            "calls, mean per call); glue = median_us - projections - indexer - sparse_mla",
             "glue_frac": glue / step_us if step_us > 0 else None,
             "step_over_phases": step_us / main if main > 0 else None}
 

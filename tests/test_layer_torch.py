@@ -409,8 +409,8 @@ def test_cuda_graph_step_at_real_dimensions(name, compiled):
     with new inputs copied into the static buffers: the replay matches the eager step on those
     inputs (caches and indices bit for bit when not compiled, the compiled layer's own eager call
     otherwise; out within BF16_COS) and the float64 reference (check_bf16_step).
-    ``torch.cuda.set_sync_debug_mode("error")`` is on around the capture and the replay, so any
-    host synchronisation in the step raises."""
+    ``torch.cuda.set_sync_debug_mode("error")`` is on around the captured step and around the
+    input copies + replay, so any host synchronisation in the step raises."""
     from kernels import layer_compare
     case = _real_case(name)
     case.weights = _bf16_rounded(case.weights)
@@ -428,11 +428,19 @@ def test_cuda_graph_step_at_real_dimensions(name, compiled):
     static[1].copy_(kv0)
     static[2].copy_(kc0)
     graph = torch.cuda.CUDAGraph()
+    # torch.cuda.graph() synchronises on entry (and a host-to-device copy of pageable memory
+    # does too), so the sync check is switched on inside the capture, around the step alone
+    with torch.cuda.graph(graph):
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            g_out, g_kv, g_kc, g_inter = layer(*static, return_intermediates=True)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    new_inputs = _inputs(nxt)
+    torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        with torch.cuda.graph(graph):
-            g_out, g_kv, g_kc, g_inter = layer(*static, return_intermediates=True)
-        for dst, src in zip(static, _inputs(nxt)):  # new inputs into the static buffers
+        for dst, src in zip(static, new_inputs):    # new inputs into the static buffers (on device)
             dst.copy_(src)
         graph.replay()
     finally:
