@@ -7,6 +7,7 @@ functions), so a lazy import that points the wrong way is caught too.
 """
 import ast
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -312,6 +313,8 @@ def test_no_import_cycles():
 def test_plan_reads_the_table_once_per_auto_call(table_dir, monkeypatch):
     """``path="auto"`` in both stacks plans once: one dispatch lookup per call (torch: eager;
     JAX: at trace time), on tables that send each op to its plain path (cheap on the CPU)."""
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        pytest.skip("the CPU interpreter's device plans here; on a GPU the real table is read")
     torch = pytest.importorskip("torch")
     jnp = pytest.importorskip("jax.numpy")
     import jax
