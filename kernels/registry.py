@@ -78,16 +78,6 @@ def _mla_triton_space(dev, shape):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_defaults() -> dict:
-    return configs.SparseMLAConfig().to_dict()
-
-
-def _mla_normalize(d):
-    base = _mla_defaults()
-    return None if set(d) - set(base) else {**base, **d}
-
-
-@functools.lru_cache(maxsize=None)
 def _mla_pallas_heuristic_cached(heads: int, smem: int, operand_bytes: int) -> dict:
     return configs.pallas_sparse_mla_heuristic(heads, smem, operand_bytes).to_dict()
 
@@ -167,20 +157,16 @@ class ConfigRule:
     ``space(dev, shape)``: the configs the launcher may run, either a tuple of whole configs
     (sparse MLA: the compiled-and-checked members) or a dict ``{field: allowed values}`` (the
     indexers: every combination is allowed; the heuristic's own value of a field always is).
-    ``normalize(d)``: a table's dict in the form the space lists (defaults filled in), or None
-    when it names no config of this kind.
+    A table's config may name some fields only: the others are the heuristic's.
     """
 
     heuristic: Callable[..., dict]
     space: Callable[..., tuple | dict]
-    normalize: Callable[[dict], dict | None] | None = None
 
 
 CONFIG_RULES = MappingProxyType({
-    ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space,
-                                                                  _mla_normalize),
-    ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space,
-                                                                 _mla_normalize),
+    ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space),
+    ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space),
     ("indexer_logits", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_logits"),
                                                       _triton_indexer_space("indexer_logits")),
     ("indexer_topk", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_topk"),
@@ -309,27 +295,26 @@ class Registry:
         return ({},) if rule is None else rule.space(dev, shape)
 
     def accept(self, op: str, backend: str, path: str, dev, config, **shape) -> dict | None:
-        """``config`` (from a dispatch table) when ``path`` may run it on ``dev``, else None
-        (the caller then uses the heuristic: a table never selects an unchecked config)."""
+        """``config`` (from a dispatch table; fields it does not name are the heuristic's) when
+        ``path`` may run it on ``dev``, else None (the caller then uses the heuristic: a table
+        never selects an unchecked config). ``{}`` is the heuristic's config on a kernel path
+        and the only config of a plain path."""
         if not isinstance(config, dict) or dev is None:
             return None
         rule = self._rule(op, backend, path)
         if rule is None:
             return {} if not config else None
-        if rule.normalize is not None:
-            config = rule.normalize(config)
-            if config is None:
-                return None
-        space = rule.space(dev, shape)
-        if isinstance(space, tuple):
-            return dict(config) if config in space else None
         base = rule.heuristic(dev, shape)
         if set(config) - set(base):
             return None
+        full = {**base, **config}                       # fields not given: the heuristic's
+        space = rule.space(dev, shape)
+        if isinstance(space, tuple):
+            return full if full in space else None
         for k, v in config.items():
             if v != base[k] and v not in space.get(k, ()):
                 return None
-        return {**base, **config}
+        return full
 
     # ------------------------------------------------------------------ the plan
     def plan(self, op: str, backend: str, dev, *, path: str = AUTO, **shape) -> Plan:
