@@ -39,6 +39,7 @@ are imported only when a config of that path is asked for.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
@@ -54,34 +55,49 @@ def _operand_bytes(shape: Mapping) -> int:
     return 4 if int(shape.get("operand_bytes", 2)) >= 4 else 2
 
 
+# The rules below are pure functions of the device's shared-memory class, the dot operand width
+# and the head count (sparse MLA: also B x N and K); their dicts are cached (dataclasses.asdict costs ~10 us a config, and a
+# plan runs on every eager call). Callers copy before they change one.
+
+@functools.lru_cache(maxsize=None)
+def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk) -> dict:
+    return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows,
+                                        topk=topk).to_dict()
+
+
 def _mla_triton_heuristic(dev, shape):
     rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
-    return configs.sparse_mla_heuristic(shape["H"], dev.smem_per_block, _operand_bytes(shape),
-                                        rows=rows, topk=shape.get("K")).to_dict()
+    return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
+                                        rows, shape.get("K"))
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_triton_space_cached(smem: int, operand_bytes: int) -> tuple:
+    return tuple(c.to_dict() for c in configs.sparse_mla_space(smem, operand_bytes))
 
 
 def _mla_triton_space(dev, shape):
-    return tuple(c.to_dict() for c in configs.sparse_mla_space(dev.smem_per_block,
-                                                                _operand_bytes(shape)))
+    return _mla_triton_space_cached(dev.smem_per_block, _operand_bytes(shape))
 
 
-def _mla_normalize(d):
-    try:
-        return configs.SparseMLAConfig(**d).to_dict()
-    except TypeError:
-        return None
+@functools.lru_cache(maxsize=None)
+def _mla_pallas_heuristic_cached(heads: int, smem: int, operand_bytes: int) -> dict:
+    return configs.pallas_sparse_mla_heuristic(heads, smem, operand_bytes).to_dict()
 
 
 def _mla_pallas_heuristic(dev, shape):
-    return configs.pallas_sparse_mla_heuristic(shape["H"], dev.smem_per_block,
-                                               _operand_bytes(shape)).to_dict()
+    return _mla_pallas_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape))
+
+
+@functools.lru_cache(maxsize=None)
+def _mla_pallas_space_cached(smem: int, operand_bytes: int) -> tuple:
+    if operand_bytes >= 4:                  # fp32 dots: the one correctness config
+        return (configs.PALLAS_SPARSE_MLA_FP32.to_dict(),)
+    return tuple(c.to_dict() for c in configs.PALLAS_SPARSE_MLA_SPACE[configs.smem_class(smem)])
 
 
 def _mla_pallas_space(dev, shape):
-    if _operand_bytes(shape) >= 4:          # fp32 dots: the one correctness config
-        return (configs.PALLAS_SPARSE_MLA_FP32.to_dict(),)
-    return tuple(c.to_dict() for c in
-                 configs.PALLAS_SPARSE_MLA_SPACE[configs.smem_class(dev.smem_per_block)])
+    return _mla_pallas_space_cached(dev.smem_per_block, _operand_bytes(shape))
 
 
 def _triton_indexer_classes(op):
@@ -90,34 +106,50 @@ def _triton_indexer_classes(op):
     return IndexerLogitsConfig, (TopkConfig if op == "indexer_topk" else None)
 
 
+@functools.lru_cache(maxsize=None)
+def _triton_indexer_default(op: str) -> dict:
+    logits_cls, topk_cls = _triton_indexer_classes(op)
+    d = dataclasses.asdict(logits_cls())
+    if topk_cls is not None:
+        d.update({f"topk_{k}": v for k, v in dataclasses.asdict(topk_cls()).items()})
+    return d
+
+
+@functools.lru_cache(maxsize=None)
+def _triton_indexer_space_cached(op: str) -> dict:
+    logits_cls, topk_cls = _triton_indexer_classes(op)
+    s = {k: tuple(v) for k, v in logits_cls.SEARCH_SPACE.items()}
+    if topk_cls is not None:
+        s.update({f"topk_{k}": tuple(v) for k, v in topk_cls.SEARCH_SPACE.items()})
+    return s
+
+
 def _triton_indexer_heuristic(op):
-    def heuristic(dev, shape):
-        logits_cls, topk_cls = _triton_indexer_classes(op)
-        d = dataclasses.asdict(logits_cls())
-        if topk_cls is not None:
-            d.update({f"topk_{k}": v for k, v in dataclasses.asdict(topk_cls()).items()})
-        return d
-    return heuristic
+    return lambda dev, shape: _triton_indexer_default(op)
 
 
 def _triton_indexer_space(op):
-    def space(dev, shape):
-        logits_cls, topk_cls = _triton_indexer_classes(op)
-        s = {k: tuple(v) for k, v in logits_cls.SEARCH_SPACE.items()}
-        if topk_cls is not None:
-            s.update({f"topk_{k}": tuple(v) for k, v in topk_cls.SEARCH_SPACE.items()})
-        return s
-    return space
+    return lambda dev, shape: _triton_indexer_space_cached(op)
 
 
-def _pallas_indexer_heuristic(dev, shape):
+@functools.lru_cache(maxsize=None)
+def _pallas_indexer_default() -> dict:
     from kernels.pallas.indexer import PallasIndexerConfig
     return PallasIndexerConfig().to_dict()
 
 
-def _pallas_indexer_space(dev, shape):
+@functools.lru_cache(maxsize=None)
+def _pallas_indexer_space_cached() -> dict:
     from kernels.pallas.indexer import PallasIndexerConfig
     return {k: tuple(v) for k, v in PallasIndexerConfig.SEARCH_SPACE.items()}
+
+
+def _pallas_indexer_heuristic(dev, shape):
+    return _pallas_indexer_default()
+
+
+def _pallas_indexer_space(dev, shape):
+    return _pallas_indexer_space_cached()
 
 
 @dataclass(frozen=True)
@@ -128,20 +160,16 @@ class ConfigRule:
     ``space(dev, shape)``: the configs the launcher may run, either a tuple of whole configs
     (sparse MLA: the compiled-and-checked members) or a dict ``{field: allowed values}`` (the
     indexers: every combination is allowed; the heuristic's own value of a field always is).
-    ``normalize(d)``: a table's dict in the form the space lists (defaults filled in), or None
-    when it names no config of this kind.
+    A table's config may name some fields only: the others are the heuristic's.
     """
 
     heuristic: Callable[..., dict]
     space: Callable[..., tuple | dict]
-    normalize: Callable[[dict], dict | None] | None = None
 
 
 CONFIG_RULES = MappingProxyType({
-    ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space,
-                                                                  _mla_normalize),
-    ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space,
-                                                                 _mla_normalize),
+    ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space),
+    ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space),
     ("indexer_logits", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_logits"),
                                                       _triton_indexer_space("indexer_logits")),
     ("indexer_topk", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_topk"),
@@ -270,27 +298,26 @@ class Registry:
         return ({},) if rule is None else rule.space(dev, shape)
 
     def accept(self, op: str, backend: str, path: str, dev, config, **shape) -> dict | None:
-        """``config`` (from a dispatch table) when ``path`` may run it on ``dev``, else None
-        (the caller then uses the heuristic: a table never selects an unchecked config)."""
+        """``config`` (from a dispatch table; fields it does not name are the heuristic's) when
+        ``path`` may run it on ``dev``, else None (the caller then uses the heuristic: a table
+        never selects an unchecked config). ``{}`` is the heuristic's config on a kernel path
+        and the only config of a plain path."""
         if not isinstance(config, dict) or dev is None:
             return None
         rule = self._rule(op, backend, path)
         if rule is None:
             return {} if not config else None
-        if rule.normalize is not None:
-            config = rule.normalize(config)
-            if config is None:
-                return None
-        space = rule.space(dev, shape)
-        if isinstance(space, tuple):
-            return dict(config) if config in space else None
         base = rule.heuristic(dev, shape)
         if set(config) - set(base):
             return None
+        full = {**base, **config}                       # fields not given: the heuristic's
+        space = rule.space(dev, shape)
+        if isinstance(space, tuple):
+            return full if full in space else None
         for k, v in config.items():
             if v != base[k] and v not in space.get(k, ()):
                 return None
-        return {**base, **config}
+        return full
 
     # ------------------------------------------------------------------ the plan
     def plan(self, op: str, backend: str, dev, *, path: str = AUTO, **shape) -> Plan:

@@ -162,7 +162,12 @@ def write_table(arch: str, entries: list[dict], *, gpu: str, compute_capability:
                 command: str, versions: dict | None = None, directory=None,
                 merge: bool = True) -> Path:
     """Write ``<directory>/<arch>.json``; with ``merge`` keep existing entries whose (op,
-    backend, bucket) the new ones do not replace. Returns the path written."""
+    backend, bucket) the new ones do not replace (a kept entry's null config becomes ``{}``).
+    Returns the path written.
+
+    Raises:
+      ValueError: the table is not valid (:func:`validate_table`); nothing is written.
+    """
     path = table_path(arch, directory)
     old = []
     if merge and path.exists():
@@ -173,6 +178,9 @@ def write_table(arch: str, entries: list[dict], *, gpu: str, compute_capability:
             old = []
     key = lambda e: (e["op"], e["backend"], json.dumps(e["bucket"], sort_keys=True))  # noqa: E731
     new_keys = {key(e) for e in entries}
+    # entries of tables written before every entry carried a config: null -> {} (a plain
+    # path's config; a kernel path's heuristic)
+    old = [dict(e, config={}) if isinstance(e, dict) and e.get("config") is None else e for e in old]
     merged = [e for e in old if key(e) not in new_keys] + list(entries)
     merged.sort(key=key)
     table = {"arch": arch, "gpu": gpu, "compute_capability": compute_capability,
