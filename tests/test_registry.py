@@ -179,7 +179,8 @@ def test_accept_checks_indexer_fields_against_the_search_space():
 def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
     heur = REGISTRY.heuristic("sparse_mla_decode", "torch", "triton", H200, **MLA)
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **MLA) == heur
-    part = {"block_h": 16, "block_k": 64, "num_warps": 4}
+    # the heuristic here is 64 x 32, 8 warps, 2 stages, no prefetch: one stage of it is in the space
+    part = {"block_h": 64, "block_k": 32, "num_stages": 1}
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **MLA) == {**heur, **part}
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"block_h": 16}, **MLA) is None
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"tile": 1}, **MLA) is None
