@@ -608,14 +608,16 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     return out
 
 
-# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first.
-SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 8), (4096, 8))
+# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. 4,096 at 8
+# warps needs 147 registers (sm_120, ptxas -v): 1 CTA per SM, B 64's 256 programs in two
+# waves; 2,048 at 8 warps needs 74 (3 CTAs per SM, one wave).
+SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 8))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     """(BLOCK, num_warps) of the split pass B from the shape alone: the smallest block that
     covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration, capped at
-    4,096 positions (B 64, L 64K: 16K positions per split, 4 iterations; B 1, L 128K, 264
+    2,048 positions (B 64, L 64K: 16K positions per split, 8 iterations; B 1, L 128K, 264
     splits: 512 positions, one)."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
