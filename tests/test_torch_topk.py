@@ -250,10 +250,11 @@ def test_request_lengths_mtp_rule():
     compare.assert_pass(compare.check_topk(out, _ref_rows(x, rows), K))
 
 
-def _split_hists(x, lens, n_drafts, S, P, base_drop=0):
+def _split_hists(x, lens, n_drafts, S, P, base_raise=0):
     """NumPy model of the logits kernel's fused histograms: int32 hist_shape(B, S, N) with each
-    (request, split, draft) block's windowed histogram at its own running-max base (lowered by
-    ``base_drop`` to exercise the plan's rebase further)."""
+    (request, split, draft) block's windowed histogram at its running-max base, raised by
+    ``base_raise`` bins (capped at the row's base: still a valid block, its window top above
+    its max) so that the plan's rebase shifts more blocks by other amounts."""
     from kernels.triton.topk import HIST_ROW, hist_shape
     R, W = x.shape
     B = R // n_drafts
@@ -262,16 +263,21 @@ def _split_hists(x, lens, n_drafts, S, P, base_drop=0):
     for b in range(B):
         n_pages = min(-(-max(lens[b * n_drafts:(b + 1) * n_drafts]) // P), W // P)
         per = -(-n_pages // S)
-        for s in range(S):
-            for i in range(n_drafts):
-                r = b * n_drafts + i
+        for i in range(n_drafts):
+            r = b * n_drafts + i
+            keys, bases = {}, {}
+            for s in range(S):
                 lo, hi = min(s * per * P, lens[r]), min(s * per * P + per * P, lens[r])
                 k = _keys(x[r, lo:hi])
-                k = k[k != 0]
-                if k.size == 0:
-                    h[b, s, i, 256] = -255 if hi > lo else -(1 << 20)
+                keys[s] = k[k != 0]
+                if keys[s].size:
+                    bases[s] = (int(keys[s].max()) >> 20) - 255
+            row_base = max(bases.values(), default=0)
+            for s, k in keys.items():
+                if s not in bases:
+                    h[b, s, i, 256] = -255 if s * per < n_pages else -(1 << 20)
                     continue
-                base = (int(k.max()) >> 20) - 255 - base_drop
+                base = min(bases[s] + base_raise, row_base)
                 h[b, s, i, :256] = np.bincount(np.clip((k >> 20).astype(np.int64) - base, 0, 255),
                                                minlength=256)
                 h[b, s, i, 256] = base
@@ -279,26 +285,55 @@ def _split_hists(x, lens, n_drafts, S, P, base_drop=0):
     return h
 
 
-@pytest.mark.parametrize("S", [1, 5])
+@pytest.mark.parametrize("S", [1, 5, 40])
 def test_split_plan_with_window_miss(S):
     """Plan + split pass B (R x S programs) from per-split windowed histograms whose bases
     differ (the plan brings them to the row's): a heavy-tailed row, a window miss, a tied row
-    and a short row, N = 2 drafts per request; same bits as the one-program path."""
+    and a short row, N = 2 drafts per request, 40 splits (more than one plan chunk of
+    PLAN_SPLITS, some empty); same bits as the one-program path."""
     K, P, N = 64, 16, 2
     W = 1600
     x = _heavy_rows(25, 4, W)
     x[1, 77] = 1e30                                               # window miss
     x[2] = np.round(x[2])                                         # ties
     lens = [W, W - 5, 1200, 90]
-    h = _split_hists(x, lens, N, S, P, base_drop=3 if S > 1 else 0)
+    h = _split_hists(x, lens, N, S, P, base_raise=3 if S > 1 else 0)
     xt = torch.from_numpy(x).to(DEVICE)
     lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     ht = torch.from_numpy(h).to(DEVICE)
     scratch = torch.empty((4, W), dtype=torch.int32, device=DEVICE)
     split = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(xt, lt, K, split, scratch, hist=ht, n_drafts=N, page_size=P)
+    assert torch.equal(ht, torch.from_numpy(h).to(DEVICE))       # the histograms are only read
     compare.assert_pass(compare.check_topk(split, _ref_rows(x, lens), K))
     fused = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(xt, lt, K, fused, scratch, hist=ht, n_drafts=N)
     plain = _run(x, lens, K)
     assert torch.equal(split, plain) and torch.equal(fused, plain)
+
+
+@pytest.mark.parametrize("pairs", [False, True])
+def test_many_candidates_compacted(pairs):
+    """More than COMPACT_MIN candidates (window misses: a 1e30 outlier over 20K normal or
+    rounded values; all values tied): the levels compact them in place; exact set, candidates
+    as (key, position) pairs (scratch twice the row) or positions, same bits at every block."""
+    from kernels.triton.topk import COMPACT_MIN
+    K, W = 1000, 20000
+    rng = np.random.default_rng(27)
+    x = rng.standard_normal((3, W)).astype(np.float32)
+    x[0, 5] = 1e30
+    x[1] = np.round(x[1] * 8)
+    x[1, W - 1] = 1e30
+    x[2] = 0.5
+    assert W - 1 > COMPACT_MIN.value
+    lens = [W, W, W - 7]
+    outs = []
+    for block in (2048, 4096):
+        out = torch.full((3, K), -7, dtype=torch.int32, device=DEVICE)
+        scratch = torch.full((3, 2 * W if pairs else W), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(torch.from_numpy(x).to(DEVICE), torch.tensor(lens, dtype=torch.int32,
+                    device=DEVICE), K, out, scratch, config=TopkConfig(block=block))
+        compare.assert_pass(compare.check_topk(out, _ref_rows(x, lens), K))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert sorted(outs[0][2].tolist()) == list(range(K))

@@ -13,7 +13,10 @@ actual lengths L_b, not with the block table's width. No host synchronisation an
 shape-dependent allocations: CUDA-graph capturable and traceable by ``torch.compile`` through
 the custom op's fake implementation. ``indexer_topk`` materialises a ``[B, N, W]`` float32
 logits scratch buffer and a ``[B * N, W]`` int32 candidate buffer (both uninitialised; only
-valid prefixes are written and read).
+valid prefixes are written and read): 8 bytes per table position per (request, draft), plus
+the fused first-digit histograms (``B x S x next_pow2(N) x 264`` int32, S = logits splits)
+and the top-k plan (``32 + 1024 S`` bytes per row). The top-k kernels compute each row's length
+from ``context_lens`` themselves: no torch op runs between the two kernels' launches.
 
 Torch path: the same math in float32 with ``torch.einsum`` over chunks of pages up to
 ``max(L_b)`` and an exact top-k with ``torch.topk`` over unique int64 keys
@@ -508,9 +511,10 @@ def aot_specs_logits(smem_class: str) -> list:
 def aot_specs_topk(smem_class: str) -> list:
     """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
-    pass B (``FROM_PLAN``); the plan and scatter kernels of the split pass B."""
+    pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
+    ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
     from kernels.triton._aot import LaunchSpec
-    from kernels.triton.topk import PLAN_SPLITS, SCATTER_BLOCK, TopkConfig
+    from kernels.triton.topk import PLAN_BASES, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
@@ -524,15 +528,17 @@ def aot_specs_topk(smem_class: str) -> list:
                                         dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=plan,
                                              PLAN_SB=PLAN_SPLITS), nw, 1))
     specs.append(LaunchSpec("topk plan", "kernels.triton.topk", "_topk_plan_kernel",
-                            {"hist_ptr": "*i32", "state_ptr": "*i32", "offs_ptr": "*i32",
+                            {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
                              "topk": "i32", "cap": "i32", "n_drafts": "i32",
                              "n_drafts_pow2": "i32", "num_splits": "i32"},
-                            dict(SB=PLAN_SPLITS), 8, 1))
-    specs.append(LaunchSpec("topk scatter", "kernels.triton.topk", "_topk_scatter_kernel",
-                            {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
-                             "cand_ptr": "*i32", "state_ptr": "*i32", "offs_ptr": "*i32",
-                             "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
-                             "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
-                             "num_splits": "i32"},
-                            dict(BLOCK=SCATTER_BLOCK), 4, 1))
+                            dict(SB=PLAN_SPLITS, SBASE=PLAN_BASES), 8, 1))
+    for blk, nw in SCATTER_CONFIGS:
+        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.triton.topk",
+                                "_topk_scatter_kernel",
+                                {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
+                                 "cand_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
+                                 "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
+                                 "stride_c": "i32", "cap": "i32", "n_drafts": "i32",
+                                 "per_row": "i32", "num_splits": "i32"},
+                                dict(BLOCK=blk), nw, 1))
     return specs

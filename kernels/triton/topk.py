@@ -38,7 +38,10 @@ Algorithm (no atomics, no sort):
    threshold lies more than 32 binades below the row max: a window miss) the bucket is "every
    key below the window" and the descent runs over the full key from bit 31 (four levels): the
    fallback, exact in every case, costs passes over that bucket. The descent stops early when
-   the chosen bucket is taken whole.
+   the chosen bucket is taken whole. Above ``COMPACT_MIN`` candidates a level also compacts
+   them, in place and in position order, to its chosen bucket (keys above it go to the output
+   then), so a miss or a wide tie costs two passes over the bucket and then passes over the
+   old digit's bucket size (~1-16K).
 5. Selection over the candidates in position order: keys above the final bucket are taken,
    keys in it while their running rank is ``<= need``: exactly the SPEC tie rule.
 6. The tail ``[min(C, K), K)`` of the output row is filled with -1.
@@ -58,11 +61,12 @@ Fused with the indexer (``hist=``): the logits kernel already holds every logit 
 so it also builds pass A's windowed histogram per (request, split, draft) with its running base
 (:func:`window_hist_add`) and writes one ``HIST_ROW``-int32 block per draft (256 bins, then the
 base) instead of the top-k re-reading the row. Given the logits kernel's page size as well
-(``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) rebases and
-sums the S histograms, picks the threshold bin and hands each split its output and candidate
-offsets (the counts above and in the threshold bin of a split are read off its own rebased
-histogram), then ``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's
-positions only, and writes in ascending position order exactly as the one-program pass would.
+(``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) rebases the
+S histograms, writes their exclusive prefix over the splits (``[R, S, 256]`` int32) and picks
+the threshold bin from their sum, then ``_topk_scatter_kernel`` runs ``R x S`` programs, each
+over its split's positions only, reads its output and candidate offsets off the counts of
+the splits before it, and writes in ascending position order exactly as the one-program pass
+would.
 The per-row kernel then continues from the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
@@ -83,8 +87,12 @@ HIST_ROW = tl.constexpr(264)
 WINDOW_SHIFT = tl.constexpr(20)
 # Window base of a histogram that has seen no block yet (below every real base, >= -255).
 BASE_NONE = tl.constexpr(-(1 << 20))
-# Split histograms the plan kernel rebases and sums per iteration.
+# Candidates above which a radix level compacts them to its bucket before the next level.
+COMPACT_MIN = tl.constexpr(8192)
+# Split histograms the plan kernel rebases and sums per iteration, and split bases it reads
+# per iteration.
 PLAN_SPLITS = 32
+PLAN_BASES = 1024
 
 
 def hist_shape(batch: int, num_splits: int, n_drafts: int) -> tuple:
@@ -372,6 +380,29 @@ def _radix_topk_kernel(
         mask = tl.where(skip, mask, m2)
         need = tl.where(skip, need, n2)
         done = tl.where(skip, done, dn2)
+        # Many candidates (a window miss, wide ties): compact them in place to the new bucket, in
+        # position order, writing the keys above it to the output now, so the next levels read
+        # only the bucket. The threshold is independent of BLOCK, and so is the output order.
+        end = tl.where(skip | (n_cand <= COMPACT_MIN), 0, n_cand)
+        if SHIFT > 0:
+            kept = tl.zeros((), tl.int32)
+            for start in range(0, end, BLOCK):
+                o = start + offs
+                m = o < n_cand
+                key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
+                tl.debug_barrier()              # every thread has read its slots before stores
+                hi_bits = key & mask
+                gt = m & (hi_bits > prefix)
+                eq = m & (hi_bits == prefix)
+                slot = tl.cumsum(gt.to(tl.int32), axis=0) + n_out - 1
+                tl.store(o_row + slot, pos, mask=gt)
+                cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1      # <= o: in place
+                tl.store(c_row + pos_off + cslot, pos, mask=eq)
+                tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=eq & pairs_v)
+                n_out += tl.sum(gt.to(tl.int32), axis=0)
+                kept += tl.sum(eq.to(tl.int32), axis=0)
+            tl.debug_barrier()                  # the compacted row is read by other threads
+            n_cand = tl.where(end > 0, kept, n_cand)
 
     # Selection over the candidates in position order: the SPEC tie rule (smaller position wins)
     # is the running rank within the threshold bucket.
@@ -424,14 +455,14 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
 def _topk_plan_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
     state_ptr,        # [R, 8] int32 out: base, d0, need, done, total, n_out, n_cand, pairs
-    offs_ptr,         # [R, S, 2] int32 out: exclusive output / candidate offsets of each split
+    cum_ptr,          # [R, S, 256] int32 out: per bin, the count of the splits before s
     topk, cap, n_drafts, n_drafts_pow2, num_splits,
-    SB: tl.constexpr,
+    SB: tl.constexpr, SBASE: tl.constexpr,
 ):
     """Pass A of the split top-k (grid ``(R,)``): bring the per-split histograms to the row's
-    base and sum them, choose the threshold bin, and give each split the offsets at which pass B
-    writes its direct selections and its candidates, so that every row keeps ascending position
-    order whatever program writes it (the counts per split come from its rebased histogram)."""
+    base, write their exclusive prefix over the splits (from which each split's program reads
+    its output and candidate offsets, so every row keeps ascending position order whatever
+    program writes it) and their sum, and choose the threshold bin."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, HIST_BINS)
     sv = tl.arange(0, SB)
@@ -439,47 +470,58 @@ def _topk_plan_kernel(
     i = row % n_drafts
     split_stride = n_drafts_pow2 * HIST_ROW
     h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
-    hist, base = _sum_split_hists(h_row, split_stride, num_splits, SB)
-    d0, need, done, total, n_eq = _first_digit(hist, topk)
-    pairs = (n_eq <= cap).to(tl.int32)
-    n_out = tl.zeros((), tl.int32)
-    n_cand = tl.zeros((), tl.int32)
+    base = tl.full((), BASE_NONE, tl.int32)
+    for s0 in range(0, num_splits, SBASE):
+        s = s0 + tl.arange(0, SBASE)
+        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=s < num_splits,
+                     other=BASE_NONE)
+        base = tl.maximum(base, tl.max(bs, axis=0))
+    run = tl.zeros((HIST_BINS,), tl.int32)
+    # the next chunk's loads are issued before this chunk's rebase and stores (B = 1: 264 splits)
+    ms = sv < num_splits
+    blk = h_row + sv.to(tl.int64)[:, None] * split_stride
+    h_nxt = tl.load(blk + c[None, :], mask=ms[:, None], other=0)
+    bs_nxt = tl.load(h_row + sv.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
     for s0 in range(0, num_splits, SB):
         s = s0 + sv
         ms = s < num_splits
-        blk = h_row + s.to(tl.int64)[:, None] * split_stride
-        h = tl.load(blk + c[None, :], mask=ms[:, None], other=0)
-        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
-        h = window_rebase(h, tl.where(ms, base - bs, 0))
-        gt = tl.sum(tl.where(c[None, :] > d0, h, 0), axis=1)                       # [SB]
-        eq = tl.sum(tl.where(c[None, :] == d0, h, 0), axis=1)
-        n_dir = gt + tl.where(done != 0, eq, 0)
-        n_cnd = tl.where(done != 0, 0, eq)
-        o = offs_ptr + (row * num_splits + s) * 2
-        tl.store(o, tl.cumsum(n_dir, axis=0) - n_dir + n_out, mask=ms)
-        tl.store(o + 1, tl.cumsum(n_cnd, axis=0) - n_cnd + n_cand, mask=ms)
-        n_out += tl.sum(n_dir, axis=0)
-        n_cand += tl.sum(n_cnd, axis=0)
+        h = h_nxt
+        bs = bs_nxt
+        s1 = s + SB
+        blk = h_row + s1.to(tl.int64)[:, None] * split_stride
+        h_nxt = tl.load(blk + c[None, :], mask=(s1 < num_splits)[:, None], other=0)
+        bs_nxt = tl.load(h_row + s1.to(tl.int64) * split_stride + HIST_BINS,
+                         mask=s1 < num_splits, other=0)
+        h = window_rebase(h, tl.where(ms, base - bs, 0))                           # [SB, 256]
+        exc = tl.cumsum(h, axis=0) - h + run[None, :]
+        tl.store(cum_ptr + (row * num_splits + s.to(tl.int64))[:, None] * HIST_BINS + c[None, :],
+                 exc, mask=ms[:, None])
+        run += tl.sum(h, axis=0)
+    d0, need, done, total, n_eq = _first_digit(run, topk)
+    pairs = (n_eq <= cap).to(tl.int32)
+    n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
     st = state_ptr + row * 8
     tl.store(st + 0, base)
     tl.store(st + 1, d0)
     tl.store(st + 2, need)
     tl.store(st + 3, done)
     tl.store(st + 4, total)
-    tl.store(st + 5, n_out)
-    tl.store(st + 6, n_cand)
+    tl.store(st + 5, n_gt + tl.where(done != 0, n_eq, 0))
+    tl.store(st + 6, tl.where(done != 0, 0, n_eq))
     tl.store(st + 7, pairs)
 
 
 @triton.jit
 def _topk_scatter_kernel(
-    x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr, offs_ptr,
+    x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr,
+    cum_ptr,          # [R, S, 256] int32: per bin, the count of the splits before s
     W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits,
     BLOCK: tl.constexpr,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
-    bin's keys into the candidate row, at the offsets of :func:`_topk_plan_kernel`."""
+    bin's keys into the candidate row, at the offsets read off the counts of the splits before
+    it (:func:`_topk_plan_kernel`)."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
@@ -488,9 +530,12 @@ def _topk_scatter_kernel(
     d0 = tl.load(st + 1)
     done = tl.load(st + 3)
     pairs = tl.load(st + 7)
-    o = offs_ptr + (row * num_splits + s) * 2
-    n_out = tl.load(o)
-    n_cand = tl.load(o + 1)
+    c = tl.arange(0, HIST_BINS)
+    before = tl.load(cum_ptr + (row * num_splits + s) * HIST_BINS + c)
+    n_gt = tl.sum(tl.where(c > d0, before, 0), axis=0)
+    n_eq = tl.sum(tl.where(c == d0, before, 0), axis=0)
+    n_out = n_gt + tl.where(done != 0, n_eq, 0)
+    n_cand = tl.where(done != 0, 0, n_eq)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             base, d0, done, pairs, cap, n_out, n_cand, BLOCK)
 
@@ -542,17 +587,19 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     else:
         num_splits, nb = 1, 1
     split = hist is not None and page_size is not None
-    state = offs = out
+    state = out
     if split:
         import torch
         state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
-        offs = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
-        _topk_plan_kernel[(R,)](hist, state, offs, topk, cap, n_drafts, nb, num_splits,
-                                SB=PLAN_SPLITS, num_warps=8)
+        cum = torch.empty((R, num_splits, HIST_BINS.value), dtype=torch.int32,
+                          device=logits.device)
+        _topk_plan_kernel[(R,)](hist, state, cum, topk, cap, n_drafts, nb, num_splits,
+                                SB=PLAN_SPLITS, SBASE=PLAN_BASES, num_warps=8)
+        sblock, swarps = scatter_config(W, page_size, num_splits)
         _topk_scatter_kernel[(R, num_splits)](
-            logits, lengths, out, scratch, state, offs, W, page_size, logits.stride(0),
+            logits, lengths, out, scratch, state, cum, W, page_size, logits.stride(0),
             out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits,
-            BLOCK=SCATTER_BLOCK, num_warps=4)
+            BLOCK=sblock, num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -561,5 +608,19 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     return out
 
 
-# Positions per loop iteration of _topk_scatter_kernel (a split covers ceil(n_pages / S) pages).
-SCATTER_BLOCK = 1024
+# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. 4,096 at 8
+# warps needs 147 registers (sm_120, ptxas -v): 1 CTA per SM, B 64's 256 programs in two
+# waves; 2,048 at 8 warps needs 74 (3 CTAs per SM, one wave).
+SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 8))
+
+
+def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
+    """(BLOCK, num_warps) of the split pass B from the shape alone: the smallest block that
+    covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration, capped at
+    2,048 positions (B 64, L 64K: 16K positions per split, 8 iterations; B 1, L 128K, 264
+    splits: 512 positions, one)."""
+    per = -(-(W // page_size) // max(num_splits, 1)) * page_size
+    for blk, nw in SCATTER_CONFIGS:
+        if blk >= per:
+            return blk, nw
+    return SCATTER_CONFIGS[-1]
