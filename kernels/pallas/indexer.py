@@ -435,15 +435,17 @@ def window_lower(top, digit, nbins: int):
     return jnp.where(digit == 0, jnp.int32(SENTINEL), lax.shift_left(hi, jnp.int32(WINDOW_SHIFT)))
 
 
-def _count_ge(src, n_chunks, cand, *, BLOCK: int):
-    """``[BINS]``: for each threshold ``cand[d]``, the keys ``>= cand[d]`` over chunks
-    ``[0, n_chunks)``. Deferred counts: a ``[BLOCK, BINS]`` int32 partial count is carried
-    through the loop (per-thread adds only) and reduced across threads once, after it."""
+def _count_ge(src, n_chunks, cands, *, BLOCK: int):
+    """For each threshold of ``cands`` (a list of int32 scalars), the number of keys ``>=`` it over
+    chunks ``[0, n_chunks)``: a list of int32 scalars. Deferred counts: one ``[BLOCK]`` partial
+    count per threshold is carried through the loop (per-thread compares and adds in the keys'
+    own layout: no layout conversion or barrier per chunk) and each is reduced across threads
+    once, after the loop."""
     def body(c, acc):
         key, _ = src(c)
-        return acc + (key[:, None] >= cand[None, :]).astype(jnp.int32)           # [BLOCK, BINS]
-    acc = lax.fori_loop(0, n_chunks, body, jnp.zeros((BLOCK, cand.shape[0]), jnp.int32))
-    return jnp.sum(acc, axis=0)
+        return tuple(a + (key >= t).astype(jnp.int32) for a, t in zip(acc, cands))
+    acc = lax.fori_loop(0, n_chunks, body, tuple(jnp.zeros((BLOCK,), jnp.int32) for _ in cands))
+    return [jnp.sum(a) for a in acc]
 
 
 def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_SHIFT: int = 0):
@@ -457,17 +459,20 @@ def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_S
     pass and the three (at 4 bits) most significant radix passes run zero chunks; when it lands
     in the clamped bin 0 (the window missed) they run. Then most significant digit first over
     the remaining bits: each pass counts, for the ``2^RADIX_BITS`` candidate prefixes, the keys
-    ``>=`` the candidate (:func:`_count_ge`, one cross-thread reduction per pass) and keeps the
-    largest digit whose count still reaches ``kth``; the count strictly above the chosen
-    interval is tracked, and after the last pass it is ``#{key > T}``. Integer counting only.
+    ``>=`` the candidate (:func:`_count_ge`: one cross-thread reduction per candidate per pass,
+    none per chunk) and keeps the largest digit whose count still reaches ``kth``; the count
+    strictly above the chosen interval is tracked, and after the last pass it is
+    ``#{key > T}``. Integer counting only; the per-digit bookkeeping is scalar.
     """
     BINS = 1 << RADIX_BITS
-    digit = lax.broadcasted_iota(jnp.int32, (BINS,), 0)
     sent = jnp.int32(SENTINEL)
 
-    def pick(cnt):
-        dstar = jnp.sum((cnt >= kth).astype(jnp.int32)) - 1
-        return dstar, jnp.sum(jnp.where(digit == dstar + 1, cnt, 0))          # 0 past BINS - 1
+    def pick(cnts):             # counts are non-increasing in the digit
+        dstar = sum((c >= kth).astype(jnp.int32) for c in cnts) - 1
+        nxt = jnp.int32(0)      # count of digit dstar + 1 (0 past BINS - 1)
+        for d, c in enumerate(cnts):
+            nxt = jnp.where(dstar + 1 == d, c, nxt)
+        return dstar, nxt
 
     t_u = jnp.int32(0)          # threshold bits so far, in the unsigned (key ^ INT32_MIN) domain
     above = jnp.int32(0)        # keys strictly above the current threshold interval
@@ -475,7 +480,8 @@ def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_S
     window = WINDOW_SHIFT % RADIX_BITS == 0
     if window:
         lo = top - (BINS - 1)
-        dstar, nxt = pick(_count_ge(src, n_chunks, window_lower(top, digit, BINS), BLOCK=BLOCK))
+        cands = [window_lower(top, d, BINS) for d in range(BINS)]
+        dstar, nxt = pick(_count_ge(src, n_chunks, cands, BLOCK=BLOCK))
         hit = (dstar >= 1) & (lo + dstar >= _HI_MIN)
         t_u = jnp.where(hit, lax.shift_left(lo + dstar, jnp.int32(WINDOW_SHIFT)) ^ sent, 0)
         above = jnp.where(hit, nxt, 0)
@@ -484,8 +490,9 @@ def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_S
         if shift < MIN_SHIFT:
             break
         active = jnp.logical_not(hit) if (window and shift >= WINDOW_SHIFT) else jnp.bool_(True)
-        cand = (t_u | lax.shift_left(digit, jnp.int32(shift))) ^ sent                  # [BINS]
-        dstar, nxt = pick(_count_ge(src, jnp.where(active, n_chunks, 0), cand, BLOCK=BLOCK))
+        cands = [(t_u | jnp.int32(d << shift if d << shift < 2 ** 31 else (d << shift) - 2 ** 32)) ^ sent
+                 for d in range(BINS)]
+        dstar, nxt = pick(_count_ge(src, jnp.where(active, n_chunks, 0), cands, BLOCK=BLOCK))
         above = jnp.where(active & (dstar + 1 < BINS), nxt, above)
         t_u = jnp.where(active, t_u | lax.shift_left(dstar, jnp.int32(shift)), t_u)
     return t_u ^ sent, above
