@@ -33,9 +33,16 @@ def _check(name: str, t, *, ndim: int | None = None, last: int | None = None,
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
 
 
+def _div_448(x: torch.Tensor) -> torch.Tensor:
+    """``x / 448`` correctly rounded on every device: PyTorch's CUDA division by a Python scalar
+    multiplies by the rounded reciprocal (1 ulp off the NumPy writers' bytes for some values;
+    seen on the H200), a division by a device tensor divides."""
+    return x / torch.tensor(FP8_MAX, dtype=x.dtype, device=x.device)
+
+
 def pow2_scale(amax: torch.Tensor) -> torch.Tensor:
     """FlashMLA's ue8m0 scale ``2^ceil(log2(max(amax / 448, 1e-4)))``, float32."""
-    s = torch.clamp_min(amax.float() / FP8_MAX, 1e-4)
+    s = torch.clamp_min(_div_448(amax.float()), 1e-4)
     return torch.exp2(torch.ceil(torch.log2(s)))
 
 
@@ -145,7 +152,7 @@ def indexer_scale(amax: torch.Tensor, scale_fmt: str | None) -> torch.Tensor:
     power of two with ``scale_fmt="ue8m0"``; float32."""
     if scale_fmt not in (None, "ue8m0"):
         raise ValueError(f"scale_fmt: expected None or 'ue8m0', got {scale_fmt!r}")
-    s = torch.clamp_min(amax.float(), 1e-4) / FP8_MAX
+    s = _div_448(torch.clamp_min(amax.float(), 1e-4))
     if scale_fmt == "ue8m0":
         s = torch.exp2(torch.ceil(torch.log2(s)))
     return s
