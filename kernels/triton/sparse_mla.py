@@ -123,8 +123,11 @@ def _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr,             # cache as its dtype / in
         data = page * page_bytes + off * 576
         if C < 7:
             x8 = tl.load(kv_ptr + (data + C * CH)[:, None] + d[None, :], mask=m, other=0)
+            # masked rows read scale byte 0 (scale 0.0): the fp16 tile folds the scale in, and a
+            # masked row's value must stay 0 whatever the tile's shift (1.0 * 2^19 was inf in fp16,
+            # and 0 * inf NaN in the dot)
             e = tl.load(kv_ptr + page * page_bytes + page_size * 576 + off * 8 + C, mask=ok,
-                        other=127)
+                        other=0)
             return x8, (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)   # 2^(e-127)
         else:
             r = tl.load(kv16_ptr + (data // 2 + 224)[:, None] + d[None, :], mask=m, other=0)
