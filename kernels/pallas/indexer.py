@@ -120,7 +120,7 @@ Top-k, four kernels (:func:`launch_topk_select`), exact selection:
 * Cost per row of L valid positions (K = 2048, L = 64K, 4-bit digits, window hit): the
   prune kernel reads L/16 keys 3 times (one stats pass + 2 radix passes; 16 compare-adds per
   key per pass); count and compact read the row's logits once each (2 x 4 B x L), split over
-  S programs (``default_topk_splits``: about two per SM over all rows); the select kernel
+  S programs (``default_topk_splits``: about eight per SM over all rows); the select kernel
   reads the ~2-3K candidates 7 times and emits. Integer counting only, no atomics: bitwise
   reproducible.
 * The scratch and counts are extra outputs of the calls (Pallas-Triton has no scratch
@@ -188,7 +188,7 @@ class PallasIndexerConfig:
         ``next_pow2(4 * K)``; never more than the padded row. Rows whose pruned candidate set
         overflows it are selected from the full row instead (exact either way, slower).
       topk_splits: programs per row of the top-k count and compact passes (a power of two);
-        None = :func:`default_topk_splits` (about two programs per SM over all rows).
+        None = :func:`default_topk_splits` (about eight programs per SM over all rows).
     """
 
     num_splits: int | None = None
@@ -734,10 +734,13 @@ def candidate_capacity(topk: int, cfg: PallasIndexerConfig, w_pad: int | None = 
 
 
 def default_topk_splits(rows: int, w_pad: int, block: int, num_sms: int) -> int:
-    """Programs per row of the count / compact passes: about two per SM over all rows, a power
-    of two, at most one per chunk of ``block`` positions."""
-    want = _cdiv(2 * max(num_sms, 1), max(rows, 1))
-    return max(1, min(_next_pow2(want), _next_pow2(max(1, w_pad // block))))
+    """Programs per row of the count / compact passes: about eight per SM over all rows (each
+    program streams its chunks one dependent load at a time, so the loads in flight per SM
+    come from resident programs), a power of two, at most one per chunk of ``block``
+    positions and at most 128 (every compact program reads all S counts of its row to find its
+    offset). Not measured yet: the sweep's ``topk_splits`` is the knob."""
+    want = _cdiv(8 * max(num_sms, 1), max(rows, 1))
+    return max(1, min(_next_pow2(want), 128, _next_pow2(max(1, w_pad // block))))
 
 
 def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, page_size: int,
