@@ -36,8 +36,9 @@ def _check(name: str, t, *, ndim: int | None = None, last: int | None = None,
 def _div_448(x: torch.Tensor) -> torch.Tensor:
     """``x / 448`` correctly rounded on every device: PyTorch's CUDA division by a Python scalar
     multiplies by the rounded reciprocal (1 ulp off the NumPy writers' bytes for some values;
-    seen on the H200), a division by a device tensor divides."""
-    return x / torch.tensor(FP8_MAX, dtype=x.dtype, device=x.device)
+    seen on the H200), a division by a device tensor divides. The divisor is filled on the device
+    (no host-to-device copy, so CUDA-graph capture and torch.compile keep working)."""
+    return x / torch.full((), FP8_MAX, dtype=x.dtype, device=x.device)
 
 
 def pow2_scale(amax: torch.Tensor) -> torch.Tensor:
