@@ -153,7 +153,6 @@ def test_jax_cache_write_bad_input_is_named():
 
 # ---------------------------------------------------------------------------------------- JAX
 
-@pytest.mark.parametrize("fmt,latent_dtype", PARAMS, ids=[f"{f}-{np.dtype(d).name if d else 'u8'}" for f, d in PARAMS])
 # The xla writer divides with XLA's float32 division, which XLA:GPU does not round correctly (seen
 # on the H200, jax 0.11.2; tests/test_jax_sparse_mla.py's writer tests carry the same mark): a
 # scale can land one ulp off NumPy's. The Pallas kernel divides with div.rn.f32 and stays exact.
@@ -164,6 +163,7 @@ _XLA_GPU_DIV = pytest.mark.xfail(CUDA, strict=False, reason="XLA:GPU float32 div
 @pytest.mark.parametrize("path,table", [("pallas", "unmapped"),
                                         pytest.param("xla", "mapped", marks=_XLA_GPU_DIV),
                                         pytest.param("xla", "unmapped", marks=_XLA_GPU_DIV)])
+@pytest.mark.parametrize("fmt,latent_dtype", PARAMS, ids=[f"{f}-{np.dtype(d).name if d else 'u8'}" for f, d in PARAMS])
 def test_jax_cache_write_matches_numpy_writers(path, table, fmt, latent_dtype):
     """``jax_impl.layer.write_new_tokens`` under ``jax.jit`` with the cache donated: the same bytes
     as the NumPy writers (Pallas kernel in interpret mode on the CPU, or the one XLA scatter). The
