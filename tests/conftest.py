@@ -22,3 +22,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "sm90" in item.keywords:
             item.add_marker(skip)
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def table_dir(tmp_path, monkeypatch):
+    """An empty dispatch-table directory (``kernels.dispatch``) for one test, caches cleared."""
+    from kernels import dispatch
+    monkeypatch.setenv(dispatch.DISPATCH_DIR_ENV, str(tmp_path))
+    dispatch.clear_cache()
+    yield tmp_path
+    dispatch.clear_cache()

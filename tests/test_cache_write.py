@@ -203,41 +203,23 @@ def test_pallas_cache_write_compiles_for_gpu(fmt, dim, cc):
     lowering) and that IR compiles with Triton for sm_<cc> at the real dimensions (P = 64, bf16
     rows, the latent cache bf16): the GPU-only code (``div.rn.f32`` inline asm, byte-index
     stores) is checked here, since interpret mode runs the jax.numpy twin."""
-    import tempfile
-
-    import jax
     import jax.numpy as jnp
-    triton = pytest.importorskip("triton")
-    from jax._src.pallas.triton import pallas_call_registration as reg
-    from triton.backends.compiler import GPUTarget
+    pytest.importorskip("triton")
 
+    from _pallas_aot import compile_pallas_for_gpu
     from kernels.pallas import cache_write as pcw
 
     Pg, pages, B, N = 64, 4, 2, 1
     width = {"latent": Pg * dim, "fp8_ds_mla": Pg * 656, "fp8_model1": formats.model1_page_bytes(Pg),
              "fp8_indexer": Pg * (dim + 4)}[fmt]
     cache = jnp.zeros((pages, width), jnp.bfloat16 if fmt == "latent" else jnp.uint8)
-    captured = []
-    orig = reg.lowering.lower_jaxpr_to_triton_module
-
-    def capture(*a, **k):
-        res = orig(*a, **k)
-        captured.append(res.module.operation.get_asm())
-        return res
 
     def f(src, cache, bt, cl):
         return pcw.launch_cache_write(src, cache, bt, cl, N, fmt, page_size=Pg, interpret=False)
 
-    reg.lowering.lower_jaxpr_to_triton_module = capture
-    try:
-        jax.jit(f).trace(jnp.zeros((B * N, dim), jnp.bfloat16), cache, jnp.zeros((B, 3), jnp.int32),
-                         jnp.ones((B,), jnp.int32)).lower(lowering_platforms=("cuda",))
-    finally:
-        reg.lowering.lower_jaxpr_to_triton_module = orig
-    assert captured, "no Triton module was lowered"
-    with tempfile.NamedTemporaryFile("w", suffix=".ttir", delete=False) as fh:
-        fh.write(captured[0])
-    k = triton.compile(fh.name, target=GPUTarget("cuda", cc, 32), options={"num_warps": 4, "num_stages": 1})
+    k = compile_pallas_for_gpu(f, (jnp.zeros((B * N, dim), jnp.bfloat16), cache,
+                                   jnp.zeros((B, 3), jnp.int32), jnp.ones((B,), jnp.int32)), cc,
+                               num_warps=4, num_stages=1)
     assert 0 <= int(k.metadata.shared) <= 101376
     if fmt != "latent":
         assert "div.rn.f32" in k.asm["ptx"]

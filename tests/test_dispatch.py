@@ -23,14 +23,6 @@ FAKE_H200 = hardware.DeviceInfo(name="Fake H200 (test)", cc=(9, 0), num_sms=132,
                                 smem_per_block=232_448, interpret=False)
 
 
-@pytest.fixture
-def table_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(dispatch.DISPATCH_DIR_ENV, str(tmp_path))
-    dispatch.clear_cache()
-    yield tmp_path
-    dispatch.clear_cache()
-
-
 def _write(arch, entries, directory):
     return dispatch.write_table(arch, entries, gpu="Fake H200 (test)", compute_capability="9.0",
                                 command="pytest", directory=directory, merge=False)

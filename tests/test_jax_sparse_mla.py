@@ -427,19 +427,9 @@ def test_gpu_bf16_model_shapes(kv_format, d_qk, H):
 def _aot_smem(kv_format: str, d_qk: int, cfg, cc: int, dtype=jnp.bfloat16) -> int:
     """Lower the split kernel for CUDA (no GPU needed), compile the Triton IR with Triton for
     ``cc`` and return its shared memory in bytes."""
-    triton = pytest.importorskip("triton")
-    from jax._src.pallas.triton import pallas_call_registration as reg
-    from triton.backends.compiler import GPUTarget
-
+    pytest.importorskip("triton")
+    from _pallas_aot import compile_pallas_for_gpu
     from kernels.pallas import sparse_mla as pk
-
-    captured = []
-    orig = reg.lowering.lower_jaxpr_to_triton_module
-
-    def capture(*a, **k):
-        res = orig(*a, **k)
-        captured.append(res.module.operation.get_asm())
-        return res
 
     case = cases.make_mla_case(1, B=1, N=1, H=cfg.block_h, d_qk=d_qk, K=2 * cfg.block_k, P=16,
                                kv_format=kv_format, logical=True, topk_length=True,
@@ -457,17 +447,9 @@ def _aot_smem(kv_format: str, d_qk: int, cfg, cc: int, dtype=jnp.bfloat16) -> in
             num_splits=1, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             dot_dtype=jsm._dot_dtype(q.dtype, kv_format, kv.dtype), interpret=False)
 
-    reg.lowering.lower_jaxpr_to_triton_module = capture
-    try:
-        jax.jit(f).trace(q, kv, _j(case.indices), _j(case.block_table), _j(case.topk_length),
-                         _j(case.attn_sink)).lower(lowering_platforms=("cuda",))
-    finally:
-        reg.lowering.lower_jaxpr_to_triton_module = orig
-    import tempfile
-    with tempfile.NamedTemporaryFile("w", suffix=".ttir", delete=False) as fh:
-        fh.write(captured[0])
-    k = triton.compile(fh.name, target=GPUTarget("cuda", cc, 32),
-                       options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages})
+    k = compile_pallas_for_gpu(f, (q, kv, _j(case.indices), _j(case.block_table),
+                                   _j(case.topk_length), _j(case.attn_sink)), cc,
+                               num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     return int(k.metadata.shared)
 
 

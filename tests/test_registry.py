@@ -23,14 +23,6 @@ MLA = dict(B=64, N=1, H=128, K=2048, d_qk=576, kv_format="fp8_ds_mla")
 TOPK = dict(B=64, N=1, L=65536, topk=2048)
 
 
-@pytest.fixture
-def table_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv(dispatch.DISPATCH_DIR_ENV, str(tmp_path))
-    dispatch.clear_cache()
-    yield tmp_path
-    dispatch.clear_cache()
-
-
 def _write(entries, directory, arch="sm_90"):
     return dispatch.write_table(arch, entries, gpu="test", compute_capability="9.0",
                                 command="pytest", directory=directory, merge=False)
