@@ -14,14 +14,20 @@ def pytest_collection_modifyitems(config, items):
     """The sm_90 ahead-of-time compile checks (``@pytest.mark.sm90``: the H200's arch, not the
     target sm_120) run on GPU machines or with ``DSA_AOT_SM90=1``; on CPU machines they are
     skipped, which keeps CI's time down (with cold compile caches they are ~5 minutes of the
-    suite on 2 cores). The sm_120 checks always run."""
-    if HAS_CUDA or os.environ.get("DSA_AOT_SM90"):
+    suite on 2 cores). The sm_120 checks always run. Likewise ``@pytest.mark.cpu_heavy``: variants
+    whose interpreter runs take a minute or more each on 2 cores (each has a lighter twin that
+    runs everywhere) run on GPU machines or with ``DSA_HEAVY=1``."""
+    if HAS_CUDA:
         return
     import pytest
     skip = pytest.mark.skip(reason="sm_90 AOT compile check: runs on GPU machines or with DSA_AOT_SM90=1")
+    heavy = pytest.mark.skip(reason="interpreter-heavy variant (minutes of CPU in the Triton / Pallas "
+                                    "interpreter): runs on GPU machines or with DSA_HEAVY=1")
     for item in items:
-        if "sm90" in item.keywords:
+        if "sm90" in item.keywords and not os.environ.get("DSA_AOT_SM90"):
             item.add_marker(skip)
+        if "cpu_heavy" in item.keywords and not os.environ.get("DSA_HEAVY"):
+            item.add_marker(heavy)
 
 
 import pytest  # noqa: E402

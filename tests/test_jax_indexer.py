@@ -141,7 +141,9 @@ def _group_max(x, lens):
     return gm, key
 
 
-@pytest.mark.parametrize("radix_bits,block,candidates", [(2, 256, 16384), (8, 128, 128)])
+# 2-bit digits: 16 radix passes, minutes in Pallas interpret mode (a cpu_heavy twin of the 8-bit case)
+@pytest.mark.parametrize("radix_bits,block,candidates",
+                         [pytest.param(2, 256, 16384, marks=pytest.mark.cpu_heavy), (8, 128, 128)])
 def test_topk_kernel_variants(radix_bits, block, candidates):
     """The select kernel alone, with other radix widths / chunk sizes than the default, on rows
     full of exact ties and special values (NaN, +-inf, -0.0, +0.0): the selection must equal the
