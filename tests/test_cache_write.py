@@ -72,6 +72,16 @@ def _caches(rng, fmt, latent_dtype):
     return kv, kc
 
 
+def _write_case(table, fmt, latent_dtype, N, B=6, max_pages=4):
+    """(block_table, context_lens, slots, latent rows, indexer rows, kv cache, k cache) of one
+    write test: B requests of N new tokens each, seeded so both stacks see the same inputs."""
+    rng = np.random.default_rng(0)
+    bt, cl, slots = _table(table, B, N, max_pages)
+    latent, ik = _rows(rng, B * N, D_QK[fmt]), _rows(rng, B * N, D_I)
+    kv, kc = _caches(rng, fmt, latent_dtype)
+    return bt, cl, slots, latent, ik, kv, kc
+
+
 PARAMS = [("latent", np.float32), ("latent", np.float16), ("latent", ml_dtypes.bfloat16),
           ("fp8_ds_mla", None), ("fp8_model1", None)]
 
@@ -86,11 +96,8 @@ def _expected(fmt, kv, kc, latent, ik, slots, scale_fmt):
 def test_torch_cache_write_matches_numpy_writers(path, fmt, latent_dtype, table):
     """Both caches after ``write_new_tokens`` equal the NumPy writers' bytes exactly (B = 6,
     N = 2, 4 table columns); with unmapped tokens their bytes stay as they were."""
-    rng = np.random.default_rng(0)
-    B, N, max_pages = 6, 2, 4
-    bt, cl, slots = _table(table, B, N, max_pages)
-    latent, ik = _rows(rng, B * N, D_QK[fmt]), _rows(rng, B * N, D_I)
-    kv, kc = _caches(rng, fmt, latent_dtype)
+    N = 2
+    bt, cl, slots, latent, ik, kv, kc = _write_case(table, fmt, latent_dtype, N)
     for scale_fmt in ("ue8m0", None):
         want_kv, want_kc = _expected(fmt, kv, kc, latent, ik, slots, scale_fmt)
         tkv, tkc = as_tensor(kv, DEVICE), as_tensor(kc, DEVICE)
@@ -176,11 +183,8 @@ def test_jax_cache_write_matches_numpy_writers(path, table, fmt, latent_dtype):
 
     from jax_impl.layer import write_new_tokens as jwrite
 
-    rng = np.random.default_rng(0)
-    B, N, max_pages = 6, 2, 4
-    bt, cl, slots = _table(table, B, N, max_pages)
-    latent, ik = _rows(rng, B * N, D_QK[fmt]), _rows(rng, B * N, D_I)
-    kv, kc = _caches(rng, fmt, latent_dtype)
+    N = 2
+    bt, cl, slots, latent, ik, kv, kc = _write_case(table, fmt, latent_dtype, N)
     for scale_fmt in ("ue8m0", None):
         want_kv, want_kc = _expected(fmt, kv, kc, latent, ik, slots, scale_fmt)
         f = jax.jit(functools.partial(jwrite, N=N, page_size=P, path=path), static_argnames=("fmt", "scale_fmt"),
