@@ -54,6 +54,9 @@ class SparseMLAConfig:
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
         (a three-deep software pipeline by hand: rows, page entries, indices); without it each
         iteration issues its own block's loads back to back and waits for them.
+      kernel: ``"triton"`` (kernels/triton/sparse_mla.py) or ``"gluon"``
+        (kernels/triton/sparse_mla_gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
+        fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it).
     """
 
     block_h: int = 16
@@ -61,6 +64,7 @@ class SparseMLAConfig:
     num_warps: int = 4
     num_stages: int = 1
     prefetch: bool = True
+    kernel: str = "triton"
 
     def to_dict(self) -> dict:
         """Plain dict (for dispatch JSON and result files)."""
@@ -90,6 +94,10 @@ SPARSE_MLA_DEFAULT = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_st
 SPARSE_MLA_SMALL_H = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1)
 SPARSE_MLA_W64 = SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2, prefetch=False)
 SPARSE_MLA_N16 = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False)
+# The Gluon kernel (sm_90, wgmma; AOT Triton 3.6.0: 255 registers, 4 B spilled (fp8_ds_mla) /
+# 104 B (fp8_model1), 151,552 / 135,168 B shared, 1 CTA per SM)
+SPARSE_MLA_GLUON = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=1,
+                                   prefetch=True, kernel="gluon")
 
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     # sm_120 (99 KiB): 64-head tiles and two-stage 16-head tiles need > 101,376 B.
@@ -113,6 +121,7 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1, prefetch=False),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2, prefetch=False),
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False),
+        SPARSE_MLA_GLUON,
     ),
     ("large", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),

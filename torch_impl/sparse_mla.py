@@ -192,6 +192,10 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
         kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
         dot = _dot_dtype(q_dtype, kv_dtype, kv_format)
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
+            if cfg.kernel == "gluon":
+                if kv_format != "latent" and dot != "float32":
+                    specs.extend(_gluon_specs(kv_format, q_dtype, final))
+                continue
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
                    "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
@@ -221,6 +225,31 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     return specs
 
 
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool) -> list:
+    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table."""
+    from kernels.triton._aot import LaunchSpec
+    from kernels.triton import sparse_mla_gluon as gk
+    from kernels.triton.sparse_mla import KV_FORMAT_CODES
+    sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": "*u8", "kv16_ptr": "*i16", "kv32_ptr": "*i32",
+           "idx_ptr": "*i32", "bt_ptr": "*i32", "tkl_ptr": "*i32", "sink_ptr": "*fp32",
+           "po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
+           "qk_scale_log2": "fp32"}
+    for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
+                 "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
+        sig[name] = "i32"
+    rope = "bfloat16" if q_dtype == torch.bfloat16 else "float16"
+    out = []
+    for has_bt in (True, False):
+        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
+                  FINAL=final, ROPE_DTYPE=rope)
+        out.append(LaunchSpec(
+            f"gluon {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", "kernels.triton.sparse_mla_gluon",
+            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, 1, ("ROPE_DTYPE",),
+            ("sq_b", "sq_n", "sq_h", "page_bytes")))
+    return out
+
+
 # ============================================================================ triton path
 
 def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
@@ -244,6 +273,9 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
     dot_name = _dot_dtype(q.dtype, kv_cache.dtype, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=4 if dot_name == "float32" else 2)[1]
+
+    if cfg.kernel == "gluon" and not gluon_eligible(dev, q.dtype, kv_format, D):
+        cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
 
     if q.stride(3) != 1:
         q = q.contiguous()
@@ -286,19 +318,40 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (head_blocks, splits, B * N)
-    tk._sparse_mla_split_kernel[grid](
-        q, kv, kv16, kv32, indices,
-        block_table if block_table is not None else dummy,
-        topk_length if topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy,
-        po, pl, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
-        block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
-        N, H, K, num_slots, num_pages,
-        block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
-        float(sm_scale) * tk.LOG2E,
-        **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    if cfg.kernel == "gluon":
+        from triton.experimental.gluon import language as gl
+
+        from kernels.triton import sparse_mla_gluon as gk
+        gk._sparse_mla_gluon_kernel[grid](
+            q, kv, kv16, kv.view(torch.int32), indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
+            HAS_SINK=cx["HAS_SINK"], FINAL=final,
+            ROPE_DTYPE=gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16,
+            num_warps=gk.NUM_WARPS,
+        )
+    else:
+        tk._sparse_mla_split_kernel[grid](
+            q, kv, kv16, kv32, indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if not final:
         cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
         tk._sparse_mla_combine_kernel[(triton_cdiv(H, cbh), B * N)](
@@ -307,6 +360,14 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
             num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
         )
     return out, lse
+
+
+def gluon_eligible(dev: hardware.DeviceInfo, q_dtype: torch.dtype, kv_format: str, d_qk: int) -> bool:
+    """Whether the Gluon kernel (``kernels.triton.sparse_mla_gluon``) can run a call: sm_90
+    (wgmma), not the interpreter, an fp8 cache with 16-bit q and its D_qk (576 / 512)."""
+    return (not dev.interpret and tuple(dev.cc) == (9, 0)
+            and q_dtype in (torch.bfloat16, torch.float16)
+            and (kv_format, d_qk) in (("fp8_ds_mla", 576), ("fp8_model1", 512)))
 
 
 def _logical_to_slots(indices, block_table, P: int, num_pages: int):

@@ -80,7 +80,10 @@ def compile_spec(spec: LaunchSpec, cc: int) -> dict:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             raise ValueError(f"{spec.label}: argument {name!r} of {spec.kernel} has no type or value")
-    src = triton.compiler.ASTSource(fn, signature, constexprs, attrs)
+    src_cls = triton.compiler.ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():       # @gluon.jit kernels (sm_90 only)
+        from triton.experimental.gluon._runtime import GluonASTSource as src_cls
+    src = src_cls(fn, signature, constexprs, attrs)
     log = io.StringIO()
     knobs = triton.knobs.nvidia
     old = knobs.dump_ptxas_log
