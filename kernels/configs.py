@@ -159,15 +159,23 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 
 
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
-                         rows: int | None = None, topk: int | None = None) -> SparseMLAConfig:
+                         rows: int | None = None, topk: int | None = None,
+                         gluon: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
-    4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise.
+    4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise. ``gluon`` (the caller's
+    statement that the Gluon kernel can run the call: sm_90, an fp8 cache, 16-bit q;
+    ``torch_impl.sparse_mla.gluon_eligible``) picks :data:`SPARSE_MLA_GLUON` for H >= 64:
+    measured on the H200 (bench/results/gluon_check_h200_20261202_v1.json, CUDA-graph medians)
+    it beat the best Triton tile on every such target row (B 64 H 128: 160 vs 326 us; B 64 H 64:
+    98.5 vs 175; B 16 H 128: 53 vs 139; V4 B 64 H 64 K 640: 47.6 vs 87.9; B 1: 31.1 vs 31.2).
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
+    if gluon and num_heads >= 64 and SPARSE_MLA_GLUON in space:
+        return SPARSE_MLA_GLUON
     if rows is not None and topk is not None and SPARSE_MLA_W64 in space:
         # large class (sm_90): 64-head tiles when there are 64 heads, >= 32 requests and a long
         # list; two-stage 16-head tiles for few heads or few requests; 32x32 otherwise

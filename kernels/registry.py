@@ -60,15 +60,21 @@ def _operand_bytes(shape: Mapping) -> int:
 # plan runs on every eager call). Callers copy before they change one.
 
 @functools.lru_cache(maxsize=None)
-def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk) -> dict:
-    return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows,
-                                        topk=topk).to_dict()
+def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
+                                 gluon: bool) -> dict:
+    return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
+                                        gluon=gluon).to_dict()
 
 
 def _mla_triton_heuristic(dev, shape):
     rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
+    # the Gluon kernel: sm_90 (wgmma) outside the interpreter, fp8 caches, 16-bit operands
+    # (the launcher re-checks D_qk and q's dtype: torch_impl.sparse_mla.gluon_eligible)
+    gluon = (not dev.interpret and tuple(dev.cc) == (9, 0)
+             and shape.get("kv_format") in ("fp8_ds_mla", "fp8_model1")
+             and _operand_bytes(shape) == 2)
     return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
-                                        rows, shape.get("K"))
+                                        rows, shape.get("K"), gluon)
 
 
 @functools.lru_cache(maxsize=None)
