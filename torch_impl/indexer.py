@@ -165,10 +165,15 @@ def _triton_gate(q, k_format, P, lcfg):
     nb = 1 << (N - 1).bit_length()
     bh = max(16, 1 << (H - 1).bit_length())
     bp = max(16, 1 << (P - 1).bit_length())
-    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage
+    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage;
+    # with Triton's pipeliner (prefetch=False) the raw tiles once per stage, then the operand
     elem = q.element_size() if k_format == "dense" else 2
+    raw = q.element_size() if k_format == "dense" else 1
+    tile = lcfg.pages * bp * D
+    need = ((nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem if lcfg.prefetch
+            else (nb * bh * D + tile) * elem + max(1, lcfg.num_stages) * tile * raw)
     hardware.require_smem(dev, f"indexer_logits (triton) with N={N}, H_I={H}, D_I={D}, P={P}",
-                          (nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem)
+                          need)
     return dev
 
 
@@ -539,9 +544,24 @@ def aot_specs_logits(smem_class: str) -> list:
         for ns in (min(space["num_stages"]), max(space["num_stages"])):
             for trans in space["trans"]:
                 for pages in space["pages"]:
-                    specs.append(_logits_spec(
-                        f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages}",
-                        "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns, trans=trans, pages=pages))
+                    for pf in space["prefetch"]:
+                        specs.append(_logits_spec(
+                            f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages} "
+                            f"prefetch={pf}", "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns,
+                            trans=trans, pages=pages, prefetch=pf))
+    # the other histogram mode and evict-first loads at the defaults; the pipelined (cp.async)
+    # variants of bench.indexer_sweep at N = 1 and 2; the dense bf16 tile at 3 stages
+    for N in (1, 2):
+        specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 hist=running", "*fp8e4nv", "*fp8e4nv",
+                                  N, 64, 64, True, warps(N, 64), 1, hist="running"))
+        for nw, ns, pages in ((warps(N, 64), 2, 2), (warps(N, 64), 3, 2), (8, 2, 2),
+                              (warps(N, 64), 2, 1)):
+            specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 w{nw} s{ns} pages={pages} "
+                                      f"prefetch=False evict_first", "*fp8e4nv", "*fp8e4nv", N, 64,
+                                      64, True, nw, ns, pages=pages, prefetch=False,
+                                      evict_first=True))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
+                              2, 64, 64, False, 8, 3, prefetch=False))
     return specs
 
 
