@@ -5,7 +5,8 @@
 #   scripts/gpu_run.sh bench:targets:330 tests:layer:120 sweep:mla:120
 #
 # Steps (NAME:WHAT:SECONDS):
-#   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"), JSON + log
+#   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
+#                   all ops, e.g. "indexer_topk"), JSON + log
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
@@ -17,6 +18,7 @@ export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 BENCH_PATHS=${BENCH_PATHS:-"triton pallas"}
+BENCH_OPS=${BENCH_OPS:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 declare -a SUMMARY
 group() {
@@ -24,6 +26,7 @@ group() {
     layer) echo "tests/test_layer_torch.py tests/test_layer_jax.py" ;;
     mla) echo "tests/test_torch_sparse_mla.py tests/test_jax_sparse_mla.py" ;;
     idx) echo "tests/test_torch_indexer.py tests/test_torch_topk.py tests/test_jax_indexer.py" ;;
+    idxt) echo "tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
     ops) echo "tests/test_torch_sparse_mla.py tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
     *) echo "$1" ;;
   esac
@@ -36,6 +39,7 @@ for step in "$@"; do
   case "$kind" in
     bench)
       paths=(); for p in $BENCH_PATHS; do paths+=(--path "$p"); done
+      for o in $BENCH_OPS; do paths+=(--op "$o"); done
       extra=(); [ "$what" = quick ] && extra=(--write-dispatch --dispatch-dir "$OUT")
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
         --no-progress --no-plot --out "$OUT" > "$log" 2>&1 ;;

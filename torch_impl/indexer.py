@@ -112,6 +112,22 @@ def _draft_lengths(context_lens, B, N, W) -> torch.Tensor:
     return cl.clamp(0, W).to(torch.int32)
 
 
+# ============================================================================ phase ranges
+
+# Profiler ranges around the two phases of indexer_topk (opened only while a torch profiler is
+# recording, so the calls cost nothing otherwise): the bench reads the GPU time of the kernels
+# launched inside each (bench.paths.torch_indexer_phases) and reports the second as topk_us.
+PHASE_LOGITS = "dsa::indexer_topk/logits"
+PHASE_TOPK = "dsa::indexer_topk/topk"
+
+
+def _phase(name: str):
+    import contextlib
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
 # ============================================================================ triton path
 
 def _plan(q, block_table, k_cache, k_format, op, path, topk=None):
@@ -130,8 +146,10 @@ def _triton_configs(cfg):
     from kernels.triton.topk import TopkConfig
     cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
-                                                      "trans", "pages") if k in cfg})
-    tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps") if k in cfg})
+                                                      "trans", "pages", "hist", "prefetch",
+                                                      "evict_first") if k in cfg})
+    tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps",
+                                                      "topk_cand_block") if k in cfg})
     return lcfg, tcfg
 
 
@@ -147,10 +165,15 @@ def _triton_gate(q, k_format, P, lcfg):
     nb = 1 << (N - 1).bit_length()
     bh = max(16, 1 << (H - 1).bit_length())
     bp = max(16, 1 << (P - 1).bit_length())
-    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage
+    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage;
+    # with Triton's pipeliner (prefetch=False) the raw tiles once per stage, then the operand
     elem = q.element_size() if k_format == "dense" else 2
+    raw = q.element_size() if k_format == "dense" else 1
+    tile = lcfg.pages * bp * D
+    need = ((nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem if lcfg.prefetch
+            else (nb * bh * D + tile) * elem + max(1, lcfg.num_stages) * tile * raw)
     hardware.require_smem(dev, f"indexer_logits (triton) with N={N}, H_I={H}, D_I={D}, P={P}",
-                          (nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem)
+                          need)
     return dev
 
 
@@ -229,15 +252,17 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
     hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
-    _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, logits,
-                   hist)
+    with _phase(PHASE_LOGITS):
+        _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg,
+                       logits, hist)
     # The top-k kernels compute each row's length from context_lens themselves ([B, N]: per
     # row; [B]: the MTP rule), clamped to [0, W]: no torch op in front of their launches.
     lens = context_lens if context_lens.is_contiguous() else context_lens.contiguous()
     out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
-    launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg, hist=hist,
-                n_drafts=N, page_size=P)
+    with _phase(PHASE_TOPK):
+        launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg,
+                    hist=hist, n_drafts=N, page_size=P)
     return logits, out
 
 
@@ -320,8 +345,15 @@ def _order_key(x):
 
 
 def _torch_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+    with _phase(PHASE_LOGITS):
+        logits, lens, _ = _torch_logits_prefix(q, weights, k_cache, block_table, context_lens,
+                                               k_format)
+    with _phase(PHASE_TOPK):
+        return _torch_topk_select(q, logits, lens, topk)
+
+
+def _torch_topk_select(q, logits, lens, topk):
     B, N = q.shape[:2]
-    logits, lens, _ = _torch_logits_prefix(q, weights, k_cache, block_table, context_lens, k_format)
     l_max = logits.shape[2]
     out = torch.full((B, N, topk), -1, dtype=torch.int32, device=q.device)
     if l_max == 0:
@@ -459,9 +491,18 @@ indexer_topk.__doc__ = indexer_topk.__doc__.format(args=_ARGS_DOC, raises=_RAISE
 
 # ============================================================================ AOT compile specs
 
+# Integer arguments of the logits kernel that a real launch specialises as multiples of 16 (every
+# stride and offset is, at the bench's and the presets' shapes): compiled so, the AOT counts match
+# the GPU's code (unmarked, Triton cannot vectorise the K-tile loads: byte loads, 255 registers).
+LOGITS_DIVISIBLE = ("stride_qb", "stride_qn", "stride_qh", "stride_wb", "stride_wn", "stride_kp",
+                    "stride_kt", "stride_sp", "scale_off", "stride_bt", "stride_ob", "stride_on")
+
+
 def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
-                 trans=True, pages=2):
+                 trans=True, pages=2, hist="first", prefetch=True, evict_first=False,
+                 divisible=LOGITS_DIVISIBLE):
     from kernels.triton._aot import LaunchSpec
+    from kernels.triton.indexer import HIST_MODES
     sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
            "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
     for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
@@ -472,9 +513,10 @@ def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages,
     cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
               BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
               DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
-              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages)
+              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages, HIST_MODE=HIST_MODES[hist],
+              PREFETCH=prefetch, EVICT=evict_first)
     return LaunchSpec(label, "kernels.triton.indexer", "_indexer_logits_kernel", sig, cx,
-                      num_warps, num_stages)
+                      num_warps, num_stages, divisible=tuple(divisible))
 
 
 def aot_specs_logits(smem_class: str) -> list:
@@ -502,9 +544,24 @@ def aot_specs_logits(smem_class: str) -> list:
         for ns in (min(space["num_stages"]), max(space["num_stages"])):
             for trans in space["trans"]:
                 for pages in space["pages"]:
-                    specs.append(_logits_spec(
-                        f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages}",
-                        "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns, trans=trans, pages=pages))
+                    for pf in space["prefetch"]:
+                        specs.append(_logits_spec(
+                            f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages} "
+                            f"prefetch={pf}", "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns,
+                            trans=trans, pages=pages, prefetch=pf))
+    # the other histogram mode and evict-first loads at the defaults; the pipelined (cp.async)
+    # variants of bench.indexer_sweep at N = 1 and 2; the dense bf16 tile at 3 stages
+    for N in (1, 2):
+        specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 hist=running", "*fp8e4nv", "*fp8e4nv",
+                                  N, 64, 64, True, warps(N, 64), 1, hist="running"))
+        for nw, ns, pages in ((warps(N, 64), 2, 2), (warps(N, 64), 3, 2), (8, 2, 2),
+                              (warps(N, 64), 2, 1)):
+            specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 w{nw} s{ns} pages={pages} "
+                                      f"prefetch=False evict_first", "*fp8e4nv", "*fp8e4nv", N, 64,
+                                      64, True, nw, ns, pages=pages, prefetch=False,
+                                      evict_first=True))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
+                              2, 64, 64, False, 8, 3, prefetch=False))
     return specs
 
 
@@ -514,24 +571,40 @@ def aot_specs_topk(smem_class: str) -> list:
     pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
     ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
     from kernels.triton._aot import LaunchSpec
-    from kernels.triton.topk import PLAN_BASES, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
+    from kernels.triton.topk import PLAN_BASES, PLAN_MIN, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
+    from kernels.triton.topk import plan_blocks
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
            "n_drafts_pow2": "i32", "num_splits": "i32", "state_ptr": "*i32"}
     specs = []
-    for blk in TopkConfig.SEARCH_SPACE["block"]:
-        for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
-            for has_hist, plan in ((False, False), (True, False), (True, True)):
-                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan={plan}",
+    space = TopkConfig.SEARCH_SPACE
+    for nw in space["num_warps"]:
+        for blk in space["block"]:
+            for has_hist in (False, True):
+                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan=False",
                                         "kernels.triton.topk", "_radix_topk_kernel", sig,
-                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=plan,
+                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=False,
                                              PLAN_SB=PLAN_SPLITS), nw, 1))
-    specs.append(LaunchSpec("topk plan", "kernels.triton.topk", "_topk_plan_kernel",
-                            {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
-                             "topk": "i32", "cap": "i32", "n_drafts": "i32",
-                             "n_drafts_pow2": "i32", "num_splits": "i32"},
-                            dict(SB=PLAN_SPLITS, SBASE=PLAN_BASES), 8, 1))
+        for blk in space["cand_block"]:              # after a split pass B: the candidate block
+            specs.append(LaunchSpec(f"topk block{blk} w{nw} hist=True plan=True",
+                                    "kernels.triton.topk", "_radix_topk_kernel", sig,
+                                    dict(BLOCK=blk, HAS_HIST=True, FROM_PLAN=True,
+                                         PLAN_SB=PLAN_SPLITS), nw, 1))
+    seen = set()
+    s_ = PLAN_MIN
+    while s_ <= PLAN_BASES:                          # every (SB, SBASE) plan_blocks can return
+        sb, sbase = plan_blocks(s_)
+        s_ *= 2
+        if (sb, sbase) in seen:
+            continue
+        seen.add((sb, sbase))
+        specs.append(LaunchSpec(f"topk plan SB{sb} SBASE{sbase}", "kernels.triton.topk",
+                                "_topk_plan_kernel",
+                                {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
+                                 "topk": "i32", "cap": "i32", "n_drafts": "i32",
+                                 "n_drafts_pow2": "i32", "num_splits": "i32"},
+                                dict(SB=sb, SBASE=sbase), 8, 1))
     for blk, nw in SCATTER_CONFIGS:
         specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.triton.topk",
                                 "_topk_scatter_kernel",
