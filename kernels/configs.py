@@ -67,8 +67,12 @@ class SparseMLAConfig:
     kernel: str = "triton"
 
     def to_dict(self) -> dict:
-        """Plain dict (for dispatch JSON and result files)."""
-        return asdict(self)
+        """Plain dict (for dispatch JSON and result files); ``kernel`` only when it is not the
+        default ``"triton"`` (so tables written before the field existed still match)."""
+        d = asdict(self)
+        if d["kernel"] == "triton":
+            del d["kernel"]
+        return d
 
 
 # Every config the launcher may pick, per (shared-memory class, dot operand bytes): 2 for 16-bit

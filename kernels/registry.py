@@ -314,9 +314,13 @@ class Registry:
         if rule is None:
             return {} if not config else None
         base = rule.heuristic(dev, shape)
-        if set(config) - set(base):
+        # "kernel" (sparse MLA: "triton" when absent, "gluon") selects the kernel rather than
+        # tuning it, so a config without it means the Triton kernel, not the heuristic's
+        if set(config) - set(base) - {"kernel"}:
             return None
         full = {**base, **config}                       # fields not given: the heuristic's
+        if config and "kernel" not in config:
+            full.pop("kernel", None)
         space = rule.space(dev, shape)
         if isinstance(space, tuple):
             return full if full in space else None
