@@ -339,3 +339,57 @@ def test_model1_production_shapes_gpu(h_q):
     P 64 topk 512 with extra_topk_length, sink, b 74, s_q 2."""
     _run(h_q, 74, 2, h_q, 256, 128, 512, torch.bfloat16, s_k=1024, sink=True,
          extra=(64, 512, dict(topk_len=True)))
+
+
+# ============================================================================ two-cache merge kernel
+
+@pytest.mark.parametrize("dtype", Q_DTYPES if CUDA else (torch.float16, torch.float32), ids=str)
+def test_merge_kernel_against_float64(dtype):
+    """torch_impl.compat._merge: the one-launch merge (Triton; the interpreter on the CPU) against
+    the float64 formula, with empty rows in one / both caches, a NaN partial, +-inf sinks and
+    H not a multiple of the head block; two runs are bitwise equal; the torch merge agrees."""
+    from torch_impl.compat import _merge
+    g = np.random.default_rng(9)
+    B, N, H = 2, 3, 5
+    o0 = g.standard_normal((B, N, H, 512)) / 4
+    o1 = g.standard_normal((B, N, H, 512)) / 4
+    l0 = g.standard_normal((B, N, H)) * 3
+    l1 = g.standard_normal((B, N, H)) * 3
+    l0[0, 0, :2] = -np.inf                           # cache 0 empty
+    l1[0, 0, 1:3] = -np.inf                          # head 1: both empty
+    o0[0, 0, :2] = 0.0
+    o1[0, 0, 1:3] = 0.0
+    l1[1, 2, 4] = np.nan                             # a NaN partial propagates
+    sink = np.array([0.5, np.inf, -3.0, float(torch.finfo(torch.float32).min), 1.0], np.float32)
+    t = lambda x, d=torch.float32: torch.from_numpy(np.ascontiguousarray(x)).to(DEVICE, d)  # noqa: E731
+    args = (t(o0, dtype), t(l0), t(o1, dtype), t(l1), t(sink))
+    if not _merge.can_use_triton(args[0], "triton"):
+        pytest.skip("Triton cannot run here")
+    out, lse = _merge.merge_triton(*args)
+    out2, lse2 = _merge.merge_triton(*args)
+    assert torch.equal(out.cpu().view(torch.int16 if out.element_size() == 2 else torch.int32),
+                       out2.cpu().view(torch.int16 if out.element_size() == 2 else torch.int32))
+    assert torch.equal(lse.cpu().view(torch.int32), lse2.cpu().view(torch.int32))
+    # float64 reference from the rounded partials
+    r0, r1 = args[0].double().cpu().numpy(), args[2].double().cpu().numpy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        rl = np.logaddexp(l0, l1)
+        w0 = np.where(np.isneginf(l0), 0.0, np.exp(l0 - np.where(np.isneginf(rl), 0, rl)))
+        w1 = np.where(np.isneginf(l1), 0.0, np.exp(l1 - np.where(np.isneginf(rl), 0, rl)))
+        fac = 1.0 / (1.0 + np.exp(sink.astype(np.float64)[None, None] - rl))
+        ro = (r0 * w0[..., None] + r1 * w1[..., None]) * fac[..., None]
+    ro = np.where(np.isneginf(rl)[..., None], 0.0, ro)
+    got_l = lse.cpu().numpy().transpose(0, 2, 1)
+    assert lse.shape == (B, H, N) and lse.is_contiguous() and out.shape == (B, N, H, 512)
+    assert np.isposinf(got_l[0, 0, 1]) and np.isposinf(got_l).sum() == 1, "+inf exactly on the empty row"
+    assert np.isnan(got_l[1, 2, 4]) and np.isnan(out[1, 2, 4].float().cpu().numpy()).all()
+    fin = np.isfinite(rl)
+    np.testing.assert_allclose(got_l[fin], rl[fin], rtol=1e-6, atol=1e-6)
+    got_o = out.double().cpu().numpy()
+    tol = 2.0 ** -10 if dtype == torch.float16 else 1e-6
+    ok = ~np.isnan(ro)
+    np.testing.assert_allclose(got_o[ok], ro[ok], rtol=tol, atol=tol * 0.05)
+    assert (got_o[0, 0, 1] == 0).all() and (got_o[:, :, 1][np.isfinite(rl[:, :, 1])] == 0).all()
+    to, tl_ = _merge.merge_torch(*args)
+    np.testing.assert_allclose(to.double().cpu().numpy()[ok], got_o[ok], rtol=tol, atol=tol * 0.05)
+    assert torch.equal(torch.isposinf(tl_), torch.isposinf(lse))
