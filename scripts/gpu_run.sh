@@ -44,7 +44,7 @@ for step in "$@"; do
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
         --no-progress --no-plot --out "$OUT" > "$log" 2>&1 ;;
     tests)
-      timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short -m "not slow" \
+      timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
     sweep)
       mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
