@@ -15,8 +15,8 @@ Rows (bf16 q, fp8 caches, P = 64; fp16 q and tiny shapes in a CPU dry run):
 * ``flash_mla_with_kvcache v32 strided``: FlashMLA's quantizer layout (pages of P + 1 rows,
   sliced to P) read in place, vs the native op on the same strided pages where it accepts them
   (issue 16) and on a contiguous copy otherwise (``native_cache`` says which).
-* ``flash_mla_with_kvcache model1 + extra``: MODEL1 (H 64) with a sliding-window cache (topk 128)
-  and an extra compressed cache (topk 512), sink, vs the two native calls alone; the
+* ``flash_mla_with_kvcache model1 + extra``: MODEL1 (H 64) with a sliding-window cache (P 256,
+  topk 128) and an extra compressed cache (P 64, topk 512: FlashMLA's MODEL1 CONFIG1), sink, vs the two native calls alone; the
   compat call is the same two native calls plus the one-launch merge
   (:mod:`torch_impl.compat._merge`), timed alone as ``merge_us``; ``ratio_vs_native_merge`` is
   compat / (two native calls + the merge kernel timed together).
@@ -38,9 +38,9 @@ ROW_NAMES = ("v32", "v32 strided", "model1 + extra", "fp8_paged_mqa_logits", "pe
 def _dims(gpu: bool) -> dict:
     if gpu:
         return dict(v32_H=128, v32_K=2048, m1_H=64, m1_K0=128, m1_K1=512, idx_L=32768,
-                    idx_H=64, idx_D=128, topk=2048, P=64, sets=4)
+                    idx_H=64, idx_D=128, topk=2048, P=64, m1_P0=256, sets=4)
     return dict(v32_H=8, v32_K=32, m1_H=8, m1_K0=16, m1_K1=32, idx_L=256, idx_H=8, idx_D=32,
-                topk=16, P=16, sets=1)
+                topk=16, P=16, m1_P0=16, sets=1)
 
 
 def _timer(device: str):
@@ -131,7 +131,8 @@ def rows(B_list=(1, 64), seed=0, *, device: str | None = None, only=None) -> lis
             s = 512 ** -0.5
             sets = []
             for _ in range(R):
-                n0, f0, i0, q = _mla_set(B, H, K0, 512, P, max(4, B * (K0 // P + 2)), False, g,
+                P0 = d["m1_P0"]       # FlashMLA MODEL1 CONFIG1: main P 256 topk 128, extra P 64
+                n0, f0, i0, q = _mla_set(B, H, K0, 512, P0, max(4, B * (K0 // P0 + 2)), False, g,
                                          device, q_dtype)
                 n1, f1, i1, _ = _mla_set(B, H, K1, 512, P, max(4, B * (K1 // P + 8)), False, g,
                                          device, q_dtype)
