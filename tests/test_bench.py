@@ -608,3 +608,18 @@ def test_topk_path_vs_path_allows_only_subulp_swaps(monkeypatch):
     assert ok and "sub-ulp" in msg
     ok, msg = chk._differing_rows_within_spec(np.array([[[0, 1, 4]]]), base, 3, "differs")
     assert not ok and "request 0, this path" in msg
+
+
+def test_compat_only_dry_run_rows(tmp_path, monkeypatch, capsys):
+    """``python -m bench --compat-only --dry-run``: the compat call and the native call timed on
+    the same inputs (the two-cache FlashMLA row here: the lightest), ratio reported, JSON written."""
+    from bench.__main__ import main
+    from torch_impl.compat import bench_compat
+    monkeypatch.setattr(bench_compat, "ROW_NAMES", ("model1 + extra",))
+    assert main(["--compat-only", "--dry-run", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "model1 + extra" in text and "ratio=" in text
+    doc = json.loads(next(tmp_path.glob("bench_dry_compat_*.json")).read_text())
+    (row,) = doc["compat_rows"]
+    assert row["layout"] == "model1 + extra" and row["ratio"] > 0
+    assert {"native_us", "compat_us", "merge_us", "native_merge_us"} <= set(row)
