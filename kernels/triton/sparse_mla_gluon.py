@@ -177,12 +177,11 @@ def _max_exp(s0, s1, s2, s3, KV_FORMAT: gl.constexpr):
 
 
 @gluon.jit
-def _store_tile(xn, raw, s0, s1, s2, s3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
-    """Dequantize nope chunk ``C`` into the unit (e4m3 * scale * shift, exact in fp16 within the
-    documented range) and store it into its shared-memory chunk."""
+def _tile(raw, s0, s1, s2, s3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """Nope chunk ``C`` dequantized into the unit: e4m3 * scale * shift in fp16 (exact within the
+    documented range, docs/SEMANTICS.md)."""
     f = (_scale_of(s0, s1, s2, s3, C, KV_FORMAT) * shift).to(gl.float16)
-    x = raw.to(gl.float8e4nv, bitcast=True).to(gl.float16) * f[:, None]
-    xn.index(C).store(x)
+    return raw.to(gl.float8e4nv, bitcast=True).to(gl.float16) * f[:, None]
 
 
 @gluon.jit
@@ -208,35 +207,59 @@ def _issue_rows(kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes,
 
 
 @gluon.jit
-def _convert_rows(xn, xr, r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ok, ub_i,
-                  KV_FORMAT: gl.constexpr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr):
-    """Dequantize one row block into X in the unit ``2^(ub - 127)`` and return ``ub``: the
-    largest scale exponent of its valid rows minus 6 (so e4m3 * scale / unit < 448 * 2^7 <
-    65504), never below the running unit ``ub_i`` (the unit only grows)."""
+def _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT: gl.constexpr):
+    """Biased exponent ``ub`` of the unit ``2^(ub - 127)`` of one row block: the largest scale
+    exponent of its valid rows minus 6 (so e4m3 * scale / unit < 448 * 2^7 < 65504), never
+    below the running unit ``ub_i`` (the unit only grows)."""
     e = gl.max(gl.where(ok, _max_exp(c0, c1, c2, c3, KV_FORMAT), 0), axis=0)
-    ub = gl.maximum(gl.minimum(gl.maximum(e - 6, 1), 253), ub_i)
-    shift = _pow2(254 - ub)
-    _barrier()                       # every warpgroup is done reading X
-    _store_tile(xn, r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
-    _store_tile(xn, r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
-    _store_tile(xn, r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
-    _store_tile(xn, r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
-    _store_tile(xn, r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
-    _store_tile(xn, r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
-    _store_tile(xn, r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
-    if NC == 8:
-        _store_tile(xn, r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
-    xr.store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
-    fence_async_shared()
-    _barrier()
-    return ub
+    return gl.maximum(gl.minimum(gl.maximum(e - 6, 1), 253), ub_i)
 
 
 @gluon.jit
-def _pv(o, an, p16, xn, C: gl.constexpr):
-    """``o * an + P . X_C`` issued asynchronously (the caller waits)."""
+def _store_rows(x0, x1, x2, x3, x4, x5, x6, x7, xr, t0, t1, t2, t3, t4, t5, t6, t7, tr,
+                NC: gl.constexpr):
+    """Store one converted row block into X (one buffer a chunk, so no barrier between the
+    stores), then make it visible to the async proxy (wgmma) and to every warp."""
+    _barrier()                                # every warpgroup is done reading X
+    x0.store(t0)
+    x1.store(t1)
+    x2.store(t2)
+    x3.store(t3)
+    x4.store(t4)
+    x5.store(t5)
+    x6.store(t6)
+    if NC == 8:
+        x7.store(t7)
+    xr.store(tr)
+    fence_async_shared()
+    _barrier()
+
+
+@gluon.jit
+def _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ub,
+             KV_FORMAT: gl.constexpr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr):
+    """The fp16 tiles of one row block in the unit 2^(ub - 127) and its rope tile."""
+    shift = _pow2(254 - ub)
+    t0 = _tile(r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
+    t1 = _tile(r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
+    t2 = _tile(r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
+    t3 = _tile(r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
+    t4 = _tile(r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
+    t5 = _tile(r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
+    t6 = _tile(r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
+    if NC == 8:
+        t7 = _tile(r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
+    else:
+        t7 = t6
+    tr = rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE)
+    return t0, t1, t2, t3, t4, t5, t6, t7, tr
+
+
+@gluon.jit
+def _pv(o, an, p16, x):
+    """``o * an + P . X_c`` issued asynchronously (the caller waits)."""
     o = o * an[:, None]
-    return warpgroup_mma(p16, xn.index(C), o, is_async=True)
+    return warpgroup_mma(p16, x, o, is_async=True)
 
 
 @gluon.jit
@@ -302,7 +325,15 @@ def _sparse_mla_gluon_kernel(
 
     qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
     qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
-    xn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
+    # X: one buffer a chunk (the barrier analysis treats views of one buffer as overlapping)
+    x0 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x1 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x2 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x3 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x4 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x5 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x6 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
+    x7 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
     xr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
 
     # ---- q: per head a power of two 2^t that puts max|q_nope| in [2^14, 2^15), fp16 chunks
@@ -358,8 +389,10 @@ def _sparse_mla_gluon_kernel(
                                    in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
     r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
         kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes, KV_FORMAT, NC, LD, LD16)
-    ub = _convert_rows(xn, xr, r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ok, ub_i,
-                       KV_FORMAT, NC, ROPE_DTYPE)
+    ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
+    t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2,
+                                                  c3, ub, KV_FORMAT, NC, ROPE_DTYPE)
+    _store_rows(x0, x1, x2, x3, x4, x5, x6, x7, xr, t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
 
     for k0 in range(start, end, 64):
         # X holds this block (in units 2^(ub - 127)). Issue the next block's rows (slots resolved
@@ -377,10 +410,15 @@ def _sparse_mla_gluon_kernel(
 
         # scores: nope dots in units (q_inv * 2^ub), the rope dot in true units
         s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
-        s = warpgroup_mma(qn.index(0), xn.index(0).permute((1, 0)), s0, use_acc=False,
-                          is_async=True)
-        for c in gl.static_range(1, NC):
-            s = warpgroup_mma(qn.index(c), xn.index(c).permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(0), x0.permute((1, 0)), s0, use_acc=False, is_async=True)
+        s = warpgroup_mma(qn.index(1), x1.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(2), x2.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(3), x3.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(4), x4.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(5), x5.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(6), x6.permute((1, 0)), s, is_async=True)
+        if NC == 8:
+            s = warpgroup_mma(qn.index(7), x7.permute((1, 0)), s, is_async=True)
         r = warpgroup_mma(qr, xr.permute((1, 0)), s0, use_acc=False, is_async=True)
         s, r = warpgroup_mma_wait(num_outstanding=0, deps=(s, r))
         okc = gl.convert_layout(ok_cur, MCOL)
@@ -395,13 +433,13 @@ def _sparse_mla_gluon_kernel(
         ub_i = ub
 
         p16 = gl.convert_layout(p.to(gl.float16), P_OP)
-        o0 = _pv(o0, an, p16, xn, 0)
-        o1 = _pv(o1, an, p16, xn, 1)
-        o2 = _pv(o2, an, p16, xn, 2)
-        o3 = _pv(o3, an, p16, xn, 3)
-        o4 = _pv(o4, an, p16, xn, 4)
-        o5 = _pv(o5, an, p16, xn, 5)
-        o6 = _pv(o6, an, p16, xn, 6)
+        o0 = _pv(o0, an, p16, x0)
+        o1 = _pv(o1, an, p16, x1)
+        o2 = _pv(o2, an, p16, x2)
+        o3 = _pv(o3, an, p16, x3)
+        o4 = _pv(o4, an, p16, x4)
+        o5 = _pv(o5, an, p16, x5)
+        o6 = _pv(o6, an, p16, x6)
         if ROPE_IN_V:
             o7 = o7 * alpha[:, None]
             p_hi = p.to(ROPE_DTYPE)
@@ -410,13 +448,14 @@ def _sparse_mla_gluon_kernel(
                 p_lo = (p - p_hi.to(gl.float32)).to(ROPE_DTYPE)
                 o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), xr, o7, is_async=True)
         else:
-            o7 = _pv(o7, an, p16, xn, 7)
+            o7 = _pv(o7, an, p16, x7)
+        # the next block's tiles are computed while the value dots run, stored after them
+        ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
+        t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1,
+                                                      c2, c3, ub, KV_FORMAT, NC, ROPE_DTYPE)
         o0, o1, o2, o3, o4, o5, o6, o7 = warpgroup_mma_wait(
             num_outstanding=0, deps=(o0, o1, o2, o3, o4, o5, o6, o7))
-
-        # the next block into X (both warpgroups are past their dots: barrier inside)
-        ub = _convert_rows(xn, xr, r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ok, ub_i,
-                           KV_FORMAT, NC, ROPE_DTYPE)
+        _store_rows(x0, x1, x2, x3, x4, x5, x6, x7, xr, t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
         pg_nx, of_nx, ok_nx = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size,
                                        HAS_BT)
         i2 = i3
