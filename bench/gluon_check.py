@@ -47,10 +47,11 @@ def check() -> list[dict]:
         case = cases.make_mla_case(100 + i, B=B, N=N, H=H, K=K, P=64, d_qk=dqk, kv_format=fmt,
                                    q_dtype=qd, invalid="mix", logical=True,
                                    topk_length=True, attn_sink=True)
-        for splits in (1, 3):
-            name = f"{fmt} q={qd} H{H} K{K} B{B} N{N} splits={splits}"
+        for splits, cfg in ((1, configs.SPARSE_MLA_GLUON), (3, configs.SPARSE_MLA_GLUON),
+                            (1, configs.SPARSE_MLA_GLUON2), (3, configs.SPARSE_MLA_GLUON2)):
+            name = f"{fmt} q={qd} H{H} K{K} B{B} N{N} splits={splits} x{cfg.num_stages}"
             try:
-                out, lse = _run(case, configs.SPARSE_MLA_GLUON, splits)
+                out, lse = _run(case, cfg, splits)
                 ro, rl = case.reference()
                 res = compare.check_mla(out, lse, ro, rl, q_dtype=case.q_dtype)
                 ok = bool(res.passed) if hasattr(res, "passed") else bool(res)
@@ -62,7 +63,7 @@ def check() -> list[dict]:
                                                       q_dtype="bfloat16", kv_dtype="bfloat16")):
         name = f"corner {j} {getattr(corner, 'name', '')}"
         try:
-            out, lse = _run(corner, configs.SPARSE_MLA_GLUON, 2)
+            out, lse = _run(corner, configs.SPARSE_MLA_GLUON2, 2)
             ro, rl = corner.reference()
             res = compare.check_mla(out, lse, ro, rl, q_dtype=corner.q_dtype)
             ok = bool(res.passed) if hasattr(res, "passed") else bool(res)
@@ -88,9 +89,9 @@ def timing() -> list[dict]:
     rows = []
     for preset, B, H, K, fmt, dqk, N in SHAPES:
         q, kv, idx = _inputs(B, H, K, dqk, fmt)
-        heur = configs.sparse_mla_heuristic(H, dev.smem_per_block, rows=B * N, topk=K)
+        heur = configs.sparse_mla_heuristic(H, dev.smem_per_block, rows=B * N, topk=K)  # Triton
         ref = None
-        for cfg in (heur, configs.SPARSE_MLA_GLUON):
+        for cfg in (heur, configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON2):
             splits = configs.sparse_mla_num_splits(
                 B * N * triton.cdiv(H, cfg.block_h), K, cfg.block_k, dev.num_sms,
                 ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))

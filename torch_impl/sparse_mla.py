@@ -194,7 +194,7 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
             if cfg.kernel == "gluon":
                 if kv_format != "latent" and dot != "float32":
-                    specs.extend(_gluon_specs(kv_format, q_dtype, final))
+                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
                 continue
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
@@ -225,8 +225,9 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     return specs
 
 
-def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool) -> list:
-    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table."""
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
+    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
+    (``nbuf``: the config's X buffers, its ``num_stages``)."""
     from kernels.triton._aot import LaunchSpec
     from kernels.triton import sparse_mla_gluon as gk
     from kernels.triton.sparse_mla import KV_FORMAT_CODES
@@ -241,11 +242,11 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool) -> list:
     out = []
     for has_bt in (True, False):
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
-                  FINAL=final, ROPE_DTYPE=rope)
+                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf)
         out.append(LaunchSpec(
-            f"gluon {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
             f"{'block table' if has_bt else 'slots'}", "kernels.triton.sparse_mla_gluon",
-            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, 1, ("ROPE_DTYPE",),
+            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
             ("sq_b", "sq_n", "sq_h", "page_bytes")))
     return out
 
@@ -336,7 +337,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
             KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16,
-            num_warps=gk.NUM_WARPS,
+            NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
         )
     else:
         tk._sparse_mla_split_kernel[grid](

@@ -297,6 +297,7 @@ def _sparse_mla_gluon_kernel(
     N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+    NBUF: gl.constexpr = 2,
 ):
     gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7     # fp16 nope chunks; then one rope chunk
@@ -326,15 +327,15 @@ def _sparse_mla_gluon_kernel(
     qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
     qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
     # X: one buffer a chunk (the barrier analysis treats views of one buffer as overlapping)
-    x0 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x1 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x2 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x3 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x4 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x5 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x6 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    x7 = gl.allocate_shared_memory(gl.float16, [64, 64], SH)
-    xr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
+    x0 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x1 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x2 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x3 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x4 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x5 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x6 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x7 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
 
     # ---- q: per head a power of two 2^t that puts max|q_nope| in [2^14, 2^15), fp16 chunks
     hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
@@ -392,9 +393,22 @@ def _sparse_mla_gluon_kernel(
     ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
     t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2,
                                                   c3, ub, KV_FORMAT, NC, ROPE_DTYPE)
-    _store_rows(x0, x1, x2, x3, x4, x5, x6, x7, xr, t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
+    _store_rows(x0.index(0), x1.index(0), x2.index(0), x3.index(0), x4.index(0), x5.index(0),
+                x6.index(0), x7.index(0), xr.index(0), t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
 
     for k0 in range(start, end, 64):
+        # this block's X and (NBUF 2) the other buffer, which the next block is stored into
+        buf = ((k0 - start) // 64) % NBUF
+        nxt = (buf + 1) % NBUF
+        y0 = x0.index(buf)
+        y1 = x1.index(buf)
+        y2 = x2.index(buf)
+        y3 = x3.index(buf)
+        y4 = x4.index(buf)
+        y5 = x5.index(buf)
+        y6 = x6.index(buf)
+        y7 = x7.index(buf)
+        yr = xr.index(buf)
         # X holds this block (in units 2^(ub - 127)). Issue the next block's rows (slots resolved
         # last iteration), its successor's page entries and the indices after that: all in
         # flight during this block's dots, consumed at the end of the iteration.
@@ -410,16 +424,16 @@ def _sparse_mla_gluon_kernel(
 
         # scores: nope dots in units (q_inv * 2^ub), the rope dot in true units
         s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
-        s = warpgroup_mma(qn.index(0), x0.permute((1, 0)), s0, use_acc=False, is_async=True)
-        s = warpgroup_mma(qn.index(1), x1.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(2), x2.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(3), x3.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(4), x4.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(5), x5.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(6), x6.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(0), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
+        s = warpgroup_mma(qn.index(1), y1.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(2), y2.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(3), y3.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(4), y4.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(5), y5.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(6), y6.permute((1, 0)), s, is_async=True)
         if NC == 8:
-            s = warpgroup_mma(qn.index(7), x7.permute((1, 0)), s, is_async=True)
-        r = warpgroup_mma(qr, xr.permute((1, 0)), s0, use_acc=False, is_async=True)
+            s = warpgroup_mma(qn.index(7), y7.permute((1, 0)), s, is_async=True)
+        r = warpgroup_mma(qr, yr.permute((1, 0)), s0, use_acc=False, is_async=True)
         s, r = warpgroup_mma_wait(num_outstanding=0, deps=(s, r))
         okc = gl.convert_layout(ok_cur, MCOL)
         s = s * (q_inv * _pow2(ub))[:, None] + r
@@ -433,29 +447,34 @@ def _sparse_mla_gluon_kernel(
         ub_i = ub
 
         p16 = gl.convert_layout(p.to(gl.float16), P_OP)
-        o0 = _pv(o0, an, p16, x0)
-        o1 = _pv(o1, an, p16, x1)
-        o2 = _pv(o2, an, p16, x2)
-        o3 = _pv(o3, an, p16, x3)
-        o4 = _pv(o4, an, p16, x4)
-        o5 = _pv(o5, an, p16, x5)
-        o6 = _pv(o6, an, p16, x6)
+        o0 = _pv(o0, an, p16, y0)
+        o1 = _pv(o1, an, p16, y1)
+        o2 = _pv(o2, an, p16, y2)
+        o3 = _pv(o3, an, p16, y3)
+        o4 = _pv(o4, an, p16, y4)
+        o5 = _pv(o5, an, p16, y5)
+        o6 = _pv(o6, an, p16, y6)
         if ROPE_IN_V:
             o7 = o7 * alpha[:, None]
             p_hi = p.to(ROPE_DTYPE)
-            o7 = warpgroup_mma(gl.convert_layout(p_hi, P_OP), xr, o7, is_async=True)
+            o7 = warpgroup_mma(gl.convert_layout(p_hi, P_OP), yr, o7, is_async=True)
             if R_SPLIT:
                 p_lo = (p - p_hi.to(gl.float32)).to(ROPE_DTYPE)
-                o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), xr, o7, is_async=True)
+                o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), yr, o7, is_async=True)
         else:
-            o7 = _pv(o7, an, p16, x7)
+            o7 = _pv(o7, an, p16, y7)
         # the next block's tiles are computed while the value dots run, stored after them
         ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
         t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1,
                                                       c2, c3, ub, KV_FORMAT, NC, ROPE_DTYPE)
+        if NBUF == 2:       # stored into the other buffer while the value dots run
+            _store_rows(x0.index(nxt), x1.index(nxt), x2.index(nxt), x3.index(nxt),
+                        x4.index(nxt), x5.index(nxt), x6.index(nxt), x7.index(nxt),
+                        xr.index(nxt), t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
         o0, o1, o2, o3, o4, o5, o6, o7 = warpgroup_mma_wait(
             num_outstanding=0, deps=(o0, o1, o2, o3, o4, o5, o6, o7))
-        _store_rows(x0, x1, x2, x3, x4, x5, x6, x7, xr, t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
+        if NBUF == 1:
+            _store_rows(y0, y1, y2, y3, y4, y5, y6, y7, yr, t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
         pg_nx, of_nx, ok_nx = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size,
                                        HAS_BT)
         i2 = i3
