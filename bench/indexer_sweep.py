@@ -3,7 +3,7 @@
     python -m bench.indexer_sweep --out sweep.json [--config SPLITS,WARPS,STAGES,TRANS,PAGES ...]
 
 At DSV32 B=64 L=64K and B=1 L=128K (bench.inputs, one input set, pages scattered), times the
-logits kernel with its fused top-digit histogram (``kernels.triton.indexer``) for each config
+logits kernel with its fused top-digit histogram (``kernels.indexer.triton``) for each config
 (``triton.testing.do_bench`` median; SPLITS 0 = heuristic) and the top-k kernel after it, and
 compares each config's logits with the first config's (max relative difference over finite
 logits; -inf patterns must match). Results feed bench/NOTES.md and the split heuristic.
@@ -19,8 +19,8 @@ import triton
 
 from bench.grid import Shape
 from bench.inputs import make_inputs
-from kernels.triton import indexer as kx
-from kernels.triton.topk import hist_shape, launch_topk
+from kernels.indexer import triton as kx
+from kernels.topk.triton import hist_shape, launch_topk
 from torch_impl import _common
 
 DEFAULT = ["0,0,1,1,2", "0,0,3,0,1", "16,4,1,1,2"]

@@ -5,7 +5,7 @@ The math, the weight names and the tensor-parallel slicing are those of
 runs it with the project's JAX ops: ``indexer_topk`` and ``sparse_mla_decode`` (Pallas kernels
 lowered through Triton, or plain XLA, ``path``) and the new tokens' cache writes as one fused
 quantize + scatter per cache (:func:`write_new_tokens`: the Pallas kernel
-``kernels/pallas/cache_write.py``, or one XLA scatter). Functional: the updated caches are
+``kernels/cache_write/pallas.py``, or one XLA scatter). Functional: the updated caches are
 returned; :class:`DecodeStep` runs the whole step under one ``jax.jit`` with both caches donated,
 so they are updated in place.
 
@@ -136,9 +136,9 @@ def _xla_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, s
 
 
 def _pallas_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
-    """One Pallas kernel (``kernels.pallas.cache_write``), the cache aliased to its output."""
+    """One Pallas kernel (``kernels.cache_write.pallas``), the cache aliased to its output."""
     from jax_impl._common import device_info, require_32bit_indices
-    from kernels.pallas import cache_write as pcw
+    from kernels.cache_write import pallas as pcw
     require_32bit_indices("cache_write")
     device_info()                                          # NotImplementedError off NVIDIA GPUs
     if fmt == "fp8_indexer" and src.shape[1] & (src.shape[1] - 1):

@@ -1,4 +1,4 @@
-"""The fused new-token cache writes (``kernels/triton/cache_write.py`` through
+"""The fused new-token cache writes (``kernels/cache_write/triton.py`` through
 ``torch_impl.layer.write_new_tokens``, and the JAX writer ``jax_impl.layer.write_new_tokens``)
 against the NumPy writers of ``kernels/formats.py`` (via ``kernels.layer_reference.write_token_rows``),
 bit for bit, in every cache layout; unmapped tokens (page entry -1, >= num_pages, one that wraps
@@ -211,7 +211,7 @@ def test_pallas_cache_write_compiles_for_gpu(fmt, dim, cc):
     pytest.importorskip("triton")
 
     from _pallas_aot import compile_pallas_for_gpu
-    from kernels.pallas import cache_write as pcw
+    from kernels.cache_write import pallas as pcw
 
     Pg, pages, B, N = 64, 4, 2, 1
     width = {"latent": Pg * dim, "fp8_ds_mla": Pg * 656, "fp8_model1": formats.model1_page_bytes(Pg),

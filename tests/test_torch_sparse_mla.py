@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cases, compare, configs, formats as np_formats
+from kernels import cases, compare, formats as np_formats
+from kernels.sparse_mla import configs
 from torch_impl import _common, formats as t_formats
 from torch_impl import sparse_mla as tsm
 from torch_impl.sparse_mla import sparse_mla_decode

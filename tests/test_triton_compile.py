@@ -2,13 +2,13 @@
 the shared memory per block of that GPU (kernels.hardware.SMEM_PER_BLOCK). sm_120 (the target)
 is checked everywhere; sm_90 on GPU machines or with ``DSA_AOT_SM90=1`` (tests/conftest.py).
 
-No GPU is needed: ``kernels.triton._aot`` compiles with Triton's bundled ptxas for
+No GPU is needed: ``kernels._triton_aot`` compiles with Triton's bundled ptxas for
 ``GPUTarget("cuda", cc, 32)`` in a subprocess without ``TRITON_INTERPRET`` (this test process
 has it set on CPU machines, and ``@triton.jit`` would return interpreter objects).
 
 Registry: :data:`LAUNCHERS` maps a launcher name to a function ``smem_class -> [LaunchSpec]``
 listing every (kernel, signature, constexprs, num_warps, num_stages) that launcher can launch on
-a GPU of that shared-memory class (``kernels.configs.smem_class``). Other launchers append
+a GPU of that shared-memory class (``kernels.sparse_mla.configs.smem_class``). Other launchers append
 their entry.
 """
 from __future__ import annotations
@@ -17,8 +17,9 @@ import functools
 
 import pytest
 
-from kernels import configs, hardware
-from kernels.triton import _aot
+from kernels import hardware
+from kernels.sparse_mla import configs
+from kernels import _triton_aot as _aot
 
 from torch_impl import sparse_mla as _sparse_mla
 
@@ -91,9 +92,9 @@ def test_indexer_configs_fit_shared_memory(launcher, cc):
 
 
 # ---------------------------------------------------------------------------- new-token cache write
-# (appended by the layer engineer: kernels.triton.cache_write lists its launches; same checks.)
+# (appended by the layer engineer: kernels.cache_write.triton lists its launches; same checks.)
 
-from kernels.triton import cache_write as _cache_write  # noqa: E402
+from kernels.cache_write import triton as _cache_write  # noqa: E402
 
 LAUNCHERS["cache_write"] = _cache_write.aot_specs
 

@@ -4,8 +4,8 @@ PyTorch (``path="torch"``), registered as the custom ops ``dsa::indexer_logits``
 
 Semantics: docs/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``Indexer``, DeepGEMM
 ``fp8_paged_mqa_logits``); the float64 definition is ``kernels.reference.indexer_logits`` /
-``indexer_topk``; kernel designs are in ``kernels/triton/indexer.py`` and
-``kernels/triton/topk.py``.
+``indexer_topk``; kernel designs are in ``kernels/indexer/triton.py`` and
+``kernels/topk/triton.py``.
 
 Triton path: the logits kernel scores only the pages each request spans (runtime loop bound on
 the device) and the radix top-k reads only each row's valid prefix, so work scales with the
@@ -126,8 +126,8 @@ def _plan(q, block_table, k_cache, k_format, op, path, topk=None):
 def _triton_configs(cfg):
     """(IndexerLogitsConfig, TopkConfig) of a plan's triton config dict (registry field names:
     the logits config's fields, the top-k config's prefixed ``topk_``)."""
-    from kernels.triton.indexer import IndexerLogitsConfig
-    from kernels.triton.topk import TopkConfig
+    from kernels.indexer.triton import IndexerLogitsConfig
+    from kernels.topk.triton import TopkConfig
     cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
                                                       "trans", "pages") if k in cfg})
@@ -156,7 +156,7 @@ def _triton_gate(q, k_format, P, lcfg):
 
 def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out,
                    hist=None):
-    from kernels.triton.indexer import launch_indexer_logits
+    from kernels.indexer.triton import launch_indexer_logits
     q = q if q.stride(-1) == 1 else q.contiguous()
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
@@ -213,7 +213,7 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     int32 ``[B * N, topk]`` (order unspecified, -1 padded). Shared by ``indexer_topk`` and the
     sequence-sharded TP indexer (which gathers the scores of the selection). ``cfg``: the
     registry plan's triton config (None: plan it here)."""
-    from kernels.triton.topk import launch_topk
+    from kernels.topk.triton import launch_topk
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
     W = block_table.shape[1] * P
@@ -224,8 +224,8 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     _triton_gate(q, k_format, P, lcfg)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
-    from kernels.triton.indexer import logits_splits
-    from kernels.triton.topk import hist_shape
+    from kernels.indexer.triton import logits_splits
+    from kernels.topk.triton import hist_shape
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
     hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
@@ -461,7 +461,7 @@ indexer_topk.__doc__ = indexer_topk.__doc__.format(args=_ARGS_DOC, raises=_RAISE
 
 def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
                  trans=True, pages=2):
-    from kernels.triton._aot import LaunchSpec
+    from kernels._triton_aot import LaunchSpec
     sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
            "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
     for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
@@ -473,7 +473,7 @@ def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages,
               BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
               DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
               FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages)
-    return LaunchSpec(label, "kernels.triton.indexer", "_indexer_logits_kernel", sig, cx,
+    return LaunchSpec(label, "kernels.indexer.triton", "_indexer_logits_kernel", sig, cx,
                       num_warps, num_stages)
 
 
@@ -483,7 +483,7 @@ def aot_specs_logits(smem_class: str) -> list:
     at N = 1, 2, 4 and H_I = 64, 16 with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the
     largest tile (N = 4, H_I = 64) at every (num_warps, num_stages, trans, pages) corner of
     ``IndexerLogitsConfig.SEARCH_SPACE``."""
-    from kernels.triton.indexer import IndexerLogitsConfig
+    from kernels.indexer.triton import IndexerLogitsConfig
     specs = []
 
     def warps(N, H):
@@ -513,8 +513,8 @@ def aot_specs_topk(smem_class: str) -> list:
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
     pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
     ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
-    from kernels.triton._aot import LaunchSpec
-    from kernels.triton.topk import PLAN_BASES, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
+    from kernels._triton_aot import LaunchSpec
+    from kernels.topk.triton import PLAN_BASES, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
@@ -524,16 +524,16 @@ def aot_specs_topk(smem_class: str) -> list:
         for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
             for has_hist, plan in ((False, False), (True, False), (True, True)):
                 specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan={plan}",
-                                        "kernels.triton.topk", "_radix_topk_kernel", sig,
+                                        "kernels.topk.triton", "_radix_topk_kernel", sig,
                                         dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=plan,
                                              PLAN_SB=PLAN_SPLITS), nw, 1))
-    specs.append(LaunchSpec("topk plan", "kernels.triton.topk", "_topk_plan_kernel",
+    specs.append(LaunchSpec("topk plan", "kernels.topk.triton", "_topk_plan_kernel",
                             {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
                              "topk": "i32", "cap": "i32", "n_drafts": "i32",
                              "n_drafts_pow2": "i32", "num_splits": "i32"},
                             dict(SB=PLAN_SPLITS, SBASE=PLAN_BASES), 8, 1))
     for blk, nw in SCATTER_CONFIGS:
-        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.triton.topk",
+        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.topk.triton",
                                 "_topk_scatter_kernel",
                                 {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
                                  "cand_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",

@@ -4,7 +4,7 @@ The math, the weight names and the tensor-parallel slicing are those of
 :mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
 runs it with the project's ops: ``indexer_topk`` and ``sparse_mla_decode`` (Triton kernels or
 plain PyTorch, ``path``), and the new tokens' cache writes as one fused quantize + scatter per
-cache (:func:`write_new_tokens`: the Triton kernel ``kernels/triton/cache_write.py``, or the
+cache (:func:`write_new_tokens`: the Triton kernel ``kernels/cache_write/triton.py``, or the
 byte-exact plain-PyTorch writers ``quantize_fp8_ds_mla``, ``quantize_fp8_model1`` and
 ``quantize_fp8_indexer`` with ``path="torch"``).
 
@@ -129,8 +129,8 @@ def _torch_cache_write(src, cache, block_table, context_lens, N, fmt, page_size,
 
 
 def _triton_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
-    """One launch of ``kernels.triton.cache_write._cache_write_kernel`` (grid ``B * N``)."""
-    from kernels.triton import cache_write as tcw
+    """One launch of ``kernels.cache_write.triton._cache_write_kernel`` (grid ``B * N``)."""
+    from kernels.cache_write import triton as tcw
     dev = _common.device_info(src.device)
     _common.require_no_interpreted_bf16(dev, "cache_write", src)
     B, max_pages = block_table.shape

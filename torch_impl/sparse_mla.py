@@ -2,7 +2,7 @@
 (``path="torch"``), registered as the custom op ``dsa::sparse_mla_decode``.
 
 Semantics: docs/SPEC.md "Operation B" (FlashMLA sparse decode); the float64 definition is
-``kernels.reference.sparse_mla_decode``; the kernel design is in ``kernels/triton/sparse_mla.py``.
+``kernels.reference.sparse_mla_decode``; the kernel design is in ``kernels/sparse_mla/triton.py``.
 
 The custom op (``torch.library.custom_op`` with a fake implementation) lets
 ``torch.compile(fullgraph=True)`` trace through a call and a CUDA graph capture it: the launcher
@@ -15,7 +15,8 @@ from typing import Optional
 
 import torch
 
-from kernels import configs, formats as np_formats, hardware
+from kernels import formats as np_formats, hardware
+from kernels.sparse_mla import configs
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.formats import dequantize_fp8_ds_mla
@@ -114,7 +115,7 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
 
     The plan of ``kernels.registry`` for the triton path: the config of the table's entry
     (``kernels/dispatch/<arch>.json``) for this shape bucket when the entry chose "triton" and
-    the config is in this GPU's search space, else ``kernels.configs.sparse_mla_heuristic``;
+    the config is in this GPU's search space, else ``kernels.sparse_mla.configs.sparse_mla_heuristic``;
     either way a config compiled and checked for the GPU's shared-memory class and the dot
     operand width (``operand_bytes``: 2 bf16/fp16, 4 fp32).
     """
@@ -149,7 +150,7 @@ def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLA
     """Constexpr arguments of ``_sparse_mla_split_kernel`` for one launch (``DOT_DTYPE`` and
     ``ROPE_DTYPE`` as ``triton.language`` dtype names). Shared by the launcher and the AOT
     compile test."""
-    from kernels.triton.sparse_mla import KV_FORMAT_CODES
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
     return dict(
         KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
         BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, HAS_BT=has_bt, HAS_TKL=has_tkl,
@@ -181,11 +182,11 @@ AOT_VARIANTS = (
 
 
 def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
-    """Launches of the triton path on a GPU of ``smem_class`` (``kernels.configs``) as
-    ``kernels.triton._aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
+    """Launches of the triton path on a GPU of ``smem_class`` (``kernels.sparse_mla.configs``) as
+    ``kernels._triton_aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
     its dot-operand width, plus the combine kernel for bf16 and fp32 outputs."""
-    from kernels.triton._aot import LaunchSpec
-    mod = "kernels.triton.sparse_mla"
+    from kernels._triton_aot import LaunchSpec
+    mod = "kernels.sparse_mla.triton"
     specs = []
     for kv_format, d_qk, q_dtype, final in variants:
         kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
@@ -228,7 +229,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
                  num_splits: int | None = None):
     """Launch the split (and combine) kernels. ``config`` / ``num_splits`` override the choice
     (tests use them to run every config of the search space)."""
-    from kernels.triton import sparse_mla as tk
+    from kernels.sparse_mla import triton as tk
 
     dev = _common.device_info(q.device)
     hardware.require_arch(dev, "sparse_mla_decode (triton)")

@@ -43,7 +43,7 @@ def next_pow2(x: int) -> int:
 
 @dataclass(frozen=True)
 class SparseMLAConfig:
-    """Compile-time shape of the split-K sparse MLA decode kernel (kernels/triton/sparse_mla.py).
+    """Compile-time shape of the split-K sparse MLA decode kernel (kernels/sparse_mla/triton.py).
 
     Attributes:
       block_h: query heads per program (power of two >= 16, the tl.dot minimum; heads beyond H
@@ -208,7 +208,7 @@ def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -
 
 
 # ============================================================================ Pallas (jax_impl)
-# The Pallas-Triton split kernel (kernels/pallas/sparse_mla.py) uses the same SparseMLAConfig
+# The Pallas-Triton split kernel (kernels/sparse_mla/pallas.py) uses the same SparseMLAConfig
 # without a D_v split (see its module docstring); ``prefetch`` selects its hand-pipelined loop
 # as in the Triton kernel. Its tiles stage differently from the Triton kernel's (rope and scale
 # bytes assembled in registers), so it has its own space, checked by

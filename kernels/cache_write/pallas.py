@@ -1,6 +1,6 @@
 """The new tokens' cache writes of one decode step (quantize + scatter into pages) as one Pallas
 kernel per cache (Triton lowering; ``jax_impl.layer`` binding). The twin of
-``kernels/triton/cache_write.py``: same operation, same unmapped-token drop, same bytes (those of
+``kernels/cache_write/triton.py``: same operation, same unmapped-token drop, same bytes (those of
 the NumPy writers in ``kernels/formats.py``; ``tests/test_cache_write.py`` checks them bit for bit).
 
 Token ``t = b * N + i`` sits at position ``pos = L_b - N + i``, page ``block_table[b, pos // P]``,
@@ -11,7 +11,7 @@ Expressing the byte scatter in Pallas: the cache is passed as ``uint8 [num_pages
 (``latent``: ``[num_pages, P * D]`` of its float dtype; free XLA reshapes) and aliased to the
 output (``input_output_aliases``), so the kernel writes only the token's bytes and, with the
 cache donated by the caller's ``jit``, nothing is copied. Refs keep their dtype (no reinterpreting
-views, see ``kernels/pallas/sparse_mla.py``), so float32 scales and bf16 rope dims are split into
+views, see ``kernels/sparse_mla/pallas.py``), so float32 scales and bf16 rope dims are split into
 bytes with shifts and stored through byte-index arrays (``[64, 2]`` for the rope, ``[G, 4]`` for
 the scales). Encodings are integer bit manipulation, as in the Triton twin (e4m3 and bf16
 round-to-nearest-even from the float32 bits; the power-of-two scale's exponent from the bits of
@@ -31,7 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas._pallas_call import interpret_default, triton_call
+from kernels._pallas_call import interpret_default, triton_call
 
 FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
 

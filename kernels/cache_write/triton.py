@@ -211,7 +211,7 @@ def aot_specs(smem_class: str) -> list:
     dtype, bf16 as its uint16 view), for ``tests/test_triton_compile.py``. No shared memory
     beyond the reductions' scratch, whatever ``smem_class``."""
     from kernels import formats as nf
-    from kernels.triton._aot import LaunchSpec
+    from kernels._triton_aot import LaunchSpec
     del smem_class
     P = 64
     ints = {n: "i32" for n in ("N", "max_pages", "num_pages", "bt_stride", "src_stride")}
@@ -227,7 +227,7 @@ def aot_specs(smem_class: str) -> list:
                                             scale_fmt="ue8m0" if ue8m0 else None, bf16_cache=bf16)
                 specs.append(LaunchSpec(
                     label=f"cache_write {fmt} D{dim} src={src} cache={cache[1:]} ue8m0={ue8m0}",
-                    module="kernels.triton.cache_write", kernel="_cache_write_kernel",
+                    module="kernels.cache_write.triton", kernel="_cache_write_kernel",
                     signature={"src_ptr": f"*{src}", "cache_ptr": cache, "bt_ptr": "*i32",
                                "cl_ptr": "*i32", **ints},
                     constexprs=ce, num_warps=NUM_WARPS, num_stages=1))

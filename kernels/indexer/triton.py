@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from kernels.triton.topk import BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_hist_add
+from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_hist_add
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas._pallas_call import triton_call
+from kernels._pallas_call import triton_call
 
 # kv_format codes (static KV_FORMAT), as in kernels/triton/sparse_mla.py
 LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2

@@ -1,0 +1,6 @@
+"""Exact top-k over the indexer logits (SPEC "Operation A", second half), Triton.
+
+* ``triton.py``: the radix top-k kernels (plan, select, scatter) and their launcher.
+
+The Pallas top-k lives with the Pallas indexer (``kernels/indexer/pallas.py``).
+"""
