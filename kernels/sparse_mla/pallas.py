@@ -1,5 +1,5 @@
 """Sparse MLA decode as Pallas kernels (Triton lowering): split-K over the top-k list, then an
-LSE combine. The Pallas twin of ``kernels/triton/sparse_mla.py``; read the two side by side.
+LSE combine. The Pallas twin of ``kernels/sparse_mla/triton.py``; read the two side by side.
 
 Semantics: ../docs/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
 absorbed MLA in MQA form). The float64 definition is ``kernels.reference.sparse_mla_decode``.
@@ -13,7 +13,8 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   every store, the caller never pads). Every gathered latent row is read once per head block.
 * **Split-K.** A program walks ``chunk`` entries of the top-k list (a multiple of ``BLOCK_K``)
   with a ``lax.fori_loop`` whose trip count is dynamic (``topk_length``), which the Triton
-  lowering turns into an ``scf.for``. The split count is ``kernels.configs.sparse_mla_num_splits``.
+  lowering turns into an ``scf.for``. The split count is
+  ``kernels.sparse_mla.configs.sparse_mla_num_splits``.
   Splits write fp32 partial outputs (normalised) and log2-domain partial LSEs;
   :func:`_sparse_mla_combine_kernel` merges them into the natural-log LSE and the q-dtype output.
   With one split the split kernel writes the final result itself (``FINAL``).
@@ -74,7 +75,7 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   in the reference. Duplicated indices count once per occurrence.
 * **Sink** (V4): ``out *= 1 / (1 + exp(sink_h - lse))`` where the final output is written.
 * **Determinism.** No atomics; the combine loops over splits in a fixed order.
-* **Configs.** ``kernels.configs.PALLAS_SPARSE_MLA_SPACE`` (the Triton stack's
+* **Configs.** ``kernels.sparse_mla.configs.PALLAS_SPARSE_MLA_SPACE`` (the Triton stack's
   ``SparseMLAConfig``, without a D_v split). Shared memory is about the q tiles plus one block
   of converted row chunks, ``(BLOCK_H + BLOCK_K) x D_qk x 2`` bytes for bf16 operands (``32 x
   32``: 73,728 B, so it fits the 99 KiB class; ``64 x 32``: 110,720 B does not); fp32 dots use
@@ -111,7 +112,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from kernels._pallas_call import triton_call
 
-# kv_format codes (static KV_FORMAT), as in kernels/triton/sparse_mla.py
+# kv_format codes (static KV_FORMAT), as in kernels/sparse_mla/triton.py
 LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2
 KV_FORMAT_CODES = {"latent": LATENT, "fp8_ds_mla": FP8_DS_MLA, "fp8_model1": FP8_MODEL1}
 
@@ -275,7 +276,7 @@ def _pv(acc, alpha, p, x, sc, *, kv_format: int, dot_dtype, fp32: bool):
             lo = None
             if jnp.dtype(dot_dtype) == jnp.bfloat16:
                 # bf16 keeps 8 bits of p; the rounding residual's second dot makes it ~16 bits
-                # (same as kernels/triton/sparse_mla.py; without it a flat softmax misses the
+                # (same as kernels/sparse_mla/triton.py; without it a flat softmax misses the
                 # SPEC out bound by up to 1.3x on the H200).
                 lo = (pg - hi.astype(jnp.float32)).astype(dot_dtype)
             split[g] = (hi, lo)
