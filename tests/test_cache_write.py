@@ -135,7 +135,7 @@ def test_torch_cache_write_bad_input_is_named():
     with pytest.raises(ValueError, match=r"^cache: expected uint8 \[num_pages, 2112\]"):
         write_new_tokens(src[:, :128].contiguous(), torch.zeros(NUM_PAGES, 2000, dtype=torch.uint8), bt, cl, 1,
                          "fp8_indexer", page_size=P)
-    with pytest.raises(ValueError, match=r"^cache: expected 4-byte aligned pages"):
+    with pytest.raises(ValueError, match=r"^cache: expected a byte offset into its storage that is a multiple of 4"):
         flat = torch.zeros(NUM_PAGES * P * 656 + 2, dtype=torch.uint8)
         write_new_tokens(src, flat[2:].view(NUM_PAGES, P, 656), bt, cl, 1, "fp8_ds_mla", page_size=P)
 

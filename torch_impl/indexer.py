@@ -341,9 +341,9 @@ def _torch_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, 
 # ============================================================================ custom ops
 
 def _check_byte_offset(k_cache: torch.Tensor, k_format: str) -> None:
-    if k_format == "fp8_indexer" and k_cache.storage_offset() % 4:
-        raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
-                         f"(float32 scales), got storage offset {k_cache.storage_offset()}")
+    if k_format == "fp8_indexer":
+        _common.check_byte_offset("k_cache", k_cache, "the kernels read the float32 scales "
+                                  "through a float32 view")
 
 
 @torch.library.custom_op("dsa::indexer_logits", mutates_args=())
@@ -455,90 +455,3 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
 
 indexer_logits.__doc__ = indexer_logits.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)
 indexer_topk.__doc__ = indexer_topk.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)
-
-
-# ============================================================================ AOT compile specs
-
-def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
-                 trans=True, pages=2):
-    from kernels._triton_aot import LaunchSpec
-    sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
-           "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
-    for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
-                 "stride_wn", "stride_kp", "stride_kt", "stride_sp", "scale_off", "stride_bt",
-                 "stride_ob", "stride_on"):
-        sig[name] = "i32"
-    nb = 1 << (N - 1).bit_length()
-    cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
-              BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
-              DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
-              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages)
-    return LaunchSpec(label, "kernels.indexer.triton", "_indexer_logits_kernel", sig, cx,
-                      num_warps, num_stages)
-
-
-def aot_specs_logits(smem_class: str) -> list:
-    """Launches of the logits kernel to compile-check per shared-memory class: the default
-    config (tokens as M, 2 pages per iteration, 1 stage, num_warps 4 or 8 by q rows) for fp8
-    at N = 1, 2, 4 and H_I = 64, 16 with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the
-    largest tile (N = 4, H_I = 64) at every (num_warps, num_stages, trans, pages) corner of
-    ``IndexerLogitsConfig.SEARCH_SPACE``."""
-    from kernels.indexer.triton import IndexerLogitsConfig
-    specs = []
-
-    def warps(N, H):
-        return 8 if (1 << (N - 1).bit_length()) * max(16, 1 << (H - 1).bit_length()) >= 128 else 4
-
-    for N in (1, 2, 4):
-        for H in (64, 16):
-            specs.append(_logits_spec(f"logits fp8 N{N} H{H} P64", "*fp8e4nv", "*fp8e4nv", N, H, 64,
-                                      True, warps(N, H), 1))
-    specs.append(_logits_spec("logits fp8 N1 H64 P16", "*fp8e4nv", "*fp8e4nv", 1, 64, 16, True, 4, 1))
-    specs.append(_logits_spec("logits dense bf16 N2 H64 P64", "*bf16", "*bf16", 2, 64, 64, False, 8, 1))
-    specs.append(_logits_spec("logits dense fp32 N1 H64 P64", "*fp32", "*fp32", 1, 64, 64, False, 4, 1,
-                              "ieee"))
-    space = IndexerLogitsConfig.SEARCH_SPACE
-    for nw in space["num_warps"]:
-        for ns in (min(space["num_stages"]), max(space["num_stages"])):
-            for trans in space["trans"]:
-                for pages in space["pages"]:
-                    specs.append(_logits_spec(
-                        f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages}",
-                        "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns, trans=trans, pages=pages))
-    return specs
-
-
-def aot_specs_topk(smem_class: str) -> list:
-    """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
-    ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
-    pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
-    ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
-    from kernels._triton_aot import LaunchSpec
-    from kernels.topk.triton import PLAN_BASES, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
-    sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
-           "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
-           "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
-           "n_drafts_pow2": "i32", "num_splits": "i32", "state_ptr": "*i32"}
-    specs = []
-    for blk in TopkConfig.SEARCH_SPACE["block"]:
-        for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
-            for has_hist, plan in ((False, False), (True, False), (True, True)):
-                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan={plan}",
-                                        "kernels.topk.triton", "_radix_topk_kernel", sig,
-                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=plan,
-                                             PLAN_SB=PLAN_SPLITS), nw, 1))
-    specs.append(LaunchSpec("topk plan", "kernels.topk.triton", "_topk_plan_kernel",
-                            {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
-                             "topk": "i32", "cap": "i32", "n_drafts": "i32",
-                             "n_drafts_pow2": "i32", "num_splits": "i32"},
-                            dict(SB=PLAN_SPLITS, SBASE=PLAN_BASES), 8, 1))
-    for blk, nw in SCATTER_CONFIGS:
-        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.topk.triton",
-                                "_topk_scatter_kernel",
-                                {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
-                                 "cand_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
-                                 "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
-                                 "stride_c": "i32", "cap": "i32", "n_drafts": "i32",
-                                 "per_row": "i32", "num_splits": "i32"},
-                                dict(BLOCK=blk), nw, 1))
-    return specs

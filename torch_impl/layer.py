@@ -148,9 +148,8 @@ def _triton_cache_write(src, cache, block_table, context_lens, N, fmt, page_size
 def _cache_write_op(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     context_lens: torch.Tensor, N: int, fmt: str, page_size: int,
                     scale_fmt: Optional[str], path: str) -> None:
-    if fmt != "latent" and cache.storage_offset() % 4:
-        raise ValueError(f"cache: expected 4-byte aligned pages (float32 scales are stored through a "
-                         f"float32 view), got storage offset {cache.storage_offset()}")
+    if fmt != "latent":
+        _common.check_byte_offset("cache", cache, "float32 scales are stored through a float32 view")
     args = (src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt)
     impls = {"triton": lambda: _triton_cache_write(*args), "torch": lambda: _torch_cache_write(*args)}
     _common.run_path("cache_write", path, impls, BACKEND_PATHS["torch"])
