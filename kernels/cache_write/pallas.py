@@ -32,8 +32,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels._pallas_call import interpret_default, triton_call
+from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
 
 FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
+
+# Byte layouts (kernels.layouts): offsets within a token's row, in bytes
+DS_MLA_BYTES, DS_MLA_SCALE_AT, DS_MLA_ROPE_AT = (_DS.data.nbytes, _DS.field("scale").offset,
+                                                 _DS.field("rope").offset)        # 656, 512, 528
+MODEL1_DATA_BYTES, MODEL1_ROPE_AT, MODEL1_SCALE_BYTES = (_M1.data.nbytes, _M1.field("rope").offset,
+                                                         _M1.scale.nbytes)        # 576, 448, 8
 
 
 def _bits(x):
@@ -161,16 +168,19 @@ def _cache_write_kernel(bt_ref,       # [B, max_pages] int32 block table
         scale, byte = pow2_ceil(jnp.maximum(_div(_amax(x, 1), 448.0, INTERPRET), jnp.float32(1e-4)))
         q = e4m3_bits(x / scale[:, None]).astype(jnp.uint8)     # exact: scale is a power of two
         if FORMAT == "fp8_ds_mla":
-            base = off * 656
+            base = off * DS_MLA_BYTES
             store(base + g * W + c, q)
             k4 = lax.broadcasted_iota(jnp.int32, (4, 4), 1)
-            store(base + 512 + 4 * lax.broadcasted_iota(jnp.int32, (4, 4), 0) + k4, _word_bytes(_bits(scale), 4))
-            rope(512, base + 528)
+            store(base + DS_MLA_SCALE_AT + 4 * lax.broadcasted_iota(jnp.int32, (4, 4), 0) + k4,
+                  _word_bytes(_bits(scale), 4))
+            rope(512, base + DS_MLA_ROPE_AT)
         else:
-            store(off * 576 + g * W + c, q, g < G)
-            rope(448, off * 576 + 448)
+            data = off * MODEL1_DATA_BYTES
+            store(data + g * W + c, q, g < G)
+            rope(448, data + MODEL1_ROPE_AT)
             gi = lax.broadcasted_iota(jnp.int32, (8,), 0)
-            store(P * 576 + off * 8 + gi, jnp.where(gi < 7, byte, 0).astype(jnp.uint8))
+            store(P * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES + gi,
+                  jnp.where(gi < 7, byte, 0).astype(jnp.uint8))
     else:                                              # fp8_indexer
         d = lax.broadcasted_iota(jnp.int32, (D,), 0)
         x = load((D,), d)

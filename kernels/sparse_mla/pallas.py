@@ -111,15 +111,20 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from kernels._pallas_call import triton_call
+from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
 
 # kv_format codes (static KV_FORMAT), as in kernels/sparse_mla/triton.py
 LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2
 KV_FORMAT_CODES = {"latent": LATENT, "fp8_ds_mla": FP8_DS_MLA, "fp8_model1": FP8_MODEL1}
 
-# fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32 scales | 64 bf16 rope
-DS_MLA_BYTES, DS_MLA_NOPE, DS_MLA_TILE = 656, 512, 128
+# Byte layouts (kernels.layouts). fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32
+# scales | 64 bf16 rope
+DS_MLA_BYTES, DS_MLA_NOPE, DS_MLA_TILE = _DS.data.nbytes, _DS.field("nope").count, _DS.tile
+DS_MLA_SCALE_OFFSET = _DS.field("scale").offset    # 512
+DS_MLA_ROPE_OFFSET = _DS.field("rope").offset      # 528
 # fp8_model1: per page P data rows of 576 bytes (448 e4m3 | 64 bf16), then P scale rows of 8 bytes
-MODEL1_DATA_BYTES, MODEL1_NOPE, MODEL1_TILE, MODEL1_SCALE_BYTES = 576, 448, 64, 8
+MODEL1_DATA_BYTES, MODEL1_NOPE, MODEL1_TILE = _M1.data.nbytes, _M1.field("nope").count, _M1.tile
+MODEL1_SCALE_BYTES = _M1.scale.nbytes
 MODEL1_SCALES_PER_ROW = MODEL1_DATA_BYTES // MODEL1_SCALE_BYTES   # 72 scale rows per 576 bytes
 
 MAIN = 512          # value width D_v (8 chunks)
@@ -158,7 +163,7 @@ def _scale_group(c: int, kv_format: int) -> int | None:
 def _rope_start(c: int, kv_format: int) -> int | None:
     """Byte column of the bf16 rope chunk ``c`` in an fp8 row, None for any other chunk."""
     if kv_format == FP8_DS_MLA and c == DS_MLA_NOPE // CH:
-        return DS_MLA_NOPE + 16
+        return DS_MLA_ROPE_OFFSET
     if kv_format == FP8_MODEL1 and c == MODEL1_NOPE // CH:
         return MODEL1_NOPE
     return None
@@ -192,7 +197,7 @@ def _scales_raw(kv_ref, rows, srows, scols, ok, *, kv_format: int, interpret: bo
     bytes (one little-endian float32 per 128 dims), ``fp8_model1`` 7 x ``[BLOCK_K]`` ue8m0
     bytes (column offsets differ per row: two index arrays), latent none."""
     if kv_format == FP8_DS_MLA:
-        return tuple(_gather(kv_ref, rows, DS_MLA_NOPE + 4 * g, 4, ok, interpret=interpret)
+        return tuple(_gather(kv_ref, rows, DS_MLA_SCALE_OFFSET + 4 * g, 4, ok, interpret=interpret)
                      for g in range(DS_MLA_NOPE // DS_MLA_TILE))
     if kv_format == FP8_MODEL1:
         return tuple(plgpu.load(kv_ref.at[srows, scols + g], mask=ok, other=127)
