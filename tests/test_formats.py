@@ -249,3 +249,26 @@ def test_layout_descriptors_match_the_numpy_writers_byte_for_byte(P):
     assert (ds.page_bytes(P), m1.page_bytes(P), ix.page_bytes(P)) == (
         P * 656, formats.model1_page_bytes(P), P * 132)
 
+
+def test_kernel_byte_constants_come_from_the_descriptors():
+    """The byte offsets the Triton and Pallas kernels compile in are the descriptors' (the
+    Triton sparse-MLA kernel addresses the bf16 rope through int16 and the scales through
+    float32 views: offsets in 2- and 4-byte words)."""
+    from kernels import layouts
+
+    ds, m1 = layouts.FP8_DS_MLA, layouts.FP8_MODEL1
+    tk = pytest.importorskip("kernels.sparse_mla.triton")
+    got = {k: getattr(tk, k).value for k in ("DS_MLA_BYTES", "DS_MLA_ROW_F32", "DS_MLA_SCALE_F32",
+                                             "DS_MLA_ROW_I16", "DS_MLA_ROPE_I16", "MODEL1_DATA_BYTES",
+                                             "MODEL1_SCALE_BYTES", "MODEL1_ROPE_I16")}
+    assert got == {"DS_MLA_BYTES": 656, "DS_MLA_ROW_F32": 164, "DS_MLA_SCALE_F32": 128,
+                   "DS_MLA_ROW_I16": 328, "DS_MLA_ROPE_I16": 264, "MODEL1_DATA_BYTES": 576,
+                   "MODEL1_SCALE_BYTES": 8, "MODEL1_ROPE_I16": 224}
+    assert got["DS_MLA_ROPE_I16"] == ds.field("rope").index(2)
+    assert got["MODEL1_ROPE_I16"] == m1.field("rope").index(2)
+    pytest.importorskip("jax")
+    from kernels.sparse_mla import pallas as pk
+    assert (pk.DS_MLA_BYTES, pk.DS_MLA_NOPE, pk.DS_MLA_TILE) == (656, 512, ds.tile)
+    assert (pk.MODEL1_DATA_BYTES, pk.MODEL1_NOPE, pk.MODEL1_TILE, pk.MODEL1_SCALE_BYTES) == (
+        576, 448, m1.tile, 8)
+    assert pk.DS_MLA_ROPE_OFFSET == ds.field("rope").offset
