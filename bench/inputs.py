@@ -291,9 +291,11 @@ def mla_slice(inp: Inputs, s: dict, b: int, indices=None) -> dict:
                 kv_format=fmt, d_v=p.d_v, attn_sink=sink)
 
 
-def indexer_slice(inp: Inputs, s: dict, b: int) -> dict:
+def indexer_slice(inp: Inputs, s: dict, b: int, window: int = 0) -> dict:
     """Request ``b``'s indexer problem over its own pages only (same page order, so logical
-    positions are unchanged): the arguments of ``kernels.reference.indexer_logits``."""
+    positions are unchanged): the arguments of ``kernels.reference.indexer_logits``. With
+    ``window`` > 0, the lengths a step with that V4 window gives its indexer: each draft's
+    valid length minus ``window`` (``[1, N]``)."""
     P = inp.shape.P
     L = inp.lens[b]
     n = -(-L // P)
@@ -301,7 +303,14 @@ def indexer_slice(inp: Inputs, s: dict, b: int) -> dict:
     kc = s["k_cache"][pages].detach().cpu().numpy()
     return dict(q=to_numpy_exact(s["iq"][b: b + 1]), weights=s["iw"][b: b + 1].detach().cpu().numpy(),
                 k_cache=kc, block_table=np.arange(n, dtype=np.int32)[None],
-                context_lens=np.array([L], np.int32))
+                context_lens=_indexer_lens(L, inp.shape.N, window))
+
+
+def _indexer_lens(L: int, N: int, window: int) -> np.ndarray:
+    if not window:
+        return np.array([L], np.int32)
+    from kernels.reference import valid_lengths
+    return np.maximum(valid_lengths(np.array([L]), 1, N) - window, 0).astype(np.int32)
 
 
 def _take_pages(x, pages: np.ndarray) -> np.ndarray:

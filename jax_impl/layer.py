@@ -26,6 +26,7 @@ from jax_impl import formats as jformats
 from jax_impl._common import JAX_PATHS
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
+from jax_impl.step import window_split
 from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
@@ -423,14 +424,12 @@ class DSADecodeLayer(nnx.Module):
 
         kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
-        lens_bn = jnp.maximum(context_lens[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None], 0)
         if cfg.window:
-            idx_lens = jnp.maximum(lens_bn - cfg.window, 0).astype(jnp.int32)
+            idx_lens, win = window_split(context_lens, N, cfg.window)
             top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
-            j = lens_bn[..., None] - cfg.window + jnp.arange(cfg.window, dtype=jnp.int32)
-            indices = jnp.concatenate([top, jnp.where(j >= 0, j, -1).astype(jnp.int32)], axis=-1)
+            indices = jnp.concatenate([top, win], axis=-1)
         else:
-            idx_lens = lens_bn.astype(jnp.int32)
+            idx_lens = window_split(context_lens, N, 0)[0]              # the drafts' lengths
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
 
         sink = self.w("attn_sink") if cfg.attn_sink else None

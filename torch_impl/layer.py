@@ -28,6 +28,7 @@ from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
 from torch_impl.indexer import indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
+from torch_impl.step import window_split
 
 __all__ = ["DSADecodeLayer", "new_token_targets", "write_new_tokens"]
 
@@ -472,15 +473,12 @@ class DSADecodeLayer(nn.Module):
 
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
-        lens_bn = torch.clamp(context_lens.long()[:, None] - (N - 1 - torch.arange(N, device=x.device))[None], min=0)
         if cfg.window:
-            idx_lens = torch.clamp(lens_bn - cfg.window, min=0).to(torch.int32)
+            idx_lens, win = window_split(context_lens, N, cfg.window)
             top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
-            j = lens_bn[..., None] - cfg.window + torch.arange(cfg.window, device=x.device)
-            win = torch.where(j >= 0, j, -1).to(torch.int32)
             indices = torch.cat([top, win], dim=-1)
         else:
-            idx_lens = lens_bn.to(torch.int32)
+            idx_lens = window_split(context_lens, N, 0)[0]              # the drafts' lengths
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
 
         sink = self.w("attn_sink") if cfg.attn_sink else None
