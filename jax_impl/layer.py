@@ -192,11 +192,10 @@ def write_new_tokens(src, cache, block_table, context_lens, N: int, fmt: str, *,
         raise ValueError(f"src: expected [B * N = {block_table.shape[0] * N}, D], got {tuple(src.shape)}")
     check_array("cache", cache)
     D, P, n = src.shape[1], int(page_size), (cache.shape[0] if cache.ndim else 0)
-    want, dtype_ok = {
-        "latent": ((n, P, D), jnp.issubdtype(cache.dtype, jnp.floating)),
-        "fp8_ds_mla": ((n, P, np_formats.DS_MLA_BYTES), jnp.dtype(cache.dtype) == jnp.uint8 and D == 576),
-        "fp8_model1": ((n, np_formats.model1_page_bytes(P)), jnp.dtype(cache.dtype) == jnp.uint8 and D == 512),
-        "fp8_indexer": ((n, P * (D + 4)), jnp.dtype(cache.dtype) == jnp.uint8)}[fmt]
+    u8 = jnp.dtype(cache.dtype) == jnp.uint8
+    want = np_formats.cache_shape(fmt, n, P, D)
+    dtype_ok = {"latent": jnp.issubdtype(cache.dtype, jnp.floating), "fp8_ds_mla": u8 and D == 576,
+                "fp8_model1": u8 and D == 512, "fp8_indexer": u8}[fmt]
     if tuple(cache.shape) != want or not dtype_ok:
         raise ValueError(f"cache: expected {'float' if fmt == 'latent' else 'uint8'} [num_pages, "
                          f"{', '.join(str(w) for w in want[1:])}] ({fmt!r}, P = {P}, D = {D}), got "

@@ -295,6 +295,29 @@ def quantize_kv(latent: np.ndarray, kv_format: str, latent_dtype=np.float32) -> 
     raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
 
 
+CACHE_FORMATS = KV_FORMATS + ("fp8_indexer",)
+
+
+def cache_shape(fmt: str, num_pages: int, page_size: int, dim: int) -> tuple[int, ...]:
+    """Shape of a cache of ``num_pages`` pages of ``page_size`` tokens holding rows of ``dim``
+    values: ``latent`` ``[n, P, dim]``, ``fp8_ds_mla`` ``[n, P, 656]``, ``fp8_model1``
+    ``[n, model1_page_bytes(P)]``, ``fp8_indexer`` ``[n, P * (dim + 4)]`` (the layouts of
+    :mod:`kernels.layouts`; the fp8 latent formats fix ``dim``, which is not checked here).
+
+    Raises:
+      ValueError: ``fmt`` not in :data:`CACHE_FORMATS`.
+    """
+    if fmt == "latent":
+        return (num_pages, page_size, dim)
+    if fmt == "fp8_ds_mla":
+        return (num_pages, page_size, DS_MLA_BYTES)
+    if fmt == "fp8_model1":
+        return (num_pages, model1_page_bytes(page_size))
+    if fmt == "fp8_indexer":
+        return (num_pages, layouts.fp8_indexer(dim).page_bytes(page_size))
+    raise ValueError(f"fmt: expected one of {CACHE_FORMATS}, got {fmt!r}")
+
+
 def kv_page_size(kv_cache: np.ndarray, kv_format: str) -> int:
     """Page size P of a latent cache in any layout."""
     if kv_format == "fp8_model1":

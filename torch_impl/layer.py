@@ -167,13 +167,10 @@ _WRITE_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
 def _cache_layout(fmt: str, cache: torch.Tensor, D: int, P: int):
     """(expected shape, dtype ok) of a ``fmt`` cache with ``cache.shape[0]`` pages for rows of D."""
     n = cache.shape[0] if cache.dim() else 0
-    if fmt == "latent":
-        return (n, P, D), cache.dtype in _FLOAT
-    if fmt == "fp8_ds_mla":
-        return (n, P, np_formats.DS_MLA_BYTES), cache.dtype == torch.uint8 and D == 576
-    if fmt == "fp8_model1":
-        return (n, np_formats.model1_page_bytes(P)), cache.dtype == torch.uint8 and D == 512
-    return (n, P * (D + 4)), cache.dtype == torch.uint8
+    u8 = cache.dtype == torch.uint8
+    ok = {"latent": cache.dtype in _FLOAT, "fp8_ds_mla": u8 and D == 576,
+          "fp8_model1": u8 and D == 512, "fp8_indexer": u8}[fmt]
+    return np_formats.cache_shape(fmt, n, P, D), ok
 
 
 def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
