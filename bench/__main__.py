@@ -11,7 +11,7 @@ Examples::
     python -m bench --op dsa_decode_layer   # the whole decode layer (weights + attention)
     python -m bench --path auto          # path="auto" rows: what the dispatch table picks
     python -m bench --targets --compat   # also the compat calls beside the native calls
-    python -m bench --compat-only        # only those (torch_impl.compat.bench_compat rows)
+    python -m bench --compat-only        # only those (bench.compat_rows rows)
 
 Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
 (roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
@@ -201,8 +201,8 @@ def main(argv=None) -> int:
 
 
 def _compat_rows(dry: bool) -> tuple[list, bool]:
-    """(rows of ``torch_impl.compat.bench_compat``, whether they errored), printed one per line."""
-    from torch_impl.compat import bench_compat
+    """(rows of ``bench.compat_rows``, whether they errored), printed one per line."""
+    from bench import compat_rows as bench_compat
     try:
         crows = bench_compat.rows((1,) if dry else (1, 64), device="cpu" if dry else "cuda")
     except Exception as e:  # noqa: BLE001 - a compat mismatch is a failed row, not a crash

@@ -47,7 +47,7 @@ class Checker:
         self.inp = inp
         self.ref_max_positions = ref_max_positions
         self._mla_ref: dict = {}
-        self._logits = None
+        self._logits: dict = {}                         # window -> request 0's logits
         self.baseline: dict[str, np.ndarray] = {}       # op -> indices of the first passing path
         self.baseline_path: dict[str, str] = {}
         self._layer_w64: dict | None = None
@@ -77,18 +77,21 @@ class Checker:
     def topk(self, indices, op: str, path: str) -> tuple[compare.CheckResult, str]:
         sh = self.inp.shape
         got = _np(indices).astype(np.int64)[..., : sh.K_topk]
+        # the step's indexer scores the positions before the V4 window (dsa_decode_step(window=))
+        window = sh.W_window if op == "dsa_decode_step" else 0
         res = None
         how = []
         if sh.N * sh.L <= self.ref_max_positions:
-            if self._logits is None:
-                self._logits = reference.indexer_logits(**indexer_slice(self.inp, self.inp.sets[0], 0))
-            res = compare.check_topk(got[0:1], self._logits, sh.K_topk)
+            if window not in self._logits:
+                self._logits[window] = reference.indexer_logits(
+                    **indexer_slice(self.inp, self.inp.sets[0], 0, window))
+            res = compare.check_topk(got[0:1], self._logits[window], sh.K_topk)
             how.append("reference slice (request 0)")
         base = self.baseline.get(op)
         if base is not None:
             ok, msg = _sets_equal(got, base)
             if not ok:
-                ok, msg = self._differing_rows_within_spec(got, base, sh.K_topk, msg)
+                ok, msg = self._differing_rows_within_spec(got, base, sh.K_topk, msg, window=window)
             r = compare.CheckResult(ok, 0.0 if ok else np.inf, 0.0, 0.0 if ok else np.inf,
                                     msg + (f" ({self.baseline_path[op]})" if msg else ""))
             res = r if res is None else res.merge(r)
@@ -98,7 +101,8 @@ class Checker:
             how.append(f"baseline: L={sh.L} beyond the reference budget; later paths compared to this one")
         return res, "; ".join(how)
 
-    def _differing_rows_within_spec(self, got, base, topk, msg, max_requests: int = 16):
+    def _differing_rows_within_spec(self, got, base, topk, msg, max_requests: int = 16,
+                                    window: int = 0):
         """Two paths may legally pick different sets where logits differ by less than one
         float32 ulp at the threshold (SPEC). For up to ``max_requests`` requests whose sets
         differ, check both paths' rows against the float64 reference of that request."""
@@ -108,7 +112,7 @@ class Checker:
         if reqs.size > max_requests:
             return False, msg + f"; {reqs.size} requests differ, more than the {max_requests} checked against the reference"
         for b in reqs:
-            lg = reference.indexer_logits(**indexer_slice(self.inp, self.inp.sets[0], int(b)))
+            lg = reference.indexer_logits(**indexer_slice(self.inp, self.inp.sets[0], int(b), window))
             for name, idx in (("this path", got), ("baseline", base)):
                 r = compare.check_topk(idx[b: b + 1], lg, topk)
                 if not r.passed:

@@ -20,7 +20,8 @@ import torch
 import triton
 
 from bench.mla_sweep import _inputs
-from kernels import cases, compare, configs
+from kernels import cases, compare
+from kernels.sparse_mla import configs
 from torch_impl import _common
 from torch_impl import sparse_mla as tsm
 

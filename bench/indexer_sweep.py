@@ -5,7 +5,7 @@
 
 For each shape of :data:`SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a 1M table,
 V3.2 B 64 N 2 L 64K; ``bench.inputs``, one input set, pages scattered) and each logits variant of
-:data:`VARIANTS` (``kernels.triton.indexer.IndexerLogitsConfig`` fields), times with CUDA
+:data:`VARIANTS` (``kernels.indexer.triton.IndexerLogitsConfig`` fields), times with CUDA
 events over a CUDA graph of 20 launches (median of 10 replays) with one input set for all
 calls; the logits timing flushes L2 before each launch and subtracts the flush, the top-k
 timing does not: in the op the top-k reads the logits the logits kernel has just written):
@@ -18,7 +18,7 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 and checks each variant's logits against the first variant's (max relative difference over
 finite logits; the -inf pattern must match), its top-k set against the first's, and that two
 runs give bitwise equal indices. ``--aot`` compiles each variant's logits kernel for sm_90 on
-the CPU instead (registers, spills, shared memory, SASS per loop; ``kernels.triton._aot``).
+the CPU instead (registers, spills, shared memory, SASS per loop; ``kernels._triton_aot``).
 Rows go to ``--out`` as JSON (and one line each on stdout); bench/NOTES.md has the analysis.
 """
 from __future__ import annotations
@@ -101,9 +101,9 @@ def _graph_us(fn, launches: int = 20, replays: int = 10, flush: bool = False) ->
 
 
 def _aot(names) -> list:
-    from kernels.triton._aot import compile_specs
-    from kernels.triton.indexer import IndexerLogitsConfig
-    from torch_impl.indexer import _logits_spec
+    from kernels._triton_aot import compile_specs
+    from kernels.indexer.triton import IndexerLogitsConfig
+    from kernels.indexer.triton_aot import _logits_spec
     specs = []
     for name in names:
         for N in (1, 2):
@@ -131,8 +131,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
 
     from bench.grid import Shape
     from bench.inputs import make_inputs
-    from kernels.triton import indexer as kx
-    from kernels.triton.topk import TopkConfig, hist_shape, launch_topk
+    from kernels.indexer import triton as kx
+    from kernels.topk.triton import TopkConfig, hist_shape, launch_topk
     from torch_impl import _common
 
     import triton
@@ -231,7 +231,7 @@ def main(argv=None) -> None:
         os.replace(args.out + ".tmp", args.out)
 
     if args.aot:
-        rows, meta = _aot(names), dict(target="sm_90 (AOT, kernels.triton._aot)")
+        rows, meta = _aot(names), dict(target="sm_90 (AOT, kernels._triton_aot)")
     else:
         rows, meta = _sweep(args.shape or list(SHAPES), names, save)
     save(rows, meta, done=True)

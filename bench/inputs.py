@@ -1,6 +1,7 @@
 """Benchmark inputs, generated on the device (caches of up to tens of GB cannot come from NumPy).
 
-The byte layouts are those of ``kernels.formats`` (SPEC "Cache layouts"); values are random but
+Each fp8 cache is written field by field at the offsets of its ``kernels.layouts`` descriptor (the
+layouts ``kernels.formats`` writes, SPEC "Cache layouts"); values are random but
 valid: e4m3 bytes are conversions of finite floats (never the NaN pattern), fp8_ds_mla scales are
 powers of two (float32), fp8_model1 scales ue8m0 bytes 118..124, rope dims bf16, indexer scales
 positive float32. The test suite's generators (``kernels.cases``) build the same layouts through
@@ -68,36 +69,43 @@ def _fill_chunks(n_pages: int, chunk: int, fill):
         fill(a, min(n_pages, a + chunk))
 
 
+def _bf16_bytes(torch, shape, gen, device):
+    return torch.randn(shape, generator=gen, device=device).to(torch.bfloat16).contiguous().view(
+        torch.uint8)
+
+
 def _ds_mla_cache(torch, pages, P, gen, device):
-    out = torch.empty((pages, P, 656), dtype=torch.uint8, device=device)
+    from kernels.layouts import FP8_DS_MLA as lay
+    nope, scale, rope = lay.field("nope"), lay.field("scale"), lay.field("rope")
+    out = torch.empty((pages, P, lay.data.nbytes), dtype=torch.uint8, device=device)
 
     def fill(a, b):
         n = b - a
-        out[a:b, :, :512] = _rand_e4m3(torch, (n, P, 512), gen, device)
-        e = torch.randint(-8, -4, (n, P, 4), generator=gen, device=device).float()
-        out[a:b, :, 512:528] = torch.exp2(e).contiguous().view(torch.uint8)
-        out[a:b, :, 528:] = torch.randn((n, P, 64), generator=gen, device=device).to(
-            torch.bfloat16).contiguous().view(torch.uint8)
-    _fill_chunks(pages, max(1, (1 << 26) // (P * 656)), fill)
+        out[a:b, :, nope.offset:nope.end] = _rand_e4m3(torch, (n, P, nope.count), gen, device)
+        e = torch.randint(-8, -4, (n, P, scale.count), generator=gen, device=device).float()
+        out[a:b, :, scale.offset:scale.end] = torch.exp2(e).contiguous().view(torch.uint8)
+        out[a:b, :, rope.offset:rope.end] = _bf16_bytes(torch, (n, P, rope.count), gen, device)
+    _fill_chunks(pages, max(1, (1 << 26) // lay.page_bytes(P)), fill)
     return out
 
 
 def _model1_cache(torch, pages, P, gen, device):
-    from kernels import formats
-    pb = formats.model1_page_bytes(P)
-    out = torch.zeros((pages, pb), dtype=torch.uint8, device=device)
+    from kernels.layouts import FP8_MODEL1 as lay
+    nope, rope, scale = lay.field("nope"), lay.field("rope"), lay.field("scale")
+    s0 = lay.scale_offset(P, 0)
+    out = torch.zeros((pages, lay.page_bytes(P)), dtype=torch.uint8, device=device)
 
     def fill(a, b):
         n = b - a
-        data = torch.empty((n, P, 576), dtype=torch.uint8, device=device)
-        data[..., :448] = _rand_e4m3(torch, (n, P, 448), gen, device)
-        data[..., 448:] = torch.randn((n, P, 64), generator=gen, device=device).to(
-            torch.bfloat16).contiguous().view(torch.uint8)
-        sc = torch.zeros((n, P, 8), dtype=torch.uint8, device=device)
-        sc[..., :7] = torch.randint(118, 125, (n, P, 7), generator=gen, device=device).to(torch.uint8)
-        out[a:b, : P * 576] = data.view(n, P * 576)
-        out[a:b, P * 576: P * 584] = sc.view(n, P * 8)
-    _fill_chunks(pages, max(1, (1 << 26) // (P * 584)), fill)
+        data = torch.empty((n, P, lay.data.nbytes), dtype=torch.uint8, device=device)
+        data[..., nope.offset:nope.end] = _rand_e4m3(torch, (n, P, nope.count), gen, device)
+        data[..., rope.offset:rope.end] = _bf16_bytes(torch, (n, P, rope.count), gen, device)
+        sc = torch.zeros((n, P, lay.scale.nbytes), dtype=torch.uint8, device=device)   # pad: 0
+        sc[..., scale.offset:scale.end] = torch.randint(118, 125, (n, P, scale.count), generator=gen,
+                                                        device=device).to(torch.uint8)
+        out[a:b, :s0] = data.view(n, s0)
+        out[a:b, s0: lay.scale_offset(P, P)] = sc.view(n, P * lay.scale.nbytes)
+    _fill_chunks(pages, max(1, (1 << 26) // lay.page_bytes(P)), fill)
     return out
 
 
@@ -111,14 +119,17 @@ def _latent_cache(torch, pages, P, d_qk, dtype, gen, device):
 
 
 def _indexer_cache(torch, pages, P, D, gen, device):
-    out = torch.empty((pages, P * (D + 4)), dtype=torch.uint8, device=device)
+    from kernels.layouts import fp8_indexer
+    lay = fp8_indexer(D)
+    s0 = lay.scale_offset(P, 0)
+    out = torch.empty((pages, lay.page_bytes(P)), dtype=torch.uint8, device=device)
 
     def fill(a, b):
         n = b - a
-        out[a:b, : P * D] = _rand_e4m3(torch, (n, P * D), gen, device)
+        out[a:b, :s0] = _rand_e4m3(torch, (n, P * D), gen, device)
         sc = torch.rand((n, P), generator=gen, device=device) * 0.02 + 0.001
-        out[a:b, P * D:] = sc.contiguous().view(torch.uint8)
-    _fill_chunks(pages, max(1, (1 << 26) // (P * (D + 4))), fill)
+        out[a:b, s0:] = sc.contiguous().view(torch.uint8)
+    _fill_chunks(pages, max(1, (1 << 26) // lay.page_bytes(P)), fill)
     return out
 
 
@@ -259,14 +270,16 @@ def mla_slice(inp: Inputs, s: dict, b: int, indices=None) -> dict:
     import torch
     u = torch.as_tensor(uniq, device=kv.device)
     if fmt == "fp8_model1":
-        page, off = u // P, u % P
-        data = torch.stack([kv[pg, o * 576:(o + 1) * 576] for pg, o in zip(page.tolist(), off.tolist())]) \
-            if len(uniq) else torch.empty((0, 576), dtype=torch.uint8)
-        sc = torch.stack([kv[pg, P * 576 + o * 8: P * 576 + o * 8 + 8] for pg, o in zip(page.tolist(), off.tolist())]) \
-            if len(uniq) else torch.empty((0, 8), dtype=torch.uint8)
-        compact = np.zeros((max(1, len(uniq)), formats.model1_page_bytes(1)), np.uint8)
-        compact[: len(uniq), :576] = data.cpu().numpy()
-        compact[: len(uniq), 576:584] = sc.cpu().numpy()
+        from kernels.layouts import FP8_MODEL1 as lay
+        db, sb = lay.data.nbytes, lay.scale.nbytes
+        pairs = list(zip((u // P).tolist(), (u % P).tolist()))
+        data = torch.stack([kv[pg, lay.data_offset(o): lay.data_offset(o) + db] for pg, o in pairs]) \
+            if pairs else torch.empty((0, db), dtype=torch.uint8)
+        sc = torch.stack([kv[pg, lay.scale_offset(P, o): lay.scale_offset(P, o) + sb] for pg, o in pairs]) \
+            if pairs else torch.empty((0, sb), dtype=torch.uint8)
+        compact = np.zeros((max(1, len(uniq)), lay.page_bytes(1)), np.uint8)      # pages of 1 slot
+        compact[: len(uniq), :db] = data.cpu().numpy()
+        compact[: len(uniq), lay.scale_offset(1, 0): lay.scale_offset(1, 1)] = sc.cpu().numpy()
     else:
         flat = kv.reshape(-1, kv.shape[-1])
         rows = to_numpy_exact(flat[u]) if len(uniq) else to_numpy_exact(flat[:1])
@@ -278,9 +291,11 @@ def mla_slice(inp: Inputs, s: dict, b: int, indices=None) -> dict:
                 kv_format=fmt, d_v=p.d_v, attn_sink=sink)
 
 
-def indexer_slice(inp: Inputs, s: dict, b: int) -> dict:
+def indexer_slice(inp: Inputs, s: dict, b: int, window: int = 0) -> dict:
     """Request ``b``'s indexer problem over its own pages only (same page order, so logical
-    positions are unchanged): the arguments of ``kernels.reference.indexer_logits``."""
+    positions are unchanged): the arguments of ``kernels.reference.indexer_logits``. With
+    ``window`` > 0, the lengths a step with that V4 window gives its indexer: each draft's
+    valid length minus ``window`` (``[1, N]``)."""
     P = inp.shape.P
     L = inp.lens[b]
     n = -(-L // P)
@@ -288,7 +303,14 @@ def indexer_slice(inp: Inputs, s: dict, b: int) -> dict:
     kc = s["k_cache"][pages].detach().cpu().numpy()
     return dict(q=to_numpy_exact(s["iq"][b: b + 1]), weights=s["iw"][b: b + 1].detach().cpu().numpy(),
                 k_cache=kc, block_table=np.arange(n, dtype=np.int32)[None],
-                context_lens=np.array([L], np.int32))
+                context_lens=_indexer_lens(L, inp.shape.N, window))
+
+
+def _indexer_lens(L: int, N: int, window: int) -> np.ndarray:
+    if not window:
+        return np.array([L], np.int32)
+    from kernels.reference import valid_lengths
+    return np.maximum(valid_lengths(np.array([L]), 1, N) - window, 0).astype(np.int32)
 
 
 def _take_pages(x, pages: np.ndarray) -> np.ndarray:

@@ -1,11 +1,11 @@
 """Config sweep of the Triton sparse-MLA split kernel on the current GPU (every member of the
-search space in kernels/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
+search space in kernels/sparse_mla/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
 
     python -m bench.mla_sweep --out sweep.json [--config H,K,W,S ...] [--splits-scale 1 2]
 
 ``--config`` adds candidates outside the search space (block_h, block_k, num_warps,
 num_stages); ``--splits-scale`` times each config with the heuristic split count multiplied by
-each factor (the split count is a runtime choice, see kernels.configs.sparse_mla_num_splits).
+each factor (the split count is a runtime choice, see kernels.sparse_mla.configs.sparse_mla_num_splits).
 
 Each config's output is first compared with the heuristic config's (max |diff| reported); the
 time is ``triton.testing.do_bench``'s median over one input set (the selected rows of B=64
@@ -21,7 +21,7 @@ import time
 import torch
 import triton
 
-from kernels import configs
+from kernels.sparse_mla import configs
 from torch_impl import _common, sparse_mla
 
 

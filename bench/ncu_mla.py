@@ -5,7 +5,7 @@
 import torch
 
 from bench.mla_sweep import _inputs
-from kernels import configs
+from kernels.sparse_mla import configs
 from torch_impl import sparse_mla as tsm
 
 q, kv, idx = _inputs(64, 128, 2048, 576, "fp8_ds_mla")

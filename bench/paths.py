@@ -3,8 +3,8 @@
 One adapter per backend turns a shape's torch input sets into zero-argument callables, one per
 rotated set, that run the named path and return a dict of framework arrays:
 ``indexer_topk`` -> ``{"indices"}``, ``sparse_mla_decode`` -> ``{"out", "lse"}``,
-``dsa_decode_step`` -> ``{"indices", "out", "lse"}`` (indexer top-k, logical indices plus the
-V4 window, sparse MLA through the block table), ``dsa_decode_layer`` -> ``{"out", "indices",
+``dsa_decode_step`` -> ``{"indices", "out", "lse"}`` (the binding's ``dsa_decode_step``, with
+the shape's V4 window), ``dsa_decode_layer`` -> ``{"out", "indices",
 "idx_q", "idx_weights", "idx_context_lens", "kv_cache", "k_cache"}`` (one step of the binding's
 ``DSADecodeLayer`` built with ``path=<name>`` in the inputs' dtype; the intermediates are ones the
 step computes anyway). The layer writes the new tokens into the caches in place (torch) or
@@ -31,7 +31,6 @@ compositions (``dsa_decode_step``, ``dsa_decode_layer``) ``{op: config}`` of the
 from __future__ import annotations
 
 import functools
-import importlib
 
 from bench.inputs import Inputs
 from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
@@ -121,14 +120,10 @@ class TorchBackend(Backend):
         return topk_fn, mla_fn
 
     def prepare(self, op, inp, path):
-        import torch
-
         if op == "dsa_decode_layer":
             return self._prepare_layer(inp, path)
+        m = self.load()
         topk_fn, mla_fn = self._fns(inp, path)
-        window = inp.shape.W_window
-
-        step = _step_fn("torch_impl.step") if not window else None
         sh = inp.shape
 
         def call(s):
@@ -137,15 +132,10 @@ class TorchBackend(Backend):
             if op == "sparse_mla_decode":
                 out, lse = mla_fn(s, s["indices"])
                 return {"out": out, "lse": lse}
-            if step is not None:
-                out, lse, idx = step(s["q"], s["kv_cache"], s["iq"], s["iw"], s["k_cache"], s["block_table"],
-                                     s["context_lens"], inp.sm_scale, sh.K_topk, kv_format=sh.kv_format,
-                                     d_v=sh.p.d_v, attn_sink=s["attn_sink"], path=path)
-                return {"indices": idx, "out": out, "lse": lse}
-            idx = topk_fn(s, sorted=True)
-            if window:
-                idx = torch.cat([idx, s["window_idx"]], dim=-1)
-            out, lse = mla_fn(s, idx)
+            out, lse, idx = m.dsa_decode_step(s["q"], s["kv_cache"], s["iq"], s["iw"], s["k_cache"],
+                                              s["block_table"], s["context_lens"], inp.sm_scale,
+                                              sh.K_topk, kv_format=sh.kv_format, d_v=sh.p.d_v,
+                                              attn_sink=s["attn_sink"], window=sh.W_window, path=path)
             return {"indices": idx, "out": out, "lse": lse}
         return [functools.partial(call, s) for s in inp.sets]
 
@@ -297,22 +287,11 @@ def _compile_layer() -> bool:
     return os.environ.get("DSA_BENCH_COMPILE_LAYER", "0") not in ("", "0")
 
 
-def _step_fn(module: str):
-    """The project's composed step (``dsa_decode_step``) if its module imports, else None (the
-    bench composes indexer_topk(sorted=True) -> sparse_mla_decode itself, as that step does; it
-    always does for V4-Flash, whose index list appends the 128-token window)."""
-    try:
-        return importlib.import_module(module).dsa_decode_step
-    except Exception:  # noqa: BLE001
-        return None
-
-
 def step_impl(backend: str, window: int) -> str:
-    """Which composition a dsa_decode_step row timed (recorded in the row)."""
-    mod = {"torch": "torch_impl.step", "jax": "jax_impl.step"}.get(backend)
-    if not window and mod and _step_fn(mod) is not None:
-        return f"{mod}.dsa_decode_step"
-    return "bench: indexer_topk(sorted=True) -> [+window] -> sparse_mla_decode(block_table)"
+    """Which composition a dsa_decode_step row timed (recorded in the row): the binding's
+    ``dsa_decode_step`` (with the V4 window when ``window`` > 0)."""
+    mod = {"torch": "torch_impl", "jax": "jax_impl"}.get(backend, backend)
+    return f"{mod}.dsa_decode_step(window={window})" if window else f"{mod}.dsa_decode_step"
 
 
 def _load(be):
@@ -373,7 +352,6 @@ class JaxBackend(Backend):
 
     def prepare(self, op, inp, path):
         import jax
-        import jax.numpy as jnp
 
         m = self.load()
         if op == "dsa_decode_layer":
@@ -399,21 +377,12 @@ class JaxBackend(Backend):
             f = jax.jit(g)
             names = ("q", "kv_cache", "indices", "block_table", "attn_sink")
         else:
-            step = _step_fn("jax_impl.step") if not window else None
-
-            def g(iq, iw, kc, bt, cl, q, kv, win, sink):
-                if step is not None:
-                    out, lse, idx = step(q, kv, iq, iw, kc, bt, cl, scale, topk, kv_format=fmt, d_v=d_v,
-                                         attn_sink=sink, path=path)
-                    return {"indices": idx, "out": out, "lse": lse}
-                idx = topk_fn(iq, iw, kc, bt, cl, sorted=True)
-                if window:
-                    idx = jnp.concatenate([idx, win], axis=-1)
-                out, lse = mla_fn(q, kv, idx, bt, sink)
+            def g(iq, iw, kc, bt, cl, q, kv, sink):
+                out, lse, idx = m.dsa_decode_step(q, kv, iq, iw, kc, bt, cl, scale, topk, kv_format=fmt,
+                                                  d_v=d_v, attn_sink=sink, window=window, path=path)
                 return {"indices": idx, "out": out, "lse": lse}
             f = jax.jit(g)
-            names = ("iq", "iw", "k_cache", "block_table", "context_lens", "q", "kv_cache", "window_idx",
-                     "attn_sink")
+            names = ("iq", "iw", "k_cache", "block_table", "context_lens", "q", "kv_cache", "attn_sink")
         calls = []
         for s in inp.sets:
             args = tuple(to_jax(s.get(n)) for n in names)

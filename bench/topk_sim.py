@@ -2,7 +2,7 @@
 
     python -m bench.topk_sim [--rows 16] [--json out.json] [--quick]
 
-The Triton top-k (``kernels/triton/topk.py``) picks the threshold among the 256 bins of a first
+The Triton top-k (``kernels/topk/triton.py``) picks the threshold among the 256 bins of a first
 digit from one histogram, then runs its lower radix levels over the keys of the threshold bin
 only (the *candidates*): their number is what the levels cost. This script computes, per row,
 the candidates each first digit leaves, on float32 logits computed on the CPU (float32, the
@@ -42,7 +42,7 @@ import numpy as np
 # ----------------------------------------------------------------------------- digits
 
 def order_keys(x: np.ndarray) -> np.ndarray:
-    """uint32 order keys of float32 ``x`` (kernels.triton.topk.order_key); 0 = NaN / -inf."""
+    """uint32 order keys of float32 ``x`` (kernels.topk.triton.order_key); 0 = NaN / -inf."""
     x = np.where(x == 0, np.float32(0), x.astype(np.float32))
     u = x.view(np.uint32)
     key = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)

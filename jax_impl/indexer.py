@@ -4,7 +4,7 @@ Semantics: docs/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``inference/model.py``
 Indexer.forward, DeepGEMM ``fp8_paged_mqa_logits``, vLLM / SGLang -1 padding); the float64
 definition is :mod:`kernels.reference`. Paths:
 
-* ``"pallas"``: :mod:`kernels.pallas.indexer` (Pallas, Triton lowering; interpret mode on the
+* ``"pallas"``: :mod:`kernels.indexer.pallas` (Pallas, Triton lowering; interpret mode on the
   CPU): a paged logits kernel and an exact radix-select kernel, both with runtime trip counts
   bounded by the actual lengths.
 * ``"xla"``: plain ``jax.numpy``: a ``lax.fori_loop`` with a runtime trip count
@@ -36,7 +36,7 @@ from jax_impl._common import (check_array, check_int, device_info, plan, require
 from jax_impl.formats import split_fp8_indexer
 from kernels import hardware
 from kernels.formats import K_FORMATS
-from kernels.pallas import indexer as _pallas
+from kernels.indexer import pallas as _pallas
 
 __all__ = ["indexer_logits", "indexer_topk"]
 

@@ -5,7 +5,7 @@ The math, the weight names and the tensor-parallel slicing are those of
 runs it with the project's JAX ops: ``indexer_topk`` and ``sparse_mla_decode`` (Pallas kernels
 lowered through Triton, or plain XLA, ``path``) and the new tokens' cache writes as one fused
 quantize + scatter per cache (:func:`write_new_tokens`: the Pallas kernel
-``kernels/pallas/cache_write.py``, or one XLA scatter). Functional: the updated caches are
+``kernels/cache_write/pallas.py``, or one XLA scatter). Functional: the updated caches are
 returned; :class:`DecodeStep` runs the whole step under one ``jax.jit`` with both caches donated,
 so they are updated in place.
 
@@ -26,6 +26,7 @@ from jax_impl import formats as jformats
 from jax_impl._common import JAX_PATHS
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
+from jax_impl.step import window_split
 from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
@@ -136,9 +137,9 @@ def _xla_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, s
 
 
 def _pallas_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
-    """One Pallas kernel (``kernels.pallas.cache_write``), the cache aliased to its output."""
+    """One Pallas kernel (``kernels.cache_write.pallas``), the cache aliased to its output."""
     from jax_impl._common import device_info, require_32bit_indices
-    from kernels.pallas import cache_write as pcw
+    from kernels.cache_write import pallas as pcw
     require_32bit_indices("cache_write")
     device_info()                                          # NotImplementedError off NVIDIA GPUs
     if fmt == "fp8_indexer" and src.shape[1] & (src.shape[1] - 1):
@@ -191,11 +192,10 @@ def write_new_tokens(src, cache, block_table, context_lens, N: int, fmt: str, *,
         raise ValueError(f"src: expected [B * N = {block_table.shape[0] * N}, D], got {tuple(src.shape)}")
     check_array("cache", cache)
     D, P, n = src.shape[1], int(page_size), (cache.shape[0] if cache.ndim else 0)
-    want, dtype_ok = {
-        "latent": ((n, P, D), jnp.issubdtype(cache.dtype, jnp.floating)),
-        "fp8_ds_mla": ((n, P, np_formats.DS_MLA_BYTES), jnp.dtype(cache.dtype) == jnp.uint8 and D == 576),
-        "fp8_model1": ((n, np_formats.model1_page_bytes(P)), jnp.dtype(cache.dtype) == jnp.uint8 and D == 512),
-        "fp8_indexer": ((n, P * (D + 4)), jnp.dtype(cache.dtype) == jnp.uint8)}[fmt]
+    u8 = jnp.dtype(cache.dtype) == jnp.uint8
+    want = np_formats.cache_shape(fmt, n, P, D)
+    dtype_ok = {"latent": jnp.issubdtype(cache.dtype, jnp.floating), "fp8_ds_mla": u8 and D == 576,
+                "fp8_model1": u8 and D == 512, "fp8_indexer": u8}[fmt]
     if tuple(cache.shape) != want or not dtype_ok:
         raise ValueError(f"cache: expected {'float' if fmt == 'latent' else 'uint8'} [num_pages, "
                          f"{', '.join(str(w) for w in want[1:])}] ({fmt!r}, P = {P}, D = {D}), got "
@@ -423,14 +423,12 @@ class DSADecodeLayer(nnx.Module):
 
         kv_cache, k_cache = self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
-        lens_bn = jnp.maximum(context_lens[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None], 0)
         if cfg.window:
-            idx_lens = jnp.maximum(lens_bn - cfg.window, 0).astype(jnp.int32)
+            idx_lens, win = window_split(context_lens, N, cfg.window)
             top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
-            j = lens_bn[..., None] - cfg.window + jnp.arange(cfg.window, dtype=jnp.int32)
-            indices = jnp.concatenate([top, jnp.where(j >= 0, j, -1).astype(jnp.int32)], axis=-1)
+            indices = jnp.concatenate([top, win], axis=-1)
         else:
-            idx_lens = lens_bn.astype(jnp.int32)
+            idx_lens = window_split(context_lens, N, 0)[0]              # the drafts' lengths
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
 
         sink = self.w("attn_sink") if cfg.attn_sink else None

@@ -1,8 +1,8 @@
 """Sparse MLA decode for JAX: the Pallas kernel (Triton lowering, ``path="pallas"``) and plain
 jax.numpy (``path="xla"``), validated per docs/SPEC.md and jit-compatible.
 
-The kernel design is in ``kernels/pallas/sparse_mla.py``; this module validates (statically, on
-shapes and dtypes), picks the config (dispatch table, else the heuristic of ``kernels.configs``),
+The kernel design is in ``kernels/sparse_mla/pallas.py``; this module validates (statically, on
+shapes and dtypes), picks the config (dispatch table, else the heuristic of ``kernels.sparse_mla.configs``),
 gates the hardware (``kernels.hardware``) before launch and dispatches between the paths.
 """
 from __future__ import annotations
@@ -16,9 +16,10 @@ import numpy as np
 from jax_impl import formats as jfmt
 from jax_impl._common import (JAX_PATHS, check_array, check_sm_scale, device_info, plan,
                               require_32bit_indices, run_path)
-from kernels import configs, hardware
+from kernels import hardware
+from kernels.sparse_mla import configs
 from kernels import formats as nf
-from kernels.pallas import sparse_mla as pk
+from kernels.sparse_mla import pallas as pk
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
 

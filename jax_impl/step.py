@@ -8,6 +8,9 @@ chained as DeepSeek-V3.2-Exp ``inference/model.py`` ``MLA.forward`` chains them)
 2. ``sparse_mla_decode`` attends those logical positions through the block table (the
    logical-to-slot conversion happens inside it, ``block_table=...``).
 
+With ``window > 0`` (DeepSeek-V4-Flash) the indexer scores the positions before each draft's
+last ``window`` and those ``window`` positions are attended as well (:func:`window_split`).
+
 The top-k is requested ``sorted=True`` (descending logit, ties to the smaller position, -1 last),
 so the index list has one canonical order: the sequence-sharded tensor-parallel step
 (:mod:`jax_impl.tp`) produces exactly this list, and since sparse MLA sums entries in list order
@@ -15,16 +18,35 @@ both give bitwise identical outputs. Traceable under ``jax.jit`` (all shapes sta
 """
 from __future__ import annotations
 
-from jax_impl._common import check_int, check_sm_scale
+import jax.numpy as jnp
+
+from jax_impl._common import check_array, check_int, check_sm_scale
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
 
-__all__ = ["dsa_decode_step"]
+__all__ = ["dsa_decode_step", "window_split"]
+
+
+def window_split(context_lens, N: int, window: int):
+    """The V4 sliding window of a step: ``(indexer lengths, window positions)``.
+
+    ``context_lens`` int32 ``[B]`` (L_b, counting the N new tokens: draft i's valid length is
+    ``L_b - (N - 1 - i)``) or ``[B, N]`` (per-draft valid lengths). Returns int32 ``[B, N]``
+    lengths ``max(len_i - window, 0)`` for the indexer and int32 ``[B, N, window]`` positions
+    ``len_i - window + w`` (-1 where negative). Traceable (static ``N`` and ``window``).
+    """
+    cl = jnp.asarray(context_lens).astype(jnp.int32)
+    if cl.ndim == 1:
+        cl = cl[:, None] - (N - 1 - jnp.arange(N, dtype=jnp.int32))[None, :]
+    lens = jnp.maximum(cl, 0)
+    j = lens[..., None] - window + jnp.arange(window, dtype=jnp.int32)
+    return jnp.maximum(lens - window, 0), jnp.where(j >= 0, j, -1).astype(jnp.int32)
 
 
 def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens,
                     sm_scale: float, topk: int, *, kv_format: str = "latent", d_v: int = 512,
-                    attn_sink=None, k_format: str = "fp8_indexer", path: str = "auto"):
+                    attn_sink=None, k_format: str = "fp8_indexer", window: int = 0,
+                    path: str = "auto"):
     """One DSA decode step: indexer top-k over the paged indexer cache, then sparse MLA decode.
 
     Args:
@@ -53,6 +75,12 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
       d_v: value width, the first ``d_v`` latent dims (512).
       attn_sink: float32 ``[H]`` or None (V4-Flash): ``out *= 1 / (1 + exp(sink_h - lse))``.
       k_format: ``"fp8_indexer"`` (default) or ``"dense"``.
+      window: the V4-Flash sliding window (``DSV4_FLASH.window`` = 128; 0, the default, for
+        V3.2): when > 0 the indexer scores only the positions before each draft's last
+        ``window`` (``j < len_i - window``, len_i the draft's valid length) and those last
+        ``window`` positions ``len_i - window .. len_i - 1`` (-1 where negative) are appended
+        to its top-k, as DeepSeek-V4's attention and ``DSADecodeLayer`` do. A Python int or
+        NumPy integer scalar >= 0, never a bool (static under ``jax.jit``).
       path: ``"auto"``, ``"pallas"`` or ``"xla"``, passed to both ops (a named path that cannot
         run raises; ``"auto"`` falls through).
 
@@ -62,21 +90,30 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
       * out ``[B, N, H, d_v]`` in q's dtype; 0 for a draft with no valid position.
       * lse ``[B, N, H]`` float32, natural log of the softmax denominator (sink excluded);
         -inf for a draft with no valid position.
-      * indices ``[B, N, topk]`` int32 logical positions in descending indexer logit (ties to
-        the smaller position), -1 padding last.
+      * indices ``[B, N, topk + window]`` int32 logical positions: the top-k in descending
+        indexer logit (ties to the smaller position), -1 padding last, then the window positions in ascending order.
 
     Raises:
-      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``
-        and ``topk`` are checked first (before the indexer runs): TypeError for a wrong type,
-        ValueError for a NaN / inf scale or ``topk`` < 1.
+      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``,
+        ``topk`` and ``window`` are checked first (before the indexer runs): TypeError for a
+        wrong type, ValueError for a NaN / inf scale, ``topk`` < 1 or ``window`` < 0.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
     check_sm_scale(sm_scale)
     topk = check_int("topk", topk, minimum=1)
-    indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
+    window = check_int("window", window, minimum=0)
+    if window:
+        check_array("q", q, ndim=4)
+        check_array("context_lens", context_lens, dtypes=(jnp.int32,))
+        idx_lens, win = window_split(context_lens, q.shape[1], window)
+        top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,
                            k_format=k_format, sorted=True, path=path)
+        indices = jnp.concatenate([top, win], axis=-1)
+    else:
+        indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
+                               k_format=k_format, sorted=True, path=path)
     out, lse = sparse_mla_decode(q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v,
                                  block_table=block_table, attn_sink=attn_sink, path=path)
     return out, lse, indices

@@ -1,8 +1,9 @@
 """Shared core of the DSA decode kernels: model presets, cache formats, the float64 reference,
-comparison helpers, case generators, hardware gates and per-GPU dispatch data, plus the kernel
-sources of both stacks (``kernels/triton`` for PyTorch, ``kernels/pallas`` for JAX).
+comparison helpers, case generators, hardware gates, the op registry and per-GPU dispatch data,
+plus one folder per algorithm holding its Triton and Pallas kernels side by side
+(``kernels/sparse_mla``, ``kernels/indexer``, ``kernels/topk``, ``kernels/cache_write``).
 
-Importable with NumPy and ml_dtypes alone; the kernel subpackages import triton / jax lazily.
+Importable with NumPy and ml_dtypes alone; the kernel modules import triton / jax lazily.
 """
 from kernels.presets import DSV32, DSV4_FLASH, PRESETS, ModelPreset
 

@@ -2,7 +2,8 @@
 
 Every function here is the definition the kernels are tested against: the Triton and Pallas
 kernels dequantize in-kernel and must agree with :func:`dequantize_fp8_ds_mla`,
-:func:`dequantize_fp8_model1` and :func:`dequantize_fp8_indexer` bit for bit.
+:func:`dequantize_fp8_model1` and :func:`dequantize_fp8_indexer` bit for bit. The byte offsets
+come from the layout descriptors of :mod:`kernels.layouts`, as the kernels' do.
 
 Layouts (bytes little-endian; P = page size in tokens):
 
@@ -30,6 +31,7 @@ from __future__ import annotations
 import ml_dtypes
 import numpy as np
 
+from kernels import layouts
 from kernels.scalars import check_int
 
 E4M3 = ml_dtypes.float8_e4m3fn
@@ -37,12 +39,16 @@ BF16 = ml_dtypes.bfloat16
 E8M0 = ml_dtypes.float8_e8m0fnu
 FP8_MAX = 448.0
 
-DS_MLA_BYTES = 656          # bytes per token of fp8_ds_mla
-DS_MLA_NOPE, DS_MLA_ROPE, DS_MLA_TILE = 512, 64, 128
-MODEL1_NOPE, MODEL1_ROPE, MODEL1_TILE = 448, 64, 64
-MODEL1_DATA_BYTES = MODEL1_NOPE + 2 * MODEL1_ROPE      # 576
-MODEL1_SCALE_BYTES = MODEL1_NOPE // MODEL1_TILE + 1    # 7 ue8m0 + 1 pad = 8
-MODEL1_TOKEN_BYTES = MODEL1_DATA_BYTES + MODEL1_SCALE_BYTES  # 584
+_DS, _M1 = layouts.FP8_DS_MLA, layouts.FP8_MODEL1
+_DS_NOPE, _DS_SCALE, _DS_ROPE = _DS.field("nope"), _DS.field("scale"), _DS.field("rope")
+_M1_NOPE, _M1_ROPE, _M1_SCALE = _M1.field("nope"), _M1.field("rope"), _M1.field("scale")
+
+DS_MLA_BYTES = _DS.data.nbytes                          # 656 bytes per token of fp8_ds_mla
+DS_MLA_NOPE, DS_MLA_ROPE, DS_MLA_TILE = _DS_NOPE.count, _DS_ROPE.count, _DS.tile   # 512, 64, 128
+MODEL1_NOPE, MODEL1_ROPE, MODEL1_TILE = _M1_NOPE.count, _M1_ROPE.count, _M1.tile   # 448, 64, 64
+MODEL1_DATA_BYTES = _M1.data.nbytes                     # 576
+MODEL1_SCALE_BYTES = _M1.scale.nbytes                   # 7 ue8m0 + 1 pad = 8
+MODEL1_TOKEN_BYTES = _M1.token_bytes                    # 584
 
 KV_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1")
 K_FORMATS = ("fp8_indexer", "dense")
@@ -86,13 +92,15 @@ def quantize_fp8_ds_mla(latent: np.ndarray) -> np.ndarray:
     _check("latent", latent, last=DS_MLA_NOPE + DS_MLA_ROPE)
     x = latent.astype(np.float32)
     lead = x.shape[:-1]
-    nope = x[..., :DS_MLA_NOPE].reshape(*lead, 4, DS_MLA_TILE)
+    nope = x[..., :DS_MLA_NOPE].reshape(*lead, _DS_SCALE.count, DS_MLA_TILE)
     scale = pow2_scale(np.abs(nope).max(axis=-1))                         # [..., 4]
     q = to_e4m3(nope / scale[..., None]).reshape(*lead, DS_MLA_NOPE)
     out = np.empty((*lead, DS_MLA_BYTES), np.uint8)
-    out[..., :512] = q.view(np.uint8)
-    out[..., 512:528] = np.ascontiguousarray(scale).view(np.uint8).reshape(*lead, 16)
-    out[..., 528:] = np.ascontiguousarray(x[..., 512:].astype(BF16)).view(np.uint8).reshape(*lead, 128)
+    out[..., _DS_NOPE.offset:_DS_NOPE.end] = q.view(np.uint8)
+    out[..., _DS_SCALE.offset:_DS_SCALE.end] = (
+        np.ascontiguousarray(scale).view(np.uint8).reshape(*lead, _DS_SCALE.nbytes))
+    out[..., _DS_ROPE.offset:_DS_ROPE.end] = np.ascontiguousarray(
+        x[..., DS_MLA_NOPE:].astype(BF16)).view(np.uint8).reshape(*lead, _DS_ROPE.nbytes)
     return out
 
 
@@ -104,18 +112,18 @@ def dequantize_fp8_ds_mla(cache: np.ndarray) -> np.ndarray:
     _check("cache", cache, last=DS_MLA_BYTES, dtype=np.uint8)
     c = np.ascontiguousarray(cache)
     lead = c.shape[:-1]
-    q = c[..., :512].view(E4M3).astype(np.float32).reshape(*lead, 4, DS_MLA_TILE)
-    scale = c[..., 512:528].copy().view(np.float32).reshape(*lead, 4)
-    rope = c[..., 528:].copy().view(BF16).astype(np.float32)
-    return np.concatenate([(q * scale[..., None]).reshape(*lead, 512), rope], axis=-1)
+    q = c[..., _DS_NOPE.offset:_DS_NOPE.end].view(E4M3).astype(np.float32)
+    q = q.reshape(*lead, _DS_SCALE.count, DS_MLA_TILE)
+    scale = c[..., _DS_SCALE.offset:_DS_SCALE.end].copy().view(np.float32)
+    rope = c[..., _DS_ROPE.offset:_DS_ROPE.end].copy().view(BF16).astype(np.float32)
+    return np.concatenate([(q * scale[..., None]).reshape(*lead, DS_MLA_NOPE), rope], axis=-1)
 
 
 # ----------------------------------------------------------------------------- fp8_model1
 
 def model1_page_bytes(page_size: int) -> int:
     """Bytes per page of ``fp8_model1``: ``P * 584`` rounded up to a multiple of 576."""
-    raw = page_size * MODEL1_TOKEN_BYTES
-    return -(-raw // MODEL1_DATA_BYTES) * MODEL1_DATA_BYTES
+    return _M1.page_bytes(page_size)
 
 
 def model1_page_size(page_bytes: int) -> int:
@@ -153,10 +161,11 @@ def indexer_page_size(page_bytes: int, head_dim) -> int:
         positive multiple of ``head_dim + 4``.
     """
     d = check_int("head_dim", head_dim, minimum=1)
-    if page_bytes < 1 or page_bytes % (d + 4):
+    token = layouts.fp8_indexer(d).token_bytes                           # D_I + 4
+    if page_bytes < 1 or page_bytes % token:
         raise ValueError(f"k_cache: {page_bytes} bytes per page is not a positive multiple of "
-                         f"D_I + 4 = {d + 4}")
-    return page_bytes // (d + 4)
+                         f"D_I + 4 = {token}")
+    return page_bytes // token
 
 
 def quantize_fp8_model1(latent: np.ndarray) -> np.ndarray:
@@ -171,15 +180,16 @@ def quantize_fp8_model1(latent: np.ndarray) -> np.ndarray:
     _check("latent", latent, ndim=3, last=MODEL1_NOPE + MODEL1_ROPE)
     x = latent.astype(np.float32)
     n, p, _ = x.shape
-    nope = x[..., :MODEL1_NOPE].reshape(n, p, 7, MODEL1_TILE)
+    nope = x[..., :MODEL1_NOPE].reshape(n, p, _M1_SCALE.count, MODEL1_TILE)
     scale = pow2_scale(np.abs(nope).max(axis=-1))                         # [n, p, 7]
     q = to_e4m3(nope / scale[..., None]).reshape(n, p, MODEL1_NOPE)
-    out = np.zeros((n, model1_page_bytes(p)), np.uint8)
+    out = np.zeros((n, model1_page_bytes(p)), np.uint8)                  # pad bytes stay 0
     data = out[:, : p * MODEL1_DATA_BYTES].reshape(n, p, MODEL1_DATA_BYTES)
-    data[..., :MODEL1_NOPE] = q.view(np.uint8)
-    data[..., MODEL1_NOPE:] = np.ascontiguousarray(x[..., MODEL1_NOPE:].astype(BF16)).view(np.uint8).reshape(n, p, 128)
-    sc = out[:, p * MODEL1_DATA_BYTES: p * MODEL1_TOKEN_BYTES].reshape(n, p, 8)
-    sc[..., :7] = scale.astype(E8M0).view(np.uint8)
+    data[..., _M1_NOPE.offset:_M1_NOPE.end] = q.view(np.uint8)
+    data[..., _M1_ROPE.offset:_M1_ROPE.end] = np.ascontiguousarray(
+        x[..., MODEL1_NOPE:].astype(BF16)).view(np.uint8).reshape(n, p, _M1_ROPE.nbytes)
+    sc = out[:, _M1.scale_offset(p, 0): _M1.scale_offset(p, p)].reshape(n, p, MODEL1_SCALE_BYTES)
+    sc[..., _M1_SCALE.offset:_M1_SCALE.end] = scale.astype(E8M0).view(np.uint8)
     return out
 
 
@@ -191,10 +201,11 @@ def dequantize_fp8_model1(cache: np.ndarray, page_size: int | None = None) -> np
     n = cache.shape[0]
     c = np.ascontiguousarray(cache)
     data = c[:, : p * MODEL1_DATA_BYTES].reshape(n, p, MODEL1_DATA_BYTES)
-    q = data[..., :MODEL1_NOPE].copy().view(E4M3).astype(np.float32).reshape(n, p, 7, MODEL1_TILE)
-    rope = data[..., MODEL1_NOPE:].copy().view(BF16).astype(np.float32)
-    sc = c[:, p * MODEL1_DATA_BYTES: p * MODEL1_TOKEN_BYTES].reshape(n, p, 8)[..., :7]
-    scale = sc.copy().view(E8M0).astype(np.float32)
+    q = data[..., _M1_NOPE.offset:_M1_NOPE.end].copy().view(E4M3).astype(np.float32)
+    q = q.reshape(n, p, _M1_SCALE.count, MODEL1_TILE)
+    rope = data[..., _M1_ROPE.offset:_M1_ROPE.end].copy().view(BF16).astype(np.float32)
+    sc = c[:, _M1.scale_offset(p, 0): _M1.scale_offset(p, p)].reshape(n, p, MODEL1_SCALE_BYTES)
+    scale = sc[..., _M1_SCALE.offset:_M1_SCALE.end].copy().view(E8M0).astype(np.float32)
     return np.concatenate([(q * scale[..., None]).reshape(n, p, MODEL1_NOPE), rope], axis=-1)
 
 
@@ -225,9 +236,10 @@ def quantize_fp8_indexer(k: np.ndarray, scale_fmt: str | None = "ue8m0") -> np.n
     n, p, d = x.shape
     scale = indexer_scale(np.abs(x).max(axis=-1), scale_fmt)              # [n, p]
     q = to_e4m3(x / scale[..., None])
-    out = np.empty((n, p * (d + 4)), np.uint8)
-    out[:, : p * d] = q.view(np.uint8).reshape(n, p * d)
-    out[:, p * d:] = np.ascontiguousarray(scale).view(np.uint8).reshape(n, 4 * p)
+    lay = layouts.fp8_indexer(d)
+    out = np.empty((n, lay.page_bytes(p)), np.uint8)
+    out[:, : lay.scale_offset(p, 0)] = q.view(np.uint8).reshape(n, p * d)
+    out[:, lay.scale_offset(p, 0):] = np.ascontiguousarray(scale).view(np.uint8).reshape(n, -1)
     return out
 
 
@@ -237,9 +249,10 @@ def split_fp8_indexer(cache: np.ndarray, head_dim: int = 128):
     n, page_bytes = cache.shape
     p = indexer_page_size(page_bytes, head_dim)
     head_dim = int(head_dim)
+    s0 = layouts.fp8_indexer(head_dim).scale_offset(p, 0)
     c = np.ascontiguousarray(cache)
-    vals = c[:, : p * head_dim].reshape(n, p, head_dim).copy().view(E4M3)
-    scales = c[:, p * head_dim:].copy().view(np.float32).reshape(n, p)
+    vals = c[:, :s0].reshape(n, p, head_dim).copy().view(E4M3)
+    scales = c[:, s0:].copy().view(np.float32).reshape(n, p)
     return vals, scales
 
 
@@ -280,6 +293,29 @@ def quantize_kv(latent: np.ndarray, kv_format: str, latent_dtype=np.float32) -> 
     if kv_format == "fp8_model1":
         return quantize_fp8_model1(latent)
     raise ValueError(f"kv_format: expected one of {KV_FORMATS}, got {kv_format!r}")
+
+
+CACHE_FORMATS = KV_FORMATS + ("fp8_indexer",)
+
+
+def cache_shape(fmt: str, num_pages: int, page_size: int, dim: int) -> tuple[int, ...]:
+    """Shape of a cache of ``num_pages`` pages of ``page_size`` tokens holding rows of ``dim``
+    values: ``latent`` ``[n, P, dim]``, ``fp8_ds_mla`` ``[n, P, 656]``, ``fp8_model1``
+    ``[n, model1_page_bytes(P)]``, ``fp8_indexer`` ``[n, P * (dim + 4)]`` (the layouts of
+    :mod:`kernels.layouts`; the fp8 latent formats fix ``dim``, which is not checked here).
+
+    Raises:
+      ValueError: ``fmt`` not in :data:`CACHE_FORMATS`.
+    """
+    if fmt == "latent":
+        return (num_pages, page_size, dim)
+    if fmt == "fp8_ds_mla":
+        return (num_pages, page_size, DS_MLA_BYTES)
+    if fmt == "fp8_model1":
+        return (num_pages, model1_page_bytes(page_size))
+    if fmt == "fp8_indexer":
+        return (num_pages, layouts.fp8_indexer(dim).page_bytes(page_size))
+    raise ValueError(f"fmt: expected one of {CACHE_FORMATS}, got {fmt!r}")
 
 
 def kv_page_size(kv_cache: np.ndarray, kv_format: str) -> int:

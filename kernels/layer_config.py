@@ -322,11 +322,6 @@ def hadamard_matrix(n: int) -> np.ndarray:
 def kv_cache_shape(cfg: LayerConfig, kv_format: str, num_pages: int) -> tuple[int, ...]:
     """Shape of a latent cache of ``num_pages`` pages of ``cfg.page_size`` tokens: latent
     ``[n, P, D_qk]``, ``fp8_ds_mla`` ``[n, P, 656]``, ``fp8_model1`` ``[n, model1_page_bytes(P)]``."""
-    P = cfg.page_size
-    if kv_format == "latent":
-        return (num_pages, P, cfg.d_qk)
-    if kv_format == "fp8_ds_mla":
-        return (num_pages, P, formats.DS_MLA_BYTES)
-    if kv_format == "fp8_model1":
-        return (num_pages, formats.model1_page_bytes(P))
-    raise ValueError(f"kv_format: expected one of {formats.KV_FORMATS}, got {kv_format!r}")
+    if kv_format not in formats.KV_FORMATS:
+        raise ValueError(f"kv_format: expected one of {formats.KV_FORMATS}, got {kv_format!r}")
+    return formats.cache_shape(kv_format, num_pages, cfg.page_size, cfg.d_qk)

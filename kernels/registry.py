@@ -27,13 +27,13 @@ Vocabulary:
   the batch). A path runs the dispatch entry's config when the entry for its bucket chose this
   path and the config is in the path's space (:meth:`Registry.accept`), else its heuristic
   (:meth:`Registry.heuristic`). The split-K count of sparse MLA is a per-call choice, not part
-  of the config (``kernels.configs.sparse_mla_num_splits``).
+  of the config (``kernels.sparse_mla.configs.sparse_mla_num_splits``).
 
 Modules: the names (ops, paths, bucket keys, :func:`kernels.ops.bucket`) are defined in
 ``kernels.ops``, which the dispatch table (``kernels.dispatch``) also reads; this module adds the
 config rules and the plan on top of both (``ops <- dispatch <- registry``, no cycle). NumPy-free
 and framework-free at module level; the indexer config classes live beside their kernels
-(``kernels.triton.indexer`` / ``topk`` import triton, ``kernels.pallas.indexer`` imports jax) and
+(``kernels.indexer.triton`` / ``topk`` import triton, ``kernels.indexer.pallas`` imports jax) and
 are imported only when a config of that path is asked for.
 """
 from __future__ import annotations
@@ -44,7 +44,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Callable, Mapping, Sequence
 
-from kernels import configs, dispatch
+from kernels import dispatch
+from kernels.sparse_mla import configs
 from kernels.ops import (AUTO, BACKEND_PATHS, BUCKET_KEYS, KERNEL_PATHS, OPS, POW2_KEYS,  # noqa: F401
                          TIMED_OPS, bucket as _bucket, pow2_bucket)
 
@@ -107,8 +108,8 @@ def _mla_pallas_space(dev, shape):
 
 
 def _triton_indexer_classes(op):
-    from kernels.triton.indexer import IndexerLogitsConfig
-    from kernels.triton.topk import TopkConfig
+    from kernels.indexer.triton import IndexerLogitsConfig
+    from kernels.topk.triton import TopkConfig
     return IndexerLogitsConfig, (TopkConfig if op == "indexer_topk" else None)
 
 
@@ -140,13 +141,13 @@ def _triton_indexer_space(op):
 
 @functools.lru_cache(maxsize=None)
 def _pallas_indexer_default() -> dict:
-    from kernels.pallas.indexer import PallasIndexerConfig
+    from kernels.indexer.pallas import PallasIndexerConfig
     return PallasIndexerConfig().to_dict()
 
 
 @functools.lru_cache(maxsize=None)
 def _pallas_indexer_space_cached() -> dict:
-    from kernels.pallas.indexer import PallasIndexerConfig
+    from kernels.indexer.pallas import PallasIndexerConfig
     return {k: tuple(v) for k, v in PallasIndexerConfig.SEARCH_SPACE.items()}
 
 

@@ -222,14 +222,13 @@ def _framework_runner(be: _Backend, path: str) -> Runner:
         return {"indices": be.to_numpy(idx)}
 
     def dsa_decode_step(s):
-        # indexer_topk -> logical indices (framework arrays, never leaving the device) ->
-        # sparse_mla_decode through the same block table, both on this path.
+        # the binding's composed step on this path (indices stay on the device between its ops)
         m = be.module()
-        c = s.indexer
-        bt = n(c.block_table)
-        idx = m.indexer_topk(n(c.q), n(c.weights), n(c.k_cache), bt, n(c.context_lens), c.topk,
-                             k_format=c.k_format, sorted=False, path=path)
-        out, lse = mla_native(m, s.mla, idx, bt)
+        c, a = s.indexer, s.mla
+        out, lse, idx = m.dsa_decode_step(n(a.q), n(a.kv_cache), n(c.q), n(c.weights), n(c.k_cache),
+                                          n(c.block_table), n(c.context_lens), a.sm_scale, c.topk,
+                                          kv_format=a.kv_format, d_v=a.d_v, attn_sink=n(a.attn_sink),
+                                          k_format=c.k_format, path=path)
         be.synchronize()
         return {"indices": be.to_numpy(idx), "out": be.to_numpy(out), "lse": be.to_numpy(lse)}
 

@@ -162,8 +162,11 @@ def _ref_outputs(op, inp, s, perturb=False):
                 "idx_weights": torch.as_tensor(ref.idx_weights),
                 "idx_context_lens": torch.as_tensor(ref.idx_context_lens)}
     if op in ("indexer_topk", "dsa_decode_step"):
+        lens = _np(s["context_lens"])
+        if op == "dsa_decode_step" and sh.W_window:      # dsa_decode_step(window=): before the window
+            lens = np.maximum(reference.valid_lengths(lens, sh.B, sh.N) - sh.W_window, 0).astype(np.int32)
         idx = reference.indexer_topk(_np(s["iq"]), _np(s["iw"]), _np(s["k_cache"]), _np(s["block_table"]),
-                                     _np(s["context_lens"]), sh.K_topk)
+                                     lens, sh.K_topk)
         if perturb:
             idx = idx.copy()
             idx[..., 0] = idx[..., -1] + 1 if idx.shape[-1] > 1 else 0   # drop the best position
@@ -467,18 +470,26 @@ def test_unavailable_backend_is_reported_not_failed(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- the real paths
 
+def _require_a_binding():
+    found = paths.discover()
+    if all(a is None for a, _ in found.values()):
+        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
+
+
+def _tiny_op_shapes():
+    """One tiny V3.2 fp8 sparse-MLA shape and one V4-Flash indexer shape (the real-path runs)."""
+    S = grid.Shape
+    return [S("sparse_mla_decode", "DSV32", 2, 1, 8, 128, "fp8", topk=32, window=0),
+            S("indexer_topk", "DSV4_FLASH", 1, 1, 1, 100, topk=32)]
+
+
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
                     reason="the dry run is the CPU interpreter's plumbing check; on a GPU "
                            "`python -m bench` runs the real paths itself")
 def test_dry_run_real_paths(tmp_path, monkeypatch):
     """Every path that imports, on one tiny V3.2 fp8 shape, passes its reference check."""
-    found = paths.discover()
-    if all(a is None for a, _ in found.values()):
-        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
-    S = grid.Shape
-    monkeypatch.setattr(grid, "dry_grid", lambda: [
-        S("sparse_mla_decode", "DSV32", 2, 1, 8, 128, "fp8", topk=32, window=0),
-        S("indexer_topk", "DSV4_FLASH", 1, 1, 1, 100, topk=32)])
+    _require_a_binding()
+    monkeypatch.setattr(grid, "dry_grid", _tiny_op_shapes)
     res = run(RunConfig(mode="dry", out=tmp_path, progress=False, plot=False))
     ran = 0
     for r in res["rows"]:
@@ -496,15 +507,31 @@ def test_dry_run_real_paths(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
                     reason="the dry run is the CPU interpreter's plumbing check; on a GPU "
+                           "`python -m bench --op dsa_decode_step` runs the real paths itself")
+def test_dry_run_real_step_with_window(tmp_path, monkeypatch):
+    """The decode-step adapters call the bindings' ``dsa_decode_step(window=...)``: one tiny
+    V4-Flash shape with its sliding window on the two plain paths (the kernel paths run the same
+    adapter code), checked (top-k over the positions before the window) and timed."""
+    _require_a_binding()
+    monkeypatch.setattr(grid, "dry_grid", lambda: [
+        grid.Shape("dsa_decode_step", "DSV4_FLASH", 2, 1, 8, 160, "fp8", topk=32, window=16)])
+    res = run(RunConfig(mode="dry", out=tmp_path, progress=False, plot=False, paths=("torch", "xla")))
+    ran = [r for r in res["rows"] if not r["status"].startswith("unavailable")]
+    assert ran, res["rows"]
+    for r in ran:
+        assert r["status"] == "ok", (r["backend"], r["path"], r["status"])
+        assert r["check"]["passed"] and r["step_impl"].endswith("dsa_decode_step(window=16)")
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                    reason="the dry run is the CPU interpreter's plumbing check; on a GPU "
                            "`python -m bench --op dsa_decode_layer` runs the real paths itself")
 def test_dry_run_real_layer_paths(tmp_path, monkeypatch):
     """The decode-layer adapters on the real bindings (torch eager with in-place cache writes;
     JAX jitted with donated caches), one scaled-down V3.2 shape, the two plain paths (the kernel
     paths are the same layer code around the ops test_dry_run_real_paths covers): checked
     against the float64 layer reference, then timed."""
-    found = paths.discover()
-    if all(a is None for a, _ in found.values()):
-        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
+    _require_a_binding()
     monkeypatch.setattr(grid, "dry_grid", lambda: [
         grid.Shape("dsa_decode_layer", "DSV32", 2, 1, 1, 128, "fp8", topk=32, window=0, heads=4)])
     res = run(RunConfig(mode="dry", out=tmp_path, progress=False, plot=False, paths=("torch", "xla")))
@@ -528,13 +555,8 @@ def test_auto_rows_run_the_fastest_checked_path_and_config(tmp_path, monkeypatch
     bindings' own plans (``kernels.registry``) chose the same, and the row passes its check."""
     from kernels.registry import Registry
 
-    found = paths.discover()
-    if all(a is None for a, _ in found.values()):
-        pytest.skip("no op backend imports yet: " + "; ".join(f"{k}: {w}" for k, (_, w) in found.items()))
-    S = grid.Shape
-    monkeypatch.setattr(grid, "dry_grid", lambda: [
-        S("sparse_mla_decode", "DSV32", 2, 1, 8, 128, "fp8", topk=32, window=0),
-        S("indexer_topk", "DSV4_FLASH", 1, 1, 1, 100, topk=32)])
+    _require_a_binding()
+    monkeypatch.setattr(grid, "dry_grid", _tiny_op_shapes)
     first = run(RunConfig(mode="dry", out=tmp_path / "a", progress=False, plot=False,
                           write_dispatch=True))
     table = json.loads(first["dispatch"].read_text())
@@ -599,7 +621,7 @@ def test_topk_path_vs_path_allows_only_subulp_swaps(monkeypatch):
     from bench import checks
 
     logits = np.array([[[5.0, 4.0, 3.0, 3.0 + 1e-12, 1.0, -np.inf]]])       # [1, N=1, W=6]
-    monkeypatch.setattr(checks, "indexer_slice", lambda inp, s, b: {})
+    monkeypatch.setattr(checks, "indexer_slice", lambda inp, s, b, window=0: {})
     monkeypatch.setattr(checks.reference, "indexer_logits", lambda **kw: logits)
     chk = checks.Checker.__new__(checks.Checker)
     chk.inp = SimpleNamespace(sets=[{}])
@@ -614,7 +636,7 @@ def test_compat_only_dry_run_rows(tmp_path, monkeypatch, capsys):
     """``python -m bench --compat-only --dry-run``: the compat call and the native call timed on
     the same inputs (the two-cache FlashMLA row here: the lightest), ratio reported, JSON written."""
     from bench.__main__ import main
-    from torch_impl.compat import bench_compat
+    from bench import compat_rows as bench_compat
     monkeypatch.setattr(bench_compat, "ROW_NAMES", ("model1 + extra",))
     assert main(["--compat-only", "--dry-run", "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""The fused new-token cache writes (``kernels/triton/cache_write.py`` through
+"""The fused new-token cache writes (``kernels/cache_write/triton.py`` through
 ``torch_impl.layer.write_new_tokens``, and the JAX writer ``jax_impl.layer.write_new_tokens``)
 against the NumPy writers of ``kernels/formats.py`` (via ``kernels.layer_reference.write_token_rows``),
 bit for bit, in every cache layout; unmapped tokens (page entry -1, >= num_pages, one that wraps
@@ -135,7 +135,7 @@ def test_torch_cache_write_bad_input_is_named():
     with pytest.raises(ValueError, match=r"^cache: expected uint8 \[num_pages, 2112\]"):
         write_new_tokens(src[:, :128].contiguous(), torch.zeros(NUM_PAGES, 2000, dtype=torch.uint8), bt, cl, 1,
                          "fp8_indexer", page_size=P)
-    with pytest.raises(ValueError, match=r"^cache: expected 4-byte aligned pages"):
+    with pytest.raises(ValueError, match=r"^cache: expected a byte offset into its storage that is a multiple of 4"):
         flat = torch.zeros(NUM_PAGES * P * 656 + 2, dtype=torch.uint8)
         write_new_tokens(src, flat[2:].view(NUM_PAGES, P, 656), bt, cl, 1, "fp8_ds_mla", page_size=P)
 
@@ -211,7 +211,7 @@ def test_pallas_cache_write_compiles_for_gpu(fmt, dim, cc):
     pytest.importorskip("triton")
 
     from _pallas_aot import compile_pallas_for_gpu
-    from kernels.pallas import cache_write as pcw
+    from kernels.cache_write import pallas as pcw
 
     Pg, pages, B, N = 64, 4, 2, 1
     width = {"latent": Pg * dim, "fp8_ds_mla": Pg * 656, "fp8_model1": formats.model1_page_bytes(Pg),

@@ -6,7 +6,7 @@ How "auto follows the table" is proved without a GPU: the CPU interpreter's Devi
 CPU) is replaced by a fake sm_90 device that is *not* marked interpret, so the launchers consult
 ``kernels/dispatch/sm_90.json``; ``$DSA_DISPATCH_DIR`` points at a temporary folder holding a
 table written here. Which path ran is observed from outside the op: Triton launches are counted
-at the interpreter's GridExecutor, Pallas kernels at ``kernels.pallas._pallas_call``'s
+at the interpreter's GridExecutor, Pallas kernels at ``kernels._pallas_call``'s
 ``pl.pallas_call``. A table naming the plain path must give zero kernel launches, one naming the
 kernel path at least one; both results are checked against the float64 reference.
 """
@@ -119,7 +119,7 @@ def triton_launches(monkeypatch):
 
 @pytest.fixture
 def pallas_calls(monkeypatch):
-    pc = pytest.importorskip("kernels.pallas._pallas_call")
+    pc = pytest.importorskip("kernels._pallas_call")
     count = {"n": 0}
     real = pc.pl
 
@@ -213,7 +213,8 @@ def test_torch_sparse_mla_auto_follows_table(fake_gpu, triton_launches, named, k
 def test_torch_indexer_topk_auto_follows_table(fake_gpu, triton_launches, named, kernel_runs,
                                                monkeypatch):
     ti = _import("torch_impl")
-    from kernels.triton import indexer as tix, topk as ttk
+    from kernels.indexer import triton as tix
+    from kernels.topk import triton as ttk
     from torch_impl._common import as_tensor
     c = _idx_case()
     cfg = TABLE_IDX_TRITON if kernel_runs else {}
@@ -236,7 +237,7 @@ def test_jax_sparse_mla_auto_follows_table(fake_gpu, pallas_calls, named, kernel
     jx = _import("jax_impl")
     import jax
     import jax.numpy as jnp
-    from kernels.pallas import sparse_mla as pk
+    from kernels.sparse_mla import pallas as pk
     jax.clear_caches()                       # the table is read at trace time
     c = _mla_case()
     cfg = TABLE_MLA_PALLAS if kernel_runs else {}
@@ -262,7 +263,7 @@ def test_jax_indexer_topk_auto_follows_table(fake_gpu, pallas_calls, named, kern
     jx = _import("jax_impl")
     import jax
     import jax.numpy as jnp
-    from kernels.pallas import indexer as pix
+    from kernels.indexer import pallas as pix
     jax.clear_caches()
     c = _idx_case()
     cfg = TABLE_IDX_PALLAS if kernel_runs else {}

@@ -187,3 +187,88 @@ def test_jax_and_torch_writers_match_numpy_on_non_finite_input(value):
     for w, j, t in zip(want, got_j, got_t):
         np.testing.assert_array_equal(np.asarray(j), w)
         np.testing.assert_array_equal(t.numpy(), w)
+
+
+# ----------------------------------------------------------------------------- layout descriptors
+
+_FIELD_DTYPES = {"e4m3": formats.E4M3, "ue8m0": formats.E8M0, "bfloat16": formats.BF16,
+                 "float32": np.float32}
+
+
+def _pack(layout, P, values):
+    """Pages ``[n, page_bytes]`` placed by the descriptor alone: ``values[name]`` holds each
+    field's elements per token ``[n, P, count]``; pad bytes and the page's tail stay 0."""
+    n = next(iter(values.values())).shape[0]
+    out = np.zeros((n, layout.page_bytes(P)), np.uint8)
+    rows = [(layout.data, layout.data_offset)]
+    if layout.scale is not None:
+        rows.append((layout.scale, lambda off: layout.scale_offset(P, off)))
+    for row, start in rows:
+        for f in row.fields:
+            if f.dtype == "pad":
+                continue
+            raw = np.ascontiguousarray(values[f.name].astype(_FIELD_DTYPES[f.dtype]))
+            raw = raw.view(np.uint8).reshape(n, P, f.nbytes)
+            for off in range(P):
+                out[:, start(off) + f.offset: start(off) + f.end] = raw[:, off]
+    return out
+
+
+def _scaled(x, tile, scale_fn):
+    """(e4m3 values, scales) of ``x [n, P, D]`` with one scale per ``tile`` dims."""
+    n, P, D = x.shape
+    g = x.reshape(n, P, D // tile, tile)
+    s = scale_fn(np.abs(g).max(axis=-1))
+    return formats.to_e4m3(g / s[..., None]).reshape(n, P, D), s
+
+
+@pytest.mark.parametrize("P", [1, 16, 61])
+def test_layout_descriptors_match_the_numpy_writers_byte_for_byte(P):
+    """``kernels.layouts``' descriptors place each field where ``kernels.formats``' writers put
+    it: a packer that reads only the descriptor reproduces the writers' pages exactly."""
+    from kernels import layouts
+
+    rng = np.random.default_rng(P)
+    ds, m1, ix = layouts.FP8_DS_MLA, layouts.FP8_MODEL1, layouts.FP8_INDEXER
+
+    x = _latent(rng, (2, P, 576))
+    q, s = _scaled(x[..., :512], ds.tile, formats.pow2_scale)
+    want = formats.quantize_fp8_ds_mla(x).reshape(2, P * 656)
+    np.testing.assert_array_equal(_pack(ds, P, {"nope": q, "scale": s, "rope": x[..., 512:]}), want)
+
+    x = _latent(rng, (2, P, 512))
+    q, s = _scaled(x[..., :448], m1.tile, formats.pow2_scale)
+    want = formats.quantize_fp8_model1(x)
+    np.testing.assert_array_equal(_pack(m1, P, {"nope": q, "scale": s, "rope": x[..., 448:]}), want)
+
+    k = _latent(rng, (2, P, 128))
+    q, s = _scaled(k, ix.tile, lambda a: formats.indexer_scale(a, "ue8m0"))
+    want = formats.quantize_fp8_indexer(k)
+    np.testing.assert_array_equal(_pack(ix, P, {"k": q, "scale": s}), want)
+
+    assert (ds.page_bytes(P), m1.page_bytes(P), ix.page_bytes(P)) == (
+        P * 656, formats.model1_page_bytes(P), P * 132)
+
+
+def test_kernel_byte_constants_come_from_the_descriptors():
+    """The byte offsets the Triton and Pallas kernels compile in are the descriptors' (the
+    Triton sparse-MLA kernel addresses the bf16 rope through int16 and the scales through
+    float32 views: offsets in 2- and 4-byte words)."""
+    from kernels import layouts
+
+    ds, m1 = layouts.FP8_DS_MLA, layouts.FP8_MODEL1
+    tk = pytest.importorskip("kernels.sparse_mla.triton")
+    got = {k: getattr(tk, k).value for k in ("DS_MLA_BYTES", "DS_MLA_ROW_F32", "DS_MLA_SCALE_F32",
+                                             "DS_MLA_ROW_I16", "DS_MLA_ROPE_I16", "MODEL1_DATA_BYTES",
+                                             "MODEL1_SCALE_BYTES", "MODEL1_ROPE_I16")}
+    assert got == {"DS_MLA_BYTES": 656, "DS_MLA_ROW_F32": 164, "DS_MLA_SCALE_F32": 128,
+                   "DS_MLA_ROW_I16": 328, "DS_MLA_ROPE_I16": 264, "MODEL1_DATA_BYTES": 576,
+                   "MODEL1_SCALE_BYTES": 8, "MODEL1_ROPE_I16": 224}
+    assert got["DS_MLA_ROPE_I16"] == ds.field("rope").index(2)
+    assert got["MODEL1_ROPE_I16"] == m1.field("rope").index(2)
+    pytest.importorskip("jax")
+    from kernels.sparse_mla import pallas as pk
+    assert (pk.DS_MLA_BYTES, pk.DS_MLA_NOPE, pk.DS_MLA_TILE) == (656, 512, ds.tile)
+    assert (pk.MODEL1_DATA_BYTES, pk.MODEL1_NOPE, pk.MODEL1_TILE, pk.MODEL1_SCALE_BYTES) == (
+        576, 448, m1.tile, 8)
+    assert pk.DS_MLA_ROPE_OFFSET == ds.field("rope").offset

@@ -22,7 +22,7 @@ import pytest
 
 from jax_impl.indexer import indexer_logits, indexer_topk
 from kernels import cases, compare, reference
-from kernels.pallas import indexer as pk
+from kernels.indexer import pallas as pk
 
 ON_GPU = jax.default_backend() == "gpu"
 PATHS = ("pallas", "xla")

@@ -20,7 +20,8 @@ import pytest
 from jax_impl import formats as jfmt
 from jax_impl import sparse_mla as jsm
 from jax_impl.sparse_mla import sparse_mla_decode
-from kernels import cases, compare, configs, formats as nf, hardware
+from kernels import cases, compare, formats as nf, hardware
+from kernels.sparse_mla import configs
 
 GPU = jax.default_backend() == "gpu"
 gpu_only = pytest.mark.skipif(not GPU, reason="needs a GPU JAX backend")
@@ -429,7 +430,7 @@ def _aot_smem(kv_format: str, d_qk: int, cfg, cc: int, dtype=jnp.bfloat16) -> in
     ``cc`` and return its shared memory in bytes."""
     pytest.importorskip("triton")
     from _pallas_aot import compile_pallas_for_gpu
-    from kernels.pallas import sparse_mla as pk
+    from kernels.sparse_mla import pallas as pk
 
     case = cases.make_mla_case(1, B=1, N=1, H=cfg.block_h, d_qk=d_qk, K=2 * cfg.block_k, P=16,
                                kv_format=kv_format, logical=True, topk_length=True,

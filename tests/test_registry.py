@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from kernels import configs, dispatch, hardware, ops, registry
+from kernels import dispatch, hardware, ops, registry
+from kernels.sparse_mla import configs
 from kernels.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,13 +125,13 @@ def test_plan_without_a_table_is_the_default_order_and_the_heuristics(table_dir)
 
 def test_indexer_heuristics_are_the_launchers_defaults():
     pytest.importorskip("triton")
-    from kernels.triton.indexer import IndexerLogitsConfig
-    from kernels.triton.topk import TopkConfig
+    from kernels.indexer.triton import IndexerLogitsConfig
+    from kernels.topk.triton import TopkConfig
     logits = asdict(IndexerLogitsConfig())
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == logits
     assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK) == {
         **logits, **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}
-    pl = pytest.importorskip("kernels.pallas.indexer")
+    pl = pytest.importorskip("kernels.indexer.pallas")
     assert REGISTRY.heuristic("indexer_topk", "jax", "pallas", H200, **TOPK) == pl.PallasIndexerConfig().to_dict()
 
 
@@ -416,7 +417,8 @@ def test_layer_config_needs_no_test_tooling():
             seen.add(n)
             todo.extend(t for t, _, _ in _imports(n, mods[n], mods))
     tooling = {"kernels.cases", "kernels.reference", "kernels.compare", "kernels.layer_reference",
-               "kernels.layer_compare"}
+               "kernels.layer_compare", "kernels.indexer.reference", "kernels.topk.reference",
+               "kernels.sparse_mla.reference"}
     assert not seen & tooling, sorted(seen & tooling)
     for name in layer_config.__all__:
         assert getattr(layer_reference, name) is getattr(layer_config, name), name

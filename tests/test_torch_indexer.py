@@ -123,7 +123,7 @@ def test_triton_logits_touch_only_the_pages_of_L():
     """The logits kernel visits only the pages of each request's valid range: positions past
     ``ceil(max_i len / P) * P`` keep a sentinel even though the table holds real pages there
     (a table sized for 16x the length)."""
-    from kernels.triton.indexer import launch_indexer_logits
+    from kernels.indexer.triton import launch_indexer_logits
 
     P = 16
     case = cases.make_indexer_case(600, B=2, N=2, H_I=16, P=P, lens=[37, 80], table_len=16 * 80,
@@ -149,8 +149,8 @@ def test_fused_histogram_matches_unfused_topk():
     """The logits kernel's per-split top-digit histograms (fused pass A) give the same top-k as
     the top-k kernel's own pass over the row, bit for bit, at several split counts, with pass B
     in one program per row and split over the logits splits."""
-    from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
-    from kernels.triton.topk import hist_shape, launch_topk
+    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.topk.triton import hist_shape, launch_topk
 
     P, K = 16, 40
     case = cases.make_indexer_case(650, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=K, ties=True)
@@ -196,8 +196,8 @@ def test_logits_kernel_variants(trans, pages, extra):
     splits per request (odd page counts per split, so a 2-page group straddles a split's end),
     N = 3 drafts with the MTP mask, a -1 page in the table and e4m3 NaN keys: logits against the
     float64 reference and the fused top-k against the exact SPEC set."""
-    from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
-    from kernels.triton.topk import hist_shape, launch_topk
+    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.topk.triton import hist_shape, launch_topk
 
     P, K = 16, 40
     case = cases.make_indexer_case(651, B=2, N=3, H_I=16, P=P, lens=[300, 77], topk=K,
@@ -259,8 +259,8 @@ def test_fused_histogram_recount_when_a_later_tile_rises(hist_mode):
     so its keys land above the first tile's window: the program recounts its logits at the
     final base; the blocks are exact, the base the largest key's, the top-k the SPEC set,
     and the result is bitwise the "running" mode's."""
-    from kernels.triton.indexer import IndexerLogitsConfig, launch_indexer_logits, logits_splits
-    from kernels.triton.topk import hist_shape, launch_topk
+    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.topk.triton import hist_shape, launch_topk
 
     P, K = 16, 24
     case = cases.make_indexer_case(652, B=2, N=2, H_I=16, P=P, lens=[260, 150], topk=K,

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from kernels import cases, compare, configs, formats as np_formats
+from kernels import cases, compare, formats as np_formats
+from kernels.sparse_mla import configs, triton_launch
 from torch_impl import _common, formats as t_formats
 from torch_impl import sparse_mla as tsm
 from torch_impl.sparse_mla import sparse_mla_decode
@@ -575,12 +576,12 @@ def test_gluon_eligibility():
     h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
     sm120 = hardware.DeviceInfo(name="NVIDIA RTX PRO 6000", cc=(12, 0), num_sms=188,
                                 smem_per_block=101_376)
-    assert tsm.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 576)
-    assert tsm.gluon_eligible(h200, torch.float16, "fp8_model1", 512)
-    assert not tsm.gluon_eligible(h200, torch.float32, "fp8_ds_mla", 576)
-    assert not tsm.gluon_eligible(h200, torch.bfloat16, "latent", 576)
-    assert not tsm.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 512)
-    assert not tsm.gluon_eligible(sm120, torch.bfloat16, "fp8_ds_mla", 576)
-    assert not tsm.gluon_eligible(hardware.CPU_INTERPRETER, torch.float16, "fp8_ds_mla", 576)
+    assert triton_launch.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 576)
+    assert triton_launch.gluon_eligible(h200, torch.float16, "fp8_model1", 512)
+    assert not triton_launch.gluon_eligible(h200, torch.float32, "fp8_ds_mla", 576)
+    assert not triton_launch.gluon_eligible(h200, torch.bfloat16, "latent", 576)
+    assert not triton_launch.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 512)
+    assert not triton_launch.gluon_eligible(sm120, torch.bfloat16, "fp8_ds_mla", 576)
+    assert not triton_launch.gluon_eligible(hardware.CPU_INTERPRETER, torch.float16, "fp8_ds_mla", 576)
     assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)

@@ -1,4 +1,4 @@
-"""The exact radix top-k kernel (kernels/triton/topk.py) on synthetic float32 rows.
+"""The exact radix top-k kernel (kernels/topk/triton.py) on synthetic float32 rows.
 
 Checked with kernels.compare.check_topk against kernels.reference.topk_from_logits (the exact
 SPEC set: K largest among positions ``< len`` that are neither NaN nor -inf, ties to the smaller
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from kernels import compare
-from kernels.triton.topk import TopkConfig, launch_topk
+from kernels.topk.triton import TopkConfig, launch_topk
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -134,12 +134,12 @@ def test_million_positions():
 
 # ---------------------------------------------------------------------------- windowed first digit
 # The first digit is a 1/8-binade window over the 32 binades below the row max
-# (kernels.triton.topk.window_bin); a threshold further down is a window miss (bin 0), and the
+# (kernels.topk.triton.window_bin); a threshold further down is a window miss (bin 0), and the
 # lower levels then descend the full key over bin 0. Both must give the exact set.
 
 
 def _keys(x: np.ndarray) -> np.ndarray:
-    """uint32 order keys (0 = NaN / -inf), as kernels.triton.topk.order_key."""
+    """uint32 order keys (0 = NaN / -inf), as kernels.topk.triton.order_key."""
     x = np.where(x == 0, np.float32(0), x.astype(np.float32))
     u = x.view(np.uint32)
     k = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
@@ -255,7 +255,7 @@ def _split_hists(x, lens, n_drafts, S, P, base_raise=0):
     (request, split, draft) block's windowed histogram at its running-max base, raised by
     ``base_raise`` bins (capped at the row's base: still a valid block, its window top above
     its max) so that the plan's rebase shifts more blocks by other amounts."""
-    from kernels.triton.topk import HIST_ROW, hist_shape
+    from kernels.topk.triton import HIST_ROW, hist_shape
     R, W = x.shape
     B = R // n_drafts
     h = np.zeros(hist_shape(B, S, n_drafts), np.int32)
@@ -317,7 +317,7 @@ def test_many_candidates_compacted(pairs):
     """More than COMPACT_MIN candidates (window misses: a 1e30 outlier over 20K normal or
     rounded values; all values tied): the levels compact them in place; exact set, candidates
     as (key, position) pairs (scratch twice the row) or positions, same bits at every block."""
-    from kernels.triton.topk import COMPACT_MIN
+    from kernels.topk.triton import COMPACT_MIN
     K, W = 1000, 20000
     rng = np.random.default_rng(27)
     x = rng.standard_normal((3, W)).astype(np.float32)

@@ -2,14 +2,14 @@
 the shared memory per block of that GPU (kernels.hardware.SMEM_PER_BLOCK). sm_120 (the target)
 is checked everywhere; sm_90 on GPU machines or with ``DSA_AOT_SM90=1`` (tests/conftest.py).
 
-No GPU is needed: ``kernels.triton._aot`` compiles with Triton's bundled ptxas for
+No GPU is needed: ``kernels._triton_aot`` compiles with Triton's bundled ptxas for
 ``GPUTarget("cuda", cc, 32)`` in a subprocess without ``TRITON_INTERPRET`` (this test process
 has it set on CPU machines, and ``@triton.jit`` would return interpreter objects).
 
 Registry: :data:`LAUNCHERS` maps a launcher name to a function ``smem_class -> [LaunchSpec]``
 listing every (kernel, signature, constexprs, num_warps, num_stages) that launcher can launch on
-a GPU of that shared-memory class (``kernels.configs.smem_class``). Other launchers append
-their entry.
+a GPU of that shared-memory class (``kernels.sparse_mla.configs.smem_class``), from the module
+beside each kernel.
 """
 from __future__ import annotations
 
@@ -17,14 +17,19 @@ import functools
 
 import pytest
 
-from kernels import configs, hardware
-from kernels.triton import _aot
+from kernels import _triton_aot as _aot
+from kernels import hardware
+from kernels.cache_write import triton as _cache_write
+from kernels.indexer import triton_aot as _indexer_aot
+from kernels.sparse_mla import configs, triton_launch as _sparse_mla
+from kernels.topk import triton_aot as _topk_aot
 
-from torch_impl import sparse_mla as _sparse_mla
-
-# launcher name -> specs(smem_class); append new launchers here.
+# launcher name -> specs(smem_class); each lives beside its kernel.
 LAUNCHERS = {
     "sparse_mla_decode": _sparse_mla.aot_specs,
+    "indexer_logits": _indexer_aot.aot_specs,
+    "indexer_topk": _topk_aot.aot_specs,
+    "cache_write": _cache_write.aot_specs,
 }
 
 # (cc as an int for GPUTarget, compute capability tuple for the smem table)
@@ -71,36 +76,3 @@ def test_aot_compile_one_kernel_without_gpu():
     (res,) = _aot.compile_specs(specs, (120,))
     assert "error" not in res, res.get("error")
     assert 0 < res["shared"] <= limit
-
-
-# ---------------------------------------------------------------------------- indexer + top-k
-# (appended by the indexer engineer: torch_impl.indexer lists its launches; same checks.)
-
-from torch_impl import indexer as _indexer  # noqa: E402
-
-LAUNCHERS["indexer_logits"] = _indexer.aot_specs_logits
-LAUNCHERS["indexer_topk"] = _indexer.aot_specs_topk
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("cc", CCS)
-@pytest.mark.parametrize("launcher", ["indexer_logits", "indexer_topk"])
-def test_indexer_configs_fit_shared_memory(launcher, cc):
-    """Every indexer logits / radix top-k launch compiles for sm_120 and sm_90 and fits."""
-    test_every_config_fits_shared_memory(launcher, cc)
-
-
-# ---------------------------------------------------------------------------- new-token cache write
-# (appended by the layer engineer: kernels.triton.cache_write lists its launches; same checks.)
-
-from kernels.triton import cache_write as _cache_write  # noqa: E402
-
-LAUNCHERS["cache_write"] = _cache_write.aot_specs
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("cc", CCS)
-def test_cache_write_configs_fit_shared_memory(cc):
-    """Every new-token cache-write launch (format x row dtype x cache dtype) compiles for sm_120
-    and sm_90 and fits."""
-    test_every_config_fits_shared_memory("cache_write", cc)

@@ -68,6 +68,17 @@ def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torc
         raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
 
 
+def check_byte_offset(name: str, t: torch.Tensor, why: str, align: int = 4) -> None:
+    """ValueError naming ``name`` when ``t`` starts at a byte offset into its storage that is not
+    a multiple of ``align``: the kernels read a uint8 cache's wider fields (float32 scales, bf16
+    rope dims) through views of the same storage, and those views need aligned starts. ``why``
+    says which fields. Eager only (``storage_offset()`` is an int Dynamo cannot trace)."""
+    off = t.storage_offset() * t.element_size()
+    if off % align:
+        raise ValueError(f"{name}: expected a byte offset into its storage that is a multiple of "
+                         f"{align} ({why}), got {off}")
+
+
 def plan(op: str, device: torch.device, path: str, **shape) -> Plan:
     """``kernels.registry`` plan of one torch call on ``device``: the paths to try and the
     config each runs (the dispatch table read once). Where Triton cannot run (CPU without the

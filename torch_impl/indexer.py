@@ -4,8 +4,8 @@ PyTorch (``path="torch"``), registered as the custom ops ``dsa::indexer_logits``
 
 Semantics: docs/SPEC.md "Operation A" (DeepSeek-V3.2-Exp ``Indexer``, DeepGEMM
 ``fp8_paged_mqa_logits``); the float64 definition is ``kernels.reference.indexer_logits`` /
-``indexer_topk``; kernel designs are in ``kernels/triton/indexer.py`` and
-``kernels/triton/topk.py``.
+``indexer_topk``; kernel designs are in ``kernels/indexer/triton.py`` and
+``kernels/topk/triton.py``.
 
 Triton path: the logits kernel scores only the pages each request spans (runtime loop bound on
 the device) and the radix top-k reads only each row's valid prefix, so work scales with the
@@ -142,8 +142,8 @@ def _plan(q, block_table, k_cache, k_format, op, path, topk=None):
 def _triton_configs(cfg):
     """(IndexerLogitsConfig, TopkConfig) of a plan's triton config dict (registry field names:
     the logits config's fields, the top-k config's prefixed ``topk_``)."""
-    from kernels.triton.indexer import IndexerLogitsConfig
-    from kernels.triton.topk import TopkConfig
+    from kernels.indexer.triton import IndexerLogitsConfig
+    from kernels.topk.triton import TopkConfig
     cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
                                                       "trans", "pages", "hist", "prefetch",
@@ -179,7 +179,7 @@ def _triton_gate(q, k_format, P, lcfg):
 
 def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out,
                    hist=None):
-    from kernels.triton.indexer import launch_indexer_logits
+    from kernels.indexer.triton import launch_indexer_logits
     q = q if q.stride(-1) == 1 else q.contiguous()
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
@@ -236,7 +236,7 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     int32 ``[B * N, topk]`` (order unspecified, -1 padded). Shared by ``indexer_topk`` and the
     sequence-sharded TP indexer (which gathers the scores of the selection). ``cfg``: the
     registry plan's triton config (None: plan it here)."""
-    from kernels.triton.topk import launch_topk
+    from kernels.topk.triton import launch_topk
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
     W = block_table.shape[1] * P
@@ -247,8 +247,8 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     _triton_gate(q, k_format, P, lcfg)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
-    from kernels.triton.indexer import logits_splits
-    from kernels.triton.topk import hist_shape
+    from kernels.indexer.triton import logits_splits
+    from kernels.topk.triton import hist_shape
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
     hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
@@ -487,131 +487,3 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
 
 indexer_logits.__doc__ = indexer_logits.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)
 indexer_topk.__doc__ = indexer_topk.__doc__.format(args=_ARGS_DOC, raises=_RAISES_DOC)
-
-
-# ============================================================================ AOT compile specs
-
-# Integer arguments of the logits kernel that a real launch specialises as multiples of 16 (every
-# stride and offset is, at the bench's and the presets' shapes): compiled so, the AOT counts match
-# the GPU's code (unmarked, Triton cannot vectorise the K-tile loads: byte loads, 255 registers).
-LOGITS_DIVISIBLE = ("stride_qb", "stride_qn", "stride_qh", "stride_wb", "stride_wn", "stride_kp",
-                    "stride_kt", "stride_sp", "scale_off", "stride_bt", "stride_ob", "stride_on")
-
-
-def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
-                 trans=True, pages=2, hist="first", prefetch=True, evict_first=False,
-                 divisible=LOGITS_DIVISIBLE):
-    from kernels.triton._aot import LaunchSpec
-    from kernels.triton.indexer import HIST_MODES
-    sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
-           "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
-    for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
-                 "stride_wn", "stride_kp", "stride_kt", "stride_sp", "scale_off", "stride_bt",
-                 "stride_ob", "stride_on"):
-        sig[name] = "i32"
-    nb = 1 << (N - 1).bit_length()
-    cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
-              BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
-              DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
-              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages, HIST_MODE=HIST_MODES[hist],
-              PREFETCH=prefetch, EVICT=evict_first)
-    return LaunchSpec(label, "kernels.triton.indexer", "_indexer_logits_kernel", sig, cx,
-                      num_warps, num_stages, divisible=tuple(divisible))
-
-
-def aot_specs_logits(smem_class: str) -> list:
-    """Launches of the logits kernel to compile-check per shared-memory class: the default
-    config (tokens as M, 2 pages per iteration, 1 stage, num_warps 4 or 8 by q rows) for fp8
-    at N = 1, 2, 4 and H_I = 64, 16 with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the
-    largest tile (N = 4, H_I = 64) at every (num_warps, num_stages, trans, pages) corner of
-    ``IndexerLogitsConfig.SEARCH_SPACE``."""
-    from kernels.triton.indexer import IndexerLogitsConfig
-    specs = []
-
-    def warps(N, H):
-        return 8 if (1 << (N - 1).bit_length()) * max(16, 1 << (H - 1).bit_length()) >= 128 else 4
-
-    for N in (1, 2, 4):
-        for H in (64, 16):
-            specs.append(_logits_spec(f"logits fp8 N{N} H{H} P64", "*fp8e4nv", "*fp8e4nv", N, H, 64,
-                                      True, warps(N, H), 1))
-    specs.append(_logits_spec("logits fp8 N1 H64 P16", "*fp8e4nv", "*fp8e4nv", 1, 64, 16, True, 4, 1))
-    specs.append(_logits_spec("logits dense bf16 N2 H64 P64", "*bf16", "*bf16", 2, 64, 64, False, 8, 1))
-    specs.append(_logits_spec("logits dense fp32 N1 H64 P64", "*fp32", "*fp32", 1, 64, 64, False, 4, 1,
-                              "ieee"))
-    space = IndexerLogitsConfig.SEARCH_SPACE
-    for nw in space["num_warps"]:
-        for ns in (min(space["num_stages"]), max(space["num_stages"])):
-            for trans in space["trans"]:
-                for pages in space["pages"]:
-                    for pf in space["prefetch"]:
-                        specs.append(_logits_spec(
-                            f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages} "
-                            f"prefetch={pf}", "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns,
-                            trans=trans, pages=pages, prefetch=pf))
-    # the other histogram mode and evict-first loads at the defaults; the pipelined (cp.async)
-    # variants of bench.indexer_sweep at N = 1 and 2; the dense bf16 tile at 3 stages
-    for N in (1, 2):
-        specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 hist=running", "*fp8e4nv", "*fp8e4nv",
-                                  N, 64, 64, True, warps(N, 64), 1, hist="running"))
-        for nw, ns, pages in ((warps(N, 64), 2, 2), (warps(N, 64), 3, 2), (8, 2, 2),
-                              (warps(N, 64), 2, 1)):
-            specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 w{nw} s{ns} pages={pages} "
-                                      f"prefetch=False evict_first", "*fp8e4nv", "*fp8e4nv", N, 64,
-                                      64, True, nw, ns, pages=pages, prefetch=False,
-                                      evict_first=True))
-    specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
-                              2, 64, 64, False, 8, 3, prefetch=False))
-    return specs
-
-
-def aot_specs_topk(smem_class: str) -> list:
-    """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
-    ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
-    pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
-    ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
-    from kernels.triton._aot import LaunchSpec
-    from kernels.triton.topk import PLAN_BASES, PLAN_MIN, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
-    from kernels.triton.topk import plan_blocks
-    sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
-           "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
-           "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
-           "n_drafts_pow2": "i32", "num_splits": "i32", "state_ptr": "*i32"}
-    specs = []
-    space = TopkConfig.SEARCH_SPACE
-    for nw in space["num_warps"]:
-        for blk in space["block"]:
-            for has_hist in (False, True):
-                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan=False",
-                                        "kernels.triton.topk", "_radix_topk_kernel", sig,
-                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=False,
-                                             PLAN_SB=PLAN_SPLITS), nw, 1))
-        for blk in space["cand_block"]:              # after a split pass B: the candidate block
-            specs.append(LaunchSpec(f"topk block{blk} w{nw} hist=True plan=True",
-                                    "kernels.triton.topk", "_radix_topk_kernel", sig,
-                                    dict(BLOCK=blk, HAS_HIST=True, FROM_PLAN=True,
-                                         PLAN_SB=PLAN_SPLITS), nw, 1))
-    seen = set()
-    s_ = PLAN_MIN
-    while s_ <= PLAN_BASES:                          # every (SB, SBASE) plan_blocks can return
-        sb, sbase = plan_blocks(s_)
-        s_ *= 2
-        if (sb, sbase) in seen:
-            continue
-        seen.add((sb, sbase))
-        specs.append(LaunchSpec(f"topk plan SB{sb} SBASE{sbase}", "kernels.triton.topk",
-                                "_topk_plan_kernel",
-                                {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
-                                 "topk": "i32", "cap": "i32", "n_drafts": "i32",
-                                 "n_drafts_pow2": "i32", "num_splits": "i32"},
-                                dict(SB=sb, SBASE=sbase), 8, 1))
-    for blk, nw in SCATTER_CONFIGS:
-        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.triton.topk",
-                                "_topk_scatter_kernel",
-                                {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
-                                 "cand_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
-                                 "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
-                                 "stride_c": "i32", "cap": "i32", "n_drafts": "i32",
-                                 "per_row": "i32", "num_splits": "i32"},
-                                dict(BLOCK=blk), nw, 1))
-    return specs

@@ -4,7 +4,7 @@ The math, the weight names and the tensor-parallel slicing are those of
 :mod:`kernels.layer_reference` (whose module docstring writes the whole step out); this module
 runs it with the project's ops: ``indexer_topk`` and ``sparse_mla_decode`` (Triton kernels or
 plain PyTorch, ``path``), and the new tokens' cache writes as one fused quantize + scatter per
-cache (:func:`write_new_tokens`: the Triton kernel ``kernels/triton/cache_write.py``, or the
+cache (:func:`write_new_tokens`: the Triton kernel ``kernels/cache_write/triton.py``, or the
 byte-exact plain-PyTorch writers ``quantize_fp8_ds_mla``, ``quantize_fp8_model1`` and
 ``quantize_fp8_indexer`` with ``path="torch"``).
 
@@ -28,6 +28,7 @@ from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
 from torch_impl.indexer import indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
+from torch_impl.step import window_split
 
 __all__ = ["DSADecodeLayer", "new_token_targets", "write_new_tokens"]
 
@@ -129,8 +130,8 @@ def _torch_cache_write(src, cache, block_table, context_lens, N, fmt, page_size,
 
 
 def _triton_cache_write(src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt):
-    """One launch of ``kernels.triton.cache_write._cache_write_kernel`` (grid ``B * N``)."""
-    from kernels.triton import cache_write as tcw
+    """One launch of ``kernels.cache_write.triton._cache_write_kernel`` (grid ``B * N``)."""
+    from kernels.cache_write import triton as tcw
     dev = _common.device_info(src.device)
     _common.require_no_interpreted_bf16(dev, "cache_write", src)
     B, max_pages = block_table.shape
@@ -148,9 +149,8 @@ def _triton_cache_write(src, cache, block_table, context_lens, N, fmt, page_size
 def _cache_write_op(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
                     context_lens: torch.Tensor, N: int, fmt: str, page_size: int,
                     scale_fmt: Optional[str], path: str) -> None:
-    if fmt != "latent" and cache.storage_offset() % 4:
-        raise ValueError(f"cache: expected 4-byte aligned pages (float32 scales are stored through a "
-                         f"float32 view), got storage offset {cache.storage_offset()}")
+    if fmt != "latent":
+        _common.check_byte_offset("cache", cache, "float32 scales are stored through a float32 view")
     args = (src, cache, block_table, context_lens, N, fmt, page_size, scale_fmt)
     impls = {"triton": lambda: _triton_cache_write(*args), "torch": lambda: _torch_cache_write(*args)}
     _common.run_path("cache_write", path, impls, BACKEND_PATHS["torch"])
@@ -167,13 +167,10 @@ _WRITE_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
 def _cache_layout(fmt: str, cache: torch.Tensor, D: int, P: int):
     """(expected shape, dtype ok) of a ``fmt`` cache with ``cache.shape[0]`` pages for rows of D."""
     n = cache.shape[0] if cache.dim() else 0
-    if fmt == "latent":
-        return (n, P, D), cache.dtype in _FLOAT
-    if fmt == "fp8_ds_mla":
-        return (n, P, np_formats.DS_MLA_BYTES), cache.dtype == torch.uint8 and D == 576
-    if fmt == "fp8_model1":
-        return (n, np_formats.model1_page_bytes(P)), cache.dtype == torch.uint8 and D == 512
-    return (n, P * (D + 4)), cache.dtype == torch.uint8
+    u8 = cache.dtype == torch.uint8
+    ok = {"latent": cache.dtype in _FLOAT, "fp8_ds_mla": u8 and D == 576,
+          "fp8_model1": u8 and D == 512, "fp8_indexer": u8}[fmt]
+    return np_formats.cache_shape(fmt, n, P, D), ok
 
 
 def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
@@ -473,15 +470,12 @@ class DSADecodeLayer(nn.Module):
 
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
-        lens_bn = torch.clamp(context_lens.long()[:, None] - (N - 1 - torch.arange(N, device=x.device))[None], min=0)
         if cfg.window:
-            idx_lens = torch.clamp(lens_bn - cfg.window, min=0).to(torch.int32)
+            idx_lens, win = window_split(context_lens, N, cfg.window)
             top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
-            j = lens_bn[..., None] - cfg.window + torch.arange(cfg.window, device=x.device)
-            win = torch.where(j >= 0, j, -1).to(torch.int32)
             indices = torch.cat([top, win], dim=-1)
         else:
-            idx_lens = lens_bn.to(torch.int32)
+            idx_lens = window_split(context_lens, N, 0)[0]              # the drafts' lengths
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
 
         sink = self.w("attn_sink") if cfg.attn_sink else None

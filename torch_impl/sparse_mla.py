@@ -2,7 +2,10 @@
 (``path="torch"``), registered as the custom op ``dsa::sparse_mla_decode``.
 
 Semantics: docs/SPEC.md "Operation B" (FlashMLA sparse decode); the float64 definition is
-``kernels.reference.sparse_mla_decode``; the kernel design is in ``kernels/triton/sparse_mla.py``.
+``kernels.reference.sparse_mla_decode``; the kernel design is in ``kernels/sparse_mla/triton.py``
+and its launcher (strides, grid, split count, constexprs, AOT specs) beside it in
+``kernels/sparse_mla/triton_launch.py``. This module validates, gates the GPU, plans the call
+(``kernels.registry``) and registers the custom op; the plain-PyTorch path is here too.
 
 The custom op (``torch.library.custom_op`` with a fake implementation) lets
 ``torch.compile(fullgraph=True)`` trace through a call and a CUDA graph capture it: the launcher
@@ -15,7 +18,9 @@ from typing import Optional
 
 import torch
 
-from kernels import configs, formats as np_formats, hardware
+from kernels import formats as np_formats, hardware
+from kernels.sparse_mla import configs, triton_launch
+from kernels.sparse_mla.triton_launch import TRITON_SHAPES
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.formats import dequantize_fp8_ds_mla
@@ -25,8 +30,6 @@ __all__ = ["sparse_mla_decode", "choose_config", "TRITON_SHAPES"]
 _Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _LATENT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _D_QK = {"fp8_ds_mla": 576, "fp8_model1": 512}
-# (D_qk, d_v) pairs the Triton kernels are built and compile-checked for.
-TRITON_SHAPES = ((576, 512), (512, 512))
 
 
 # ============================================================================ validation
@@ -114,7 +117,7 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
 
     The plan of ``kernels.registry`` for the triton path: the config of the table's entry
     (``kernels/dispatch/<arch>.json``) for this shape bucket when the entry chose "triton" and
-    the config is in this GPU's search space, else ``kernels.configs.sparse_mla_heuristic``;
+    the config is in this GPU's search space, else ``kernels.sparse_mla.configs.sparse_mla_heuristic``;
     either way a config compiled and checked for the GPU's shared-memory class and the dot
     operand width (``operand_bytes``: 2 bf16/fp16, 4 fp32).
     """
@@ -123,143 +126,14 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
     return (pl.entry or {}).get("path"), configs.SparseMLAConfig(**pl.config)
 
 
-def _dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str) -> str:
-    """Operand dtype (``triton.language`` name) of the nope / value dots: fp16 for the fp8
-    formats with 16-bit q (dequantized tiles shifted per tile into fp16, q scaled per head: exact,
-    docs/SEMANTICS.md "fast-path numerics"); for a latent cache q's dtype when the cache has it;
-    else fp32 (IEEE). (bf16 never reaches the interpreter: the launcher refuses it.)"""
-    if q_dtype == torch.float32 or (kv_format == "latent" and kv_dtype != q_dtype):
-        return "float32"
-    if kv_format != "latent":
-        return "float16"
-    return "bfloat16" if q_dtype == torch.bfloat16 else "float16"
-
-
-def _rope_dtype(q_dtype: torch.dtype, dot_dtype: str, kv_format: str) -> str:
-    """Operand dtype of the rope dots of the fp8 formats (the rope is stored in bf16): bf16 for
-    bf16 q (exact), else the nope dots' dtype (fp16 q: the documented fp16 rounding of the rope)."""
-    if kv_format != "latent" and q_dtype == torch.bfloat16:
-        return "bfloat16"
-    return dot_dtype
-
-
-def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLAConfig,
-                     dot_dtype: str, rope_dtype: str, *, has_bt: bool, has_tkl: bool,
-                     has_sink: bool, final: bool) -> dict:
-    """Constexpr arguments of ``_sparse_mla_split_kernel`` for one launch (``DOT_DTYPE`` and
-    ``ROPE_DTYPE`` as ``triton.language`` dtype names). Shared by the launcher and the AOT
-    compile test."""
-    from kernels.triton.sparse_mla import KV_FORMAT_CODES
-    return dict(
-        KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
-        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, HAS_BT=has_bt, HAS_TKL=has_tkl,
-        HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_dtype, ROPE_DTYPE=rope_dtype,
-        DOT_FP32=dot_dtype == "float32")
-
-
-def combine_constexprs(d_v: int, has_sink: bool) -> dict:
-    """Constexpr arguments of ``_sparse_mla_combine_kernel``."""
-    return dict(D_V=d_v, D_V_PAD=configs.next_pow2(d_v), BLOCK_H=configs.SPARSE_MLA_COMBINE_BLOCK_H,
-                HAS_SINK=has_sink)
-
-
-_TL_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
-
-
-# (kv_format, D_qk, q dtype, final) variants compiled per config by the AOT test: every kv_format
-# with bf16 q (the production dtype), fp32 q (fp32 dot operands, twice the tile bytes) on the
-# latent and fp8_ds_mla layouts, and the single-split epilogue. The feature flags (block table,
-# topk_length, sink) only add scalar loads and are compiled on.
-AOT_VARIANTS = (
-    ("latent", 576, torch.bfloat16, False),
-    ("fp8_ds_mla", 576, torch.bfloat16, False),
-    ("fp8_model1", 512, torch.bfloat16, False),
-    ("fp8_ds_mla", 576, torch.bfloat16, True),
-    ("latent", 576, torch.float32, False),
-    ("fp8_ds_mla", 576, torch.float32, False),
-)
-
-
-def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
-    """Launches of the triton path on a GPU of ``smem_class`` (``kernels.configs``) as
-    ``kernels.triton._aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
-    its dot-operand width, plus the combine kernel for bf16 and fp32 outputs."""
-    from kernels.triton._aot import LaunchSpec
-    mod = "kernels.triton.sparse_mla"
-    specs = []
-    for kv_format, d_qk, q_dtype, final in variants:
-        kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
-        kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
-        dot = _dot_dtype(q_dtype, kv_dtype, kv_format)
-        for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
-            if cfg.kernel == "gluon":
-                if kv_format != "latent" and dot != "float32":
-                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
-                continue
-            sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
-                   "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
-                   "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
-                   "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
-                   "qk_scale_log2": "fp32"}
-            for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "stride_page",
-                         "stride_tok", "N", "H", "K", "num_slots", "num_pages",
-                         "max_pages", "page_size", "page_bytes", "chunk"):
-                sig[name] = "i32"
-            for has_bt in (True, False):
-                cx = split_constexprs(kv_format, d_qk, 512, cfg, dot,
-                                      _rope_dtype(q_dtype, dot, kv_format), has_bt=has_bt,
-                                      has_tkl=True, has_sink=True, final=final)
-                label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
-                         f"{'final' if final else 'partial'} {'block table' if has_bt else 'slots'} "
-                         f"{cfg}")
-                specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
-                                        cfg.num_warps, cfg.num_stages, ("DOT_DTYPE", "ROPE_DTYPE"),
-                                        ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
-                                         "page_bytes")))
-    for q_dtype in (torch.bfloat16, torch.float32):
-        sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
-               "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32"}
-        specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]}", mod, "_sparse_mla_combine_kernel",
-                                sig, combine_constexprs(512, True),
-                                configs.SPARSE_MLA_COMBINE_WARPS, 2))
-    return specs
-
-
-def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
-    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
-    (``nbuf``: the config's X buffers, its ``num_stages``)."""
-    from kernels.triton._aot import LaunchSpec
-    from kernels.triton import sparse_mla_gluon as gk
-    from kernels.triton.sparse_mla import KV_FORMAT_CODES
-    sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": "*u8", "kv16_ptr": "*i16", "kv32_ptr": "*i32",
-           "idx_ptr": "*i32", "bt_ptr": "*i32", "tkl_ptr": "*i32", "sink_ptr": "*fp32",
-           "po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
-           "qk_scale_log2": "fp32"}
-    for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
-                 "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
-        sig[name] = "i32"
-    rope = "bfloat16" if q_dtype == torch.bfloat16 else "float16"
-    out = []
-    for has_bt in (True, False):
-        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
-                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf)
-        out.append(LaunchSpec(
-            f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
-            f"{'block table' if has_bt else 'slots'}", "kernels.triton.sparse_mla_gluon",
-            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
-            ("sq_b", "sq_n", "sq_h", "page_bytes")))
-    return out
-
-
 # ============================================================================ triton path
 
 def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
                  attn_sink, *, config: configs.SparseMLAConfig | None = None,
-                 num_splits: int | None = None):
-    """Launch the split (and combine) kernels. ``config`` / ``num_splits`` override the choice
-    (tests use them to run every config of the search space)."""
-    from kernels.triton import sparse_mla as tk
-
+                 num_splits: int | None = None, geometry: tuple | None = None):
+    """Gate the GPU, then launch (``kernels.sparse_mla.triton_launch``). ``config`` /
+    ``num_splits`` override the choice (tests use them to run every config of the search space);
+    ``geometry``: ``(P, num_slots, num_pages)`` from the validation (else read off the cache)."""
     dev = _common.device_info(q.device)
     hardware.require_arch(dev, "sparse_mla_decode (triton)")
     _common.require_no_interpreted_bf16(dev, "sparse_mla_decode (triton)", q,
@@ -270,105 +144,20 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
         raise NotImplementedError(
             f"sparse_mla_decode (triton) on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}) "
             f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
-    P, num_slots, num_pages = _geometry(kv_cache, kv_format)
-    dot_name = _dot_dtype(q.dtype, kv_cache.dtype, kv_format)
+    P, _, num_pages = geometry or _geometry(kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
-                                  operand_bytes=4 if dot_name == "float32" else 2)[1]
-
-    if cfg.kernel == "gluon" and not gluon_eligible(dev, q.dtype, kv_format, D):
+                                  operand_bytes=_operand_bytes(q, kv_cache, kv_format))[1]
+    if cfg.kernel == "gluon" and not triton_launch.gluon_eligible(dev, q.dtype, kv_format, D):
         cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
-
-    if q.stride(3) != 1:
-        q = q.contiguous()
-    if indices.stride(2) != 1:
-        indices = indices.contiguous()
-    if block_table is not None and block_table.stride(1) != 1:
-        block_table = block_table.contiguous()
-    if kv_format == "latent":
-        kv, kv16, kv32 = kv_cache, kv_cache, kv_cache
-        stride_page, stride_tok, page_bytes = kv_cache.stride(0), kv_cache.stride(1), 0
-    else:
-        kv = kv_cache.view(-1)                              # uint8 bytes
-        kv16 = kv.view(torch.int16)                         # bf16 rope bits
-        kv32 = kv.view(torch.float32) if kv_format == "fp8_ds_mla" else kv
-        stride_page = stride_tok = 0
-        page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * np_formats.DS_MLA_BYTES
-
-    head_blocks = triton_cdiv(H, cfg.block_h)
-    rows = B * N * head_blocks
-    splits = num_splits or configs.sparse_mla_num_splits(
-        rows, K, cfg.block_k, dev.num_sms,
-        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
-    chunk = triton_cdiv(triton_cdiv(K, splits), cfg.block_k) * cfg.block_k
-    splits = triton_cdiv(K, chunk)
-    final = splits == 1
-
-    out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
-    if final:
-        po, pl = out, lse
-    else:
-        po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
-        pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
-    dummy = indices
-    rope_name = _rope_dtype(q.dtype, dot_name, kv_format)
-    cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, rope_name,
-                          has_bt=block_table is not None, has_tkl=topk_length is not None,
-                          has_sink=attn_sink is not None, final=final)
-    import triton.language as tl
-    cx["DOT_DTYPE"] = getattr(tl, dot_name)
-    cx["ROPE_DTYPE"] = getattr(tl, rope_name)
-    grid = (head_blocks, splits, B * N)
-    if cfg.kernel == "gluon":
-        from triton.experimental.gluon import language as gl
-
-        from kernels.triton import sparse_mla_gluon as gk
-        gk._sparse_mla_gluon_kernel[grid](
-            q, kv, kv16, kv.view(torch.int32), indices,
-            block_table if block_table is not None else dummy,
-            topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy,
-            po, pl, out, lse,
-            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
-            block_table.stride(0) if block_table is not None else 0,
-            N, H, K, num_slots, num_pages,
-            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
-            float(sm_scale) * tk.LOG2E,
-            KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
-            HAS_SINK=cx["HAS_SINK"], FINAL=final,
-            ROPE_DTYPE=gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16,
-            NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
-        )
-    else:
-        tk._sparse_mla_split_kernel[grid](
-            q, kv, kv16, kv32, indices,
-            block_table if block_table is not None else dummy,
-            topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy,
-            po, pl, out, lse,
-            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
-            block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
-            N, H, K, num_slots, num_pages,
-            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
-            float(sm_scale) * tk.LOG2E,
-            **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    if not final:
-        cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
-        tk._sparse_mla_combine_kernel[(triton_cdiv(H, cbh), B * N)](
-            po, pl, attn_sink if attn_sink is not None else dummy, out, lse,
-            splits, B * N, H, **combine_constexprs(d_v, attn_sink is not None),
-            num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
-        )
-    return out, lse
+    return triton_launch.launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
+                                topk_length, attn_sink, page_size=P, num_pages=num_pages,
+                                config=cfg, num_sms=dev.num_sms,
+                                smem_per_block=dev.smem_per_block, num_splits=num_splits)
 
 
-def gluon_eligible(dev: hardware.DeviceInfo, q_dtype: torch.dtype, kv_format: str, d_qk: int) -> bool:
-    """Whether the Gluon kernel (``kernels.triton.sparse_mla_gluon``) can run a call: sm_90
-    (wgmma), not the interpreter, an fp8 cache with 16-bit q and its D_qk (576 / 512)."""
-    return (not dev.interpret and tuple(dev.cc) == (9, 0)
-            and q_dtype in (torch.bfloat16, torch.float16)
-            and (kv_format, d_qk) in (("fp8_ds_mla", 576), ("fp8_model1", 512)))
+def _operand_bytes(q, kv_cache, kv_format) -> int:
+    """Width of the kernel's dot operands (2: fp16 / bf16, 4: fp32): selects the config space."""
+    return 4 if triton_launch.dot_dtype(q.dtype, kv_cache.dtype, kv_format) == "float32" else 2
 
 
 def _logical_to_slots(indices, block_table, P: int, num_pages: int):
@@ -383,10 +172,6 @@ def _logical_to_slots(indices, block_table, P: int, num_pages: int):
     ent = torch.gather(block_table.long(), 1, lpage.reshape(B, N * K)).reshape(B, N, K)
     ok &= (ent >= 0) & (ent < num_pages)
     return torch.where(ok, ent * P + idx % P, -1).to(torch.int32).contiguous()
-
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 def _geometry(kv_cache, kv_format):
@@ -418,12 +203,12 @@ def _gather_rows(kv_cache, kv_format, page, off):
 
 
 def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
-                attn_sink):
+                attn_sink, *, geometry: tuple | None = None):
     """Plain PyTorch, fp32: clamp invalid indices to slot 0, gather, then mask (rows zeroed, scores
     excluded), so nothing invalid is used and NaN in unselected rows cannot leak."""
     B, N, H, D = q.shape
     K = indices.shape[2]
-    P, num_slots, num_pages = _geometry(kv_cache, kv_format)
+    P, num_slots, num_pages = geometry or _geometry(kv_cache, kv_format)
     if block_table is not None:
         indices = _logical_to_slots(indices, block_table, P, num_pages)    # invalid -> -1
     slot = indices.long()
@@ -451,39 +236,40 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
 # ============================================================================ custom op
 
 def _check_byte_offset(kv_cache: torch.Tensor, kv_format: str) -> None:
-    if kv_format != "latent" and kv_cache.storage_offset() % 4:
-        raise ValueError(f"kv_cache: expected a byte offset into its storage that is a multiple of "
-                         f"4 (the kernels read the bf16 rope and float32 scales through int16 / "
-                         f"float32 views), got {kv_cache.storage_offset()}")
+    if kv_format != "latent":
+        _common.check_byte_offset("kv_cache", kv_cache, "the kernels read the bf16 rope and "
+                                  "float32 scales through int16 / float32 views")
 
 
 def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
-         path):
+         path, page_size, num_pages):
     _check_byte_offset(kv_cache, kv_format)
     args = (q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink)
+    geometry = (page_size, page_size * num_pages, num_pages)
     B, N, H, D = q.shape
-    dot = _dot_dtype(q.dtype, kv_cache.dtype, kv_format)
     pl = _common.plan("sparse_mla_decode", q.device, path, B=B, N=N, H=H, K=indices.shape[2],
-                      d_qk=D, kv_format=kv_format, operand_bytes=4 if dot == "float32" else 2)
+                      d_qk=D, kv_format=kv_format,
+                      operand_bytes=_operand_bytes(q, kv_cache, kv_format))
     cfg = pl.config_for("triton") if "triton" in pl.order else None
-    impls = {"triton": lambda: _triton_impl(*args, config=configs.SparseMLAConfig(**cfg) if cfg else None),
-             "torch": lambda: _torch_impl(*args)}
-    order = pl.order
-    return _common.run_path("sparse_mla_decode", path, impls, order)
+    impls = {"triton": lambda: _triton_impl(*args, config=configs.SparseMLAConfig(**cfg) if cfg else None,
+                                            geometry=geometry),
+             "torch": lambda: _torch_impl(*args, geometry=geometry)}
+    return _common.run_path("sparse_mla_decode", path, impls, pl.order)
 
 
 @torch.library.custom_op("dsa::sparse_mla_decode", mutates_args=())
 def _sparse_mla_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
                           sm_scale: float, kv_format: str, d_v: int,
                           block_table: Optional[torch.Tensor], topk_length: Optional[torch.Tensor],
-                          attn_sink: Optional[torch.Tensor], path: str
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          attn_sink: Optional[torch.Tensor], path: str, page_size: int,
+                          num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
     return _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
-                attn_sink, path)
+                attn_sink, path, page_size, num_pages)
 
 
 @_sparse_mla_decode_op.register_fake
-def _(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink, path):
+def _(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink, path,
+      page_size, num_pages):
     B, N, H, _ = q.shape
     return q.new_empty((B, N, H, d_v)), q.new_empty((B, N, H), dtype=torch.float32)
 
@@ -536,7 +322,7 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
       NotImplementedError: the named path cannot run here (GPU arch, CPU without
         ``TRITON_INTERPRET=1``, unsupported (D_qk, d_v)); names the GPU and what is supported.
     """
-    _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
-              attn_sink, path)
+    P, _, num_pages = _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
+                                topk_length, attn_sink, path)
     return torch.ops.dsa.sparse_mla_decode(q, kv_cache, indices, float(sm_scale), kv_format, int(d_v),
-                                           block_table, topk_length, attn_sink, path)
+                                           block_table, topk_length, attn_sink, path, P, num_pages)

@@ -9,6 +9,9 @@ SGLang DSA backends do at decode):
 2. ``sparse_mla_decode`` attends those logical positions through the block table (the
    logical-to-slot conversion happens inside it, ``block_table=...``).
 
+With ``window > 0`` (DeepSeek-V4-Flash) the indexer scores the positions before each draft's
+last ``window`` and those ``window`` positions are attended as well (:func:`window_split`).
+
 The top-k is requested ``sorted=True`` (descending logit, ties to the smaller position, -1 last),
 so the index list handed to sparse MLA has one canonical order: the tensor-parallel step
 (:mod:`torch_impl.tp`) produces exactly this list with its sequence-sharded indexer, and sparse
@@ -19,10 +22,11 @@ from __future__ import annotations
 import torch
 
 from kernels.scalars import check_int, check_real
+from torch_impl import _common
 from torch_impl.indexer import indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
 
-__all__ = ["dsa_decode_step"]
+__all__ = ["dsa_decode_step", "window_split"]
 
 
 def check_step_scalars(sm_scale, topk) -> tuple[float, int]:
@@ -37,12 +41,28 @@ def check_step_scalars(sm_scale, topk) -> tuple[float, int]:
     return check_real("sm_scale", sm_scale), check_int("topk", topk, minimum=1)
 
 
+def window_split(context_lens: torch.Tensor, N: int, window: int):
+    """The V4 sliding window of a step: ``(indexer lengths, window positions)``.
+
+    ``context_lens`` int32 ``[B]`` (L_b, counting the N new tokens: draft i's valid length is
+    ``L_b - (N - 1 - i)``) or ``[B, N]`` (per-draft valid lengths). Returns int32
+    ``[B, N]`` lengths ``max(len_i - window, 0)`` for the indexer and int32 ``[B, N, window]``
+    positions ``len_i - window + w`` (-1 where negative). Device ops only (no host sync).
+    """
+    cl = context_lens.long()
+    if cl.dim() == 1:
+        cl = cl[:, None] - (N - 1 - torch.arange(N, device=cl.device))[None, :]
+    lens = cl.clamp(min=0)
+    j = lens[..., None] - window + torch.arange(window, device=cl.device)
+    return (lens - window).clamp(min=0).to(torch.int32), torch.where(j >= 0, j, -1).to(torch.int32)
+
+
 def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor,
                     idx_weights: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
                     context_lens: torch.Tensor, sm_scale: float, topk: int, *,
                     kv_format: str = "latent", d_v: int = 512,
                     attn_sink: torch.Tensor | None = None, k_format: str = "fp8_indexer",
-                    path: str = "auto"):
+                    window: int = 0, path: str = "auto"):
     """One DSA decode step: indexer top-k over the paged indexer cache, then sparse MLA decode.
 
     Args:
@@ -70,6 +90,12 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
       d_v: value width, the first ``d_v`` latent dims (512).
       attn_sink: float32 ``[H]`` or None (V4-Flash): ``out *= 1 / (1 + exp(sink_h - lse))``.
       k_format: ``"fp8_indexer"`` (default) or ``"dense"``.
+      window: the V4-Flash sliding window (``DSV4_FLASH.window`` = 128; 0, the default, for
+        V3.2): when > 0 the indexer scores only the positions before each draft's last
+        ``window`` (``j < len_i - window``, len_i the draft's valid length) and those last
+        ``window`` positions ``len_i - window .. len_i - 1`` (-1 where negative) are appended
+        to its top-k, as DeepSeek-V4's attention and ``DSADecodeLayer`` do. A Python int or
+        NumPy integer scalar >= 0, never a bool.
       path: ``"auto"``, ``"triton"`` or ``"torch"``, passed to both ops (a named path that cannot
         run raises; ``"auto"`` falls through).
 
@@ -80,19 +106,30 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
         0 for a draft with no valid position.
       * lse ``[B, N, H]`` float32, natural log of the softmax denominator (sink excluded);
         -inf for a draft with no valid position.
-      * indices ``[B, N, topk]`` int32 logical positions in descending indexer logit (ties to
-        the smaller position), -1 padding last (fewer than ``topk`` qualifying positions).
+      * indices ``[B, N, topk + window]`` int32 logical positions: the top-k in descending
+        indexer logit (ties to the smaller position), -1 padding last (fewer than ``topk``
+        qualifying positions), then the window positions in ascending order.
 
     Raises:
-      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``
-        and ``topk`` are checked first, before the indexer runs (:func:`check_step_scalars`).
+      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``,
+        ``topk`` and ``window`` are checked first, before the indexer runs
+        (:func:`check_step_scalars`).
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
     sm_scale, topk = check_step_scalars(sm_scale, topk)
-    indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
+    window = check_int("window", window, minimum=0)
+    if window:
+        _common.check_tensor("q", q, ndim=4)
+        _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,))
+        idx_lens, win = window_split(context_lens, q.shape[1], window)
+        top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,
                            k_format=k_format, sorted=True, path=path)
+        indices = torch.cat([top, win], dim=-1)
+    else:
+        indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
+                               k_format=k_format, sorted=True, path=path)
     out, lse = sparse_mla_decode(q, kv_cache, indices, sm_scale, kv_format=kv_format, d_v=d_v,
                                  block_table=block_table, attn_sink=attn_sink, path=path)
     return out, lse, indices

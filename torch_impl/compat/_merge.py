@@ -10,7 +10,7 @@ over ``[B, N, H, 512]``:
 * FlashMLA's lse layout: ``[B, H, N]`` contiguous, +inf for a row with no valid entry in either
   cache (NaN stays NaN).
 
-The math is the split-K combine of ``kernels/triton/sparse_mla.py`` (``_sparse_mla_combine_kernel``)
+The math is the split-K combine of ``kernels/sparse_mla/triton.py`` (``_sparse_mla_combine_kernel``)
 with two "splits" given in natural log and q's dtype. Element-wise per (row, head): no atomics,
 no reduction order to vary, so results are bitwise repeatable. :func:`merge_torch` is the same
 formula in PyTorch (``path="torch"``, and where Triton cannot run).

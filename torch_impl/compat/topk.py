@@ -20,7 +20,7 @@ All of them select, per logits row r, the positions of the ``k`` largest logits 
 ``len[r]`` positions; the rest of the row is -1. Here the selection is exact (SPEC "Operation A":
 NaN and -inf never selected, ties to the smaller position) and the output order is unspecified,
 as in the engines (the attention that consumes the indices sums over them). Backed by the radix
-top-k kernel ``kernels.triton.topk.launch_topk`` (no host sync, CUDA-graph capturable) where
+top-k kernel ``kernels.topk.triton.launch_topk`` (no host sync, CUDA-graph capturable) where
 Triton runs, else an exact PyTorch top-k over unique (logit, position) keys.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
 
     def triton():
         from kernels import hardware
-        from kernels.triton.topk import launch_topk
+        from kernels.topk.triton import launch_topk
         dev = _common.device_info(logits.device)
         hardware.require_arch(dev, "select_topk (triton)")
         dst = out if out.stride(1) == 1 else torch.empty((R, k), dtype=torch.int32,

@@ -1,6 +1,6 @@
 """Sparse MLA decode for sm_90 in Gluon (``triton.experimental.gluon``): 64-head tiles, wgmma.
 
-Semantics and numerics: the same as ``kernels.triton.sparse_mla`` (docs/SPEC.md "Operation B";
+Semantics and numerics: the same as ``kernels.sparse_mla.triton`` (docs/SPEC.md "Operation B";
 docs/SEMANTICS.md "fast-path numerics"): fp8 caches (``fp8_ds_mla``, ``fp8_model1``), 16-bit q,
 fp16 nope dots over tiles dequantized into the program's running power-of-two unit, q nope
 scaled per head by a power of two into fp16, the rope dot in the rope's dtype, fp16 p. Same

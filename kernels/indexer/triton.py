@@ -52,7 +52,7 @@ Design (one program = one request b and one contiguous chunk of its pages; grid 
   written: ``indexer_logits`` pre-fills its output with -inf; the top-k never reads them.
 * Fused pass A of the radix top-k (``hist=``, used by ``indexer_topk``): the logits are in
   registers anyway, so each program also histograms the first digit of their order keys
-  (``kernels.triton.topk.window_hist_add``: 1/8-binade bins in a window below the running max,
+  (``kernels.topk.triton.window_hist_add``: 1/8-binade bins in a window below the running max,
   shifted when a tile raises the max) per draft with ``tl.histogram`` and writes one
   ``[NB, HIST_ROW]`` int32 block (256 counts and the window base per draft) per (request,
   split): the top-k then skips one full read of the row.
@@ -75,7 +75,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from kernels.triton.topk import (BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_base, window_bin,
+from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_base, window_bin,
                                  window_hist_add)
 
 
@@ -310,7 +310,7 @@ def _indexer_logits_kernel(
         tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & (t_ok & pg_in)[None, :])
         if WRITE_HIST:
             # Pass A of the radix top-k, fused: per-draft windowed histogram of the keys' first
-            # digit (kernels.triton.topk.window_bin; key 0 = NaN / -inf / invalid is not
+            # digit (kernels.topk.triton.window_bin; key 0 = NaN / -inf / invalid is not
             # counted). Bin = draft * HB + digit.
             key = order_key(logit)
             if HIST_MODE == 0:
@@ -408,10 +408,10 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
       fp8_upcast: convert e4m3 q and k to fp16 (exact) before the dot, so the dot accumulates in
         full fp32 (the launcher always sets it for fp8 caches; the interpreter computes fp16).
       fp8_nan_fix: make e4m3 NaN keys give NaN scores (the CPU interpreter decodes them as 480).
-      hist: None, or int32 ``kernels.triton.topk.hist_shape(B, S, N)`` = ``[B, S, NB,
+      hist: None, or int32 ``kernels.topk.triton.hist_shape(B, S, N)`` = ``[B, S, NB,
         HIST_ROW]`` (``S = logits_splits(...)``, ``NB = next_pow2(N)``), contiguous and
         uninitialised: receives per-split windowed first-digit histograms of the logits' order
-        keys and their window bases (pass A of ``kernels.triton.topk``, fused).
+        keys and their window bases (pass A of ``kernels.topk.triton``, fused).
     Returns:
       ``out``.
     """
@@ -423,7 +423,7 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     BLOCK_P = max(16, triton.next_power_of_2(page_size))
     splits = logits_splits(B, max_pages, num_sms, cfg)
     # 8 warps from 128 q rows on: at 4 warps the [128, 64] fp32 accumulator plus the q tile
-    # reach 255 registers and spill on sm_90 (kernels/triton/_aot.py, ptxas -v).
+    # reach 255 registers and spill on sm_90 (kernels/_triton_aot.py, ptxas -v).
     num_warps = cfg.num_warps or (8 if NB * BLOCK_H >= 128 else 4)
     has_scale = k_scales is not None
     if has_scale:

@@ -1,5 +1,5 @@
 """Sparse MLA decode as Pallas kernels (Triton lowering): split-K over the top-k list, then an
-LSE combine. The Pallas twin of ``kernels/triton/sparse_mla.py``; read the two side by side.
+LSE combine. The Pallas twin of ``kernels/sparse_mla/triton.py``; read the two side by side.
 
 Semantics: ../docs/SPEC.md "Operation B" (FlashMLA ``flash_mla_with_kvcache`` sparse decode,
 absorbed MLA in MQA form). The float64 definition is ``kernels.reference.sparse_mla_decode``.
@@ -13,7 +13,8 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   every store, the caller never pads). Every gathered latent row is read once per head block.
 * **Split-K.** A program walks ``chunk`` entries of the top-k list (a multiple of ``BLOCK_K``)
   with a ``lax.fori_loop`` whose trip count is dynamic (``topk_length``), which the Triton
-  lowering turns into an ``scf.for``. The split count is ``kernels.configs.sparse_mla_num_splits``.
+  lowering turns into an ``scf.for``. The split count is
+  ``kernels.sparse_mla.configs.sparse_mla_num_splits``.
   Splits write fp32 partial outputs (normalised) and log2-domain partial LSEs;
   :func:`_sparse_mla_combine_kernel` merges them into the natural-log LSE and the q-dtype output.
   With one split the split kernel writes the final result itself (``FINAL``).
@@ -74,7 +75,7 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   in the reference. Duplicated indices count once per occurrence.
 * **Sink** (V4): ``out *= 1 / (1 + exp(sink_h - lse))`` where the final output is written.
 * **Determinism.** No atomics; the combine loops over splits in a fixed order.
-* **Configs.** ``kernels.configs.PALLAS_SPARSE_MLA_SPACE`` (the Triton stack's
+* **Configs.** ``kernels.sparse_mla.configs.PALLAS_SPARSE_MLA_SPACE`` (the Triton stack's
   ``SparseMLAConfig``, without a D_v split). Shared memory is about the q tiles plus one block
   of converted row chunks, ``(BLOCK_H + BLOCK_K) x D_qk x 2`` bytes for bf16 operands (``32 x
   32``: 73,728 B, so it fits the 99 KiB class; ``64 x 32``: 110,720 B does not); fp32 dots use
@@ -109,16 +110,21 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas._pallas_call import triton_call
+from kernels._pallas_call import triton_call
+from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
 
-# kv_format codes (static KV_FORMAT), as in kernels/triton/sparse_mla.py
+# kv_format codes (static KV_FORMAT), as in kernels/sparse_mla/triton.py
 LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2
 KV_FORMAT_CODES = {"latent": LATENT, "fp8_ds_mla": FP8_DS_MLA, "fp8_model1": FP8_MODEL1}
 
-# fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32 scales | 64 bf16 rope
-DS_MLA_BYTES, DS_MLA_NOPE, DS_MLA_TILE = 656, 512, 128
+# Byte layouts (kernels.layouts). fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32
+# scales | 64 bf16 rope
+DS_MLA_BYTES, DS_MLA_NOPE, DS_MLA_TILE = _DS.data.nbytes, _DS.field("nope").count, _DS.tile
+DS_MLA_SCALE_OFFSET = _DS.field("scale").offset    # 512
+DS_MLA_ROPE_OFFSET = _DS.field("rope").offset      # 528
 # fp8_model1: per page P data rows of 576 bytes (448 e4m3 | 64 bf16), then P scale rows of 8 bytes
-MODEL1_DATA_BYTES, MODEL1_NOPE, MODEL1_TILE, MODEL1_SCALE_BYTES = 576, 448, 64, 8
+MODEL1_DATA_BYTES, MODEL1_NOPE, MODEL1_TILE = _M1.data.nbytes, _M1.field("nope").count, _M1.tile
+MODEL1_SCALE_BYTES = _M1.scale.nbytes
 MODEL1_SCALES_PER_ROW = MODEL1_DATA_BYTES // MODEL1_SCALE_BYTES   # 72 scale rows per 576 bytes
 
 MAIN = 512          # value width D_v (8 chunks)
@@ -157,7 +163,7 @@ def _scale_group(c: int, kv_format: int) -> int | None:
 def _rope_start(c: int, kv_format: int) -> int | None:
     """Byte column of the bf16 rope chunk ``c`` in an fp8 row, None for any other chunk."""
     if kv_format == FP8_DS_MLA and c == DS_MLA_NOPE // CH:
-        return DS_MLA_NOPE + 16
+        return DS_MLA_ROPE_OFFSET
     if kv_format == FP8_MODEL1 and c == MODEL1_NOPE // CH:
         return MODEL1_NOPE
     return None
@@ -191,7 +197,7 @@ def _scales_raw(kv_ref, rows, srows, scols, ok, *, kv_format: int, interpret: bo
     bytes (one little-endian float32 per 128 dims), ``fp8_model1`` 7 x ``[BLOCK_K]`` ue8m0
     bytes (column offsets differ per row: two index arrays), latent none."""
     if kv_format == FP8_DS_MLA:
-        return tuple(_gather(kv_ref, rows, DS_MLA_NOPE + 4 * g, 4, ok, interpret=interpret)
+        return tuple(_gather(kv_ref, rows, DS_MLA_SCALE_OFFSET + 4 * g, 4, ok, interpret=interpret)
                      for g in range(DS_MLA_NOPE // DS_MLA_TILE))
     if kv_format == FP8_MODEL1:
         return tuple(plgpu.load(kv_ref.at[srows, scols + g], mask=ok, other=127)
@@ -275,7 +281,7 @@ def _pv(acc, alpha, p, x, sc, *, kv_format: int, dot_dtype, fp32: bool):
             lo = None
             if jnp.dtype(dot_dtype) == jnp.bfloat16:
                 # bf16 keeps 8 bits of p; the rounding residual's second dot makes it ~16 bits
-                # (same as kernels/triton/sparse_mla.py; without it a flat softmax misses the
+                # (same as kernels/sparse_mla/triton.py; without it a flat softmax misses the
                 # SPEC out bound by up to 1.3x on the H200).
                 lo = (pg - hi.astype(jnp.float32)).astype(dot_dtype)
             split[g] = (hi, lo)

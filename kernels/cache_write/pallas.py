@@ -1,6 +1,6 @@
 """The new tokens' cache writes of one decode step (quantize + scatter into pages) as one Pallas
 kernel per cache (Triton lowering; ``jax_impl.layer`` binding). The twin of
-``kernels/triton/cache_write.py``: same operation, same unmapped-token drop, same bytes (those of
+``kernels/cache_write/triton.py``: same operation, same unmapped-token drop, same bytes (those of
 the NumPy writers in ``kernels/formats.py``; ``tests/test_cache_write.py`` checks them bit for bit).
 
 Token ``t = b * N + i`` sits at position ``pos = L_b - N + i``, page ``block_table[b, pos // P]``,
@@ -11,7 +11,7 @@ Expressing the byte scatter in Pallas: the cache is passed as ``uint8 [num_pages
 (``latent``: ``[num_pages, P * D]`` of its float dtype; free XLA reshapes) and aliased to the
 output (``input_output_aliases``), so the kernel writes only the token's bytes and, with the
 cache donated by the caller's ``jit``, nothing is copied. Refs keep their dtype (no reinterpreting
-views, see ``kernels/pallas/sparse_mla.py``), so float32 scales and bf16 rope dims are split into
+views, see ``kernels/sparse_mla/pallas.py``), so float32 scales and bf16 rope dims are split into
 bytes with shifts and stored through byte-index arrays (``[64, 2]`` for the rope, ``[G, 4]`` for
 the scales). Encodings are integer bit manipulation, as in the Triton twin (e4m3 and bf16
 round-to-nearest-even from the float32 bits; the power-of-two scale's exponent from the bits of
@@ -31,9 +31,16 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas._pallas_call import interpret_default, triton_call
+from kernels._pallas_call import interpret_default, triton_call
+from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
 
 FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
+
+# Byte layouts (kernels.layouts): offsets within a token's row, in bytes
+DS_MLA_BYTES, DS_MLA_SCALE_AT, DS_MLA_ROPE_AT = (_DS.data.nbytes, _DS.field("scale").offset,
+                                                 _DS.field("rope").offset)        # 656, 512, 528
+MODEL1_DATA_BYTES, MODEL1_ROPE_AT, MODEL1_SCALE_BYTES = (_M1.data.nbytes, _M1.field("rope").offset,
+                                                         _M1.scale.nbytes)        # 576, 448, 8
 
 
 def _bits(x):
@@ -161,16 +168,19 @@ def _cache_write_kernel(bt_ref,       # [B, max_pages] int32 block table
         scale, byte = pow2_ceil(jnp.maximum(_div(_amax(x, 1), 448.0, INTERPRET), jnp.float32(1e-4)))
         q = e4m3_bits(x / scale[:, None]).astype(jnp.uint8)     # exact: scale is a power of two
         if FORMAT == "fp8_ds_mla":
-            base = off * 656
+            base = off * DS_MLA_BYTES
             store(base + g * W + c, q)
             k4 = lax.broadcasted_iota(jnp.int32, (4, 4), 1)
-            store(base + 512 + 4 * lax.broadcasted_iota(jnp.int32, (4, 4), 0) + k4, _word_bytes(_bits(scale), 4))
-            rope(512, base + 528)
+            store(base + DS_MLA_SCALE_AT + 4 * lax.broadcasted_iota(jnp.int32, (4, 4), 0) + k4,
+                  _word_bytes(_bits(scale), 4))
+            rope(512, base + DS_MLA_ROPE_AT)
         else:
-            store(off * 576 + g * W + c, q, g < G)
-            rope(448, off * 576 + 448)
+            data = off * MODEL1_DATA_BYTES
+            store(data + g * W + c, q, g < G)
+            rope(448, data + MODEL1_ROPE_AT)
             gi = lax.broadcasted_iota(jnp.int32, (8,), 0)
-            store(P * 576 + off * 8 + gi, jnp.where(gi < 7, byte, 0).astype(jnp.uint8))
+            store(P * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES + gi,
+                  jnp.where(gi < 7, byte, 0).astype(jnp.uint8))
     else:                                              # fp8_indexer
         d = lax.broadcasted_iota(jnp.int32, (D,), 0)
         x = load((D,), d)

@@ -13,7 +13,7 @@ of 16 (as a real launch specialises them when they are).
 
 ``@triton.jit`` returns an interpreter object when ``TRITON_INTERPRET=1``, so compilation must
 happen in a process without it: :func:`compile_specs` runs :func:`compile_spec` in a subprocess
-with the variable cleared (``python -m kernels.triton._aot`` reads specs as JSON on stdin).
+with the variable cleared (``python -m kernels._triton_aot`` reads specs as JSON on stdin).
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class LaunchSpec:
     """One compile of one kernel: what a launcher would launch, with a readable label."""
 
     label: str
-    module: str                       # "kernels.triton.sparse_mla"
+    module: str                       # "kernels.sparse_mla.triton"
     kernel: str                       # "_sparse_mla_split_kernel"
     signature: dict                   # arg name -> Triton type string (non-constexpr args)
     constexprs: dict                  # arg name -> value (dtype constexprs as "bf16"/"fp16"/...)
@@ -182,7 +182,7 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
     def run(share: list[int]) -> list[dict]:
         payload = json.dumps({"ccs": list(ccs), "sass": sass,
                               "specs": [asdict(specs[i]) for i in share]})
-        proc = subprocess.run([sys.executable, "-m", "kernels.triton._aot"], input=payload,
+        proc = subprocess.run([sys.executable, "-m", "kernels._triton_aot"], input=payload,
                               capture_output=True, text=True, env=env, cwd=str(_ROOT),
                               timeout=timeout)
         if proc.returncode != 0:
@@ -215,5 +215,5 @@ def _main() -> None:
 
 if __name__ == "__main__":
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        raise SystemExit("kernels.triton._aot: unset TRITON_INTERPRET to compile for a GPU target")
+        raise SystemExit("kernels._triton_aot: unset TRITON_INTERPRET to compile for a GPU target")
     _main()

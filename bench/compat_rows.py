@@ -1,7 +1,7 @@
 """The compat calls timed beside the native calls at the same shapes, on the same inputs.
 
 ``python -m bench --compat`` (after the grid) or ``python -m bench --compat-only`` runs these
-rows; ``python -m torch_impl.compat.bench_compat`` is the same rows alone. Each row first checks
+rows; ``python -m bench.compat_rows`` is the same rows alone. Each row first checks
 that the compat call and the native call agree, then times both with the bench's torch timer
 (``bench.timing.time_torch_cuda``: one CUDA graph per path holding one call per rotated input
 set, so neither Python nor launch overhead is counted, as in every other bench row), and reports
@@ -223,7 +223,7 @@ def format_row(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m torch_impl.compat.bench_compat",
+    ap = argparse.ArgumentParser(prog="python -m bench.compat_rows",
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write the rows as JSON to this path")
     ap.add_argument("--batch", type=int, action="append", help="B values (default 1 and 64)")

@@ -40,10 +40,20 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
+
 FORMATS = ("latent", "fp8_ds_mla", "fp8_model1", "fp8_indexer")
 """The ``FORMAT`` constexpr values of :func:`_cache_write_kernel`."""
 
 NUM_WARPS = 4
+
+# Byte layouts (kernels.layouts): offsets within a token's row, in bytes
+DS_MLA_BYTES = tl.constexpr(_DS.data.nbytes)                    # 656
+DS_MLA_SCALE_AT = tl.constexpr(_DS.field("scale").offset)       # 512
+DS_MLA_ROPE_AT = tl.constexpr(_DS.field("rope").offset)         # 528
+MODEL1_DATA_BYTES = tl.constexpr(_M1.data.nbytes)               # 576
+MODEL1_ROPE_AT = tl.constexpr(_M1.field("rope").offset)         # 448
+MODEL1_SCALE_BYTES = tl.constexpr(_M1.scale.nbytes)             # 8
 
 
 @triton.jit
@@ -158,13 +168,13 @@ def _cache_write_kernel(src_ptr,        # [T, D] float: the new tokens' rows, T 
         scale, _ = _pow2_ceil(tl.maximum(tl.math.div_rn(_amax_rows(x, 1), 448.0), 1e-4,
                                           propagate_nan=tl.PropagateNan.ALL))
         q = _e4m3_bits(tl.math.div_rn(x, scale[:, None]))
-        base = (page * P + off) * 656                              # bytes
+        base = (page * P + off) * DS_MLA_BYTES                     # bytes
         tl.store(u8 + base + g[:, None] * 128 + c[None, :], q.to(tl.uint8), mask=m)
-        tl.store(f32 + (base + 512) // 4 + g, scale, mask=_masked(g < 4, ok))
+        tl.store(f32 + (base + DS_MLA_SCALE_AT) // 4 + g, scale, mask=_masked(g < 4, ok))
         r = tl.arange(0, 64)
         mr = _masked(r < 64, ok)
         rope = tl.load(row + 512 + r, mask=mr, other=0.0).to(tl.float32)
-        tl.store(u16 + (base + 528) // 2 + r, _bf16_bits(rope).to(tl.uint16), mask=mr)
+        tl.store(u16 + (base + DS_MLA_ROPE_AT) // 2 + r, _bf16_bits(rope).to(tl.uint16), mask=mr)
     elif FORMAT == "fp8_model1":
         g = tl.arange(0, 8)                                        # 7 groups of 64, one pad
         c = tl.arange(0, 64)
@@ -174,14 +184,14 @@ def _cache_write_kernel(src_ptr,        # [T, D] float: the new tokens' rows, T 
                                           propagate_nan=tl.PropagateNan.ALL))
         q = _e4m3_bits(tl.math.div_rn(x, scale[:, None]))
         base = page * PAGE_BYTES
-        data = base + off * 576
+        data = base + off * MODEL1_DATA_BYTES
         tl.store(u8 + data + g[:, None] * 64 + c[None, :], q.to(tl.uint8), mask=gm)
         r = tl.arange(0, 64)
         mr = _masked(r < 64, ok)
         rope = tl.load(row + 448 + r, mask=mr, other=0.0).to(tl.float32)
-        tl.store(u16 + (data + 448) // 2 + r, _bf16_bits(rope).to(tl.uint16), mask=mr)
-        tl.store(u8 + base + P * 576 + off * 8 + g, tl.where(g < 7, byte, 0).to(tl.uint8),
-                 mask=_masked(g < 8, ok))
+        tl.store(u16 + (data + MODEL1_ROPE_AT) // 2 + r, _bf16_bits(rope).to(tl.uint16), mask=mr)
+        tl.store(u8 + base + P * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES + g,
+                 tl.where(g < 7, byte, 0).to(tl.uint8), mask=_masked(g < 8, ok))
     else:                                                          # fp8_indexer
         d = tl.arange(0, BLOCK_D)
         m = _masked(d < D, ok)
@@ -211,7 +221,7 @@ def aot_specs(smem_class: str) -> list:
     dtype, bf16 as its uint16 view), for ``tests/test_triton_compile.py``. No shared memory
     beyond the reductions' scratch, whatever ``smem_class``."""
     from kernels import formats as nf
-    from kernels.triton._aot import LaunchSpec
+    from kernels._triton_aot import LaunchSpec
     del smem_class
     P = 64
     ints = {n: "i32" for n in ("N", "max_pages", "num_pages", "bt_stride", "src_stride")}
@@ -227,7 +237,7 @@ def aot_specs(smem_class: str) -> list:
                                             scale_fmt="ue8m0" if ue8m0 else None, bf16_cache=bf16)
                 specs.append(LaunchSpec(
                     label=f"cache_write {fmt} D{dim} src={src} cache={cache[1:]} ue8m0={ue8m0}",
-                    module="kernels.triton.cache_write", kernel="_cache_write_kernel",
+                    module="kernels.cache_write.triton", kernel="_cache_write_kernel",
                     signature={"src_ptr": f"*{src}", "cache_ptr": cache, "bt_ptr": "*i32",
                                "cl_ptr": "*i32", **ints},
                     constexprs=ce, num_warps=NUM_WARPS, num_stages=1))

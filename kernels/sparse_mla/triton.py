@@ -60,14 +60,25 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
+
 # kv_format codes (constexpr KV_FORMAT)
 LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2
 KV_FORMAT_CODES = {"latent": LATENT, "fp8_ds_mla": FP8_DS_MLA, "fp8_model1": FP8_MODEL1}
 
-# fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32 scales | 64 bf16 rope
-DS_MLA_BYTES, DS_MLA_NOPE, DS_MLA_TILE = 656, 512, 128
+# Byte layouts (kernels.layouts). fp8_ds_mla: 656 bytes per token = 512 e4m3 | 4 float32
+# scales | 64 bf16 rope, read through uint8 / float32 (_F32) / int16 (_I16) views
+DS_MLA_BYTES = tl.constexpr(_DS.data.nbytes)                        # 656
+DS_MLA_ROW_F32 = tl.constexpr(_DS.data.stride(4))                   # 164
+DS_MLA_SCALE_F32 = tl.constexpr(_DS.field("scale").index(4))        # 128
+DS_MLA_ROW_I16 = tl.constexpr(_DS.data.stride(2))                   # 328
+DS_MLA_ROPE_I16 = tl.constexpr(_DS.field("rope").index(2))          # 264
+DS_MLA_NOPE, DS_MLA_TILE = _DS.field("nope").count, _DS.tile        # 512, 128
 # fp8_model1: per page P data rows of 576 bytes (448 e4m3 | 64 bf16), then P scale rows of 8 bytes
-MODEL1_DATA_BYTES, MODEL1_NOPE, MODEL1_TILE, MODEL1_SCALE_BYTES = 576, 448, 64, 8
+MODEL1_DATA_BYTES = tl.constexpr(_M1.data.nbytes)                   # 576
+MODEL1_SCALE_BYTES = tl.constexpr(_M1.scale.nbytes)                 # 8
+MODEL1_ROPE_I16 = tl.constexpr(_M1.field("rope").index(2))          # 224
+MODEL1_NOPE, MODEL1_TILE = _M1.field("nope").count, _M1.tile        # 448, 64
 
 NEG_SENTINEL = tl.constexpr(-1.0e30)  # finite running-max start; exp2(NEG - real) == 0 exactly
 LOG2E = 1.4426950408889634
@@ -111,26 +122,30 @@ def _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr,             # cache as its dtype / in
         return tl.load(kv_ptr + row[:, None] + (d + C * CH)[None, :], mask=m, other=0.0), one
     elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_slots, 656]: 512 e4m3 | 4 f32 scales | 64 bf16
         if C < 8:
-            x8 = tl.load(kv_ptr + (slot * 656 + C * CH)[:, None] + d[None, :], mask=m, other=0)
-            sc = tl.load(kv32_ptr + slot * 164 + (128 + C // 2), mask=ok, other=0.0)
+            x8 = tl.load(kv_ptr + (slot * DS_MLA_BYTES + C * CH)[:, None] + d[None, :], mask=m,
+                         other=0)
+            sc = tl.load(kv32_ptr + slot * DS_MLA_ROW_F32 + (DS_MLA_SCALE_F32 + C // 2), mask=ok,
+                         other=0.0)
             return x8, sc
         else:
-            r = tl.load(kv16_ptr + (slot * 328 + 264)[:, None] + d[None, :], mask=m, other=0)
+            r = tl.load(kv16_ptr + (slot * DS_MLA_ROW_I16 + DS_MLA_ROPE_I16)[:, None] + d[None, :],
+                        mask=m, other=0)
             return r, one
     else:                   # fp8_model1: per page P rows of 448 e4m3 | 64 bf16, then P x 8 ue8m0
         page = slot // page_size
         off = slot % page_size
-        data = page * page_bytes + off * 576
+        data = page * page_bytes + off * MODEL1_DATA_BYTES
         if C < 7:
             x8 = tl.load(kv_ptr + (data + C * CH)[:, None] + d[None, :], mask=m, other=0)
             # masked rows read scale byte 0 (scale 0.0): the fp16 tile folds the scale in, and a
             # masked row's value must stay 0 whatever the tile's shift (1.0 * 2^19 was inf in fp16,
             # and 0 * inf NaN in the dot)
-            e = tl.load(kv_ptr + page * page_bytes + page_size * 576 + off * 8 + C, mask=ok,
-                        other=0)
+            e = tl.load(kv_ptr + page * page_bytes + page_size * MODEL1_DATA_BYTES
+                        + off * MODEL1_SCALE_BYTES + C, mask=ok, other=0)
             return x8, (e.to(tl.int32) << 23).to(tl.float32, bitcast=True)   # 2^(e-127)
         else:
-            r = tl.load(kv16_ptr + (data // 2 + 224)[:, None] + d[None, :], mask=m, other=0)
+            r = tl.load(kv16_ptr + (data // 2 + MODEL1_ROPE_I16)[:, None] + d[None, :], mask=m,
+                        other=0)
             return r, one
 
 

@@ -1,6 +1,6 @@
 """Lightning-indexer logits and exact top-k as Pallas kernels (Triton lowering), for ``jax_impl``.
 
-The JAX twin of ``kernels/triton/indexer.py`` + ``kernels/triton/topk.py``; read them side by side.
+The JAX twin of ``kernels/indexer/triton.py`` + ``kernels/topk/triton.py``; read them side by side.
 
 Operation (docs/SPEC.md, "Operation A"): for request b, draft i and logical position j
 
@@ -53,7 +53,7 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   accumulates with ~14 mantissa bits, which reorders near-ties against the float64 reference
   (SPEC allows 1-ulp differences only); dense fp16 / bf16 / fp32 as is, ``Precision.HIGHEST``
   (IEEE for fp32, never TF32).
-* Measured on the Triton twin only (``kernels/triton/indexer.py``, H200, B = 64, L = 64K, N = 1),
+* Measured on the Triton twin only (``kernels/indexer/triton.py``, H200, B = 64, L = 64K, N = 1),
   not on this kernel: tokens as M 410 us against 539 us (the head sum stays within accumulator
   rows instead of crossing warps), two pages per iteration 342 us against 410 us; its fp8 dot
   put logits ~6e-5 (relative) off the fp16-operand result.
@@ -136,7 +136,7 @@ page ids read in the kernel), scratch buffers (extra outputs used as per-row scr
 scatter stores do run in interpret mode (jax 0.10), but as a read-modify-write of every lane's
 address: masked lanes therefore get distinct dummy slots past the live ones (``_compact``).
 
-Every ``pallas_call`` goes through :func:`kernels.pallas._pallas_call.triton_call`.
+Every ``pallas_call`` goes through :func:`kernels._pallas_call.triton_call`.
 """
 from __future__ import annotations
 
@@ -149,7 +149,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from kernels.pallas._pallas_call import interpret_default, triton_call
+from kernels._pallas_call import interpret_default, triton_call
 
 SENTINEL = -(2 ** 31)          # INT32_MIN: key of NaN, -inf and positions past the valid length
 _SLOTS = 16                    # output slots filled per one-hot compaction step
@@ -176,7 +176,7 @@ class PallasIndexerConfig:
       num_stages: Triton pipeline stages of the logits kernel.
       trans: tokens as the logits dot's M dimension (``[tokens, D_I] x [D_I, q rows]``), so the
         weighted head sum reduces along each accumulator row instead of across warps. Measured
-        on the Triton twin (``kernels/triton/indexer.py``, H200, B = 64, L = 64K): 410 us
+        on the Triton twin (``kernels/indexer/triton.py``, H200, B = 64, L = 64K): 410 us
         against 539 us with q rows as M; not measured for this kernel. False: q rows as M.
       pages: pages scored per iteration of the logits kernel (``pages * P`` token rows per dot;
         a power of two). Triton twin, same shape: 342 us at 2 against 410 us at 1 (4 spills there).

@@ -43,7 +43,7 @@ def next_pow2(x: int) -> int:
 
 @dataclass(frozen=True)
 class SparseMLAConfig:
-    """Compile-time shape of the split-K sparse MLA decode kernel (kernels/triton/sparse_mla.py).
+    """Compile-time shape of the split-K sparse MLA decode kernel (kernels/sparse_mla/triton.py).
 
     Attributes:
       block_h: query heads per program (power of two >= 16, the tl.dot minimum; heads beyond H
@@ -54,8 +54,8 @@ class SparseMLAConfig:
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
         (a three-deep software pipeline by hand: rows, page entries, indices); without it each
         iteration issues its own block's loads back to back and waits for them.
-      kernel: ``"triton"`` (kernels/triton/sparse_mla.py) or ``"gluon"``
-        (kernels/triton/sparse_mla_gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
+      kernel: ``"triton"`` (kernels/sparse_mla/triton.py) or ``"gluon"``
+        (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
         fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it).
     """
 
@@ -234,7 +234,7 @@ def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -
 
 
 # ============================================================================ Pallas (jax_impl)
-# The Pallas-Triton split kernel (kernels/pallas/sparse_mla.py) uses the same SparseMLAConfig
+# The Pallas-Triton split kernel (kernels/sparse_mla/pallas.py) uses the same SparseMLAConfig
 # without a D_v split (see its module docstring); ``prefetch`` selects its hand-pipelined loop
 # as in the Triton kernel. Its tiles stage differently from the Triton kernel's (rope and scale
 # bytes assembled in registers), so it has its own space, checked by

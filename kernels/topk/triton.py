@@ -77,7 +77,7 @@ import triton
 import triton.language as tl
 
 
-# Bins of the first-digit histogram; the logits kernel (kernels/triton/indexer.py, fused pass A)
+# Bins of the first-digit histogram; the logits kernel (kernels/indexer/triton.py, fused pass A)
 # histograms with the same bin function (window_hist_add).
 HIST_BINS = tl.constexpr(256)
 # int32 words per (request, split, draft) histogram block: HIST_BINS counts, then the block's
@@ -572,7 +572,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         threshold bin's candidates, as (key, position) pairs (keys at ``[0, n)``, positions at
         ``[C // 2, C // 2 + n)``) when ``n <= C // 2``, else positions at ``[0, n)``.
       hist: None, or the int32 :func:`hist_shape` ``[B, S, next_pow2(N), HIST_ROW]`` windowed
-        histograms written by ``kernels.triton.indexer.launch_indexer_logits(hist=...)`` for
+        histograms written by ``kernels.indexer.triton.launch_indexer_logits(hist=...)`` for
         these rows (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
       n_drafts: N (rows per request; N <= 4 with ``page_size``).
       page_size: P of the logits kernel's pages, with ``hist``: pass B then runs split over

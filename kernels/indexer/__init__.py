@@ -1,0 +1,9 @@
+"""Lightning indexer logits (SPEC "Operation A", first half) in both stacks.
+
+* ``reference.py``: the float64 NumPy reference of the logits and of indexer + top-k
+  (re-exported by ``kernels.reference``).
+* ``triton.py``: the logits kernel with its fused top-digit histogram, and its launcher.
+* ``pallas.py``: the Pallas logits kernel and the Pallas exact top-k, with their launchers.
+
+The Triton top-k is ``kernels.topk``. The kernel modules import triton / jax.
+"""

@@ -1,0 +1,78 @@
+"""AOT compile specs of the Triton indexer logits kernel (``kernels/indexer/triton.py``): every
+launch its launcher can make, per shared-memory class, for ``tests/test_triton_compile.py``
+(``kernels._triton_aot`` compiles them without a GPU). No torch, no triton at import."""
+from __future__ import annotations
+
+
+# Integer arguments of the logits kernel that a real launch specialises as multiples of 16 (every
+# stride and offset is, at the bench's and the presets' shapes): compiled so, the AOT counts match
+# the GPU's code (unmarked, Triton cannot vectorise the K-tile loads: byte loads, 255 registers).
+LOGITS_DIVISIBLE = ("stride_qb", "stride_qn", "stride_qh", "stride_wb", "stride_wn", "stride_kp",
+                    "stride_kt", "stride_sp", "scale_off", "stride_bt", "stride_ob", "stride_on")
+
+
+def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
+                 trans=True, pages=2, hist="first", prefetch=True, evict_first=False,
+                 divisible=LOGITS_DIVISIBLE):
+    from kernels._triton_aot import LaunchSpec
+    from kernels.indexer.triton import HIST_MODES
+    sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
+           "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
+    for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
+                 "stride_wn", "stride_kp", "stride_kt", "stride_sp", "scale_off", "stride_bt",
+                 "stride_ob", "stride_on"):
+        sig[name] = "i32"
+    nb = 1 << (N - 1).bit_length()
+    cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
+              BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
+              DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
+              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages, HIST_MODE=HIST_MODES[hist],
+              PREFETCH=prefetch, EVICT=evict_first)
+    return LaunchSpec(label, "kernels.indexer.triton", "_indexer_logits_kernel", sig, cx,
+                      num_warps, num_stages, divisible=tuple(divisible))
+
+
+def aot_specs(smem_class: str) -> list:
+    """Launches of the logits kernel to compile-check per shared-memory class: the default
+    config (tokens as M, 2 pages per iteration, 1 stage, num_warps 4 or 8 by q rows) for fp8
+    at N = 1, 2, 4 and H_I = 64, 16 with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the
+    largest tile (N = 4, H_I = 64) at every (num_warps, num_stages, trans, pages) corner of
+    ``IndexerLogitsConfig.SEARCH_SPACE``."""
+    from kernels.indexer.triton import IndexerLogitsConfig
+    specs = []
+
+    def warps(N, H):
+        return 8 if (1 << (N - 1).bit_length()) * max(16, 1 << (H - 1).bit_length()) >= 128 else 4
+
+    for N in (1, 2, 4):
+        for H in (64, 16):
+            specs.append(_logits_spec(f"logits fp8 N{N} H{H} P64", "*fp8e4nv", "*fp8e4nv", N, H, 64,
+                                      True, warps(N, H), 1))
+    specs.append(_logits_spec("logits fp8 N1 H64 P16", "*fp8e4nv", "*fp8e4nv", 1, 64, 16, True, 4, 1))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64", "*bf16", "*bf16", 2, 64, 64, False, 8, 1))
+    specs.append(_logits_spec("logits dense fp32 N1 H64 P64", "*fp32", "*fp32", 1, 64, 64, False, 4, 1,
+                              "ieee"))
+    space = IndexerLogitsConfig.SEARCH_SPACE
+    for nw in space["num_warps"]:
+        for ns in (min(space["num_stages"]), max(space["num_stages"])):
+            for trans in space["trans"]:
+                for pages in space["pages"]:
+                    for pf in space["prefetch"]:
+                        specs.append(_logits_spec(
+                            f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages} "
+                            f"prefetch={pf}", "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns,
+                            trans=trans, pages=pages, prefetch=pf))
+    # the other histogram mode and evict-first loads at the defaults; the pipelined (cp.async)
+    # variants of bench.indexer_sweep at N = 1 and 2; the dense bf16 tile at 3 stages
+    for N in (1, 2):
+        specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 hist=running", "*fp8e4nv", "*fp8e4nv",
+                                  N, 64, 64, True, warps(N, 64), 1, hist="running"))
+        for nw, ns, pages in ((warps(N, 64), 2, 2), (warps(N, 64), 3, 2), (8, 2, 2),
+                              (warps(N, 64), 2, 1)):
+            specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 w{nw} s{ns} pages={pages} "
+                                      f"prefetch=False evict_first", "*fp8e4nv", "*fp8e4nv", N, 64,
+                                      64, True, nw, ns, pages=pages, prefetch=False,
+                                      evict_first=True))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
+                              2, 64, 64, False, 8, 3, prefetch=False))
+    return specs

@@ -1,0 +1,269 @@
+"""Launcher of the Triton sparse MLA kernels (``kernels/sparse_mla/triton.py``): the dot operand
+dtypes, strides and byte views of each cache format, the split count and chunk, the grid, the
+constexprs, and the AOT compile specs of every launch it can make (``tests/test_triton_compile.py``).
+
+No validation and no hardware gate here: the binding (``torch_impl.sparse_mla``) validates the
+arguments, gates the GPU, picks the config (``kernels.registry``) and then calls :func:`launch`.
+Imports torch at module level, triton at the first launch.
+"""
+from __future__ import annotations
+
+import torch
+
+from kernels import formats
+from kernels.sparse_mla import configs
+
+__all__ = ["TRITON_SHAPES", "AOT_VARIANTS", "aot_specs", "combine_constexprs", "dot_dtype",
+           "launch", "rope_dtype", "split_constexprs"]
+
+# (D_qk, d_v) pairs the Triton kernels are built and compile-checked for.
+TRITON_SHAPES = ((576, 512), (512, 512))
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, kv_format: str) -> str:
+    """Operand dtype (``triton.language`` name) of the nope / value dots: fp16 for the fp8
+    formats with 16-bit q (dequantized tiles shifted per tile into fp16, q scaled per head: exact,
+    docs/SEMANTICS.md "fast-path numerics"); for a latent cache q's dtype when the cache has it;
+    else fp32 (IEEE). (bf16 never reaches the interpreter: the launcher refuses it.)"""
+    if q_dtype == torch.float32 or (kv_format == "latent" and kv_dtype != q_dtype):
+        return "float32"
+    if kv_format != "latent":
+        return "float16"
+    return "bfloat16" if q_dtype == torch.bfloat16 else "float16"
+
+
+def rope_dtype(q_dtype: torch.dtype, dot_name: str, kv_format: str) -> str:
+    """Operand dtype of the rope dots of the fp8 formats (the rope is stored in bf16): bf16 for
+    bf16 q (exact), else the nope dots' dtype (fp16 q: the documented fp16 rounding of the rope)."""
+    if kv_format != "latent" and q_dtype == torch.bfloat16:
+        return "bfloat16"
+    return dot_name
+
+
+def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLAConfig,
+                     dot_name: str, rope_name: str, *, has_bt: bool, has_tkl: bool,
+                     has_sink: bool, final: bool) -> dict:
+    """Constexpr arguments of ``_sparse_mla_split_kernel`` for one launch (``DOT_DTYPE`` and
+    ``ROPE_DTYPE`` as ``triton.language`` dtype names). Shared by the launcher and the AOT
+    compile test."""
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    return dict(
+        KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
+        BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, HAS_BT=has_bt, HAS_TKL=has_tkl,
+        HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_name, ROPE_DTYPE=rope_name,
+        DOT_FP32=dot_name == "float32")
+
+
+def combine_constexprs(d_v: int, has_sink: bool) -> dict:
+    """Constexpr arguments of ``_sparse_mla_combine_kernel``."""
+    return dict(D_V=d_v, D_V_PAD=configs.next_pow2(d_v), BLOCK_H=configs.SPARSE_MLA_COMBINE_BLOCK_H,
+                HAS_SINK=has_sink)
+
+
+_TL_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
+
+
+# (kv_format, D_qk, q dtype, final) variants compiled per config by the AOT test: every kv_format
+# with bf16 q (the production dtype), fp32 q (fp32 dot operands, twice the tile bytes) on the
+# latent and fp8_ds_mla layouts, and the single-split epilogue. The feature flags (block table,
+# topk_length, sink) only add scalar loads and are compiled on.
+AOT_VARIANTS = (
+    ("latent", 576, torch.bfloat16, False),
+    ("fp8_ds_mla", 576, torch.bfloat16, False),
+    ("fp8_model1", 512, torch.bfloat16, False),
+    ("fp8_ds_mla", 576, torch.bfloat16, True),
+    ("latent", 576, torch.float32, False),
+    ("fp8_ds_mla", 576, torch.float32, False),
+)
+
+
+def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
+    """Launches of the triton path on a GPU of ``smem_class`` (``kernels.sparse_mla.configs``) as
+    ``kernels._triton_aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
+    its dot-operand width, plus the combine kernel for bf16 and fp32 outputs."""
+    from kernels._triton_aot import LaunchSpec
+    mod = "kernels.sparse_mla.triton"
+    specs = []
+    for kv_format, d_qk, q_dtype, final in variants:
+        kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
+        kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
+        dot = dot_dtype(q_dtype, kv_dtype, kv_format)
+        for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
+            if cfg.kernel == "gluon":
+                if kv_format != "latent" and dot != "float32":
+                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
+                continue
+            sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
+                   "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
+                   "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
+                   "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
+                   "qk_scale_log2": "fp32"}
+            for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "stride_page",
+                         "stride_tok", "N", "H", "K", "num_slots", "num_pages",
+                         "max_pages", "page_size", "page_bytes", "chunk"):
+                sig[name] = "i32"
+            for has_bt in (True, False):
+                cx = split_constexprs(kv_format, d_qk, 512, cfg, dot,
+                                      rope_dtype(q_dtype, dot, kv_format), has_bt=has_bt,
+                                      has_tkl=True, has_sink=True, final=final)
+                label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
+                         f"{'final' if final else 'partial'} {'block table' if has_bt else 'slots'} "
+                         f"{cfg}")
+                specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
+                                        cfg.num_warps, cfg.num_stages, ("DOT_DTYPE", "ROPE_DTYPE"),
+                                        ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
+                                         "page_bytes")))
+    for q_dtype in (torch.bfloat16, torch.float32):
+        sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
+               "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32"}
+        specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]}", mod, "_sparse_mla_combine_kernel",
+                                sig, combine_constexprs(512, True),
+                                configs.SPARSE_MLA_COMBINE_WARPS, 2))
+    return specs
+
+
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
+    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
+    (``nbuf``: the config's X buffers, its ``num_stages``)."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla import gluon as gk
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": "*u8", "kv16_ptr": "*i16", "kv32_ptr": "*i32",
+           "idx_ptr": "*i32", "bt_ptr": "*i32", "tkl_ptr": "*i32", "sink_ptr": "*fp32",
+           "po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
+           "qk_scale_log2": "fp32"}
+    for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
+                 "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
+        sig[name] = "i32"
+    rope = "bfloat16" if q_dtype == torch.bfloat16 else "float16"
+    out = []
+    for has_bt in (True, False):
+        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
+                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf)
+        out.append(LaunchSpec(
+            f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon",
+            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
+            ("sq_b", "sq_n", "sq_h", "page_bytes")))
+    return out
+
+
+def gluon_eligible(dev, q_dtype: torch.dtype, kv_format: str, d_qk: int) -> bool:
+    """Whether the Gluon kernel (``kernels.sparse_mla.gluon``) can run a call on ``dev``
+    (``kernels.hardware.DeviceInfo``): sm_90 (wgmma), not the interpreter, an fp8 cache with
+    16-bit q and its D_qk (576 / 512)."""
+    return (not dev.interpret and tuple(dev.cc) == (9, 0)
+            and q_dtype in (torch.bfloat16, torch.float16)
+            and (kv_format, d_qk) in (("fp8_ds_mla", 576), ("fp8_model1", 512)))
+
+
+def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
+           *, page_size: int, num_pages: int, config: configs.SparseMLAConfig, num_sms: int,
+           smem_per_block: int, num_splits: int | None = None):
+    """Launch the split kernel (and the combine when the list is split) on validated tensors.
+
+    Args:
+      q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink: as
+        ``torch_impl.sparse_mla_decode`` takes them (validated there; strides may be any the
+        binding accepts: a non-contiguous last dim is made contiguous here).
+      page_size, num_pages: the cache's geometry (P slots per page), from the validation.
+      config: the tile config (``kernels.sparse_mla.configs.SparseMLAConfig``) to launch.
+      num_sms, smem_per_block: the GPU's, for the split count
+        (``configs.sparse_mla_num_splits``); ``num_splits`` overrides it.
+    Returns:
+      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 ``[B, N, H]``, natural log).
+    """
+    from kernels.sparse_mla import triton as tk
+
+    B, N, H, D = q.shape
+    K = indices.shape[2]
+    P, cfg = page_size, config
+    num_slots = num_pages * P
+    dot_name = dot_dtype(q.dtype, kv_cache.dtype, kv_format)
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    if indices.stride(2) != 1:
+        indices = indices.contiguous()
+    if block_table is not None and block_table.stride(1) != 1:
+        block_table = block_table.contiguous()
+    if kv_format == "latent":
+        kv, kv16, kv32 = kv_cache, kv_cache, kv_cache
+        stride_page, stride_tok, page_bytes = kv_cache.stride(0), kv_cache.stride(1), 0
+    else:
+        kv = kv_cache.view(-1)                              # uint8 bytes
+        kv16 = kv.view(torch.int16)                         # bf16 rope bits
+        kv32 = kv.view(torch.float32) if kv_format == "fp8_ds_mla" else kv
+        stride_page = stride_tok = 0
+        page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * formats.DS_MLA_BYTES
+
+    head_blocks = cdiv(H, cfg.block_h)
+    rows = B * N * head_blocks
+    splits = num_splits or configs.sparse_mla_num_splits(
+        rows, K, cfg.block_k, num_sms,
+        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, smem_per_block))
+    chunk = cdiv(cdiv(K, splits), cfg.block_k) * cfg.block_k
+    splits = cdiv(K, chunk)
+    final = splits == 1
+
+    out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+    if final:
+        po, pl = out, lse
+    else:
+        po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
+        pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
+    dummy = indices
+    rope_name = rope_dtype(q.dtype, dot_name, kv_format)
+    cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, rope_name,
+                          has_bt=block_table is not None, has_tkl=topk_length is not None,
+                          has_sink=attn_sink is not None, final=final)
+    import triton.language as tl
+    cx["DOT_DTYPE"] = getattr(tl, dot_name)
+    cx["ROPE_DTYPE"] = getattr(tl, rope_name)
+    grid = (head_blocks, splits, B * N)
+    if cfg.kernel == "gluon":        # the caller checked gluon_eligible
+        from triton.experimental.gluon import language as gl
+
+        from kernels.sparse_mla import gluon as gk
+        gk._sparse_mla_gluon_kernel[grid](
+            q, kv, kv16, kv.view(torch.int32), indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
+            HAS_SINK=cx["HAS_SINK"], FINAL=final,
+            ROPE_DTYPE=gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16,
+            NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
+        )
+    else:
+        tk._sparse_mla_split_kernel[grid](
+            q, kv, kv16, kv32, indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
+    if not final:
+        cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
+        tk._sparse_mla_combine_kernel[(cdiv(H, cbh), B * N)](
+            po, pl, attn_sink if attn_sink is not None else dummy, out, lse,
+            splits, B * N, H, **combine_constexprs(d_v, attn_sink is not None),
+            num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
+        )
+    return out, lse

@@ -1,0 +1,67 @@
+"""``dsa_decode_step(window=...)`` (the V4-Flash sliding window) in both stacks and on every path,
+against the float64 reference of the layer's rule: the indexer scores the positions before each
+draft's last ``window``, and those ``window`` positions are appended to its top-k."""
+import numpy as np
+import pytest
+
+from kernels import DSV4_FLASH, compare, reference
+from kernels import layer_reference as lref
+from parity.cases import make_step_case
+
+TOPK, WINDOW = 16, 8
+PATHS = [("torch", "torch"), ("torch", "triton"), ("jax", "xla"), ("jax", "pallas")]
+
+
+def _case():
+    # request 1 holds N = 2 .. 8 positions: fewer than the window, so its indexer sees none
+    return make_step_case(11, name="window", preset=DSV4_FLASH, B=2, N=2, H=16, topk=TOPK,
+                          context=96, q_dtype="float32", H_I=8, P=16)
+
+
+def _step(backend):
+    if backend == "torch":
+        ti = pytest.importorskip("torch_impl")
+        from torch_impl._common import as_tensor
+        return ti.dsa_decode_step, as_tensor
+    jx = pytest.importorskip("jax_impl")
+    import jax.numpy as jnp
+    return jx.dsa_decode_step, lambda a: None if a is None else jnp.asarray(a)
+
+
+def _call(step, conv, c, path, **kw):
+    i, m = c.indexer, c.mla
+    return step(conv(m.q), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
+                conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK, kv_format=m.kv_format,
+                d_v=m.d_v, attn_sink=conv(m.attn_sink), path=path, **kw)
+
+
+@pytest.mark.parametrize("backend,path", PATHS, ids=[f"{b}-{p}" for b, p in PATHS])
+def test_step_window_matches_the_reference(backend, path):
+    c = _case()
+    step, conv = _step(backend)
+    out, lse, idx = (compare.to_numpy(x) for x in _call(step, conv, c, path, window=WINDOW))
+    i = c.indexer
+    lens = reference.valid_lengths(i.context_lens, 2, 2)
+    assert idx.shape == (2, 2, TOPK + WINDOW) and idx.dtype == np.int32
+    np.testing.assert_array_equal(idx[..., TOPK:], lref.window_indices(lens, WINDOW))
+    logits = reference.indexer_logits(i.q, i.weights, i.k_cache, i.block_table,
+                                      np.maximum(lens - WINDOW, 0).astype(np.int32))
+    compare.assert_pass(compare.check_topk(idx[..., :TOPK], logits, TOPK, sorted=True))
+    ref_out, ref_lse = c.mla_reference(idx)
+    compare.assert_pass(compare.check_mla(out, lse, ref_out, ref_lse, q_dtype="float32"))
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_step_window_argument_checked_first(backend):
+    c = _case()
+    step, conv = _step(backend)
+    with pytest.raises(ValueError, match="window"):
+        _call(step, conv, c, "auto", window=-1)
+    with pytest.raises(TypeError, match="window"):
+        _call(step, conv, c, "auto", window=True)
+    with pytest.raises(TypeError, match="context_lens"):
+        i = c.indexer
+        m = c.mla
+        step(conv(m.q), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
+             conv(i.block_table), conv(i.context_lens.astype(np.float32)), m.sm_scale, TOPK,
+             kv_format=m.kv_format, d_v=m.d_v, window=WINDOW, path="auto")
