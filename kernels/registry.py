@@ -88,12 +88,16 @@ def _mla_triton_space(dev, shape):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_pallas_heuristic_cached(heads: int, smem: int, operand_bytes: int) -> dict:
-    return configs.pallas_sparse_mla_heuristic(heads, smem, operand_bytes).to_dict()
+def _mla_pallas_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
+                                 kv_format) -> dict:
+    return configs.pallas_sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
+                                               kv_format=kv_format).to_dict()
 
 
 def _mla_pallas_heuristic(dev, shape):
-    return _mla_pallas_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape))
+    rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
+    return _mla_pallas_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
+                                        rows, shape.get("K"), shape.get("kv_format"))
 
 
 @functools.lru_cache(maxsize=None)

@@ -155,7 +155,8 @@ def test_plan_follows_the_table_and_applies_its_config_when_in_the_space(table_d
         configs.sparse_mla_heuristic(128, H200.smem_per_block, 4).to_dict()
     # a config outside the space is never run
     assert REGISTRY.plan("sparse_mla_decode", "jax", H200, **MLA).config == \
-        configs.pallas_sparse_mla_heuristic(128, H200.smem_per_block).to_dict()
+        configs.pallas_sparse_mla_heuristic(128, H200.smem_per_block, rows=64, topk=2048,
+                                            kv_format="fp8_ds_mla").to_dict()
     # the table's plain path goes first under auto; the kernel path keeps its heuristic
     p = REGISTRY.plan("indexer_topk", "torch", H200, **TOPK)
     assert p.order == ("torch", "triton") and p.config == {}

@@ -251,6 +251,24 @@ def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -
 # launcher then uses PALLAS_SPARSE_MLA_FP32 (a correctness path, not a performance target).
 # Combine launch options are shared with the Triton stack (SPARSE_MLA_COMBINE_*).
 
+# fp16 fast path tiles (fp8 formats, 16-bit q; kernels/sparse_mla/pallas.py): no carried raw
+# tiles, Triton's pipeliner overlaps the gathers. AOT counts (jax 0.10.2 lowering + make_ttir,
+# Triton 3.9, sm_90, bf16 q; regs / stack B / shared B / SASS per warp per loop iteration,
+# bench/NOTES.md "Sparse MLA, Pallas"):
+#   64/32/8/3: fp8_ds_mla 255 / 192 / 133,632 / 1,386 (every load an async copy);
+#              fp8_model1 255 / 272 / 119,552 / 1,688
+#   64/32/8/2: ds_mla 255 / 168 / 132,864 / 1,325 (block-table loads synchronous in the loop)
+#   32/32/8/3: ds_mla 223 / 0 / 125,184 / 1,430; model1 255 / 0 / 111,104 / 1,641
+#   16/32/4/3: ds_mla 250 / 0 / 75,008 / 1,225; model1 255 / 16 / 52,224 / 1,416
+#   16/32/4/2: ds_mla 245 / 0 / 74,240 / 1,196
+# The Triton twin's tiles compiled the same way: W64 255 / 120 / 132,864 / 1,577; N16
+# 241 / 0 / 74,240 / 1,471. The s2 variants stay out of the space (latent not measured); the
+# latent format (the path without the fast numerics) at 64/32/8/3: 255 / 352 / 152,064 / 2,073,
+# 32/32/8/3: 204 / 0 / 78,336 / 702, 16/32/4/3: 241 / 0 / 57,856 / 638.
+PALLAS_W64 = SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=3, prefetch=False)
+PALLAS_N16 = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=3, prefetch=False)
+PALLAS_W32 = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=3, prefetch=False)
+
 PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
     "small": (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
@@ -262,6 +280,9 @@ PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
         SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2),
+        PALLAS_W64,
+        PALLAS_W32,
+        PALLAS_N16,
     ),
 }
 PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
@@ -271,11 +292,16 @@ PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
 # kv formats, keyed by (config, dot operand bytes); the compile test asserts the measured value
 # stays at or below these, and the launcher gates with them before launch.
 PALLAS_SPARSE_MLA_SMEM: dict[tuple[SparseMLAConfig, int], int] = {
-    (SparseMLAConfig(16, 32, 4, 1), 2): 55_296,
-    (SparseMLAConfig(32, 16, 8, 1), 2): 55_296,
-    (SparseMLAConfig(32, 32, 8, 1), 2): 73_728,
-    (SparseMLAConfig(64, 32, 8, 1), 2): 110_720,
-    (SparseMLAConfig(64, 32, 8, 2), 2): 110_720,
+    # the hand-pipelined configs on the fp16 fast path (fp8_ds_mla, sm_120 / sm_90) need 64-128 B
+    # more than before it: 55,360 / 55,424 / 73,856 / 110,848
+    (SparseMLAConfig(16, 32, 4, 1), 2): 55_360,
+    (SparseMLAConfig(32, 16, 8, 1), 2): 55_424,
+    (SparseMLAConfig(32, 32, 8, 1), 2): 73_856,
+    (SparseMLAConfig(64, 32, 8, 1), 2): 110_848,
+    (SparseMLAConfig(64, 32, 8, 2), 2): 110_848,
+    (PALLAS_W64, 2): 152_064,           # latent (fp8_ds_mla 133,632, fp8_model1 119,552)
+    (PALLAS_W32, 2): 125_184,           # fp8_ds_mla (fp8_model1 111,104, latent 78,336)
+    (PALLAS_N16, 2): 75_008,            # fp8_ds_mla (fp8_model1 52,224, latent 57,856)
     (PALLAS_SPARSE_MLA_FP32, 4): 73_792,
 }
 
@@ -290,16 +316,26 @@ def pallas_sparse_mla_smem(cfg: SparseMLAConfig, operand_bytes: int) -> int:
     return 2 * operand_bytes * (cfg.block_h * 576 + cfg.block_k * 576 + cfg.block_h * cfg.block_k)
 
 
-def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int,
-                                operand_bytes: int = 2) -> SparseMLAConfig:
-    """Default Pallas config: the Triton twin's :data:`SPARSE_MLA_DEFAULT` (32 heads x 32
-    entries, 8 warps, pipelined loads; the two kernels now share their structure) when it is in
-    the Pallas space, else the space's first member; fp32 operands use
-    :data:`PALLAS_SPARSE_MLA_FP32`."""
+def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
+                                rows: int | None = None, topk: int | None = None,
+                                kv_format: str | None = None) -> SparseMLAConfig:
+    """Default Pallas config. fp32 operands: :data:`PALLAS_SPARSE_MLA_FP32`. The fp16 fast
+    path (``kv_format`` an fp8 format) on the large class, given ``rows`` (B x N) and ``topk``:
+    the Triton twin's rule with the Pallas tiles (64-head tiles for >= 64 heads, >= 32 requests
+    and K >= 1024; 16-head tiles for <= 32 heads or < 32 requests; 32-head tiles otherwise; all
+    three stages, no carried tiles). Otherwise the Triton twin's :data:`SPARSE_MLA_DEFAULT`
+    (32 x 32, 8 warps, hand-pipelined loads) when it is in the Pallas space, else the space's
+    first member."""
     if operand_bytes >= 4:
         return PALLAS_SPARSE_MLA_FP32
-    del num_heads
     space = PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)]
+    if (kv_format in ("fp8_ds_mla", "fp8_model1") and rows is not None and topk is not None
+            and PALLAS_W64 in space):
+        if num_heads >= 64 and rows >= 32 and topk >= 1024:
+            return PALLAS_W64
+        if num_heads <= 32 or rows < 32:
+            return PALLAS_N16
+        return PALLAS_W32
     return SPARSE_MLA_DEFAULT if SPARSE_MLA_DEFAULT in space else space[0]
 
 
