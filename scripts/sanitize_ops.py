@@ -122,12 +122,13 @@ def _t(a, dev):
 
 # ---------------------------------------------------------------- torch: native sparse MLA
 
-def torch_mla_native(kv_format, logical):
+def torch_mla_native(kv_format, logical, H=16):
+    """H 64: on sm_90 the heuristic runs the Gluon kernel (kernels/sparse_mla/gluon.py)."""
     def run():
         torch, dev, qd = _torch_env()
         from torch_impl import sparse_mla_decode
         c = _mla_case(f"{kv_format}", 10 + logical + 3 * len(kv_format), kv_format=kv_format,
-                      q_dtype=qd, logical=logical)
+                      q_dtype=qd, logical=logical, H=H)
         out, lse = sparse_mla_decode(_t(c.q, dev), _t(c.kv_cache, dev), _t(c.indices, dev),
                                      c.sm_scale, kv_format=kv_format, d_v=c.d_v,
                                      block_table=_t(c.block_table, dev),
@@ -344,6 +345,9 @@ def cases_for(stack: str) -> list:
             ("mla_slots_fp8_model1", torch_mla_native("fp8_model1", False)),
             ("mla_table_fp8_model1", torch_mla_native("fp8_model1", True)),
             ("mla_table_latent", torch_mla_native("latent", True)),
+            ("mla_h64_slots_fp8_ds_mla", torch_mla_native("fp8_ds_mla", False, H=64)),
+            ("mla_h64_table_fp8_ds_mla", torch_mla_native("fp8_ds_mla", True, H=64)),
+            ("mla_h64_table_fp8_model1", torch_mla_native("fp8_model1", True, H=64)),
             ("mla_topk_length_all_zero", torch_mla_empty()),
             ("mla_strided_pages_native", torch_mla_strided_native()),
             ("compat_v32_strided_pages", torch_compat_v32_strided()),
