@@ -338,8 +338,9 @@ class _Ev:
 
 
 def test_indexer_phase_totals_from_fake_profiler_events():
-    """topk_us plumbing: the ranges' device time on a GPU, kernel names when no range carries
-    any, the ranges' CPU time on the CPU; other ranges and ops ignored."""
+    """topk_us plumbing: on a GPU the kernels' device time by name (Triton launches are not
+    attributed to the ranges there), the ranges' device time when no kernel name matches; the
+    ranges' CPU time on the CPU; other ranges, ops and kernels (the fill) ignored."""
     from torch.autograd import DeviceType
     lg, tk = paths.INDEXER_PHASES["logits"], paths.INDEXER_PHASES["topk"]
     cpu, cuda = DeviceType.CPU, DeviceType.CUDA
@@ -347,8 +348,11 @@ def test_indexer_phase_totals_from_fake_profiler_events():
            _Ev(tk, cpu, 40.0, 60.0), _Ev(lg, cpu, 310.0, 21.0), _Ev(tk, cpu, 42.0, 61.0),
            _Ev("aten::clamp", cpu, 2.0, 5.0),
            _Ev("_indexer_logits_kernel", cuda, 610.0), _Ev("_topk_plan_kernel", cuda, 30.0),
-           _Ev("_radix_topk_kernel", cuda, 52.0)]
+           _Ev("_radix_topk_kernel", cuda, 52.0), _Ev("vectorized_elementwise_kernel", cuda, 1.0)]
     t = paths.indexer_phase_totals(evs, on_gpu=True)
+    assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "kernel names")
+    no_kernels = [e for e in evs if e.device_type != cuda]
+    t = paths.indexer_phase_totals(no_kernels, on_gpu=True)
     assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "profiler ranges")
     t = paths.indexer_phase_totals(evs, on_gpu=False)
     assert (t["logits"], t["topk"]) == (41.0, 121.0)
