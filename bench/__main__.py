@@ -10,6 +10,8 @@ Examples::
     python -m bench --op sparse_mla_decode --backend torch --preset DSV32
     python -m bench --op dsa_decode_layer   # the whole decode layer (weights + attention)
     python -m bench --path auto          # path="auto" rows: what the dispatch table picks
+    python -m bench --targets --compat   # also the compat calls beside the native calls
+    python -m bench --compat-only        # only those (bench.compat_rows rows)
 
 Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files") and ``.png``
 (roofline plot), a table on stdout. Without a CUDA GPU the run is a dry run.
@@ -113,6 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-progress", action="store_true", help="no progress bar / per-row lines")
     ap.add_argument("--no-plot", action="store_true", help="do not write the roofline PNG")
     ap.add_argument("--tag", default="", help="result file tag (default: the arch, or 'dry')")
+    ap.add_argument("--compat", action="store_true",
+                    help="after the grid, time the FlashMLA / DeepGEMM / top-k compat calls "
+                         "(torch_impl.compat) beside the native calls at the same shapes, on the "
+                         "same inputs; JSON 'compat_rows' with compat_us, native_us and ratio")
+    ap.add_argument("--compat-only", action="store_true",
+                    help="only the compat rows of --compat (no grid); JSON "
+                         "bench_<tag>_compat_<date>.json")
     return ap
 
 
@@ -148,6 +157,8 @@ def main(argv=None) -> int:
             print("no CUDA GPU: running the CPU dry run (timings meaningless)", file=sys.stderr)
     from bench import report
     from bench.runner import RunConfig, empty_selection, run
+    if args.compat_only:
+        return _compat_only(args, dry)
 
     mode = "dry" if dry else ("full" if args.full else "targets" if args.targets else "quick")
     budget = args.budget_s if args.budget_s is not None else {"quick": 240.0, "dry": 1e9}.get(mode, 1e9)
@@ -164,6 +175,11 @@ def main(argv=None) -> int:
         return 2
     res = run(cfg)
     report.print_table(res["rows"], res["meta"])
+    compat_failed = False
+    if args.compat:
+        crows, compat_failed = _compat_rows(dry)
+        res["meta"]["compat_rows"] = crows
+        report.write_json(res["json"], res["meta"], res["rows"])
     print(f"json: {res['json']}")
     if res["png"]:
         print(f"plot: {res['png']}")
@@ -181,7 +197,43 @@ def main(argv=None) -> int:
         why = "--dry-run" if args.dry_run else "no CUDA GPU"
         print(f"this was a dry run ({why}): tiny shapes in the CPU interpreter, the timings "
               f"are meaningless; run on a CUDA GPU for real numbers")
-    return 1 if failed else 0
+    return 1 if failed or compat_failed else 0
+
+
+def _compat_rows(dry: bool) -> tuple[list, bool]:
+    """(rows of ``bench.compat_rows``, whether they errored), printed one per line."""
+    from bench import compat_rows as bench_compat
+    try:
+        crows = bench_compat.rows((1,) if dry else (1, 64), device="cpu" if dry else "cuda")
+    except Exception as e:  # noqa: BLE001 - a compat mismatch is a failed row, not a crash
+        print(f"compat rows: error: {type(e).__name__}: {e}"[:400], file=sys.stderr)
+        return [{"status": f"error: {type(e).__name__}: {e}"[:300]}], True
+    print("compat calls beside the native calls (same shapes, same inputs; ratio = compat / native):")
+    for r in crows:
+        print("  " + bench_compat.format_row(r))
+    return crows, False
+
+
+def _compat_only(args, dry: bool) -> int:
+    import datetime as dt
+    from bench import report
+    from bench.runner import environment
+
+    env = environment(dry)
+    date = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    crows, bad = _compat_rows(dry)
+    tag = args.tag or ("dry" if dry else env["arch"])
+    stamp = date.replace(":", "").replace("-", "")[:15]
+    path = Path(args.out) / f"bench_{tag}_compat_{stamp}.json"
+    meta = {"gpu": env["gpu"], "compute_capability": env["compute_capability"],
+            "versions": env["versions"], "date": date, "dry_run": dry, "mode": "compat",
+            "command": "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+            "compat_rows": crows}
+    report.write_json(path, meta, [])
+    print(f"json: {path}")
+    if dry:
+        print("this was a dry run: tiny shapes in the CPU interpreter, the timings are meaningless")
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":

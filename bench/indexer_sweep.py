@@ -1,94 +1,241 @@
-"""Config sweep of the Triton indexer-logits kernel on the current GPU (GPU only).
+"""Variant sweep of the Triton indexer: the logits kernel alone and the top-k alone (GPU).
 
-    python -m bench.indexer_sweep --out sweep.json [--config SPLITS,WARPS,STAGES,TRANS,PAGES ...]
+    python -m bench.indexer_sweep --out sweep.json [--variant NAME ...] [--shape NAME ...]
+    python -m bench.indexer_sweep --aot [--variant NAME ...]     # CPU: compile counts only
 
-At DSV32 B=64 L=64K and B=1 L=128K (bench.inputs, one input set, pages scattered), times the
-logits kernel with its fused top-digit histogram (``kernels.indexer.triton``) for each config
-(``triton.testing.do_bench`` median; SPLITS 0 = heuristic) and the top-k kernel after it, and
-compares each config's logits with the first config's (max relative difference over finite
-logits; -inf patterns must match). Results feed bench/NOTES.md and the split heuristic.
+For each shape of :data:`SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a 1M table,
+V3.2 B 64 N 2 L 64K; ``bench.inputs``, one input set, pages scattered) and each logits variant of
+:data:`VARIANTS` (``kernels.indexer.triton.IndexerLogitsConfig`` fields), times with CUDA
+events over a CUDA graph of 20 launches (median of 10 replays) with one input set for all
+calls; the logits timing flushes L2 before each launch and subtracts the flush, the top-k
+timing does not: in the op the top-k reads the logits the logits kernel has just written):
+
+* ``logits_us``: the logits kernel with its fused first-digit histogram;
+* ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
+  candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` (first variant only; the
+  others use the default);
+
+and checks each variant's logits against the first variant's (max relative difference over
+finite logits; the -inf pattern must match), its top-k set against the first's, and that two
+runs give bitwise equal indices. ``--aot`` compiles each variant's logits kernel for sm_90 on
+the CPU instead (registers, spills, shared memory, SASS per loop; ``kernels._triton_aot``).
+Rows go to ``--out`` as JSON (and one line each on stdout); bench/NOTES.md has the analysis.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 
-import torch
-import triton
+# name -> IndexerLogitsConfig fields (num_splits / num_warps None = the launcher's heuristic)
+VARIANTS = {
+    "default": {},
+    "running": dict(hist="running"),                        # the 2026-12-01 kernel
+    "evict": dict(evict_first=True),
+    "cp2": dict(prefetch=False, num_stages=2),              # Triton's cp.async pipeline
+    "cp3": dict(prefetch=False, num_stages=3),
+    "cp2_w8": dict(prefetch=False, num_stages=2, num_warps=8),
+    "cp2_evict": dict(prefetch=False, num_stages=2, evict_first=True),
+    "p1_cp2": dict(pages=1, prefetch=False, num_stages=2),
+    "p1_cp3": dict(pages=1, prefetch=False, num_stages=3),
+    "p1": dict(pages=1),
+    "cp2_s8": dict(prefetch=False, num_stages=2, num_splits=8),
+}
+# the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
+DEFAULT_VARIANTS = ("default", "running", "evict", "cp2", "cp3", "cp2_w8", "p1_cp2")
 
-from bench.grid import Shape
-from bench.inputs import make_inputs
-from kernels.indexer import triton as kx
-from kernels.topk.triton import hist_shape, launch_topk
-from torch_impl import _common
+# name -> (preset, B, N, L, table_len)
+SHAPES = {
+    "v32_b64_l64k": ("DSV32", 64, 1, 65536, None),
+    "v32_b1_l128k": ("DSV32", 1, 1, 131072, None),
+    "v4_b64_4k_in_1m": ("DSV4_FLASH", 64, 1, 4096, 1 << 20),
+    "v32_b64_n2_l64k": ("DSV32", 64, 2, 65536, None),
+}
+CAND_BLOCKS = (1024, 2048, 4096)
 
-DEFAULT = ["0,0,1,1,2", "0,0,3,0,1", "16,4,1,1,2"]
+
+_FLUSH = []
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="indexer_sweep.json")
-    ap.add_argument("--config", action="append", default=None,
-                    help="num_splits,num_warps,num_stages,trans,pages (0 = heuristic)")
-    args = ap.parse_args()
-    dev = _common.device_info(torch.device("cuda"))
-    cfgs = []
-    for c in args.config or DEFAULT:
-        sp, w, st, tr, pg = (int(x) for x in c.split(","))
-        cfgs.append(kx.IndexerLogitsConfig(num_splits=sp or None, num_warps=w or None,
-                                           num_stages=st, trans=bool(tr), pages=pg))
+def _flush():
+    """Write 256 MB (more than the H200's L2), evicting the K cache of the previous launch."""
+    import torch
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(64 << 20, dtype=torch.float32, device="cuda"))
+    _FLUSH[0].zero_()
+
+
+def _graph_us(fn, launches: int = 20, replays: int = 10, flush: bool = False) -> float:
+    """Median us per launch of ``fn`` over ``replays`` replays of a CUDA graph of ``launches``
+    calls (no launch overhead in the number). ``flush``: an L2 flush before each call, its own
+    time (a graph of flushes alone) subtracted."""
+    if flush:
+        return (_graph_us(lambda: (_flush(), fn()), launches, replays)
+                - _graph_us(_flush, launches, replays))
+    import torch
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        for _ in range(launches):
+            fn()
+    g.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        g.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / launches)
+    del g
+    times.sort()
+    return times[len(times) // 2]
+
+
+def _aot(names) -> list:
+    from kernels._triton_aot import compile_specs
+    from kernels.indexer.triton import IndexerLogitsConfig
+    from kernels.indexer.triton_aot import _logits_spec
+    specs = []
+    for name in names:
+        for N in (1, 2):
+            cfg = IndexerLogitsConfig(**VARIANTS[name])
+            nw = cfg.num_warps or (8 if N * 64 >= 128 else 4)
+            specs.append(_logits_spec(f"{name} N{N}", "*fp8e4nv", "*fp8e4nv", N, 64, 64, True, nw,
+                                      cfg.num_stages, trans=cfg.trans, pages=cfg.pages,
+                                      hist=cfg.hist, prefetch=cfg.prefetch,
+                                      evict_first=cfg.evict_first))
     rows = []
-    for shape in (Shape("indexer_topk", "DSV32", 64, 1, 1, 65536),
-                  Shape("indexer_topk", "DSV32", 1, 1, 1, 131072)):
+    for r in compile_specs(specs, (90,), sass=True, workers=2):
+        s = r.pop("sass", None)
+        if s:
+            r["sass_total"] = s["total"]
+            r["sass_loop"] = s["loop"]["total"]
+            r["sass_loop_x_warps"] = s["loop"]["total"] * r["num_warps"]
+            r["sass_loop_ops"] = dict(list(s["loop"]["ops"].items())[:16])
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    return rows
+
+
+def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
+    import torch
+
+    from bench.grid import Shape
+    from bench.inputs import make_inputs
+    from kernels.indexer import triton as kx
+    from kernels.topk.triton import TopkConfig, hist_shape, launch_topk
+    from torch_impl import _common
+
+    import triton
+    dev = _common.device_info(torch.device("cuda"))
+    meta = dict(gpu=dev.name, compute_capability=f"{dev.cc[0]}.{dev.cc[1]}",
+                versions=dict(torch=torch.__version__, triton=triton.__version__))
+    rows = []
+    for sname in shapes:
+        preset, B, N, L, table = SHAPES[sname]
+        shape = Shape("indexer_topk", preset, B, N, 1, L, table_len=table)
         s = make_inputs(shape, rotations=1, device="cuda", q_dtype="bfloat16",
                         latent_dtype="bfloat16").sets[0]
-        B, P = shape.B, shape.P
+        P, K = shape.P, shape.K_topk
         bt, cl = s["block_table"], s["context_lens"]
         W = bt.shape[1] * P
         kv, ks = s["k_cache"].view(torch.float8_e4m3fn), s["k_cache"].view(torch.float32)
         base = None
-        for cfg in cfgs:
+        for vi, name in enumerate(names):
+            cfg = kx.IndexerLogitsConfig(**VARIANTS[name])
             t0 = time.time()
-            splits = kx.logits_splits(B, bt.shape[1], dev.num_sms, cfg)
-            out = torch.full((B, 1, W), float("-inf"), device="cuda")
-            hist = torch.empty(hist_shape(B, splits, 1), dtype=torch.int32, device="cuda")
-            topk = torch.empty((B, 2048), dtype=torch.int32, device="cuda")
-            scratch = torch.empty((B, W), dtype=torch.int32, device="cuda")
-            fn = lambda: kx.launch_indexer_logits(s["iq"], s["iw"], kv, ks, bt, cl, out,
-                                                  page_size=P, num_sms=dev.num_sms, config=cfg,
-                                                  hist=hist, fp8_upcast=True)
-            tk = lambda: launch_topk(out.view(B, W), cl, 2048, topk, scratch, hist=hist, n_drafts=1,
-                                    page_size=P)
+            row = dict(shape=sname, preset=preset, B=B, N=N, L=L, table_len=W, topk=K,
+                       variant=name, config=dict(cfg.__dict__))
             try:
-                fn()
+                splits = kx.logits_splits(B, bt.shape[1], dev.num_sms, cfg)
+                out = torch.empty((B, N, W), device="cuda")
+                hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device="cuda")
+                idx = torch.empty((B * N, K), dtype=torch.int32, device="cuda")
+                scratch = torch.empty((B * N, W), dtype=torch.int32, device="cuda")
+
+                def lg():
+                    kx.launch_indexer_logits(s["iq"], s["iw"], kv, ks, bt, cl, out, page_size=P,
+                                             num_sms=dev.num_sms, config=cfg, hist=hist,
+                                             fp8_upcast=True)
+
+                def tk(tcfg=None):
+                    launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=hist,
+                                n_drafts=N, page_size=P)
+                lg()
                 tk()
                 torch.cuda.synchronize()
-                fin = torch.isfinite(out)
+                first = idx.clone()
+                tk()
+                torch.cuda.synchronize()
+                row["repeatable"] = bool(torch.equal(first, idx))
+                n_pages = -(-L // P)
+                valid = out[:, :, : n_pages * P]
+                fin = torch.isfinite(valid)
                 if base is None:
-                    base = (out.clone(), fin, topk.clone())
-                same_pattern = bool(torch.equal(fin, base[1]))
-                rel = float(((out[fin] - base[0][fin]).abs() / base[0][fin].abs().clamp_min(1e-30)).max())
-                same_topk = bool(torch.equal(topk.sort(-1).values, base[2].sort(-1).values))
-                us = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-                us_topk = triton.testing.do_bench(tk, warmup=10, rep=50, return_mode="median") * 1e3
-                err = None
-            except Exception as e:  # noqa: BLE001 - recorded per config
-                us = us_topk = rel = same_pattern = same_topk = None
-                err = f"{type(e).__name__}: {e}"[:300]
-            row = dict(B=B, L=shape.L, config=cfg.__dict__, num_splits=splits, logits_us=us,
-                       topk_us=us_topk, max_rel_diff_vs_first=rel, same_inf_pattern=same_pattern,
-                       same_topk_set=same_topk, error=err, wall_s=round(time.time() - t0, 1))
+                    base = (valid.clone(), fin, first.sort(-1).values)
+                row["same_inf_pattern"] = bool(torch.equal(fin, base[1]))
+                ref = base[0][fin]
+                row["max_rel_diff_vs_first"] = float(
+                    ((valid[fin] - ref).abs() / ref.abs().clamp_min(1e-30)).max()) if ref.numel() else 0.0
+                row["same_topk_set"] = bool(torch.equal(first.sort(-1).values, base[2]))
+                row["num_splits"] = splits
+                row["logits_us"] = _graph_us(lg, flush=True)     # K pages from HBM, as served
+                row["topk_us"] = _graph_us(tk)
+                if vi == 0:
+                    row["topk_us_by_cand_block"] = {
+                        str(cb): _graph_us(lambda cb=cb: tk(TopkConfig(cand_block=cb)))
+                        for cb in CAND_BLOCKS}
+                row["error"] = None
+            except Exception as e:  # noqa: BLE001 - recorded per variant
+                row["error"] = f"{type(e).__name__}: {e}"[:400]
+            row["wall_s"] = round(time.time() - t0, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
+            save(rows, meta)                       # a time limit still leaves the rows so far
         del s
         torch.cuda.empty_cache()
-    doc = dict(gpu=dev.name, compute_capability=f"{dev.cc[0]}.{dev.cc[1]}",
-               versions=dict(torch=torch.__version__, triton=triton.__version__),
-               date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               command="python -m bench.indexer_sweep --out " + args.out, rows=rows)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    return rows, meta
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="indexer_sweep.json")
+    ap.add_argument("--variant", action="append", choices=sorted(VARIANTS), default=None,
+                    help="logits variants (default: DEFAULT_VARIANTS, 'default' first)")
+    ap.add_argument("--shape", action="append", choices=sorted(SHAPES), default=None,
+                    help="shapes (default: all four)")
+    ap.add_argument("--aot", action="store_true",
+                    help="compile each variant for sm_90 on the CPU (no GPU) instead of timing")
+    args = ap.parse_args(argv)
+    names = args.variant or list(DEFAULT_VARIANTS)
+    if "default" in names:
+        names = ["default"] + [n for n in names if n != "default"]
+    t0 = time.time()
+    cmd = "python -m bench.indexer_sweep " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def save(rows, meta, done=False):
+        doc = dict(meta, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   command=cmd.strip(), elapsed_s=round(time.time() - t0, 1), partial=not done,
+                   variants={n: VARIANTS[n] for n in names}, shapes=SHAPES, rows=rows)
+        with open(args.out + ".tmp", "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(args.out + ".tmp", args.out)
+
+    if args.aot:
+        rows, meta = _aot(names), dict(target="sm_90 (AOT, kernels._triton_aot)")
+    else:
+        rows, meta = _sweep(args.shape or list(SHAPES), names, save)
+    save(rows, meta, done=True)
+    print(f"json: {args.out}")
 
 
 if __name__ == "__main__":

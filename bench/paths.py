@@ -221,6 +221,65 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
             "kernels_per_step": all_n / n}
 
 
+# indexer_topk phases: the profiler ranges torch_impl.indexer opens around its two phases while
+# a profiler records (the logits kernel, then every kernel of the top-k).
+INDEXER_PHASES = {"logits": "dsa::indexer_topk/logits", "topk": "dsa::indexer_topk/topk"}
+
+
+def indexer_phase_totals(events, on_gpu: bool) -> dict:
+    """Total time (us) of each :data:`INDEXER_PHASES` phase over profiler ``events``
+    (``prof.events()``: objects with ``name``, ``device_type`` and the profiler's time fields):
+    on the GPU the device time of the kernels launched inside the phase's range, with kernel
+    names as the fallback when no range carries device time (kernels whose name holds
+    ``logits`` count for the logits, every other kernel for the top-k); on the CPU the ranges'
+    CPU time (the interpreter runs the kernels inside them). Returns ``{"logits", "topk",
+    "how"}``."""
+    from torch.autograd import DeviceType
+
+    tot = {"logits": 0.0, "topk": 0.0}
+    kern = {"logits": 0.0, "topk": 0.0}
+    by_name = {v: k for k, v in INDEXER_PHASES.items()}
+    for e in events:
+        if getattr(e, "device_type", None) == DeviceType.CUDA:
+            us = _device_us(e) or float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+            kern["logits" if "logits" in e.name else "topk"] += us
+            continue
+        ph = by_name.get(e.name)
+        if ph is not None:
+            tot[ph] += _device_us(e) if on_gpu else float(getattr(e, "cpu_time_total", 0.0) or 0.0)
+    if on_gpu and tot["logits"] + tot["topk"] == 0.0 and kern["logits"] + kern["topk"] > 0.0:
+        return {**kern, "how": "kernel names"}
+    return {**tot, "how": "profiler ranges"}
+
+
+def torch_indexer_phases(calls, reps: int = 5, warm: bool = True) -> dict:
+    """Mean time per call (us) of the two phases of a torch ``indexer_topk`` call from
+    ``torch.profiler`` over ``reps`` rounds of ``calls`` run eagerly (:func:`indexer_phase_totals`):
+    ``{"logits_us", "topk_us", "timer"}``; on the CPU the interpreter's wall time inside each
+    range (meaningless as a speed, but the plumbing is the GPU's)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    gpu = torch.cuda.is_available()
+    for c in calls if warm else ():
+        c()
+    if gpu:
+        torch.cuda.synchronize()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if gpu else [])
+    with profile(activities=acts) as prof:
+        for _ in range(reps):
+            for c in calls:
+                c()
+        if gpu:
+            torch.cuda.synchronize()
+    t = indexer_phase_totals(prof.events(), gpu)
+    n = reps * len(calls)
+    what = ("GPU time of the kernels launched inside each phase" if gpu else
+            "CPU interpreter wall time inside each phase (dry run: meaningless)")
+    return {"logits_us": t["logits"] / n, "topk_us": t["topk"] / n,
+            "topk_timer": f"torch.profiler, {what} ({t['how']}; eager calls, mean of {n})"}
+
+
 def _compile_layer() -> bool:
     """Whether torch decode-layer rows time ``torch.compile(layer, fullgraph=True)``
     (``DSA_BENCH_COMPILE_LAYER=1``; recorded in the row's ``config``)."""

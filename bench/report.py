@@ -60,9 +60,9 @@ def print_table(rows: list[dict], meta: dict, console=None) -> None:
              + ("  [DRY RUN: timings meaningless]" if meta.get("dry_run") else ""))
     t = Table(title=title, show_lines=False)
     for c in ("op", "preset", "B", "N", "H", "L", "K", "kv", "backend", "path", "median us",
-              "p20-p80", "GB/s", "TFLOP/s", "floor us", "frac", "check"):
-        t.add_column(c, justify="right" if c in ("B", "N", "H", "L", "K", "median us", "GB/s",
-                                                 "TFLOP/s", "floor us", "frac") else "left")
+              "p20-p80", "topk us", "GB/s", "TFLOP/s", "floor us", "frac", "check"):
+        t.add_column(c, justify="right" if c in ("B", "N", "H", "L", "K", "median us", "topk us",
+                                                 "GB/s", "TFLOP/s", "floor us", "frac") else "left")
     for r in rows:
         status = r.get("status", "")
         t.add_row(r["op"].replace("sparse_mla_decode", "mla").replace("dsa_decode_step", "step")
@@ -70,7 +70,7 @@ def print_table(rows: list[dict], meta: dict, console=None) -> None:
                   r["preset"], str(r["B"]), str(r["N"]), str(r["H"]), str(r["L"]), str(r["K"]),
                   r["kv_format"], r["backend"], r["path"], _fmt(r["median_us"], ".1f"),
                   "-" if r["median_us"] is None else f"{r['p20_us']:.1f}-{r['p80_us']:.1f}",
-                  _fmt(r.get("GB_per_s"), ".0f"), _fmt(r.get("TFLOP_per_s"), ".1f"),
+                  _fmt(r.get("topk_us"), ".1f"), _fmt(r.get("GB_per_s"), ".0f"), _fmt(r.get("TFLOP_per_s"), ".1f"),
                   _fmt(r["floor_us"], ".1f"), _fmt(r["frac_floor"], ".2f"),
                   "ok" if status == "ok" else status[:60])
     console.print(t)

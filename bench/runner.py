@@ -119,7 +119,9 @@ def _base_row(shape: grid.Shape, backend: str, path: str) -> dict:
             "floor_us": None, "frac_floor": None, "GB_per_s": None, "TFLOP_per_s": None,
             "d_qk": p.d_qk, "d_v": p.d_v, "topk": shape.K_topk, "window": shape.W_window,
             "H_I": p.index_heads, "D_I": p.index_head_dim, "q_dtype": None, "config": None,
-            "status": None, "check": None, "timer": None, "rotations": None}
+            "status": None, "check": None, "timer": None, "rotations": None,
+            **({"topk_us": None, "logits_us": None, "topk_timer": None}
+               if shape.op == "indexer_topk" else {})}
 
 
 def _free(device: str):
@@ -329,7 +331,24 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
     upd.update(roofline.row_metrics(machine, nbytes, flops, t.median_us))
     if shape.op == "dsa_decode_layer" and not dry and adapter.name == "torch":
         upd.update(_layer_phases(calls, t.median_us))
+    if shape.op == "indexer_topk":
+        upd.update(_indexer_phases(adapter, calls, dry))
     return upd
+
+
+def _indexer_phases(adapter, calls, dry: bool) -> dict:
+    """``topk_us`` (and ``logits_us``) of an indexer row (issue 17): the GPU time of the kernels
+    after the logits kernel, from the profiler ranges the torch bindings open around the two
+    phases (paths.torch_indexer_phases); in a dry run the interpreter's time in them. JAX rows
+    have no kernel profiler in the bench: None, and ``topk_timer`` says so."""
+    if adapter.name != "torch":
+        return {"topk_timer": f"not measured ({adapter.name}: no kernel profiler in the bench)"}
+    try:
+        # dry runs: one interpreted call (minutes of interpreter time otherwise)
+        return (paths.torch_indexer_phases(calls[:1], reps=1, warm=False) if dry
+                else paths.torch_indexer_phases(calls))
+    except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
+        return {"topk_timer": f"error: {type(e).__name__}: {e}"[:200]}
 
 
 def _layer_phases(calls, step_us: float) -> dict:

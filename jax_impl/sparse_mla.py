@@ -19,6 +19,7 @@ from jax_impl._common import (JAX_PATHS, check_array, check_sm_scale, device_inf
 from kernels import hardware
 from kernels.sparse_mla import configs
 from kernels import formats as nf
+from kernels import _pallas_call as pcall
 from kernels.sparse_mla import pallas as pk
 
 _FLOATS = (jnp.bfloat16, jnp.float16, jnp.float32)
@@ -111,8 +112,11 @@ def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk
         raise NotImplementedError(
             f"sparse_mla_decode (pallas) supports D_qk in (512, 576) and d_v = 512 on "
             f"{dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); got D_qk={d_qk}, d_v={d_v}")
+    # 64-bit offsets for every array of >= 2^31 elements (kernels/_pallas_call.py)
     hardware.require_int32_addressing(dev, "sparse_mla_decode (pallas)",
-                                      kv_cache.size * kv_cache.dtype.itemsize)
+                                      kv_cache.size * kv_cache.dtype.itemsize,
+                                      itemsize=kv_cache.dtype.itemsize,
+                                      wide_offsets=pcall.WIDE_OFFSETS)
     dot_dtype = _dot_dtype(q.dtype, kv_format, kv_cache.dtype)
     if config is None:
         config = configs.SparseMLAConfig(**_plan(q, indices, kv_format, kv_cache.dtype,

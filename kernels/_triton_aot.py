@@ -45,15 +45,17 @@ class LaunchSpec:
     num_stages: int = 2
     dtype_constexprs: tuple = field(default=())   # names whose value is a Triton dtype string
     divisible: tuple = field(default=())          # integer args specialised as multiples of 16
+    options: dict = field(default_factory=dict)    # extra triton.compile options (maxnreg, ...)
 
 
-def compile_spec(spec: LaunchSpec, cc: int) -> dict:
+def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
     """Compile ``spec`` for ``sm_<cc>`` in this process (must not be interpreting).
 
     Returns:
       ``{"label", "cc", "shared" (bytes of shared memory per block), "num_warps", "num_stages",
       "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
-      "spill_store_bytes"}``.
+      "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
+      opcode counts of the whole kernel and of its largest loop).
     Raises:
       RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
     """
@@ -80,7 +82,10 @@ def compile_spec(spec: LaunchSpec, cc: int) -> dict:
                 attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             raise ValueError(f"{spec.label}: argument {name!r} of {spec.kernel} has no type or value")
-    src = triton.compiler.ASTSource(fn, signature, constexprs, attrs)
+    src_cls = triton.compiler.ASTSource
+    if getattr(fn, "is_gluon", lambda: False)():       # @gluon.jit kernels (sm_90 only)
+        from triton.experimental.gluon._runtime import GluonASTSource as src_cls
+    src = src_cls(fn, signature, constexprs, attrs)
     log = io.StringIO()
     knobs = triton.knobs.nvidia
     old = knobs.dump_ptxas_log
@@ -88,20 +93,72 @@ def compile_spec(spec: LaunchSpec, cc: int) -> dict:
     try:
         with contextlib.redirect_stdout(log):
             k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                               options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+                               options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                        **spec.options})
     finally:
         knobs.dump_ptxas_log = old
     text = log.getvalue()
     regs = re.search(r"Used (\d+) registers", text)
     spill = re.search(r"(\d+) bytes spill stores", text)
-    return {"label": spec.label, "cc": cc, "shared": int(k.metadata.shared),
-            "num_warps": spec.num_warps, "num_stages": spec.num_stages,
-            "registers": int(regs.group(1)) if regs else None,
-            "spill_store_bytes": int(spill.group(1)) if spill else None}
+    spill_ld = re.search(r"(\d+) bytes spill loads", text)
+    stack = re.search(r"(\d+) bytes stack frame", text)
+    res = {"label": spec.label, "cc": cc, "shared": int(k.metadata.shared),
+           "num_warps": spec.num_warps, "num_stages": spec.num_stages,
+           "registers": int(regs.group(1)) if regs else None,
+           "spill_store_bytes": int(spill.group(1)) if spill else None,
+           "spill_load_bytes": int(spill_ld.group(1)) if spill_ld else None,
+           "stack_bytes": int(stack.group(1)) if stack else None}
+    if sass:
+        res["sass"] = sass_counts(k.asm["cubin"])
+    return res
+
+
+def _cuobjdump() -> str:
+    import triton
+    return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
+
+
+def sass_counts(cubin: bytes) -> dict:
+    """Opcode counts of a cubin's SASS (``cuobjdump -sass`` from Triton's bundled tools):
+    ``{"total": n, "ops": {opcode: n}, "loop": {"total", "ops"}}``, ``loop`` being the largest
+    backward-branch range (the main loop's body, inner loops included). Opcodes are the
+    mnemonic's first component (``HGMMA.64x128x16.F32`` -> ``HGMMA``); predicates dropped."""
+    import collections
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    ins = []                                            # (address, opcode, branch target)
+    for line in text.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if not m:
+            continue
+        body = re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip())
+        op = body.split()[0].split(".")[0] if body else "?"
+        addr = int(m.group(1), 16)
+        target = None
+        if op == "BRA":
+            t = re.search(r"0x([0-9a-f]+)", body)
+            target = int(t.group(1), 16) if t else None
+        ins.append((addr, op, target))
+    total = collections.Counter(op for _, op, _ in ins if op != "NOP")
+    best = None
+    for addr, op, target in ins:
+        if op == "BRA" and target is not None and target < addr:
+            if best is None or addr - target > best[1] - best[0]:
+                best = (target, addr)
+    loop = collections.Counter()
+    if best is not None:
+        loop = collections.Counter(op for a, op, _ in ins if best[0] <= a <= best[1] and op != "NOP")
+    return {"total": sum(total.values()), "ops": dict(total.most_common()),
+            "loop": {"total": sum(loop.values()), "ops": dict(loop.most_common())}}
 
 
 def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200,
-                  workers: int | None = None) -> list[dict]:
+                  workers: int | None = None, sass: bool = False) -> list[dict]:
     """Compile every spec for every ``cc`` in subprocesses without ``TRITON_INTERPRET``.
 
     The specs are dealt round-robin to ``workers`` processes (default: the CPUs this process may
@@ -123,7 +180,8 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
     shares = [list(range(w, len(specs), workers)) for w in range(workers)]
 
     def run(share: list[int]) -> list[dict]:
-        payload = json.dumps({"ccs": list(ccs), "specs": [asdict(specs[i]) for i in share]})
+        payload = json.dumps({"ccs": list(ccs), "sass": sass,
+                              "specs": [asdict(specs[i]) for i in share]})
         proc = subprocess.run([sys.executable, "-m", "kernels._triton_aot"], input=payload,
                               capture_output=True, text=True, env=env, cwd=str(_ROOT),
                               timeout=timeout)
@@ -149,7 +207,7 @@ def _main() -> None:
         spec = LaunchSpec(**d)
         for cc in req["ccs"]:
             try:
-                res = compile_spec(spec, cc)
+                res = compile_spec(spec, cc, sass=bool(req.get("sass")))
             except Exception as e:  # noqa: BLE001 - reported per spec to the caller
                 res = {"label": spec.label, "cc": cc, "error": f"{type(e).__name__}: {e}"[:2000]}
             print(json.dumps(res), flush=True)            # one line per result

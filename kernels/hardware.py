@@ -85,14 +85,31 @@ def require_smem(dev: DeviceInfo, what: str, need_bytes: int) -> None:
 INT32_BYTES = 2 ** 31 - 1
 
 
-def require_int32_addressing(dev: DeviceInfo, what: str, nbytes: int) -> None:
-    """Raise ``NotImplementedError`` when a buffer of ``nbytes`` cannot be addressed with int32
-    offsets. The Pallas-Triton lowering computes pointer offsets in int32 (JAX without x64): a
-    latent cache over 2 GiB overflowed them on the H200 (illegal address at DSV32 B=128,
-    L=32K, fp8_ds_mla, 2.75 GB). ``path="auto"`` then falls through to the XLA path."""
+def require_int32_addressing(dev: DeviceInfo, what: str, nbytes: int, *, itemsize: int = 1,
+                             wide_offsets: bool | None = None) -> None:
+    """Raise ``NotImplementedError`` when a buffer of ``nbytes`` (elements of ``itemsize``
+    bytes) cannot be addressed by the Pallas-Triton lowering. The lowering computes offsets in
+    elements, 64-bit for arrays over 2^32 bytes and else 32-bit (sign-extended): an array of
+    more than 2^31 - 1 elements within 2^32 bytes (a 2-4 GiB uint8 cache) wrapped (illegal
+    address on the H200 at DSV32 B=128, L=32K, fp8_ds_mla, 2.75 GB). ``wide_offsets``: the
+    caller's lowering emits 64-bit offsets for that window too
+    (``kernels._pallas_call.WIDE_OFFSETS``), so nothing is refused; without it only the
+    window is. ``None`` (callers whose kernels are not checked beyond 2 GiB, e.g. the indexer):
+    every buffer over 2^31 - 1 bytes is refused. ``path="auto"`` then falls through to the XLA
+    path."""
+    elements = nbytes // max(1, itemsize)
     if dev.interpret or nbytes <= INT32_BYTES:
         return
+    if wide_offsets is None:
+        raise NotImplementedError(
+            f"{what}: a {nbytes / 2**30:.2f} GiB buffer needs 64-bit offsets, which the "
+            f"Pallas-Triton lowering does not emit on {dev.name} (compute capability "
+            f"{dev.cc[0]}.{dev.cc[1]}); supported: buffers under 2 GiB (use path='xla' or the "
+            f"torch backend)")
+    if wide_offsets or elements <= INT32_BYTES or nbytes > 2 ** 32:
+        return
     raise NotImplementedError(
-        f"{what}: a {nbytes / 2**30:.2f} GiB buffer needs 64-bit offsets, which the Pallas-Triton "
-        f"lowering does not emit on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); "
-        f"supported: buffers under 2 GiB (use path='xla' or the torch backend)")
+        f"{what}: a {nbytes / 2**30:.2f} GiB buffer of {elements} elements needs 64-bit "
+        f"offsets, which the Pallas-Triton lowering does not emit for arrays of 2^31 or more "
+        f"elements within 2^32 bytes on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}); "
+        f"supported: under 2^31 elements or over 4 GiB (use path='xla' or the torch backend)")

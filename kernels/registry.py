@@ -61,15 +61,21 @@ def _operand_bytes(shape: Mapping) -> int:
 # plan runs on every eager call). Callers copy before they change one.
 
 @functools.lru_cache(maxsize=None)
-def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk) -> dict:
-    return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows,
-                                        topk=topk).to_dict()
+def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
+                                 gluon: bool) -> dict:
+    return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
+                                        gluon=gluon).to_dict()
 
 
 def _mla_triton_heuristic(dev, shape):
     rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
+    # the Gluon kernel: sm_90 (wgmma) outside the interpreter, fp8 caches, 16-bit operands
+    # (the launcher re-checks D_qk and q's dtype: torch_impl.sparse_mla.gluon_eligible)
+    gluon = (not dev.interpret and tuple(dev.cc) == (9, 0)
+             and shape.get("kv_format") in ("fp8_ds_mla", "fp8_model1")
+             and _operand_bytes(shape) == 2)
     return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
-                                        rows, shape.get("K"))
+                                        rows, shape.get("K"), gluon)
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,12 +88,16 @@ def _mla_triton_space(dev, shape):
 
 
 @functools.lru_cache(maxsize=None)
-def _mla_pallas_heuristic_cached(heads: int, smem: int, operand_bytes: int) -> dict:
-    return configs.pallas_sparse_mla_heuristic(heads, smem, operand_bytes).to_dict()
+def _mla_pallas_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
+                                 kv_format) -> dict:
+    return configs.pallas_sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
+                                               kv_format=kv_format).to_dict()
 
 
 def _mla_pallas_heuristic(dev, shape):
-    return _mla_pallas_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape))
+    rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
+    return _mla_pallas_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
+                                        rows, shape.get("K"), shape.get("kv_format"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -309,9 +319,13 @@ class Registry:
         if rule is None:
             return {} if not config else None
         base = rule.heuristic(dev, shape)
-        if set(config) - set(base):
+        # "kernel" (sparse MLA: "triton" when absent, "gluon") selects the kernel rather than
+        # tuning it, so a config without it means the Triton kernel, not the heuristic's
+        if set(config) - set(base) - {"kernel"}:
             return None
         full = {**base, **config}                       # fields not given: the heuristic's
+        if config and "kernel" not in config:
+            full.pop("kernel", None)
         space = rule.space(dev, shape)
         if isinstance(space, tuple):
             return full if full in space else None

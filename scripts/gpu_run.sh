@@ -5,18 +5,23 @@
 #   scripts/gpu_run.sh bench:targets:330 tests:layer:120 sweep:mla:120
 #
 # Steps (NAME:WHAT:SECONDS):
-#   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"), JSON + log
+#   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
+#                   all ops, e.g. "indexer_topk"), JSON + log
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
 #   parity:full     python -m parity --full --jobs 6 (JSON report)
-#   sanitize:all    compute-sanitizer memcheck over scripts/sanitize_ops.py
+#   sanitize:torch  compute-sanitizer memcheck over scripts/sanitize_ops.py (Triton kernels, compat
+#                   API; torch's caching allocator off so every tensor is its own allocation)
+#   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
+#   sanitize:all    both, as two invocations (two logs); a memcheck error or a FAIL line: rc != 0
 # The last lines printed are a one-line summary per step (the device tool returns the tail).
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 OUT=${OUT:-out}; mkdir -p "$OUT"
 BENCH_PATHS=${BENCH_PATHS:-"triton pallas"}
+BENCH_OPS=${BENCH_OPS:-}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt" 2>&1
 declare -a SUMMARY
 group() {
@@ -24,7 +29,9 @@ group() {
     layer) echo "tests/test_layer_torch.py tests/test_layer_jax.py" ;;
     mla) echo "tests/test_torch_sparse_mla.py tests/test_jax_sparse_mla.py" ;;
     idx) echo "tests/test_torch_indexer.py tests/test_torch_topk.py tests/test_jax_indexer.py" ;;
+    idxt) echo "tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
     ops) echo "tests/test_torch_sparse_mla.py tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
+    compat) echo "tests/test_compat_flash_mla.py tests/test_compat_deep_gemm.py tests/test_compat_topk.py tests/test_compat_engines.py tests/test_sanitize_ops.py" ;;
     *) echo "$1" ;;
   esac
 }
@@ -36,11 +43,12 @@ for step in "$@"; do
   case "$kind" in
     bench)
       paths=(); for p in $BENCH_PATHS; do paths+=(--path "$p"); done
+      for o in $BENCH_OPS; do paths+=(--op "$o"); done
       extra=(); [ "$what" = quick ] && extra=(--write-dispatch --dispatch-dir "$OUT")
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
         --no-progress --no-plot --out "$OUT" > "$log" 2>&1 ;;
     tests)
-      timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short -m "not slow" \
+      timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
     sweep)
       mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
@@ -49,8 +57,18 @@ for step in "$@"; do
       timeout "$secs" python3 -m parity "--$what" --jobs 6 --no-progress \
         --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
     sanitize)
-      timeout "$secs" compute-sanitizer --tool memcheck --target-processes all \
-        python3 scripts/sanitize_ops.py > "$log" 2>&1 ;;
+      stacks=$([ "$what" = all ] && echo "torch jax" || echo "$what")
+      rc_s=0; : > "$log"
+      for st in $stacks; do
+        slog="$OUT/sanitize_$st.log"
+        PYTORCH_NO_CUDA_MEMORY_CACHING=1 XLA_PYTHON_CLIENT_ALLOCATOR=platform \
+        XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
+        timeout "$secs" compute-sanitizer --tool memcheck --target-processes all \
+          --error-exitcode 3 --print-limit 50 \
+          python3 scripts/sanitize_ops.py --stack "$st" > "$slog" 2>&1 || rc_s=$?
+        grep -E '^(PASS|FAIL|SKIP) |sanitize_ops|ERROR SUMMARY' "$slog" >> "$log"
+      done
+      (exit $rc_s) ;;
     *) echo "unknown step $step" > "$log"; false ;;
   esac
   rc=$?

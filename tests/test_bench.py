@@ -5,6 +5,7 @@ PNG and dispatch table (and its round trip through kernels.dispatch.lookup), che
 The plumbing tests use stub backends (kernels.reference behind the torch/jax adapter interface)
 so they do not depend on the op modules; ``test_dry_run_real_paths`` runs whatever paths import.
 """
+import io
 import json
 import os
 import time
@@ -242,6 +243,14 @@ def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
             assert r["check"]["passed"]
             assert r["p20_us"] <= r["median_us"] <= r["p80_us"]
             assert r["frac_floor"] == pytest.approx(r["floor_us"] / r["median_us"])
+    # indexer rows carry topk_us (the stub calls open no phase ranges: 0 from the profiler on
+    # the torch backend; jax rows say why they have none); other ops do not
+    for pth in ("triton", "torch"):
+        assert by[("indexer_topk", pth)]["topk_us"] == 0.0
+        assert by[("indexer_topk", pth)]["topk_timer"].startswith("torch.profiler")
+    assert by[("indexer_topk", "xla")]["topk_us"] is None
+    assert "no kernel profiler" in by[("indexer_topk", "xla")]["topk_timer"]
+    assert "topk_us" not in by[("sparse_mla_decode", "triton")]
     # bytes / FLOPs of the rows are the formulas applied to the shape
     m = by[("sparse_mla_decode", "triton")]
     assert (m["K"], m["H"], m["kv_format"]) == (80, 8, "fp8_model1")
@@ -318,6 +327,50 @@ def test_cli_exit_status_and_filters(tmp_path, stub_registry, monkeypatch, capsy
                "--path", "pallas"])
     assert rc == 1                                                   # the broken path fails its check
     assert "FAILED" in capsys.readouterr().out
+
+
+class _Ev:
+    """A profiler event as indexer_phase_totals reads it."""
+
+    def __init__(self, name, device_type, device_us=0.0, cpu_us=0.0):
+        self.name, self.device_type = name, device_type
+        self.device_time_total, self.cpu_time_total = device_us, cpu_us
+
+
+def test_indexer_phase_totals_from_fake_profiler_events():
+    """topk_us plumbing: the ranges' device time on a GPU, kernel names when no range carries
+    any, the ranges' CPU time on the CPU; other ranges and ops ignored."""
+    from torch.autograd import DeviceType
+    lg, tk = paths.INDEXER_PHASES["logits"], paths.INDEXER_PHASES["topk"]
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    evs = [_Ev("dsa::indexer_topk", cpu, 500.0, 90.0), _Ev(lg, cpu, 300.0, 20.0),
+           _Ev(tk, cpu, 40.0, 60.0), _Ev(lg, cpu, 310.0, 21.0), _Ev(tk, cpu, 42.0, 61.0),
+           _Ev("aten::clamp", cpu, 2.0, 5.0),
+           _Ev("_indexer_logits_kernel", cuda, 610.0), _Ev("_topk_plan_kernel", cuda, 30.0),
+           _Ev("_radix_topk_kernel", cuda, 52.0)]
+    t = paths.indexer_phase_totals(evs, on_gpu=True)
+    assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "profiler ranges")
+    t = paths.indexer_phase_totals(evs, on_gpu=False)
+    assert (t["logits"], t["topk"]) == (41.0, 121.0)
+    no_ranges = [e for e in evs if e.device_type == cuda]
+    t = paths.indexer_phase_totals(no_ranges, on_gpu=True)
+    assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "kernel names")
+
+
+def test_print_table_shows_topk_us():
+    from rich.console import Console
+    row = dict(report_row_stub(), topk_us=12.34)
+    con = Console(width=250, record=True, file=io.StringIO())
+    report.print_table([row], {"gpu": "x", "compute_capability": "0.0", "date": "d",
+                               "command": "c"}, console=con)
+    text = con.export_text()
+    assert "topk us" in text and "12.3" in text
+
+
+def report_row_stub() -> dict:
+    from bench.runner import base_row
+    r = base_row(grid.Shape("indexer_topk", "DSV32", 2, 1, 1, 256, topk=64), "torch", "triton")
+    return dict(r, median_us=50.0, p20_us=49.0, p80_us=51.0, status="ok")
 
 
 def _no_run(cfg):
@@ -444,6 +497,10 @@ def test_dry_run_real_paths(tmp_path, monkeypatch):
             continue
         assert r["status"] == "ok", (r["backend"], r["path"], r["op"], r["status"])
         assert r["check"]["passed"] and r["median_us"] > 0
+        if r["op"] == "indexer_topk" and r["backend"] == "torch":
+            # topk_us on the CPU: the interpreter's time inside the top-k phase's profiler range
+            assert r["topk_us"] > 0 and r["logits_us"] > 0, r
+            assert r["topk_timer"].startswith("torch.profiler, CPU interpreter")
         ran += 1
     assert ran >= 1
 
@@ -573,3 +630,18 @@ def test_topk_path_vs_path_allows_only_subulp_swaps(monkeypatch):
     assert ok and "sub-ulp" in msg
     ok, msg = chk._differing_rows_within_spec(np.array([[[0, 1, 4]]]), base, 3, "differs")
     assert not ok and "request 0, this path" in msg
+
+
+def test_compat_only_dry_run_rows(tmp_path, monkeypatch, capsys):
+    """``python -m bench --compat-only --dry-run``: the compat call and the native call timed on
+    the same inputs (the two-cache FlashMLA row here: the lightest), ratio reported, JSON written."""
+    from bench.__main__ import main
+    from bench import compat_rows as bench_compat
+    monkeypatch.setattr(bench_compat, "ROW_NAMES", ("model1 + extra",))
+    assert main(["--compat-only", "--dry-run", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "model1 + extra" in text and "ratio=" in text
+    doc = json.loads(next(tmp_path.glob("bench_dry_compat_*.json")).read_text())
+    (row,) = doc["compat_rows"]
+    assert row["layout"] == "model1 + extra" and row["ratio"] > 0
+    assert {"native_us", "compat_us", "merge_us", "native_merge_us"} <= set(row)

@@ -32,10 +32,28 @@ Q_DTYPE_PARAMS = (torch.bfloat16,) if CUDA else (
 
 # ============================================================================ FlashMLA-style data
 
+class _Rows:
+    """Dequantized float64 rows of a quantized scope, gathered on demand by slot (the cache is
+    never dequantized whole: FlashMLA's b 321 production case has ~1.6M slots)."""
+
+    def __init__(self, cache_bytes: np.ndarray, d_qk: int, P: int):
+        self.bytes, self.d_qk, self.P = cache_bytes, d_qk, P     # [nb*P, 656] | [nb, padded]
+        self.num_slots = cache_bytes.shape[0] * (1 if d_qk == 576 else P)
+
+    def __call__(self, slots: np.ndarray) -> np.ndarray:
+        slots = np.asarray(slots, np.int64)
+        if self.d_qk == 576:
+            return np_formats.dequantize_fp8_ds_mla(self.bytes[slots]).astype(np.float64)
+        pages, inv = np.unique(slots // self.P, return_inverse=True)
+        deq = np_formats.dequantize_fp8_model1(self.bytes[pages], self.P)      # [n, P, 512]
+        return deq[inv.reshape(-1), slots % self.P].astype(np.float64)
+
+
 def _gen_scope(g, b, s_q, s_k, P, topk, d_qk, *, varlen=True, zero_len=False, all_invalid=False,
                topk_len=False, strided=True):
     """One KV scope as FlashMLA's ``generate_one_k_scope``: (k_cache view, indices [b, s_q,
-    topk] int32 global slots, topk_length or None, dequantized rows [num_slots, d_qk] float64)."""
+    topk] int32 global slots, topk_length or None, :class:`_Rows` of the dequantized cache).
+    The latent is drawn and quantized on DEVICE (GB-sized at the production shapes)."""
     lens = np.full(b, s_k)
     if varlen:
         lens = np.maximum(g.normal(s_k, s_k / 2, b), s_q).astype(np.int64)
@@ -45,7 +63,8 @@ def _gen_scope(g, b, s_q, s_k, P, topk, d_qk, *, varlen=True, zero_len=False, al
     max_pad = max(-(-int(lens.max()) // align), 1) * align
     bt = g.permutation(b * max_pad // P).astype(np.int32).reshape(b, -1)
     nb = bt.size
-    lat = np.clip(g.standard_normal((nb, P, d_qk)) / 10, -1, 1).astype(np.float32)
+    tg = torch.Generator(device=DEVICE).manual_seed(int(g.integers(1 << 31)))
+    t_lat = (torch.randn((nb, P, d_qk), generator=tg, device=DEVICE) / 10).clamp_(-1, 1)
     abs_idx = np.full((b, s_q, topk), -1, np.int64)
     if not all_invalid:
         for i in range(b):
@@ -58,31 +77,29 @@ def _gen_scope(g, b, s_q, s_k, P, topk, d_qk, *, varlen=True, zero_len=False, al
     used = slots if tkl is None else np.where(np.arange(topk)[None, None] < tkl[:, None, None], slots, -1)
     unused = np.ones(nb * P, bool)
     unused[used[used >= 0]] = False
+    unused_t = torch.from_numpy(unused).to(DEVICE)
 
-    t_lat = torch.from_numpy(lat)
     if d_qk == 576:
-        q8 = t_formats.quantize_fp8_ds_mla(t_lat)                          # [nb, P, 656]
-        rows = np_formats.dequantize_fp8_ds_mla(q8.numpy()).reshape(nb * P, d_qk)
-        q8 = q8.reshape(nb * P, 656)
-        q8[torch.from_numpy(unused)] = 0xFF                                # NaN everywhere
+        q8 = t_formats.quantize_fp8_ds_mla(t_lat).reshape(nb * P, 656)     # [nb * P, 656]
+        del t_lat
+        q8[unused_t] = 0xFF                                                # NaN everywhere
+        rows = _Rows(q8.cpu().numpy(), d_qk, P)
         q8 = q8.reshape(nb, P, 656)
         if strided:   # FlashMLA tests/quant.py: empty((nb, P + 1, 656))[:, :P]
             buf = torch.zeros((nb, P + 1, 656), dtype=torch.uint8, device=DEVICE)
-            buf[:, :P] = q8.to(DEVICE)
+            buf[:, :P] = q8
             q8 = buf[:, :P]
-        else:
-            q8 = q8.to(DEVICE)
         k_cache = q8.view(torch.float8_e4m3fn).unsqueeze(2)               # [nb, P, 1, 656]
     else:
         pages = t_formats.quantize_fp8_model1(t_lat)                        # [nb, padded]
-        rows = np_formats.dequantize_fp8_model1(pages.numpy()).reshape(nb * P, d_qk)
+        del t_lat
         data = pages[:, : P * 576].view(nb, P, 576)
         scl = pages[:, P * 576: P * 584].view(nb, P, 8)
-        um = torch.from_numpy(unused.reshape(nb, P))
+        um = unused_t.reshape(nb, P)
         data[um] = 0xFF
         scl[um] = 0xFF
+        rows = _Rows(pages.cpu().numpy(), d_qk, P)
         padded = pages.shape[1]
-        pages = pages.to(DEVICE)
         k_cache = torch.as_strided(pages.view(torch.float8_e4m3fn), (nb, P, 1, 584),
                                    (padded, 584, 584, 1))
     return k_cache, slots.astype(np.int32), tkl, rows
@@ -98,21 +115,33 @@ def _sink(g, h):
 
 def _reference(q, scopes, sm_scale, sink):
     """float64 FlashMLA reference (tests/ref.py ref_sparse_attn_decode): both caches' gathered
-    rows concatenated into one softmax, the sink once, empty rows out 0 / lse -inf (native
-    orientation [b, s_q, h_q]; the caller converts)."""
-    rows, idx, off = [], [], 0
-    for _, ind, tkl, r in scopes:
-        ind = ind.astype(np.int64)
-        if tkl is not None:
-            ind = np.where(np.arange(ind.shape[2])[None, None] < tkl[:, None, None], ind, -1)
-        idx.append(np.where(ind >= 0, ind + off, -1))
-        rows.append(r)
-        off += r.shape[0]
-    cache = np.concatenate(rows)[:, None, :]
-    with np.errstate(invalid="ignore"):   # -inf sink on an empty row: NaN, zeroed below
-        ro, rl = reference.sparse_mla_decode(np.asarray(q, np.float64), cache,
-                                         np.concatenate(idx, axis=2), sm_scale,
-                                         kv_format="latent", d_v=512, attn_sink=sink)
+    rows in one softmax, the sink once, empty rows out 0 / lse -inf (native orientation
+    [b, s_q, h_q]; the caller converts). Runs ``kernels.reference.sparse_mla_decode`` one
+    request at a time over a compact cache of that request's selected rows."""
+    q = np.asarray(q, np.float64)
+    b = q.shape[0]
+    outs, lses = [], []
+    for i in range(b):
+        rows, idx, off = [], [], 0
+        for _, ind, tkl, deq in scopes:
+            ind = ind[i:i + 1].astype(np.int64)
+            if tkl is not None:
+                ind = np.where(np.arange(ind.shape[2])[None, None] < tkl[i], ind, -1)
+            ind = np.where((ind >= 0) & (ind < deq.num_slots), ind, -1)
+            sel, inv = np.unique(ind[ind >= 0], return_inverse=True)
+            compact = np.full(ind.shape, -1, np.int64)
+            compact[ind >= 0] = inv.reshape(-1) + off
+            idx.append(compact)
+            rows.append(deq(sel) if sel.size else np.zeros((0, q.shape[3])))
+            off += sel.size
+        cache = np.concatenate(rows + [np.zeros((1, q.shape[3]))])[:, None, :]   # >= 1 row
+        with np.errstate(invalid="ignore"):   # -inf sink on an empty row: NaN, zeroed below
+            ro, rl = reference.sparse_mla_decode(q[i:i + 1], cache, np.concatenate(idx, axis=2),
+                                                 sm_scale, kv_format="latent", d_v=512,
+                                                 attn_sink=sink)
+        outs.append(ro)
+        lses.append(rl)
+    ro, rl = np.concatenate(outs), np.concatenate(lses)
     ro = np.where(np.isneginf(rl)[..., None], 0.0, ro)   # FlashMLA zeroes lonely rows after the sink
     return ro, rl
 
@@ -339,3 +368,57 @@ def test_model1_production_shapes_gpu(h_q):
     P 64 topk 512 with extra_topk_length, sink, b 74, s_q 2."""
     _run(h_q, 74, 2, h_q, 256, 128, 512, torch.bfloat16, s_k=1024, sink=True,
          extra=(64, 512, dict(topk_len=True)))
+
+
+# ============================================================================ two-cache merge kernel
+
+@pytest.mark.parametrize("dtype", Q_DTYPES if CUDA else (torch.float16, torch.float32), ids=str)
+def test_merge_kernel_against_float64(dtype):
+    """torch_impl.compat._merge: the one-launch merge (Triton; the interpreter on the CPU) against
+    the float64 formula, with empty rows in one / both caches, a NaN partial, +-inf sinks and
+    H not a multiple of the head block; two runs are bitwise equal; the torch merge agrees."""
+    from torch_impl.compat import _merge
+    g = np.random.default_rng(9)
+    B, N, H = 2, 3, 5
+    o0 = g.standard_normal((B, N, H, 512)) / 4
+    o1 = g.standard_normal((B, N, H, 512)) / 4
+    l0 = g.standard_normal((B, N, H)) * 3
+    l1 = g.standard_normal((B, N, H)) * 3
+    l0[0, 0, :2] = -np.inf                           # cache 0 empty
+    l1[0, 0, 1:3] = -np.inf                          # head 1: both empty
+    o0[0, 0, :2] = 0.0
+    o1[0, 0, 1:3] = 0.0
+    l1[1, 2, 4] = np.nan                             # a NaN partial propagates
+    sink = np.array([0.5, np.inf, -3.0, float(torch.finfo(torch.float32).min), 1.0], np.float32)
+    t = lambda x, d=torch.float32: torch.from_numpy(np.ascontiguousarray(x)).to(DEVICE, d)  # noqa: E731
+    args = (t(o0, dtype), t(l0), t(o1, dtype), t(l1), t(sink))
+    if not _merge.can_use_triton(args[0], "triton"):
+        pytest.skip("Triton cannot run here")
+    out, lse = _merge.merge_triton(*args)
+    out2, lse2 = _merge.merge_triton(*args)
+    assert torch.equal(out.cpu().view(torch.int16 if out.element_size() == 2 else torch.int32),
+                       out2.cpu().view(torch.int16 if out.element_size() == 2 else torch.int32))
+    assert torch.equal(lse.cpu().view(torch.int32), lse2.cpu().view(torch.int32))
+    # float64 reference from the rounded partials
+    r0, r1 = args[0].double().cpu().numpy(), args[2].double().cpu().numpy()
+    with np.errstate(invalid="ignore", over="ignore"):
+        rl = np.logaddexp(l0, l1)
+        w0 = np.where(np.isneginf(l0), 0.0, np.exp(l0 - np.where(np.isneginf(rl), 0, rl)))
+        w1 = np.where(np.isneginf(l1), 0.0, np.exp(l1 - np.where(np.isneginf(rl), 0, rl)))
+        fac = 1.0 / (1.0 + np.exp(sink.astype(np.float64)[None, None] - rl))
+        ro = (r0 * w0[..., None] + r1 * w1[..., None]) * fac[..., None]
+    ro = np.where(np.isneginf(rl)[..., None], 0.0, ro)
+    got_l = lse.cpu().numpy().transpose(0, 2, 1)
+    assert lse.shape == (B, H, N) and lse.is_contiguous() and out.shape == (B, N, H, 512)
+    assert np.isposinf(got_l[0, 0, 1]) and np.isposinf(got_l).sum() == 1, "+inf exactly on the empty row"
+    assert np.isnan(got_l[1, 2, 4]) and np.isnan(out[1, 2, 4].float().cpu().numpy()).all()
+    fin = np.isfinite(rl)
+    np.testing.assert_allclose(got_l[fin], rl[fin], rtol=1e-6, atol=1e-6)
+    got_o = out.double().cpu().numpy()
+    tol = 2.0 ** -10 if dtype == torch.float16 else 1e-6
+    ok = ~np.isnan(ro)
+    np.testing.assert_allclose(got_o[ok], ro[ok], rtol=tol, atol=tol * 0.05)
+    assert (got_o[0, 0, 1] == 0).all() and (got_o[:, :, 1][np.isfinite(rl[:, :, 1])] == 0).all()
+    to, tl_ = _merge.merge_torch(*args)
+    np.testing.assert_allclose(to.double().cpu().numpy()[ok], got_o[ok], rtol=tol, atol=tol * 0.05)
+    assert torch.equal(torch.isposinf(tl_), torch.isposinf(lse))

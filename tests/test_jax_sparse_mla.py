@@ -498,3 +498,213 @@ def test_inf_in_q_matches_the_reference(path):
                                  jnp.asarray(case.indices), case.sm_scale, kv_format="fp8_ds_mla",
                                  path=path)
     _check(case, out, lse)
+
+
+# ============================================================================ fp16 fast path
+# fp8 caches with 16-bit q run the fast path (docs/SEMANTICS.md "fast-path numerics", as the
+# Triton kernel): fp16 tiles with the scale folded in (running unit), q scaled per head into
+# fp16, bf16 / fp16 rope dot, fp16 p. fp16 q on the CPU (interpret mode), bf16 on the GPU.
+
+FAST_FORMATS = [("fp8_ds_mla", 576), ("fp8_model1", 512)]
+
+
+def _rescale_cache(case: cases.MLACase, kind: str, rng) -> None:
+    """Overwrite the fp8 cache's scales in place: ``wide``: powers of two from 2^-24 to 2^4
+    (rows of one tile 28 binades apart, beyond the 22 the fp16 tile holds exactly);
+    ``non_pow2``: float32 scales that are not powers of two (fp8_ds_mla; other writers)."""
+    kv = case.kv_cache
+    if case.kv_format == "fp8_ds_mla":
+        sc = kv[..., 512:528].view(np.float32)
+        if kind == "wide":
+            sc[...] = np.exp2(rng.integers(-24, 5, sc.shape)).astype(np.float32)
+        else:
+            sc[...] = rng.uniform(0.01, 3.0, sc.shape).astype(np.float32)
+    else:
+        n, P = kv.shape[0], nf.model1_page_size(kv.shape[1])
+        e = kv[:, P * 576: P * 584].reshape(n, P, 8)
+        e[..., :7] = (127 + rng.integers(-24, 5, (n, P, 7))).astype(np.uint8)
+        kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
+
+
+@pytest.mark.parametrize("kind", ["wide", "non_pow2", "q_extremes"])
+@pytest.mark.parametrize("kv_format,d_qk", FAST_FORMATS)
+def test_fast_path_numerics_outside_the_quantizer_range(kv_format, d_qk, kind):
+    """The Pallas fast path on scales the SPEC quantizer never writes (wide power-of-two
+    ranges, non-power-of-two float32 scales: the same code, no host read, no variant) and on
+    heads of very different magnitudes (fp16 q from 2^-20 to 2^13, one all-zero head), held to
+    the written bound ``|out - ref| <= 2^-10 * max|v|`` (fp16 p, and the tile's fp16 rounding for
+    non-power-of-two scales), SPEC's LSE bound and the reference's finite pattern (the Triton
+    twin: tests/test_torch_sparse_mla.py)."""
+    if kind == "non_pow2" and kv_format == "fp8_model1":
+        pytest.skip("fp8_model1 scales are ue8m0 bytes: powers of two by construction")
+    rng = np.random.default_rng(11)
+    case = cases.make_mla_case(5, B=2, H=16, K=64, d_qk=d_qk, kv_format=kv_format,
+                               q_dtype="float16", logical=True, invalid="mix")
+    if kind == "q_extremes":
+        mag = np.exp2(rng.integers(-20, 14, case.q.shape[2])).astype(np.float32)
+        q = case.q.astype(np.float32) / np.abs(case.q.astype(np.float32)).max(-1, keepdims=True)
+        q = q * mag[None, None, :, None]
+        q[:, :, 3] = 0.0                                    # a zero head: uniform softmax
+        case.q = q.astype(np.float16)
+        case.sm_scale = float(2.0 ** -14)
+    else:
+        _rescale_cache(case, kind, rng)
+        case.sm_scale = float(d_qk ** -0.5 * 2.0 ** -8)
+    ro, rl = case.reference()
+    rows = (nf.dequantize_fp8_ds_mla(case.kv_cache) if kv_format == "fp8_ds_mla"
+            else nf.dequantize_fp8_model1(case.kv_cache))
+    vmax = float(np.nanmax(np.abs(rows.reshape(-1, rows.shape[-1])[:, :512])))   # NaN: unselected
+    out, lse = _call(case, "pallas")
+    got = np.asarray(out).astype(np.float64)
+    fin = np.isfinite(ro)
+    assert np.array_equal(fin, np.isfinite(got))
+    err = np.abs(got[fin] - ro[fin])
+    assert err.max() <= 2.0 ** -10 * vmax + 1e-3, (float(err.max()), vmax)
+    got_l = np.asarray(lse).astype(np.float64)
+    assert np.array_equal(np.isfinite(rl), np.isfinite(got_l))
+    lf = np.isfinite(rl)
+    assert (np.abs(got_l[lf] - rl[lf]) <= 1e-6 + 8.01 / 65536 * np.abs(rl[lf])).all()
+
+
+@pytest.mark.parametrize("kv_format,d_qk", FAST_FORMATS)
+def test_small_scales_beside_masked_rows(kv_format, d_qk):
+    """Small scales (2^-13: the tile's shift is 2^19) in blocks holding masked entries: a masked
+    row stays 0 in the fp16 tile (the Triton kernel once read a scale of 1.0 for masked model1
+    rows: 1.0 * 2^19 is inf in fp16, 0 * inf NaN in the value dot); SPEC tolerances."""
+    case = cases.make_mla_case(5, B=2, H=16, K=64, d_qk=d_qk, kv_format=kv_format,
+                               q_dtype="float16", logical=True, invalid="mix")
+    kv = case.kv_cache
+    if kv_format == "fp8_ds_mla":
+        kv[..., 512:528].view(np.float32)[...] = np.float32(2.0 ** -13)
+    else:
+        n, P = kv.shape[0], nf.model1_page_size(kv.shape[1])
+        e = kv[:, P * 576: P * 584].reshape(n, P, 8)
+        e[..., :7] = 127 - 13
+        kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
+    _check(case, *_call(case, "pallas"))
+
+
+# the fast path's empty rows, sink, NaN propagation and page math (fp16 q; the fp32-q twins
+# above run the other path)
+FAST_CORNERS = [("fp8_ds_mla", 576, "all_invalid_row_in_batch"), ("fp8_ds_mla", 576, "nan_in_q"),
+                ("fp8_model1", 512, "attn_sink_empty_row"),
+                ("fp8_model1", 512, "nan_in_selected_row")]
+
+
+@pytest.mark.parametrize("kv_format,d_qk,name", FAST_CORNERS)
+def test_corner_cases_pallas_fast_path(kv_format, d_qk, name):
+    case = _corners(kv_format, d_qk, "float16")[name]
+    _check(case, *_call(case, "pallas"))
+
+
+def test_inf_in_q_fast_path():
+    """+-inf in fp16 q on the fast path: the per-head scaling keeps inf (t from an inf max), so
+    the reference's NaN / finite pattern holds."""
+    case = cases.make_mla_case(16, B=1, N=1, H=16, K=32, kv_format="fp8_ds_mla", d_qk=576,
+                               inf_q=True, q_dtype="float16")
+    with np.errstate(invalid="ignore", over="ignore"):
+        _check(case, *_call(case, "pallas"))
+
+
+# ============================================================================ large caches
+
+def _kv_lowering_offsets(nbytes: int, kv_format: str = "fp8_ds_mla") -> set[str]:
+    """The element types of the kv cache's pointer offsets in the TTIR of the split kernel for
+    an abstract cache of about ``nbytes`` bytes (nothing allocated)."""
+    import re
+
+    from _pallas_aot import lower_pallas_ttir
+    from kernels.sparse_mla import pallas as pk
+
+    P, H, K = 64, 16, 64
+    if kv_format == "fp8_ds_mla":
+        pages = -(-nbytes // (P * nf.DS_MLA_BYTES))
+        kv = jax.ShapeDtypeStruct((pages, P, nf.DS_MLA_BYTES), jnp.uint8)
+        d_qk = 576
+    else:
+        pages = -(-nbytes // nf.model1_page_bytes(P))
+        kv = jax.ShapeDtypeStruct((pages, nf.model1_page_bytes(P)), jnp.uint8)
+        d_qk = 512
+    args = (jax.ShapeDtypeStruct((2, 1, H, d_qk), jnp.bfloat16), kv,
+            jax.ShapeDtypeStruct((2, 1, K), jnp.int32))
+
+    def f(q, kv, idx):
+        return pk.sparse_mla_decode_pallas(
+            q, jsm._kv_rows(kv, kv_format, P), idx, jnp.ones((1,), jnp.float32),
+            kv_format=kv_format, page_size=P, num_pages=kv.shape[0], block_h=16, block_k=32,
+            num_splits=1, num_warps=4, num_stages=2, dot_dtype=jnp.bfloat16, prefetch=False,
+            interpret=False)
+
+    ttir = lower_pallas_ttir(f, args)[0]
+    # the kv ref is the second kernel argument (%arg1): the element type of every offset
+    # tensor added to a pointer splat from it
+    ptrs = set(re.findall(r"(%\S+) = tt\.splat %arg1 ", ttir))
+    kinds = set()
+    for ln in ttir.splitlines():
+        m = re.search(r"tt\.addptr (%\S+), %\S+ : tensor<[^>]*!tt\.ptr<i8>>, "
+                      r"tensor<[0-9x]+x(i\d+)>", ln)
+        if m and m.group(1) in ptrs:
+            kinds.add(m.group(2))
+    assert kinds, "no kv gather found in the TTIR"
+    return kinds
+
+
+def test_large_cache_offsets_in_the_ttir():
+    """jax's Triton lowering uses 64-bit offsets only for arrays over 2^32 bytes, so a 2-4 GiB
+    uint8 cache got 32-bit (sign-extended) offsets that wrap past 2 GiB; with the launcher
+    module's rule (kernels/_pallas_call.py) a 3 GiB cache gets 64-bit offsets like a
+    5 GiB one, and a 1 GiB cache keeps 32-bit offsets (abstract shapes, nothing allocated)."""
+    from jax._src.pallas.triton import lowering as tl_lowering
+    from kernels import _pallas_call as pcall
+
+    assert pcall.WIDE_OFFSETS
+    GiB = 2 ** 30
+    assert _kv_lowering_offsets(1 * GiB) == {"i32"}
+    assert _kv_lowering_offsets(3 * GiB) == {"i64"}
+    assert _kv_lowering_offsets(5 * GiB) == {"i64"}
+    # without the rule (jax's own threshold), the 3 GiB cache is addressed with i32 offsets
+    wrapped = tl_lowering._compute_offsets_from_indices
+    tl_lowering._compute_offsets_from_indices = wrapped.__wrapped__
+    try:
+        assert _kv_lowering_offsets(3 * GiB) == {"i32"}
+    finally:
+        tl_lowering._compute_offsets_from_indices = wrapped
+
+
+def test_large_cache_gate():
+    """The gate refuses only what the lowering cannot address: with the 64-bit rule nothing;
+    without it the window of >= 2^31 elements within 2^32 bytes; the legacy form (other ops)
+    everything over 2 GiB."""
+    dev = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232448)
+    GiB = 2 ** 30
+    for nbytes in (1 * GiB, 3 * GiB, 5 * GiB):
+        hardware.require_int32_addressing(dev, "x", nbytes, itemsize=1, wide_offsets=True)
+    hardware.require_int32_addressing(dev, "x", 5 * GiB, itemsize=1, wide_offsets=False)
+    hardware.require_int32_addressing(dev, "x", 3 * GiB, itemsize=2, wide_offsets=False)
+    with pytest.raises(NotImplementedError, match="2\\^31 or more elements"):
+        hardware.require_int32_addressing(dev, "x", 3 * GiB, itemsize=1, wide_offsets=False)
+    with pytest.raises(NotImplementedError, match="under 2 GiB"):
+        hardware.require_int32_addressing(dev, "x", 3 * GiB)
+
+
+@gpu_only
+@pytest.mark.parametrize("gib", [3, 5])
+@pytest.mark.parametrize("kv_format,d_qk", FAST_FORMATS)
+def test_gpu_large_cache(kv_format, d_qk, gib):
+    """A small case's pages placed at the end of a ``gib`` GiB cache (rows past 2 GiB and past
+    4 GiB): the Pallas path gives the small case's reference (bf16 q)."""
+    small = cases.make_mla_case(31, B=2, N=1, H=64, d_qk=d_qk, K=256, P=64, kv_format=kv_format,
+                                q_dtype="bfloat16", kv_dtype="bfloat16", logical=True,
+                                invalid="mix", topk_length=True, attn_sink=True,
+                                nan_unselected=False)
+    kv_s = np.asarray(small.kv_cache)
+    page_bytes = int(np.prod(kv_s.shape[1:]))
+    pages = -(-gib * 2 ** 30 // page_bytes)
+    base = pages - kv_s.shape[0]
+    kv = jnp.zeros((pages,) + kv_s.shape[1:], jnp.uint8).at[base:].set(jnp.asarray(kv_s))
+    bt = np.where(small.block_table >= 0, small.block_table + base, small.block_table)
+    out, lse = sparse_mla_decode(_j(small.q), kv, _j(small.indices), small.sm_scale,
+                                 kv_format=kv_format, block_table=jnp.asarray(bt.astype(np.int32)),
+                                 topk_length=_j(small.topk_length), attn_sink=_j(small.attn_sink),
+                                 path="pallas")
+    _check(small, out, lse)

@@ -104,8 +104,14 @@ def test_bucket_uses_the_bucket_keys_only():
 def test_plan_without_a_table_is_the_default_order_and_the_heuristics(table_dir):
     p = REGISTRY.plan("sparse_mla_decode", "torch", H200, **MLA)
     assert p.order == ("triton", "torch") and p.entry is None
+    # an H200 with an fp8 cache and 16-bit q: the Gluon kernel (configs.sparse_mla_heuristic)
     assert p.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=MLA["B"] * MLA["N"],
-                                                    topk=MLA["K"]).to_dict()
+                                                    topk=MLA["K"], gluon=True).to_dict()
+    assert p.config == configs.SPARSE_MLA_GLUON.to_dict()
+    latent = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, kv_format="latent"))
+    assert latent.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=64,
+                                                         topk=2048).to_dict()
+    assert "kernel" not in latent.config                  # the default: the Triton kernel
     assert p.config_for("torch") == {}
     p = REGISTRY.plan("sparse_mla_decode", "jax", H200, **MLA, operand_bytes=4)
     assert p.config == configs.PALLAS_SPARSE_MLA_FP32.to_dict()
@@ -149,7 +155,8 @@ def test_plan_follows_the_table_and_applies_its_config_when_in_the_space(table_d
         configs.sparse_mla_heuristic(128, H200.smem_per_block, 4).to_dict()
     # a config outside the space is never run
     assert REGISTRY.plan("sparse_mla_decode", "jax", H200, **MLA).config == \
-        configs.pallas_sparse_mla_heuristic(128, H200.smem_per_block).to_dict()
+        configs.pallas_sparse_mla_heuristic(128, H200.smem_per_block, rows=64, topk=2048,
+                                            kv_format="fp8_ds_mla").to_dict()
     # the table's plain path goes first under auto; the kernel path keeps its heuristic
     p = REGISTRY.plan("indexer_topk", "torch", H200, **TOPK)
     assert p.order == ("torch", "triton") and p.config == {}
@@ -170,13 +177,22 @@ def test_accept_checks_indexer_fields_against_the_search_space():
 
 
 def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
-    heur = REGISTRY.heuristic("sparse_mla_decode", "torch", "triton", H200, **MLA)
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **MLA) == heur
+    lat = dict(MLA, kv_format="latent")          # no Gluon kernel for a latent cache
+    heur = REGISTRY.heuristic("sparse_mla_decode", "torch", "triton", H200, **lat)
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **lat) == heur
     # the heuristic here is 64 x 32, 8 warps, 2 stages, no prefetch: one stage of it is in the space
     part = {"block_h": 64, "block_k": 32, "num_stages": 1}
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **MLA) == {**heur, **part}
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"block_h": 16}, **MLA) is None
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"tile": 1}, **MLA) is None
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **lat) == {**heur, **part}
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"block_h": 16}, **lat) is None
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"tile": 1}, **lat) is None
+    # fp8 on sm_90: the heuristic is the Gluon kernel; {} keeps it, a config without "kernel"
+    # names a Triton tile (the field selects the kernel, it is not filled in)
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **MLA) == \
+        configs.SPARSE_MLA_GLUON.to_dict()
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **MLA) == \
+        configs.SparseMLAConfig(64, 32, 8, 1).to_dict()
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"kernel": "gluon"},
+                           **lat) is None
 
 
 def test_write_table_merges_old_null_configs_as_empty(table_dir):

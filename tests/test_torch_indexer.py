@@ -11,6 +11,7 @@ here by which pages the kernel touches.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
@@ -184,9 +185,14 @@ def test_fused_histogram_matches_unfused_topk():
         ref_out = fused
 
 
-@pytest.mark.parametrize("trans,pages", [(False, 1), (True, 1), (False, 2), (True, 2)])
-def test_logits_kernel_variants(trans, pages):
-    """Every (dot orientation, pages per iteration) variant of the logits kernel, at 1 and 3
+@pytest.mark.parametrize("trans,pages,extra", [
+    (False, 1, {}), (True, 1, {}), (False, 2, {}), (True, 2, {}),
+    (True, 2, dict(hist="running")), (True, 2, dict(prefetch=False, num_stages=2)),
+    (True, 1, dict(prefetch=False, num_stages=3, evict_first=True)),
+    (False, 2, dict(hist="running", prefetch=False))])
+def test_logits_kernel_variants(trans, pages, extra):
+    """Every (dot orientation, pages per iteration) variant of the logits kernel, the two
+    histogram modes, Triton-pipelined loads and evict-first loads, at 1 and 3
     splits per request (odd page counts per split, so a 2-page group straddles a split's end),
     N = 3 drafts with the MTP mask, a -1 page in the table and e4m3 NaN keys: logits against the
     float64 reference and the fused top-k against the exact SPEC set."""
@@ -203,7 +209,7 @@ def test_logits_kernel_variants(trans, pages):
     lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
     ref = case.reference_logits()
     for splits in (1, 3):
-        cfg = IndexerLogitsConfig(num_splits=splits, trans=trans, pages=pages)
+        cfg = IndexerLogitsConfig(num_splits=splits, trans=trans, pages=pages, **extra)
         logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
         hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
                            dtype=torch.int32, device=DEVICE)
@@ -211,11 +217,85 @@ def test_logits_kernel_variants(trans, pages):
                               logits, page_size=P, num_sms=dev.num_sms, config=cfg,
                               fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
         compare.assert_pass(compare.check_logits(logits, ref))
+        _check_hist_blocks(hist, logits, cl, P, N, splits)
         out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
         scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
         launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,
                     page_size=P)
         compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
+
+
+def _check_hist_blocks(hist, logits, cl, P, N, splits):
+    """Each (request, split, draft) block of the fused histogram: exactly the windowed counts
+    of that split's logits at the block's base, and that base holds the split's largest key
+    inside the window (no key clamped at the top), whichever histogram mode wrote it."""
+    B = logits.shape[0]
+    W = logits.shape[2]
+    x = logits.detach().cpu().numpy()
+    h = hist.cpu().numpy()
+    clh = cl.cpu().numpy()
+    for b in range(B):
+        lens = [int(clh[b]) - (N - 1 - i) for i in range(N)] if clh.ndim == 1 else list(clh[b])
+        n_pages = min(-(-max(max(lens), 0) // P), W // P)
+        per = -(-n_pages // splits)
+        for s_ in range(splits):
+            lo, hi = min(s_ * per, n_pages) * P, min(s_ * per + per, n_pages) * P
+            for i in range(N):
+                v = x[b, i, lo:min(hi, max(lens[i], 0))].astype(np.float32)
+                u = np.where(v == 0, np.float32(0), v).view(np.uint32)
+                key = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000))
+                key = key[~np.isnan(v) & (v != -np.inf)]
+                base = int(h[b, s_, i, 256])
+                if key.size:
+                    top = int(key.max() >> 20)
+                    assert base <= top - 255 + 32 and top - base <= 255, (b, s_, i, base, top)
+                d = np.clip((key >> 20).astype(np.int64) - base, 0, 255)
+                np.testing.assert_array_equal(h[b, s_, i, :256], np.bincount(d, minlength=256))
+
+
+@pytest.mark.parametrize("hist_mode", ["first", "running"])
+def test_fused_histogram_recount_when_a_later_tile_rises(hist_mode):
+    """"first" mode: a page far past the first tile holds keys 2^12 times larger (scales x 4096),
+    so its keys land above the first tile's window: the program recounts its logits at the
+    final base; the blocks are exact, the base the largest key's, the top-k the SPEC set,
+    and the result is bitwise the "running" mode's."""
+    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.topk.triton import hist_shape, launch_topk
+
+    P, K = 16, 24
+    case = cases.make_indexer_case(652, B=2, N=2, H_I=16, P=P, lens=[260, 150], topk=K,
+                                   stale=False)
+    kc_np = case.k_cache.copy()
+    D = case.q.shape[3]
+    for b in range(2):                                    # the 7th page of each request
+        pg = int(case.block_table[b, 6])
+        kc_np.view(np.float32)[pg, P * D // 4: P * D // 4 + P] *= 4096.0
+    case = dataclasses.replace(case, k_cache=kc_np)
+    q, w, kc, bt, cl = _args(case)
+    kf = kc.view(torch.float32)
+    ref = case.reference_logits()
+    B, N = q.shape[:2]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    outs = []
+    for splits in (1, 2):
+        cfg = IndexerLogitsConfig(num_splits=splits, hist=hist_mode)
+        logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
+        hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
+                           dtype=torch.int32, device=DEVICE)
+        launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kf, bt, cl, logits,
+                              page_size=P, num_sms=dev.num_sms, config=cfg,
+                              fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
+        compare.assert_pass(compare.check_logits(logits, ref))
+        _check_hist_blocks(hist, logits, cl, P, N, splits)
+        out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
+        scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
+        launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,
+                    page_size=P)
+        compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
 
 
 # ============================================================================ custom op

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels import cases, compare, formats as np_formats
-from kernels.sparse_mla import configs
+from kernels.sparse_mla import configs, triton_launch
 from torch_impl import _common, formats as t_formats
 from torch_impl import sparse_mla as tsm
 from torch_impl.sparse_mla import sparse_mla_decode
@@ -118,11 +118,15 @@ _ALL_CONFIGS = sorted({c for space in configs.SPARSE_MLA_SPACE.values() for c in
                       key=lambda c: tuple(c.to_dict().values()))
 
 
-@pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}".format(**c.to_dict()))
+@pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}{g}".format(
+                             g="-gluon" if c.kernel == "gluon" else "", **c.to_dict()))
 @pytest.mark.parametrize("splits", [1, 3])
 def test_every_config(cfg, splits):
     """Each config of the search space (both shared-memory classes), with one split (the split
     kernel writes the result) and three (partials + combine), on both fp8 formats."""
+    if cfg.kernel == "gluon" and not (CUDA and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("the Gluon kernel runs on sm_90 only (elsewhere the launcher substitutes "
+                    "the Triton 64-head tile, tested here as h64k32w8s2p0)")
     for kv_format, d_qk in FORMATS[1:]:
         case = cases.make_mla_case(11, B=2, N=2, H=24, K=100, P=61 if kv_format == "latent" else 64,
                                    d_qk=d_qk, kv_format=kv_format, invalid="mix", logical=True,
@@ -563,3 +567,21 @@ def test_small_scales_beside_masked_rows(kv_format, d_qk):
         e[..., :7] = 127 - 13
         kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
     _check(case, *_call(case, "triton"))
+
+
+def test_gluon_eligibility():
+    """The Gluon kernel runs only on sm_90 outside the interpreter, for the fp8 formats with
+    16-bit q at their D_qk; anything else runs the Triton kernel."""
+    from kernels import hardware
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
+    sm120 = hardware.DeviceInfo(name="NVIDIA RTX PRO 6000", cc=(12, 0), num_sms=188,
+                                smem_per_block=101_376)
+    assert triton_launch.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 576)
+    assert triton_launch.gluon_eligible(h200, torch.float16, "fp8_model1", 512)
+    assert not triton_launch.gluon_eligible(h200, torch.float32, "fp8_ds_mla", 576)
+    assert not triton_launch.gluon_eligible(h200, torch.bfloat16, "latent", 576)
+    assert not triton_launch.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 512)
+    assert not triton_launch.gluon_eligible(sm120, torch.bfloat16, "fp8_ds_mla", 576)
+    assert not triton_launch.gluon_eligible(hardware.CPU_INTERPRETER, torch.float16, "fp8_ds_mla", 576)
+    assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
+    assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)

@@ -112,6 +112,22 @@ def _draft_lengths(context_lens, B, N, W) -> torch.Tensor:
     return cl.clamp(0, W).to(torch.int32)
 
 
+# ============================================================================ phase ranges
+
+# Profiler ranges around the two phases of indexer_topk (opened only while a torch profiler is
+# recording, so the calls cost nothing otherwise): the bench reads the GPU time of the kernels
+# launched inside each (bench.paths.torch_indexer_phases) and reports the second as topk_us.
+PHASE_LOGITS = "dsa::indexer_topk/logits"
+PHASE_TOPK = "dsa::indexer_topk/topk"
+
+
+def _phase(name: str):
+    import contextlib
+    if torch.autograd.profiler._is_profiler_enabled:
+        return torch.profiler.record_function(name)
+    return contextlib.nullcontext()
+
+
 # ============================================================================ triton path
 
 def _plan(q, block_table, k_cache, k_format, op, path, topk=None):
@@ -130,8 +146,10 @@ def _triton_configs(cfg):
     from kernels.topk.triton import TopkConfig
     cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
-                                                      "trans", "pages") if k in cfg})
-    tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps") if k in cfg})
+                                                      "trans", "pages", "hist", "prefetch",
+                                                      "evict_first") if k in cfg})
+    tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps",
+                                                      "topk_cand_block") if k in cfg})
     return lcfg, tcfg
 
 
@@ -147,10 +165,15 @@ def _triton_gate(q, k_format, P, lcfg):
     nb = 1 << (N - 1).bit_length()
     bh = max(16, 1 << (H - 1).bit_length())
     bp = max(16, 1 << (P - 1).bit_length())
-    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage
+    # q and the key tile staged in the dot operand dtype (fp8 keys as fp16), once per stage;
+    # with Triton's pipeliner (prefetch=False) the raw tiles once per stage, then the operand
     elem = q.element_size() if k_format == "dense" else 2
+    raw = q.element_size() if k_format == "dense" else 1
+    tile = lcfg.pages * bp * D
+    need = ((nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem if lcfg.prefetch
+            else (nb * bh * D + tile) * elem + max(1, lcfg.num_stages) * tile * raw)
     hardware.require_smem(dev, f"indexer_logits (triton) with N={N}, H_I={H}, D_I={D}, P={P}",
-                          (nb * bh + max(1, lcfg.num_stages) * lcfg.pages * bp) * D * elem)
+                          need)
     return dev
 
 
@@ -229,15 +252,17 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
     hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
-    _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, logits,
-                   hist)
+    with _phase(PHASE_LOGITS):
+        _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg,
+                       logits, hist)
     # The top-k kernels compute each row's length from context_lens themselves ([B, N]: per
     # row; [B]: the MTP rule), clamped to [0, W]: no torch op in front of their launches.
     lens = context_lens if context_lens.is_contiguous() else context_lens.contiguous()
     out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
-    launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg, hist=hist,
-                n_drafts=N, page_size=P)
+    with _phase(PHASE_TOPK):
+        launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg,
+                    hist=hist, n_drafts=N, page_size=P)
     return logits, out
 
 
@@ -320,8 +345,15 @@ def _order_key(x):
 
 
 def _torch_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, sort):
+    with _phase(PHASE_LOGITS):
+        logits, lens, _ = _torch_logits_prefix(q, weights, k_cache, block_table, context_lens,
+                                               k_format)
+    with _phase(PHASE_TOPK):
+        return _torch_topk_select(q, logits, lens, topk)
+
+
+def _torch_topk_select(q, logits, lens, topk):
     B, N = q.shape[:2]
-    logits, lens, _ = _torch_logits_prefix(q, weights, k_cache, block_table, context_lens, k_format)
     l_max = logits.shape[2]
     out = torch.full((B, N, topk), -1, dtype=torch.int32, device=q.device)
     if l_max == 0:
@@ -341,9 +373,9 @@ def _torch_topk(q, weights, k_cache, block_table, context_lens, topk, k_format, 
 # ============================================================================ custom ops
 
 def _check_byte_offset(k_cache: torch.Tensor, k_format: str) -> None:
-    if k_format == "fp8_indexer":
-        _common.check_byte_offset("k_cache", k_cache, "the kernels read the float32 scales "
-                                  "through a float32 view")
+    if k_format == "fp8_indexer" and k_cache.storage_offset() % 4:
+        raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
+                         f"(float32 scales), got storage offset {k_cache.storage_offset()}")
 
 
 @torch.library.custom_op("dsa::indexer_logits", mutates_args=())

@@ -75,7 +75,8 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
-from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_hist_add
+from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_base, window_bin,
+                                 window_hist_add)
 
 
 @dataclass(frozen=True)
@@ -87,12 +88,25 @@ class IndexerLogitsConfig:
         :func:`default_num_splits` (``floor(2 * num_sms / B)`` clipped to ``[1, max_pages]``).
       num_warps: Triton warps; None = 4 below 128 q rows (``next_pow2(N) * H_I``), else 8.
       num_stages: Triton pipeline stages. The loop already keeps the next page group's loads
-        in flight by hand, so 1 (measured equal to 3 on the H200, with less shared memory).
+        in flight by hand, so 1 (measured equal to 3 on the H200, with less shared memory);
+        with ``prefetch=False`` the stages of Triton's own pipeliner (cp.async of the K tile).
       trans: tokens as the dot's M dimension (``[tokens, D] x [D, q rows]``), so the weighted
         head sum reduces along each accumulator row instead of across warps (H200, B = 64,
         L = 64K: 410 us against 539 us at one page per iteration).
       pages: pages scored per iteration (``pages * P`` token rows per dot; 2: 342 us against
         410 us at 1; 4 spills).
+      hist: window base of the fused first-digit histogram (``WRITE_HIST``).
+        ``"running"``: the running max, reduced over every tile (a CTA-wide max and a
+        conditional exact shift per tile). ``"first"``: the base is set once from the first
+        tile's max with ``HIST_HEAD`` bins of headroom; later tiles only take an elementwise
+        running max of their keys (no reduction); at the end, if a key rose above the window
+        (its top bin would have clamped), the program re-reads the logits it wrote and
+        recounts them at the final base (exact either way; the recount runs only then).
+      prefetch: True: the hand pipeline (the next group's tile and scales carried in
+        registers across the iteration); False: plain loads in the loop for Triton's
+        pipeliner (cp.async of the K tile at ``num_stages >= 2``).
+      evict_first: K tile and scale loads with ``eviction_policy="evict_first"`` (the logits
+        the top-k reads next stay in L2).
     """
 
     num_splits: int | None = None
@@ -100,9 +114,20 @@ class IndexerLogitsConfig:
     num_stages: int = 1
     trans: bool = True
     pages: int = 2
+    hist: str = "first"
+    prefetch: bool = True
+    evict_first: bool = False
 
     SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(1, 2, 3),
-                        trans=(False, True), pages=(1, 2))
+                        trans=(False, True), pages=(1, 2), hist=("running", "first"),
+                        prefetch=(True, False), evict_first=(False, True))
+
+
+# Headroom of the "first" histogram mode: the first tile's max lands HIST_HEAD bins (1/8 binade
+# each) below the window's top, so a later key up to 2^(HIST_HEAD / 8) times larger is still
+# counted without a recount; the window then reaches 32 - HIST_HEAD / 8 binades below that max.
+HIST_HEAD = tl.constexpr(32)
+HIST_MODES = {"running": 0, "first": 1}
 
 
 def default_num_splits(batch: int, max_pages: int, num_sms: int) -> int:
@@ -159,6 +184,7 @@ def _indexer_logits_kernel(
     HAS_SCALE: tl.constexpr, CL_PER_DRAFT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     DOT_F32: tl.constexpr, FP8_NAN_FIX: tl.constexpr, WRITE_HIST: tl.constexpr,
     FP8_UPCAST: tl.constexpr, TRANS: tl.constexpr, PAGES: tl.constexpr,
+    HIST_MODE: tl.constexpr = 0, PREFETCH: tl.constexpr = True, EVICT: tl.constexpr = False,
 ):
     b = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
@@ -204,39 +230,47 @@ def _indexer_logits_kernel(
     HB: tl.constexpr = HIST_BINS
     hist = tl.zeros((NB * HB,), tl.int32)
     hbase = tl.full((NB,), BASE_NONE, tl.int32)                              # window bases
-    # Software pipeline by hand: the K tile (and scales) of the next page group are loaded
-    # while this one is scored, and the block-table entries one group further ahead, so no
-    # iteration waits on a dependent chain of global loads (the tile feeds a conversion before
-    # the dot, which Triton's own pipeliner does not turn into async copies).
+    kmax = tl.zeros((NB, BLOCK_T), tl.uint32)               # HIST_MODE 1: elementwise key max
+    # Software pipeline by hand (PREFETCH): the K tile (and scales) of the next page group are
+    # loaded while this one is scored, and the block-table entries one group further ahead, so
+    # no iteration waits on a dependent chain of global loads (the tile feeds a conversion
+    # before the dot, which Triton's own pipeliner does not turn into async copies).
+    # Without PREFETCH: plain loads in the loop (Triton's pipeliner at num_stages >= 2).
     bt_row = bt_ptr + b * stride_bt
-    pg = start + t_pg
-    entry = tl.load(bt_row + pg, mask=pg < end, other=-1)                   # group 0 entries
-    page_ok = (entry >= 0) & (entry < num_pages) & (pg < end)
-    page = tl.where(page_ok, entry, 0).to(tl.int64)
-    k_nxt = tl.load(k_ptr + page[:, None] * stride_kp + t_off[:, None] * stride_kt + d[None, :],
-                    mask=(t_ok & page_ok)[:, None], other=0.0)                # [BLOCK_T, D]
     sc_nxt = tl.full([BLOCK_T], 1.0, tl.float32)
-    if HAS_SCALE:
-        sc_nxt = tl.load(ks_ptr + page * stride_sp + scale_off + t_off, mask=t_ok & page_ok,
-                         other=1.0)
-    ok_nxt = page_ok
-    ent_nxt = tl.load(bt_row + pg + PAGES, mask=pg + PAGES < end, other=-1)   # group 1 entries
+    if PREFETCH:
+        pg = start + t_pg
+        entry = tl.load(bt_row + pg, mask=pg < end, other=-1)               # group 0 entries
+        page_ok = (entry >= 0) & (entry < num_pages) & (pg < end)
+        page = tl.where(page_ok, entry, 0).to(tl.int64)
+        k_nxt = _load_k(k_ptr, page, t_off, d, stride_kp, stride_kt, t_ok & page_ok, EVICT)
+        if HAS_SCALE:
+            sc_nxt = _load_sc(ks_ptr, page, t_off, stride_sp, scale_off, t_ok & page_ok, EVICT)
+        ok_nxt = page_ok
+        ent_nxt = tl.load(bt_row + pg + PAGES, mask=pg + PAGES < end, other=-1)  # group 1 entries
     for pg0 in range(start, end, PAGES):
         pg = pg0 + t_pg                                                       # [BLOCK_T]
         pg_in = pg < end
-        k = k_nxt
-        sc = sc_nxt
-        page_ok = ok_nxt
-        # issue group +1's tile and group +2's entries (masked off past the end: no traffic)
-        pg1 = pg + PAGES
-        ok_nxt = (ent_nxt >= 0) & (ent_nxt < num_pages) & (pg1 < end)
-        page1 = tl.where(ok_nxt, ent_nxt, 0).to(tl.int64)
-        k_nxt = tl.load(k_ptr + page1[:, None] * stride_kp + t_off[:, None] * stride_kt
-                        + d[None, :], mask=(t_ok & ok_nxt)[:, None], other=0.0)
-        if HAS_SCALE:
-            sc_nxt = tl.load(ks_ptr + page1 * stride_sp + scale_off + t_off,
-                             mask=t_ok & ok_nxt, other=1.0)
-        ent_nxt = tl.load(bt_row + pg1 + PAGES, mask=pg1 + PAGES < end, other=-1)
+        if PREFETCH:
+            k = k_nxt
+            sc = sc_nxt
+            page_ok = ok_nxt
+            # issue group +1's tile and group +2's entries (masked off past the end: no traffic)
+            pg1 = pg + PAGES
+            ok_nxt = (ent_nxt >= 0) & (ent_nxt < num_pages) & (pg1 < end)
+            page1 = tl.where(ok_nxt, ent_nxt, 0).to(tl.int64)
+            k_nxt = _load_k(k_ptr, page1, t_off, d, stride_kp, stride_kt, t_ok & ok_nxt, EVICT)
+            if HAS_SCALE:
+                sc_nxt = _load_sc(ks_ptr, page1, t_off, stride_sp, scale_off, t_ok & ok_nxt, EVICT)
+            ent_nxt = tl.load(bt_row + pg1 + PAGES, mask=pg1 + PAGES < end, other=-1)
+        else:
+            entry = tl.load(bt_row + pg, mask=pg_in, other=-1)
+            page_ok = (entry >= 0) & (entry < num_pages) & pg_in
+            page = tl.where(page_ok, entry, 0).to(tl.int64)
+            k = _load_k(k_ptr, page, t_off, d, stride_kp, stride_kt, t_ok & page_ok, EVICT)
+            sc = sc_nxt
+            if HAS_SCALE:
+                sc = _load_sc(ks_ptr, page, t_off, stride_sp, scale_off, t_ok & page_ok, EVICT)
         if FP8_NAN_FIX:
             # CPU interpreter only: it decodes e4m3 NaN (0x7F / 0xFF) as 480; on the GPU the
             # conversion gives NaN and the dot propagates it.
@@ -256,6 +290,7 @@ def _indexer_logits_kernel(
                 s = tl.where(row_ok[None, :], s * w[None, :], 0.0)
             else:
                 s = s * w[None, :]
+            # (at N = 1 Triton compiles this to the same SASS as tl.sum(s, axis=1): counted)
             logit = tl.trans(tl.sum(tl.reshape(s, (BLOCK_T, NB, BLOCK_H)), axis=2))  # [NB, BLOCK_T]
         else:
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)         # [R, BLOCK_T] fp32
@@ -275,16 +310,79 @@ def _indexer_logits_kernel(
         tl.store(out_row + j[None, :], logit, mask=(i_out[:, None] < N) & (t_ok & pg_in)[None, :])
         if WRITE_HIST:
             # Pass A of the radix top-k, fused: per-draft windowed histogram of the keys' first
-            # digit against the running max (kernels.topk.triton.window_hist_add; key 0 = NaN /
-            # -inf / invalid is not counted). Bin = draft * HB + digit.
-            hist, hbase = window_hist_add(hist, hbase, order_key(logit), NB, BLOCK_T)
+            # digit (kernels.topk.triton.window_bin; key 0 = NaN / -inf / invalid is not
+            # counted). Bin = draft * HB + digit.
+            key = order_key(logit)
+            if HIST_MODE == 0:
+                # running max: every tile reduces its max; a raise shifts the histogram exactly
+                hist, hbase = window_hist_add(hist, hbase, key, NB, BLOCK_T)
+            else:
+                # base fixed by the first tile (HIST_HEAD bins of headroom); keys above the
+                # window clamp into the top bin and are caught by the elementwise max below
+                if pg0 == start:
+                    hbase = window_base(tl.max(key, axis=1)) + HIST_HEAD
+                kmax = tl.maximum(kmax, key)
+                bins = window_bin(key, hbase[:, None]) + i_out[:, None] * HB
+                hist += tl.histogram(tl.reshape(bins, (NB * BLOCK_T,)), NB * HB,
+                                     mask=tl.reshape(key != 0, (NB * BLOCK_T,)))
     if WRITE_HIST:
+        if HIST_MODE == 1:
+            # A key above the first tile's window (clamped into the top bin) means the counts
+            # are not exact at this base: recount this program's logits (just written, read
+            # back from L2) at the base of the largest key. Only when it happened.
+            kmx = tl.max(kmax, axis=1)
+            fbase = tl.where(kmx != 0, tl.maximum(hbase, window_base(kmx)), hbase)
+            if tl.max(fbase - hbase, axis=0) > 0:
+                hist, hbase = _recount(out_row, lens, start, end, fbase, N, NB, P, BLOCK_T)
         # Every program writes its block (zeros and BASE_NONE for an empty page range): no fill
         # needed. Block (b, split, draft): HB counts, then the window base (HIST_ROW words).
         hb = hist_ptr + (b * num_splits + split) * (NB * HIST_ROW)
         hi = tl.arange(0, NB * HB)
         tl.store(hb + (hi // HB) * HIST_ROW + hi % HB, hist)
         tl.store(hb + i_out * HIST_ROW + HB, hbase)
+
+
+@triton.jit
+def _load_k(k_ptr, page, t_off, d, stride_kp, stride_kt, ok, EVICT: tl.constexpr):
+    """K tile ``[T, D]`` of the token rows ``(page, t_off)`` (masked rows read 0)."""
+    ptrs = k_ptr + page[:, None] * stride_kp + t_off[:, None] * stride_kt + d[None, :]
+    if EVICT:
+        return tl.load(ptrs, mask=ok[:, None], other=0.0, eviction_policy="evict_first")
+    return tl.load(ptrs, mask=ok[:, None], other=0.0)
+
+
+@triton.jit
+def _load_sc(ks_ptr, page, t_off, stride_sp, scale_off, ok, EVICT: tl.constexpr):
+    """Per-token float32 k scales ``[T]`` (masked rows read 1)."""
+    ptrs = ks_ptr + page * stride_sp + scale_off + t_off
+    if EVICT:
+        return tl.load(ptrs, mask=ok, other=1.0, eviction_policy="evict_first")
+    return tl.load(ptrs, mask=ok, other=1.0)
+
+
+@triton.jit
+def _recount(out_row, lens, start, end, base, N: tl.constexpr, NB: tl.constexpr,
+             P: tl.constexpr, BLOCK_T: tl.constexpr):
+    """Windowed histograms ``(hist [NB * 256], base [NB])`` at bases ``base`` of the logits this
+    program wrote at positions ``[start * P, end * P)`` of each draft row (``out_row`` [NB, 1]
+    pointers), re-read from global memory after a CTA barrier (stores by other threads of this
+    program are visible after it). Invalid positions hold -inf (key 0, not counted)."""
+    tl.debug_barrier()
+    HB: tl.constexpr = HIST_BINS
+    i_out = tl.arange(0, NB)
+    t = tl.arange(0, BLOCK_T)
+    hist = tl.zeros((NB * HB,), tl.int32)
+    lo = start * P
+    hi = end * P
+    for j0 in range(lo, hi, BLOCK_T):
+        j = j0 + t
+        m = (i_out[:, None] < N) & (j[None, :] < hi) & (j[None, :] < lens[:, None])
+        x = tl.load(out_row + j[None, :], mask=m, other=float("-inf"))
+        key = order_key(x)
+        bins = window_bin(key, base[:, None]) + i_out[:, None] * HB
+        hist += tl.histogram(tl.reshape(bins, (NB * BLOCK_T,)), NB * HB,
+                             mask=tl.reshape(key != 0, (NB * BLOCK_T,)))
+    return hist, base
 
 
 def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out, *,
@@ -350,6 +448,7 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
         HAS_SCALE=has_scale, CL_PER_DRAFT=context_lens.dim() == 2, DOT_PRECISION=precision,
         DOT_F32=dot_f32, FP8_NAN_FIX=fp8_nan_fix and has_scale, WRITE_HIST=hist is not None,
         FP8_UPCAST=fp8_upcast and has_scale, TRANS=cfg.trans, PAGES=cfg.pages,
+        HIST_MODE=HIST_MODES[cfg.hist], PREFETCH=cfg.prefetch, EVICT=cfg.evict_first,
         num_warps=num_warps, num_stages=cfg.num_stages,
     )
     return out

@@ -4,9 +4,18 @@ launch its launcher can make, per shared-memory class, for ``tests/test_triton_c
 from __future__ import annotations
 
 
+# Integer arguments of the logits kernel that a real launch specialises as multiples of 16 (every
+# stride and offset is, at the bench's and the presets' shapes): compiled so, the AOT counts match
+# the GPU's code (unmarked, Triton cannot vectorise the K-tile loads: byte loads, 255 registers).
+LOGITS_DIVISIBLE = ("stride_qb", "stride_qn", "stride_qh", "stride_wb", "stride_wn", "stride_kp",
+                    "stride_kt", "stride_sp", "scale_off", "stride_bt", "stride_ob", "stride_on")
+
+
 def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages, dot_prec="tf32",
-                 trans=True, pages=2):
+                 trans=True, pages=2, hist="first", prefetch=True, evict_first=False,
+                 divisible=LOGITS_DIVISIBLE):
     from kernels._triton_aot import LaunchSpec
+    from kernels.indexer.triton import HIST_MODES
     sig = {"q_ptr": q_ptr, "w_ptr": "*fp32", "k_ptr": k_ptr, "ks_ptr": "*fp32", "bt_ptr": "*i32",
            "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
     for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
@@ -17,9 +26,10 @@ def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages,
     cx = dict(N=N, NB=nb, H=H, BLOCK_H=max(16, 1 << (H - 1).bit_length()), D=128, P=P,
               BLOCK_P=max(16, 1 << (P - 1).bit_length()), HAS_SCALE=has_scale, CL_PER_DRAFT=False,
               DOT_PRECISION=dot_prec, DOT_F32=False, FP8_NAN_FIX=False, WRITE_HIST=has_scale,
-              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages)
+              FP8_UPCAST=has_scale, TRANS=trans, PAGES=pages, HIST_MODE=HIST_MODES[hist],
+              PREFETCH=prefetch, EVICT=evict_first)
     return LaunchSpec(label, "kernels.indexer.triton", "_indexer_logits_kernel", sig, cx,
-                      num_warps, num_stages)
+                      num_warps, num_stages, divisible=tuple(divisible))
 
 
 def aot_specs(smem_class: str) -> list:
@@ -47,7 +57,22 @@ def aot_specs(smem_class: str) -> list:
         for ns in (min(space["num_stages"]), max(space["num_stages"])):
             for trans in space["trans"]:
                 for pages in space["pages"]:
-                    specs.append(_logits_spec(
-                        f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages}",
-                        "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns, trans=trans, pages=pages))
+                    for pf in space["prefetch"]:
+                        specs.append(_logits_spec(
+                            f"logits fp8 N4 H64 P64 w{nw} s{ns} trans={trans} pages={pages} "
+                            f"prefetch={pf}", "*fp8e4nv", "*fp8e4nv", 4, 64, 64, True, nw, ns,
+                            trans=trans, pages=pages, prefetch=pf))
+    # the other histogram mode and evict-first loads at the defaults; the pipelined (cp.async)
+    # variants of bench.indexer_sweep at N = 1 and 2; the dense bf16 tile at 3 stages
+    for N in (1, 2):
+        specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 hist=running", "*fp8e4nv", "*fp8e4nv",
+                                  N, 64, 64, True, warps(N, 64), 1, hist="running"))
+        for nw, ns, pages in ((warps(N, 64), 2, 2), (warps(N, 64), 3, 2), (8, 2, 2),
+                              (warps(N, 64), 2, 1)):
+            specs.append(_logits_spec(f"logits fp8 N{N} H64 P64 w{nw} s{ns} pages={pages} "
+                                      f"prefetch=False evict_first", "*fp8e4nv", "*fp8e4nv", N, 64,
+                                      64, True, nw, ns, pages=pages, prefetch=False,
+                                      evict_first=True))
+    specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
+                              2, 64, 64, False, 8, 3, prefetch=False))
     return specs

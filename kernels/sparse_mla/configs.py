@@ -54,6 +54,9 @@ class SparseMLAConfig:
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
         (a three-deep software pipeline by hand: rows, page entries, indices); without it each
         iteration issues its own block's loads back to back and waits for them.
+      kernel: ``"triton"`` (kernels/sparse_mla/triton.py) or ``"gluon"``
+        (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
+        fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it).
     """
 
     block_h: int = 16
@@ -61,10 +64,15 @@ class SparseMLAConfig:
     num_warps: int = 4
     num_stages: int = 1
     prefetch: bool = True
+    kernel: str = "triton"
 
     def to_dict(self) -> dict:
-        """Plain dict (for dispatch JSON and result files)."""
-        return asdict(self)
+        """Plain dict (for dispatch JSON and result files); ``kernel`` only when it is not the
+        default ``"triton"`` (so tables written before the field existed still match)."""
+        d = asdict(self)
+        if d["kernel"] == "triton":
+            del d["kernel"]
+        return d
 
 
 # Every config the launcher may pick, per (shared-memory class, dot operand bytes): 2 for 16-bit
@@ -90,6 +98,14 @@ SPARSE_MLA_DEFAULT = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_st
 SPARSE_MLA_SMALL_H = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1)
 SPARSE_MLA_W64 = SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2, prefetch=False)
 SPARSE_MLA_N16 = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False)
+# The Gluon kernel (sm_90, wgmma; AOT Triton 3.6.0: 255 registers, 4 B spilled (fp8_ds_mla) /
+# 104 B (fp8_model1), 151,552 / 135,168 B shared, 1 CTA per SM)
+SPARSE_MLA_GLUON = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=1,
+                                   prefetch=True, kernel="gluon")
+# ... with two X buffers (num_stages = buffers: the next block is stored while the value dots
+# of this one run): 255 registers, 160 / 292 B spilled, 225,280 / 200,704 B shared
+SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
+                                    prefetch=True, kernel="gluon")
 
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     # sm_120 (99 KiB): 64-head tiles and two-stage 16-head tiles need > 101,376 B.
@@ -113,6 +129,8 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1, prefetch=False),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2, prefetch=False),
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False),
+        SPARSE_MLA_GLUON,
+        SPARSE_MLA_GLUON2,
     ),
     ("large", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
@@ -150,15 +168,23 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 
 
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
-                         rows: int | None = None, topk: int | None = None) -> SparseMLAConfig:
+                         rows: int | None = None, topk: int | None = None,
+                         gluon: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
-    4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise.
+    4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise. ``gluon`` (the caller's
+    statement that the Gluon kernel can run the call: sm_90, an fp8 cache, 16-bit q;
+    ``torch_impl.sparse_mla.gluon_eligible``) picks :data:`SPARSE_MLA_GLUON` for H >= 64:
+    measured on the H200 (bench/results/gluon_check_h200_20261202_v1.json, CUDA-graph medians)
+    it beat the best Triton tile on every such target row (B 64 H 128: 160 vs 326 us; B 64 H 64:
+    98.5 vs 175; B 16 H 128: 53 vs 139; V4 B 64 H 64 K 640: 47.6 vs 87.9; B 1: 31.1 vs 31.2).
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
+    if gluon and num_heads >= 64 and SPARSE_MLA_GLUON in space:
+        return SPARSE_MLA_GLUON
     if rows is not None and topk is not None and SPARSE_MLA_W64 in space:
         # large class (sm_90): 64-head tiles when there are 64 heads, >= 32 requests and a long
         # list; two-stage 16-head tiles for few heads or few requests; 32x32 otherwise
@@ -225,6 +251,24 @@ def sparse_mla_from_dict(d: dict, smem_per_block: int, operand_bytes: int = 2) -
 # launcher then uses PALLAS_SPARSE_MLA_FP32 (a correctness path, not a performance target).
 # Combine launch options are shared with the Triton stack (SPARSE_MLA_COMBINE_*).
 
+# fp16 fast path tiles (fp8 formats, 16-bit q; kernels/sparse_mla/pallas.py): no carried raw
+# tiles, Triton's pipeliner overlaps the gathers. AOT counts (jax 0.10.2 lowering + make_ttir,
+# Triton 3.9, sm_90, bf16 q; regs / stack B / shared B / SASS per warp per loop iteration,
+# bench/NOTES.md "Sparse MLA, Pallas"):
+#   64/32/8/3: fp8_ds_mla 255 / 192 / 133,632 / 1,386 (every load an async copy);
+#              fp8_model1 255 / 272 / 119,552 / 1,688
+#   64/32/8/2: ds_mla 255 / 168 / 132,864 / 1,325 (block-table loads synchronous in the loop)
+#   32/32/8/3: ds_mla 223 / 0 / 125,184 / 1,430; model1 255 / 0 / 111,104 / 1,641
+#   16/32/4/3: ds_mla 250 / 0 / 75,008 / 1,225; model1 255 / 16 / 52,224 / 1,416
+#   16/32/4/2: ds_mla 245 / 0 / 74,240 / 1,196
+# The Triton twin's tiles compiled the same way: W64 255 / 120 / 132,864 / 1,577; N16
+# 241 / 0 / 74,240 / 1,471. The s2 variants stay out of the space (latent not measured); the
+# latent format (the path without the fast numerics) at 64/32/8/3: 255 / 352 / 152,064 / 2,073,
+# 32/32/8/3: 204 / 0 / 78,336 / 702, 16/32/4/3: 241 / 0 / 57,856 / 638.
+PALLAS_W64 = SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=3, prefetch=False)
+PALLAS_N16 = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=3, prefetch=False)
+PALLAS_W32 = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=3, prefetch=False)
+
 PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
     "small": (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
@@ -236,6 +280,9 @@ PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
         SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2),
+        PALLAS_W64,
+        PALLAS_W32,
+        PALLAS_N16,
     ),
 }
 PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
@@ -245,11 +292,16 @@ PALLAS_SPARSE_MLA_FP32 = SparseMLAConfig(block_h=16, block_k=16, num_warps=4,
 # kv formats, keyed by (config, dot operand bytes); the compile test asserts the measured value
 # stays at or below these, and the launcher gates with them before launch.
 PALLAS_SPARSE_MLA_SMEM: dict[tuple[SparseMLAConfig, int], int] = {
-    (SparseMLAConfig(16, 32, 4, 1), 2): 55_296,
-    (SparseMLAConfig(32, 16, 8, 1), 2): 55_296,
-    (SparseMLAConfig(32, 32, 8, 1), 2): 73_728,
-    (SparseMLAConfig(64, 32, 8, 1), 2): 110_720,
-    (SparseMLAConfig(64, 32, 8, 2), 2): 110_720,
+    # the hand-pipelined configs on the fp16 fast path (fp8_ds_mla, sm_120 / sm_90) need 64-128 B
+    # more than before it: 55,360 / 55,424 / 73,856 / 110,848
+    (SparseMLAConfig(16, 32, 4, 1), 2): 55_360,
+    (SparseMLAConfig(32, 16, 8, 1), 2): 55_424,
+    (SparseMLAConfig(32, 32, 8, 1), 2): 73_856,
+    (SparseMLAConfig(64, 32, 8, 1), 2): 110_848,
+    (SparseMLAConfig(64, 32, 8, 2), 2): 110_848,
+    (PALLAS_W64, 2): 152_064,           # latent (fp8_ds_mla 133,632, fp8_model1 119,552)
+    (PALLAS_W32, 2): 125_184,           # fp8_ds_mla (fp8_model1 111,104, latent 78,336)
+    (PALLAS_N16, 2): 75_008,            # fp8_ds_mla (fp8_model1 52,224, latent 57,856)
     (PALLAS_SPARSE_MLA_FP32, 4): 73_792,
 }
 
@@ -264,16 +316,26 @@ def pallas_sparse_mla_smem(cfg: SparseMLAConfig, operand_bytes: int) -> int:
     return 2 * operand_bytes * (cfg.block_h * 576 + cfg.block_k * 576 + cfg.block_h * cfg.block_k)
 
 
-def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int,
-                                operand_bytes: int = 2) -> SparseMLAConfig:
-    """Default Pallas config: the Triton twin's :data:`SPARSE_MLA_DEFAULT` (32 heads x 32
-    entries, 8 warps, pipelined loads; the two kernels now share their structure) when it is in
-    the Pallas space, else the space's first member; fp32 operands use
-    :data:`PALLAS_SPARSE_MLA_FP32`."""
+def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
+                                rows: int | None = None, topk: int | None = None,
+                                kv_format: str | None = None) -> SparseMLAConfig:
+    """Default Pallas config. fp32 operands: :data:`PALLAS_SPARSE_MLA_FP32`. The fp16 fast
+    path (``kv_format`` an fp8 format) on the large class, given ``rows`` (B x N) and ``topk``:
+    the Triton twin's rule with the Pallas tiles (64-head tiles for >= 64 heads, >= 32 requests
+    and K >= 1024; 16-head tiles for <= 32 heads or < 32 requests; 32-head tiles otherwise; all
+    three stages, no carried tiles). Otherwise the Triton twin's :data:`SPARSE_MLA_DEFAULT`
+    (32 x 32, 8 warps, hand-pipelined loads) when it is in the Pallas space, else the space's
+    first member."""
     if operand_bytes >= 4:
         return PALLAS_SPARSE_MLA_FP32
-    del num_heads
     space = PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)]
+    if (kv_format in ("fp8_ds_mla", "fp8_model1") and rows is not None and topk is not None
+            and PALLAS_W64 in space):
+        if num_heads >= 64 and rows >= 32 and topk >= 1024:
+            return PALLAS_W64
+        if num_heads <= 32 or rows < 32:
+            return PALLAS_N16
+        return PALLAS_W32
     return SPARSE_MLA_DEFAULT if SPARSE_MLA_DEFAULT in space else space[0]
 
 

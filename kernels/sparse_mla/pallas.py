@@ -44,6 +44,29 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   ``2g, 2g + 1`` share float32 scale g, ``fp8_model1`` chunk c < 7 has ue8m0 scale c; latent and
   rope chunks have none (:func:`_scale_group`). q is loaded once as 8 or 9 ``[BLOCK_H, 64]``
   tiles; the accumulator is 8 separate ``[BLOCK_H, 64]`` fp32 tiles.
+* **fp16 fast path** (fp8 formats with bf16 / fp16 q: :func:`_fast_q`, :func:`_fast_issue`,
+  :func:`_fast_compute`; docs/SEMANTICS.md "fast-path numerics", the numerics of
+  ``kernels/sparse_mla/triton.py``). Each e4m3 chunk is converted ONCE into an fp16 tile with
+  its row's scale folded in, ``e4m3 * (scale * 2^-u)``, read by both dots; ``2^u`` is the
+  program's running unit (largest valid scale exponent seen so far minus 6, so ``448 * 2^7``
+  fits fp16; it only grows, the accumulators move to a new unit by an exact power of two <= 1,
+  scores and the output are multiplied back in fp32). q's nope dims are scaled per head by the
+  power of two that puts ``max|q_h|`` in [2^14, 2^15) and converted to fp16 (0 heads stay 0;
+  inf / NaN heads stay inf / NaN); the rope runs in its own dot in q's dtype (bf16 on the GPU);
+  p is fp16 (no residual dot), except fp8_model1's bf16 rope, a value chunk, which takes p in
+  bf16 plus its residual. Scales outside the exact range (not powers of two, or 23+ binades below
+  the running largest) take the same code: each tile value is rounded to fp16 (the written
+  bound, tested by ``test_fast_path_numerics_outside_the_quantizer_range``); no host read, no
+  variant. Loads are runs of whole bytes, no byte-wise loads: each e4m3 chunk ``[BLOCK_K, 64]``;
+  the rope as one ``[BLOCK_K, 128]`` run split into its low / high bytes in registers
+  (``reshape`` + ``unstack``: ``tt.reshape`` / ``tt.split``) and joined into 16-bit words that
+  are bitcast to bf16 at equal width; the scales as one 32-byte run per row (fp8_ds_mla: the 4
+  float32 words, assembled from bytes the same way; fp8_model1: the aligned window of 4 ue8m0
+  scale rows holding the slot's), 32 bytes so that every thread copies >= 4 bytes and the
+  pipeliner can make it an async copy. The loop carries no raw tile (the config's
+  ``prefetch=False``; Triton's pipeliner overlaps the gathers, ``num_stages`` 2-3); each value
+  chunk has its own accumulator, each dot's result is added to it (Triton's combine pass makes
+  that the dot's accumulator). fp32 q and the ``latent`` format keep the path below.
 * **Scales after the dots** (:func:`_qk`, :func:`_pv`, as the Triton kernel's): the chunk
   values enter the dots unscaled (e4m3 and bf16 rope are exact in bf16, e4m3 in fp16); the per-row
   scale of a group multiplies the group's fp32 partial score ``sum_c q_c . x_c^T`` (one multiply
@@ -79,17 +102,26 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   ``SparseMLAConfig``, without a D_v split). Shared memory is about the q tiles plus one block
   of converted row chunks, ``(BLOCK_H + BLOCK_K) x D_qk x 2`` bytes for bf16 operands (``32 x
   32``: 73,728 B, so it fits the 99 KiB class; ``64 x 32``: 110,720 B does not); fp32 dots use
-  ``PALLAS_SPARSE_MLA_FP32``. Shared memory of every entry is measured by lowering for CUDA and
-  compiling the Triton IR for sm_90 and sm_120 without a GPU
+  ``PALLAS_SPARSE_MLA_FP32``. The fast path's tiles on sm_90 (``PALLAS_W64`` 64 x 32, 8 warps;
+  ``PALLAS_N16`` 16 x 32, 4 warps; ``PALLAS_W32``; three pipeline stages, no carried tiles) are
+  chosen by the Triton twin's rule (``kernels.configs.pallas_sparse_mla_heuristic``); their
+  registers, spills and SASS per iteration are in bench/NOTES.md ("Sparse MLA, Pallas",
+  ``python -m bench.pallas_aot_counts``). Shared memory of every entry is measured by lowering
+  for CUDA and compiling the Triton IR for sm_90 and sm_120 without a GPU
   (``tests/test_jax_sparse_mla.py::test_aot_compile_fits_smem``).
 
 What the Pallas-Triton lowering cannot express, relative to the raw Triton kernel
 --------------------------------------------------------------------------------
 * **No reinterpreting views of a buffer.** Triton casts the byte pointer to ``int16*`` /
   ``float32*`` and loads rope and scales directly; Pallas refs keep their dtype, so the fp8
-  formats load bytes and assemble bf16 / float32 values with shifts and bitcasts (two strided
-  byte loads per rope chunk, four bytes per ``fp8_ds_mla`` scale). A bitcast view made in XLA
-  would be a copy of the whole cache.
+  formats load runs of bytes and assemble bf16 / float32 values in registers (the fast path:
+  reshape + split + shifts + an equal-width bitcast; the fp32-q path: two strided byte loads
+  per rope chunk, four bytes per ``fp8_ds_mla`` scale). A bitcast view made in XLA is a copy
+  of the whole cache (a fused shift-and-or loop on the CPU backend; XLA's bitcast-convert of
+  another width is not a view).
+* **Offsets.** The lowering picks 32-bit element offsets for arrays up to 2^32 bytes; the
+  launcher module (``kernels/_pallas_call.py``) widens them to 64-bit for arrays of
+  2^31 or more elements (2-4 GiB uint8 caches), which otherwise wrapped.
 * **No static slicing of values** (``lax.slice`` has no Triton lowering), so every chunk is its
   own load (which the chunked design wants anyway) and q is loaded chunk by chunk.
 * **``pl.load`` with index arrays does not run in interpret mode** when mixed with slices (see
@@ -293,6 +325,161 @@ def _pv(acc, alpha, p, x, sc, *, kv_format: int, dot_dtype, fp32: bool):
     return tuple(out)
 
 
+# ----------------------------------------------------------------------------- fp16 fast path
+# fp8 formats with 16-bit dots (docs/SEMANTICS.md "fast-path numerics", as
+# kernels/sparse_mla/triton.py): every e4m3 chunk is converted ONCE into an fp16 tile with its
+# scale folded in, in units of the program's running unit 2^(ub - 127) (ub only grows); q's nope
+# dims scaled per head by a power of two into fp16; the bf16 rope in its own dot; p in fp16.
+
+def _exp_field(x):
+    """Biased float32 exponent field (int32) of float32 ``x`` (0 for zero / subnormals, 255 for
+    inf / NaN)."""
+    return (lax.bitcast_convert_type(x, jnp.int32) >> 23) & 0xFF
+
+
+def _pow2(e):
+    """2^(e - 127) as float32 for an int32 biased exponent ``e`` in [1, 254]."""
+    return lax.bitcast_convert_type(e << 23, jnp.float32)
+
+
+def _split_last(x, n: int):
+    """The ``n`` (a power of two) interleaved parts of ``x``'s last axis: part ``j`` is
+    ``x[..., j::n]``, its last axis dropped when that leaves one element (reshape + size-2
+    ``unstack``: ``tt.reshape`` / ``tt.split`` in Triton; no byte-wise loads, no static slices)."""
+    parts = [x]
+    while len(parts) < n:
+        nxt = [None] * (2 * len(parts))
+        for i, y in enumerate(parts):
+            lo, hi = lax.unstack(y.reshape(*y.shape[:-1], y.shape[-1] // 2, 2), y.ndim)
+            nxt[i], nxt[i + len(parts)] = lo, hi
+        parts = nxt
+    if parts[0].shape[-1] == 1:
+        parts = [y.reshape(y.shape[:-1]) for y in parts]
+    return parts
+
+
+def _fast_issue(kv_ref, slot, ok, *, kv_format: int, page_size: int, rows_per_page: int,
+                interpret: bool):
+    """All loads of one row block for the fast path, as wide loads of whole runs of bytes:
+    the e4m3 nope chunks ``[BLOCK_K, 64]``, the bf16 rope as one ``[BLOCK_K, 128]`` byte run,
+    the scales as one 32-byte run (``fp8_ds_mla``: the 16 bytes of the 4 float32 scales and 16
+    rope bytes; ``fp8_model1``: the aligned window of 4 scale rows holding the slot's 8-byte
+    ue8m0 row, and its position in it), 32 bytes so that every thread copies >= 4 bytes and the
+    pipeliner turns the load into an async copy. Masked rows read nothing: 0 bytes, i.e. scale
+    0 for fp8_ds_mla and 2^-127 for fp8_model1 (a masked row stays 0 in the fp16 tile whatever
+    the unit's shift; the Triton kernel's model1 scales read 1.0 there once, which its 2^19
+    shift made inf and the value dot NaN)."""
+    if kv_format == FP8_DS_MLA:
+        rows = slot
+        chunks = tuple(_gather(kv_ref, rows, c * CH, CH, ok, interpret=interpret)
+                       for c in range(DS_MLA_NOPE // CH))
+        rope = _gather(kv_ref, rows, DS_MLA_NOPE + 16, 2 * TAIL, ok, interpret=interpret)
+        # 32 bytes (the 16 scale bytes and the first 16 rope bytes): 4 bytes per thread at 8
+        # warps, the width an async copy needs, so the pipeliner can overlap it
+        scales = _gather(kv_ref, rows, DS_MLA_NOPE, 32, ok, interpret=interpret)
+        return chunks, rope, scales
+    page = slot // page_size
+    off = slot % page_size
+    rows = page * rows_per_page + off
+    chunks = tuple(_gather(kv_ref, rows, c * CH, CH, ok, interpret=interpret)
+                   for c in range(MODEL1_NOPE // CH))
+    rope = _gather(kv_ref, rows, MODEL1_NOPE, 2 * CH, ok, interpret=interpret)
+    # the 32-byte aligned window holding the slot's 8-byte scale row (4 rows of 8 bytes; 576 =
+    # 18 x 32): 4 bytes per thread at 8 warps, the width an async copy needs
+    srows = page * rows_per_page + page_size + off // MODEL1_SCALES_PER_ROW
+    wcol = ((off % MODEL1_SCALES_PER_ROW) // 4) * 32
+    cols = wcol[:, None] + _iota(32)[None, :]
+    scales = plgpu.load(kv_ref.at[srows[:, None], cols], mask=ok[:, None], other=0)
+    return chunks, rope, (scales, off % 4)
+
+
+def _fast_scales(raw, *, kv_format: int):
+    """Per-group ``[BLOCK_K]`` float32 scales and their biased exponent fields from the scale
+    bytes of :func:`_fast_issue` (little-endian float32 words for ``fp8_ds_mla``; ue8m0 bytes
+    ``e -> 2^(e - 127)`` for ``fp8_model1``, 0 -> 2^-127 and 255 -> NaN as ml_dtypes)."""
+    if kv_format == FP8_DS_MLA:
+        b = [y.astype(jnp.uint32) for y in _split_last(raw, 4)]            # byte k of each word
+        words = b[0] | (b[1] << 8) | (b[2] << 16) | (b[3] << 24)             # [BLOCK_K, 8]
+        w = _split_last(words, 8)[:DS_MLA_NOPE // DS_MLA_TILE]               # 4 x [BLOCK_K]
+        sc = [lax.bitcast_convert_type(x, jnp.float32) for x in w]
+        return sc, [_exp_field(x) for x in sc]
+    win, sub = raw                     # [BLOCK_K, 32] window; the slot's 8 bytes at 8 * sub
+    pick = sub[:, None] == _iota(4)[None, :]
+    e = [jnp.sum(jnp.where(pick, y.astype(jnp.int32), 0), axis=1)       # byte g of row sub
+         for y in _split_last(win, 8)[:MODEL1_NOPE // MODEL1_TILE]]
+    sc = []
+    for x in e:
+        v = lax.bitcast_convert_type(x << 23, jnp.float32)
+        v = jnp.where(x == 0, jnp.float32(2.0 ** -127), v)
+        sc.append(jnp.where(x == 255, jnp.float32(jnp.nan), v))
+    return sc, e
+
+
+def _fast_rope(raw, rope_dtype):
+    """The bf16 rope chunk ``[BLOCK_K, 64]`` from its ``[BLOCK_K, 128]`` bytes (low, high byte
+    pairs joined into 16-bit words, bitcast at equal width), in ``rope_dtype``."""
+    lo, hi = _split_last(raw, 2)
+    bits = (hi.astype(jnp.uint16) << 8) | lo.astype(jnp.uint16)
+    v = lax.bitcast_convert_type(bits, jnp.bfloat16)
+    return v if jnp.dtype(rope_dtype) == jnp.bfloat16 else v.astype(jnp.float32).astype(rope_dtype)
+
+
+def _fast_q(q_c, *, kv_format: int, rope_dtype):
+    """q's chunks (fp32) -> (fp16 nope chunks scaled per head by 2^t, the rope chunk in
+    ``rope_dtype``, ``q_inv`` = 2^-t [BLOCK_H]): 2^t puts max|q_nope| in [2^14, 2^15); 0 heads
+    keep 0, inf / NaN heads stay inf / NaN (NaN treated as inf for t)."""
+    n_nope = DS_MLA_NOPE // CH if kv_format == FP8_DS_MLA else MODEL1_NOPE // CH
+    am = None
+    for c in range(n_nope):
+        m = jnp.max(jnp.abs(q_c[c]), axis=1)
+        am = m if am is None else jnp.maximum(am, m)
+    am = jnp.where(am != am, jnp.float32(jnp.inf), am)
+    qb = jnp.clip(268 - _exp_field(am), 1, 253)
+    q_sc, q_inv = _pow2(qb), _pow2(254 - qb)
+    nope = tuple((q_c[c] * q_sc[:, None]).astype(jnp.float16) for c in range(n_nope))
+    return nope, q_c[n_nope].astype(rope_dtype), q_inv
+
+
+def _fast_compute(state, raw, ok, q16, q_rope, q_inv, qk_scale_log2, *, kv_format: int,
+                  rope_dtype):
+    """One row block of the fast path: tiles converted once (fp16, scale folded in, in the
+    running unit), scores, online softmax, the value accumulators."""
+    m_i, l_i, ub_i, acc = state
+    chunks, rope_raw, sraw = raw
+    sc, ex = _fast_scales(sraw, kv_format=kv_format)
+    e = ex[0]
+    for x in ex[1:]:
+        e = jnp.maximum(e, x)
+    e = jnp.max(jnp.where(ok, e, 0))
+    ub = jnp.maximum(jnp.clip(e - 6, 1, 253), ub_i)       # the unit only grows
+    shift = _pow2(254 - ub)
+    per = DS_MLA_TILE // CH if kv_format == FP8_DS_MLA else 1     # chunks per scale group
+    f = [(x * shift).astype(jnp.float16) for x in sc]      # [BLOCK_K] per group
+    x = [lax.bitcast_convert_type(chunks[c], jnp.float8_e4m3fn).astype(jnp.float16)
+         * f[c // per][:, None] for c in range(len(chunks))]
+    xr = _fast_rope(rope_raw, rope_dtype)
+    s = None
+    for c in range(len(x)):
+        s = _add(s, _dot(q16[c], x[c], 1, False))
+    s = s * (q_inv * _pow2(ub))[:, None]
+    s = s + _dot(q_rope, xr, 1, False)
+    s = jnp.where(ok[None, :], s * qk_scale_log2, NEG_SENTINEL)
+    m_new = jnp.maximum(m_i, jnp.max(s, axis=1))
+    alpha = jnp.exp2(m_i - m_new)
+    p = jnp.where(ok[None, :], jnp.exp2(s - m_new[:, None]), 0.0)
+    l_i = l_i * alpha + jnp.sum(p, axis=1)
+    an = alpha * _pow2(jnp.maximum(ub_i - ub + 127, 1))   # accumulators to the new unit (<= 1)
+    p16 = p.astype(jnp.float16)
+    out = [acc[c] * an[:, None] + _dot(p16, x[c], 0, False) for c in range(len(x))]
+    if kv_format == FP8_MODEL1:         # the bf16 rope is V's last chunk, in true units
+        hi = p.astype(rope_dtype)
+        a = acc[V_CHUNKS - 1] * alpha[:, None] + _dot(hi, xr, 0, False)
+        if jnp.dtype(rope_dtype) == jnp.bfloat16:   # bf16 p + its residual: 16 bits of p
+            a = a + _dot((p - hi.astype(jnp.float32)).astype(rope_dtype), xr, 0, False)
+        out.append(a)
+    return m_new, l_i, ub, tuple(out)
+
+
 def _sparse_mla_split_kernel(
     *refs,
     KV_FORMAT: int, TAIL: bool, N: int, H: int, K: int, S: int,
@@ -325,8 +512,14 @@ def _sparse_mla_split_kernel(
     h_ok = h0 + _iota(BLOCK_H) < H                                           # [BLOCK_H]
     heads = pl.ds(h0, BLOCK_H)
     # q in 64-dim chunks, loaded once: [BLOCK_H, 64] each
+    # fp8 formats with 16-bit dots: the fp16 fast path (docs/SEMANTICS.md "fast-path numerics")
+    SHIFTED = KV_FORMAT != LATENT and not fp32
+    rope_dtype = DOT_DTYPE                  # bf16 q: bf16 rope dot; fp16 q: fp16 (CPU tests)
     q_c = tuple(plgpu.load(q_ref.at[b, n, heads, pl.ds(c * CH, CH)], mask=h_ok[:, None],
-                           other=0).astype(DOT_DTYPE) for c in range(n_chunks))
+                           other=0).astype(jnp.float32 if SHIFTED else DOT_DTYPE)
+                for c in range(n_chunks))
+    if SHIFTED:
+        q16, q_rope, q_inv = _fast_q(q_c, kv_format=KV_FORMAT, rope_dtype=rope_dtype)
     qk_scale_log2 = scale_ref[0]
 
     k_len = K
@@ -361,13 +554,21 @@ def _sparse_mla_split_kernel(
             slot = raw
         return jnp.where(ok, slot, 0), ok
 
-    issue = functools.partial(_issue_rows, kv_ref, kv_format=KV_FORMAT, n_chunks=n_chunks,
-                              page_size=PAGE_SIZE, rows_per_page=ROWS_PER_PAGE,
-                              interpret=INTERPRET)
+    if SHIFTED:
+        issue = functools.partial(_fast_issue, kv_ref, kv_format=KV_FORMAT,
+                                  page_size=PAGE_SIZE, rows_per_page=ROWS_PER_PAGE,
+                                  interpret=INTERPRET)
+    else:
+        issue = functools.partial(_issue_rows, kv_ref, kv_format=KV_FORMAT, n_chunks=n_chunks,
+                                  page_size=PAGE_SIZE, rows_per_page=ROWS_PER_PAGE,
+                                  interpret=INTERPRET)
 
     def compute(state, raw, ok):
         """One row block (its loads already issued): online softmax and the 8 accumulators."""
-        m_i, l_i, acc = state
+        if SHIFTED:
+            return _fast_compute(state, raw, ok, q16, q_rope, q_inv, qk_scale_log2,
+                                 kv_format=KV_FORMAT, rope_dtype=rope_dtype)
+        m_i, l_i, ub_i, acc = state
         chunks, sraw = raw
         x = [_chunk_val(chunks[c], c, kv_format=KV_FORMAT, dot_dtype=DOT_DTYPE)
              for c in range(n_chunks)]
@@ -380,10 +581,12 @@ def _sparse_mla_split_kernel(
         p = jnp.where(ok[None, :], jnp.exp2(s - m_new[:, None]), 0.0)
         l_i = l_i * alpha + jnp.sum(p, axis=1)
         acc = _pv(acc, alpha, p, x, sc, kv_format=KV_FORMAT, dot_dtype=DOT_DTYPE, fp32=fp32)
-        return m_new, l_i, acc
+        return m_new, l_i, ub_i, acc
 
+    # (m, l, ub, acc): ub the fast path's running unit (biased exponent, 1 until a block with
+    # valid rows; unused elsewhere)
     state = (jnp.full((BLOCK_H,), NEG_SENTINEL, jnp.float32), jnp.zeros((BLOCK_H,), jnp.float32),
-             tuple(jnp.zeros((BLOCK_H, CH), jnp.float32) for _ in range(V_CHUNKS)))
+             jnp.int32(1), tuple(jnp.zeros((BLOCK_H, CH), jnp.float32) for _ in range(V_CHUNKS)))
     if PREFETCH:
         # Software pipeline by hand, three deep, as in the Triton kernel: while block i is
         # computed, the rows of block i + 1 are in flight (their slots known), the block-table
@@ -418,10 +621,13 @@ def _sparse_mla_split_kernel(
             return compute(state, issue(slot, ok), ok)
 
         state = lax.fori_loop(0, n_iter, body, state)
-    m_i, l_i, acc = state
+    m_i, l_i, ub_i, acc = state
 
     has = l_i != 0.0        # NaN sums propagate (as in the reference); empty iff l == 0
     l_safe = jnp.where(has, l_i, 1.0)
+    inv_l = 1.0 / l_safe
+    # the fast path's nope accumulators are in units of 2^(ub - 127); model1's rope chunk is not
+    inv_n = inv_l * _pow2(ub_i) if SHIFTED else inv_l
     lse2 = jnp.where(has, m_i + jnp.log(l_safe) * LOG2E, -jnp.inf)           # log2 domain
     factor = None
     if FINAL:
@@ -434,7 +640,11 @@ def _sparse_mla_split_kernel(
         lse = lse2
         o_ref, l_ref, lead = po_ref, pl_ref, (pid_s, pid_bn)
     for c in range(V_CHUNKS):
-        o = jnp.where(has[:, None], acc[c] / l_safe[:, None], 0.0)           # [BLOCK_H, 64]
+        if not SHIFTED:
+            o = jnp.where(has[:, None], acc[c] / l_safe[:, None], 0.0)       # [BLOCK_H, 64]
+        else:
+            inv = inv_l if (KV_FORMAT == FP8_MODEL1 and c == V_CHUNKS - 1) else inv_n
+            o = jnp.where(has[:, None], acc[c] * inv[:, None], 0.0)
         if factor is not None:
             o = o * factor
         # one indexer per ref access (the Triton lowering does not compose .at[] chains)

@@ -93,6 +93,10 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
         kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
         dot = dot_dtype(q_dtype, kv_dtype, kv_format)
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
+            if cfg.kernel == "gluon":
+                if kv_format != "latent" and dot != "float32":
+                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
+                continue
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
                    "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
@@ -120,6 +124,41 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                                 sig, combine_constexprs(512, True),
                                 configs.SPARSE_MLA_COMBINE_WARPS, 2))
     return specs
+
+
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
+    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
+    (``nbuf``: the config's X buffers, its ``num_stages``)."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla import gluon as gk
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": "*u8", "kv16_ptr": "*i16", "kv32_ptr": "*i32",
+           "idx_ptr": "*i32", "bt_ptr": "*i32", "tkl_ptr": "*i32", "sink_ptr": "*fp32",
+           "po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
+           "qk_scale_log2": "fp32"}
+    for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
+                 "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
+        sig[name] = "i32"
+    rope = "bfloat16" if q_dtype == torch.bfloat16 else "float16"
+    out = []
+    for has_bt in (True, False):
+        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
+                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf)
+        out.append(LaunchSpec(
+            f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon",
+            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
+            ("sq_b", "sq_n", "sq_h", "page_bytes")))
+    return out
+
+
+def gluon_eligible(dev, q_dtype: torch.dtype, kv_format: str, d_qk: int) -> bool:
+    """Whether the Gluon kernel (``kernels.sparse_mla.gluon``) can run a call on ``dev``
+    (``kernels.hardware.DeviceInfo``): sm_90 (wgmma), not the interpreter, an fp8 cache with
+    16-bit q and its D_qk (576 / 512)."""
+    return (not dev.interpret and tuple(dev.cc) == (9, 0)
+            and q_dtype in (torch.bfloat16, torch.float16)
+            and (kv_format, d_qk) in (("fp8_ds_mla", 576), ("fp8_model1", 512)))
 
 
 def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
@@ -186,19 +225,40 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (head_blocks, splits, B * N)
-    tk._sparse_mla_split_kernel[grid](
-        q, kv, kv16, kv32, indices,
-        block_table if block_table is not None else dummy,
-        topk_length if topk_length is not None else dummy,
-        attn_sink if attn_sink is not None else dummy,
-        po, pl, out, lse,
-        q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
-        block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
-        N, H, K, num_slots, num_pages,
-        block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
-        float(sm_scale) * tk.LOG2E,
-        **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    if cfg.kernel == "gluon":        # the caller checked gluon_eligible
+        from triton.experimental.gluon import language as gl
+
+        from kernels.sparse_mla import gluon as gk
+        gk._sparse_mla_gluon_kernel[grid](
+            q, kv, kv16, kv.view(torch.int32), indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
+            HAS_SINK=cx["HAS_SINK"], FINAL=final,
+            ROPE_DTYPE=gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16,
+            NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
+        )
+    else:
+        tk._sparse_mla_split_kernel[grid](
+            q, kv, kv16, kv32, indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0, stride_page, stride_tok,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if not final:
         cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
         tk._sparse_mla_combine_kernel[(cdiv(H, cbh), B * N)](

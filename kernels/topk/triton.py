@@ -90,9 +90,18 @@ BASE_NONE = tl.constexpr(-(1 << 20))
 # Candidates above which a radix level compacts them to its bucket before the next level.
 COMPACT_MIN = tl.constexpr(8192)
 # Split histograms the plan kernel rebases and sums per iteration, and split bases it reads
-# per iteration.
+# per iteration: at most these, else next_pow2(S) (at least PLAN_MIN; plan_blocks).
 PLAN_SPLITS = 32
 PLAN_BASES = 1024
+PLAN_MIN = 4
+
+
+def plan_blocks(num_splits: int) -> tuple:
+    """(SB, SBASE) of ``_topk_plan_kernel`` for S splits: the split chunk and the base chunk
+    sized to S (B 64: S 4 -> 4 x 256 counts per chunk instead of 32 x 256, and 4 bases
+    instead of 1,024 masked loads), capped at PLAN_SPLITS / PLAN_BASES."""
+    p2 = max(PLAN_MIN, 1 << (max(num_splits, 1) - 1).bit_length())
+    return min(PLAN_SPLITS, p2), min(PLAN_BASES, p2)
 
 
 def hist_shape(batch: int, num_splits: int, n_drafts: int) -> tuple:
@@ -105,15 +114,20 @@ class TopkConfig:
     """Launch configuration of :func:`launch_topk`.
 
     Attributes:
-      block: positions per loop iteration (power of two).
+      block: positions per loop iteration (power of two) of the per-row kernel's passes over
+        the row (no split pass B: no fused histogram or no page size).
       num_warps: Triton warps per program (one program per row).
+      cand_block: candidates per loop iteration of the per-row kernel after a split pass B
+        (the levels over the threshold bin's candidates, the selection and the -1 fill): the
+        bench's rows have ~0.4-1K candidates, so a 4,096 block ran 4-10x the work per level.
     """
 
     block: int = 4096
     num_warps: int = 8
+    cand_block: int = 1024
 
     # block 8192 at 4 warps spills (ptxas -v, sm_90 and sm_120); left out.
-    SEARCH_SPACE = dict(block=(2048, 4096, 8192), num_warps=(8, 16))
+    SEARCH_SPACE = dict(block=(2048, 4096, 8192), num_warps=(8, 16), cand_block=(1024, 2048, 4096))
 
 
 @triton.jit
@@ -593,8 +607,9 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
         cum = torch.empty((R, num_splits, HIST_BINS.value), dtype=torch.int32,
                           device=logits.device)
+        sb, sbase = plan_blocks(num_splits)
         _topk_plan_kernel[(R,)](hist, state, cum, topk, cap, n_drafts, nb, num_splits,
-                                SB=PLAN_SPLITS, SBASE=PLAN_BASES, num_warps=8)
+                                SB=sb, SBASE=sbase, num_warps=8)
         sblock, swarps = scatter_config(W, page_size, num_splits)
         _topk_scatter_kernel[(R, num_splits)](
             logits, lengths, out, scratch, state, cum, W, page_size, logits.stride(0),
@@ -603,7 +618,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
-                             BLOCK=cfg.block, HAS_HIST=hist is not None, FROM_PLAN=split,
+                             BLOCK=cfg.cand_block if split else cfg.block,
+                             HAS_HIST=hist is not None, FROM_PLAN=split,
                              PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps)
     return out
 

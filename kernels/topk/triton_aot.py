@@ -10,24 +10,40 @@ def aot_specs(smem_class: str) -> list:
     pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
     ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.topk.triton import PLAN_BASES, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
+    from kernels.topk.triton import PLAN_BASES, PLAN_MIN, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
+    from kernels.topk.triton import plan_blocks
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
            "n_drafts_pow2": "i32", "num_splits": "i32", "state_ptr": "*i32"}
     specs = []
-    for blk in TopkConfig.SEARCH_SPACE["block"]:
-        for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
-            for has_hist, plan in ((False, False), (True, False), (True, True)):
-                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan={plan}",
+    space = TopkConfig.SEARCH_SPACE
+    for nw in space["num_warps"]:
+        for blk in space["block"]:
+            for has_hist in (False, True):
+                specs.append(LaunchSpec(f"topk block{blk} w{nw} hist={has_hist} plan=False",
                                         "kernels.topk.triton", "_radix_topk_kernel", sig,
-                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=plan,
+                                        dict(BLOCK=blk, HAS_HIST=has_hist, FROM_PLAN=False,
                                              PLAN_SB=PLAN_SPLITS), nw, 1))
-    specs.append(LaunchSpec("topk plan", "kernels.topk.triton", "_topk_plan_kernel",
-                            {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
-                             "topk": "i32", "cap": "i32", "n_drafts": "i32",
-                             "n_drafts_pow2": "i32", "num_splits": "i32"},
-                            dict(SB=PLAN_SPLITS, SBASE=PLAN_BASES), 8, 1))
+        for blk in space["cand_block"]:              # after a split pass B: the candidate block
+            specs.append(LaunchSpec(f"topk block{blk} w{nw} hist=True plan=True",
+                                    "kernels.topk.triton", "_radix_topk_kernel", sig,
+                                    dict(BLOCK=blk, HAS_HIST=True, FROM_PLAN=True,
+                                         PLAN_SB=PLAN_SPLITS), nw, 1))
+    seen = set()
+    s_ = PLAN_MIN
+    while s_ <= PLAN_BASES:                          # every (SB, SBASE) plan_blocks can return
+        sb, sbase = plan_blocks(s_)
+        s_ *= 2
+        if (sb, sbase) in seen:
+            continue
+        seen.add((sb, sbase))
+        specs.append(LaunchSpec(f"topk plan SB{sb} SBASE{sbase}", "kernels.topk.triton",
+                                "_topk_plan_kernel",
+                                {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
+                                 "topk": "i32", "cap": "i32", "n_drafts": "i32",
+                                 "n_drafts_pow2": "i32", "num_splits": "i32"},
+                                dict(SB=sb, SBASE=sbase), 8, 1))
     for blk, nw in SCATTER_CONFIGS:
         specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.topk.triton",
                                 "_topk_scatter_kernel",

@@ -15,7 +15,7 @@ indices               global slots ``page * P + offset``, -1 pad   the same (slo
 softmax_scale         default ``D_qk ** -0.5``                     always passed
 lse                   ``[b, h_q, s_q]``, +inf for an empty row     ``[b, s_q, h_q]``, -inf
 attn_sink             +inf gives out 0, -inf no effect             the same formula
-extra_k_cache         a second cache, merged exactly               (two calls + an LSE merge)
+extra_k_cache         a second cache, merged exactly               (two calls + one merge launch)
 ====================  ===========================================  ==============================
 
 Not provided (``NotImplementedError`` naming it): dense decode (``indices=None``), ``causal``,
@@ -30,6 +30,7 @@ import torch
 
 from kernels import formats as np_formats
 from torch_impl import _common
+from torch_impl.compat import _merge
 from torch_impl.sparse_mla import sparse_mla_decode
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
@@ -222,25 +223,6 @@ def _sanitized_sink(attn_sink):
     return None if attn_sink is None else attn_sink.clamp(min=_F32_MIN)
 
 
-def _merge(out0, lse0, out1, lse1, sink):
-    """Exact LSE merge of two partial attentions (float32), the sink applied once after it."""
-    m = torch.maximum(lse0, lse1)
-    m = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    w0 = torch.exp(lse0 - m)
-    w1 = torch.exp(lse1 - m)
-    den = w0 + w1
-    has = den != 0
-    safe = torch.where(has, den, torch.ones_like(den))
-    lse = torch.where(has, m + torch.log(safe), torch.full_like(m, float("-inf")))
-    f = torch.where(has, 1.0 / safe, torch.zeros_like(den))
-    if sink is not None:
-        f = f * (1.0 / (1.0 + torch.exp(sink - lse)))
-    # two passes over [b, s_q, h_q, 512] (bf16 partials promote to float32 in the products)
-    out = out0 * (w0 * f)[..., None]
-    out.addcmul_(out1, (w1 * f)[..., None])
-    return out, lse
-
-
 # ============================================================================ public entry
 
 def flash_mla_with_kvcache(
@@ -322,8 +304,11 @@ def flash_mla_with_kvcache(
       still refuses strided pages, the same bytes are read as a ``[T, 1, 656]`` cache of one
       row per slot, with the indices remapped ``page * P + off -> page * rows_per_page + off``
       (an int32 ``[b, s_q, topk]`` pass, never a copy of the cache). Two caches cost two native
-      calls plus a float32 merge over ``[b, s_q, h_q, 512]`` (the partial outputs are rounded
-      to q's dtype before the merge: at most one extra rounding, inside SPEC's out tolerance).
+      calls (no sink) plus one merge launch over ``[b, s_q, h_q, 512]``
+      (:mod:`torch_impl.compat._merge`: the exact LSE merge in float32, the sink once, one
+      rounding to q's dtype, FlashMLA's lse layout; bitwise repeatable). The partial outputs
+      are rounded to q's dtype before the merge: at most one extra rounding, inside SPEC's out
+      tolerance. ``path="torch"`` merges in PyTorch with the same formula.
     """
     # ---- FlashMLA's own argument rules
     if indices is None:
@@ -373,22 +358,30 @@ def flash_mla_with_kvcache(
 
     # ---- attention
     sink = _sanitized_sink(attn_sink)
+    if out is not None:
+        _common.check_tensor("out", out, shape=(b, s_q, h_q, 512), device=q.device)
     if extra_k_cache is None:
         o, lse = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
                          sink, path)
+        # FlashMLA's lse: [b, h_q, s_q] contiguous, +inf for an empty row (one fused pass)
+        lse_fm = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
+        torch.nan_to_num(lse.transpose(1, 2), nan=float("nan"), posinf=float("inf"),
+                         neginf=float("inf"), out=lse_fm)
     else:
         o0, l0 = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
                          None, path)
         o1, l1 = _attend(q, "extra_k_cache", extra_k_cache, extra_indices_in_kvcache,
                          extra_topk_length, scale, is_fp8_kvcache, None, path)
-        o, lse = _merge(o0, l0, o1, l1, sink)
-        o = o.to(q.dtype)
-    # FlashMLA's lse: [b, h_q, s_q] contiguous, +inf for an empty row (one fused pass)
-    lse_fm = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
-    torch.nan_to_num(lse.transpose(1, 2), nan=float("nan"), posinf=float("inf"),
-                     neginf=float("inf"), out=lse_fm)
+        if _merge.can_use_triton(q, path):
+            # one launch: merge, sink, rounding, FlashMLA's lse layout (written into out= when
+            # it is a contiguous tensor of q's dtype)
+            dst = out if (out is not None and out.dtype == o0.dtype and out.is_contiguous()) else None
+            o, lse_fm = _merge.merge_triton(o0, l0, o1, l1, sink, out=dst)
+            if dst is not None:
+                return out, lse_fm
+        else:
+            o, lse_fm = _merge.merge_torch(o0, l0, o1, l1, sink)
     if out is not None:
-        _common.check_tensor("out", out, shape=(b, s_q, h_q, 512), device=q.device)
         out.copy_(o)
         o = out
     return o, lse_fm

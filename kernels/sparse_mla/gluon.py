@@ -1,0 +1,509 @@
+"""Sparse MLA decode for sm_90 in Gluon (``triton.experimental.gluon``): 64-head tiles, wgmma.
+
+Semantics and numerics: the same as ``kernels.sparse_mla.triton`` (docs/SPEC.md "Operation B";
+docs/SEMANTICS.md "fast-path numerics"): fp8 caches (``fp8_ds_mla``, ``fp8_model1``), 16-bit q,
+fp16 nope dots over tiles dequantized into the program's running power-of-two unit, q nope
+scaled per head by a power of two into fp16, the rope dot in the rope's dtype, fp16 p. Same
+split-K partials (normalised fp32 out, log2-domain LSE) or, with one split, the final output;
+the Triton combine kernel merges the partials.
+
+Why a Gluon kernel: plain Triton gives a chained-dot kernel ``warpsPerCTA = [num_warps, 1]``, so
+with 8 warps on a 64-head tile both warpgroups compute the same 64 x BLOCK_K score tile (q.k done
+twice: 1.53x the tensor work), and q, being computed (rescaled) in the kernel, becomes a
+register operand held by both warpgroups (~144 registers a thread). Here the layouts are chosen
+explicitly (bench/NOTES.md, "Sparse MLA decode"):
+
+* **Work.** One program: 64 heads of one (request, draft) over one split of its top-k list, 8 warps
+  (2 warpgroups). Grid ``(head_blocks, splits, B * N)`` as in the Triton kernel.
+* **Shared memory.** q once per program: the nope dims as fp16 64 x 64 chunks (scaled per head)
+  and the rope chunk in its dtype (73,728 B for D_qk 576). The gathered block of 64 rows,
+  dequantized once into fp16 chunks (plus the rope chunk), is read by both dots (73,728 B).
+* **Scores.** ``S = q . X^T`` [64 heads, 64 rows]: wgmma from shared memory (A = q, B = the
+  transposed view of X), ``warps_per_cta = [4, 2]``: each warpgroup computes the scores of 32 of
+  the 64 rows, so no tensor work is repeated. The nope dots accumulate together, the rope dot
+  separately (different units; combined after the wait).
+* **Values.** ``O += P . X`` per 64-dim chunk of D_v: P (fp16) as a register operand in each
+  warpgroup, X from shared memory; each warpgroup holds 32 of every chunk's 64 columns, so the
+  fp32 accumulator is 64 x 512 / 256 threads = 128 registers a thread.
+* **Pipeline.** The next block's rows are loaded into registers right after this block is
+  converted, so the gather overlaps this block's two dots and softmax; slots are resolved one
+  block and indices loaded two blocks ahead (the Triton kernel's three-deep chain).
+* **Gather and masking.** As the Triton kernel: invalid entries (negative, beyond the cache or the
+  table, a negative page entry, past ``topk_length``) are masked in every load and excluded
+  from the softmax; masked rows read scale 0. Pages may be strided (``page_bytes`` is the byte
+  stride of one page; ``fp8_ds_mla`` rows are 656 B apart inside a page).
+
+Only sm_90 (wgmma); the launcher (``torch_impl/sparse_mla.py``) picks it from the config's
+``kernel`` field and never in the CPU interpreter (Gluon kernels do not interpret).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+# CTA-wide barrier: ``gl.thread_barrier`` in Triton 3.6 (the H200 image), ``gl.barrier`` later
+_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+
+BLOCK_H = 64
+BLOCK_K = 64
+NUM_WARPS = 8
+
+NEG = gl.constexpr(-1.0e30)  # finite running-max start; exp2(NEG - real) == 0 exactly
+
+
+@gluon.jit
+def _exp_field(x):
+    """Biased float32 exponent field of ``x`` (0 for zero / subnormals, 255 for inf / NaN)."""
+    return (x.to(gl.int32, bitcast=True) >> 23) & 0xFF
+
+
+@gluon.jit
+def _pow2(e):
+    """2^(e - 127) as float32 for an int32 biased exponent ``e`` in [1, 254]."""
+    return (e << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _resolve(raw, ent, in_list, num_slots, num_pages, max_pages, page_size, HAS_BT: gl.constexpr):
+    """``(page, off, ok)`` of one row block: int32 page and in-page offset (0 where invalid) and
+    the validity mask. Slots are int32 (the index dtype), so no 64-bit division is needed."""
+    if HAS_BT:
+        ok = in_list & (raw >= 0) & (raw < max_pages * page_size) & (ent >= 0) & (ent < num_pages)
+        page = ent
+        off = raw % page_size
+    else:
+        ok = in_list & (raw >= 0) & (raw < num_slots)
+        page = raw // page_size
+        off = raw % page_size
+    return gl.where(ok, page, 0), gl.where(ok, off, 0), ok
+
+
+@gluon.jit
+def _page_entries(bt_row, raw, in_list, max_pages, page_size, HAS_BT: gl.constexpr):
+    """Block-table entries of the logical indices ``raw`` (HAS_BT; -1 where outside), else raw."""
+    if HAS_BT:
+        ok = in_list & (raw >= 0) & (raw < max_pages * page_size)
+        return gl.load(bt_row + gl.where(ok, raw // page_size, 0), mask=ok, other=-1)
+    else:
+        return raw
+
+
+@gluon.jit
+def _row_base(page, off, page_bytes, KV_FORMAT: gl.constexpr):
+    """Byte offset of each row's data (int64): page * page_bytes + offset * row bytes."""
+    if KV_FORMAT == 1:
+        return page.to(gl.int64) * page_bytes + off * 656
+    else:
+        return page.to(gl.int64) * page_bytes + off * 576
+
+
+@gluon.jit
+def _load_u8(kv_ptr, base, ok, C: gl.constexpr, LD: gl.constexpr):
+    """e4m3 bytes of nope chunk ``C`` ([64 rows, 64] uint8, 16-byte vectors), 0 where masked."""
+    d = gl.arange(0, 64, layout=gl.SliceLayout(0, LD))
+    ptrs = kv_ptr + (base + C * 64)[:, None] + d[None, :]
+    m = ok[:, None] & (d[None, :] >= 0)
+    return gl.load(ptrs, mask=m, other=0)
+
+
+@gluon.jit
+def _load_rope(kv16_ptr, base, ok, KV_FORMAT: gl.constexpr, LD16: gl.constexpr):
+    """bf16 rope bits ([64 rows, 64] int16) of each row: bytes 528.. (ds_mla), 448.. (model1)."""
+    d = gl.arange(0, 64, layout=gl.SliceLayout(0, LD16))
+    b16 = gl.convert_layout(base, gl.SliceLayout(1, LD16)) // 2
+    okr = gl.convert_layout(ok, gl.SliceLayout(1, LD16))
+    if KV_FORMAT == 1:
+        ptrs = kv16_ptr + (b16 + 264)[:, None] + d[None, :]
+    else:
+        ptrs = kv16_ptr + (b16 + 224)[:, None] + d[None, :]
+    return gl.load(ptrs, mask=okr[:, None] & (d[None, :] >= 0), other=0)
+
+
+@gluon.jit
+def _load_scales(kv32_ptr, page, off, base, ok, page_size, page_bytes, KV_FORMAT: gl.constexpr):
+    """Per-row scale words: ds_mla the 4 float32 scales (as int32 bits); model1 the 8 ue8m0
+    bytes as two int32 words. Masked rows read 0 (scale 0.0 / exponent byte 0)."""
+    if KV_FORMAT == 1:
+        w = base // 4 + 128
+        s0 = gl.load(kv32_ptr + w, mask=ok, other=0)
+        s1 = gl.load(kv32_ptr + w + 1, mask=ok, other=0)
+        s2 = gl.load(kv32_ptr + w + 2, mask=ok, other=0)
+        s3 = gl.load(kv32_ptr + w + 3, mask=ok, other=0)
+    else:
+        w = (page.to(gl.int64) * page_bytes + page_size * 576 + off * 8) // 4
+        s0 = gl.load(kv32_ptr + w, mask=ok, other=0)
+        s1 = gl.load(kv32_ptr + w + 1, mask=ok, other=0)
+        s2 = s0
+        s3 = s1
+    return s0, s1, s2, s3
+
+
+@gluon.jit
+def _scale_of(s0, s1, s2, s3, C: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """float32 scale of nope chunk ``C`` per row from the scale words."""
+    if KV_FORMAT == 1:
+        if C // 2 == 0:
+            w = s0
+        elif C // 2 == 1:
+            w = s1
+        elif C // 2 == 2:
+            w = s2
+        else:
+            w = s3
+        return w.to(gl.float32, bitcast=True)
+    else:
+        if C < 4:
+            e = (s0 >> (8 * C)) & 0xFF
+        else:
+            e = (s1 >> (8 * (C - 4))) & 0xFF
+        return (e << 23).to(gl.float32, bitcast=True)        # 2^(e - 127); byte 0 -> 0.0
+
+
+@gluon.jit
+def _max_exp(s0, s1, s2, s3, KV_FORMAT: gl.constexpr):
+    """Largest biased exponent of a row's chunk scales (int32 per row)."""
+    if KV_FORMAT == 1:
+        e = gl.maximum(gl.maximum(_exp_field(s0.to(gl.float32, bitcast=True)),
+                                  _exp_field(s1.to(gl.float32, bitcast=True))),
+                       gl.maximum(_exp_field(s2.to(gl.float32, bitcast=True)),
+                                  _exp_field(s3.to(gl.float32, bitcast=True))))
+    else:
+        e = gl.maximum(gl.maximum(s0 & 0xFF, (s0 >> 8) & 0xFF),
+                       gl.maximum((s0 >> 16) & 0xFF, (s0 >> 24) & 0xFF))
+        e = gl.maximum(e, gl.maximum(gl.maximum(s1 & 0xFF, (s1 >> 8) & 0xFF), (s1 >> 16) & 0xFF))
+    return e
+
+
+@gluon.jit
+def _tile(raw, s0, s1, s2, s3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """Nope chunk ``C`` dequantized into the unit: e4m3 * scale * shift in fp16 (exact within the
+    documented range, docs/SEMANTICS.md)."""
+    f = (_scale_of(s0, s1, s2, s3, C, KV_FORMAT) * shift).to(gl.float16)
+    return raw.to(gl.float8e4nv, bitcast=True).to(gl.float16) * f[:, None]
+
+
+@gluon.jit
+def _issue_rows(kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes,
+                KV_FORMAT: gl.constexpr, NC: gl.constexpr, LD: gl.constexpr, LD16: gl.constexpr):
+    """All loads of one row block, issued back to back: the NC e4m3 chunks, the rope chunk and
+    the scale words."""
+    base = _row_base(pg, of, page_bytes, KV_FORMAT)
+    r0 = _load_u8(kv_ptr, base, ok, 0, LD)
+    r1 = _load_u8(kv_ptr, base, ok, 1, LD)
+    r2 = _load_u8(kv_ptr, base, ok, 2, LD)
+    r3 = _load_u8(kv_ptr, base, ok, 3, LD)
+    r4 = _load_u8(kv_ptr, base, ok, 4, LD)
+    r5 = _load_u8(kv_ptr, base, ok, 5, LD)
+    r6 = _load_u8(kv_ptr, base, ok, 6, LD)
+    if NC == 8:
+        r7 = _load_u8(kv_ptr, base, ok, 7, LD)
+    else:
+        r7 = r6
+    rr = _load_rope(kv16_ptr, base, ok, KV_FORMAT, LD16)
+    c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, base, ok, page_size, page_bytes, KV_FORMAT)
+    return r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3
+
+
+@gluon.jit
+def _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT: gl.constexpr):
+    """Biased exponent ``ub`` of the unit ``2^(ub - 127)`` of one row block: the largest scale
+    exponent of its valid rows minus 6 (so e4m3 * scale / unit < 448 * 2^7 < 65504), never
+    below the running unit ``ub_i`` (the unit only grows)."""
+    e = gl.max(gl.where(ok, _max_exp(c0, c1, c2, c3, KV_FORMAT), 0), axis=0)
+    return gl.maximum(gl.minimum(gl.maximum(e - 6, 1), 253), ub_i)
+
+
+@gluon.jit
+def _store_rows(x0, x1, x2, x3, x4, x5, x6, x7, xr, t0, t1, t2, t3, t4, t5, t6, t7, tr,
+                NC: gl.constexpr):
+    """Store one converted row block into X (one buffer a chunk, so no barrier between the
+    stores), then make it visible to the async proxy (wgmma) and to every warp."""
+    _barrier()                                # every warpgroup is done reading X
+    x0.store(t0)
+    x1.store(t1)
+    x2.store(t2)
+    x3.store(t3)
+    x4.store(t4)
+    x5.store(t5)
+    x6.store(t6)
+    if NC == 8:
+        x7.store(t7)
+    xr.store(tr)
+    fence_async_shared()
+    _barrier()
+
+
+@gluon.jit
+def _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ub,
+             KV_FORMAT: gl.constexpr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr):
+    """The fp16 tiles of one row block in the unit 2^(ub - 127) and its rope tile."""
+    shift = _pow2(254 - ub)
+    t0 = _tile(r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
+    t1 = _tile(r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
+    t2 = _tile(r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
+    t3 = _tile(r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
+    t4 = _tile(r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
+    t5 = _tile(r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
+    t6 = _tile(r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
+    if NC == 8:
+        t7 = _tile(r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
+    else:
+        t7 = t6
+    tr = rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE)
+    return t0, t1, t2, t3, t4, t5, t6, t7, tr
+
+
+@gluon.jit
+def _pv(o, an, p16, x):
+    """``o * an + P . X_c`` issued asynchronously (the caller waits)."""
+    o = o * an[:, None]
+    return warpgroup_mma(p16, x, o, is_async=True)
+
+
+@gluon.jit
+def _store_out(o, inv, has, sink_f, C: gl.constexpr, heads, h_ok, pid_s, pid_bn, H, nbn,
+               po_ptr, out_ptr, FINAL: gl.constexpr, MMA: gl.constexpr):
+    """Write dims [64 C, 64 C + 64) of the normalised output (FINAL, times the sink factor) or
+    of the fp32 partial."""
+    dv = gl.arange(0, 64, layout=gl.SliceLayout(0, MMA)) + C * 64
+    val = gl.where(has[:, None], o * inv[:, None], 0.0)
+    m = h_ok[:, None] & (dv[None, :] >= 0)
+    if FINAL:
+        orow = pid_bn.to(gl.int64) * H + heads
+        gl.store(out_ptr + orow[:, None] * 512 + dv[None, :],
+                 (val * sink_f[:, None]).to(out_ptr.dtype.element_ty), mask=m)
+    else:
+        prow = (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads
+        gl.store(po_ptr + prow[:, None] * 512 + dv[None, :], val, mask=m)
+
+
+@gluon.jit
+def _sparse_mla_gluon_kernel(
+    q_ptr,            # [B, N, H, D_qk] bf16 / fp16, strides sq_*; last dim contiguous
+    kv_ptr,           # the cache as uint8 bytes
+    kv16_ptr,         # the same bytes as int16 (bf16 rope bits)
+    kv32_ptr,         # the same bytes as int32 (ds_mla scales as float32 bits; model1 ue8m0 words)
+    idx_ptr,          # [B, N, K] int32 slots (or logical positions with HAS_BT), strides si_*
+    bt_ptr,           # [B, max_pages] int32 block table (HAS_BT)
+    tkl_ptr,          # [B] int32 topk_length (HAS_TKL)
+    sink_ptr,         # [H] float32 attention sink (HAS_SINK, FINAL only)
+    po_ptr,           # [S, B*N, H, 512] float32 partial out (not FINAL)
+    pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (not FINAL)
+    out_ptr,          # [B, N, H, 512] q dtype (FINAL)
+    lse_ptr,          # [B, N, H] float32 natural-log LSE (FINAL)
+    sq_b, sq_n, sq_h, si_b, si_n, sbt_b,
+    N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
+    KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
+    HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+    NBUF: gl.constexpr = 2,
+):
+    gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7     # fp16 nope chunks; then one rope chunk
+    ROPE_IN_V: gl.constexpr = KV_FORMAT == 2          # model1's rope dims are part of V
+    R_SPLIT: gl.constexpr = ROPE_DTYPE == gl.bfloat16  # bf16 p + its residual on the rope values
+
+    # Register layouts: LD gathers a [64 rows, 64 B] chunk as one 16-byte vector a thread;
+    # MMA is the wgmma accumulator with the two warpgroups side by side along N.
+    LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    LD16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])
+    LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    ROW: gl.constexpr = gl.SliceLayout(1, LD)
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
+                                                  instr_shape=[16, 32, 16])
+    P_OP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    MROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_h = gl.program_id(0)
+    pid_s = gl.program_id(1)
+    pid_bn = gl.program_id(2)
+    nbn = gl.num_programs(2)
+    b = pid_bn // N
+    n = pid_bn % N
+
+    qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
+    qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
+    # X: one buffer a chunk (the barrier analysis treats views of one buffer as overlapping)
+    x0 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x1 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x2 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x3 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x4 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x5 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x6 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    x7 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
+    xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
+
+    # ---- q: per head a power of two 2^t that puts max|q_nope| in [2^14, 2^15), fp16 chunks
+    hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
+    dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LDQ))
+    qmask = (hq < H)[:, None] & (dq[None, :] >= 0)
+    q_row = q_ptr + b.to(gl.int64) * sq_b + n * sq_n + hq[:, None] * sq_h + dq[None, :]
+    am = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, LDQ))
+    for c in gl.static_range(NC):
+        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
+        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
+    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
+    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)  # biased exponent of 2^t
+    q_sc = _pow2(qb)
+    for c in gl.static_range(NC):
+        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
+        qn.index(c).store((f * q_sc[:, None]).to(gl.float16))
+    qr.store(gl.load(q_row + NC * 64, mask=qmask, other=0.0).to(ROPE_DTYPE))
+    q_inv = gl.convert_layout(_pow2(254 - qb), MROW)
+
+    k_len = K
+    if HAS_TKL:
+        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
+    start = pid_s * chunk
+    end = gl.minimum(start + chunk, k_len)
+
+    m_i = gl.full([64], NEG, gl.float32, layout=MROW)
+    l_i = gl.zeros([64], gl.float32, layout=MROW)
+    ub_i = pid_h * 0 + 1
+    zero = gl.zeros([64, 64], gl.float32, layout=MMA)
+    o0 = zero
+    o1 = zero
+    o2 = zero
+    o3 = zero
+    o4 = zero
+    o5 = zero
+    o6 = zero
+    o7 = zero
+
+    idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
+    bt_row = bt_ptr + b.to(gl.int64) * sbt_b
+    ar = gl.arange(0, 64, layout=ROW)
+    in0 = start + ar < end
+    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
+    in1 = start + 64 + ar < end
+    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
+    in2 = start + 128 + ar < end
+    i2 = gl.load(idx_row + start + 128 + ar, mask=in2, other=-1)
+    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
+                          num_slots, num_pages, max_pages, page_size, HAS_BT)
+    pg_nx, of_nx, ok_nx = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size,
+                                                     HAS_BT),
+                                   in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
+        kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes, KV_FORMAT, NC, LD, LD16)
+    ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
+    t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2,
+                                                  c3, ub, KV_FORMAT, NC, ROPE_DTYPE)
+    _store_rows(x0.index(0), x1.index(0), x2.index(0), x3.index(0), x4.index(0), x5.index(0),
+                x6.index(0), x7.index(0), xr.index(0), t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
+
+    for k0 in range(start, end, 64):
+        # this block's X and (NBUF 2) the other buffer, which the next block is stored into
+        buf = ((k0 - start) // 64) % NBUF
+        nxt = (buf + 1) % NBUF
+        y0 = x0.index(buf)
+        y1 = x1.index(buf)
+        y2 = x2.index(buf)
+        y3 = x3.index(buf)
+        y4 = x4.index(buf)
+        y5 = x5.index(buf)
+        y6 = x6.index(buf)
+        y7 = x7.index(buf)
+        yr = xr.index(buf)
+        # X holds this block (in units 2^(ub - 127)). Issue the next block's rows (slots resolved
+        # last iteration), its successor's page entries and the indices after that: all in
+        # flight during this block's dots, consumed at the end of the iteration.
+        ok_cur = ok
+        ok = ok_nx
+        r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
+            kv_ptr, kv16_ptr, kv32_ptr, pg_nx, of_nx, ok, page_size, page_bytes, KV_FORMAT, NC,
+            LD, LD16)
+        in2 = k0 + 128 + ar < end
+        e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
+        in3 = k0 + 192 + ar < end
+        i3 = gl.load(idx_row + k0 + 192 + ar, mask=in3, other=-1)
+
+        # scores: nope dots in units (q_inv * 2^ub), the rope dot in true units
+        s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
+        s = warpgroup_mma(qn.index(0), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
+        s = warpgroup_mma(qn.index(1), y1.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(2), y2.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(3), y3.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(4), y4.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(5), y5.permute((1, 0)), s, is_async=True)
+        s = warpgroup_mma(qn.index(6), y6.permute((1, 0)), s, is_async=True)
+        if NC == 8:
+            s = warpgroup_mma(qn.index(7), y7.permute((1, 0)), s, is_async=True)
+        r = warpgroup_mma(qr, yr.permute((1, 0)), s0, use_acc=False, is_async=True)
+        s, r = warpgroup_mma_wait(num_outstanding=0, deps=(s, r))
+        okc = gl.convert_layout(ok_cur, MCOL)
+        s = s * (q_inv * _pow2(ub))[:, None] + r
+        s = gl.where(okc[None, :], s * qk_scale_log2, NEG)
+        m_new = gl.maximum(m_i, gl.max(s, axis=1))
+        alpha = gl.exp2(m_i - m_new)
+        p = gl.where(okc[None, :], gl.exp2(s - m_new[:, None]), 0.0)
+        l_i = l_i * alpha + gl.sum(p, axis=1)
+        m_i = m_new
+        an = alpha * _pow2(gl.maximum(ub_i - ub + 127, 1))   # nope accumulators to the new unit
+        ub_i = ub
+
+        p16 = gl.convert_layout(p.to(gl.float16), P_OP)
+        o0 = _pv(o0, an, p16, y0)
+        o1 = _pv(o1, an, p16, y1)
+        o2 = _pv(o2, an, p16, y2)
+        o3 = _pv(o3, an, p16, y3)
+        o4 = _pv(o4, an, p16, y4)
+        o5 = _pv(o5, an, p16, y5)
+        o6 = _pv(o6, an, p16, y6)
+        if ROPE_IN_V:
+            o7 = o7 * alpha[:, None]
+            p_hi = p.to(ROPE_DTYPE)
+            o7 = warpgroup_mma(gl.convert_layout(p_hi, P_OP), yr, o7, is_async=True)
+            if R_SPLIT:
+                p_lo = (p - p_hi.to(gl.float32)).to(ROPE_DTYPE)
+                o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), yr, o7, is_async=True)
+        else:
+            o7 = _pv(o7, an, p16, y7)
+        # the next block's tiles are computed while the value dots run, stored after them
+        ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
+        t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1,
+                                                      c2, c3, ub, KV_FORMAT, NC, ROPE_DTYPE)
+        if NBUF == 2:       # stored into the other buffer while the value dots run
+            _store_rows(x0.index(nxt), x1.index(nxt), x2.index(nxt), x3.index(nxt),
+                        x4.index(nxt), x5.index(nxt), x6.index(nxt), x7.index(nxt),
+                        xr.index(nxt), t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
+        o0, o1, o2, o3, o4, o5, o6, o7 = warpgroup_mma_wait(
+            num_outstanding=0, deps=(o0, o1, o2, o3, o4, o5, o6, o7))
+        if NBUF == 1:
+            _store_rows(y0, y1, y2, y3, y4, y5, y6, y7, yr, t0, t1, t2, t3, t4, t5, t6, t7, tr, NC)
+        pg_nx, of_nx, ok_nx = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size,
+                                       HAS_BT)
+        i2 = i3
+
+    # ---- epilogue (as the Triton kernel)
+    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
+    h_ok = heads < H
+    has = l_i != 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    inv_l = 1.0 / l_safe
+    inv_n = inv_l * _pow2(ub_i)
+    lse2 = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
+    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
+    if FINAL:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + heads, mask=h_ok, other=0.0)
+            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
+        gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
+    else:
+        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
+    _store_out(o0, inv_n, has, sink_f, 0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o1, inv_n, has, sink_f, 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o2, inv_n, has, sink_f, 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o3, inv_n, has, sink_f, 3, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o4, inv_n, has, sink_f, 4, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o5, inv_n, has, sink_f, 5, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o6, inv_n, has, sink_f, 6, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    if ROPE_IN_V:
+        _store_out(o7, inv_l, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    else:
+        _store_out(o7, inv_n, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
