@@ -5,7 +5,8 @@ combine, in both stacks.
 * ``configs.py``: tile / split configs, their search spaces and heuristics, the split count
   (shared by both kernels; imports nothing beyond the standard library).
 * ``triton.py``: the Triton kernels.
-* ``triton_launch.py``: their launcher (operand dtypes, byte views, split count, grid,
+* ``gluon.py``: the sm_90 Gluon kernel (configs with ``kernel="gluon"``).
+* ``triton_launch.py``: the launcher of both (operand dtypes, byte views, split count, grid,
   constexprs) and AOT specs; ``torch_impl.sparse_mla`` calls it after validation.
 * ``pallas.py``: the Pallas kernels with their launcher (``jax_impl`` calls it).
 
