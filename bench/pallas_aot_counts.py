@@ -130,7 +130,7 @@ def report(name, cfg, cc=90, top=12):
 
 
 def main(argv=None):
-    from kernels import configs
+    from kernels.sparse_mla import configs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--row", action="append", choices=sorted(ROWS))
     ap.add_argument("--block-h", type=int)

@@ -33,8 +33,8 @@ Modules: the names (ops, paths, bucket keys, :func:`kernels.ops.bucket`) are def
 ``kernels.ops``, which the dispatch table (``kernels.dispatch``) also reads; this module adds the
 config rules and the plan on top of both (``ops <- dispatch <- registry``, no cycle). NumPy-free
 and framework-free at module level; the indexer config classes live beside their kernels
-(``kernels.indexer.triton`` / ``topk`` import triton, ``kernels.indexer.pallas`` imports jax) and
-are imported only when a config of that path is asked for.
+(``kernels.indexer.triton`` and ``kernels.topk.triton`` import triton, ``kernels.indexer.pallas``
+imports jax) and are imported only when a config of that path is asked for.
 """
 from __future__ import annotations
 

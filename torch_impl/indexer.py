@@ -373,9 +373,9 @@ def _torch_topk_select(q, logits, lens, topk):
 # ============================================================================ custom ops
 
 def _check_byte_offset(k_cache: torch.Tensor, k_format: str) -> None:
-    if k_format == "fp8_indexer" and k_cache.storage_offset() % 4:
-        raise ValueError("k_cache: expected contiguous pages with 4-byte aligned page starts "
-                         f"(float32 scales), got storage offset {k_cache.storage_offset()}")
+    if k_format == "fp8_indexer":
+        _common.check_byte_offset("k_cache", k_cache, "the kernels read the float32 scales "
+                                  "through a float32 view")
 
 
 @torch.library.custom_op("dsa::indexer_logits", mutates_args=())

@@ -4,7 +4,10 @@ combine, in both stacks.
 * ``reference.py``: the float64 NumPy reference (re-exported by ``kernels.reference``).
 * ``configs.py``: tile / split configs, their search spaces and heuristics, the split count
   (shared by both kernels; imports nothing beyond the standard library).
-* ``triton.py``: the Triton kernels (``torch_impl`` launches them).
+* ``triton.py``: the Triton kernels.
+* ``gluon.py``: the sm_90 Gluon kernel (configs with ``kernel="gluon"``).
+* ``triton_launch.py``: the launcher of both (operand dtypes, byte views, split count, grid,
+  constexprs) and AOT specs; ``torch_impl.sparse_mla`` calls it after validation.
 * ``pallas.py``: the Pallas kernels with their launcher (``jax_impl`` calls it).
 
 ``reference`` and ``configs`` import NumPy at most; the kernel modules import triton / jax.
