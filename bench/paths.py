@@ -231,7 +231,9 @@ def indexer_phase_totals(events, on_gpu: bool) -> dict:
     (``prof.events()``: objects with ``name``, ``device_type`` and the profiler's time fields):
     on the GPU the device time of the kernels by name (the Triton kernels whose name holds
     ``logits`` for the logits, ``topk`` for the top-k; other kernels, e.g. the output fill, are
-    not counted): measured on the H200 (2026-12-02), Triton's driver-API launches are not
+    not counted; nor are the ranges' own GPU-timeline annotations, named ``dsa::...``, which
+    span the kernels: counting them tripled topk_us on the H200): measured on the H200
+    (2026-12-02), Triton's driver-API launches are not
     attributed to the enclosing profiler range (the ranges carried ~1 us of fill kernels), so
     the ranges are the fallback only when no kernel name matches; on the CPU the ranges' CPU
     time (the interpreter runs the kernels inside them). Returns ``{"logits", "topk", "how"}``."""
@@ -242,6 +244,8 @@ def indexer_phase_totals(events, on_gpu: bool) -> dict:
     by_name = {v: k for k, v in INDEXER_PHASES.items()}
     for e in events:
         if getattr(e, "device_type", None) == DeviceType.CUDA:
+            if "::" in e.name:          # a range's GPU-timeline annotation ("dsa::indexer_topk")
+                continue
             us = _device_us(e) or float(getattr(e, "self_device_time_total", 0.0) or 0.0)
             for ph in ("logits", "topk"):
                 if ph in e.name:

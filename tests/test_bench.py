@@ -348,10 +348,11 @@ def test_indexer_phase_totals_from_fake_profiler_events():
            _Ev(tk, cpu, 40.0, 60.0), _Ev(lg, cpu, 310.0, 21.0), _Ev(tk, cpu, 42.0, 61.0),
            _Ev("aten::clamp", cpu, 2.0, 5.0),
            _Ev("_indexer_logits_kernel", cuda, 610.0), _Ev("_topk_plan_kernel", cuda, 30.0),
-           _Ev("_radix_topk_kernel", cuda, 52.0), _Ev("vectorized_elementwise_kernel", cuda, 1.0)]
+           _Ev("_radix_topk_kernel", cuda, 52.0), _Ev("vectorized_elementwise_kernel", cuda, 1.0),
+           _Ev("dsa::indexer_topk", cuda, 700.0), _Ev(tk, cuda, 90.0)]   # GPU-timeline annotations
     t = paths.indexer_phase_totals(evs, on_gpu=True)
     assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "kernel names")
-    no_kernels = [e for e in evs if e.device_type != cuda]
+    no_kernels = [e for e in evs if e.device_type != cuda or "::" in e.name]
     t = paths.indexer_phase_totals(no_kernels, on_gpu=True)
     assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "profiler ranges")
     t = paths.indexer_phase_totals(evs, on_gpu=False)
