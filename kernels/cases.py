@@ -246,6 +246,25 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
                    topk_length=tl, attn_sink=sink, params=params)
 
 
+def mla_small_scale_case(kv_format: str, d_qk: int, *, K: int = 64, seed: int = 5) -> MLACase:
+    """fp8 case whose chunk scales are all 2^-13 (the fast path's tile shift is then 2^19) with
+    masked entries in its blocks: a masked row must stay 0 in the fp16 tile (a kernel that reads
+    scale 1.0 for a masked row gets 1.0 * 2^19 = inf in fp16, and 0 * inf = NaN in the value
+    dot). fp16 q, block table, invalid entries of every kind."""
+    case = make_mla_case(seed, B=2, H=16, K=K, d_qk=d_qk, kv_format=kv_format,
+                         q_dtype="float16", logical=True, invalid="mix")
+    kv = case.kv_cache
+    if kv_format == "fp8_ds_mla":
+        kv[..., 512:528].view(np.float32)[...] = np.float32(2.0 ** -13)
+    else:
+        from kernels import formats
+        n, P = kv.shape[0], formats.model1_page_size(kv.shape[1])
+        e = kv[:, P * 576: P * 584].reshape(n, P, 8)
+        e[..., :7] = 127 - 13
+        kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
+    return case
+
+
 def mla_corner_cases(seed=0, *, d_qk=576, H=16, K=64, kv_format=None, q_dtype="float32",
                      kv_dtype="float32") -> list[MLACase]:
     """Every SPEC corner case of sparse_mla_decode as a named case (small shapes)."""

@@ -210,19 +210,32 @@ def test_logits_kernel_variants(trans, pages, extra):
     ref = case.reference_logits()
     for splits in (1, 3):
         cfg = IndexerLogitsConfig(num_splits=splits, trans=trans, pages=pages, **extra)
-        logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-        hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
-                           dtype=torch.int32, device=DEVICE)
-        launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
-                              logits, page_size=P, num_sms=dev.num_sms, config=cfg,
-                              fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
-        compare.assert_pass(compare.check_logits(logits, ref))
-        _check_hist_blocks(hist, logits, cl, P, N, splits)
-        out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
-        scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
-        launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,
-                    page_size=P)
-        compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
+        _fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens)
+
+
+def _fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens):
+    """The fused logits kernel (with its first-digit histogram) and the top-k after it, each
+    checked against the reference (logits, every histogram block, the top-k set); returns the
+    top-k indices [B * N, K]."""
+    from kernels.indexer.triton import launch_indexer_logits, logits_splits
+    from kernels.topk.triton import hist_shape, launch_topk
+    B, N = q.shape[:2]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
+    hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
+                       dtype=torch.int32, device=DEVICE)
+    launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
+                          logits, page_size=P, num_sms=dev.num_sms, config=cfg,
+                          fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
+    compare.assert_pass(compare.check_logits(logits, ref))
+    _check_hist_blocks(hist, logits, cl, P, N, cfg.num_splits)
+    out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
+    scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
+    launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,
+                page_size=P)
+    compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
+    return out
 
 
 def _check_hist_blocks(hist, logits, cl, P, N, splits):
@@ -281,20 +294,7 @@ def test_fused_histogram_recount_when_a_later_tile_rises(hist_mode):
     outs = []
     for splits in (1, 2):
         cfg = IndexerLogitsConfig(num_splits=splits, hist=hist_mode)
-        logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-        hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
-                           dtype=torch.int32, device=DEVICE)
-        launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kf, bt, cl, logits,
-                              page_size=P, num_sms=dev.num_sms, config=cfg,
-                              fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
-        compare.assert_pass(compare.check_logits(logits, ref))
-        _check_hist_blocks(hist, logits, cl, P, N, splits)
-        out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
-        scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
-        launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,
-                    page_size=P)
-        compare.assert_pass(compare.check_topk(out.view(B, N, K), ref, K))
-        outs.append(out)
+        outs.append(_fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens))
     assert torch.equal(outs[0], outs[1])
 
 

@@ -33,8 +33,10 @@ explicitly (bench/NOTES.md, "Sparse MLA decode"):
   from the softmax; masked rows read scale 0. Pages may be strided (``page_bytes`` is the byte
   stride of one page; ``fp8_ds_mla`` rows are 656 B apart inside a page).
 
-Only sm_90 (wgmma); the launcher (``torch_impl/sparse_mla.py``) picks it from the config's
-``kernel`` field and never in the CPU interpreter (Gluon kernels do not interpret).
+Only sm_90 (wgmma): the launcher (``kernels/sparse_mla/triton_launch.py``) runs it for a config
+whose ``kernel`` is ``"gluon"``, and the binding substitutes the Triton 64-head tile where it
+cannot run (``triton_launch.gluon_eligible``; never in the CPU interpreter: Gluon kernels do not
+interpret).
 """
 from __future__ import annotations
 

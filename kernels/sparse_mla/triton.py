@@ -12,7 +12,7 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   selected rows itself (for H = 128 the head blocks of one (request, split) are adjacent in the
   grid, so the repeated gathers mostly hit L2).
 * **Split-K.** A program walks ``chunk`` entries of the top-k list (``chunk`` a multiple of
-  ``BLOCK_K``). The split count comes from ``kernels.configs.sparse_mla_num_splits``: enough
+  ``BLOCK_K``). The split count comes from ``kernels.sparse_mla.configs.sparse_mla_num_splits``: enough
   programs to fill the SMs when ``B x N x head_blocks`` alone does not. Splits write fp32
   partial outputs (normalised) and log2-domain partial LSEs; ``_sparse_mla_combine_kernel``
   merges them into the natural-log LSE and q-dtype output. With one split the split kernel
@@ -53,7 +53,8 @@ Work is a grid ``(head_blocks, splits, B * N)``:
 * **Sink** (V4): ``out *= 1 / (1 + exp(sink_h - lse))`` applied where the final output is written.
 * **Determinism.** No atomics; the combine loops over splits in a fixed order.
 
-The launcher (validation, config choice, custom-op registration) is ``torch_impl/sparse_mla.py``.
+The launcher (views, split count, grid, constexprs, AOT specs) is ``kernels/sparse_mla/triton_launch.py``;
+the binding (validation, config choice, custom-op registration) ``torch_impl/sparse_mla.py``.
 """
 from __future__ import annotations
 
