@@ -113,6 +113,17 @@ def _sink(g, h):
     return s
 
 
+class _RowsOf:
+    """A dequantized ``[slots, D]`` array in the lazy dequantizer's interface (``num_slots``;
+    called with slot ids, returns their rows)."""
+
+    def __init__(self, rows: np.ndarray):
+        self.rows, self.num_slots = rows, rows.shape[0]
+
+    def __call__(self, sel):
+        return self.rows[sel]
+
+
 def _reference(q, scopes, sm_scale, sink):
     """float64 FlashMLA reference (tests/ref.py ref_sparse_attn_decode): both caches' gathered
     rows in one softmax, the sink once, empty rows out 0 / lse -inf (native orientation
@@ -124,6 +135,8 @@ def _reference(q, scopes, sm_scale, sink):
     for i in range(b):
         rows, idx, off = [], [], 0
         for _, ind, tkl, deq in scopes:
+            if isinstance(deq, np.ndarray):       # an already dequantized [slots, D] cache
+                deq = _RowsOf(deq)
             ind = ind[i:i + 1].astype(np.int64)
             if tkl is not None:
                 ind = np.where(np.arange(ind.shape[2])[None, None] < tkl[i], ind, -1)
