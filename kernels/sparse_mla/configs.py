@@ -175,11 +175,11 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
     4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise. ``gluon`` (the caller's
     statement that the Gluon kernel can run the call: sm_90, an fp8 cache, 16-bit q;
-    ``torch_impl.sparse_mla.gluon_eligible``) picks :data:`SPARSE_MLA_GLUON` for H >= 64:
-    measured on the H200 (git show 18dfe38:bench/results/gluon_check_h200_20261202_v1.json, CUDA-graph medians; the
-    current file, bench/results/gluon_check_h200_20261202.json, has the same ordering)
-    it beat the best Triton tile on every such target row (B 64 H 128: 160 vs 326 us; B 64 H 64:
-    98.5 vs 175; B 16 H 128: 53 vs 139; V4 B 64 H 64 K 640: 47.6 vs 87.9; B 1: 31.1 vs 31.2).
+    ``kernels.sparse_mla.triton_launch.gluon_eligible``) picks :data:`SPARSE_MLA_GLUON` for
+    H >= 64: measured on the H200 (bench/results/gluon_check_h200_20261202.json, CUDA-graph
+    medians, one input set) it beat the best Triton tile on every such target row (B 64 H 128:
+    157 vs 326 us; B 64 H 64: 97 vs 175; B 16 H 128: 52 vs 138; V4 B 64 H 64 K 640: 47 vs 88;
+    B 1: 30.7 vs 31.3), and one X buffer beat two (157 vs 171 at B 64 H 128).
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
