@@ -37,6 +37,18 @@ def _run(case, cfg, splits):
                             kw["attn_sink"], config=cfg, num_splits=splits)
 
 
+def _check_one(name: str, case, ref, cfg, splits: int) -> dict:
+    """One Gluon launch of ``case`` against its reference ``ref`` (out, lse), printed."""
+    try:
+        out, lse = _run(case, cfg, splits)
+        res = compare.check_mla(out, lse, *ref, q_dtype=case.q_dtype)
+        row = dict(case=name, passed=bool(res.passed), detail=str(res)[:400])
+    except Exception as e:  # noqa: BLE001 - reported per case
+        row = dict(case=name, passed=False, detail=f"{type(e).__name__}: {e}"[:800])
+    print(("PASS " + name) if row["passed"] else f"FAIL {name} {row['detail'][:200]}", flush=True)
+    return row
+
+
 def check() -> list[dict]:
     rows = []
     specs = []
@@ -48,30 +60,17 @@ def check() -> list[dict]:
         case = cases.make_mla_case(100 + i, B=B, N=N, H=H, K=K, P=64, d_qk=dqk, kv_format=fmt,
                                    q_dtype=qd, invalid="mix", logical=True,
                                    topk_length=True, attn_sink=True)
+        ref = case.reference()
         for splits, cfg in ((1, configs.SPARSE_MLA_GLUON), (3, configs.SPARSE_MLA_GLUON),
                             (1, configs.SPARSE_MLA_GLUON2), (3, configs.SPARSE_MLA_GLUON2)):
-            name = f"{fmt} q={qd} H{H} K{K} B{B} N{N} splits={splits} x{cfg.num_stages}"
-            try:
-                out, lse = _run(case, cfg, splits)
-                ro, rl = case.reference()
-                res = compare.check_mla(out, lse, ro, rl, q_dtype=case.q_dtype)
-                ok = bool(res.passed) if hasattr(res, "passed") else bool(res)
-                rows.append(dict(case=name, passed=ok, detail=str(res)[:400]))
-            except Exception as e:  # noqa: BLE001 - reported per case
-                rows.append(dict(case=name, passed=False, detail=f"{type(e).__name__}: {e}"[:800]))
-            print(("PASS " if rows[-1]["passed"] else "FAIL ") + name, rows[-1]["detail"][:200] if not rows[-1]["passed"] else "", flush=True)
+            rows.append(_check_one(f"{fmt} q={qd} H{H} K{K} B{B} N{N} splits={splits} "
+                                   f"x{cfg.num_stages}", case, ref, cfg, splits))
     for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=64, K=64, kv_format="fp8_ds_mla",
                                                       q_dtype="bfloat16", kv_dtype="bfloat16")):
-        name = f"corner {j} {getattr(corner, 'name', '')}"
-        try:
-            out, lse = _run(corner, configs.SPARSE_MLA_GLUON2, 2)
-            ro, rl = corner.reference()
-            res = compare.check_mla(out, lse, ro, rl, q_dtype=corner.q_dtype)
-            ok = bool(res.passed) if hasattr(res, "passed") else bool(res)
-            rows.append(dict(case=name, passed=ok, detail=str(res)[:400]))
-        except Exception as e:  # noqa: BLE001
-            rows.append(dict(case=name, passed=False, detail=f"{type(e).__name__}: {e}"[:800]))
-        print(("PASS " if rows[-1]["passed"] else "FAIL ") + name, rows[-1]["detail"][:200] if not rows[-1]["passed"] else "", flush=True)
+        ref = corner.reference()
+        for cfg in (configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON2):
+            rows.append(_check_one(f"corner {j} {getattr(corner, 'name', '')} x{cfg.num_stages}",
+                                   corner, ref, cfg, 2))
     return rows
 
 

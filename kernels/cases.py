@@ -265,6 +265,27 @@ def mla_small_scale_case(kv_format: str, d_qk: int, *, K: int = 64, seed: int = 
     return case
 
 
+def rescale_mla_cache(case: MLACase, kind: str, rng) -> None:
+    """Overwrite an fp8 case's cache scales in place with scales the SPEC quantizer never writes
+    (docs/SEMANTICS.md "fast-path numerics"): ``wide``: powers of two from 2^-24 to 2^4, rows of
+    one tile spanning 28 binades (beyond the 22 the fp16 tile holds exactly; below 2^-15 e4m3 x
+    scale is no fp16 number unless shifted; out stays within fp16 q's range); ``non_pow2``:
+    float32 scales that are not powers of two (fp8_ds_mla only; other writers)."""
+    kv = case.kv_cache
+    if case.kv_format == "fp8_ds_mla":
+        sc = kv[..., 512:528].view(np.float32)
+        if kind == "wide":
+            sc[...] = np.exp2(rng.integers(-24, 5, sc.shape)).astype(np.float32)
+        else:
+            sc[...] = rng.uniform(0.01, 3.0, sc.shape).astype(np.float32)
+    else:
+        from kernels import formats
+        n, P = kv.shape[0], formats.model1_page_size(kv.shape[1])
+        e = kv[:, P * 576: P * 584].reshape(n, P, 8)
+        e[..., :7] = (127 + rng.integers(-24, 5, (n, P, 7))).astype(np.uint8)
+        kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
+
+
 def mla_corner_cases(seed=0, *, d_qk=576, H=16, K=64, kv_format=None, q_dtype="float32",
                      kv_dtype="float32") -> list[MLACase]:
     """Every SPEC corner case of sparse_mla_decode as a named case (small shapes)."""

@@ -69,11 +69,8 @@ def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows
 
 def _mla_triton_heuristic(dev, shape):
     rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
-    # the Gluon kernel: sm_90 (wgmma) outside the interpreter, fp8 caches, 16-bit operands
-    # (the launcher re-checks D_qk and q's dtype: torch_impl.sparse_mla.gluon_eligible)
-    gluon = (not dev.interpret and tuple(dev.cc) == (9, 0)
-             and shape.get("kv_format") in ("fp8_ds_mla", "fp8_model1")
-             and _operand_bytes(shape) == 2)
+    gluon = configs.gluon_eligible(dev, shape.get("kv_format"), shape.get("d_qk"),
+                                   _operand_bytes(shape))
     return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
                                         rows, shape.get("K"), gluon)
 

@@ -508,24 +508,6 @@ def test_inf_in_q_matches_the_reference(path):
 FAST_FORMATS = [("fp8_ds_mla", 576), ("fp8_model1", 512)]
 
 
-def _rescale_cache(case: cases.MLACase, kind: str, rng) -> None:
-    """Overwrite the fp8 cache's scales in place: ``wide``: powers of two from 2^-24 to 2^4
-    (rows of one tile 28 binades apart, beyond the 22 the fp16 tile holds exactly);
-    ``non_pow2``: float32 scales that are not powers of two (fp8_ds_mla; other writers)."""
-    kv = case.kv_cache
-    if case.kv_format == "fp8_ds_mla":
-        sc = kv[..., 512:528].view(np.float32)
-        if kind == "wide":
-            sc[...] = np.exp2(rng.integers(-24, 5, sc.shape)).astype(np.float32)
-        else:
-            sc[...] = rng.uniform(0.01, 3.0, sc.shape).astype(np.float32)
-    else:
-        n, P = kv.shape[0], nf.model1_page_size(kv.shape[1])
-        e = kv[:, P * 576: P * 584].reshape(n, P, 8)
-        e[..., :7] = (127 + rng.integers(-24, 5, (n, P, 7))).astype(np.uint8)
-        kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
-
-
 @pytest.mark.parametrize("kind", ["wide", "non_pow2", "q_extremes"])
 @pytest.mark.parametrize("kv_format,d_qk", FAST_FORMATS)
 def test_fast_path_numerics_outside_the_quantizer_range(kv_format, d_qk, kind):
@@ -548,7 +530,7 @@ def test_fast_path_numerics_outside_the_quantizer_range(kv_format, d_qk, kind):
         case.q = q.astype(np.float16)
         case.sm_scale = float(2.0 ** -14)
     else:
-        _rescale_cache(case, kind, rng)
+        cases.rescale_mla_cache(case, kind, rng)
         case.sm_scale = float(d_qk ** -0.5 * 2.0 ** -8)
     ro, rl = case.reference()
     rows = (nf.dequantize_fp8_ds_mla(case.kv_cache) if kv_format == "fp8_ds_mla"

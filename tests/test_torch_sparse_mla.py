@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from kernels import cases, compare, formats as np_formats
-from kernels.sparse_mla import configs, triton_launch
+from kernels.sparse_mla import configs
 from torch_impl import _common, formats as t_formats
 from torch_impl import sparse_mla as tsm
 from torch_impl.sparse_mla import sparse_mla_decode
@@ -486,27 +486,6 @@ def test_inf_in_q_matches_the_reference(path):
 
 # ============================================================================ fast-path numerics
 
-def _rescale_cache(case: cases.MLACase, kind: str, rng) -> None:
-    """Overwrite the fp8 cache's scales in place (docs/SEMANTICS.md "fast-path numerics"):
-    ``wide``: powers of two from 2^-24 to 2^4, rows of one tile spanning 28 binades (beyond the
-    22 the fp16 tile holds exactly; below 2^-15 e4m3 x scale is no fp16 number unless shifted;
-    out stays within fp16 q's range);
-    ``non_pow2``: float32 scales that are not powers of two (fp8_ds_mla only; other writers)."""
-    kv = case.kv_cache
-    if case.kv_format == "fp8_ds_mla":
-        sc = kv[..., 512:528].view(np.float32)
-        if kind == "wide":
-            sc[...] = np.exp2(rng.integers(-24, 5, sc.shape)).astype(np.float32)
-        else:
-            sc[...] = rng.uniform(0.01, 3.0, sc.shape).astype(np.float32)
-    else:
-        n = kv.shape[0]
-        P = np_formats.model1_page_size(kv.shape[1])
-        e = kv[:, P * 576: P * 584].reshape(n, P, 8)
-        e[..., :7] = (127 + rng.integers(-24, 5, (n, P, 7))).astype(np.uint8)
-        kv[:, P * 576: P * 584] = e.reshape(n, P * 8)
-
-
 @pytest.mark.parametrize("kind", ["wide", "non_pow2", "q_extremes"])
 @pytest.mark.parametrize("kv_format,d_qk", FORMATS[1:], ids=[f[0] for f in FORMATS[1:]])
 def test_fast_path_numerics_outside_the_quantizer_range(kv_format, d_qk, kind):
@@ -531,7 +510,7 @@ def test_fast_path_numerics_outside_the_quantizer_range(kv_format, d_qk, kind):
         case.q = (q * mag[None, None, :, None]).astype(np.float16)
         case.sm_scale = float(2.0 ** -14)
     else:
-        _rescale_cache(case, kind, rng)
+        cases.rescale_mla_cache(case, kind, rng)
         case.sm_scale = float(d_qk ** -0.5 * 2.0 ** -8)
     ro, rl = case.reference()
     rows = (np_formats.dequantize_fp8_ds_mla(case.kv_cache) if kv_format == "fp8_ds_mla"
@@ -567,12 +546,12 @@ def test_gluon_eligibility():
     h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
     sm120 = hardware.DeviceInfo(name="NVIDIA RTX PRO 6000", cc=(12, 0), num_sms=188,
                                 smem_per_block=101_376)
-    assert triton_launch.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 576)
-    assert triton_launch.gluon_eligible(h200, torch.float16, "fp8_model1", 512)
-    assert not triton_launch.gluon_eligible(h200, torch.float32, "fp8_ds_mla", 576)
-    assert not triton_launch.gluon_eligible(h200, torch.bfloat16, "latent", 576)
-    assert not triton_launch.gluon_eligible(h200, torch.bfloat16, "fp8_ds_mla", 512)
-    assert not triton_launch.gluon_eligible(sm120, torch.bfloat16, "fp8_ds_mla", 576)
-    assert not triton_launch.gluon_eligible(hardware.CPU_INTERPRETER, torch.float16, "fp8_ds_mla", 576)
+    assert configs.gluon_eligible(h200, "fp8_ds_mla", 576, 2)     # bf16 / fp16 q
+    assert configs.gluon_eligible(h200, "fp8_model1", 512, 2)
+    assert not configs.gluon_eligible(h200, "fp8_ds_mla", 576, 4)  # fp32 q
+    assert not configs.gluon_eligible(h200, "latent", 576, 2)
+    assert not configs.gluon_eligible(h200, "fp8_ds_mla", 512, 2)
+    assert not configs.gluon_eligible(sm120, "fp8_ds_mla", 576, 2)
+    assert not configs.gluon_eligible(hardware.CPU_INTERPRETER, "fp8_ds_mla", 576, 2)
     assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)

@@ -145,9 +145,10 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
             f"sparse_mla_decode (triton) on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}) "
             f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
     P, _, num_pages = geometry or _geometry(kv_cache, kv_format)
+    width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
-                                  operand_bytes=_operand_bytes(q, kv_cache, kv_format))[1]
-    if cfg.kernel == "gluon" and not triton_launch.gluon_eligible(dev, q.dtype, kv_format, D):
+                                  operand_bytes=width)[1]
+    if cfg.kernel == "gluon" and not configs.gluon_eligible(dev, kv_format, D, width):
         cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
     return triton_launch.launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
                                 topk_length, attn_sink, page_size=P, num_pages=num_pages,

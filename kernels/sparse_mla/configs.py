@@ -104,6 +104,19 @@ SPARSE_MLA_GLUON = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stag
                                    prefetch=True, kernel="gluon")
 # ... with two X buffers (num_stages = buffers: the next block is stored while the value dots
 # of this one run): 255 registers, 160 / 292 B spilled, 225,280 / 200,704 B shared
+# (kv_format, D_qk) pairs the Gluon kernel is built for
+GLUON_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512))
+
+
+def gluon_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:
+    """Whether the Gluon kernel (kernels/sparse_mla/gluon.py) can run a call on ``dev``
+    (``kernels.hardware.DeviceInfo``): sm_90 (wgmma) outside the interpreter, an fp8 cache at its
+    D_qk (:data:`GLUON_FORMATS`) and 16-bit dot operands (``operand_bytes`` 2: bf16 / fp16 q).
+    The heuristic's and the launcher's one rule."""
+    return (not dev.interpret and tuple(dev.cc) == (9, 0) and operand_bytes == 2
+            and (kv_format, d_qk) in GLUON_FORMATS)
+
+
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                     prefetch=True, kernel="gluon")
 
@@ -175,7 +188,7 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
     4 warps) for H <= 16 and :data:`SPARSE_MLA_DEFAULT` otherwise. ``gluon`` (the caller's
     statement that the Gluon kernel can run the call: sm_90, an fp8 cache, 16-bit q;
-    ``kernels.sparse_mla.triton_launch.gluon_eligible``) picks :data:`SPARSE_MLA_GLUON` for
+    :func:`gluon_eligible`) picks :data:`SPARSE_MLA_GLUON` for
     H >= 64: measured on the H200 (bench/results/gluon_check_h200_20261202.json, CUDA-graph
     medians, one input set) it beat the best Triton tile on every such target row (B 64 H 128:
     157 vs 326 us; B 64 H 64: 97 vs 175; B 16 H 128: 52 vs 138; V4 B 64 H 64 K 640: 47 vs 88;

@@ -139,7 +139,7 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
                  "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
         sig[name] = "i32"
-    rope = "bfloat16" if q_dtype == torch.bfloat16 else "float16"
+    rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
     out = []
     for has_bt in (True, False):
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
@@ -150,15 +150,6 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
             "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
             ("sq_b", "sq_n", "sq_h", "page_bytes")))
     return out
-
-
-def gluon_eligible(dev, q_dtype: torch.dtype, kv_format: str, d_qk: int) -> bool:
-    """Whether the Gluon kernel (``kernels.sparse_mla.gluon``) can run a call on ``dev``
-    (``kernels.hardware.DeviceInfo``): sm_90 (wgmma), not the interpreter, an fp8 cache with
-    16-bit q and its D_qk (576 / 512)."""
-    return (not dev.interpret and tuple(dev.cc) == (9, 0)
-            and q_dtype in (torch.bfloat16, torch.float16)
-            and (kv_format, d_qk) in (("fp8_ds_mla", 576), ("fp8_model1", 512)))
 
 
 def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
@@ -225,9 +216,7 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (head_blocks, splits, B * N)
-    if cfg.kernel == "gluon":        # the caller checked gluon_eligible
-        from triton.experimental.gluon import language as gl
-
+    if cfg.kernel == "gluon":        # the caller checked configs.gluon_eligible
         from kernels.sparse_mla import gluon as gk
         gk._sparse_mla_gluon_kernel[grid](
             q, kv, kv16, kv.view(torch.int32), indices,
@@ -242,7 +231,7 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
             float(sm_scale) * tk.LOG2E,
             KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
-            ROPE_DTYPE=gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16,
+            ROPE_DTYPE=cx["ROPE_DTYPE"],
             NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
         )
     else:
