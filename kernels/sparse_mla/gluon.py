@@ -35,36 +35,23 @@ explicitly (bench/NOTES.md, "Sparse MLA decode"):
 
 Only sm_90 (wgmma): the launcher (``kernels/sparse_mla/triton_launch.py``) runs it for a config
 whose ``kernel`` is ``"gluon"``, and the binding substitutes the Triton 64-head tile where it
-cannot run (``triton_launch.gluon_eligible``; never in the CPU interpreter: Gluon kernels do not
+cannot run (``configs.gluon_eligible``; never in the CPU interpreter: Gluon kernels do not
 interpret).
 """
 from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from kernels.sparse_mla.triton import _exp_field, _page_entries, _pow2
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
 # CTA-wide barrier: ``gl.thread_barrier`` in Triton 3.6 (the H200 image), ``gl.barrier`` later
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
-BLOCK_H = 64
-BLOCK_K = 64
-NUM_WARPS = 8
+NUM_WARPS = 8           # two warpgroups; the tile is 64 heads x 64 rows (configs.SPARSE_MLA_GLUON)
 
 NEG = gl.constexpr(-1.0e30)  # finite running-max start; exp2(NEG - real) == 0 exactly
-
-
-@gluon.jit
-def _exp_field(x):
-    """Biased float32 exponent field of ``x`` (0 for zero / subnormals, 255 for inf / NaN)."""
-    return (x.to(gl.int32, bitcast=True) >> 23) & 0xFF
-
-
-@gluon.jit
-def _pow2(e):
-    """2^(e - 127) as float32 for an int32 biased exponent ``e`` in [1, 254]."""
-    return (e << 23).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -80,16 +67,6 @@ def _resolve(raw, ent, in_list, num_slots, num_pages, max_pages, page_size, HAS_
         page = raw // page_size
         off = raw % page_size
     return gl.where(ok, page, 0), gl.where(ok, off, 0), ok
-
-
-@gluon.jit
-def _page_entries(bt_row, raw, in_list, max_pages, page_size, HAS_BT: gl.constexpr):
-    """Block-table entries of the logical indices ``raw`` (HAS_BT; -1 where outside), else raw."""
-    if HAS_BT:
-        ok = in_list & (raw >= 0) & (raw < max_pages * page_size)
-        return gl.load(bt_row + gl.where(ok, raw // page_size, 0), mask=ok, other=-1)
-    else:
-        return raw
 
 
 @gluon.jit
