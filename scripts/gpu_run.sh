@@ -11,6 +11,8 @@
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
 #   parity:full     python -m parity --full --jobs 6 (JSON report)
+#   profile:OP      scripts/profile_kernels.py --op OP: per-kernel GPU time of the torch rows of
+#                   OP in the targets grid (PROFILE_K: a label substring), JSON + log
 #   sanitize:torch  compute-sanitizer memcheck over scripts/sanitize_ops.py (Triton kernels, compat
 #                   API; torch's caching allocator off so every tensor is its own allocation)
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
@@ -53,6 +55,9 @@ for step in "$@"; do
     sweep)
       mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
       timeout "$secs" python3 -m "bench.$mod" --out "$OUT/sweep_$what.json" > "$log" 2>&1 ;;
+    profile)
+      timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} \
+        --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
     parity)
       timeout "$secs" python3 -m parity "--$what" --jobs 6 --no-progress \
         --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
@@ -72,6 +77,6 @@ for step in "$@"; do
     *) echo "unknown step $step" > "$log"; false ;;
   esac
   rc=$?
-  SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:' "$log" | tail -2 | tr '\n' ' ')")
+  SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:|^== ' "$log" | tail -2 | tr '\n' ' ')")
 done
 printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"

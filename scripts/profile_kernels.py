@@ -1,0 +1,94 @@
+"""Per-kernel GPU time of the bench's target rows (torch backend), from ``torch.profiler``.
+
+For each selected row of ``bench.grid.targets_grid()`` this builds the bench's inputs, runs the
+torch path's call eagerly a few rounds under the profiler and reports the mean GPU time per call
+of every CUDA kernel launched, by kernel name, largest first. It answers "which kernel of the op
+is the time" (the indexer's logits vs its top-k launches, a decode layer's glue kernels), which
+the bench's one median per row cannot. Timings are eager launches back to back (the kernels a
+CUDA graph would replay); the bench's graph timer remains the row's number.
+
+  python scripts/profile_kernels.py --op indexer_topk --out $OUT/profile_idx.json
+  python scripts/profile_kernels.py --op dsa_decode_layer -k "B=1 " --top 30
+  python scripts/profile_kernels.py --list
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def kernel_times(calls, reps: int) -> dict:
+    """{kernel name: mean GPU us per call} over ``reps`` rounds of ``calls``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    for c in calls:                  # warm: compile / autotune outside the profile
+        c()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            for c in calls:
+                c()
+        torch.cuda.synchronize()
+    tot: dict = defaultdict(float)
+    cnt: dict = defaultdict(int)
+    n = reps * len(calls)
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and "::" not in e.name:
+            tot[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            cnt[e.name] += 1
+    return {k: {"us_per_call": v / n, "launches_per_call": cnt[k] / n}
+            for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--op", action="append", default=[], help="op(s) to select (default: all)")
+    ap.add_argument("-k", default="", help="substring of the row label (Shape.label())")
+    ap.add_argument("--path", default="triton", help="torch path (default: triton)")
+    ap.add_argument("--reps", type=int, default=5, help="profiled rounds over the rotated sets (default: 5)")
+    ap.add_argument("--top", type=int, default=15, help="kernels printed per row (default: 15)")
+    ap.add_argument("--out", default="", help="JSON file to write (default: none)")
+    ap.add_argument("--list", action="store_true", help="print the selected rows and exit")
+    a = ap.parse_args(argv)
+
+    from bench import grid
+    shapes = [s for s in grid.select(grid.targets_grid(), ops=a.op or None) if a.k in s.label()]
+    if a.list:
+        print("\n".join(s.label() for s in shapes))
+        return 0
+    import torch
+    from bench import paths
+    from bench.inputs import make_inputs
+    be = paths.TorchBackend()
+    res = []
+    for s in shapes:
+        row = {"label": s.label(), "shape": s.to_dict()}
+        try:
+            inp = make_inputs(s, rotations=2, device="cuda", q_dtype="bfloat16", latent_dtype="bfloat16", seed=0)
+            calls = be.prepare(s.op, inp, a.path)
+            row["kernels"] = kernel_times(calls, a.reps)
+            row["total_us"] = sum(v["us_per_call"] for v in row["kernels"].values())
+        except Exception as e:  # noqa: BLE001 - record and go on to the next row
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        res.append(row)
+        print(f"== {row['label']}  total {row.get('total_us', float('nan')):.1f} us/call "
+              f"{row.get('error', '')}", flush=True)
+        for name, v in list(row.get("kernels", {}).items())[:a.top]:
+            print(f"  {v['us_per_call']:9.1f} us  x{v['launches_per_call']:<5.2g} {name[:110]}")
+        inp = calls = None
+        torch.cuda.empty_cache()
+    if a.out:
+        meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}
+        Path(a.out).write_text(json.dumps({"meta": meta, "rows": res}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
