@@ -62,11 +62,11 @@ so it also builds pass A's windowed histogram per (request, split, draft) with i
 (:func:`window_hist_add`) and writes one ``HIST_ROW``-int32 block per draft (256 bins, then the
 base) instead of the top-k re-reading the row. Given the logits kernel's page size as well
 (``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) rebases the
-S histograms, writes their exclusive prefix over the splits (``[R, S, 256]`` int32) and picks
-the threshold bin from their sum, then ``_topk_scatter_kernel`` runs ``R x S`` programs, each
-over its split's positions only, reads its output and candidate offsets off the counts of
-the splits before it, and writes in ascending position order exactly as the one-program pass
-would.
+S histograms (shifted loads, no register gather), picks the threshold bin from their sum, and
+in a second pass over them writes each split's output and candidate offsets (``[R, S, 2]``
+int32: the exclusive prefix over the splits of its keys above the bin and in it), then
+``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only from
+those offsets, and writes in ascending position order exactly as the one-program pass would.
 The per-row kernel then continues from the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
@@ -201,27 +201,54 @@ def _row_len(len_ptr, row, n_drafts, per_row, W):
 
 
 @triton.jit
+def _load_rebased(h_row, s, ms, split_stride, shift):
+    """The histogram blocks of splits ``s`` (int32 ``[SB]``, mask ``ms``) at ``h_row + s *
+    split_stride``, brought to bases ``b + shift`` (as :func:`window_rebase`) by shifted loads:
+    bin i is read from the block's bin ``i + shift``, bin 0 is the sum of its bins ``<= shift``.
+    No register gather (``tl.gather`` of a ``[SB, 256]`` tile, with the per-split prefix store,
+    was 68 us of the B 1 L 128K top-k on the H200: 264 splits). Returns int32 ``[SB, 256]``."""
+    c = tl.arange(0, HIST_BINS)[None, :]
+    blk = h_row + s.to(tl.int64)[:, None] * split_stride
+    idx = c + shift[:, None]
+    g = tl.load(blk + idx, mask=ms[:, None] & (idx < HIST_BINS), other=0)
+    h = tl.load(blk + c, mask=ms[:, None], other=0)
+    low = tl.sum(tl.where(c <= shift[:, None], h, 0), axis=1)
+    return tl.where(c == 0, low[:, None], g)
+
+
+@triton.jit
+def _row_base(h_row, split_stride, num_splits, SBASE: tl.constexpr):
+    """The row's window base: the largest of its ``num_splits`` split bases (word HIST_BINS of
+    each histogram block)."""
+    base = tl.full((), BASE_NONE, tl.int32)
+    for s0 in range(0, num_splits, SBASE):
+        s = s0 + tl.arange(0, SBASE)
+        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=s < num_splits,
+                     other=BASE_NONE)
+        base = tl.maximum(base, tl.max(bs, axis=0))
+    return base
+
+
+@triton.jit
+def _split_shifts(h_row, s, ms, split_stride, base):
+    """Per split of ``s``: the shift ``base - b_s`` that brings its histogram to the row base."""
+    bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
+    return tl.where(ms, base - bs, 0)
+
+
+@triton.jit
 def _sum_split_hists(h_row, split_stride, num_splits, SB: tl.constexpr):
     """Sum of the ``num_splits`` histogram blocks at ``h_row + s * split_stride`` (each 256
     counts then its base), each brought to the row's base (the largest). Returns
     ``(hist int32 [256], base int32)``."""
-    c = tl.arange(0, HIST_BINS)
     sv = tl.arange(0, SB)
-    base = tl.full((), BASE_NONE, tl.int32)
-    for s0 in range(0, num_splits, SB):
-        s = s0 + sv
-        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=s < num_splits,
-                     other=BASE_NONE)
-        base = tl.maximum(base, tl.max(bs, axis=0))
+    base = _row_base(h_row, split_stride, num_splits, SB)
     hist = tl.zeros((HIST_BINS,), tl.int32)
     for s0 in range(0, num_splits, SB):
         s = s0 + sv
         ms = s < num_splits
-        blk = h_row + s.to(tl.int64)[:, None] * split_stride
-        h = tl.load(blk + c[None, :], mask=ms[:, None], other=0)
-        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
-        h = window_rebase(h, tl.where(ms, base - bs, 0))
-        hist += tl.sum(h, axis=0)
+        shift = _split_shifts(h_row, s, ms, split_stride, base)
+        hist += tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
     return hist, base
 
 
@@ -469,14 +496,15 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
 def _topk_plan_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
     state_ptr,        # [R, 8] int32 out: base, d0, need, done, total, n_out, n_cand, pairs
-    cum_ptr,          # [R, S, 256] int32 out: per bin, the count of the splits before s
+    off_ptr,          # [R, S, 2] int32 out: split s's first output slot and first candidate slot
     topk, cap, n_drafts, n_drafts_pow2, num_splits,
     SB: tl.constexpr, SBASE: tl.constexpr,
 ):
     """Pass A of the split top-k (grid ``(R,)``): bring the per-split histograms to the row's
-    base, write their exclusive prefix over the splits (from which each split's program reads
-    its output and candidate offsets, so every row keeps ascending position order whatever
-    program writes it) and their sum, and choose the threshold bin."""
+    base and sum them, choose the threshold bin, then (a second pass over the histograms) count
+    each split's keys above the bin and in it, and write their exclusive prefix over the splits:
+    the output and candidate offsets each split's program starts at, so every row keeps ascending
+    position order whatever program writes it."""
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, HIST_BINS)
     sv = tl.arange(0, SB)
@@ -484,33 +512,13 @@ def _topk_plan_kernel(
     i = row % n_drafts
     split_stride = n_drafts_pow2 * HIST_ROW
     h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
-    base = tl.full((), BASE_NONE, tl.int32)
-    for s0 in range(0, num_splits, SBASE):
-        s = s0 + tl.arange(0, SBASE)
-        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=s < num_splits,
-                     other=BASE_NONE)
-        base = tl.maximum(base, tl.max(bs, axis=0))
+    base = _row_base(h_row, split_stride, num_splits, SBASE)
     run = tl.zeros((HIST_BINS,), tl.int32)
-    # the next chunk's loads are issued before this chunk's rebase and stores (B = 1: 264 splits)
-    ms = sv < num_splits
-    blk = h_row + sv.to(tl.int64)[:, None] * split_stride
-    h_nxt = tl.load(blk + c[None, :], mask=ms[:, None], other=0)
-    bs_nxt = tl.load(h_row + sv.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
     for s0 in range(0, num_splits, SB):
         s = s0 + sv
         ms = s < num_splits
-        h = h_nxt
-        bs = bs_nxt
-        s1 = s + SB
-        blk = h_row + s1.to(tl.int64)[:, None] * split_stride
-        h_nxt = tl.load(blk + c[None, :], mask=(s1 < num_splits)[:, None], other=0)
-        bs_nxt = tl.load(h_row + s1.to(tl.int64) * split_stride + HIST_BINS,
-                         mask=s1 < num_splits, other=0)
-        h = window_rebase(h, tl.where(ms, base - bs, 0))                           # [SB, 256]
-        exc = tl.cumsum(h, axis=0) - h + run[None, :]
-        tl.store(cum_ptr + (row * num_splits + s.to(tl.int64))[:, None] * HIST_BINS + c[None, :],
-                 exc, mask=ms[:, None])
-        run += tl.sum(h, axis=0)
+        shift = _split_shifts(h_row, s, ms, split_stride, base)
+        run += tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
     d0, need, done, total, n_eq = _first_digit(run, topk)
     pairs = (n_eq <= cap).to(tl.int32)
     n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
@@ -523,19 +531,39 @@ def _topk_plan_kernel(
     tl.store(st + 5, n_gt + tl.where(done != 0, n_eq, 0))
     tl.store(st + 6, tl.where(done != 0, 0, n_eq))
     tl.store(st + 7, pairs)
+    # per split: keys above the threshold bin (and in it when the descent is over) go to the
+    # output, the bin's keys otherwise to the candidates; offsets = exclusive prefix over splits
+    done_v = (tl.zeros((SB,), tl.int32) + done) != 0
+    out_run = tl.zeros((), tl.int32)
+    cand_run = tl.zeros((), tl.int32)
+    for s0 in range(0, num_splits, SB):
+        s = s0 + sv
+        ms = s < num_splits
+        shift = _split_shifts(h_row, s, ms, split_stride, base)
+        h = _load_rebased(h_row, s, ms, split_stride, shift)
+        gt = tl.sum(tl.where(c[None, :] > d0, h, 0), axis=1)
+        eq = tl.sum(tl.where(c[None, :] == d0, h, 0), axis=1)
+        n_o = tl.where(done_v, gt + eq, gt)
+        n_c = tl.where(done_v, 0, eq)
+        o_ex = tl.cumsum(n_o, axis=0) - n_o + out_run
+        c_ex = tl.cumsum(n_c, axis=0) - n_c + cand_run
+        dst = off_ptr + (row * num_splits + s.to(tl.int64)) * 2
+        tl.store(dst, o_ex, mask=ms)
+        tl.store(dst + 1, c_ex, mask=ms)
+        out_run += tl.sum(n_o, axis=0)
+        cand_run += tl.sum(n_c, axis=0)
 
 
 @triton.jit
 def _topk_scatter_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr,
-    cum_ptr,          # [R, S, 256] int32: per bin, the count of the splits before s
+    off_ptr,          # [R, S, 2] int32: split s's first output slot and first candidate slot
     W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits,
     BLOCK: tl.constexpr,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
-    bin's keys into the candidate row, at the offsets read off the counts of the splits before
-    it (:func:`_topk_plan_kernel`)."""
+    bin's keys into the candidate row, at the offsets :func:`_topk_plan_kernel` wrote for it."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
@@ -544,12 +572,9 @@ def _topk_scatter_kernel(
     d0 = tl.load(st + 1)
     done = tl.load(st + 3)
     pairs = tl.load(st + 7)
-    c = tl.arange(0, HIST_BINS)
-    before = tl.load(cum_ptr + (row * num_splits + s) * HIST_BINS + c)
-    n_gt = tl.sum(tl.where(c > d0, before, 0), axis=0)
-    n_eq = tl.sum(tl.where(c == d0, before, 0), axis=0)
-    n_out = n_gt + tl.where(done != 0, n_eq, 0)
-    n_cand = tl.where(done != 0, 0, n_eq)
+    off = off_ptr + (row * num_splits + s) * 2
+    n_out = tl.load(off)
+    n_cand = tl.load(off + 1)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             base, d0, done, pairs, cap, n_out, n_cand, BLOCK)
 
@@ -605,14 +630,13 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     if split:
         import torch
         state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
-        cum = torch.empty((R, num_splits, HIST_BINS.value), dtype=torch.int32,
-                          device=logits.device)
+        off = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
         sb, sbase = plan_blocks(num_splits)
-        _topk_plan_kernel[(R,)](hist, state, cum, topk, cap, n_drafts, nb, num_splits,
+        _topk_plan_kernel[(R,)](hist, state, off, topk, cap, n_drafts, nb, num_splits,
                                 SB=sb, SBASE=sbase, num_warps=8)
         sblock, swarps = scatter_config(W, page_size, num_splits)
         _topk_scatter_kernel[(R, num_splits)](
-            logits, lengths, out, scratch, state, cum, W, page_size, logits.stride(0),
+            logits, lengths, out, scratch, state, off, W, page_size, logits.stride(0),
             out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits,
             BLOCK=sblock, num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,

@@ -40,7 +40,7 @@ def aot_specs(smem_class: str) -> list:
         seen.add((sb, sbase))
         specs.append(LaunchSpec(f"topk plan SB{sb} SBASE{sbase}", "kernels.topk.triton",
                                 "_topk_plan_kernel",
-                                {"hist_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
+                                {"hist_ptr": "*i32", "state_ptr": "*i32", "off_ptr": "*i32",
                                  "topk": "i32", "cap": "i32", "n_drafts": "i32",
                                  "n_drafts_pow2": "i32", "num_splits": "i32"},
                                 dict(SB=sb, SBASE=sbase), 8, 1))
@@ -48,7 +48,7 @@ def aot_specs(smem_class: str) -> list:
         specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.topk.triton",
                                 "_topk_scatter_kernel",
                                 {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
-                                 "cand_ptr": "*i32", "state_ptr": "*i32", "cum_ptr": "*i32",
+                                 "cand_ptr": "*i32", "state_ptr": "*i32", "off_ptr": "*i32",
                                  "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
                                  "stride_c": "i32", "cap": "i32", "n_drafts": "i32",
                                  "per_row": "i32", "num_splits": "i32"},
