@@ -16,10 +16,13 @@ Rows (bf16 q, fp8 caches, P = 64; fp16 q and tiny shapes in a CPU dry run):
   sliced to P) read in place, vs the native op on the same strided pages where it accepts them
   (issue 16) and on a contiguous copy otherwise (``native_cache`` says which).
 * ``flash_mla_with_kvcache model1 + extra``: MODEL1 (H 64) with a sliding-window cache (P 256,
-  topk 128) and an extra compressed cache (P 64, topk 512: FlashMLA's MODEL1 CONFIG1), sink, vs the two native calls alone; the
-  compat call is the same two native calls plus the one-launch merge
-  (:mod:`torch_impl.compat._merge`), timed alone as ``merge_us``; ``ratio_vs_native_merge`` is
-  compat / (two native calls + the merge kernel timed together).
+  topk 128) and an extra compressed cache (P 64, topk 512: FlashMLA's MODEL1 CONFIG1), sink, vs
+  the two native single-cache calls (``native_us``: each its split kernel and, when split, its
+  own combine). The compat call runs both caches' split kernels into one float32 partial buffer
+  and one combine over all splits (``torch_impl.sparse_mla.sparse_mla_decode_sources``), so
+  ``ratio = compat_us / native_us`` is the 5 % target's ratio (the merge of the two caches
+  costs no launch beyond the native calls' own combines). Checked first against the same
+  two-cache softmax on the plain-PyTorch path (float32, one rounding).
 * ``fp8_paged_mqa_logits``: DeepGEMM's paged MQA logits (V3.2 indexer, L 32K) vs
   ``indexer_logits`` on the same pages.
 * ``persistent_topk``: vLLM's decode top-k (k 2048) vs ``select_topk`` on the same logits.
@@ -80,7 +83,8 @@ def rows(B_list=(1, 64), seed=0, *, device: str | None = None, only=None) -> lis
     "cpu" (dry run: the interpreter, fp16 q, tiny shapes); ``only``: names of :data:`ROW_NAMES`."""
     from torch_impl import indexer_logits, sparse_mla_decode
     from torch_impl import formats as tf
-    from torch_impl.compat import _merge, deep_gemm, flash_mla, topk
+    from torch_impl.compat import deep_gemm, flash_mla, topk
+    from torch_impl.sparse_mla import KVSource, sparse_mla_decode_sources
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     gpu = device == "cuda"
@@ -143,10 +147,11 @@ def rows(B_list=(1, 64), seed=0, *, device: str | None = None, only=None) -> lis
                 q, n0, _, i0, n1, _, i1, _ = t
                 return (nat(q, n0, i0, s, "fp8_model1"), nat(q, n1, i1, s, "fp8_model1"))
 
-            def native_merge(t):
-                (a, la), (b_, lb) = native_two(t)
-                fn = _merge.merge_triton if _merge.can_use_triton(a, path) else _merge.merge_torch
-                return fn(a, la, b_, lb, t[7])
+            def torch_two(t):
+                q, n0, _, i0, n1, _, i1, sink = t
+                return sparse_mla_decode_sources(
+                    q, [KVSource(n0, i0, "fp8_model1"), KVSource(n1, i1, "fp8_model1")], s,
+                    attn_sink=sink, path="torch")
 
             metas = [flash_mla.get_mla_metadata()[0] for _ in sets]
 
@@ -155,20 +160,14 @@ def rows(B_list=(1, 64), seed=0, *, device: str | None = None, only=None) -> lis
                 return flash_mla.flash_mla_with_kvcache(
                     q, f0, None, None, 512, m, None, s, is_fp8_kvcache=True, indices=i0,
                     attn_sink=sink, extra_k_cache=f1, extra_indices_in_kvcache=i1, path=path)
-            o_c, l_c = compat_two(sets[0], metas[0])
-            o_m, l_m = native_merge(sets[0])
-            _close(o_c, o_m, "model1 + extra")
-            parts = [native_two(t) for t in sets]
-            mcalls = [lambda p=p, t=t: (_merge.merge_triton if _merge.can_use_triton(p[0][0], path)
-                                        else _merge.merge_torch)(p[0][0], p[0][1], p[1][0], p[1][1], t[7])
-                      for p, t in zip(parts, sets)]
+            o_c, _ = compat_two(sets[0], metas[0])
+            o_t, _ = torch_two(sets[0])
+            _close(o_c, o_t, "model1 + extra")
             t_n = tm([lambda t=t: native_two(t) for t in sets]).median_us
-            t_nm = tm([lambda t=t: native_merge(t) for t in sets]).median_us
             t_c = tm([lambda t=t, m=m: compat_two(t, m) for t, m in zip(sets, metas)]).median_us
             out.append(dict(op="flash_mla_with_kvcache", layout="model1 + extra", B=B, H=H,
                             K=f"{K0}+{K1}", native_us=t_n, compat_us=t_c,
-                            merge_us=tm(mcalls).median_us, native_merge_us=t_nm,
-                            ratio_vs_native_merge=t_c / t_nm))
+                            native="two sparse_mla_decode calls (each with its own combine)"))
         # ---- DeepGEMM logits + vLLM top-k: V3.2 indexer, L 32K, N 1
         if {"fp8_paged_mqa_logits", "persistent_topk"} & want:
             L, Hi, D, k = d["idx_L"], d["idx_H"], d["idx_D"], d["topk"]

@@ -649,4 +649,4 @@ def test_compat_only_dry_run_rows(tmp_path, monkeypatch, capsys):
     doc = json.loads(next(tmp_path.glob("bench_dry_compat_*.json")).read_text())
     (row,) = doc["compat_rows"]
     assert row["layout"] == "model1 + extra" and row["ratio"] > 0
-    assert {"native_us", "compat_us", "merge_us", "native_merge_us"} <= set(row)
+    assert {"native_us", "compat_us"} <= set(row) and "merge_us" not in row   # one combine, no merge launch

@@ -383,55 +383,178 @@ def test_model1_production_shapes_gpu(h_q):
          extra=(64, 512, dict(topk_len=True)))
 
 
-# ============================================================================ two-cache merge kernel
+# ============================================================================ two caches: cancellation
 
-@pytest.mark.parametrize("dtype", Q_DTYPES if CUDA else (torch.float16, torch.float32), ids=str)
-def test_merge_kernel_against_float64(dtype):
-    """torch_impl.compat._merge: the one-launch merge (Triton; the interpreter on the CPU) against
-    the float64 formula, with empty rows in one / both caches, a NaN partial, +-inf sinks and
-    H not a multiple of the head block; two runs are bitwise equal; the torch merge agrees."""
-    from torch_impl.compat import _merge
-    g = np.random.default_rng(9)
-    B, N, H = 2, 3, 5
-    o0 = g.standard_normal((B, N, H, 512)) / 4
-    o1 = g.standard_normal((B, N, H, 512)) / 4
-    l0 = g.standard_normal((B, N, H)) * 3
-    l1 = g.standard_normal((B, N, H)) * 3
-    l0[0, 0, :2] = -np.inf                           # cache 0 empty
-    l1[0, 0, 1:3] = -np.inf                          # head 1: both empty
-    o0[0, 0, :2] = 0.0
-    o1[0, 0, 1:3] = 0.0
-    l1[1, 2, 4] = np.nan                             # a NaN partial propagates
-    sink = np.array([0.5, np.inf, -3.0, float(torch.finfo(torch.float32).min), 1.0], np.float32)
-    t = lambda x, d=torch.float32: torch.from_numpy(np.ascontiguousarray(x)).to(DEVICE, d)  # noqa: E731
-    args = (t(o0, dtype), t(l0), t(o1, dtype), t(l1), t(sink))
-    if not _merge.can_use_triton(args[0], "triton"):
+def _cancelling_caches(b, P=16, n_rows=3, A=40.0, seed=21):
+    """Two MODEL1 caches whose partial outputs nearly cancel (the mechanism of the bf16
+    failure of ``compat_model1_two_caches`` on the H200, docs/COMPAT.md).
+
+    Every used row of both caches has the same key (dims 0..63; q is 0 elsewhere), so every
+    score of a query row is equal: p = 1 exactly in the kernels' 16-bit value dots and both
+    caches weigh 1/2. The value signal lives in the bf16 rope dims 448..511: cache 0's rows are
+    ``A + k/4`` and cache 1's rows ``-(A + k/4) - d/4`` (k, d small integers), so each cache's
+    mean over its ``n_rows`` rows is ~A (a division by 3, not exact in fp16: rounding error up
+    to 2^-6) while the merged value is ``-sum(d) / (8 n_rows)`` (at most 0.25).
+    Returns (q float32 [b, 1, 8, 512], [(k_cache view, indices, None, _Rows)] x 2)."""
+    g = np.random.default_rng(seed)
+    h = 8
+    key = np.clip(g.standard_normal(64), -2, 2) / 4
+    rope0 = A + g.integers(0, 33, (b, n_rows, 64)) / 4
+    rope1 = -rope0[:, ::-1] - g.integers(0, 3, (b, n_rows, 64)) / 4
+    scopes = []
+    for rope in (rope0, rope1):
+        lat = np.zeros((1, P, 512), np.float32)
+        idx = np.full((b, 1, 8), -1, np.int32)
+        for i in range(b):
+            rows = i * n_rows + np.arange(n_rows)
+            lat[0, rows, :64] = key
+            lat[0, rows, 448:] = rope[i]
+            idx[i, 0, [1, 4, 6]] = rows                                       # -1 around them
+        pages = t_formats.quantize_fp8_model1(torch.from_numpy(lat).to(DEVICE))   # [1, padded]
+        unused = torch.ones(P, dtype=torch.bool, device=DEVICE)
+        unused[: b * n_rows] = False
+        pages[:, : P * 576].view(1, P, 576)[0, unused] = 0xFF                  # NaN, never read
+        padded = pages.shape[1]
+        kc = torch.as_strided(pages.view(torch.float8_e4m3fn), (1, P, 1, 584), (padded, 584, 584, 1))
+        scopes.append((kc, idx, None, _Rows(pages.cpu().numpy(), 512, P)))
+    q = np.zeros((b, 1, h, 512), np.float32)
+    q[..., :64] = np.clip(g.standard_normal((b, 1, h, 64)), -1, 1)
+    return q, scopes
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_two_caches_cancelling_partials_fp16(path):
+    """The two-cache merge of nearly cancelling partial outputs with fp16 q: the result meets
+    SPEC's out bound against the float64 reference, where merging the partial outputs rounded
+    to q's dtype (the old composition: two native calls, then the merge) misses it; two calls
+    give the same bits."""
+    from torch_impl import sparse_mla_decode
+    b, q_dtype = 2, torch.float16
+    q_np, scopes = _cancelling_caches(b)
+    qt = _t(q_np, q_dtype)
+    sm_scale = 512 ** -0.55
+    sink = np.array([0.0, 1.5, -2.0, 3.0, -np.inf, 0.5, -1.0, 2.0], np.float32)
+    ro, rl = _reference(qt.float().cpu().numpy(), scopes, sm_scale, sink)
+    fm = lambda: flash_mla.flash_mla_with_kvcache(  # noqa: E731
+        qt, scopes[0][0], None, None, 512, flash_mla.get_mla_metadata()[0], None, sm_scale,
+        False, True, _t(scopes[0][1]), _t(sink), extra_k_cache=scopes[1][0],
+        extra_indices_in_kvcache=_t(scopes[1][1]), path=path)
+    out, lse = fm()
+    # the case is what it claims: large partials of opposite sign, a small merged value
+    parts = [sparse_mla_decode(qt, flash_mla._native_cache("k_cache", sc[0], 512, True, qt.device)[0],
+                               _t(sc[1]), sm_scale, kv_format="fp8_model1", d_v=512, path=path)
+             for sc in scopes]                      # the old composition's two native calls
+    (o0, l0), (o1, l1) = parts
+    assert (o0[..., 448:].float() > 30).all() and (o1[..., 448:].float() < -30).all()
+    assert np.abs(ro[..., 448:]).max() <= 0.25 and np.abs(ro[..., 448:]).max() > 0.01
+    _check(out, lse, ro, rl, qt)            # the fp32-partials merge: within SPEC
+    # the old merge of rounded partials (float64 arithmetic, so only the rounding of the
+    # partials to fp16 differs): outside SPEC's out bound on the cancelling dims
+    l0d, l1d = l0.double().cpu().numpy(), l1.double().cpu().numpy()
+    m = np.maximum(l0d, l1d)
+    w0, w1 = np.exp(l0d - m), np.exp(l1d - m)
+    lse_old = m + np.log(w0 + w1)
+    old = (o0.double().cpu().numpy() * w0[..., None] + o1.double().cpu().numpy() * w1[..., None])
+    old = old / (w0 + w1)[..., None] / (1.0 + np.exp(sink.astype(np.float64) - lse_old))[..., None]
+    old = torch.from_numpy(old).to(q_dtype)
+    res_old = compare.check_mla(old, lse_old, ro, rl, q_dtype="float16")
+    assert not res_old.passed and res_old.ratio > 4, res_old.message     # CPU: ~10
+    res_new = compare.check_mla(out, np.where(np.isposinf(compare.to_numpy(lse)), -np.inf,
+                                              compare.to_numpy(lse)).transpose(0, 2, 1),
+                                ro, rl, q_dtype="float16")
+    assert res_new.ratio < 0.25, res_new.message                            # CPU: ~0.03
+    # same inputs, same bits (out and lse), and out= written in place gives them too
+    out2, lse2 = fm()
+    assert torch.equal(out.view(torch.int16), out2.view(torch.int16))
+    assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
+    dst = torch.full_like(out, float("nan"))
+    out3, _ = flash_mla.flash_mla_with_kvcache(
+        qt, scopes[0][0], None, None, 512, flash_mla.get_mla_metadata()[0], None, sm_scale,
+        False, True, _t(scopes[0][1]), _t(sink), extra_k_cache=scopes[1][0],
+        extra_indices_in_kvcache=_t(scopes[1][1]), out=dst, path=path)
+    assert out3 is dst and torch.equal(dst.view(torch.int16), out.view(torch.int16))
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_two_caches_strided_v32_pages(path):
+    """Two V3.2 caches in FlashMLA's quantizer layout (pages of P + 1 rows sliced to P, so
+    strided): each is read in place (the native op, or the one-row-per-slot remap while it
+    refuses strided pages) and both go through the one float32 merge: the float64 reference."""
+    g = np.random.default_rng(17)
+    b, s_q, h = 2, 2, 8
+    q = np.clip(g.standard_normal((b, s_q, h, 576)), -1, 1).astype(np.float32)
+    qt = _t(q, Q_DTYPES[0])
+    sc = [_gen_scope(g, b, s_q, 96, 61, 32, 576, strided=True, topk_len=True),
+          _gen_scope(g, b, s_q, 64, 16, 32, 576, strided=True)]
+    assert all(not c[0].is_contiguous() for c in sc)
+    sink = _sink(g, h)
+    sm_scale = 576 ** -0.55
+    out, lse = flash_mla.flash_mla_with_kvcache(
+        qt, sc[0][0], None, None, 512, flash_mla.get_mla_metadata()[0], None, sm_scale, False,
+        True, _t(sc[0][1]), _t(sink), extra_k_cache=sc[1][0],
+        extra_indices_in_kvcache=_t(sc[1][1]), topk_length=_t(sc[0][2]), path=path)
+    ro, rl = _reference(qt.float().cpu().numpy(), sc, sm_scale, sink)
+    _check(out, lse, ro, rl, qt)
+
+
+def test_launch_sources_split_offsets():
+    """``triton_launch.launch_sources``: each source's splits land after the previous sources'
+    in one partial buffer (forced split counts 2 and 3, different page sizes and topk), one
+    combine over all of them: the float64 reference of one softmax over both caches, with the
+    sink once; equal within float32 to the default split counts, bitwise repeatable."""
+    from kernels.sparse_mla import triton_launch
+    from torch_impl import sparse_mla as tsm
+    if not CUDA and not tsm._common.interpret_mode():
         pytest.skip("Triton cannot run here")
-    out, lse = _merge.merge_triton(*args)
-    out2, lse2 = _merge.merge_triton(*args)
-    assert torch.equal(out.cpu().view(torch.int16 if out.element_size() == 2 else torch.int32),
-                       out2.cpu().view(torch.int16 if out.element_size() == 2 else torch.int32))
-    assert torch.equal(lse.cpu().view(torch.int32), lse2.cpu().view(torch.int32))
-    # float64 reference from the rounded partials
-    r0, r1 = args[0].double().cpu().numpy(), args[2].double().cpu().numpy()
-    with np.errstate(invalid="ignore", over="ignore"):
-        rl = np.logaddexp(l0, l1)
-        w0 = np.where(np.isneginf(l0), 0.0, np.exp(l0 - np.where(np.isneginf(rl), 0, rl)))
-        w1 = np.where(np.isneginf(l1), 0.0, np.exp(l1 - np.where(np.isneginf(rl), 0, rl)))
-        fac = 1.0 / (1.0 + np.exp(sink.astype(np.float64)[None, None] - rl))
-        ro = (r0 * w0[..., None] + r1 * w1[..., None]) * fac[..., None]
-    ro = np.where(np.isneginf(rl)[..., None], 0.0, ro)
-    got_l = lse.cpu().numpy().transpose(0, 2, 1)
-    assert lse.shape == (B, H, N) and lse.is_contiguous() and out.shape == (B, N, H, 512)
-    assert np.isposinf(got_l[0, 0, 1]) and np.isposinf(got_l).sum() == 1, "+inf exactly on the empty row"
-    assert np.isnan(got_l[1, 2, 4]) and np.isnan(out[1, 2, 4].float().cpu().numpy()).all()
-    fin = np.isfinite(rl)
-    np.testing.assert_allclose(got_l[fin], rl[fin], rtol=1e-6, atol=1e-6)
-    got_o = out.double().cpu().numpy()
-    tol = 2.0 ** -10 if dtype == torch.float16 else 1e-6
-    ok = ~np.isnan(ro)
-    np.testing.assert_allclose(got_o[ok], ro[ok], rtol=tol, atol=tol * 0.05)
-    assert (got_o[0, 0, 1] == 0).all() and (got_o[:, :, 1][np.isfinite(rl[:, :, 1])] == 0).all()
-    to, tl_ = _merge.merge_torch(*args)
-    np.testing.assert_allclose(to.double().cpu().numpy()[ok], got_o[ok], rtol=tol, atol=tol * 0.05)
-    assert torch.equal(torch.isposinf(tl_), torch.isposinf(lse))
+    g = np.random.default_rng(31)
+    b, s_q, h = 2, 2, 16
+    q_dtype = Q_DTYPES[0]
+    q = np.clip(g.standard_normal((b, s_q, h, 512)), -1, 1).astype(np.float32)
+    qt = _t(q, q_dtype)
+    sc = [_gen_scope(g, b, s_q, 128, 61, 64, 512, topk_len=True, strided=False),
+          _gen_scope(g, b, s_q, 96, 16, 48, 512, strided=False)]
+    sink = _sink(g, h)
+    sm_scale = 512 ** -0.55
+    dev = tsm._common.device_info(qt.device)
+
+    def run(splits):
+        srcs = []
+        for (kc, idx, tkl, _), ns in zip(sc, splits):
+            cache, fmt, _ = flash_mla._native_cache("k_cache", kc, 512, True, qt.device)
+            P = kc.shape[1]
+            cfg = tsm._triton_config(dev, qt, cache, fmt, idx.shape[2], None)
+            srcs.append(triton_launch.Source(cache, _t(idx), fmt, P, kc.shape[0], cfg, None,
+                                             _t(tkl), ns))
+        return triton_launch.launch_sources(qt, srcs, sm_scale, 512, _t(sink).clamp(min=-3e38),
+                                            num_sms=dev.num_sms, smem_per_block=dev.smem_per_block)
+
+    out, lse = run((2, 3))
+    ro, rl = _reference(qt.float().cpu().numpy(), sc, sm_scale, sink)
+    compare.assert_pass(compare.check_mla(out, compare.to_numpy(lse), ro, rl,
+                                          q_dtype=str(q_dtype).replace("torch.", "")))
+    out2, lse2 = run((2, 3))
+    assert torch.equal(out.view(torch.int16 if out.element_size() == 2 else torch.int32),
+                       out2.view(torch.int16 if out.element_size() == 2 else torch.int32))
+    assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
+    o1, l1 = run((None, None))
+    torch.testing.assert_close(o1.float(), out.float(), rtol=2.0 ** -10, atol=1e-4, equal_nan=True)
+    torch.testing.assert_close(l1, lse, rtol=1e-6, atol=1e-6, equal_nan=True)
+
+
+def test_sources_bad_input():
+    """``sparse_mla_decode_sources`` names the source of a bad argument."""
+    from torch_impl.sparse_mla import KVSource, sparse_mla_decode_sources
+    q = torch.zeros((2, 1, 8, 512), device=DEVICE)
+    pages = torch.zeros((1, np_formats.model1_page_bytes(16)), dtype=torch.uint8, device=DEVICE)
+    idx = torch.zeros((2, 1, 4), dtype=torch.int32, device=DEVICE)
+    ok = KVSource(pages, idx, "fp8_model1")
+    with pytest.raises(TypeError, match=r"sources\[1\]\.indices"):
+        sparse_mla_decode_sources(q, [ok, KVSource(pages, idx.long(), "fp8_model1")], 0.1)
+    with pytest.raises(ValueError, match=r"sources\[0\]\.kv_cache"):
+        sparse_mla_decode_sources(q, [KVSource(pages[:, :-1], idx, "fp8_model1"), ok], 0.1)
+    with pytest.raises(ValueError, match="sources: expected at least one"):
+        sparse_mla_decode_sources(q, [], 0.1)
+    with pytest.raises(TypeError, match="sources"):
+        sparse_mla_decode_sources(q, ok, 0.1)
+    with pytest.raises(ValueError, match="out"):
+        sparse_mla_decode_sources(q, [ok, ok], 0.1, out=torch.zeros((2, 1, 8, 256), device=DEVICE))

@@ -14,7 +14,7 @@ values or ``topk_length``).
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -25,7 +25,8 @@ from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.formats import dequantize_fp8_ds_mla
 
-__all__ = ["sparse_mla_decode", "choose_config", "TRITON_SHAPES"]
+__all__ = ["sparse_mla_decode", "sparse_mla_decode_sources", "KVSource", "choose_config",
+           "TRITON_SHAPES"]
 
 _Q_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _LATENT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -128,28 +129,44 @@ def choose_config(dev: hardware.DeviceInfo, *, B: int, N: int, H: int, K: int, d
 
 # ============================================================================ triton path
 
+def _triton_gate(q, kv_caches, kv_formats, d_v):
+    """DeviceInfo of q's device after the triton path's gates (arch, interpreted bf16, the
+    (D_qk, d_v) pairs the kernels are built for): NotImplementedError before any launch."""
+    dev = _common.device_info(q.device)
+    hardware.require_arch(dev, "sparse_mla_decode (triton)")
+    _common.require_no_interpreted_bf16(
+        dev, "sparse_mla_decode (triton)", q,
+        *(c for c, f in zip(kv_caches, kv_formats) if f == "latent"))
+    D = q.shape[3]
+    if (D, d_v) not in TRITON_SHAPES:
+        raise NotImplementedError(
+            f"sparse_mla_decode (triton) on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}) "
+            f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
+    return dev
+
+
+def _triton_config(dev, q, kv_cache, kv_format, K, config):
+    """The tile config one cache's split kernel runs: ``config`` (the plan's) or the registry's
+    choice, a Gluon config replaced by the Triton 64-head tile where the Gluon kernel cannot run
+    (``configs.gluon_eligible``)."""
+    B, N, H, D = q.shape
+    width = _operand_bytes(q, kv_cache, kv_format)
+    cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
+                                  operand_bytes=width)[1]
+    if cfg.kernel == "gluon" and not configs.gluon_eligible(dev, kv_format, D, width):
+        cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
+    return cfg
+
+
 def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
                  attn_sink, *, config: configs.SparseMLAConfig | None = None,
                  num_splits: int | None = None, geometry: tuple | None = None):
     """Gate the GPU, then launch (``kernels.sparse_mla.triton_launch``). ``config`` /
     ``num_splits`` override the choice (tests use them to run every config of the search space);
     ``geometry``: ``(P, num_slots, num_pages)`` from the validation (else read off the cache)."""
-    dev = _common.device_info(q.device)
-    hardware.require_arch(dev, "sparse_mla_decode (triton)")
-    _common.require_no_interpreted_bf16(dev, "sparse_mla_decode (triton)", q,
-                                        kv_cache if kv_format == "latent" else None)
-    B, N, H, D = q.shape
-    K = indices.shape[2]
-    if (D, d_v) not in TRITON_SHAPES:
-        raise NotImplementedError(
-            f"sparse_mla_decode (triton) on {dev.name} (compute capability {dev.cc[0]}.{dev.cc[1]}) "
-            f"supports (D_qk, d_v) in {TRITON_SHAPES}, got ({D}, {d_v})")
+    dev = _triton_gate(q, (kv_cache,), (kv_format,), d_v)
     P, _, num_pages = geometry or _geometry(kv_cache, kv_format)
-    width = _operand_bytes(q, kv_cache, kv_format)
-    cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
-                                  operand_bytes=width)[1]
-    if cfg.kernel == "gluon" and not configs.gluon_eligible(dev, kv_format, D, width):
-        cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
+    cfg = _triton_config(dev, q, kv_cache, kv_format, indices.shape[2], config)
     return triton_launch.launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
                                 topk_length, attn_sink, page_size=P, num_pages=num_pages,
                                 config=cfg, num_sms=dev.num_sms,
@@ -203,10 +220,12 @@ def _gather_rows(kv_cache, kv_format, page, off):
     return torch.cat([nope, rope], dim=-1)
 
 
-def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
-                attn_sink, *, geometry: tuple | None = None):
-    """Plain PyTorch, fp32: clamp invalid indices to slot 0, gather, then mask (rows zeroed, scores
-    excluded), so nothing invalid is used and NaN in unselected rows cannot leak."""
+def _torch_f32(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+               geometry: tuple | None = None):
+    """Plain PyTorch, fp32, no sink: (out float32 ``[B, N, H, d_v]``, lse float32 ``[B, N, H]``
+    natural log, -inf for an empty row). Invalid indices are clamped to slot 0, gathered, then
+    masked (rows zeroed, scores excluded), so nothing invalid is used and NaN in unselected rows
+    cannot leak."""
     B, N, H, D = q.shape
     K = indices.shape[2]
     P, num_slots, num_pages = geometry or _geometry(kv_cache, kv_format)
@@ -229,9 +248,46 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
     lse = torch.where(has, m[..., 0] + torch.log(torch.where(has, den, 1.0)), float("-inf"))
     out = torch.einsum("bnhk,bnkd->bnhd", p, rows[..., :d_v])
     out = out / torch.where(has, den, 1.0)[..., None]
+    return out, lse.float()
+
+
+def _sink_factor(lse, attn_sink):
+    """``1 / (1 + exp(sink_h - lse))`` ``[B, N, H]`` (0 on an empty row for any sink > -inf)."""
+    return torch.sigmoid(lse - attn_sink)
+
+
+def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
+                attn_sink, *, geometry: tuple | None = None):
+    """:func:`_torch_f32`, the sink, one rounding to q's dtype."""
+    out, lse = _torch_f32(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
+                          topk_length, geometry)
     if attn_sink is not None:
-        out = out * torch.sigmoid(lse - attn_sink)[..., None]               # 1/(1+exp(sink-lse))
-    return out.to(q.dtype), lse.float()
+        out = out * _sink_factor(lse, attn_sink)[..., None]
+    return out.to(q.dtype), lse
+
+
+def _torch_sources(q, sources, sm_scale, d_v, attn_sink, geometries):
+    """Several caches in one softmax, plain PyTorch: each cache's float32 (out, lse) merged in
+    float32 through the LSEs (``lse = m + ln sum_i e^{lse_i - m}``, ``out = sum_i e^{lse_i - lse}
+    out_i``), the sink once, one rounding to q's dtype. A NaN partial makes the row NaN."""
+    parts = [_torch_f32(q, src.kv_cache, src.indices, sm_scale, src.kv_format, d_v,
+                        src.block_table, src.topk_length, geo)
+             for src, geo in zip(sources, geometries)]
+    lses = torch.stack([l for _, l in parts])                               # [S, B, N, H]
+    m = lses.amax(dim=0)
+    m = torch.where(m == float("-inf"), 0.0, m)
+    w = torch.exp(lses - m)                                                  # -inf -> 0
+    den = w.sum(dim=0)
+    has = den != 0
+    safe = torch.where(has, den, 1.0)
+    lse = torch.where(has, m + torch.log(safe), float("-inf"))
+    f = w / safe                                                             # [S, B, N, H]
+    out = parts[0][0] * f[0][..., None]
+    for i in range(1, len(parts)):
+        out.addcmul_(parts[i][0], f[i][..., None])
+    if attn_sink is not None:
+        out = out * _sink_factor(lse, attn_sink)[..., None]
+    return out.to(q.dtype), lse
 
 
 # ============================================================================ custom op
@@ -327,3 +383,126 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
                                 topk_length, attn_sink, path)
     return torch.ops.dsa.sparse_mla_decode(q, kv_cache, indices, float(sm_scale), kv_format, int(d_v),
                                            block_table, topk_length, attn_sink, path, P, num_pages)
+
+
+# ============================================================================ several caches
+
+class KVSource(NamedTuple):
+    """One cache of :func:`sparse_mla_decode_sources`: the arguments :func:`sparse_mla_decode`
+    takes for it (same shapes, dtypes, layouts and index rules)."""
+
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    kv_format: str = "latent"
+    block_table: Optional[torch.Tensor] = None
+    topk_length: Optional[torch.Tensor] = None
+
+
+_SOURCE_ARGS = ("kv_cache", "indices", "block_table", "topk_length", "kv_format")
+
+
+def _validate_sources(q, sources, sm_scale, d_v, attn_sink, path, out):
+    """:func:`_validate` of every source (an error about a source's own argument is prefixed
+    ``sources[i].``), then ``out``. Returns the geometries ``(P, num_slots, num_pages)``."""
+    if isinstance(sources, KVSource) or not isinstance(sources, (list, tuple)):
+        raise TypeError(f"sources: expected a list or tuple of KVSource, got "
+                        f"{type(sources).__name__}")
+    if not sources:
+        raise ValueError("sources: expected at least one KVSource, got an empty sequence")
+    geos = []
+    for i, src in enumerate(sources):
+        if not isinstance(src, KVSource):
+            raise TypeError(f"sources[{i}]: expected a KVSource, got {type(src).__name__}")
+        try:
+            geos.append(_validate(q, src.kv_cache, src.indices, sm_scale, src.kv_format, d_v,
+                                  src.block_table, src.topk_length, attn_sink, path))
+        except (TypeError, ValueError) as e:
+            if str(e).startswith(_SOURCE_ARGS):
+                raise type(e)(f"sources[{i}].{e}") from None
+            raise
+    if out is not None:
+        B, N, H, _ = q.shape
+        _common.check_tensor("out", out, shape=(B, N, H, d_v), dtypes=(q.dtype,), device=q.device)
+        if not out.is_contiguous():
+            raise ValueError(f"out: expected a contiguous tensor (written in place), got strides "
+                             f"{out.stride()}")
+    return geos
+
+
+def sparse_mla_decode_sources(q: torch.Tensor, sources, sm_scale: float, *, d_v: int = 512,
+                              attn_sink: torch.Tensor | None = None, path: str = "auto",
+                              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sparse MLA decode over the valid entries of several caches in one softmax.
+
+    For each query row (b, i, h): the entries t of every source's ``indices[b, i]`` that
+    :func:`sparse_mla_decode` would use for that source, all together:
+    ``lse = ln(sum_t exp(s_t))``, ``out = sum_t exp(s_t - lse) * latent_t[:d_v]``, then
+    ``out *= 1 / (1 + exp(sink_h - lse))`` once. Equal to one :func:`sparse_mla_decode` over a
+    cache holding all sources' rows (FlashMLA's ``extra_k_cache``: ``torch_impl.compat.flash_mla``).
+
+    How: ``path="triton"`` runs each source's split kernel (never its single-split epilogue)
+    into one float32 partial buffer (``kernels.sparse_mla.triton_launch.launch_sources``) and one
+    combine over all splits: the sink once, one rounding. ``path="torch"`` merges the sources'
+    float32 outputs and LSEs in PyTorch, the sink once, one rounding. No partial output is ever
+    rounded to q's dtype (rounded partials of opposite sign that cancel would turn their
+    rounding error into a large error of the small merged value).
+
+    Args:
+      q: ``[B, N, H, D_qk]`` bf16 / fp16 / fp32, any strides (as :func:`sparse_mla_decode`).
+      sources: non-empty list / tuple of :class:`KVSource` ``(kv_cache, indices, kv_format,
+        block_table, topk_length)``, each as :func:`sparse_mla_decode` takes them (its own
+        format, page size, ``indices [B, N, K_i]`` int32, block table ``[B, max_pages_i]`` and
+        ``topk_length [B]``, all on q's device).
+      sm_scale: softmax scale of ``q . k`` (natural-log domain), shared by all sources.
+      d_v: value width (512).
+      attn_sink: float32 ``[H]`` or None, applied once after the merge; the lse excludes it.
+      path: ``"auto"`` (the dispatch plan of a call of ``K = sum K_i`` on source 0's format,
+        falling through on NotImplementedError), ``"triton"`` or ``"torch"``.
+      out: optional contiguous ``[B, N, H, d_v]`` tensor of q's dtype: the triton path writes
+        the result into it in place, the torch path copies into it; returned as ``out``.
+
+    Returns:
+      (out, lse): out ``[B, N, H, d_v]`` in q's dtype; lse float32 ``[B, N, H]`` natural log
+      over all sources, -inf for a row with no valid entry in any source, NaN where a used row
+      or q is NaN. Same inputs, same bits.
+
+    Raises:
+      TypeError / ValueError: as :func:`sparse_mla_decode` for each source, the message
+        prefixed ``sources[i].`` when it is about that source's own argument; ``sources`` not
+        a list / tuple of KVSource (TypeError) or empty (ValueError); ``out`` of the wrong
+        shape, dtype, device or layout.
+      NotImplementedError: the named path cannot run here (as :func:`sparse_mla_decode`).
+    """
+    geos = _validate_sources(q, sources, sm_scale, d_v, attn_sink, path, out)
+    sources = tuple(sources)
+    for src in sources:
+        _check_byte_offset(src.kv_cache, src.kv_format)
+    B, N, H, D = q.shape
+    sm_scale = float(sm_scale)
+    s0 = sources[0]
+    pl = _common.plan("sparse_mla_decode", q.device, path, B=B, N=N, H=H,
+                      K=sum(src.indices.shape[2] for src in sources), d_qk=D,
+                      kv_format=s0.kv_format,
+                      operand_bytes=_operand_bytes(q, s0.kv_cache, s0.kv_format))
+
+    def triton():
+        dev = _triton_gate(q, [src.kv_cache for src in sources],
+                           [src.kv_format for src in sources], d_v)
+        srcs = [triton_launch.Source(src.kv_cache, src.indices, src.kv_format, P, n,
+                                     _triton_config(dev, q, src.kv_cache, src.kv_format,
+                                                    src.indices.shape[2], None),
+                                     src.block_table, src.topk_length)
+                for src, (P, _, n) in zip(sources, geos)]
+        return triton_launch.launch_sources(q, srcs, sm_scale, d_v, attn_sink,
+                                            num_sms=dev.num_sms,
+                                            smem_per_block=dev.smem_per_block, out=out)
+
+    def torch_():
+        o, lse = _torch_sources(q, sources, sm_scale, d_v, attn_sink, geos)
+        if out is not None:
+            out.copy_(o)
+            o = out
+        return o, lse
+
+    return _common.run_path("sparse_mla_decode", path, {"triton": triton, "torch": torch_},
+                            pl.order)

@@ -3,18 +3,22 @@ dtypes, strides and byte views of each cache format, the split count and chunk, 
 constexprs, and the AOT compile specs of every launch it can make (``tests/test_triton_compile.py``).
 
 No validation and no hardware gate here: the binding (``torch_impl.sparse_mla``) validates the
-arguments, gates the GPU, picks the config (``kernels.registry``) and then calls :func:`launch`.
+arguments, gates the GPU, picks the config (``kernels.registry``) and then calls :func:`launch`
+(one cache) or :func:`launch_sources` (several caches in one softmax: each cache's split kernel
+writes float32 partials into one buffer, one combine over all of them).
 Imports torch at module level, triton at the first launch.
 """
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
 from kernels import formats
 from kernels.sparse_mla import configs
 
-__all__ = ["TRITON_SHAPES", "AOT_VARIANTS", "aot_specs", "combine_constexprs", "dot_dtype",
-           "launch", "rope_dtype", "split_constexprs"]
+__all__ = ["TRITON_SHAPES", "AOT_VARIANTS", "Source", "aot_specs", "combine_constexprs",
+           "dot_dtype", "launch", "launch_sources", "rope_dtype", "split_constexprs"]
 
 # (D_qk, d_v) pairs the Triton kernels are built and compile-checked for.
 TRITON_SHAPES = ((576, 512), (512, 512))
@@ -152,27 +156,67 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     return out
 
 
-def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
-           *, page_size: int, num_pages: int, config: configs.SparseMLAConfig, num_sms: int,
-           smem_per_block: int, num_splits: int | None = None):
-    """Launch the split kernel (and the combine when the list is split) on validated tensors.
+@dataclasses.dataclass(frozen=True)
+class Source:
+    """One cache the split kernel attends, validated by the binding.
 
-    Args:
-      q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink: as
-        ``torch_impl.sparse_mla_decode`` takes them (validated there; strides may be any the
-        binding accepts: a non-contiguous last dim is made contiguous here).
+    Attributes:
+      kv_cache: the cache in ``kv_format``'s layout (``torch_impl.sparse_mla_decode``):
+        ``"latent"`` ``[num_pages, P, D_qk]``, ``"fp8_ds_mla"`` uint8 ``[num_pages, P, 656]``,
+        ``"fp8_model1"`` uint8 ``[num_pages, page_bytes]``.
+      indices: int32 ``[B, N, K]`` slots (or logical positions with ``block_table``), -1 padding.
+      kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"``.
       page_size, num_pages: the cache's geometry (P slots per page), from the validation.
-      config: the tile config (``kernels.sparse_mla.configs.SparseMLAConfig``) to launch.
-      num_sms, smem_per_block: the GPU's, for the split count
-        (``configs.sparse_mla_num_splits``); ``num_splits`` overrides it.
-    Returns:
-      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 ``[B, N, H]``, natural log).
+      config: the tile config (``kernels.sparse_mla.configs.SparseMLAConfig``) this source's
+        split kernel runs (``config.kernel`` picks the Triton or the Gluon kernel; the caller
+        checked ``configs.gluon_eligible`` for a Gluon config).
+      block_table: int32 ``[B, max_pages]`` or None.
+      topk_length: int32 ``[B]`` or None.
+      num_splits: overrides the split count (``configs.sparse_mla_num_splits``) or None.
     """
+
+    kv_cache: torch.Tensor
+    indices: torch.Tensor
+    kv_format: str
+    page_size: int
+    num_pages: int
+    config: configs.SparseMLAConfig
+    block_table: torch.Tensor | None = None
+    topk_length: torch.Tensor | None = None
+    num_splits: int | None = None
+
+
+def _split_plan(q_shape, src: Source, num_sms: int, smem_per_block: int) -> tuple[int, int]:
+    """(splits, chunk) of one source: the split count of ``configs.sparse_mla_num_splits`` (or
+    ``src.num_splits``), ``chunk`` entries of the top-k list per split (a multiple of
+    ``BLOCK_K``), the count then trimmed so no split is empty."""
+    B, N, H, _ = q_shape
+    K = src.indices.shape[2]
+    cfg = src.config
+    rows = B * N * cdiv(H, cfg.block_h)
+    splits = src.num_splits or configs.sparse_mla_num_splits(
+        rows, K, cfg.block_k, num_sms,
+        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, smem_per_block))
+    chunk = cdiv(cdiv(K, splits), cfg.block_k) * cfg.block_k
+    return cdiv(K, chunk), chunk
+
+
+def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *, splits: int,
+                  chunk: int, final: bool):
+    """One launch of the split kernel of ``src.config.kernel`` over grid ``(head_blocks,
+    splits, B * N)``. ``final``: write ``out`` ``[B, N, H, d_v]`` (q's dtype, sink applied) and
+    ``lse`` ``[B, N, H]`` (natural log) directly; else write float32 partials ``po [splits,
+    B * N, H, d_v]`` (normalised per split, no sink) and ``pl [splits, B * N, H]`` (log2
+    domain, -inf for an empty split). Both kernels address split s of row bn at
+    ``(s * B * N + bn) * H`` from the pointers given, so ``po`` / ``pl`` may be views starting
+    at any split of a larger buffer (contiguous from there)."""
     from kernels.sparse_mla import triton as tk
+    import triton.language as tl
 
     B, N, H, D = q.shape
+    kv_cache, indices, block_table, kv_format = src.kv_cache, src.indices, src.block_table, src.kv_format
+    topk_length, P, num_pages, cfg = src.topk_length, src.page_size, src.num_pages, src.config
     K = indices.shape[2]
-    P, cfg = page_size, config
     num_slots = num_pages * P
     dot_name = dot_dtype(q.dtype, kv_cache.dtype, kv_format)
     if q.stride(3) != 1:
@@ -190,32 +234,14 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
         kv32 = kv.view(torch.float32) if kv_format == "fp8_ds_mla" else kv
         stride_page = stride_tok = 0
         page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * formats.DS_MLA_BYTES
-
-    head_blocks = cdiv(H, cfg.block_h)
-    rows = B * N * head_blocks
-    splits = num_splits or configs.sparse_mla_num_splits(
-        rows, K, cfg.block_k, num_sms,
-        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, smem_per_block))
-    chunk = cdiv(cdiv(K, splits), cfg.block_k) * cfg.block_k
-    splits = cdiv(K, chunk)
-    final = splits == 1
-
-    out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
-    if final:
-        po, pl = out, lse
-    else:
-        po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
-        pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
     dummy = indices
     rope_name = rope_dtype(q.dtype, dot_name, kv_format)
     cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, rope_name,
                           has_bt=block_table is not None, has_tkl=topk_length is not None,
                           has_sink=attn_sink is not None, final=final)
-    import triton.language as tl
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
-    grid = (head_blocks, splits, B * N)
+    grid = (cdiv(H, cfg.block_h), splits, B * N)
     if cfg.kernel == "gluon":        # the caller checked configs.gluon_eligible
         from kernels.sparse_mla import gluon as gk
         gk._sparse_mla_gluon_kernel[grid](
@@ -248,11 +274,100 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
             float(sm_scale) * tk.LOG2E,
             **cx, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
+
+
+def _launch_combine(po, pl, attn_sink, out, lse, d_v: int):
+    """One launch of ``_sparse_mla_combine_kernel``: the LSE merge of all ``S`` splits of
+    ``po [S, B * N, H, d_v]`` / ``pl [S, B * N, H]`` (float32, log2 domain) in a fixed order,
+    the sink once, one rounding into ``out`` (contiguous ``[B, N, H, d_v]``, q's dtype);
+    ``lse`` ``[B, N, H]`` float32 natural log, -inf for a row with no valid entry in any split,
+    NaN when a split is NaN."""
+    from kernels.sparse_mla import triton as tk
+    S, BN, H, _ = po.shape
+    cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
+    tk._sparse_mla_combine_kernel[(cdiv(H, cbh), BN)](
+        po, pl, attn_sink if attn_sink is not None else pl, out, lse,
+        S, BN, H, **combine_constexprs(d_v, attn_sink is not None),
+        num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
+    )
+
+
+def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
+           *, page_size: int, num_pages: int, config: configs.SparseMLAConfig, num_sms: int,
+           smem_per_block: int, num_splits: int | None = None):
+    """Launch the split kernel (and the combine when the list is split) on validated tensors.
+
+    Args:
+      q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink: as
+        ``torch_impl.sparse_mla_decode`` takes them (validated there; strides may be any the
+        binding accepts: a non-contiguous last dim is made contiguous here).
+      page_size, num_pages: the cache's geometry (P slots per page), from the validation.
+      config: the tile config (``kernels.sparse_mla.configs.SparseMLAConfig``) to launch.
+      num_sms, smem_per_block: the GPU's, for the split count
+        (``configs.sparse_mla_num_splits``); ``num_splits`` overrides it.
+    Returns:
+      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 ``[B, N, H]``, natural log).
+    """
+    src = Source(kv_cache, indices, kv_format, page_size, num_pages, config, block_table,
+                 topk_length, num_splits)
+    B, N, H, _ = q.shape
+    splits, chunk = _split_plan(q.shape, src, num_sms, smem_per_block)
+    final = splits == 1
+    out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+    if final:
+        po, pl = out, lse
+    else:
+        po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
+        pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
+    _launch_split(q, src, sm_scale, d_v, attn_sink, po, pl, out, lse, splits=splits, chunk=chunk,
+                  final=final)
     if not final:
-        cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
-        tk._sparse_mla_combine_kernel[(cdiv(H, cbh), B * N)](
-            po, pl, attn_sink if attn_sink is not None else dummy, out, lse,
-            splits, B * N, H, **combine_constexprs(d_v, attn_sink is not None),
-            num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
-        )
+        _launch_combine(po, pl, attn_sink, out, lse, d_v)
+    return out, lse
+
+
+def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_per_block: int,
+                   out: torch.Tensor | None = None):
+    """One attention over the valid entries of several caches: each source's split kernel
+    (never ``FINAL``) writes its float32 partials into one buffer, then one combine launch
+    merges all of them, applies the sink once and rounds once.
+
+    Exactly the softmax over the union of the sources' valid entries (the combine is the same
+    LSE merge as within one cache's splits); no partial is rounded to q's dtype, so opposite-
+    signed partial outputs that cancel lose nothing beyond float32 (FlashMLA's MODEL1 extra
+    cache: ``torch_impl.compat.flash_mla``).
+
+    Args:
+      q: ``[B, N, H, D_qk]`` bf16 / fp16 / fp32 (validated by the binding; any strides).
+      sources: a non-empty sequence of :class:`Source` (validated; each with its own cache,
+        format, page size, indices ``[B, N, K_i]``, topk_length, block table and tile config).
+      sm_scale: softmax scale of ``q . k`` (natural-log domain).
+      d_v: value width (512).
+      attn_sink: float32 ``[H]`` or None, applied once in the combine:
+        ``out *= 1 / (1 + exp(sink_h - lse))``.
+      num_sms, smem_per_block: the GPU's, for each source's split count (as its own
+        :func:`launch` would split it).
+      out: optional destination, a contiguous ``[B, N, H, d_v]`` tensor of q's dtype written in
+        place (the caller checked it); else a new one.
+    Returns:
+      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 ``[B, N, H]``: natural log over all
+      sources, excluding the sink; -inf for a row with no valid entry in any source).
+      Buffers: float32 partials ``[S, B * N, H, d_v]`` and ``[S, B * N, H]``, S the sum of the
+      sources' split counts (source i's splits after those of sources 0..i-1).
+    """
+    B, N, H, _ = q.shape
+    plans = [_split_plan(q.shape, src, num_sms, smem_per_block) for src in sources]
+    S = sum(sp for sp, _ in plans)
+    if out is None:
+        out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+    po = torch.empty((S, B * N, H, d_v), dtype=torch.float32, device=q.device)
+    pl = torch.empty((S, B * N, H), dtype=torch.float32, device=q.device)
+    s0 = 0
+    for src, (splits, chunk) in zip(sources, plans):
+        _launch_split(q, src, sm_scale, d_v, attn_sink, po[s0:], pl[s0:], out, lse,
+                      splits=splits, chunk=chunk, final=False)
+        s0 += splits
+    _launch_combine(po, pl, attn_sink, out, lse, d_v)
     return out, lse

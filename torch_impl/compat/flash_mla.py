@@ -2,7 +2,8 @@
 
 Same names, arguments and conventions as ``flash_mla/flash_mla_interface.py`` of
 deepseek-ai/FlashMLA at commit 9241ae3 (facts and their files: docs/COMPAT.md), backed by
-:func:`torch_impl.sparse_mla_decode` (Triton on CUDA GPUs of compute capability 8.9 and up,
+:func:`torch_impl.sparse_mla_decode` and, for two caches,
+:func:`torch_impl.sparse_mla.sparse_mla_decode_sources` (Triton on CUDA GPUs of compute capability 8.9 and up,
 sm_120 included; the interpreter or plain PyTorch on the CPU). What this module converts:
 
 ====================  ===========================================  ==============================
@@ -15,7 +16,7 @@ indices               global slots ``page * P + offset``, -1 pad   the same (slo
 softmax_scale         default ``D_qk ** -0.5``                     always passed
 lse                   ``[b, h_q, s_q]``, +inf for an empty row     ``[b, s_q, h_q]``, -inf
 attn_sink             +inf gives out 0, -inf no effect             the same formula
-extra_k_cache         a second cache, merged exactly               (two calls + one merge launch)
+extra_k_cache         a second cache, one softmax over both        ``sparse_mla_decode_sources``
 ====================  ===========================================  ==============================
 
 Not provided (``NotImplementedError`` naming it): dense decode (``indices=None``), ``causal``,
@@ -30,8 +31,7 @@ import torch
 
 from kernels import formats as np_formats
 from torch_impl import _common
-from torch_impl.compat import _merge
-from torch_impl.sparse_mla import sparse_mla_decode
+from torch_impl.sparse_mla import KVSource, sparse_mla_decode, sparse_mla_decode_sources
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
            "flash_mla_sparse_fwd", "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func",
@@ -217,6 +217,47 @@ def _attend(q, name, k_cache, indices, topk_length, scale, is_fp8, sink, path):
                              scale, **kw)
 
 
+def _attend_two(q, caches, scale, is_fp8, sink, path, out):
+    """(out ``[b, s_q, h_q, 512]`` in q's dtype, lse float32 ``[b, s_q, h_q]``, -inf empty) of one
+    softmax over several FlashMLA caches (``caches``: ``(name, k_cache, indices, topk_length)``
+    each), through :func:`sparse_mla_decode_sources`: float32 partials of every cache, one
+    merge, the sink once, one rounding. ``out``: a contiguous tensor of q's dtype written in
+    place, or None. Strided V3.2 pages the native op refuses are read as one row per slot with
+    remapped indices, as :func:`_attend` does, per cache (validation runs before any launch, so
+    a refusal costs no kernel time)."""
+    srcs, remaps = [], []
+    for name, k_cache, indices, tkl in caches:
+        cache, kv_format, remap = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
+        srcs.append(KVSource(cache, indices, kv_format, None, tkl))
+        remaps.append(remap)
+    while True:
+        try:
+            return sparse_mla_decode_sources(q, srcs, scale, d_v=512, attn_sink=sink, path=path,
+                                             out=out)
+        except ValueError as e:
+            msg = str(e)
+            i = next((i for i, r in enumerate(remaps) if r is not None
+                      and msg.startswith(f"sources[{i}].kv_cache") and "contiguous" in msg), None)
+            if i is None:
+                raise
+        # Native refusal of cache i's strided pages: the same bytes as one 656-byte row per slot
+        (P, rows_per_page), remaps[i] = remaps[i], None
+        cache, indices, kv_format, _, tkl = srcs[i]
+        srcs[i] = KVSource(_strided_rows(cache, rows_per_page),
+                           _remap_slots(indices, cache.shape[0], P, rows_per_page), kv_format,
+                           None, tkl)
+
+
+def _flash_mla_lse(lse: torch.Tensor) -> torch.Tensor:
+    """Native lse ``[b, s_q, h_q]`` (-inf empty) -> FlashMLA's ``[b, h_q, s_q]`` contiguous,
+    +inf for an empty row, NaN kept (one fused pass)."""
+    b, s_q, h_q = lse.shape
+    lse_fm = torch.empty((b, h_q, s_q), dtype=torch.float32, device=lse.device)
+    torch.nan_to_num(lse.transpose(1, 2), nan=float("nan"), posinf=float("inf"),
+                     neginf=float("inf"), out=lse_fm)
+    return lse_fm
+
+
 def _sanitized_sink(attn_sink):
     """-inf -> the most negative float32: the same factor 1 on every non-empty row, and an
     empty row (lse -inf) then gets factor 0 instead of ``1 / (1 + exp(-inf + inf))`` = NaN."""
@@ -282,11 +323,13 @@ def flash_mla_with_kvcache(
         change the returned lse.
       extra_k_cache, extra_indices_in_kvcache: a second cache (same format as ``k_cache``, its
         own page size) and its int32 ``[b, s_q, extra_topk]`` slots, attended together with
-        the first: exact merge through the two LSEs, the sink applied once after the merge.
+        the first in one softmax (float32 partials of both caches merged through their LSEs,
+        the sink applied once after the merge, one rounding to q's dtype).
       topk_length, extra_topk_length: int32 ``[b]`` or None: only the first ``topk_length[i]``
         entries of ``indices[i]`` (resp. the extra indices) are used.
-      out: extension (vLLM's vendored interface passes it): ``[b, s_q, h_q, 512]`` tensor the
-        result is copied into (a copy, not an in-kernel write).
+      out: extension (vLLM's vendored interface passes it): ``[b, s_q, h_q, 512]`` tensor on
+        q's device that receives the result and is returned. With two caches and a contiguous
+        ``out`` of q's dtype the combine writes it in place; otherwise the result is copied in.
       path: this project's path choice, ``"auto"`` | ``"triton"`` | ``"torch"``.
 
     Returns:
@@ -303,12 +346,17 @@ def flash_mla_with_kvcache(
       Strided V3.2 pages are passed to the native op as a strided view. Where the native op
       still refuses strided pages, the same bytes are read as a ``[T, 1, 656]`` cache of one
       row per slot, with the indices remapped ``page * P + off -> page * rows_per_page + off``
-      (an int32 ``[b, s_q, topk]`` pass, never a copy of the cache). Two caches cost two native
-      calls (no sink) plus one merge launch over ``[b, s_q, h_q, 512]``
-      (:mod:`torch_impl.compat._merge`: the exact LSE merge in float32, the sink once, one
-      rounding to q's dtype, FlashMLA's lse layout; bitwise repeatable). The partial outputs
-      are rounded to q's dtype before the merge: at most one extra rounding, inside SPEC's out
-      tolerance. ``path="torch"`` merges in PyTorch with the same formula.
+      (an int32 ``[b, s_q, topk]`` pass, never a copy of the cache), per cache. Two caches run
+      :func:`torch_impl.sparse_mla.sparse_mla_decode_sources`: on the triton path each cache's
+      split kernel writes float32 partials (normalised outputs ``[splits, b * s_q, h_q, 512]``,
+      log2 LSEs ``[splits, b * s_q, h_q]``) into one buffer, cache 0's splits then cache 1's,
+      and one combine launch over all splits merges them, applies the sink once and rounds
+      once (``kernels.sparse_mla.triton_launch.launch_sources``); ``path="torch"`` merges the
+      two caches' float32 outputs and LSEs in PyTorch the same way. No partial output is
+      rounded to q's dtype before the merge: partial outputs of opposite sign that nearly
+      cancel would turn that rounding into a large error of the small merged value (it failed
+      SPEC's out bound with bf16 q, docs/COMPAT.md). Bitwise repeatable (fixed split order,
+      no atomics). The returned lse is one fused pass from the native ``[b, s_q, h_q]``.
     """
     # ---- FlashMLA's own argument rules
     if indices is None:
@@ -363,28 +411,20 @@ def flash_mla_with_kvcache(
     if extra_k_cache is None:
         o, lse = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
                          sink, path)
-        # FlashMLA's lse: [b, h_q, s_q] contiguous, +inf for an empty row (one fused pass)
-        lse_fm = torch.empty((b, h_q, s_q), dtype=torch.float32, device=q.device)
-        torch.nan_to_num(lse.transpose(1, 2), nan=float("nan"), posinf=float("inf"),
-                         neginf=float("inf"), out=lse_fm)
     else:
-        o0, l0 = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
-                         None, path)
-        o1, l1 = _attend(q, "extra_k_cache", extra_k_cache, extra_indices_in_kvcache,
-                         extra_topk_length, scale, is_fp8_kvcache, None, path)
-        if _merge.can_use_triton(q, path):
-            # one launch: merge, sink, rounding, FlashMLA's lse layout (written into out= when
-            # it is a contiguous tensor of q's dtype)
-            dst = out if (out is not None and out.dtype == o0.dtype and out.is_contiguous()) else None
-            o, lse_fm = _merge.merge_triton(o0, l0, o1, l1, sink, out=dst)
-            if dst is not None:
-                return out, lse_fm
-        else:
-            o, lse_fm = _merge.merge_torch(o0, l0, o1, l1, sink)
+        # one softmax over both caches: float32 partials, one merge, the sink once, one
+        # rounding, written straight into out= when it is a contiguous tensor of q's dtype
+        dst = out if (out is not None and out.dtype == q.dtype and out.is_contiguous()) else None
+        o, lse = _attend_two(q, (("k_cache", k_cache, indices, topk_length),
+                                 ("extra_k_cache", extra_k_cache, extra_indices_in_kvcache,
+                                  extra_topk_length)),
+                             scale, is_fp8_kvcache, sink, path, dst)
+        if dst is not None:
+            return out, _flash_mla_lse(lse)
     if out is not None:
         out.copy_(o)
         o = out
-    return o, lse_fm
+    return o, _flash_mla_lse(lse)
 
 
 def _check_sched(meta, q, k_cache, causal, is_fp8, indices, extra_k_cache, extra_indices):
