@@ -555,3 +555,43 @@ def test_gluon_eligibility():
     assert not configs.gluon_eligible(hardware.CPU_INTERPRETER, "fp8_ds_mla", 576, 2)
     assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)
+
+
+# ============================================================================ combine
+
+@pytest.mark.parametrize("num_sms", [1, 64], ids=["block_d512", "block_d64"])
+def test_combine_matches_float64_merge(num_sms):
+    """The split-K combine against a float64 LSE merge: 5 splits (one split empty for every
+    head, one head empty in every split, a NaN partial in one head), with all 512 value columns
+    a program and (many SMs for few rows) 64 columns a program with 8 splits a load; the sink
+    applied once; LSE natural log, -inf for the empty head, NaN for the NaN head."""
+    from kernels.sparse_mla import triton_launch as tl_
+    assert tl_.combine_block_d(2, 512, num_sms) == (512 if num_sms == 1 else 64)
+    S, BN, H, D = 5, 1, 24, 512
+    g = np.random.default_rng(3)
+    po = g.standard_normal((S, BN, H, D)).astype(np.float32)
+    pl = (g.standard_normal((S, BN, H)) * 4).astype(np.float32)
+    pl[2] = -np.inf                                   # an empty split
+    pl[:, :, 5] = -np.inf                             # a head with no valid entry anywhere
+    pl[3, 0, 7] = np.nan                              # a NaN partial
+    sink = g.standard_normal(H).astype(np.float32)
+    out = torch.empty((BN, H, D), dtype=torch.float32, device=DEVICE)
+    lse = torch.empty((BN, H), dtype=torch.float32, device=DEVICE)
+    tl_._launch_combine(_t(po), _t(pl), _t(sink), out, lse, D, num_sms)
+    l64 = pl.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        m = np.max(l64, axis=0)
+        ms = np.where(np.isfinite(m), m, 0.0)
+        w = np.exp2(l64 - ms)
+        den = w.sum(axis=0)
+        ref = np.einsum("sbh,sbhd->bhd", w, po.astype(np.float64)) / np.where(den > 0, den, 1)[..., None]
+        ref_lse = np.where(den > 0, (ms + np.log2(np.where(den > 0, den, 1))) * np.log(2), -np.inf)
+        ref_lse = np.where(np.isnan(m), np.nan, ref_lse)
+        ref = ref * (1 / (1 + np.exp(sink[None, :] - ref_lse)))[..., None]
+    ref[:, 5] = 0.0
+    o, l_ = out.cpu().numpy(), lse.cpu().numpy()
+    assert np.isneginf(l_[0, 5]) and np.all(o[0, 5] == 0)
+    assert np.isnan(l_[0, 7]) and np.all(np.isnan(o[0, 7]))
+    keep = [h for h in range(H) if h not in (5, 7)]
+    np.testing.assert_allclose(l_[0, keep], ref_lse[0, keep], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(o[0, keep], ref[0, keep], rtol=1e-5, atol=1e-6)
