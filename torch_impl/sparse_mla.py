@@ -148,7 +148,7 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
-    if cfg.kernel == "gluon" and not configs.gluon_eligible(dev, kv_format, D, width):
+    if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width):
         cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
     return triton_launch.launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
                                 topk_length, attn_sink, page_size=P, num_pages=num_pages,

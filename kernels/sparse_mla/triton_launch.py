@@ -97,6 +97,10 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                 if kv_format != "latent" and dot != "float32":
                     specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
                 continue
+            if cfg.kernel == "gluon_ws":
+                if (kv_format, d_qk) in configs.GLUON_WS_FORMATS and dot != "float32":
+                    specs.extend(_gluon_ws_specs(kv_format, q_dtype, final, cfg.num_stages))
+                continue
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
                    "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
@@ -126,12 +130,8 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     return specs
 
 
-def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
-    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
-    (``nbuf``: the config's X buffers, its ``num_stages``)."""
-    from kernels._triton_aot import LaunchSpec
-    from kernels.sparse_mla import gluon as gk
-    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+def _gluon_sig(q_dtype: torch.dtype) -> dict:
+    """Signature of the Gluon kernels (``gluon.py`` and ``gluon_ws.py`` share their arguments)."""
     sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": "*u8", "kv16_ptr": "*i16", "kv32_ptr": "*i32",
            "idx_ptr": "*i32", "bt_ptr": "*i32", "tkl_ptr": "*i32", "sink_ptr": "*fp32",
            "po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
@@ -139,6 +139,16 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
                  "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
         sig[name] = "i32"
+    return sig
+
+
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
+    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
+    (``nbuf``: the config's X buffers, its ``num_stages``)."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla import gluon as gk
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    sig = _gluon_sig(q_dtype)
     rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
     out = []
     for has_bt in (True, False):
@@ -148,6 +158,28 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
             f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
             f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon",
             "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
+            ("sq_b", "sq_n", "sq_h", "page_bytes")))
+    return out
+
+
+def _gluon_ws_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 2) -> list:
+    """Launches of the warp-specialised Gluon kernel (sm_90; ``gluon_ws.py``) for one variant,
+    with and without a block table (``nbuf``: the X ring's slots, the config's ``num_stages``).
+    ``num_warps`` is the consumer's (the default partition); the producer's warps come on top."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla import gluon_ws as gw
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    sig = _gluon_sig(q_dtype)
+    rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
+    out = []
+    for has_bt in (True, False):
+        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
+                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, PRODUCER_REGS=gw.PRODUCER_REGS,
+                  EMPTY_ARRIVALS=gw.EMPTY_ARRIVALS)
+        out.append(LaunchSpec(
+            f"gluon_ws x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon_ws",
+            "_sparse_mla_gluon_ws_kernel", sig, cx, gw.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
             ("sq_b", "sq_n", "sq_h", "page_bytes")))
     return out
 
@@ -233,6 +265,25 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=cx["ROPE_DTYPE"],
             NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
+        )
+    elif cfg.kernel == "gluon_ws":   # the caller checked configs.gluon_ws_eligible
+        from kernels.sparse_mla import gluon_ws as gw
+        gw._sparse_mla_gluon_ws_kernel[grid](
+            q, kv, kv16, kv.view(torch.int32), indices,
+            block_table if block_table is not None else dummy,
+            topk_length if topk_length is not None else dummy,
+            attn_sink if attn_sink is not None else dummy,
+            po, pl, out, lse,
+            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+            block_table.stride(0) if block_table is not None else 0,
+            N, H, K, num_slots, num_pages,
+            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+            float(sm_scale) * tk.LOG2E,
+            KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
+            HAS_SINK=cx["HAS_SINK"], FINAL=final,
+            ROPE_DTYPE=cx["ROPE_DTYPE"],
+            NBUF=cfg.num_stages, PRODUCER_REGS=gw.PRODUCER_REGS,
+            EMPTY_ARRIVALS=gw.EMPTY_ARRIVALS, num_warps=gw.NUM_WARPS,
         )
     else:
         tk._sparse_mla_split_kernel[grid](
