@@ -58,7 +58,7 @@ class SparseMLAConfig:
         (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
         fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it) or
         ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised; 8 consumer
-        warps plus a 4-warp producer, ``num_stages`` X slots).
+        warps plus an 8-warp producer, ``num_stages`` X slots).
     """
 
     block_h: int = 16
@@ -120,7 +120,7 @@ def gluon_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: 
 
 
 # The warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py; sm_90 only: wgmma and
-# setmaxnreg): 64 heads x 64 rows, 8 consumer warps + a 4-warp producer, num_stages = the X ring's
+# setmaxnreg): 64 heads x 64 rows, 8 consumer warps + an 8-warp producer, num_stages = the X ring's
 # slots (2). Not chosen by the heuristic until it is measured on the H200: run it with
 # ``config=SPARSE_MLA_GLUON_WS`` or a dispatch table naming it.
 SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,

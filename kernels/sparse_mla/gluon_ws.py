@@ -10,16 +10,18 @@ fp16, the rope dot in the rope's dtype, fp16 p; split-K partials (normalised fp3
 log2-domain LSE) or, with one split, the final output (times the sink factor).
 
 * **Work.** One program: 64 heads of one (request, draft) over one split of its top-k list, as
-  ``gluon.py``; grid ``(head_blocks, splits, B * N)``. 12 warps in two partitions
+  ``gluon.py``; grid ``(head_blocks, splits, B * N)``. 16 warps in two partitions
   (``gl.warp_specialize``): the *consumer* (the default partition, 8 warps = 2 warpgroups) and
-  the *producer* (one worker partition, 4 warps).
+  the *producer* (one worker partition, 8 warps = 2 warpgroups; one 16-byte vector of each
+  64-byte chunk a thread).
 * **Producer.** Per 64-row block: resolves the slots (indices two blocks ahead, page entries one
-  block ahead, as the Triton kernel's three-deep chain), loads the scale words, computes the
-  block's unit, gathers the e4m3 chunks and the rope (16-byte vectors, masked: an invalid entry is
-  never dereferenced), converts them into fp16 (rope: its dtype) and stores them into one X slot
-  of a ``NBUF``-deep ring, with the per-row validity and the unit beside it; then
-  ``fence_async_shared`` + a partition barrier + ``mbarrier.arrive(full[slot])``. It waits on
-  ``empty[slot]`` before overwriting a slot. Register budget: ``PRODUCER_REGS`` (setmaxnreg).
+  block ahead, as the Triton kernel's three-deep chain), issues every load of the block (the
+  scale words, the 8 (7) e4m3 chunks and the rope: 16-byte vectors, masked, so an invalid entry
+  is never dereferenced) *before* waiting on ``empty[slot]`` (the gather's latency overlaps the
+  wait), computes the block's unit, converts the chunks into fp16 (rope: its dtype) and stores
+  them into one X slot of a ``NBUF``-deep ring, with the per-row validity and the unit beside
+  it; then ``fence_async_shared`` + a partition barrier + ``mbarrier.arrive(full[slot])``.
+  Register budget: ``PRODUCER_REGS`` (setmaxnreg; 40 of them hold the raw block).
 * **Consumer.** Loads q once into shared memory (fp16 nope chunks scaled per head, the rope chunk
   in its dtype), then per block: ``mbarrier.wait(full[slot])``, ``S = q . X^T`` by wgmma from
   shared memory with ``warps_per_cta = [4, 2]`` (each warpgroup the scores of 32 of the 64 rows:
@@ -27,8 +29,8 @@ log2-domain LSE) or, with one split, the final output (times the sink factor).
   value chunk (P fp16 as a register operand, X from shared memory; each warpgroup holds 32 of
   every chunk's 64 columns: 64 x 512 fp32 / 256 threads = 128 accumulator registers a thread),
   then ``mbarrier.arrive(empty[slot])`` once the value dots have completed. It gets the registers
-  the producer gives up (``AllocateWarpGroups``: 168 a thread for 12 warps, the default partition
-  ``168 + (168 - PRODUCER_REGS) / 2``, rounded down to 8).
+  the producer gives up (Triton's ``AllocateWarpGroups``: 128 a thread for 16 warps, the default
+  partition ``256 - PRODUCER_REGS``, rounded down to 8: 200 for the producer's 56).
 * **Shared memory.** q 73,728 B (D_qk 576) + NBUF x 73,728 B X slots + NBUF x 512 B of row
   validity / unit words + the barriers: 221,184 + 1,024 + 32 B for NBUF 2 (fp8_ds_mla).
 * **Masking.** As ``gluon.py`` / the Triton kernel: entries negative, beyond the cache or the
@@ -56,41 +58,14 @@ from kernels.sparse_mla.triton import _exp_field, _page_entries, _pow2
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 
 NUM_WARPS = 8           # the consumer (default partition): two warpgroups
-PRODUCER_WARPS = gl.constexpr(4)  # the producer: one warpgroup (12 warps in all)
-PRODUCER_REGS = 72      # the producer's setmaxnreg budget (the consumer gets 216)
+PRODUCER_WARPS = gl.constexpr(8)  # the producer: two warpgroups (16 warps in all)
+PRODUCER_REGS = 56      # the producer's setmaxnreg budget (the consumer gets 200)
 EMPTY_ARRIVALS = 1      # consumer threads arriving on an ``empty`` barrier (see the kernel)
 
 
 @gluon.jit
-def _ws_indices(idx_row, k, end, ar):
-    """One half block's top-k entries (``-1`` past the split) and its in-list mask."""
-    inl = k + ar < end
-    return gl.load(idx_row + k + ar, mask=inl, other=-1), inl
-
-
-@gluon.jit
-def _ws_store_half(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, buf, h: gl.constexpr,
-                   kv_ptr, kv16_ptr, pg, of, ok, c0, c1, c2, c3, ub, shift, page_bytes,
-                   KV_FORMAT: gl.constexpr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr,
-                   LD: gl.constexpr, LD16: gl.constexpr):
-    """Gather, dequantize and store rows ``[32 h, 32 h + 32)`` of one X slot: each chunk loaded,
-    converted into the unit and stored in turn (ptxas overlaps the next chunks' loads as far as
-    the register budget allows), then the rope chunk, the validity and the unit words."""
-    base = _row_base(pg, of, page_bytes, KV_FORMAT)
-    r0: gl.constexpr = h * 32
-    x0.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 0, LD), c0, c1, c2, c3, shift, 0, KV_FORMAT))
-    x1.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 1, LD), c0, c1, c2, c3, shift, 1, KV_FORMAT))
-    x2.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 2, LD), c0, c1, c2, c3, shift, 2, KV_FORMAT))
-    x3.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 3, LD), c0, c1, c2, c3, shift, 3, KV_FORMAT))
-    x4.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 4, LD), c0, c1, c2, c3, shift, 4, KV_FORMAT))
-    x5.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 5, LD), c0, c1, c2, c3, shift, 5, KV_FORMAT))
-    x6.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 6, LD), c0, c1, c2, c3, shift, 6, KV_FORMAT))
-    if NC == 8:
-        x7.index(buf).slice(r0, 32).store(_tile(_load_u8(kv_ptr, base, ok, 7, LD), c0, c1, c2, c3, shift, 7, KV_FORMAT))
-    rr = _load_rope(kv16_ptr, base, ok, KV_FORMAT, LD16)
-    xr.index(buf).slice(r0, 32).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
-    ok_s.index(buf).slice(r0, 32).store(ok.to(gl.int32))
-    ub_s.index(buf).slice(r0, 32).store(gl.full([32], 0, gl.int32, layout=gl.SliceLayout(1, LD)) + ub)
+def _ws_slot_store(xc, raw, c0, c1, c2, c3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
+    xc.store(_tile(raw, c0, c1, c2, c3, shift, C, KV_FORMAT))
 
 
 @gluon.jit
@@ -100,9 +75,9 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
                  ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
-    # a [32 rows, 64 B] half chunk over 4 warps: one 16-byte vector a thread
-    LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])
-    LD16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [4, 1], [1, 0])
+    # [64 rows, 64 B] per chunk over 8 warps: one 16-byte vector a thread
+    LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    LD16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])
     ROW: gl.constexpr = gl.SliceLayout(1, LD)
 
     pid_s = gl.program_id(1)
@@ -115,59 +90,65 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     start = pid_s * chunk
     end = gl.minimum(start + chunk, k_len)
 
-    # the three-deep chain per half block (a = rows 0..31, b = rows 32..63): slots of this
-    # block, page entries of the next, indices of the one after
     idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(gl.int64) * sbt_b
-    ar = gl.arange(0, 32, layout=ROW)
-    ia, ina = _ws_indices(idx_row, start, end, ar)
-    ib, inb = _ws_indices(idx_row, start + 32, end, ar)
-    pga, ofa, oka = _resolve(ia, _page_entries(bt_row, ia, ina, max_pages, page_size, HAS_BT),
-                             ina, num_slots, num_pages, max_pages, page_size, HAS_BT)
-    pgb, ofb, okb = _resolve(ib, _page_entries(bt_row, ib, inb, max_pages, page_size, HAS_BT),
-                             inb, num_slots, num_pages, max_pages, page_size, HAS_BT)
-    ia, ina = _ws_indices(idx_row, start + 64, end, ar)
-    ib, inb = _ws_indices(idx_row, start + 96, end, ar)
-    ea = _page_entries(bt_row, ia, ina, max_pages, page_size, HAS_BT)
-    eb = _page_entries(bt_row, ib, inb, max_pages, page_size, HAS_BT)
+    ar = gl.arange(0, 64, layout=ROW)
+    in0 = start + ar < end
+    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
+    in1 = start + 64 + ar < end
+    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
+    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
+                          num_slots, num_pages, max_pages, page_size, HAS_BT)
+    e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
     ub_i = pid_s * 0 + 1
 
     for k0 in range(start, end, 64):
         j = (k0 - start) // 64
         buf = j % NBUF
         phase = (j // NBUF) & 1
-        # this block's scale words (both halves) and unit, the indices two blocks ahead
-        ba = _row_base(pga, ofa, page_bytes, KV_FORMAT)
-        bb = _row_base(pgb, ofb, page_bytes, KV_FORMAT)
-        a0, a1, a2, a3 = _load_scales(kv32_ptr, pga, ofa, ba, oka, page_size, page_bytes,
+        # this block's scales and rows (slots resolved last iteration), the next block's slots'
+        # inputs one step further down the chain
+        base = _row_base(pg, of, page_bytes, KV_FORMAT)
+        c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, base, ok, page_size, page_bytes,
                                       KV_FORMAT)
-        b0, b1, b2, b3 = _load_scales(kv32_ptr, pgb, ofb, bb, okb, page_size, page_bytes,
-                                      KV_FORMAT)
-        ia2, ina2 = _ws_indices(idx_row, k0 + 128, end, ar)
-        ib2, inb2 = _ws_indices(idx_row, k0 + 160, end, ar)
-        ub = gl.maximum(_block_unit(a0, a1, a2, a3, oka, ub_i, KV_FORMAT),
-                        _block_unit(b0, b1, b2, b3, okb, ub_i, KV_FORMAT))
+        in2 = k0 + 128 + ar < end
+        i2 = gl.load(idx_row + k0 + 128 + ar, mask=in2, other=-1)
+        r0 = _load_u8(kv_ptr, base, ok, 0, LD)
+        r1 = _load_u8(kv_ptr, base, ok, 1, LD)
+        r2 = _load_u8(kv_ptr, base, ok, 2, LD)
+        r3 = _load_u8(kv_ptr, base, ok, 3, LD)
+        r4 = _load_u8(kv_ptr, base, ok, 4, LD)
+        r5 = _load_u8(kv_ptr, base, ok, 5, LD)
+        r6 = _load_u8(kv_ptr, base, ok, 6, LD)
+        if NC == 8:
+            r7 = _load_u8(kv_ptr, base, ok, 7, LD)
+        else:
+            r7 = r6
+        rr = _load_rope(kv16_ptr, base, ok, KV_FORMAT, LD16)
+        ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
         shift = _pow2(254 - ub)
 
         mbarrier.wait(empty.index(buf), phase ^ 1)       # the consumer is done with this slot
-        _ws_store_half(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, buf, 0, kv_ptr, kv16_ptr,
-                       pga, ofa, oka, a0, a1, a2, a3, ub, shift, page_bytes, KV_FORMAT, NC,
-                       ROPE_DTYPE, LD, LD16)
-        _ws_store_half(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, buf, 1, kv_ptr, kv16_ptr,
-                       pgb, ofb, okb, b0, b1, b2, b3, ub, shift, page_bytes, KV_FORMAT, NC,
-                       ROPE_DTYPE, LD, LD16)
+        _ws_slot_store(x0.index(buf), r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
+        _ws_slot_store(x1.index(buf), r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
+        _ws_slot_store(x2.index(buf), r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
+        _ws_slot_store(x3.index(buf), r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
+        _ws_slot_store(x4.index(buf), r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
+        _ws_slot_store(x5.index(buf), r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
+        _ws_slot_store(x6.index(buf), r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
+        if NC == 8:
+            _ws_slot_store(x7.index(buf), r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
+        xr.index(buf).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
+        ok_s.index(buf).store(ok.to(gl.int32))
+        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
         fence_async_shared()                  # generic-proxy stores -> wgmma (async proxy)
         _barrier()                            # every producer thread has stored
         mbarrier.arrive(full.index(buf))
         ub_i = ub
-        pga, ofa, oka = _resolve(ia, ea, ina, num_slots, num_pages, max_pages, page_size, HAS_BT)
-        pgb, ofb, okb = _resolve(ib, eb, inb, num_slots, num_pages, max_pages, page_size, HAS_BT)
-        ea = _page_entries(bt_row, ia2, ina2, max_pages, page_size, HAS_BT)
-        eb = _page_entries(bt_row, ib2, inb2, max_pages, page_size, HAS_BT)
-        ia = ia2
-        ina = ina2
-        ib = ib2
-        inb = inb2
+        pg, of, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+        e1 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
+        i1 = i2
+        in1 = in2
 
 
 @gluon.jit
@@ -332,7 +313,7 @@ def _sparse_mla_gluon_ws_kernel(
     N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
-    NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 72,
+    NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56,
     EMPTY_ARRIVALS: gl.constexpr = 1,
 ):
     """Same arguments as ``gluon._sparse_mla_gluon_kernel`` (``NBUF``: X slots in the ring;
