@@ -201,6 +201,10 @@ def _isolated(kernel: str, args) -> tuple[list[dict], list[dict], dict]:
     os.unlink(rows_path)
     print(f"{kernel} child: {json.dumps({k: v for k, v in info.items() if k != 'stderr_tail'})}",
           flush=True)
+    if info.get("returncode") != 0:       # crashed or hung: one failed row says so in the count
+        rows.append(_emit("check", dict(
+            case=f"{kernel} child process ({len(rows)} rows before it stopped)", kernel=kernel,
+            passed=False, error=info.get("error") or (info.get("stderr_tail") or "")[-800:])))
     return ([r for r in rows if r.get("kind") == "check"],
             [r for r in rows if r.get("kind") == "timing"], info)
 
