@@ -32,7 +32,8 @@ log2-domain LSE) or, with one split, the final output (times the sink factor).
   the producer gives up (Triton's ``AllocateWarpGroups``: 128 a thread for 16 warps, the default
   partition ``256 - PRODUCER_REGS``, rounded down to 8: 200 for the producer's 56).
 * **Shared memory.** q 73,728 B (D_qk 576) + NBUF x 73,728 B X slots + NBUF x 512 B of row
-  validity / unit words + the barriers: 221,184 + 1,024 + 32 B for NBUF 2 (fp8_ds_mla).
+  validity / unit words + the barriers + reduction scratch: 226,376 B for NBUF 2 (fp8_ds_mla;
+  fp8_model1 201,800 B; AOT, Triton 3.6.0). 1 CTA per SM.
 * **Masking.** As ``gluon.py`` / the Triton kernel: entries negative, beyond the cache or the
   table, with a negative page entry, or past ``topk_length`` are masked in every load (masked
   rows read scale 0) and excluded from the softmax (score -> -1e30 finite start, p = 0).
@@ -307,8 +308,18 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
 
 @gluon.jit
 def _sparse_mla_gluon_ws_kernel(
-    q_ptr, kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr, sink_ptr,
-    po_ptr, pl_ptr, out_ptr, lse_ptr,
+    q_ptr,            # [B, N, H, D_qk] bf16 / fp16, strides sq_*; last dim contiguous
+    kv_ptr,           # the cache as uint8 bytes
+    kv16_ptr,         # the same bytes as int16 (bf16 rope bits)
+    kv32_ptr,         # the same bytes as int32 (ds_mla scales as float32 bits; model1 ue8m0 words)
+    idx_ptr,          # [B, N, K] int32 slots (or logical positions with HAS_BT), strides si_*
+    bt_ptr,           # [B, max_pages] int32 block table (HAS_BT)
+    tkl_ptr,          # [B] int32 topk_length (HAS_TKL)
+    sink_ptr,         # [H] float32 attention sink (HAS_SINK, FINAL only)
+    po_ptr,           # [S, B*N, H, 512] float32 partial out (not FINAL)
+    pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (not FINAL)
+    out_ptr,          # [B, N, H, 512] q dtype (FINAL)
+    lse_ptr,          # [B, N, H] float32 natural-log LSE (FINAL)
     sq_b, sq_n, sq_h, si_b, si_n, sbt_b,
     N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
