@@ -316,7 +316,7 @@ class Registry:
         if rule is None:
             return {} if not config else None
         base = rule.heuristic(dev, shape)
-        # "kernel" (sparse MLA: "triton" when absent, "gluon") selects the kernel rather than
+        # "kernel" (sparse MLA: "triton" when absent, "gluon", "gluon_ws") selects the kernel rather than
         # tuning it, so a config without it means the Triton kernel, not the heuristic's
         if set(config) - set(base) - {"kernel"}:
             return None

@@ -119,13 +119,13 @@ _ALL_CONFIGS = sorted({c for space in configs.SPARSE_MLA_SPACE.values() for c in
 
 
 @pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}{g}".format(
-                             g="-gluon" if c.kernel == "gluon" else "", **c.to_dict()))
+                             g="" if c.kernel == "triton" else "-" + c.kernel, **c.to_dict()))
 @pytest.mark.parametrize("splits", [1, 3])
 def test_every_config(cfg, splits):
     """Each config of the search space (both shared-memory classes), with one split (the split
     kernel writes the result) and three (partials + combine), on both fp8 formats."""
-    if cfg.kernel == "gluon" and not (CUDA and torch.cuda.get_device_capability() == (9, 0)):
-        pytest.skip("the Gluon kernel runs on sm_90 only (elsewhere the launcher substitutes "
+    if cfg.kernel != "triton" and not (CUDA and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("the Gluon kernels run on sm_90 only (elsewhere the launcher substitutes "
                     "the Triton 64-head tile, tested here as h64k32w8s2p0)")
     for kv_format, d_qk in FORMATS[1:]:
         case = cases.make_mla_case(11, B=2, N=2, H=24, K=100, P=61 if kv_format == "latent" else 64,
@@ -595,3 +595,20 @@ def test_combine_matches_float64_merge(num_sms):
     keep = [h for h in range(H) if h not in (5, 7)]
     np.testing.assert_allclose(l_[0, keep], ref_lse[0, keep], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(o[0, keep], ref[0, keep], rtol=1e-5, atol=1e-6)
+    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and the
+    # heuristic does not choose it until it is measured
+    b200 = hardware.DeviceInfo(name="NVIDIA B200", cc=(10, 0), num_sms=148, smem_per_block=232_448)
+    ws = configs.SPARSE_MLA_GLUON_WS
+    assert configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 2)
+    assert configs.gluon_ws_eligible(h200, "fp8_model1", 512, 2)
+    assert not configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 4)
+    assert not configs.gluon_ws_eligible(h200, "latent", 576, 2)
+    for dev in (sm120, b200, hardware.CPU_INTERPRETER):
+        assert not configs.gluon_ws_eligible(dev, "fp8_ds_mla", 576, 2)
+        assert not configs.kernel_eligible("gluon_ws", dev, "fp8_ds_mla", 576, 2)
+    assert configs.kernel_eligible("triton", sm120, "latent", 576, 4)
+    assert ws in configs.sparse_mla_space(configs.LARGE_SMEM)
+    assert ws not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    for H in (64, 128):
+        assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
+                                            gluon=True) != ws

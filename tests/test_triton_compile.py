@@ -76,3 +76,18 @@ def test_aot_compile_one_kernel_without_gpu():
     (res,) = _aot.compile_specs(specs, (120,))
     assert "error" not in res, res.get("error")
     assert 0 < res["shared"] <= limit
+
+
+def test_gluon_ws_specs_listed_for_sm90_only():
+    """The warp-specialised Gluon kernel (sm_90 only) is in the large class's AOT specs (so the
+    sm90-marked compile test above compiles it), for both fp8 formats, partial and final, with
+    and without a block table; never in the small class's (sm_120)."""
+    large = [s for s in _sparse_mla.aot_specs("large") if s.kernel == "_sparse_mla_gluon_ws_kernel"]
+    small = [s for s in _sparse_mla.aot_specs("small") if s.kernel == "_sparse_mla_gluon_ws_kernel"]
+    assert not small
+    labels = {s.label for s in large}
+    for fmt in ("fp8_ds_mla", "fp8_model1"):
+        for bt in ("block table", "slots"):
+            assert f"gluon_ws x2 {fmt} q=bfloat16 partial {bt}" in labels
+    assert "gluon_ws x2 fp8_ds_mla q=bfloat16 final block table" in labels
+    assert all(s.num_warps == 8 and s.constexprs["NBUF"] == 2 for s in large)

@@ -147,13 +147,13 @@ def _triton_gate(q, kv_caches, kv_formats, d_v):
 
 def _triton_config(dev, q, kv_cache, kv_format, K, config):
     """The tile config one cache's split kernel runs: ``config`` (the plan's) or the registry's
-    choice, a Gluon config replaced by the Triton 64-head tile where the Gluon kernel cannot run
-    (``configs.gluon_eligible``)."""
+    choice, a Gluon config replaced by the Triton 64-head tile where its kernel cannot run
+    (``configs.kernel_eligible``)."""
     B, N, H, D = q.shape
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
-    if cfg.kernel == "gluon" and not configs.gluon_eligible(dev, kv_format, D, width):
+    if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width):
         cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
     return cfg
 

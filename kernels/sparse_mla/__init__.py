@@ -6,6 +6,8 @@ combine, in both stacks.
   (shared by both kernels; imports nothing beyond the standard library).
 * ``triton.py``: the Triton kernels.
 * ``gluon.py``: the sm_90 Gluon kernel (configs with ``kernel="gluon"``).
+* ``gluon_ws.py``: its warp-specialised variant (sm_90 only; ``kernel="gluon_ws"``: a producer
+  warp group gathers and dequantizes into a two-slot ring, the consumers run the wgmma dots).
 * ``triton_launch.py``: the launcher of both (operand dtypes, byte views, split count, grid,
   constexprs) and AOT specs; ``torch_impl.sparse_mla`` calls it after validation.
 * ``pallas.py``: the Pallas kernels with their launcher (``jax_impl`` calls it).

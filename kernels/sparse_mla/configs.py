@@ -54,9 +54,11 @@ class SparseMLAConfig:
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
         (a three-deep software pipeline by hand: rows, page entries, indices); without it each
         iteration issues its own block's loads back to back and waits for them.
-      kernel: ``"triton"`` (kernels/sparse_mla/triton.py) or ``"gluon"``
+      kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"gluon"``
         (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
-        fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it).
+        fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it) or
+        ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised; 8 consumer
+        warps plus an 8-warp producer, ``num_stages`` X slots).
     """
 
     block_h: int = 16
@@ -117,6 +119,35 @@ def gluon_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: 
             and (kv_format, d_qk) in GLUON_FORMATS)
 
 
+# The warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py; sm_90 only: wgmma and
+# setmaxnreg): 64 heads x 64 rows, 8 consumer warps + an 8-warp producer, num_stages = the X ring's
+# slots (2). Not chosen by the heuristic until it is measured on the H200: run it with
+# ``config=SPARSE_MLA_GLUON_WS`` or a dispatch table naming it.
+SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
+                                      prefetch=True, kernel="gluon_ws")
+# (kv_format, D_qk) pairs the warp-specialised kernel is built for
+GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512))
+
+
+def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:
+    """Whether the warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py) can run a call
+    on ``dev``: exactly sm_90 (wgmma, setmaxnreg; not sm_100 / sm_120) outside the interpreter,
+    an fp8 cache at its D_qk (:data:`GLUON_WS_FORMATS`), 16-bit dot operands."""
+    return (not dev.interpret and tuple(dev.cc) == (9, 0) and operand_bytes == 2
+            and (kv_format, d_qk) in GLUON_WS_FORMATS)
+
+
+def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
+                    operand_bytes: int) -> bool:
+    """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere,
+    ``"gluon"`` / ``"gluon_ws"`` by :func:`gluon_eligible` / :func:`gluon_ws_eligible`."""
+    if kernel == "gluon":
+        return gluon_eligible(dev, kv_format, d_qk, operand_bytes)
+    if kernel == "gluon_ws":
+        return gluon_ws_eligible(dev, kv_format, d_qk, operand_bytes)
+    return True
+
+
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                     prefetch=True, kernel="gluon")
 
@@ -144,6 +175,7 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False),
         SPARSE_MLA_GLUON,
         SPARSE_MLA_GLUON2,
+        SPARSE_MLA_GLUON_WS,
     ),
     ("large", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),

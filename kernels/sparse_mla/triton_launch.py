@@ -123,6 +123,10 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                 if kv_format != "latent" and dot != "float32":
                     specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
                 continue
+            if cfg.kernel == "gluon_ws":
+                if (kv_format, d_qk) in configs.GLUON_WS_FORMATS and dot != "float32":
+                    specs.extend(_gluon_ws_specs(kv_format, q_dtype, final, cfg.num_stages))
+                continue
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
                    "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
@@ -156,12 +160,8 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     return specs
 
 
-def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
-    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
-    (``nbuf``: the config's X buffers, its ``num_stages``)."""
-    from kernels._triton_aot import LaunchSpec
-    from kernels.sparse_mla import gluon as gk
-    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+def _gluon_sig(q_dtype: torch.dtype) -> dict:
+    """Signature of the Gluon kernels (``gluon.py`` and ``gluon_ws.py`` share their arguments)."""
     sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": "*u8", "kv16_ptr": "*i16", "kv32_ptr": "*i32",
            "idx_ptr": "*i32", "bt_ptr": "*i32", "tkl_ptr": "*i32", "sink_ptr": "*fp32",
            "po_ptr": "*fp32", "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
@@ -169,6 +169,16 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "N", "H", "K", "num_slots",
                  "num_pages", "max_pages", "page_size", "page_bytes", "chunk"):
         sig[name] = "i32"
+    return sig
+
+
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
+    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
+    (``nbuf``: the config's X buffers, its ``num_stages``)."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla import gluon as gk
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    sig = _gluon_sig(q_dtype)
     rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
     out = []
     for has_bt in (True, False):
@@ -178,6 +188,28 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
             f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
             f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon",
             "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
+            ("sq_b", "sq_n", "sq_h", "page_bytes")))
+    return out
+
+
+def _gluon_ws_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 2) -> list:
+    """Launches of the warp-specialised Gluon kernel (sm_90; ``gluon_ws.py``) for one variant,
+    with and without a block table (``nbuf``: the X ring's slots, the config's ``num_stages``).
+    ``num_warps`` is the consumer's (the default partition); the producer's warps come on top."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla import gluon_ws as gw
+    from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    sig = _gluon_sig(q_dtype)
+    rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
+    out = []
+    for has_bt in (True, False):
+        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
+                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, PRODUCER_REGS=gw.PRODUCER_REGS,
+                  EMPTY_ARRIVALS=gw.EMPTY_ARRIVALS)
+        out.append(LaunchSpec(
+            f"gluon_ws x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon_ws",
+            "_sparse_mla_gluon_ws_kernel", sig, cx, gw.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
             ("sq_b", "sq_n", "sq_h", "page_bytes")))
     return out
 
@@ -268,9 +300,16 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (cdiv(H, cfg.block_h), splits, B * N)
-    if cfg.kernel == "gluon":        # the caller checked configs.gluon_eligible
-        from kernels.sparse_mla import gluon as gk
-        gk._sparse_mla_gluon_kernel[grid](
+    if cfg.kernel in ("gluon", "gluon_ws"):   # the caller checked configs.kernel_eligible
+        if cfg.kernel == "gluon":
+            from kernels.sparse_mla import gluon as gk
+            kernel, extra = gk._sparse_mla_gluon_kernel, dict(num_warps=gk.NUM_WARPS)
+        else:                                   # warp-specialised (gluon_ws.py): same arguments
+            from kernels.sparse_mla import gluon_ws as gw
+            kernel = gw._sparse_mla_gluon_ws_kernel
+            extra = dict(PRODUCER_REGS=gw.PRODUCER_REGS, EMPTY_ARRIVALS=gw.EMPTY_ARRIVALS,
+                         num_warps=gw.NUM_WARPS)
+        kernel[grid](
             q, kv, kv16, kv.view(torch.int32), indices,
             block_table if block_table is not None else dummy,
             topk_length if topk_length is not None else dummy,
@@ -284,7 +323,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
             KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=cx["ROPE_DTYPE"],
-            NBUF=cfg.num_stages, num_warps=gk.NUM_WARPS,
+            NBUF=cfg.num_stages, **extra,
         )
     else:
         tk._sparse_mla_split_kernel[grid](

@@ -1,0 +1,95 @@
+"""AOT counts of the warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py) for sm_90, no
+GPU needed: registers (setmaxnreg per partition), spills, shared memory and the SASS opcode counts
+of each partition's block loop (per warp per 64-row block).
+
+    PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts [--model1] [--final]
+
+The loops are the innermost backward branches spanning more than 1 KiB of code before the last
+EXIT (the mbarrier retry loops that ptxas moves behind it are excluded): the producer's loop comes
+first in the cubin, the consumer's second.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import subprocess
+import tempfile
+
+import torch
+
+KEEP = ("LDG", "STS", "LDS", "F2FP", "HGMMA", "LDL", "STL", "BAR", "SYNCS")
+
+
+def loop_counts(sass: str) -> list[dict]:
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if not m:
+            continue
+        body = re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip())
+        full = body.split()[0]
+        op = full.split(".")[0]
+        tgt = None
+        if op == "BRA":
+            t = re.search(r"0x([0-9a-f]+)", body)
+            tgt = int(t.group(1), 16) if t else None
+        ins.append((int(m.group(1), 16), op, full, tgt))
+    last_exit = max(a for a, op, _, _ in ins if op == "EXIT")
+    loops = [(t, a) for a, op, _, t in ins
+             if op == "BRA" and t is not None and t < a and a - t > 0x400 and a < last_exit]
+    inner = [(lo, hi) for lo, hi in loops
+             if not any(lo <= l and h <= hi and (l, h) != (lo, hi) for l, h in loops)]
+    out = []
+    for lo, hi in sorted(inner):
+        ops = collections.Counter(op for a, op, _, _ in ins if lo <= a <= hi and op != "NOP")
+        det = collections.Counter(f for a, op, f, _ in ins if lo <= a <= hi and op in KEEP)
+        out.append({"range": f"{lo:#x}-{hi:#x}", "total": sum(ops.values()),
+                    "ops": dict(ops.most_common(20)), "memory_sync": dict(det.most_common())})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model1", action="store_true", help="fp8_model1 (default fp8_ds_mla)")
+    ap.add_argument("--final", action="store_true", help="the single-split epilogue")
+    args = ap.parse_args()
+    import os
+    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="gluon_ws_counts_")  # run ptxas
+    import triton
+    from kernels import _triton_aot as aot
+    from kernels.sparse_mla import triton_launch
+    fmt = "fp8_model1" if args.model1 else "fp8_ds_mla"
+    spec = triton_launch._gluon_ws_specs(fmt, torch.bfloat16, args.final, 2)[0]
+    res = aot.compile_spec(spec, 90)          # registers / spills / shared (ptxas -v)
+    # the cubin and the PTX (compile_spec keeps only the counts; this compile hits the cache)
+    import importlib
+    import triton.language as tl
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+    fn = getattr(importlib.import_module(spec.module), spec.kernel)
+    cx = {k: (getattr(tl, v) if k in spec.dtype_constexprs else v) for k, v in spec.constexprs.items()}
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in cx:
+            sig[name] = "constexpr"
+        else:
+            sig[name] = spec.signature[name]
+            if sig[name].startswith("*") or name in spec.divisible:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    k = triton.compile(GluonASTSource(fn, sig, cx, attrs), target=GPUTarget("cuda", 90, 32),
+                       options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
+    res["setmaxnreg"] = sorted(set(re.findall(r"setmaxnreg\.(\w+)\.sync\.aligned\.u32\s+(\d+)",
+                                              k.asm["ptx"])))
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(k.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([aot._cuobjdump(), "-sass", f.name], capture_output=True,
+                              text=True, check=True).stdout
+    res["loops"] = loop_counts(sass)
+    print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
