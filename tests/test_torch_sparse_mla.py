@@ -555,6 +555,23 @@ def test_gluon_eligibility():
     assert not configs.gluon_eligible(hardware.CPU_INTERPRETER, "fp8_ds_mla", 576, 2)
     assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and the
+    # heuristic does not choose it until it is measured
+    b200 = hardware.DeviceInfo(name="NVIDIA B200", cc=(10, 0), num_sms=148, smem_per_block=232_448)
+    ws = configs.SPARSE_MLA_GLUON_WS
+    assert configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 2)
+    assert configs.gluon_ws_eligible(h200, "fp8_model1", 512, 2)
+    assert not configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 4)
+    assert not configs.gluon_ws_eligible(h200, "latent", 576, 2)
+    for dev in (sm120, b200, hardware.CPU_INTERPRETER):
+        assert not configs.gluon_ws_eligible(dev, "fp8_ds_mla", 576, 2)
+        assert not configs.kernel_eligible("gluon_ws", dev, "fp8_ds_mla", 576, 2)
+    assert configs.kernel_eligible("triton", sm120, "latent", 576, 4)
+    assert ws in configs.sparse_mla_space(configs.LARGE_SMEM)
+    assert ws not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    for H in (64, 128):
+        assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
+                                            gluon=True) != ws
 
 
 # ============================================================================ combine
@@ -595,20 +612,3 @@ def test_combine_matches_float64_merge(num_sms):
     keep = [h for h in range(H) if h not in (5, 7)]
     np.testing.assert_allclose(l_[0, keep], ref_lse[0, keep], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(o[0, keep], ref[0, keep], rtol=1e-5, atol=1e-6)
-    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and the
-    # heuristic does not choose it until it is measured
-    b200 = hardware.DeviceInfo(name="NVIDIA B200", cc=(10, 0), num_sms=148, smem_per_block=232_448)
-    ws = configs.SPARSE_MLA_GLUON_WS
-    assert configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 2)
-    assert configs.gluon_ws_eligible(h200, "fp8_model1", 512, 2)
-    assert not configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 4)
-    assert not configs.gluon_ws_eligible(h200, "latent", 576, 2)
-    for dev in (sm120, b200, hardware.CPU_INTERPRETER):
-        assert not configs.gluon_ws_eligible(dev, "fp8_ds_mla", 576, 2)
-        assert not configs.kernel_eligible("gluon_ws", dev, "fp8_ds_mla", 576, 2)
-    assert configs.kernel_eligible("triton", sm120, "latent", 576, 4)
-    assert ws in configs.sparse_mla_space(configs.LARGE_SMEM)
-    assert ws not in configs.sparse_mla_space(configs.SMALL_SMEM)
-    for H in (64, 128):
-        assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
-                                            gluon=True) != ws
