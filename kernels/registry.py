@@ -62,17 +62,19 @@ def _operand_bytes(shape: Mapping) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
-                                 gluon: bool) -> dict:
+                                 gluon: bool, gluon_ws: bool) -> dict:
     return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
-                                        gluon=gluon).to_dict()
+                                        gluon=gluon, gluon_ws=gluon_ws).to_dict()
 
 
 def _mla_triton_heuristic(dev, shape):
     rows = shape["B"] * shape["N"] if "B" in shape and "N" in shape else None
-    gluon = configs.gluon_eligible(dev, shape.get("kv_format"), shape.get("d_qk"),
-                                   _operand_bytes(shape))
-    return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, _operand_bytes(shape),
-                                        rows, shape.get("K"), gluon)
+    fmt, d_qk, width = shape.get("kv_format"), shape.get("d_qk"), _operand_bytes(shape)
+    gluon = configs.gluon_eligible(dev, fmt, d_qk, width)
+    # the warp-specialised kernel where it measured faster: fp8_ds_mla (configs.GLUON_WS_PICKED)
+    ws = configs.gluon_ws_eligible(dev, fmt, d_qk, width) and fmt in configs.GLUON_WS_PICKED
+    return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, width,
+                                        rows, shape.get("K"), gluon, ws)
 
 
 @functools.lru_cache(maxsize=None)

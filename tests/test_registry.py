@@ -104,10 +104,14 @@ def test_bucket_uses_the_bucket_keys_only():
 def test_plan_without_a_table_is_the_default_order_and_the_heuristics(table_dir):
     p = REGISTRY.plan("sparse_mla_decode", "torch", H200, **MLA)
     assert p.order == ("triton", "torch") and p.entry is None
-    # an H200 with an fp8 cache and 16-bit q: the Gluon kernel (configs.sparse_mla_heuristic)
+    # an H200 with an fp8_ds_mla cache and 16-bit q: the warp-specialised Gluon kernel
+    # (configs.sparse_mla_heuristic, configs.GLUON_WS_PICKED); fp8_model1: the Gluon kernel
     assert p.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=MLA["B"] * MLA["N"],
-                                                    topk=MLA["K"], gluon=True).to_dict()
-    assert p.config == configs.SPARSE_MLA_GLUON.to_dict()
+                                                    topk=MLA["K"], gluon=True, gluon_ws=True).to_dict()
+    assert p.config == configs.SPARSE_MLA_GLUON_WS.to_dict()
+    m1 = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, H=64, K=640, d_qk=512,
+                                                                    kv_format="fp8_model1"))
+    assert m1.config == configs.SPARSE_MLA_GLUON.to_dict()
     latent = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, kv_format="latent"))
     assert latent.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=64,
                                                          topk=2048).to_dict()
@@ -185,10 +189,10 @@ def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **lat) == {**heur, **part}
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"block_h": 16}, **lat) is None
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"tile": 1}, **lat) is None
-    # fp8 on sm_90: the heuristic is the Gluon kernel; {} keeps it, a config without "kernel"
-    # names a Triton tile (the field selects the kernel, it is not filled in)
+    # fp8 on sm_90: the heuristic is the (warp-specialised) Gluon kernel; {} keeps it, a config
+    # without "kernel" names a Triton tile (the field selects the kernel, it is not filled in)
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **MLA) == \
-        configs.SPARSE_MLA_GLUON.to_dict()
+        configs.SPARSE_MLA_GLUON_WS.to_dict()
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **MLA) == \
         configs.SparseMLAConfig(64, 32, 8, 1).to_dict()
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"kernel": "gluon"},

@@ -127,6 +127,9 @@ SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_s
                                       prefetch=True, kernel="gluon_ws")
 # (kv_format, D_qk) pairs the warp-specialised kernel is built for
 GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512))
+# formats whose heuristic picks it (measured faster than the one-partition Gluon kernel on the
+# H200: fp8_ds_mla at every target row; fp8_model1 slower, 62.8 vs 57.3 us)
+GLUON_WS_PICKED = ("fp8_ds_mla",)
 
 
 def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:
@@ -214,7 +217,7 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
                          rows: int | None = None, topk: int | None = None,
-                         gluon: bool = False) -> SparseMLAConfig:
+                         gluon: bool = False, gluon_ws: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
@@ -224,11 +227,19 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     H >= 64: measured on the H200 (bench/results/gluon_check_h200_20261202.json, CUDA-graph
     medians, one input set) it beat the best Triton tile on every such target row (B 64 H 128:
     157 vs 326 us; B 64 H 64: 97 vs 175; B 16 H 128: 52 vs 138; V4 B 64 H 64 K 640: 47 vs 88;
-    B 1: 30.7 vs 31.3), and one X buffer beat two (157 vs 171 at B 64 H 128).
+    B 1: 30.7 vs 31.3), and one X buffer beat two (157 vs 171 at B 64 H 128). ``gluon_ws``
+    (the caller's statement that the warp-specialised kernel can run the call and measured
+    faster for its format, :data:`GLUON_WS_PICKED`) picks :data:`SPARSE_MLA_GLUON_WS` instead:
+    on the H200 (bench/results/gluon_check_ws_h200_20261202.json, do_bench_cudagraph, same run
+    as the Gluon timings) fp8_ds_mla B 64 H 128 143.9 vs 157.6 us, H 64 100.6 vs 107.8, B 16
+    H 128 68.8 vs 72.9, B 1 28.7 vs 30.1, B 128 281.3 vs 306.0; fp8_model1 B 64 H 64 K 640
+    62.8 vs 57.3 (slower: not picked).
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
+    if gluon_ws and num_heads >= 64 and SPARSE_MLA_GLUON_WS in space:
+        return SPARSE_MLA_GLUON_WS
     if gluon and num_heads >= 64 and SPARSE_MLA_GLUON in space:
         return SPARSE_MLA_GLUON
     if rows is not None and topk is not None and SPARSE_MLA_W64 in space:
