@@ -576,44 +576,32 @@ def _sparse_mla_combine_kernel(
     lse_ptr,          # [B*N, H] float32 natural-log LSE
     S, BN, H,
     D_V: tl.constexpr, D_V_PAD: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SINK: tl.constexpr,
-    BLOCK_D: tl.constexpr, SPLIT_BLOCK: tl.constexpr,
 ):
-    """Grid ``(ceil(H / BLOCK_H), B * N, D_V_PAD / BLOCK_D)``: the LSE merge of every split of
-    BLOCK_H heads x BLOCK_D value columns. Splits are read SPLIT_BLOCK at a time as one
-    ``[SPLIT_BLOCK, BLOCK_H, BLOCK_D]`` load (independent loads in flight instead of one
-    dependent load per split: B 1 H 128 has 32 splits); the reduction order is fixed by the
-    constexprs, so results are bitwise repeatable. The column program 0 writes the LSE."""
     pid_h = tl.program_id(0)
     pid_bn = tl.program_id(1)
-    pid_d = tl.program_id(2)
     heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < H
-    dv = pid_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, D_V_PAD)
     omask = h_ok[:, None] & (dv[None, :] < D_V)
-    sv = tl.arange(0, SPLIT_BLOCK)
 
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     nan = tl.zeros([BLOCK_H], tl.int32)
-    for s0 in range(0, S, SPLIT_BLOCK):
-        s = s0 + sv
-        rows = (s[:, None] * BN + pid_bn).to(tl.int64) * H + heads[None, :]      # [SB, BH]
-        ls = tl.load(pl_ptr + rows, mask=(s < S)[:, None] & h_ok[None, :], other=float("-inf"))
-        m = tl.maximum(m, tl.max(ls, axis=0))
-        nan |= tl.max((ls != ls).to(tl.int32), axis=0)
+    for s in range(0, S):
+        row = (s * BN + pid_bn).to(tl.int64) * H + heads
+        ls = tl.load(pl_ptr + row, mask=h_ok, other=float("-inf"))
+        m = tl.maximum(m, ls)
+        nan |= (ls != ls).to(tl.int32)
     # a NaN partial (NaN in q or a selected row) makes the row NaN, as in the reference
     has = (m > float("-inf")) | (nan != 0)
     m_safe = tl.where(m > float("-inf"), m, 0.0)
     den = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for s0 in range(0, S, SPLIT_BLOCK):
-        s = s0 + sv
-        ms = (s < S)[:, None] & h_ok[None, :]
-        rows = (s[:, None] * BN + pid_bn).to(tl.int64) * H + heads[None, :]      # [SB, BH]
-        w = tl.exp2(tl.load(pl_ptr + rows, mask=ms, other=float("-inf")) - m_safe[None, :])
-        po = tl.load(po_ptr + rows[:, :, None] * D_V + dv[None, None, :],
-                     mask=ms[:, :, None] & (dv < D_V)[None, None, :], other=0.0)
-        den += tl.sum(w, axis=0)                                                # -inf -> 0
-        acc += tl.sum(w[:, :, None] * po, axis=0)
+    acc = tl.zeros([BLOCK_H, D_V_PAD], tl.float32)
+    for s in range(0, S):
+        row = (s * BN + pid_bn).to(tl.int64) * H + heads
+        w = tl.exp2(tl.load(pl_ptr + row, mask=h_ok, other=float("-inf")) - m_safe)  # -inf -> 0
+        po = tl.load(po_ptr + row[:, None] * D_V + dv[None, :], mask=omask, other=0.0)
+        den += w
+        acc += w[:, None] * po
     den_safe = tl.where(has, den, 1.0)
     o = tl.where(has[:, None], acc / den_safe[:, None], 0.0)
     lse = tl.where(has, (m_safe + tl.log2(den_safe)) * LN2, float("-inf"))
@@ -622,4 +610,4 @@ def _sparse_mla_combine_kernel(
         o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
     orow = pid_bn.to(tl.int64) * H + heads
     tl.store(out_ptr + orow[:, None] * D_V + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
-    tl.store(lse_ptr + orow, lse, mask=h_ok & ((heads * 0 + pid_d) == 0))   # a block mask: the interpreter rejects a scalar bool in one
+    tl.store(lse_ptr + orow, lse, mask=h_ok)

@@ -62,32 +62,10 @@ def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLA
         DOT_FP32=dot_name == "float32")
 
 
-def combine_constexprs(d_v: int, has_sink: bool, block_d: int | None = None) -> dict:
-    """Constexpr arguments of ``_sparse_mla_combine_kernel``: ``block_d`` value columns per
-    program (default: all, ``next_pow2(d_v)``) and as many splits per load as keep the
-    ``[splits, BLOCK_H, block_d]`` tile at :data:`COMBINE_TILE` floats."""
-    pad = configs.next_pow2(d_v)
-    bd = pad if block_d is None else block_d
-    bh = configs.SPARSE_MLA_COMBINE_BLOCK_H
-    return dict(D_V=d_v, D_V_PAD=pad, BLOCK_H=bh, HAS_SINK=has_sink, BLOCK_D=bd,
-                SPLIT_BLOCK=max(1, COMBINE_TILE // (bh * bd)))
-
-
-# floats of the combine's per-iteration partial tile (16 heads x 64 columns x 8 splits: 64 a thread)
-COMBINE_TILE = 8192
-COMBINE_MIN_BLOCK_D = 64
-
-
-def combine_block_d(programs: int, d_v: int, num_sms: int) -> int:
-    """Value columns per combine program: the widest power of two (down to 64) that still gives
-    ``>= 2 x num_sms`` programs, for ``programs`` = head blocks x B x N. B 1 H 128 (8 head
-    programs, 32 splits) reads 8 MB of partials: with all 512 columns a program, 8 programs
-    took 17.6 us on the H200 (the layer profile, 2026-12-02); 64 columns give 64 programs."""
-    pad = configs.next_pow2(d_v)
-    bd = pad
-    while bd > COMBINE_MIN_BLOCK_D and programs * (pad // bd) < 2 * max(1, num_sms):
-        bd //= 2
-    return bd
+def combine_constexprs(d_v: int, has_sink: bool) -> dict:
+    """Constexpr arguments of ``_sparse_mla_combine_kernel``."""
+    return dict(D_V=d_v, D_V_PAD=configs.next_pow2(d_v), BLOCK_H=configs.SPARSE_MLA_COMBINE_BLOCK_H,
+                HAS_SINK=has_sink)
 
 
 _TL_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
@@ -150,13 +128,9 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     for q_dtype in (torch.bfloat16, torch.float32):
         sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
                "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32"}
-        bd = 512
-        while bd >= COMBINE_MIN_BLOCK_D:          # every width combine_block_d can return
-            specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]} block_d={bd}", mod,
-                                    "_sparse_mla_combine_kernel", sig,
-                                    combine_constexprs(512, True, bd),
-                                    configs.SPARSE_MLA_COMBINE_WARPS, 2))
-            bd //= 2
+        specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]}", mod, "_sparse_mla_combine_kernel",
+                                sig, combine_constexprs(512, True),
+                                configs.SPARSE_MLA_COMBINE_WARPS, 2))
     return specs
 
 
@@ -341,20 +315,18 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
         )
 
 
-def _launch_combine(po, pl, attn_sink, out, lse, d_v: int, num_sms: int):
+def _launch_combine(po, pl, attn_sink, out, lse, d_v: int):
     """One launch of ``_sparse_mla_combine_kernel``: the LSE merge of all ``S`` splits of
     ``po [S, B * N, H, d_v]`` / ``pl [S, B * N, H]`` (float32, log2 domain) in a fixed order,
     the sink once, one rounding into ``out`` (contiguous ``[B, N, H, d_v]``, q's dtype);
     ``lse`` ``[B, N, H]`` float32 natural log, -inf for a row with no valid entry in any split,
-    NaN when a split is NaN. The value columns are split over programs when the rows are few
-    (:func:`combine_block_d`)."""
+    NaN when a split is NaN."""
     from kernels.sparse_mla import triton as tk
     S, BN, H, _ = po.shape
     cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
-    bd = combine_block_d(cdiv(H, cbh) * BN, d_v, num_sms)
-    tk._sparse_mla_combine_kernel[(cdiv(H, cbh), BN, configs.next_pow2(d_v) // bd)](
+    tk._sparse_mla_combine_kernel[(cdiv(H, cbh), BN)](
         po, pl, attn_sink if attn_sink is not None else pl, out, lse,
-        S, BN, H, **combine_constexprs(d_v, attn_sink is not None, bd),
+        S, BN, H, **combine_constexprs(d_v, attn_sink is not None),
         num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
     )
 
@@ -390,7 +362,7 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
     _launch_split(q, src, sm_scale, d_v, attn_sink, po, pl, out, lse, splits=splits, chunk=chunk,
                   final=final)
     if not final:
-        _launch_combine(po, pl, attn_sink, out, lse, d_v, num_sms)
+        _launch_combine(po, pl, attn_sink, out, lse, d_v)
     return out, lse
 
 
@@ -436,5 +408,5 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
         _launch_split(q, src, sm_scale, d_v, attn_sink, po[s0:], pl[s0:], out, lse,
                       splits=splits, chunk=chunk, final=False)
         s0 += splits
-    _launch_combine(po, pl, attn_sink, out, lse, d_v, num_sms)
+    _launch_combine(po, pl, attn_sink, out, lse, d_v)
     return out, lse
