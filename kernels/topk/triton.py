@@ -61,12 +61,14 @@ Fused with the indexer (``hist=``): the logits kernel already holds every logit 
 so it also builds pass A's windowed histogram per (request, split, draft) with its running base
 (:func:`window_hist_add`) and writes one ``HIST_ROW``-int32 block per draft (256 bins, then the
 base) instead of the top-k re-reading the row. Given the logits kernel's page size as well
-(``page_size=``), pass B runs split: ``_topk_plan_kernel`` (one program per row) rebases the
-S histograms (shifted loads, no register gather), picks the threshold bin from their sum, and
-in a second pass over them writes each split's output and candidate offsets (``[R, S, 2]``
-int32: the exclusive prefix over the splits of its keys above the bin and in it), then
-``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only from
-those offsets, and writes in ascending position order exactly as the one-program pass would.
+(``page_size=``), pass B runs split. The plan runs over groups of ``PLAN_GROUP`` splits, one
+program per (row, group): ``_topk_plan_part_kernel`` brings each group's histograms to the
+row's base (shifted loads, no register gather) and sums them; ``_topk_plan_count_kernel`` sums
+the groups' partials, picks the threshold bin, and counts each split's keys above the bin and
+in it (per split: the counts of the splits before it in its group; per group: its totals).
+Then ``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only
+from those offsets, and writes in ascending position order exactly as the one-program pass
+would.
 The per-row kernel then continues from the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
@@ -89,19 +91,30 @@ WINDOW_SHIFT = tl.constexpr(20)
 BASE_NONE = tl.constexpr(-(1 << 20))
 # Candidates above which a radix level compacts them to its bucket before the next level.
 COMPACT_MIN = tl.constexpr(8192)
-# Split histograms the plan kernel rebases and sums per iteration, and split bases it reads
-# per iteration: at most these, else next_pow2(S) (at least PLAN_MIN; plan_blocks).
-PLAN_SPLITS = 32
+# The split top-k's plan runs over groups of PLAN_GROUP split histograms, one program per
+# (row, group): B 1 L 128K has 264 splits, i.e. 33 programs; one program per row over all 264
+# took 57-68 us on the H200 (ncu: one CTA, 10.8 cycles per issued instruction, 3.7 GB/s).
+PLAN_GROUP = tl.constexpr(8)
+# Split bases read per iteration and partial histograms summed per iteration: next_pow2 of the
+# count, at least PLAN_MIN, at most PLAN_BASES / PLAN_GROUPS (plan_blocks).
 PLAN_BASES = 1024
+PLAN_GROUPS = 32
 PLAN_MIN = 4
+# The per-row kernel's histogram chunk when it sums the split histograms itself (no plan).
+PLAN_SPLITS = 32
+
+
+def _p2(n: int, lo: int, hi: int) -> int:
+    return min(hi, max(lo, 1 << (max(n, 1) - 1).bit_length()))
 
 
 def plan_blocks(num_splits: int) -> tuple:
-    """(SB, SBASE) of ``_topk_plan_kernel`` for S splits: the split chunk and the base chunk
-    sized to S (B 64: S 4 -> 4 x 256 counts per chunk instead of 32 x 256, and 4 bases
-    instead of 1,024 masked loads), capped at PLAN_SPLITS / PLAN_BASES."""
-    p2 = max(PLAN_MIN, 1 << (max(num_splits, 1) - 1).bit_length())
-    return min(PLAN_SPLITS, p2), min(PLAN_BASES, p2)
+    """(groups, SBASE, GB) of the split plan for S splits: ``groups = ceil(S / PLAN_GROUP)``
+    programs per row, the split bases read SBASE at a time and the groups' partial histograms
+    summed GB at a time (B 64: S 4 -> 1 group, 4 bases; B 1 L 128K: S 264 -> 33 groups, 512
+    bases, 32 partials an iteration)."""
+    groups = -(-max(num_splits, 1) // PLAN_GROUP.value)
+    return groups, _p2(num_splits, PLAN_MIN, PLAN_BASES), _p2(groups, PLAN_MIN, PLAN_GROUPS)
 
 
 def hist_shape(batch: int, num_splits: int, n_drafts: int) -> tuple:
@@ -357,7 +370,7 @@ def _radix_topk_kernel(
     bins = tl.arange(0, 256)
 
     if FROM_PLAN:
-        # Passes A and B ran as _topk_plan_kernel + _topk_scatter_kernel (split over programs).
+        # Passes A and B ran as the plan kernels + _topk_scatter_kernel (split over programs).
         st = state_ptr + row * 8
         base = tl.load(st + 0)
         d0 = tl.load(st + 1)
@@ -493,77 +506,103 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
 
 
 @triton.jit
-def _topk_plan_kernel(
+def _topk_plan_part_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
-    state_ptr,        # [R, 8] int32 out: base, d0, need, done, total, n_out, n_cand, pairs
-    off_ptr,          # [R, S, 2] int32 out: split s's first output slot and first candidate slot
-    topk, cap, n_drafts, n_drafts_pow2, num_splits,
-    SB: tl.constexpr, SBASE: tl.constexpr,
+    part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's base, summed
+    n_drafts, n_drafts_pow2, num_splits, num_groups,
+    SBASE: tl.constexpr,
 ):
-    """Pass A of the split top-k (grid ``(R,)``): bring the per-split histograms to the row's
-    base and sum them, choose the threshold bin, then (a second pass over the histograms) count
-    each split's keys above the bin and in it, and write their exclusive prefix over the splits:
-    the output and candidate offsets each split's program starts at, so every row keeps ascending
-    position order whatever program writes it."""
+    """Split plan, step 1 (grid ``(R, G)``): the PLAN_GROUP split histograms of group ``g``
+    brought to the row's base (the largest split base) and summed."""
     row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
-    sv = tl.arange(0, SB)
+    b = row // n_drafts
+    i = row % n_drafts
+    split_stride = n_drafts_pow2 * HIST_ROW
+    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
+    base = _row_base(h_row, split_stride, num_splits, SBASE)
+    s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
+    ms = s < num_splits
+    shift = _split_shifts(h_row, s, ms, split_stride, base)
+    h = tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
+    tl.store(part_ptr + (row * num_groups + g) * HIST_BINS + c, h)
+
+
+@triton.jit
+def _topk_plan_count_kernel(
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
+    part_ptr,         # [R, G, 256] int32: the groups' summed histograms (step 1)
+    state_ptr,        # [R, 8] int32 out: base, d0, need, done, total, n_out, n_cand, pairs
+    cnt_ptr,          # [R, S, 2] int32 out: per split, the output / candidate slots of the
+                      #   splits before it in its group (exclusive prefix within the group)
+    tot_ptr,          # [R, G, 2] int32 out: per group, its output / candidate counts
+    topk, cap, n_drafts, n_drafts_pow2, num_splits, num_groups,
+    SBASE: tl.constexpr, GB: tl.constexpr,
+):
+    """Split plan, step 2 (grid ``(R, G)``): every program sums the row's G partial histograms
+    and chooses the threshold bin (group 0 writes the row's state), then counts, per split of
+    its group, the keys above the bin (and in it when the descent is over: output) and in it
+    (candidates). The scatter program of split s starts at the totals of the groups before
+    its group plus the counts of the splits before it in its group, so every row keeps
+    ascending position order whatever program writes it."""
+    row = tl.program_id(0).to(tl.int64)
+    g = tl.program_id(1)
+    c = tl.arange(0, HIST_BINS)
     b = row // n_drafts
     i = row % n_drafts
     split_stride = n_drafts_pow2 * HIST_ROW
     h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
     base = _row_base(h_row, split_stride, num_splits, SBASE)
     run = tl.zeros((HIST_BINS,), tl.int32)
-    for s0 in range(0, num_splits, SB):
-        s = s0 + sv
-        ms = s < num_splits
-        shift = _split_shifts(h_row, s, ms, split_stride, base)
-        run += tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
+    for g0 in range(0, num_groups, GB):
+        gv = g0 + tl.arange(0, GB)
+        mg = gv < num_groups
+        blk = part_ptr + (row * num_groups + gv.to(tl.int64))[:, None] * HIST_BINS + c[None, :]
+        run += tl.sum(tl.load(blk, mask=mg[:, None], other=0), axis=0)
     d0, need, done, total, n_eq = _first_digit(run, topk)
     pairs = (n_eq <= cap).to(tl.int32)
-    n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
-    st = state_ptr + row * 8
-    tl.store(st + 0, base)
-    tl.store(st + 1, d0)
-    tl.store(st + 2, need)
-    tl.store(st + 3, done)
-    tl.store(st + 4, total)
-    tl.store(st + 5, n_gt + tl.where(done != 0, n_eq, 0))
-    tl.store(st + 6, tl.where(done != 0, 0, n_eq))
-    tl.store(st + 7, pairs)
-    # per split: keys above the threshold bin (and in it when the descent is over) go to the
-    # output, the bin's keys otherwise to the candidates; offsets = exclusive prefix over splits
-    done_v = (tl.zeros((SB,), tl.int32) + done) != 0
-    out_run = tl.zeros((), tl.int32)
-    cand_run = tl.zeros((), tl.int32)
-    for s0 in range(0, num_splits, SB):
-        s = s0 + sv
-        ms = s < num_splits
-        shift = _split_shifts(h_row, s, ms, split_stride, base)
-        h = _load_rebased(h_row, s, ms, split_stride, shift)
-        gt = tl.sum(tl.where(c[None, :] > d0, h, 0), axis=1)
-        eq = tl.sum(tl.where(c[None, :] == d0, h, 0), axis=1)
-        n_o = tl.where(done_v, gt + eq, gt)
-        n_c = tl.where(done_v, 0, eq)
-        o_ex = tl.cumsum(n_o, axis=0) - n_o + out_run
-        c_ex = tl.cumsum(n_c, axis=0) - n_c + cand_run
-        dst = off_ptr + (row * num_splits + s.to(tl.int64)) * 2
-        tl.store(dst, o_ex, mask=ms)
-        tl.store(dst + 1, c_ex, mask=ms)
-        out_run += tl.sum(n_o, axis=0)
-        cand_run += tl.sum(n_c, axis=0)
+    if g == 0:
+        n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
+        st = state_ptr + row * 8
+        tl.store(st + 0, base)
+        tl.store(st + 1, d0)
+        tl.store(st + 2, need)
+        tl.store(st + 3, done)
+        tl.store(st + 4, total)
+        tl.store(st + 5, n_gt + tl.where(done != 0, n_eq, 0))
+        tl.store(st + 6, tl.where(done != 0, 0, n_eq))
+        tl.store(st + 7, pairs)
+    s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
+    ms = s < num_splits
+    shift = _split_shifts(h_row, s, ms, split_stride, base)
+    h = _load_rebased(h_row, s, ms, split_stride, shift)
+    gt = tl.sum(tl.where(c[None, :] > d0, h, 0), axis=1)
+    eq = tl.sum(tl.where(c[None, :] == d0, h, 0), axis=1)
+    done_v = (tl.zeros((PLAN_GROUP,), tl.int32) + done) != 0
+    n_o = tl.where(done_v, gt + eq, gt)
+    n_c = tl.where(done_v, 0, eq)
+    dst = cnt_ptr + (row * num_splits + s.to(tl.int64)) * 2
+    tl.store(dst, tl.cumsum(n_o, axis=0) - n_o, mask=ms)
+    tl.store(dst + 1, tl.cumsum(n_c, axis=0) - n_c, mask=ms)
+    tot = tot_ptr + (row * num_groups + g) * 2
+    tl.store(tot, tl.sum(n_o, axis=0))
+    tl.store(tot + 1, tl.sum(n_c, axis=0))
 
 
 @triton.jit
 def _topk_scatter_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr,
-    off_ptr,          # [R, S, 2] int32: split s's first output slot and first candidate slot
-    W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits,
-    BLOCK: tl.constexpr,
+    cnt_ptr,          # [R, S, 2] int32: split s's slots after the splits before it in its group
+    tot_ptr,          # [R, G, 2] int32: per group, its output / candidate counts
+    W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits, num_groups,
+    BLOCK: tl.constexpr, GB: tl.constexpr,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
-    bin's keys into the candidate row, at the offsets :func:`_topk_plan_kernel` wrote for it."""
+    bin's keys into the candidate row, from the offsets of the plan
+    (:func:`_topk_plan_count_kernel`): the totals of the groups before its group plus its own
+    entry."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
@@ -572,9 +611,15 @@ def _topk_scatter_kernel(
     d0 = tl.load(st + 1)
     done = tl.load(st + 3)
     pairs = tl.load(st + 7)
-    off = off_ptr + (row * num_splits + s) * 2
+    grp = s // PLAN_GROUP
+    off = cnt_ptr + (row * num_splits + s) * 2
     n_out = tl.load(off)
     n_cand = tl.load(off + 1)
+    for g0 in range(0, grp, GB):
+        gv = g0 + tl.arange(0, GB)
+        t = tot_ptr + (row * num_groups + gv.to(tl.int64)) * 2
+        n_out += tl.sum(tl.load(t, mask=gv < grp, other=0), axis=0)
+        n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             base, d0, done, pairs, cap, n_out, n_cand, BLOCK)
 
@@ -630,15 +675,19 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     if split:
         import torch
         state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
-        off = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
-        sb, sbase = plan_blocks(num_splits)
-        _topk_plan_kernel[(R,)](hist, state, off, topk, cap, n_drafts, nb, num_splits,
-                                SB=sb, SBASE=sbase, num_warps=8)
+        groups, sbase, gb = plan_blocks(num_splits)
+        part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32, device=logits.device)
+        cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
+        tot = torch.empty((R, groups, 2), dtype=torch.int32, device=logits.device)
+        _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
+                                            SBASE=sbase, num_warps=4)
+        _topk_plan_count_kernel[(R, groups)](hist, part, state, cnt, tot, topk, cap, n_drafts, nb,
+                                             num_splits, groups, SBASE=sbase, GB=gb, num_warps=4)
         sblock, swarps = scatter_config(W, page_size, num_splits)
         _topk_scatter_kernel[(R, num_splits)](
-            logits, lengths, out, scratch, state, off, W, page_size, logits.stride(0),
-            out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits,
-            BLOCK=sblock, num_warps=swarps)
+            logits, lengths, out, scratch, state, cnt, tot, W, page_size, logits.stride(0),
+            out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits, groups,
+            BLOCK=sblock, GB=gb, num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,

@@ -7,10 +7,10 @@ from __future__ import annotations
 def aot_specs(smem_class: str) -> list:
     """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
-    pass B (``FROM_PLAN``); the plan kernel and the scatter kernel at every
+    pass B (``FROM_PLAN``); the two plan kernels at every block pair ``plan_blocks`` returns and the scatter kernel at every
     ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.topk.triton import PLAN_BASES, PLAN_MIN, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
+    from kernels.topk.triton import PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
     from kernels.topk.triton import plan_blocks
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
@@ -30,27 +30,29 @@ def aot_specs(smem_class: str) -> list:
                                     "kernels.topk.triton", "_radix_topk_kernel", sig,
                                     dict(BLOCK=blk, HAS_HIST=True, FROM_PLAN=True,
                                          PLAN_SB=PLAN_SPLITS), nw, 1))
-    seen = set()
-    s_ = PLAN_MIN
-    while s_ <= PLAN_BASES:                          # every (SB, SBASE) plan_blocks can return
-        sb, sbase = plan_blocks(s_)
-        s_ *= 2
-        if (sb, sbase) in seen:
-            continue
-        seen.add((sb, sbase))
-        specs.append(LaunchSpec(f"topk plan SB{sb} SBASE{sbase}", "kernels.topk.triton",
-                                "_topk_plan_kernel",
-                                {"hist_ptr": "*i32", "state_ptr": "*i32", "off_ptr": "*i32",
-                                 "topk": "i32", "cap": "i32", "n_drafts": "i32",
-                                 "n_drafts_pow2": "i32", "num_splits": "i32"},
-                                dict(SB=sb, SBASE=sbase), 8, 1))
+    pairs = sorted({plan_blocks(1 << e)[1:] for e in range(0, 14)})   # (SBASE, GB), S 1..8K
+    common = {"n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32", "num_groups": "i32"}
+    for sbase in sorted({p[0] for p in pairs}):
+        specs.append(LaunchSpec(f"topk plan part SBASE{sbase}", "kernels.topk.triton",
+                                "_topk_plan_part_kernel",
+                                {"hist_ptr": "*i32", "part_ptr": "*i32", **common},
+                                dict(SBASE=sbase), 4, 1))
+    for sbase, gb in pairs:
+        specs.append(LaunchSpec(f"topk plan count SBASE{sbase} GB{gb}", "kernels.topk.triton",
+                                "_topk_plan_count_kernel",
+                                {"hist_ptr": "*i32", "part_ptr": "*i32", "state_ptr": "*i32",
+                                 "cnt_ptr": "*i32", "tot_ptr": "*i32", "topk": "i32", "cap": "i32",
+                                 **common},
+                                dict(SBASE=sbase, GB=gb), 4, 1))
     for blk, nw in SCATTER_CONFIGS:
-        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}", "kernels.topk.triton",
-                                "_topk_scatter_kernel",
-                                {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
-                                 "cand_ptr": "*i32", "state_ptr": "*i32", "off_ptr": "*i32",
-                                 "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
-                                 "stride_c": "i32", "cap": "i32", "n_drafts": "i32",
-                                 "per_row": "i32", "num_splits": "i32"},
-                                dict(BLOCK=blk), nw, 1))
+        for gb in sorted({p[1] for p in pairs}):
+            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw} GB{gb}", "kernels.topk.triton",
+                                    "_topk_scatter_kernel",
+                                    {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
+                                     "cand_ptr": "*i32", "state_ptr": "*i32", "cnt_ptr": "*i32",
+                                     "tot_ptr": "*i32", "W": "i32", "P": "i32", "stride_x": "i32",
+                                     "stride_o": "i32", "stride_c": "i32", "cap": "i32",
+                                     "n_drafts": "i32", "per_row": "i32", "num_splits": "i32",
+                                     "num_groups": "i32"},
+                                    dict(BLOCK=blk, GB=gb), nw, 1))
     return specs
