@@ -39,7 +39,9 @@ def kernel_times(calls, reps: int) -> dict:
     cnt: dict = defaultdict(int)
     n = reps * len(calls)
     for e in prof.events():
-        if e.device_type == torch.autograd.DeviceType.CUDA and "::" not in e.name:
+        # GPU-side events: kernels and copies, not the ranges of record_function / custom ops
+        # (user annotations, e.g. "dsa::indexer_topk"); aten kernels' names contain "::" too
+        if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
             tot[e.name] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
             cnt[e.name] += 1
     return {k: {"us_per_call": v / n, "launches_per_call": cnt[k] / n}
