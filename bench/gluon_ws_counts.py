@@ -61,7 +61,7 @@ def main() -> None:
     from kernels import _triton_aot as aot
     from kernels.sparse_mla import triton_launch
     fmt = "fp8_model1" if args.model1 else "fp8_ds_mla"
-    spec = triton_launch._gluon_ws_specs(fmt, torch.bfloat16, args.final, 2)[0]
+    spec = triton_launch._gluon_specs(fmt, torch.bfloat16, args.final, 2, "gluon_ws")[0]
     res = aot.compile_spec(spec, 90)          # registers / spills / shared (ptxas -v)
     # the cubin and the PTX (compile_spec keeps only the counts; this compile hits the cache)
     import importlib

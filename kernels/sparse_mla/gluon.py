@@ -259,6 +259,103 @@ def _store_out(o, inv, has, sink_f, C: gl.constexpr, heads, h_ok, pid_s, pid_bn,
 
 
 @gluon.jit
+def _issue_scores(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, NC: gl.constexpr, MMA: gl.constexpr):
+    """Issue (async, not waited) the score wgmmas of one row block: ``s`` = the nope chunks'
+    dots accumulated together (units ``q_inv * 2^ub``), ``r`` = the rope dot (true units)."""
+    s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
+    s = warpgroup_mma(qn.index(0), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
+    s = warpgroup_mma(qn.index(1), y1.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(2), y2.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(3), y3.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(4), y4.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(5), y5.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(6), y6.permute((1, 0)), s, is_async=True)
+    if NC == 8:
+        s = warpgroup_mma(qn.index(7), y7.permute((1, 0)), s, is_async=True)
+    r = warpgroup_mma(qr, yr.permute((1, 0)), s0, use_acc=False, is_async=True)
+    return s, r
+
+
+@gluon.jit
+def _online_softmax(s, r, okc, q_inv, ub, ub_i, m_i, l_i, qk_scale_log2):
+    """One online-softmax step (exp2 domain) over the waited scores: returns ``(p, alpha, an,
+    m_i, l_i)``, ``an`` = alpha times the factor that brings the nope accumulators from unit
+    ``2^ub_i`` to the block's ``2^ub``; masked rows get p = 0."""
+    s = s * (q_inv * _pow2(ub))[:, None] + r
+    s = gl.where(okc[None, :], s * qk_scale_log2, NEG)
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.where(okc[None, :], gl.exp2(s - m_new[:, None]), 0.0)
+    l_i = l_i * alpha + gl.sum(p, axis=1)
+    an = alpha * _pow2(gl.maximum(ub_i - ub + 127, 1))
+    return p, alpha, an, m_new, l_i
+
+
+@gluon.jit
+def _issue_values(o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, y4, y5, y6, y7,
+                  yr, ROPE_IN_V: gl.constexpr, R_SPLIT: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+                  P_OP: gl.constexpr):
+    """Issue (async) the value wgmmas ``O += P . X`` per 64-dim chunk, fp16 P as a register
+    operand; fp8_model1's rope chunk (part of V) in the rope's dtype, bf16 with its residual."""
+    p16 = gl.convert_layout(p.to(gl.float16), P_OP)
+    o0 = _pv(o0, an, p16, y0)
+    o1 = _pv(o1, an, p16, y1)
+    o2 = _pv(o2, an, p16, y2)
+    o3 = _pv(o3, an, p16, y3)
+    o4 = _pv(o4, an, p16, y4)
+    o5 = _pv(o5, an, p16, y5)
+    o6 = _pv(o6, an, p16, y6)
+    if ROPE_IN_V:
+        o7 = o7 * alpha[:, None]
+        p_hi = p.to(ROPE_DTYPE)
+        o7 = warpgroup_mma(gl.convert_layout(p_hi, P_OP), yr, o7, is_async=True)
+        if R_SPLIT:
+            p_lo = (p - p_hi.to(gl.float32)).to(ROPE_DTYPE)
+            o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), yr, o7, is_async=True)
+    else:
+        o7 = _pv(o7, an, p16, y7)
+    return o0, o1, o2, o3, o4, o5, o6, o7
+
+
+@gluon.jit
+def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
+              sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL: gl.constexpr,
+              HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, MMA: gl.constexpr):
+    """Both Gluon kernels' epilogue: normalise the eight 64-dim accumulator chunks (the nope
+    chunks carry the running unit ``2^ub``; fp8_model1's rope chunk, part of V, does not), then
+    write the final output with the sink and the natural-log LSE (``FINAL``) or the fp32
+    partial and its log2 LSE, as the Triton kernel does."""
+    MROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
+    h_ok = heads < H
+    has = l_i != 0.0
+    l_safe = gl.where(has, l_i, 1.0)
+    inv_l = 1.0 / l_safe
+    inv_n = inv_l * _pow2(ub_i)
+    lse2 = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
+    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
+    if FINAL:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = gl.load(sink_ptr + heads, mask=h_ok, other=0.0)
+            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
+        gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
+    else:
+        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
+    _store_out(o0, inv_n, has, sink_f, 0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o1, inv_n, has, sink_f, 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o2, inv_n, has, sink_f, 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o3, inv_n, has, sink_f, 3, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o4, inv_n, has, sink_f, 4, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o5, inv_n, has, sink_f, 5, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _store_out(o6, inv_n, has, sink_f, 6, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    if ROPE_IN_V:
+        _store_out(o7, inv_l, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    else:
+        _store_out(o7, inv_n, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+
+
+@gluon.jit
 def _sparse_mla_gluon_kernel(
     q_ptr,            # [B, N, H, D_qk] bf16 / fp16, strides sq_*; last dim contiguous
     kv_ptr,           # the cache as uint8 bytes
@@ -402,46 +499,15 @@ def _sparse_mla_gluon_kernel(
         i3 = gl.load(idx_row + k0 + 192 + ar, mask=in3, other=-1)
 
         # scores: nope dots in units (q_inv * 2^ub), the rope dot in true units
-        s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
-        s = warpgroup_mma(qn.index(0), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
-        s = warpgroup_mma(qn.index(1), y1.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(2), y2.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(3), y3.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(4), y4.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(5), y5.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(6), y6.permute((1, 0)), s, is_async=True)
-        if NC == 8:
-            s = warpgroup_mma(qn.index(7), y7.permute((1, 0)), s, is_async=True)
-        r = warpgroup_mma(qr, yr.permute((1, 0)), s0, use_acc=False, is_async=True)
+        s, r = _issue_scores(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, NC, MMA)
         s, r = warpgroup_mma_wait(num_outstanding=0, deps=(s, r))
         okc = gl.convert_layout(ok_cur, MCOL)
-        s = s * (q_inv * _pow2(ub))[:, None] + r
-        s = gl.where(okc[None, :], s * qk_scale_log2, NEG)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.where(okc[None, :], gl.exp2(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        an = alpha * _pow2(gl.maximum(ub_i - ub + 127, 1))   # nope accumulators to the new unit
+        p, alpha, an, m_i, l_i = _online_softmax(s, r, okc, q_inv, ub, ub_i, m_i, l_i, qk_scale_log2)
         ub_i = ub
 
-        p16 = gl.convert_layout(p.to(gl.float16), P_OP)
-        o0 = _pv(o0, an, p16, y0)
-        o1 = _pv(o1, an, p16, y1)
-        o2 = _pv(o2, an, p16, y2)
-        o3 = _pv(o3, an, p16, y3)
-        o4 = _pv(o4, an, p16, y4)
-        o5 = _pv(o5, an, p16, y5)
-        o6 = _pv(o6, an, p16, y6)
-        if ROPE_IN_V:
-            o7 = o7 * alpha[:, None]
-            p_hi = p.to(ROPE_DTYPE)
-            o7 = warpgroup_mma(gl.convert_layout(p_hi, P_OP), yr, o7, is_async=True)
-            if R_SPLIT:
-                p_lo = (p - p_hi.to(gl.float32)).to(ROPE_DTYPE)
-                o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), yr, o7, is_async=True)
-        else:
-            o7 = _pv(o7, an, p16, y7)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _issue_values(
+            o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, y4, y5, y6, y7, yr,
+            ROPE_IN_V, R_SPLIT, ROPE_DTYPE, P_OP)
         # the next block's tiles are computed while the value dots run, stored after them
         ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
         t0, t1, t2, t3, t4, t5, t6, t7, tr = _convert(r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1,
@@ -459,30 +525,5 @@ def _sparse_mla_gluon_kernel(
         i2 = i3
 
     # ---- epilogue (as the Triton kernel)
-    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
-    h_ok = heads < H
-    has = l_i != 0.0
-    l_safe = gl.where(has, l_i, 1.0)
-    inv_l = 1.0 / l_safe
-    inv_n = inv_l * _pow2(ub_i)
-    lse2 = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
-    if FINAL:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = gl.load(sink_ptr + heads, mask=h_ok, other=0.0)
-            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
-        gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
-    else:
-        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
-    _store_out(o0, inv_n, has, sink_f, 0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o1, inv_n, has, sink_f, 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o2, inv_n, has, sink_f, 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o3, inv_n, has, sink_f, 3, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o4, inv_n, has, sink_f, 4, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o5, inv_n, has, sink_f, 5, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o6, inv_n, has, sink_f, 6, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    if ROPE_IN_V:
-        _store_out(o7, inv_l, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    else:
-        _store_out(o7, inv_n, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
+              sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, MMA)

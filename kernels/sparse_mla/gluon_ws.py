@@ -50,8 +50,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _block_unit, _load_rope, _load_scales, _load_u8,
-                                      _pv, _resolve, _row_base, _store_out, _tile)
+from kernels.sparse_mla.gluon import (NEG, _block_unit, _epilogue, _issue_scores, _issue_values,
+                                      _load_rope, _load_scales, _load_u8, _online_softmax,
+                                      _resolve, _row_base, _tile)
 from kernels.sparse_mla.triton import _exp_field, _page_entries, _pow2
 
 # CTA-wide (in a partition: partition-wide) barrier: ``gl.thread_barrier`` in Triton 3.6,
@@ -229,47 +230,16 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         y6 = x6.index(buf)
         y7 = x7.index(buf)
         yr = xr.index(buf)
-        s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
-        s = warpgroup_mma(qn.index(0), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
-        s = warpgroup_mma(qn.index(1), y1.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(2), y2.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(3), y3.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(4), y4.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(5), y5.permute((1, 0)), s, is_async=True)
-        s = warpgroup_mma(qn.index(6), y6.permute((1, 0)), s, is_async=True)
-        if NC == 8:
-            s = warpgroup_mma(qn.index(7), y7.permute((1, 0)), s, is_async=True)
-        r = warpgroup_mma(qr, yr.permute((1, 0)), s0, use_acc=False, is_async=True)
+        s, r = _issue_scores(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, NC, MMA)
         okc = ok_s.index(buf).load(MCOL) != 0        # read while the score dots run
         ub = ub_s.index(buf).load(MROW)
         s, r = warpgroup_mma_wait(num_outstanding=0, deps=(s, r))
-        s = s * (q_inv * _pow2(ub))[:, None] + r
-        s = gl.where(okc[None, :], s * qk_scale_log2, NEG)
-        m_new = gl.maximum(m_i, gl.max(s, axis=1))
-        alpha = gl.exp2(m_i - m_new)
-        p = gl.where(okc[None, :], gl.exp2(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + gl.sum(p, axis=1)
-        m_i = m_new
-        an = alpha * _pow2(gl.maximum(ub_i - ub + 127, 1))
+        p, alpha, an, m_i, l_i = _online_softmax(s, r, okc, q_inv, ub, ub_i, m_i, l_i, qk_scale_log2)
         ub_i = ub
 
-        p16 = gl.convert_layout(p.to(gl.float16), P_OP)
-        o0 = _pv(o0, an, p16, y0)
-        o1 = _pv(o1, an, p16, y1)
-        o2 = _pv(o2, an, p16, y2)
-        o3 = _pv(o3, an, p16, y3)
-        o4 = _pv(o4, an, p16, y4)
-        o5 = _pv(o5, an, p16, y5)
-        o6 = _pv(o6, an, p16, y6)
-        if ROPE_IN_V:
-            o7 = o7 * alpha[:, None]
-            p_hi = p.to(ROPE_DTYPE)
-            o7 = warpgroup_mma(gl.convert_layout(p_hi, P_OP), yr, o7, is_async=True)
-            if R_SPLIT:
-                p_lo = (p - p_hi.to(gl.float32)).to(ROPE_DTYPE)
-                o7 = warpgroup_mma(gl.convert_layout(p_lo, P_OP), yr, o7, is_async=True)
-        else:
-            o7 = _pv(o7, an, p16, y7)
+        o0, o1, o2, o3, o4, o5, o6, o7 = _issue_values(
+            o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, y4, y5, y6, y7, yr,
+            ROPE_IN_V, R_SPLIT, ROPE_DTYPE, P_OP)
         o0, o1, o2, o3, o4, o5, o6, o7 = warpgroup_mma_wait(
             num_outstanding=0, deps=(o0, o1, o2, o3, o4, o5, o6, o7))
         if EMPTY_ARRIVALS == 1:
@@ -277,33 +247,8 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         mbarrier.arrive(empty.index(buf))                # the slot may be refilled
 
     # ---- epilogue (as gluon.py)
-    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
-    h_ok = heads < H
-    has = l_i != 0.0
-    l_safe = gl.where(has, l_i, 1.0)
-    inv_l = 1.0 / l_safe
-    inv_n = inv_l * _pow2(ub_i)
-    lse2 = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
-    if FINAL:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = gl.load(sink_ptr + heads, mask=h_ok, other=0.0)
-            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
-        gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
-    else:
-        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
-    _store_out(o0, inv_n, has, sink_f, 0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o1, inv_n, has, sink_f, 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o2, inv_n, has, sink_f, 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o3, inv_n, has, sink_f, 3, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o4, inv_n, has, sink_f, 4, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o5, inv_n, has, sink_f, 5, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    _store_out(o6, inv_n, has, sink_f, 6, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    if ROPE_IN_V:
-        _store_out(o7, inv_l, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
-    else:
-        _store_out(o7, inv_n, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
+    _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
+              sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, MMA)
 
 
 @gluon.jit

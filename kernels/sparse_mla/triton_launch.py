@@ -103,7 +103,7 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                 continue
             if cfg.kernel == "gluon_ws":
                 if (kv_format, d_qk) in configs.GLUON_WS_FORMATS and dot != "float32":
-                    specs.extend(_gluon_ws_specs(kv_format, q_dtype, final, cfg.num_stages))
+                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages, "gluon_ws"))
                 continue
             sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
                    "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
@@ -146,45 +146,31 @@ def _gluon_sig(q_dtype: torch.dtype) -> dict:
     return sig
 
 
-def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1) -> list:
-    """Launches of the Gluon kernel (sm_90) for one variant, with and without a block table
-    (``nbuf``: the config's X buffers, its ``num_stages``)."""
+def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1,
+                 kernel: str = "gluon") -> list:
+    """Launches of a Gluon kernel (sm_90) for one variant, with and without a block table:
+    ``kernel`` ``"gluon"`` (``gluon.py``; ``nbuf`` X buffers) or ``"gluon_ws"`` (the
+    warp-specialised ``gluon_ws.py``; ``nbuf`` ring slots, ``num_warps`` the consumer's: the
+    producer's warps come on top). ``nbuf`` is the config's ``num_stages``."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.sparse_mla import gluon as gk
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
+    if kernel == "gluon":
+        from kernels.sparse_mla import gluon as mod
+        fn, extra = "_sparse_mla_gluon_kernel", {}
+    else:
+        from kernels.sparse_mla import gluon_ws as mod
+        fn, extra = "_sparse_mla_gluon_ws_kernel", dict(PRODUCER_REGS=mod.PRODUCER_REGS,
+                                                        EMPTY_ARRIVALS=mod.EMPTY_ARRIVALS)
     sig = _gluon_sig(q_dtype)
     rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
     out = []
     for has_bt in (True, False):
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
-                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf)
+                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, **extra)
         out.append(LaunchSpec(
-            f"gluon x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
-            f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon",
-            "_sparse_mla_gluon_kernel", sig, cx, gk.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
-            ("sq_b", "sq_n", "sq_h", "page_bytes")))
-    return out
-
-
-def _gluon_ws_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 2) -> list:
-    """Launches of the warp-specialised Gluon kernel (sm_90; ``gluon_ws.py``) for one variant,
-    with and without a block table (``nbuf``: the X ring's slots, the config's ``num_stages``).
-    ``num_warps`` is the consumer's (the default partition); the producer's warps come on top."""
-    from kernels._triton_aot import LaunchSpec
-    from kernels.sparse_mla import gluon_ws as gw
-    from kernels.sparse_mla.triton import KV_FORMAT_CODES
-    sig = _gluon_sig(q_dtype)
-    rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
-    out = []
-    for has_bt in (True, False):
-        cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
-                  FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, PRODUCER_REGS=gw.PRODUCER_REGS,
-                  EMPTY_ARRIVALS=gw.EMPTY_ARRIVALS)
-        out.append(LaunchSpec(
-            f"gluon_ws x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
-            f"{'block table' if has_bt else 'slots'}", "kernels.sparse_mla.gluon_ws",
-            "_sparse_mla_gluon_ws_kernel", sig, cx, gw.NUM_WARPS, nbuf, ("ROPE_DTYPE",),
-            ("sq_b", "sq_n", "sq_h", "page_bytes")))
+            f"{kernel} x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", mod.__name__, fn, sig, cx, mod.NUM_WARPS,
+            nbuf, ("ROPE_DTYPE",), ("sq_b", "sq_n", "sq_h", "page_bytes")))
     return out
 
 

@@ -506,6 +506,17 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
 
 
 @triton.jit
+def _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE: tl.constexpr):
+    """Row ``row = b * N + i``'s first split histogram, the stride between its splits and its
+    window base (the largest split base)."""
+    b = row // n_drafts
+    i = row % n_drafts
+    split_stride = n_drafts_pow2 * HIST_ROW
+    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
+    return h_row, split_stride, _row_base(h_row, split_stride, num_splits, SBASE)
+
+
+@triton.jit
 def _topk_plan_part_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
     part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's base, summed
@@ -517,11 +528,7 @@ def _topk_plan_part_kernel(
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
-    b = row // n_drafts
-    i = row % n_drafts
-    split_stride = n_drafts_pow2 * HIST_ROW
-    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
-    base = _row_base(h_row, split_stride, num_splits, SBASE)
+    h_row, split_stride, base = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE)
     s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
     ms = s < num_splits
     shift = _split_shifts(h_row, s, ms, split_stride, base)
@@ -549,11 +556,7 @@ def _topk_plan_count_kernel(
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
-    b = row // n_drafts
-    i = row % n_drafts
-    split_stride = n_drafts_pow2 * HIST_ROW
-    h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
-    base = _row_base(h_row, split_stride, num_splits, SBASE)
+    h_row, split_stride, base = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE)
     run = tl.zeros((HIST_BINS,), tl.int32)
     for g0 in range(0, num_groups, GB):
         gv = g0 + tl.arange(0, GB)
