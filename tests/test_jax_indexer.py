@@ -141,6 +141,19 @@ def _group_max(x, lens):
     return gm, key
 
 
+def _compile_big(fn, args):
+    """``jax.jit(fn)`` compiled for ``args``; on the CPU without XLA's instruction-fusion pass.
+    The select kernel at 8-bit digits unrolls 256 thresholds per radix pass: in interpret mode
+    a 53K-line HLO program whose compile took 232 s on the 2-core CI machine, most of it in
+    XLA:CPU's ``fusion`` pass (about 25 s without it; running it takes well under a second
+    either way). Unfused elementwise ops compute the same values (no fast-math on XLA:CPU); the
+    kernel and what the test checks are unchanged. On a GPU: the default compile."""
+    lowered = jax.jit(fn).lower(*args)
+    if ON_GPU:
+        return lowered.compile()
+    return lowered.compile(compiler_options={"xla_disable_hlo_passes": "fusion"})
+
+
 # 2-bit digits: 16 radix passes, minutes in Pallas interpret mode (a cpu_heavy twin of the 8-bit case)
 @pytest.mark.parametrize("radix_bits,block,candidates",
                          [pytest.param(2, 256, 16384, marks=pytest.mark.cpu_heavy), (8, 128, 128)])
@@ -168,8 +181,9 @@ def test_topk_kernel_variants(radix_bits, block, candidates):
             tau = np.sort(g)[-topk] if g.size >= topk else pk.SENTINEL + 1
             n_cand.append(int((key[b, r] >= tau).sum()))
     assert (max(n_cand) <= cap) == (candidates == 16384), (n_cand, cap)
-    got = jax.jit(lambda a, g, l: pk.launch_topk_select(a, g, l, topk, num_rows=R, cfg=cfg))(
-        jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    args = (jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    got = _compile_big(lambda a, g, l: pk.launch_topk_select(a, g, l, topk, num_rows=R, cfg=cfg),
+                       args)(*args)
     got = np.asarray(got)[:, :R, :topk]
     masked = np.where(np.arange(W)[None, None] < lens[..., None], x, -np.inf)
     want = reference.topk_from_logits(masked, topk)
