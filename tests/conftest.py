@@ -24,6 +24,13 @@ def pytest_collection_modifyitems(config, items):
     suite on 2 cores). The sm_120 checks always run. Likewise ``@pytest.mark.cpu_heavy``: variants
     whose interpreter runs take a minute or more each on 2 cores (each has a lighter twin that
     runs everywhere) run on GPU machines or with ``DSA_HEAVY=1``."""
+    # Longest first (the ``slow`` marker; the sm_120 AOT compile checks, minutes each with a cold
+    # Triton cache, ahead of the rest): pytest-xdist deals tests out in collection order (two at
+    # a time: --maxschedchunk=2 in the Makefile), so
+    # the workers finish together instead of one running the AOT checks alone at the end
+    # (2026-12-02, 2 cores: they came last by file name and were the run's last ~3 minutes).
+    items.sort(key=lambda it: 0 if "slow" not in it.keywords
+               else (-2 if it.nodeid.startswith("tests/test_triton_compile.py") else -1))
     if HAS_CUDA:
         return
     import pytest

@@ -157,6 +157,7 @@ def _compile_big(fn, args):
 # 2-bit digits (16 radix passes) and 8-bit digits (256 thresholds per pass): both compiled by
 # _compile_big on the CPU (they were minutes each with the fusion pass; the 2-bit one was
 # cpu_heavy for that reason), seconds now, so both run everywhere.
+@pytest.mark.slow
 @pytest.mark.parametrize("radix_bits,block,candidates", [(2, 256, 16384), (8, 128, 128)])
 def test_topk_kernel_variants(radix_bits, block, candidates):
     """The select kernel alone, with other radix widths / chunk sizes than the default, on rows
