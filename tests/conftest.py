@@ -10,8 +10,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 HAS_CUDA = prepare_environment()   # on CPU: TRITON_INTERPRET=1, JAX_PLATFORMS=cpu; no preallocation
 if not HAS_CUDA and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     # XLA:CPU compile time dominates the Pallas interpret-mode tests (each case is a fresh jitted
-    # program run once); LLVM -O0 cut 5-20 % off those compiles on the 2-core machine
-    # (2026-12-02, e.g. test_corner_other[mtp_N2-pallas] 10.4 -> 8.2 s) and left the XLA-path
+    # program run once); LLVM -O0 cut up to 20 % off some of them on the 2-core machine
+    # (2026-12-02, e.g. test_corner_other[mtp_N2-pallas] 10.4 -> 8.2 s; others within noise) and left the XLA-path
     # tests unchanged. Numerics are unaffected (no fast-math either way). Child processes
     # (parity / bench CLIs under test) inherit it. GPU machines keep XLA's defaults.
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
