@@ -171,6 +171,17 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
     Raises:
       RuntimeError: a worker process failed (its stderr tail is in the message).
     """
+    # Specs that differ only in their label are one compile: compile the first, copy its result.
+    first = {}
+    for i, s in enumerate(specs):
+        first.setdefault(json.dumps({**asdict(s), "label": ""}, sort_keys=True, default=str), i)
+    uniq = sorted(set(first.values()))
+    if len(uniq) < len(specs):
+        res = compile_specs([specs[i] for i in uniq], ccs, timeout, workers, sass)
+        by_key = {k: res[j * len(ccs): (j + 1) * len(ccs)]
+                  for j, k in enumerate(sorted(first, key=first.get))}
+        return [{**r, "label": s.label} for s in specs
+                for r in by_key[json.dumps({**asdict(s), "label": ""}, sort_keys=True, default=str)]]
     if workers is None:
         workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))

@@ -8,6 +8,13 @@ from parity.machine import prepare_environment   # the harness's device detectio
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 HAS_CUDA = prepare_environment()   # on CPU: TRITON_INTERPRET=1, JAX_PLATFORMS=cpu; no preallocation
+if not HAS_CUDA and "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    # XLA:CPU compile time dominates the Pallas interpret-mode tests (each case is a fresh jitted
+    # program run once); LLVM -O0 cut up to 20 % off some of them on the 2-core machine
+    # (2026-12-02, e.g. test_corner_other[mtp_N2-pallas] 10.4 -> 8.2 s; others within noise) and left the XLA-path
+    # tests unchanged. Numerics are unaffected (no fast-math either way). Child processes
+    # (parity / bench CLIs under test) inherit it. GPU machines keep XLA's defaults.
+    os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -17,6 +24,13 @@ def pytest_collection_modifyitems(config, items):
     suite on 2 cores). The sm_120 checks always run. Likewise ``@pytest.mark.cpu_heavy``: variants
     whose interpreter runs take a minute or more each on 2 cores (each has a lighter twin that
     runs everywhere) run on GPU machines or with ``DSA_HEAVY=1``."""
+    # Longest first (the ``slow`` marker; the sm_120 AOT compile checks, minutes each with a cold
+    # Triton cache, ahead of the rest): pytest-xdist deals tests out in collection order (two at
+    # a time: --maxschedchunk=2 in the Makefile), so
+    # the workers finish together instead of one running the AOT checks alone at the end
+    # (2026-12-02, 2 cores: they came last by file name and were the run's last ~3 minutes).
+    items.sort(key=lambda it: 0 if "slow" not in it.keywords
+               else (-2 if it.nodeid.startswith("tests/test_triton_compile.py") else -1))
     if HAS_CUDA:
         return
     import pytest

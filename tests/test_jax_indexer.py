@@ -141,9 +141,24 @@ def _group_max(x, lens):
     return gm, key
 
 
-# 2-bit digits: 16 radix passes, minutes in Pallas interpret mode (a cpu_heavy twin of the 8-bit case)
-@pytest.mark.parametrize("radix_bits,block,candidates",
-                         [pytest.param(2, 256, 16384, marks=pytest.mark.cpu_heavy), (8, 128, 128)])
+def _compile_big(fn, args):
+    """``jax.jit(fn)`` compiled for ``args``; on the CPU without XLA's instruction-fusion pass.
+    The select kernel at 8-bit digits unrolls 256 thresholds per radix pass: in interpret mode
+    a 53K-line HLO program whose compile took 232 s on the 2-core CI machine, most of it in
+    XLA:CPU's ``fusion`` pass (about 25 s without it; running it takes well under a second
+    either way). Unfused elementwise ops compute the same values (no fast-math on XLA:CPU); the
+    kernel and what the test checks are unchanged. On a GPU: the default compile."""
+    lowered = jax.jit(fn).lower(*args)
+    if ON_GPU:
+        return lowered.compile()
+    return lowered.compile(compiler_options={"xla_disable_hlo_passes": "fusion"})
+
+
+# 2-bit digits (16 radix passes) and 8-bit digits (256 thresholds per pass): both compiled by
+# _compile_big on the CPU (they were minutes each with the fusion pass; the 2-bit one was
+# cpu_heavy for that reason), seconds now, so both run everywhere.
+@pytest.mark.slow
+@pytest.mark.parametrize("radix_bits,block,candidates", [(2, 256, 16384), (8, 128, 128)])
 def test_topk_kernel_variants(radix_bits, block, candidates):
     """The select kernel alone, with other radix widths / chunk sizes than the default, on rows
     full of exact ties and special values (NaN, +-inf, -0.0, +0.0): the selection must equal the
@@ -168,8 +183,9 @@ def test_topk_kernel_variants(radix_bits, block, candidates):
             tau = np.sort(g)[-topk] if g.size >= topk else pk.SENTINEL + 1
             n_cand.append(int((key[b, r] >= tau).sum()))
     assert (max(n_cand) <= cap) == (candidates == 16384), (n_cand, cap)
-    got = jax.jit(lambda a, g, l: pk.launch_topk_select(a, g, l, topk, num_rows=R, cfg=cfg))(
-        jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    args = (jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    got = _compile_big(lambda a, g, l: pk.launch_topk_select(a, g, l, topk, num_rows=R, cfg=cfg),
+                       args)(*args)
     got = np.asarray(got)[:, :R, :topk]
     masked = np.where(np.arange(W)[None, None] < lens[..., None], x, -np.inf)
     want = reference.topk_from_logits(masked, topk)
@@ -327,6 +343,21 @@ def test_logits_kernel_stops_at_length():
         assert np.isnan(raw[b, :, end:]).all(), f"request {b}: positions past {end} were written"
 
 
+@functools.partial(jax.jit, static_argnames=("P", "cfg"))
+def _logits_variant(q, w, kc, bt, lens, *, P, cfg):
+    return pk.launch_indexer_logits(q, w, kc, bt, lens, fp8=True, page_size=P, num_sms=4,
+                                    cfg=cfg, group_max=True)
+
+
+# The top-k kernels read only the top-k fields of the config (block, radix_bits, candidates,
+# topk_splits, topk_num_warps), which every logits variant leaves at their defaults: one compiled
+# select program per process serves all eight (trans, pages, splits) variants' outputs.
+@functools.partial(jax.jit, static_argnames=("topk", "N"))
+def _topk_of_variant(raw, gmax, lens, *, topk, N):
+    return pk.launch_topk_select(raw, gmax, lens, topk, num_rows=N,
+                                 cfg=pk.PallasIndexerConfig())[:, :N, :topk]
+
+
 @pytest.mark.parametrize("trans,pages", [(False, 1), (True, 1), (False, 2), (True, 2)])
 def test_logits_kernel_variants(trans, pages):
     """Every (dot orientation, pages per iteration) variant of the logits kernel, at 1 and 3
@@ -347,15 +378,9 @@ def test_logits_kernel_variants(trans, pages):
     ends = -(-np.asarray(lens).max(axis=1) // P) * P                 # positions the loop covers
     for splits in (1, 3):
         cfg = pk.PallasIndexerConfig(num_splits=splits, trans=trans, pages=pages)
-
-        @jax.jit
-        def run(q, w, kc, bt, lens, cfg=cfg):
-            raw, gmax = pk.launch_indexer_logits(q, w, kc, bt, lens, fp8=True, page_size=P,
-                                                 num_sms=4, cfg=cfg, group_max=True)
-            idx = pk.launch_topk_select(raw, gmax, lens, topk, num_rows=N, cfg=cfg)
-            return raw, gmax, idx[:, :N, :topk]
-
-        raw, gmax, idx = (np.asarray(x) for x in run(q, w, kc, bt, lens))
+        raw, gmax = _logits_variant(q, w, kc, bt, lens, P=P, cfg=cfg)
+        idx = np.asarray(_topk_of_variant(raw, gmax, lens, topk=topk, N=N))
+        raw, gmax = np.asarray(raw), np.asarray(gmax)
         logits = np.asarray(ji._mask_logits(jnp.asarray(raw), lens, N, W))
         compare.assert_pass(compare.check_logits(logits, ref))
         compare.assert_pass(compare.check_topk(idx, ref, topk))

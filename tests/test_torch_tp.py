@@ -69,6 +69,7 @@ def test_step_single_device(q_dtype):
     np.testing.assert_array_equal(idx, reference.topk_from_logits(c.reference_logits(), c.topk))
 
 
+@pytest.mark.slow
 def test_tp4_gloo_both_modes_equal_single_device(tmp_path):
     """4 ranks x 16 / 32 heads (4 / 8 heads per rank, below the dot tile: the launcher pads)."""
     world = 4
