@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 
+from kernels import formats as np_formats
+
 from jax_impl._common import check_array, check_int, check_sm_scale
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
@@ -96,7 +98,10 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
     Raises:
       TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``,
         ``topk`` and ``window`` are checked first (before the indexer runs): TypeError for a
-        wrong type, ValueError for a NaN / inf scale, ``topk`` < 1 or ``window`` < 0.
+        wrong type, ValueError for a NaN / inf scale, ``topk`` < 1 or ``window`` < 0; then
+        ValueError naming ``k_cache`` when its page count or page size differs from
+        ``kv_cache``'s (one block table addresses both; ``kernels.formats.check_shared_page_pool``),
+        before either op runs.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
@@ -104,6 +109,10 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
     check_sm_scale(sm_scale)
     topk = check_int("topk", topk, minimum=1)
     window = check_int("window", window, minimum=0)
+    shapes = [getattr(t, "shape", None) for t in (kv_cache, k_cache, idx_q)]
+    if all(sh is not None for sh in shapes):
+        np_formats.check_shared_page_pool(tuple(shapes[0]), kv_format, tuple(shapes[1]), k_format,
+                                          shapes[2][-1] if len(shapes[2]) else 0)
     if window:
         check_array("q", q, ndim=4)
         check_array("context_lens", context_lens, dtypes=(jnp.int32,))

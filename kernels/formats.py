@@ -330,6 +330,34 @@ def kv_num_slots(kv_cache: np.ndarray, kv_format: str) -> int:
     return kv_cache.shape[0] * kv_page_size(kv_cache, kv_format)
 
 
+def check_shared_page_pool(kv_shape, kv_format: str, k_shape, k_format: str, index_head_dim) -> None:
+    """``dsa_decode_step``'s caches share one block table, so their page pools must match:
+    the same page count and page size P. Shapes only (no values read); shapes malformed for
+    their format are left to the ops' own checks (nothing is raised for them here).
+
+    Args:
+      kv_shape: the latent cache's shape in ``kv_format``'s layout (``[num_pages, P, D]`` or
+        fp8_model1's ``[num_pages, page_bytes]``).
+      k_shape: the indexer cache's shape (``fp8_indexer`` ``[num_pages, P * (D_I + 4)]``,
+        ``dense`` ``[num_pages, P, D_I]``); ``index_head_dim``: D_I (idx_q's last dim).
+    Raises:
+      ValueError: naming ``k_cache``, the two page counts / page sizes differ.
+    """
+    try:
+        kv_pages = int(kv_shape[0])
+        P_kv = (model1_page_size(int(kv_shape[1])) if kv_format == "fp8_model1"
+                else int(kv_shape[1]))
+        k_pages = int(k_shape[0])
+        P_k = (indexer_page_size(int(k_shape[1]), int(index_head_dim)) if k_format == "fp8_indexer"
+               else int(k_shape[1]))
+    except (IndexError, TypeError, ValueError):
+        return
+    if (kv_pages, P_kv) != (k_pages, P_k):
+        raise ValueError(f"k_cache: expected the page pool of kv_cache (num_pages {kv_pages}, page "
+                         f"size {P_kv}: one block_table addresses both caches), got num_pages "
+                         f"{k_pages}, page size {P_k}")
+
+
 # ----------------------------------------------------------------------------- paging
 
 def logical_to_slot(positions: np.ndarray, block_table: np.ndarray, page_size: int) -> np.ndarray:

@@ -272,3 +272,21 @@ def test_kernel_byte_constants_come_from_the_descriptors():
     assert (pk.MODEL1_DATA_BYTES, pk.MODEL1_NOPE, pk.MODEL1_TILE, pk.MODEL1_SCALE_BYTES) == (
         576, 448, m1.tile, 8)
     assert pk.DS_MLA_ROPE_OFFSET == ds.field("rope").offset
+
+
+def test_check_shared_page_pool():
+    """dsa_decode_step's cache pair check, from shapes: equal pools pass; another page count or
+    page size names k_cache; shapes malformed for their format are left to the ops."""
+    from kernels.formats import check_shared_page_pool, model1_page_bytes
+    ok = [((8, 64, 656), "fp8_ds_mla", (8, 64 * 132), "fp8_indexer", 128),
+          ((8, model1_page_bytes(64)), "fp8_model1", (8, 64 * 132), "fp8_indexer", 128),
+          ((8, 16, 576), "latent", (8, 16, 128), "dense", 128)]
+    for args in ok:
+        check_shared_page_pool(*args)
+    with pytest.raises(ValueError, match="num_pages 7"):
+        check_shared_page_pool((8, 64, 656), "fp8_ds_mla", (7, 64 * 132), "fp8_indexer", 128)
+    with pytest.raises(ValueError, match="page size 32"):
+        check_shared_page_pool((8, model1_page_bytes(64)), "fp8_model1", (8, 32 * 132),
+                               "fp8_indexer", 128)
+    check_shared_page_pool((8, 100), "fp8_model1", (8, 64 * 132), "fp8_indexer", 128)  # op's job
+    check_shared_page_pool((8,), "latent", (8, 16, 128), "dense", 128)

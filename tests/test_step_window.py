@@ -65,3 +65,29 @@ def test_step_window_argument_checked_first(backend):
         step(conv(m.q), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
              conv(i.block_table), conv(i.context_lens.astype(np.float32)), m.sm_scale, TOPK,
              kv_format=m.kv_format, d_v=m.d_v, window=WINDOW, path="auto")
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_step_refuses_caches_of_different_page_pools(backend):
+    """One block table addresses both caches: a latent cache with fewer pages, or with another
+    page size, than the indexer cache is refused (ValueError naming k_cache) before either op
+    runs; it used to run and return attention over the wrong rows (newcomer trial 2026-12-02)."""
+    c = _case()
+    step, conv = _step(backend)
+    m = c.mla
+    kv = m.kv_cache
+    fewer = kv[:-1]
+    assert kv.shape[0] > 1
+    for bad in (fewer,):
+        with pytest.raises(ValueError, match="k_cache: expected the page pool of kv_cache"):
+            i = c.indexer
+            step(conv(m.q), conv(bad), conv(i.q), conv(i.weights), conv(i.k_cache),
+                 conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK,
+                 kv_format=m.kv_format, d_v=m.d_v, attn_sink=conv(m.attn_sink), path="auto")
+    if m.kv_format != "fp8_model1":                 # [num_pages, P, D]: halve P, double pages
+        other_p = kv.reshape(kv.shape[0] * 2, kv.shape[1] // 2, *kv.shape[2:])
+        with pytest.raises(ValueError, match="page size"):
+            i = c.indexer
+            step(conv(m.q), conv(other_p), conv(i.q), conv(i.weights), conv(i.k_cache),
+                 conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK,
+                 kv_format=m.kv_format, d_v=m.d_v, attn_sink=conv(m.attn_sink), path="auto")

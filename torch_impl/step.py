@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from kernels import formats as np_formats
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.indexer import indexer_topk
@@ -113,13 +114,18 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
     Raises:
       TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``,
         ``topk`` and ``window`` are checked first, before the indexer runs
-        (:func:`check_step_scalars`).
+        (:func:`check_step_scalars`); ``k_cache`` whose page count or page size differs from
+        ``kv_cache``'s (one block table addresses both;
+        ``kernels.formats.check_shared_page_pool``), before either op runs.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
     sm_scale, topk = check_step_scalars(sm_scale, topk)
     window = check_int("window", window, minimum=0)
+    if all(isinstance(t, torch.Tensor) for t in (kv_cache, k_cache, idx_q)):
+        np_formats.check_shared_page_pool(tuple(kv_cache.shape), kv_format, tuple(k_cache.shape),
+                                          k_format, idx_q.shape[-1] if idx_q.dim() else 0)
     if window:
         _common.check_tensor("q", q, ndim=4)
         _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,))
