@@ -115,3 +115,30 @@ def test_metadata_and_refusals():
         _call(dict(args, kv_cache=args["kv_cache"][..., :100]), W)
     with pytest.raises(ValueError, match="max_context_len"):
         _call(args, 0)
+
+
+def test_errors_name_the_callers_arguments():
+    """Native errors name the DeepGEMM argument (kv_cache, not the native k_cache); the vLLM
+    wrappers' errors name theirs (block_tables, schedule_metadata, max_model_len, block_size,
+    q_fp8)."""
+    from torch_impl.compat import engines
+    args, _, W = _case(6, 2, 1, 8, 128, 64, 80)
+    kv = args["kv_cache"]
+    shifted = torch.as_strided(torch.zeros(kv.numel() + 1, dtype=torch.uint8, device=DEVICE),
+                               kv.shape, kv.stride(), 1)            # starts at byte 1
+    with pytest.raises(ValueError, match=r"^kv_cache: expected a byte offset"):
+        _call(dict(args, kv_cache=shifted), W)
+    meta = deep_gemm.get_paged_mqa_logits_metadata(args["context_lens"], 64, 4)
+    q, w, cl, bt = args["q"], args["weights"], args["context_lens"], args["block_table"]
+    with pytest.raises(TypeError, match=r"^block_tables: expected dtype"):
+        engines.vllm_fp8_fp4_paged_mqa_logits(q, kv, w, cl, bt.long(), meta, W)
+    with pytest.raises(ValueError, match=r"^max_model_len: expected a positive int"):
+        engines.vllm_fp8_fp4_paged_mqa_logits(q, kv, w, cl, bt, meta, 0)
+    with pytest.raises(TypeError, match=r"^schedule_metadata: expected dtype"):
+        engines.vllm_fp8_fp4_paged_mqa_logits(q, kv, w, cl, bt, meta.long(), W)
+    with pytest.raises(TypeError, match=r"^q_fp8: expected dtype"):
+        engines.vllm_fp8_paged_mqa_logits(q[0].float(), kv, w, cl, bt, meta, W)
+    with pytest.raises(ValueError, match=r"^kv_cache_fp8: expected"):
+        engines.vllm_fp8_paged_mqa_logits(q[0], kv[..., :100], w, cl, bt, meta, W)
+    with pytest.raises(ValueError, match=r"^block_size: expected a positive int"):
+        engines.vllm_get_paged_mqa_logits_metadata(cl, 0, 4)

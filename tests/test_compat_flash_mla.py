@@ -558,3 +558,60 @@ def test_sources_bad_input():
         sparse_mla_decode_sources(q, ok, 0.1)
     with pytest.raises(ValueError, match="out"):
         sparse_mla_decode_sources(q, [ok, ok], 0.1, out=torch.zeros((2, 1, 8, 256), device=DEVICE))
+
+
+# ============================================================================ bad input, named
+
+def _small_v32(seed=6):
+    g = torch.Generator().manual_seed(seed)
+    kc = t_formats.quantize_fp8_ds_mla(torch.randn(2, 16, 576, generator=g)).unsqueeze(2).to(DEVICE)
+    q = torch.randn(1, 1, 16, 576, generator=g).to(DEVICE)
+    idx = torch.tensor([[[0, 5, 17, -1]]], dtype=torch.int32, device=DEVICE)
+    return q, kc, idx
+
+
+@pytest.mark.parametrize("two", [False, True], ids=["one_cache", "two_caches"])
+def test_out_dtype_must_be_the_output_dtype(two):
+    """out= of another dtype than the output (q's) is refused, not cast; a correct one is
+    written in place and returned."""
+    q, kc, idx = _small_v32()
+    extra = dict(extra_k_cache=kc, extra_indices_in_kvcache=idx) if two else {}
+    call = lambda **kw: flash_mla.flash_mla_with_kvcache(  # noqa: E731
+        q, kc, None, None, 512, flash_mla.get_mla_metadata()[0], is_fp8_kvcache=True,
+        indices=idx, path="torch", **extra, **kw)
+    for dt in (torch.int32, torch.float16 if q.dtype != torch.float16 else torch.float32):
+        with pytest.raises(TypeError, match=rf"out: expected dtype in \['{q.dtype}'\], got {dt}"):
+            call(out=torch.empty((1, 1, 16, 512), dtype=dt, device=DEVICE))
+    with pytest.raises(ValueError, match="out: expected shape"):
+        call(out=torch.empty((1, 1, 16, 256), dtype=q.dtype, device=DEVICE))
+    ref, ref_lse = call()
+    buf = torch.full((1, 1, 16, 512), 7.0, dtype=q.dtype, device=DEVICE)
+    o, lse = call(out=buf)
+    assert o is buf
+    torch.testing.assert_close(buf, ref, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse, rtol=0, atol=0)
+    strided = torch.full((1, 1, 16, 1024), 7.0, dtype=q.dtype, device=DEVICE)[..., ::2]
+    o, _ = call(out=strided)
+    assert o is strided
+    torch.testing.assert_close(strided, ref, rtol=0, atol=0)
+
+
+def test_native_errors_name_the_flash_mla_arguments():
+    """Errors the native op raises name flash_mla_with_kvcache's arguments (softmax_scale, not
+    sm_scale; extra_indices_in_kvcache, not sources[1].indices)."""
+    q, kc, idx = _small_v32()
+    call = lambda **kw: flash_mla.flash_mla_with_kvcache(  # noqa: E731
+        q, kc, None, None, 512, flash_mla.get_mla_metadata()[0], **dict(
+            dict(is_fp8_kvcache=True, indices=idx, path="torch"), **kw))
+    with pytest.raises(ValueError, match=r"^softmax_scale: expected a finite value, got nan"):
+        call(softmax_scale=float("nan"))
+    with pytest.raises(TypeError, match=r"^softmax_scale: expected a real number.*got str"):
+        call(softmax_scale="0.1")
+    for two in (False, True):
+        extra = dict(extra_k_cache=kc, extra_indices_in_kvcache=idx) if two else {}
+        with pytest.raises(ValueError, match=r"^softmax_scale:"):
+            call(softmax_scale=float("inf"), **extra)
+        with pytest.raises(ValueError, match=r"^indices: expected shape \(1, 1, K >= 1\)"):
+            call(indices=idx[..., :0], **extra)
+    with pytest.raises(ValueError, match=r"^extra_indices_in_kvcache: expected shape"):
+        call(extra_k_cache=kc, extra_indices_in_kvcache=idx[..., :0])

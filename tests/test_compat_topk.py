@@ -90,3 +90,114 @@ def test_sglang_fast_topk_and_transform():
         assert np.array_equal(np.sort(got[got >= 0]), want) and (got < 0).sum() == (p[r] < 0).sum()
     with pytest.raises(NotImplementedError, match="row_starts"):
         ctk.fast_topk_v2(xt, lt, k, row_starts=lt)
+
+
+# ============================================================================ bad input, named
+
+def _rows(R=2, W=40):
+    g = torch.Generator().manual_seed(7)
+    return (torch.randn(R, W, generator=g).to(DEVICE),
+            torch.tensor([30, 5], dtype=torch.int32, device=DEVICE))
+
+
+def test_persistent_topk_bad_input():
+    logits, lens = _rows()
+    buf = lambda: torch.full((4, 8), 7, dtype=torch.int32, device=DEVICE)  # noqa: E731
+    call = lambda **kw: ctk.persistent_topk(**dict(dict(  # noqa: E731
+        logits=logits, seq_lens=lens, topk_indices=buf(), workspace=None, k=8, max_seq_len=40), **kw))
+    for op in (ctk.persistent_topk, ctk.cooperative_topk):
+        with pytest.raises(ValueError, match=r"^max_seq_len: expected an int >= 0, got -5"):
+            op(logits, lens, buf(), None, 8, -5)
+    with pytest.raises(TypeError, match=r"^max_seq_len: expected an int"):
+        call(max_seq_len=40.0)
+    with pytest.raises(TypeError, match=r"^k: expected an int.*float 8\.0"):
+        call(k=8.0)
+    with pytest.raises(ValueError, match=r"^k: expected an int >= 1"):
+        call(k=0)
+    with pytest.raises(ValueError, match=r"^topk_indices: expected shape \(>= 2, >= 16\).*\(4, 8\)"):
+        call(k=16)
+    with pytest.raises(TypeError, match=r"^topk_indices: expected dtype in \['torch.int32'\], "
+                                        r"got torch.int64"):
+        call(topk_indices=torch.zeros((4, 8), dtype=torch.int64, device=DEVICE))
+    with pytest.raises(TypeError, match=r"^seq_lens: expected dtype"):
+        call(seq_lens=lens.float())
+    with pytest.raises(TypeError, match=r"^logits: expected a torch.Tensor"):
+        call(logits=logits.cpu().numpy())
+    # a max_seq_len of the width or above reads the whole row (vLLM passes the longest sequence)
+    full, wide = buf(), buf()
+    ctk.persistent_topk(logits, lens, full, None, 8, 40)
+    ctk.persistent_topk(logits, lens, wide, None, 8, 1000)
+    assert torch.equal(full, wide)
+
+
+def test_top_k_per_row_decode_bad_input():
+    logits, lens = _rows()
+    buf = lambda: torch.full((4, 8), 7, dtype=torch.int32, device=DEVICE)  # noqa: E731
+
+    def call(**kw):
+        a = dict(logits=logits, next_n=1, seq_lens=lens, topk_indices=buf(), num_rows=2,
+                 stride0=40, stride1=1, topk_tokens=8)
+        a.update(kw)
+        ctk.top_k_per_row_decode(**a)
+        return a["topk_indices"]
+
+    ok = call()
+    with pytest.raises(ValueError, match=r"^num_rows: expected <= logits.shape\[0\] = 2, got 4"):
+        call(num_rows=4)
+    with pytest.raises(ValueError, match=r"^num_rows: expected an int >= 0"):
+        call(num_rows=-1)
+    with pytest.raises(ValueError, match=r"^stride0: .*inside logits.*got stride0 = 1000"):
+        call(stride0=1000)
+    with pytest.raises(ValueError, match=r"^stride1: .*inside logits"):
+        call(stride1=100)
+    with pytest.raises(ValueError, match=r"^stride0: expected an int >= 0"):
+        call(stride0=-40)
+    with pytest.raises(TypeError, match=r"^logits: expected a torch.Tensor, got ndarray"):
+        call(logits=logits.cpu().numpy())
+    with pytest.raises(ValueError, match=r"^topk_indices: expected shape \(>= 2, >= 16\)"):
+        call(topk_tokens=16)
+    with pytest.raises(TypeError, match=r"^topk_indices: expected dtype"):
+        call(topk_indices=torch.zeros((4, 8), dtype=torch.int64, device=DEVICE))
+    with pytest.raises(TypeError, match=r"^topk_tokens: expected an int"):
+        call(topk_tokens=8.0)
+    with pytest.raises(ValueError, match=r"^next_n: expected an int >= 1"):
+        call(next_n=0)
+    # a view inside a wider logits buffer (vLLM's strided logits) is still accepted
+    wide = torch.zeros((2, 56), device=DEVICE)
+    wide[:, :40] = logits
+    assert torch.equal(call(logits=wide[:, :40], stride0=56), ok)
+
+
+def test_fast_topk_transform_fused_bad_input():
+    score, lens = _rows()
+    pt = torch.arange(80, dtype=torch.int32, device=DEVICE).reshape(2, 40) + 1000
+    cu = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEVICE)
+    call = lambda table, c, k=4: ctk.fast_topk_transform_fused(score, lens, table, c, k)  # noqa: E731
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: required when page_table_size_1 has 1 "
+                                         r"rows and score has 2.*got None"):
+        call(pt[:1], None)
+    with pytest.raises(ValueError, match=r"^page_table_size_1: expected at least one row"):
+        call(pt[:0], cu)
+    with pytest.raises(TypeError, match=r"^cu_seqlens_q: expected dtype.*got torch.float32"):
+        call(pt[:1], cu[:2].float())
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected rank 1"):
+        call(pt[:1], cu[None, :2])
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected shape \(2,\)"):
+        call(pt[:1], cu)
+    for bad in ([5, -3], [1, 2], [0, 1], [0, 3]):
+        with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected non-decreasing offsets "
+                                             r"from 0 to the 2 score rows"):
+            call(pt[:1], torch.tensor(bad, dtype=torch.int32, device=DEVICE))
+    big = torch.arange(120, dtype=torch.int32, device=DEVICE).reshape(3, 40)
+    with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected non-decreasing"):
+        call(big, torch.tensor([0, 2, 1, 2], dtype=torch.int32, device=DEVICE))
+    with pytest.raises(ValueError, match=r"^topk: expected a positive int"):
+        call(pt, cu, 0)
+    with pytest.raises(TypeError, match=r"^score: expected a torch.Tensor"):
+        ctk.fast_topk_transform_fused(score.cpu().numpy(), lens, pt, cu, 4)
+    with pytest.raises(ValueError, match=r"^topk: expected a positive int"):
+        ctk.fast_topk_v2(score, lens, -1)
+    # one request owning both rows: both map through table row 0; int64 offsets accepted
+    one = call(pt[:1], torch.tensor([0, 2], dtype=torch.int64, device=DEVICE))
+    pos = ctk.fast_topk_v2(score, lens, 4)
+    assert torch.equal(one, torch.where(pos >= 0, pos + 1000, -1))

@@ -44,6 +44,7 @@ import torch
 
 from kernels import hardware
 from torch_impl import _common
+from torch_impl.compat._names import own_names
 from torch_impl.indexer import indexer_logits
 
 __all__ = ["get_num_sms", "get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits",
@@ -166,8 +167,9 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor,
     pages = _pages(kv_cache, D, q.device)
     P = kv_cache.shape[1]
     w = weights.view(B, N, H) if weights.dtype == torch.float32 else weights.float().view(B, N, H)
-    logits = indexer_logits(q, w, pages, block_table, context_lens, k_format="fp8_indexer",
-                            path=path)                                  # [B, N, W]
+    with own_names({"k_cache": "kv_cache"}):   # the native op names the page view k_cache
+        logits = indexer_logits(q, w, pages, block_table, context_lens, k_format="fp8_indexer",
+                                path=path)                              # [B, N, W]
     W = block_table.shape[1] * P
     flat = logits.view(B * N, W)
     if max_context_len <= W:

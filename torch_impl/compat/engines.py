@@ -23,6 +23,7 @@ import torch
 from torch_impl.compat import deep_gemm as c_deep_gemm
 from torch_impl.compat import flash_mla as c_flash_mla
 from torch_impl.compat import topk as c_topk
+from torch_impl.compat._names import own_names
 
 __all__ = ["Patch", "patch_vllm", "patch_sglang", "VLLM_TARGETS", "SGLANG_TARGETS"]
 
@@ -35,25 +36,35 @@ def _true() -> bool:
     return True
 
 
+# compat (DeepGEMM) argument name -> vLLM wrapper's (errors name the wrapper's arguments)
+_VLLM_DG_NAMES = {"block_table": "block_tables", "schedule_meta": "schedule_metadata",
+                  "max_context_len": "max_model_len"}
+
+
 def vllm_fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
                                   schedule_metadata, max_model_len, clean_logits=False):
     """vLLM's ``vllm.utils.deep_gemm.fp8_fp4_paged_mqa_logits`` signature (``block_tables``,
     ``max_model_len``) over :func:`torch_impl.compat.deep_gemm.fp8_fp4_paged_mqa_logits`."""
-    return c_deep_gemm.fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens, block_tables,
-                                                schedule_metadata, max_model_len, clean_logits)
+    with own_names(_VLLM_DG_NAMES):
+        return c_deep_gemm.fp8_fp4_paged_mqa_logits(q, kv_cache, weights, context_lens,
+                                                    block_tables, schedule_metadata,
+                                                    max_model_len, clean_logits)
 
 
 def vllm_fp8_paged_mqa_logits(q_fp8, kv_cache_fp8, weights, context_lens, block_tables,
                               schedule_metadata, max_model_len, clean_logits=False):
     """vLLM's ``vllm.utils.deep_gemm.fp8_paged_mqa_logits`` signature."""
-    return c_deep_gemm.fp8_paged_mqa_logits(q_fp8, kv_cache_fp8, weights, context_lens,
-                                            block_tables, schedule_metadata, max_model_len,
-                                            clean_logits)
+    with own_names({**_VLLM_DG_NAMES, "q": "q_fp8", "kv_cache": "kv_cache_fp8"}):
+        return c_deep_gemm.fp8_paged_mqa_logits(q_fp8, kv_cache_fp8, weights, context_lens,
+                                                block_tables, schedule_metadata, max_model_len,
+                                                clean_logits)
 
 
 def vllm_get_paged_mqa_logits_metadata(context_lens, block_size, num_sms, indices=None):
     """vLLM's ``vllm.utils.deep_gemm.get_paged_mqa_logits_metadata`` signature."""
-    return c_deep_gemm.get_paged_mqa_logits_metadata(context_lens, block_size, num_sms, indices)
+    with own_names({"block_kv": "block_size"}):
+        return c_deep_gemm.get_paged_mqa_logits_metadata(context_lens, block_size, num_sms,
+                                                         indices)
 
 
 _FLASH_MLA = {

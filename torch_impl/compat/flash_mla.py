@@ -30,7 +30,9 @@ from typing import Optional, Tuple
 import torch
 
 from kernels import formats as np_formats
+from kernels.scalars import check_real
 from torch_impl import _common
+from torch_impl.compat._names import own_names
 from torch_impl.sparse_mla import KVSource, sparse_mla_decode, sparse_mla_decode_sources
 
 __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
@@ -42,6 +44,16 @@ _FP8_LAYOUTS = {576: (np_formats.DS_MLA_BYTES, "fp8_ds_mla"), 512: (584, "fp8_mo
 _CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 _LATENT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _F32_MIN = float(torch.finfo(torch.float32).min)
+
+# native argument name -> this module's (SPEC "bad input": errors name the caller's argument)
+_COMMON_NAMES = {"sm_scale": "softmax_scale", "d_v": "head_dim_v"}
+_ONE_CACHE_NAMES = {**_COMMON_NAMES, "kv_cache": "k_cache"}
+_TWO_CACHE_NAMES = {**_COMMON_NAMES,
+                    "sources[0].kv_cache": "k_cache", "sources[0].indices": "indices",
+                    "sources[0].topk_length": "topk_length",
+                    "sources[1].kv_cache": "extra_k_cache",
+                    "sources[1].indices": "extra_indices_in_kvcache",
+                    "sources[1].topk_length": "extra_topk_length"}
 
 
 @dataclasses.dataclass
@@ -327,9 +339,10 @@ def flash_mla_with_kvcache(
         the sink applied once after the merge, one rounding to q's dtype).
       topk_length, extra_topk_length: int32 ``[b]`` or None: only the first ``topk_length[i]``
         entries of ``indices[i]`` (resp. the extra indices) are used.
-      out: extension (vLLM's vendored interface passes it): ``[b, s_q, h_q, 512]`` tensor on
-        q's device that receives the result and is returned. With two caches and a contiguous
-        ``out`` of q's dtype the combine writes it in place; otherwise the result is copied in.
+      out: extension (vLLM's vendored interface passes it): ``[b, s_q, h_q, 512]`` tensor of
+        q's dtype (the output dtype; another dtype raises TypeError) on q's device that
+        receives the result and is returned. With two caches and a contiguous ``out`` the
+        combine writes it in place; otherwise the result is copied in.
       path: this project's path choice, ``"auto"`` | ``"triton"`` | ``"torch"``.
 
     Returns:
@@ -402,23 +415,35 @@ def flash_mla_with_kvcache(
                          f"bytes_per_token], got shape {tuple(k_cache.shape)}")
     _check_sched(tile_scheduler_metadata, q, k_cache, causal, is_fp8_kvcache, indices,
                  extra_k_cache, extra_indices_in_kvcache)
-    scale = d_qk ** -0.5 if softmax_scale is None else softmax_scale
-
-    # ---- attention
-    sink = _sanitized_sink(attn_sink)
+    if softmax_scale is None:
+        scale = d_qk ** -0.5
+    else:
+        # named here: the native op would call it sm_scale (under torch.compile the scalar is
+        # a SymFloat, which the native op does not check either)
+        if not torch.compiler.is_compiling():
+            check_real("softmax_scale", softmax_scale)
+        scale = softmax_scale
     if out is not None:
-        _common.check_tensor("out", out, shape=(b, s_q, h_q, 512), device=q.device)
+        # the op's output dtype is q's: an out of another dtype would be silently cast
+        # (int32 truncated, fp16 rounded), so it is refused
+        _common.check_tensor("out", out, shape=(b, s_q, h_q, 512), dtypes=(q.dtype,),
+                             device=q.device)
+
+    # ---- attention (native errors re-raised under this function's argument names)
+    sink = _sanitized_sink(attn_sink)
     if extra_k_cache is None:
-        o, lse = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
-                         sink, path)
+        with own_names(_ONE_CACHE_NAMES):
+            o, lse = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
+                             sink, path)
     else:
         # one softmax over both caches: float32 partials, one merge, the sink once, one
-        # rounding, written straight into out= when it is a contiguous tensor of q's dtype
-        dst = out if (out is not None and out.dtype == q.dtype and out.is_contiguous()) else None
-        o, lse = _attend_two(q, (("k_cache", k_cache, indices, topk_length),
-                                 ("extra_k_cache", extra_k_cache, extra_indices_in_kvcache,
-                                  extra_topk_length)),
-                             scale, is_fp8_kvcache, sink, path, dst)
+        # rounding, written straight into out= when it is contiguous (its dtype is q's)
+        dst = out if (out is not None and out.is_contiguous()) else None
+        with own_names(_TWO_CACHE_NAMES):
+            o, lse = _attend_two(q, (("k_cache", k_cache, indices, topk_length),
+                                     ("extra_k_cache", extra_k_cache, extra_indices_in_kvcache,
+                                      extra_topk_length)),
+                                 scale, is_fp8_kvcache, sink, path, dst)
         if dst is not None:
             return out, _flash_mla_lse(lse)
     if out is not None:

@@ -28,7 +28,9 @@ from __future__ import annotations
 import torch
 from kernels.ops import BACKEND_PATHS
 
+from kernels.scalars import check_int
 from torch_impl import _common
+from torch_impl.compat._names import own_names
 from torch_impl.indexer import _POS_BITS, _order_key
 
 __all__ = ["select_topk", "top_k_per_row_decode", "persistent_topk", "cooperative_topk",
@@ -116,6 +118,19 @@ def _row_lengths(seq_lens: torch.Tensor, num_rows: int, next_n: int | None) -> t
     return seq_lens.long()[r // n] - n + (r % n) + 1
 
 
+_FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_INT_DTYPES = (torch.int32, torch.int64)
+
+
+def _check_indices_buffer(name: str, buf, rows: int, cols: int, device) -> None:
+    """An int32 2-D output buffer with at least ``rows`` rows and ``cols`` columns (the op
+    writes its ``[:rows, :cols]`` slice), named ``name``."""
+    _common.check_tensor(name, buf, ndim=2, dtypes=(torch.int32,), device=device)
+    if buf.shape[0] < rows or buf.shape[1] < cols:
+        raise ValueError(f"{name}: expected shape (>= {rows}, >= {cols}) (the slice "
+                         f"[:{rows}, :{cols}] is written), got {tuple(buf.shape)}")
+
+
 def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tensor,
                          topk_indices: torch.Tensor, num_rows: int, stride0: int, stride1: int,
                          topk_tokens: int) -> None:
@@ -123,24 +138,65 @@ def top_k_per_row_decode(logits: torch.Tensor, next_n: int, seq_lens: torch.Tens
     :topk_tokens]`` (int32, -1 padded) in place.
 
     Args:
-      logits: float32 ``[num_rows, W]`` read with strides ``(stride0, stride1)``.
-      next_n: drafts per request. seq_lens: int32 ``[B]`` (row ``b * next_n + i`` sees
+      logits: float32 ``[rows, W]`` tensor read as ``[num_rows, W]`` with element strides
+        ``(stride0, stride1)`` from its storage offset (vLLM passes ``logits.stride()``).
+        ``num_rows <= rows`` and the strided view must stay inside the elements ``logits``
+        spans (ValueError naming ``num_rows`` / ``stride0`` / ``stride1`` otherwise).
+      next_n: drafts per request (>= 1). seq_lens: int32 ``[B]`` (row ``b * next_n + i`` sees
         ``seq_lens[b] - next_n + i + 1`` positions) or ``[B, next_n]`` (per row).
       topk_indices: int32 ``[>= num_rows, >= topk_tokens]`` output buffer.
+      num_rows, stride0, stride1: ints >= 0; topk_tokens: int >= 1.
     """
-    view = torch.as_strided(logits, (num_rows, logits.shape[1]), (stride0, stride1),
-                            logits.storage_offset())
+    _common.check_tensor("logits", logits, ndim=2, dtypes=_FLOAT_DTYPES)
+    check_int("next_n", next_n, minimum=1)
+    num_rows = check_int("num_rows", num_rows, minimum=0)
+    stride0 = check_int("stride0", stride0, minimum=0)
+    stride1 = check_int("stride1", stride1, minimum=0)
+    topk_tokens = check_int("topk_tokens", topk_tokens, minimum=1)
+    R, W = logits.shape
+    if num_rows > R:
+        raise ValueError(f"num_rows: expected <= logits.shape[0] = {R}, got {num_rows}")
+    if num_rows and W:
+        # the last element the view reads vs the last element logits itself spans
+        # (both relative to its storage offset): never read past the tensor
+        span = sum((n - 1) * st for n, st in zip(logits.shape, logits.stride()))
+        for name, last in (("stride1", (W - 1) * stride1),
+                           ("stride0", (num_rows - 1) * stride0 + (W - 1) * stride1)):
+            if last > span:
+                raise ValueError(
+                    f"{name}: expected a [{num_rows}, {W}] view with strides ({stride0}, "
+                    f"{stride1}) inside logits (shape {tuple(logits.shape)}, strides "
+                    f"{logits.stride()}: last element {span}), got {name} = "
+                    f"{stride0 if name == 'stride0' else stride1} (last element {last})")
+    _common.check_tensor("seq_lens", seq_lens, dtypes=_INT_DTYPES, device=logits.device)
+    _check_indices_buffer("topk_indices", topk_indices, num_rows, topk_tokens, logits.device)
+    view = torch.as_strided(logits, (num_rows, W), (stride0, stride1), logits.storage_offset())
     lens = _row_lengths(seq_lens, num_rows, next_n)
-    select_topk(view, lens, topk_tokens, topk_indices[:num_rows, :topk_tokens])
+    with own_names({"lengths": "seq_lens", "k": "topk_tokens", "out": "topk_indices"}):
+        select_topk(view, lens, topk_tokens, topk_indices[:num_rows, :topk_tokens])
 
 
 def persistent_topk(logits: torch.Tensor, seq_lens: torch.Tensor, topk_indices: torch.Tensor,
                     workspace: torch.Tensor, k: int, max_seq_len: int) -> None:
     """vLLM's ``torch.ops._C.persistent_topk``: writes ``topk_indices[:, :k]`` for every logits
-    row in place; ``workspace`` is unused; ``max_seq_len`` bounds the row width read."""
-    R = logits.shape[0]
-    view = logits[:, : min(int(max_seq_len), logits.shape[1])]
-    select_topk(view, _row_lengths(seq_lens, R, None), k, topk_indices[:R, :k])
+    row in place; ``workspace`` is unused.
+
+    Args:
+      logits: float32 ``[R, W]``. seq_lens: int ``[R]`` / ``[B, next_n]`` (one per row) or
+        ``[B]`` (the decode rule of :func:`top_k_per_row_decode`).
+      topk_indices: int32 ``[>= R, >= k]``. k: int >= 1.
+      max_seq_len: int >= 0: only the first ``min(max_seq_len, W)`` positions of a row are
+        read (vLLM passes the batch's longest sequence; a value above W reads the whole row).
+    """
+    _common.check_tensor("logits", logits, ndim=2, dtypes=_FLOAT_DTYPES)
+    k = check_int("k", k, minimum=1)
+    max_seq_len = check_int("max_seq_len", max_seq_len, minimum=0)
+    R, W = logits.shape
+    _common.check_tensor("seq_lens", seq_lens, dtypes=_INT_DTYPES, device=logits.device)
+    _check_indices_buffer("topk_indices", topk_indices, R, k, logits.device)
+    view = logits[:, : min(max_seq_len, W)]
+    with own_names({"lengths": "seq_lens", "out": "topk_indices"}):
+        select_topk(view, _row_lengths(seq_lens, R, None), k, topk_indices[:R, :k])
 
 
 def cooperative_topk(logits, seq_lens, topk_indices, workspace, k, max_seq_len) -> None:
@@ -155,7 +211,8 @@ def fast_topk_v2(score: torch.Tensor, lengths: torch.Tensor, topk: int,
     ``row_starts`` (the ragged prefill form) is not provided."""
     if row_starts is not None:
         raise NotImplementedError("fast_topk_v2: row_starts (ragged prefill) is not provided")
-    return select_topk(score, lengths, topk)
+    with own_names({"logits": "score", "k": "topk"}):
+        return select_topk(score, lengths, topk)
 
 
 def fast_topk_transform_fused(score: torch.Tensor, lengths: torch.Tensor,
@@ -163,21 +220,57 @@ def fast_topk_transform_fused(score: torch.Tensor, lengths: torch.Tensor,
                               topk: int, row_starts: torch.Tensor | None = None) -> torch.Tensor:
     """SGLang ``sgl_kernel.fast_topk_transform_fused`` (decode form): the top-k positions of
     each row mapped through its request's page-size-1 table,
-    ``dst[r, j] = page_table_size_1[req(r), pos[r, j]]``, -1 kept. ``req(r)`` is r when the table
-    has one row per score row, else the request whose ``cu_seqlens_q`` range holds r.
-    ``row_starts`` (ragged prefill) is not provided."""
+    ``dst[r, j] = page_table_size_1[req(r), pos[r, j]]``, -1 kept (and -1 for a position past
+    the table's width). ``req(r)`` is r when the table has one row per score row, else the
+    request whose ``cu_seqlens_q`` range holds r.
+    ``row_starts`` (ragged prefill) is not provided.
+
+    Args:
+      score: float32 ``[R, W]``. lengths: int ``[R]``. topk: int >= 1.
+      page_table_size_1: int32 ``[num_reqs, width]``, ``num_reqs >= 1`` when R > 0.
+      cu_seqlens_q: int32 / int64 1-D or None; required when ``num_reqs != R``: then
+        ``[num_reqs + 1]``, starting at 0, non-decreasing, ending at R (request i owns score
+        rows ``[cu_seqlens_q[i], cu_seqlens_q[i + 1])``). Its values are checked eagerly
+        (one host read) except while a CUDA graph is being captured or under torch.compile;
+        there a bad value still maps each row to a table row in range (clamped), never past it.
+    """
     if row_starts is not None:
         raise NotImplementedError("fast_topk_transform_fused: row_starts (ragged prefill) is "
                                   "not provided")
-    pos = select_topk(score, lengths, topk)
+    with own_names({"logits": "score", "k": "topk"}):
+        pos = select_topk(score, lengths, topk)
     R = score.shape[0]
     _common.check_tensor("page_table_size_1", page_table_size_1, ndim=2,
                          dtypes=(torch.int32,), device=score.device)
     table = page_table_size_1
-    if table.shape[0] != R:
+    n_req = table.shape[0]
+    if cu_seqlens_q is not None:
+        _common.check_tensor("cu_seqlens_q", cu_seqlens_q, ndim=1, dtypes=_INT_DTYPES,
+                             device=score.device)
+    if R == 0:
+        return pos
+    if n_req == 0:
+        raise ValueError(f"page_table_size_1: expected at least one row (one per request) for "
+                         f"{R} score rows, got shape {tuple(table.shape)}")
+    if n_req != R:
+        if cu_seqlens_q is None:
+            raise ValueError(f"cu_seqlens_q: required when page_table_size_1 has {n_req} rows "
+                             f"and score has {R} (maps score rows to requests), got None")
+        if cu_seqlens_q.shape[0] != n_req + 1:
+            raise ValueError(f"cu_seqlens_q: expected shape ({n_req + 1},) (page_table_size_1 "
+                             f"rows + 1), got {tuple(cu_seqlens_q.shape)}")
+        capturing = (torch.compiler.is_compiling()
+                     or (cu_seqlens_q.is_cuda and torch.cuda.is_current_stream_capturing()))
+        if not capturing:
+            cu = cu_seqlens_q.tolist()
+            if cu[0] != 0 or cu[-1] != R or any(a > b for a, b in zip(cu, cu[1:])):
+                raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets from 0 to the "
+                                 f"{R} score rows, got {cu}")
         req = torch.searchsorted(cu_seqlens_q[1:].long().contiguous(),
                                  torch.arange(R, device=score.device), right=True)
-        table = table[req.clamp(max=table.shape[0] - 1)]
+        table = table[req.clamp(min=0, max=n_req - 1)]
+    if table.shape[1] == 0:
+        return torch.full_like(pos, -1)
     ok = (pos >= 0) & (pos < table.shape[1])
     slot = torch.gather(table, 1, torch.where(ok, pos, 0).long())
     return torch.where(ok, slot, -1).to(torch.int32)
