@@ -170,15 +170,21 @@ class ConfigRule:
     ``space(dev, shape)``: the configs the launcher may run, either a tuple of whole configs
     (sparse MLA: the compiled-and-checked members) or a dict ``{field: allowed values}`` (the
     indexers: every combination is allowed; the heuristic's own value of a field always is).
-    A table's config may name some fields only: the others are the heuristic's.
+    A table's config may name some fields only: the others are the heuristic's, except the
+    ``selectors``: fields that choose a kernel rather than tune one (sparse MLA's ``kernel``),
+    whose absence means the default kernel (a config dict omits the field then), never the
+    heuristic's choice.
     """
 
     heuristic: Callable[..., dict]
     space: Callable[..., tuple | dict]
+    selectors: tuple = ()
 
 
 CONFIG_RULES = MappingProxyType({
-    ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space),
+    # "kernel": "triton" when absent (SparseMLAConfig.to_dict omits it), "gluon", "gluon_ws"
+    ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space,
+                                                         selectors=("kernel",)),
     ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space),
     ("indexer_logits", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_logits"),
                                                       _triton_indexer_space("indexer_logits")),
@@ -318,13 +324,13 @@ class Registry:
         if rule is None:
             return {} if not config else None
         base = rule.heuristic(dev, shape)
-        # "kernel" (sparse MLA: "triton" when absent, "gluon", "gluon_ws") selects the kernel rather than
-        # tuning it, so a config without it means the Triton kernel, not the heuristic's
-        if set(config) - set(base) - {"kernel"}:
+        if set(config) - set(base) - set(rule.selectors):
             return None
-        full = {**base, **config}                       # fields not given: the heuristic's
-        if config and "kernel" not in config:
-            full.pop("kernel", None)
+        full = {**base, **config}                       # fields not given: the heuristic's ...
+        if config:
+            for f in rule.selectors:                    # ... but an absent selector: the default
+                if f not in config:
+                    full.pop(f, None)
         space = rule.space(dev, shape)
         if isinstance(space, tuple):
             return full if full in space else None
