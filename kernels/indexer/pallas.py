@@ -149,6 +149,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from kernels import layouts
 from kernels._pallas_call import interpret_default, triton_call
 
 SENTINEL = -(2 ** 31)          # INT32_MIN: key of NaN, -inf and positions past the valid length
@@ -297,12 +298,16 @@ def _load_pages(k_ref, page, ok, *, P: int, D: int, PAGES: int, FP8: bool, ROWS:
                        mask=mask, other=0)                               # [T, D] float
         return k, jnp.ones((T,), jnp.float32)
 
+    lay = layouts.fp8_indexer(D)                      # trace-time constants
     if ROWS:                    # [num_pages, P + 4P/D, D]: token rows, then scale-byte rows
         raw = plgpu.load(k_ref.at[jnp.broadcast_to(pg, (T, D)), jnp.broadcast_to(tok, (T, D)), col],
                          mask=mask, other=0)                                          # [T, D] u8
     else:                       # [num_pages, P*(D+4)]
-        raw = plgpu.load(k_ref.at[jnp.broadcast_to(pg, (T, D)), tok * D + col], mask=mask, other=0)
-    byte = P * D + tok * 4 + lax.broadcasted_iota(jnp.int32, (T, 4), 1)  # scale bytes of each row
+        raw = plgpu.load(k_ref.at[jnp.broadcast_to(pg, (T, D)), tok * lay.data.nbytes + col],
+                         mask=mask, other=0)
+    # scale bytes of each row (kernels.layouts.fp8_indexer: P data rows, then P float32 scales)
+    byte = (lay.scale_offset(P, 0) + tok * lay.scale.nbytes
+            + lax.broadcasted_iota(jnp.int32, (T, 4), 1))
     at = (jnp.broadcast_to(pg, (T, 4)),) + ((byte // D, byte % D) if ROWS else (byte,))
     sb = plgpu.load(k_ref.at[at], mask=jnp.broadcast_to(ok[:, None], (T, 4)), other=0)  # [T, 4] u8
     return lax.bitcast_convert_type(raw, jnp.float8_e4m3fn), _scales_from_bytes(sb)

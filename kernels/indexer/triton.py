@@ -12,8 +12,9 @@ Semantics from DeepSeek-V3.2-Exp ``inference/model.py`` (Indexer.forward) and De
 Cache layouts read in-kernel (byte-exact with ``kernels/formats.py``):
 
 * ``fp8_indexer``: uint8 ``[num_pages, P * (D_I + 4)]``; per page P rows of D_I e4m3 bytes, then
-  P float32 scales. The launcher passes two views of the same storage: an e4m3 view (values) and a
-  float32 view (scales, at float offset ``P * D_I / 4 + t`` of the page).
+  P float32 scales (``kernels.layouts.fp8_indexer``, from which the launcher takes the row stride
+  and the scale offset). The launcher passes two views of the same storage: an e4m3 view (values)
+  and a float32 view (scales, at float offset ``P * D_I / 4 + t`` of the page).
 * ``dense``: ``[num_pages, P, D_I]`` float (fp32 / fp16 / bf16), scale 1.
 
 Design (one program = one request b and one contiguous chunk of its pages; grid ``(B, S)``):
@@ -75,6 +76,7 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from kernels import layouts
 from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_base, window_bin,
                                  window_hist_add)
 
@@ -427,8 +429,12 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     num_warps = cfg.num_warps or (8 if NB * BLOCK_H >= 128 else 4)
     has_scale = k_scales is not None
     if has_scale:
-        stride_kp, stride_kt = k_vals.stride(0), D
-        stride_sp, scale_off = k_scales.stride(0), page_size * D // 4
+        # the byte layout (kernels.layouts.fp8_indexer): token t's D_I e4m3 bytes at t * D_I of
+        # its page, its float32 scale at byte P * D_I + 4 t (float offset scale_off + t)
+        lay = layouts.fp8_indexer(D)
+        stride_kp, stride_kt = k_vals.stride(0), lay.data_offset(1)
+        stride_sp = k_scales.stride(0)
+        scale_off = lay.scale_offset(page_size, 0) // lay.scale.nbytes
     else:
         stride_kp, stride_kt = k_vals.stride(0), k_vals.stride(1)
         stride_sp, scale_off = 0, 0
