@@ -250,19 +250,17 @@ def _split_shifts(h_row, s, ms, split_stride, base):
 
 
 @triton.jit
-def _sum_split_hists(h_row, split_stride, num_splits, SB: tl.constexpr):
-    """Sum of the ``num_splits`` histogram blocks at ``h_row + s * split_stride`` (each 256
-    counts then its base), each brought to the row's base (the largest). Returns
-    ``(hist int32 [256], base int32)``."""
+def _sum_split_hists(h_row, split_stride, num_splits, base, SB: tl.constexpr):
+    """Sum (int32 ``[256]``) of the ``num_splits`` histogram blocks at ``h_row + s *
+    split_stride`` (each 256 counts then its base), each brought to the row's ``base``."""
     sv = tl.arange(0, SB)
-    base = _row_base(h_row, split_stride, num_splits, SB)
     hist = tl.zeros((HIST_BINS,), tl.int32)
     for s0 in range(0, num_splits, SB):
         s = s0 + sv
         ms = s < num_splits
         shift = _split_shifts(h_row, s, ms, split_stride, base)
         hist += tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
-    return hist, base
+    return hist
 
 
 @triton.jit
@@ -384,10 +382,9 @@ def _radix_topk_kernel(
         # Pass A: windowed histogram of the first digit, summed from the logits kernel's
         # per-split histograms (fused) or built by reading the whole prefix.
         if HAS_HIST:
-            b = row // n_drafts
-            i = row % n_drafts
-            h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
-            hist, base = _sum_split_hists(h_row, n_drafts_pow2 * HIST_ROW, num_splits, PLAN_SB)
+            h_row, split_stride, base = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                  num_splits, PLAN_SB)
+            hist = _sum_split_hists(h_row, split_stride, num_splits, base, PLAN_SB)
         else:
             hist = tl.zeros((HIST_BINS,), tl.int32)
             base1 = tl.full((1,), BASE_NONE, tl.int32)
