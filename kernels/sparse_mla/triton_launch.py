@@ -146,6 +146,18 @@ def _gluon_sig(q_dtype: torch.dtype) -> dict:
     return sig
 
 
+def _gluon_kernel(kernel: str) -> tuple:
+    """``(module, kernel function name, extra constexprs)`` of a Gluon config's ``kernel``:
+    ``"gluon"`` (``gluon.py``) or ``"gluon_ws"`` (``gluon_ws.py``, which adds its partition
+    register budget and barrier arrival count). Launches use the module's ``NUM_WARPS``."""
+    if kernel == "gluon":
+        from kernels.sparse_mla import gluon as mod
+        return mod, "_sparse_mla_gluon_kernel", {}
+    from kernels.sparse_mla import gluon_ws as mod
+    return mod, "_sparse_mla_gluon_ws_kernel", dict(PRODUCER_REGS=mod.PRODUCER_REGS,
+                                                    EMPTY_ARRIVALS=mod.EMPTY_ARRIVALS)
+
+
 def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1,
                  kernel: str = "gluon") -> list:
     """Launches of a Gluon kernel (sm_90) for one variant, with and without a block table:
@@ -154,13 +166,7 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     producer's warps come on top). ``nbuf`` is the config's ``num_stages``."""
     from kernels._triton_aot import LaunchSpec
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
-    if kernel == "gluon":
-        from kernels.sparse_mla import gluon as mod
-        fn, extra = "_sparse_mla_gluon_kernel", {}
-    else:
-        from kernels.sparse_mla import gluon_ws as mod
-        fn, extra = "_sparse_mla_gluon_ws_kernel", dict(PRODUCER_REGS=mod.PRODUCER_REGS,
-                                                        EMPTY_ARRIVALS=mod.EMPTY_ARRIVALS)
+    mod, fn, extra = _gluon_kernel(kernel)
     sig = _gluon_sig(q_dtype)
     rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
     out = []
@@ -261,15 +267,8 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (cdiv(H, cfg.block_h), splits, B * N)
     if cfg.kernel in ("gluon", "gluon_ws"):   # the caller checked configs.kernel_eligible
-        if cfg.kernel == "gluon":
-            from kernels.sparse_mla import gluon as gk
-            kernel, extra = gk._sparse_mla_gluon_kernel, dict(num_warps=gk.NUM_WARPS)
-        else:                                   # warp-specialised (gluon_ws.py): same arguments
-            from kernels.sparse_mla import gluon_ws as gw
-            kernel = gw._sparse_mla_gluon_ws_kernel
-            extra = dict(PRODUCER_REGS=gw.PRODUCER_REGS, EMPTY_ARRIVALS=gw.EMPTY_ARRIVALS,
-                         num_warps=gw.NUM_WARPS)
-        kernel[grid](
+        mod, fn, extra = _gluon_kernel(cfg.kernel)  # both take the same arguments
+        getattr(mod, fn)[grid](
             q, kv, kv16, kv.view(torch.int32), indices,
             block_table if block_table is not None else dummy,
             topk_length if topk_length is not None else dummy,
@@ -283,7 +282,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
             KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=cx["ROPE_DTYPE"],
-            NBUF=cfg.num_stages, **extra,
+            NBUF=cfg.num_stages, **extra, num_warps=mod.NUM_WARPS,
         )
     else:
         tk._sparse_mla_split_kernel[grid](
