@@ -50,6 +50,15 @@ def require_no_interpreted_bf16(dev: hardware.DeviceInfo, op: str, *tensors: tor
                                   f"fp32 or path='torch' on the CPU, bf16 on a GPU")
 
 
+def capturing() -> bool:
+    """Whether this call is being traced by torch.compile or captured into a CUDA graph on the
+    current stream: then no tensor value may be read on the host (eager value checks are
+    skipped, as documented where they are made)."""
+    if torch.compiler.is_compiling():
+        return True
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
 def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torch.dtype] | None = None,
                  shape: Sequence[int | None] | None = None, device: torch.device | None = None):
     """Raise TypeError / ValueError naming ``name``, what was expected and what came."""

@@ -54,10 +54,7 @@ def _rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tenso
     return y if w is None else y * w
 
 
-def _capturing() -> bool:
-    if torch.compiler.is_compiling():
-        return True
-    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+_capturing = _common.capturing         # a module name, so tests can patch it
 
 
 def _to_numpy(v):

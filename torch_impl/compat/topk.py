@@ -259,9 +259,7 @@ def fast_topk_transform_fused(score: torch.Tensor, lengths: torch.Tensor,
         if cu_seqlens_q.shape[0] != n_req + 1:
             raise ValueError(f"cu_seqlens_q: expected shape ({n_req + 1},) (page_table_size_1 "
                              f"rows + 1), got {tuple(cu_seqlens_q.shape)}")
-        capturing = (torch.compiler.is_compiling()
-                     or (cu_seqlens_q.is_cuda and torch.cuda.is_current_stream_capturing()))
-        if not capturing:
+        if not _common.capturing():
             cu = cu_seqlens_q.tolist()
             if cu[0] != 0 or cu[-1] != R or any(a > b for a, b in zip(cu, cu[1:])):
                 raise ValueError(f"cu_seqlens_q: expected non-decreasing offsets from 0 to the "
