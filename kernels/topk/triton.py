@@ -105,7 +105,7 @@ PLAN_SPLITS = 32
 
 
 def _p2(n: int, lo: int, hi: int) -> int:
-    return min(hi, max(lo, 1 << (max(n, 1) - 1).bit_length()))
+    return min(hi, max(lo, triton.next_power_of_2(max(n, 1))))
 
 
 def plan_blocks(num_splits: int) -> tuple:
@@ -119,7 +119,7 @@ def plan_blocks(num_splits: int) -> tuple:
 
 def hist_shape(batch: int, num_splits: int, n_drafts: int) -> tuple:
     """Shape of the int32 histogram buffer the fused logits kernel writes for the top-k."""
-    return (batch, num_splits, 1 << (n_drafts - 1).bit_length(), HIST_ROW.value)
+    return (batch, num_splits, triton.next_power_of_2(n_drafts), HIST_ROW.value)
 
 
 @dataclass(frozen=True)
