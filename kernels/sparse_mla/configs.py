@@ -114,9 +114,8 @@ def gluon_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: 
     """Whether the Gluon kernel (kernels/sparse_mla/gluon.py) can run a call on ``dev``
     (``kernels.hardware.DeviceInfo``): sm_90 (wgmma) outside the interpreter, an fp8 cache at its
     D_qk (:data:`GLUON_FORMATS`) and 16-bit dot operands (``operand_bytes`` 2: bf16 / fp16 q).
-    The heuristic's and the launcher's one rule."""
-    return (not dev.interpret and tuple(dev.cc) == (9, 0) and operand_bytes == 2
-            and (kv_format, d_qk) in GLUON_FORMATS)
+    The heuristic's and the launcher's one rule (:func:`kernel_eligible`)."""
+    return kernel_eligible("gluon", dev, kv_format, d_qk, operand_bytes)
 
 
 # The warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py; sm_90 only: wgmma and
@@ -136,19 +135,24 @@ def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_byte
     """Whether the warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py) can run a call
     on ``dev``: exactly sm_90 (wgmma, setmaxnreg; not sm_100 / sm_120) outside the interpreter,
     an fp8 cache at its D_qk (:data:`GLUON_WS_FORMATS`), 16-bit dot operands."""
-    return (not dev.interpret and tuple(dev.cc) == (9, 0) and operand_bytes == 2
-            and (kv_format, d_qk) in GLUON_WS_FORMATS)
+    return kernel_eligible("gluon_ws", dev, kv_format, d_qk, operand_bytes)
 
 
 def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
                     operand_bytes: int) -> bool:
-    """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere,
-    ``"gluon"`` / ``"gluon_ws"`` by :func:`gluon_eligible` / :func:`gluon_ws_eligible`."""
-    if kernel == "gluon":
-        return gluon_eligible(dev, kv_format, d_qk, operand_bytes)
-    if kernel == "gluon_ws":
-        return gluon_ws_eligible(dev, kv_format, d_qk, operand_bytes)
-    return True
+    """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
+    Gluon kernels (``"gluon"``, ``"gluon_ws"``) on exactly sm_90 (wgmma; the WS kernel also
+    setmaxnreg) outside the interpreter, with 16-bit dot operands, for the (kv_format, D_qk)
+    pairs each is built for (:data:`GLUON_KERNEL_FORMATS`)."""
+    built = GLUON_KERNEL_FORMATS.get(kernel)
+    if built is None:
+        return True
+    return (not dev.interpret and tuple(dev.cc) == (9, 0) and operand_bytes == 2
+            and (kv_format, d_qk) in built)
+
+
+# (kv_format, D_qk) pairs each Gluon kernel is built for
+GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS}
 
 
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
