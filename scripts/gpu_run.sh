@@ -13,6 +13,10 @@
 #   parity:full     python -m parity --full --jobs 6 (JSON report)
 #   profile:OP      scripts/profile_kernels.py --op OP: per-kernel GPU time of the torch rows of
 #                   OP in the targets grid (PROFILE_K: a label substring), JSON + log
+#   ncu:OP          Nsight Compute on one kernel (NCU_KERNEL: name regex, required) of the torch rows
+#                   of OP (PROFILE_K: a label substring): --set full report $OUT/ncu_OP.ncu-rep, its
+#                   details page as text and its SASS source page (per-instruction stall samples)
+#                   as CSV (NCU_SKIP launches skipped first, default 3)
 #   sanitize:torch  compute-sanitizer memcheck over scripts/sanitize_ops.py (Triton kernels, compat
 #                   API; torch's caching allocator off so every tensor is its own allocation)
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
@@ -58,6 +62,14 @@ for step in "$@"; do
     profile)
       timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} \
         --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
+    ncu)
+      rep="$OUT/ncu_$what"
+      timeout "$secs" ncu --set full --import-source yes --kernel-name "regex:${NCU_KERNEL:?NCU_KERNEL}" \
+          --launch-skip "${NCU_SKIP:-3}" --launch-count 1 -f -o "$rep" \
+        python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} --plain --reps 3 \
+          > "$log" 2>&1 \
+        && ncu -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 \
+        && ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1 ;;
     parity)
       timeout "$secs" python3 -m parity "--$what" --jobs 6 --no-progress \
         --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;

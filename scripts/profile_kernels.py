@@ -10,6 +10,8 @@ CUDA graph would replay); the bench's graph timer remains the row's number.
   python scripts/profile_kernels.py --op indexer_topk --out $OUT/profile_idx.json
   python scripts/profile_kernels.py --op dsa_decode_layer -k "B=1 " --top 30
   python scripts/profile_kernels.py --list
+  ncu --kernel-name regex:gluon_ws python scripts/profile_kernels.py --op sparse_mla_decode \
+      -k "B=64 H=128" --plain          # the same launches, no torch profiler (for ncu)
 """
 from __future__ import annotations
 
@@ -57,6 +59,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=15, help="kernels printed per row (default: 15)")
     ap.add_argument("--out", default="", help="JSON file to write (default: none)")
     ap.add_argument("--list", action="store_true", help="print the selected rows and exit")
+    ap.add_argument("--plain", action="store_true",
+                    help="run the calls (warm round + --reps rounds) without torch.profiler, for an "
+                         "outside profiler such as ncu; prints no kernel times")
     a = ap.parse_args(argv)
 
     from bench import grid
@@ -74,7 +79,14 @@ def main(argv=None) -> int:
         try:
             inp = make_inputs(s, rotations=2, device="cuda", q_dtype="bfloat16", latent_dtype="bfloat16", seed=0)
             calls = be.prepare(s.op, inp, a.path)
-            row["kernels"] = kernel_times(calls, a.reps)
+            if a.plain:
+                for _ in range(a.reps + 1):
+                    for c in calls:
+                        c()
+                torch.cuda.synchronize()
+                row["kernels"] = {}
+            else:
+                row["kernels"] = kernel_times(calls, a.reps)
             row["total_us"] = sum(v["us_per_call"] for v in row["kernels"].values())
         except Exception as e:  # noqa: BLE001 - record and go on to the next row
             row["error"] = f"{type(e).__name__}: {e}"[:400]
