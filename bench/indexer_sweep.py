@@ -42,9 +42,11 @@ VARIANTS = {
     "p1_cp3": dict(pages=1, prefetch=False, num_stages=3),
     "p1": dict(pages=1),
     "cp2_s8": dict(prefetch=False, num_stages=2, num_splits=8),
+    "gluon": dict(kernel="gluon"),                           # kernels/indexer/gluon.py (sm_90)
+    "gluon_s8": dict(kernel="gluon", num_splits=8),
 }
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
-DEFAULT_VARIANTS = ("default", "running", "evict", "cp2", "cp3", "cp2_w8", "p1_cp2")
+DEFAULT_VARIANTS = ("default", "gluon", "gluon_s8")
 
 # name -> (preset, B, N, L, table_len)
 SHAPES = {
@@ -106,6 +108,8 @@ def _aot(names) -> list:
     from kernels.indexer.triton_aot import _logits_spec
     specs = []
     for name in names:
+        if VARIANTS[name].get("kernel", "triton") != "triton":
+            continue                      # the Gluon kernel: kernels.indexer.triton_aot.gluon_specs
         for N in (1, 2):
             cfg = IndexerLogitsConfig(**VARIANTS[name])
             nw = cfg.num_warps or (8 if N * 64 >= 128 else 4)

@@ -120,6 +120,8 @@ def _triton_indexer_classes(op):
 def _triton_indexer_default(op: str) -> dict:
     logits_cls, topk_cls = _triton_indexer_classes(op)
     d = dataclasses.asdict(logits_cls())
+    if d.get("kernel") == "triton":          # the default kernel: omitted (a selector field)
+        del d["kernel"]
     if topk_cls is not None:
         d.update({f"topk_{k}": v for k, v in dataclasses.asdict(topk_cls()).items()})
     return d
@@ -186,10 +188,13 @@ CONFIG_RULES = MappingProxyType({
     ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space,
                                                          selectors=("kernel",)),
     ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space),
+    # "kernel": "triton" when absent, "gluon" (kernels.indexer.gluon, sm_90)
     ("indexer_logits", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_logits"),
-                                                      _triton_indexer_space("indexer_logits")),
+                                                      _triton_indexer_space("indexer_logits"),
+                                                      selectors=("kernel",)),
     ("indexer_topk", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_topk"),
-                                                    _triton_indexer_space("indexer_topk")),
+                                                    _triton_indexer_space("indexer_topk"),
+                                                    selectors=("kernel",)),
     ("indexer_logits", "jax", "pallas"): ConfigRule(_pallas_indexer_heuristic, _pallas_indexer_space),
     ("indexer_topk", "jax", "pallas"): ConfigRule(_pallas_indexer_heuristic, _pallas_indexer_space),
 })
@@ -335,7 +340,7 @@ class Registry:
         if isinstance(space, tuple):
             return full if full in space else None
         for k, v in config.items():
-            if v != base[k] and v not in space.get(k, ()):
+            if v != base.get(k) and v not in space.get(k, ()):
                 return None
         return full
 

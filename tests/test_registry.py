@@ -131,7 +131,8 @@ def test_indexer_heuristics_are_the_launchers_defaults():
     pytest.importorskip("triton")
     from kernels.indexer.triton import IndexerLogitsConfig
     from kernels.topk.triton import TopkConfig
-    logits = asdict(IndexerLogitsConfig())
+    # the default kernel ("triton") is a selector: omitted from the config dict
+    logits = {k: v for k, v in asdict(IndexerLogitsConfig()).items() if k != "kernel"}
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == logits
     assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK) == {
         **logits, **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}

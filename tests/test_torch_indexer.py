@@ -483,3 +483,84 @@ def test_context_lens_near_int32_max_and_nan_in_q(path):
     _check_case(case, path)
     idx = indexer_topk(*_args(case), case.topk, path=path)
     assert (idx[0] == -1).all() and (idx[1] >= 0).all()
+
+
+def _gluon_ok():
+    if not CUDA:
+        return False
+    from kernels.indexer import gluon
+    return gluon.eligible(_common.device_info(torch.device("cuda")), "fp8_indexer", 1, 64, 128, 64)
+
+
+gluon_only = pytest.mark.skipif(not _gluon_ok(), reason="the Gluon logits kernel runs on sm_90 only")
+
+
+@gluon_only
+@pytest.mark.parametrize("N,splits,cl2d", [(1, None, False), (1, 3, False), (2, None, False),
+                                           (2, 5, True), (1, 1, True)])
+def test_gluon_logits_kernel(N, splits, cl2d):
+    """The Gluon logits kernel (``kernels.indexer.gluon``; sm_90, H_I 64, D_I 128, P 64):
+    logits against the float64 reference, every fused histogram block exact at its base, and
+    the top-k after it the SPEC set; lengths that end mid-page and mid-step, -1 pages inside
+    the valid range, e4m3 NaN keys, stale pages past the lengths, odd page counts per split (a
+    2-page step straddles a split's end)."""
+    from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
+
+    P, K = 64, 300
+    case = cases.make_indexer_case(660 + N, B=3, N=N, H_I=64, D_I=128, P=P,
+                                   lens=[1000, 77, 3 * 64 + 5], topk=K, nan_rows=True,
+                                   neg_pages=True, context_lens_2d=cl2d)
+    q, w, kc, bt, cl = _args(case)
+    B = q.shape[0]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    cfg = resolve_kernel(IndexerLogitsConfig(num_splits=splits, kernel="gluon"), dev,
+                         "fp8_indexer", N, 64, 128, P)
+    assert cfg.kernel == "gluon"
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
+
+
+@gluon_only
+@pytest.mark.parametrize("N", [1, 2])
+def test_gluon_logits_recount_when_a_later_tile_rises(N):
+    """The Gluon kernel's recount: a later page's keys 2^12 times the first step's (scales x
+    4096) land above the first tile's window; the blocks are exact at the final base, the
+    top-k the SPEC set and bitwise the Triton kernel's."""
+    from kernels.indexer.triton import IndexerLogitsConfig
+
+    P, K = 64, 100
+    case = cases.make_indexer_case(670 + N, B=2, N=N, H_I=64, D_I=128, P=P, lens=[900, 700],
+                                   topk=K, stale=False)
+    kc_np = case.k_cache.copy()
+    for b in range(2):                                    # the 7th page of each request
+        pg = int(case.block_table[b, 6])
+        kc_np.view(np.float32)[pg, P * 128 // 4: P * 128 // 4 + P] *= 4096.0
+    case = dataclasses.replace(case, k_cache=kc_np)
+    q, w, kc, bt, cl = _args(case)
+    B = q.shape[0]
+    W = bt.shape[1] * P
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    ref = case.reference_logits()
+    outs = [_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=s, kernel=k),
+                               P, K, lens)
+            for s, k in ((1, "gluon"), (2, "gluon"), (2, "triton"))]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[1], outs[2])
+
+
+@gluon_only
+def test_gluon_indexer_topk_binding():
+    """``indexer_topk`` with the registry config's ``kernel="gluon"`` through the binding equals
+    the reference set; a config the Gluon kernel is not built for (H_I 16) falls back to the
+    Triton kernel with the same result as ``kernel="triton"``."""
+    for H, N in ((64, 1), (64, 2), (16, 1)):
+        case = cases.make_indexer_case(680 + H + N, B=2, N=N, H_I=H, D_I=128, P=64,
+                                       lens=[700, 300], topk=128)
+        q, w, kc, bt, cl = _args(case)
+        got = {}
+        for kern in ("gluon", "triton"):
+            cfg = dict(kernel=kern)
+            got[kern] = tix._triton_topk(q, w, kc, bt, cl, 128, "fp8_indexer", True, cfg)
+            compare.assert_pass(compare.check_topk(got[kern], case.reference_logits(), 128))
+        if H == 16:
+            assert torch.equal(got["gluon"], got["triton"])

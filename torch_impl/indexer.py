@@ -147,14 +147,17 @@ def _triton_configs(cfg):
     cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
                                                       "trans", "pages", "hist", "prefetch",
-                                                      "evict_first") if k in cfg})
+                                                      "evict_first", "kernel") if k in cfg})
     tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps",
                                                       "topk_cand_block") if k in cfg})
     return lcfg, tcfg
 
 
 def _triton_gate(q, k_format, P, lcfg):
-    """NotImplementedError (GPU, compute capability, what is supported) before launch."""
+    """NotImplementedError (GPU, compute capability, what is supported) before launch; returns
+    ``(dev, lcfg)`` with the Gluon kernel replaced by the Triton one where it cannot run
+    (``kernels.indexer.triton.resolve_kernel``)."""
+    from kernels.indexer.triton import resolve_kernel
     dev = _common.device_info(q.device)
     hardware.require_arch(dev, "indexer_logits (triton)")
     _common.require_no_interpreted_bf16(dev, "indexer_logits (triton)", q)
@@ -174,7 +177,7 @@ def _triton_gate(q, k_format, P, lcfg):
             else (nb * bh * D + tile) * elem + max(1, lcfg.num_stages) * tile * raw)
     hardware.require_smem(dev, f"indexer_logits (triton) with N={N}, H_I={H}, D_I={D}, P={P}",
                           need)
-    return dev
+    return dev, resolve_kernel(lcfg, dev, k_format, N, H, D, P)
 
 
 def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out,
@@ -207,7 +210,7 @@ def _triton_logits(q, weights, k_cache, block_table, context_lens, k_format, cfg
     if cfg is None:
         cfg = _plan(q, block_table, k_cache, k_format, "indexer_logits", "triton").config
     lcfg, _ = _triton_configs(cfg)
-    _triton_gate(q, k_format, P, lcfg)
+    dev, lcfg = _triton_gate(q, k_format, P, lcfg)
     out = torch.full((B, N, W), float("-inf"), dtype=torch.float32, device=q.device)
     return _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg, out)
 
@@ -244,7 +247,7 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     if cfg is None:
         cfg = _plan(q, block_table, k_cache, k_format, "indexer_topk", "triton", topk).config
     lcfg, tcfg = _triton_configs(cfg)
-    _triton_gate(q, k_format, P, lcfg)
+    dev, lcfg = _triton_gate(q, k_format, P, lcfg)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
     from kernels.indexer.triton import logits_splits

@@ -109,6 +109,10 @@ class IndexerLogitsConfig:
         pipeliner (cp.async of the K tile at ``num_stages >= 2``).
       evict_first: K tile and scale loads with ``eviction_policy="evict_first"`` (the logits
         the top-k reads next stay in L2).
+      kernel: ``"triton"`` (this module's kernel) or ``"gluon"`` (``kernels.indexer.gluon``:
+        sm_90, fp8_indexer, H_I 64, D_I 128, P 64, N 1 or 2; the other fields but
+        ``num_splits`` do not apply to it). :func:`resolve_kernel` substitutes ``"triton"``
+        where the Gluon kernel cannot run.
     """
 
     num_splits: int | None = None
@@ -119,10 +123,12 @@ class IndexerLogitsConfig:
     hist: str = "first"
     prefetch: bool = True
     evict_first: bool = False
+    kernel: str = "triton"
 
     SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(1, 2, 3),
                         trans=(False, True), pages=(1, 2), hist=("running", "first"),
-                        prefetch=(True, False), evict_first=(False, True))
+                        prefetch=(True, False), evict_first=(False, True),
+                        kernel=("triton", "gluon"))
 
 
 # Headroom of the "first" histogram mode: the first tile's max lands HIST_HEAD bins (1/8 binade
@@ -132,20 +138,41 @@ HIST_HEAD = tl.constexpr(32)
 HIST_MODES = {"running": 0, "first": 1}
 
 
-def default_num_splits(batch: int, max_pages: int, num_sms: int) -> int:
-    """Heuristic split count: at most two programs per SM over the whole batch (two CTAs of
-    ~40 KiB shared memory and ~200 registers x 128-256 threads fit one SM), so the grid is a
-    single wave (``B * S <= 2 * num_sms``; a partial second wave would idle most SMs), at least
-    one program per request and at most one per page."""
-    return max(1, min(max_pages, (2 * num_sms) // max(batch, 1)))
+def default_num_splits(batch: int, max_pages: int, num_sms: int, per_sm: int = 2) -> int:
+    """Heuristic split count: at most ``per_sm`` programs per SM over the whole batch (the
+    Triton kernel: two CTAs of ~40 KiB shared memory and ~200 registers x 128-256 threads fit
+    one SM), so the grid is a single wave (``B * S <= per_sm * num_sms``; a partial second wave
+    would idle most SMs), at least one program per request and at most one per page."""
+    return max(1, min(max_pages, (per_sm * num_sms) // max(batch, 1)))
 
 
 def logits_splits(batch: int, max_pages: int, num_sms: int,
                   config: IndexerLogitsConfig | None = None) -> int:
-    """Programs per request of the logits grid ``(B, S)`` for this call (shape-only)."""
+    """Programs per request of the logits grid ``(B, S)`` for this call (shape-only): the
+    config's count, else two programs an SM (the Triton kernel) or
+    ``kernels.indexer.gluon.CTAS_PER_SM`` (the Gluon kernel's smaller CTAs), one wave."""
     cfg = config or IndexerLogitsConfig()
-    splits = cfg.num_splits or default_num_splits(batch, max_pages, num_sms)
+    per_sm = 2
+    if cfg.kernel == "gluon":
+        from kernels.indexer import gluon
+        per_sm = gluon.CTAS_PER_SM
+    splits = cfg.num_splits or default_num_splits(batch, max_pages, num_sms, per_sm)
     return max(1, min(splits, max(max_pages, 1)))
+
+
+def resolve_kernel(config: IndexerLogitsConfig, dev, k_format: str, n: int, h: int, d: int,
+                   p: int) -> IndexerLogitsConfig:
+    """``config``, with ``kernel="triton"`` where it names the Gluon kernel and the call or the
+    device is not one it is built for (``kernels.indexer.gluon.eligible``)."""
+    import dataclasses
+    if config.kernel == "gluon":
+        from kernels.indexer import gluon
+        if not gluon.eligible(dev, k_format, n, h, d, p):
+            return dataclasses.replace(config, kernel="triton")
+    elif config.kernel != "triton":
+        raise ValueError(f"IndexerLogitsConfig.kernel: expected 'triton' or 'gluon', got "
+                         f"{config.kernel!r}")
+    return config
 
 
 @triton.jit
@@ -441,6 +468,10 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     precision = "ieee" if (dot_f32 or str(q.dtype) == "torch.float32") else "tf32"
     if B == 0 or max_pages == 0:
         return out
+    if cfg.kernel == "gluon":        # the caller resolved it (resolve_kernel): eligible here
+        from kernels.indexer import gluon
+        return gluon.launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist,
+                            splits)
     _indexer_logits_kernel[(B, splits)](
         q, weights, k_vals, k_scales if has_scale else k_vals, block_table, context_lens, out,
         hist if hist is not None else out,

@@ -76,3 +76,32 @@ def aot_specs(smem_class: str) -> list:
     specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
                               2, 64, 64, False, 8, 3, prefetch=False))
     return specs
+
+
+# Integer arguments of the Gluon logits kernel specialised as multiples of 16 at real launches
+GLUON_DIVISIBLE = ("stride_qb", "stride_qn", "stride_qh", "stride_wb", "stride_wn", "stride_kp",
+                   "stride_sp", "scale_off", "stride_bt", "stride_ob", "stride_on")
+
+
+def gluon_specs() -> list:
+    """Launches of the Gluon logits kernel (``kernels/indexer/gluon.py``, sm_90 only): N 1 and 2,
+    with the fused histogram (``indexer_topk``) and without (``indexer_logits``), lengths
+    ``[B]`` and ``[B, N]``."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.indexer import gluon
+    sig = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "k_ptr": "*fp8e4nv", "ks_ptr": "*fp32",
+           "bt_ptr": "*i32", "cl_ptr": "*i32", "out_ptr": "*fp32", "hist_ptr": "*i32"}
+    for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
+                 "stride_wn", "stride_kp", "stride_sp", "scale_off", "stride_bt", "stride_ob",
+                 "stride_on"):
+        sig[name] = "i32"
+    specs = []
+    for n in gluon.DRAFTS:
+        for hist in (True, False):
+            for per_draft in ((False, True) if hist else (False,)):
+                specs.append(LaunchSpec(
+                    f"logits gluon N{n} hist={hist} cl_per_draft={per_draft}",
+                    "kernels.indexer.gluon", "_indexer_logits_gluon_kernel", sig,
+                    dict(N=n, CL_PER_DRAFT=per_draft, WRITE_HIST=hist), gluon.NUM_WARPS, 1,
+                    divisible=GLUON_DIVISIBLE))
+    return specs
