@@ -43,10 +43,13 @@ VARIANTS = {
     "p1": dict(pages=1),
     "cp2_s8": dict(prefetch=False, num_stages=2, num_splits=8),
     "gluon": dict(kernel="gluon"),                           # kernels/indexer/gluon.py (sm_90)
+    "gluon_s4": dict(kernel="gluon", num_splits=4),
     "gluon_s8": dict(kernel="gluon", num_splits=8),
+    "gluon_s16": dict(kernel="gluon", num_splits=16),
+    "triton": dict(kernel="triton"),
 }
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
-DEFAULT_VARIANTS = ("default", "gluon", "gluon_s8")
+DEFAULT_VARIANTS = ("triton", "gluon", "gluon_s4", "gluon_s16")
 
 # name -> (preset, B, N, L, table_len)
 SHAPES = {

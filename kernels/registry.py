@@ -137,7 +137,14 @@ def _triton_indexer_space_cached(op: str) -> dict:
 
 
 def _triton_indexer_heuristic(op):
-    return lambda dev, shape: _triton_indexer_default(op)
+    def rule(dev, shape):
+        # the Gluon logits kernel on sm_90, where it measured faster at every bench shape
+        # (bench/NOTES.md "Gluon logits kernel"); the launcher runs the Triton kernel for calls
+        # it is not built for (kernels.indexer.triton.resolve_kernel)
+        from kernels.indexer import gluon
+        d = _triton_indexer_default(op)
+        return {**d, "kernel": "gluon"} if gluon.device_ok(dev) else d
+    return rule
 
 
 def _triton_indexer_space(op):

@@ -8,6 +8,7 @@ functions), so a lazy import that points the wrong way is caught too.
 import ast
 import json
 import os
+import dataclasses
 from dataclasses import asdict
 from pathlib import Path
 
@@ -131,11 +132,15 @@ def test_indexer_heuristics_are_the_launchers_defaults():
     pytest.importorskip("triton")
     from kernels.indexer.triton import IndexerLogitsConfig
     from kernels.topk.triton import TopkConfig
-    # the default kernel ("triton") is a selector: omitted from the config dict
+    # the default kernel ("triton") is a selector: omitted from the config dict; on sm_90 the
+    # heuristic names the Gluon logits kernel
     logits = {k: v for k, v in asdict(IndexerLogitsConfig()).items() if k != "kernel"}
-    assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == logits
+    sm120 = dataclasses.replace(H200, name="RTX PRO 6000", cc=(12, 0), num_sms=188)
+    assert REGISTRY.heuristic("indexer_logits", "torch", "triton", sm120, **TOPK) == logits
+    assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {
+        **logits, "kernel": "gluon"}
     assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK) == {
-        **logits, **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}
+        **logits, "kernel": "gluon", **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}
     pl = pytest.importorskip("kernels.indexer.pallas")
     assert REGISTRY.heuristic("indexer_topk", "jax", "pallas", H200, **TOPK) == pl.PallasIndexerConfig().to_dict()
 
@@ -173,7 +178,10 @@ def test_accept_checks_indexer_fields_against_the_search_space():
     pytest.importorskip("triton")
     base = REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK)
     ok = REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"pages": 1, "topk_block": 2048}, **TOPK)
-    assert ok == {**base, "pages": 1, "topk_block": 2048}
+    # a table config that does not name the kernel selector runs the default (Triton) kernel
+    assert ok == {**{k: v for k, v in base.items() if k != "kernel"}, "pages": 1, "topk_block": 2048}
+    assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"kernel": "gluon"},
+                           **TOPK) == base
     assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"pages": 3}, **TOPK) is None
     assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"bogus": 1}, **TOPK) is None
     assert REGISTRY.accept("indexer_topk", "torch", "torch", H200, {}, **TOPK) == {}

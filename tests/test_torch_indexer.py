@@ -229,7 +229,7 @@ def _fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens):
                           logits, page_size=P, num_sms=dev.num_sms, config=cfg,
                           fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
     compare.assert_pass(compare.check_logits(logits, ref))
-    _check_hist_blocks(hist, logits, cl, P, N, cfg.num_splits)
+    _check_hist_blocks(hist, logits, cl, P, N, hist.shape[1])
     out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=DEVICE)
     launch_topk(logits.view(B * N, W), lens, K, out, scratch, hist=hist, n_drafts=N,

@@ -65,11 +65,21 @@ DRAFTS = (1, 2)
 CTAS_PER_SM = 2
 
 
+# Programs per SM the default split count aims at (two waves of CTAS_PER_SM): H200, B 64 L 64K:
+# 309 us at 8 splits against 352 at 4 (bench/results/indexer_sweep_h200_20261202.json)
+SPLITS_PER_SM = 4
+
+
+def device_ok(dev) -> bool:
+    """Exactly sm_90 (wgmma) outside the CPU interpreter (Gluon kernels do not interpret)."""
+    return not dev.interpret and tuple(dev.cc) == (9, 0)
+
+
 def eligible(dev, k_format: str, n: int, h: int, d: int, p: int) -> bool:
-    """Whether a call can run this kernel: exactly sm_90 outside the interpreter, an
-    ``fp8_indexer`` cache, ``H_I = 64``, ``D_I = 128``, ``P = 64``, ``N`` in ``{1, 2}``."""
-    return (not dev.interpret and tuple(dev.cc) == (9, 0) and k_format == "fp8_indexer"
-            and h == HEADS and d == DIMS and p == PAGE and n in DRAFTS)
+    """Whether a call can run this kernel: :func:`device_ok`, an ``fp8_indexer`` cache,
+    ``H_I = 64``, ``D_I = 128``, ``P = 64``, ``N`` in ``{1, 2}``."""
+    return (device_ok(dev) and k_format == "fp8_indexer" and h == HEADS and d == DIMS
+            and p == PAGE and n in DRAFTS)
 
 
 @gluon.jit

@@ -149,13 +149,13 @@ def default_num_splits(batch: int, max_pages: int, num_sms: int, per_sm: int = 2
 def logits_splits(batch: int, max_pages: int, num_sms: int,
                   config: IndexerLogitsConfig | None = None) -> int:
     """Programs per request of the logits grid ``(B, S)`` for this call (shape-only): the
-    config's count, else two programs an SM (the Triton kernel) or
-    ``kernels.indexer.gluon.CTAS_PER_SM`` (the Gluon kernel's smaller CTAs), one wave."""
+    config's count, else two programs an SM (the Triton kernel: one wave) or
+    ``kernels.indexer.gluon.SPLITS_PER_SM`` (the Gluon kernel: two waves, measured faster)."""
     cfg = config or IndexerLogitsConfig()
     per_sm = 2
     if cfg.kernel == "gluon":
         from kernels.indexer import gluon
-        per_sm = gluon.CTAS_PER_SM
+        per_sm = gluon.SPLITS_PER_SM
     splits = cfg.num_splits or default_num_splits(batch, max_pages, num_sms, per_sm)
     return max(1, min(splits, max(max_pages, 1)))
 
