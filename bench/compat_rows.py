@@ -13,8 +13,11 @@ Rows (bf16 q, fp8 caches, P = 64; fp16 q and tiny shapes in a CPU dry run):
 * ``flash_mla_with_kvcache v32``: FlashMLA V3.2 sparse decode (H 128, topk 2048) vs
   ``sparse_mla_decode(kv_format="fp8_ds_mla")`` on the same pages.
 * ``flash_mla_with_kvcache v32 strided``: FlashMLA's quantizer layout (pages of P + 1 rows,
-  sliced to P) read in place, vs the native op on the same strided pages where it accepts them
-  (issue 16) and on a contiguous copy otherwise (``native_cache`` says which).
+  sliced to P) read in place, vs the native op on the same strided pages (``native_cache``:
+  "strided (in place, ...)"; both run the same kernel and config, the page stride passed to
+  it as ``page_bytes``). bench/results/bench_h200_compat_20261202.json predates this: the
+  native op then refused strided pages and was timed on a contiguous copy, while the compat
+  call read the pages through a one-row-per-slot remap of its indices.
 * ``flash_mla_with_kvcache model1 + extra``: MODEL1 (H 64) with a sliding-window cache (P 256,
   topk 128) and an extra compressed cache (P 64, topk 512: FlashMLA's MODEL1 CONFIG1), sink, vs
   the two native single-cache calls (``native_us``: each its split kernel and, when split, its
@@ -110,14 +113,12 @@ def rows(B_list=(1, 64), seed=0, *, device: str | None = None, only=None) -> lis
             H, K = d["v32_H"], d["v32_K"]
             sets = [_mla_set(B, H, K, 576, P, max(4, B * (K // P + 8)), strided, g, device, q_dtype)
                     for _ in range(R)]
-            how = "contiguous"
+            # strided: the native op reads the same padded pages in place (the compat call's
+            # own cache, never a contiguous copy), so the ratio is the compat layer's cost alone
+            how = "strided (in place, the compat call's pages)" if strided else "contiguous"
             if strided:
-                try:                       # the native op reads strided pages once issue 16 lands
-                    nat(sets[0][3], sets[0][0], sets[0][2], 576 ** -0.5, "fp8_ds_mla")
-                    how = "strided (in place)"
-                except ValueError:
-                    sets = [(n.contiguous(), fm, i, q) for n, fm, i, q in sets]
-                    how = "contiguous copy (the native op refuses strided pages)"
+                assert all(not n.is_contiguous() and n.data_ptr() == fm.data_ptr()
+                           for n, fm, _, _ in sets)
             metas = [flash_mla.get_mla_metadata()[0] for _ in sets]
             ncalls = [lambda s=s: nat(s[3], s[0], s[2], 576 ** -0.5, "fp8_ds_mla") for s in sets]
             ccalls = [lambda s=s, m=m: flash_mla.flash_mla_with_kvcache(

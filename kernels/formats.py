@@ -23,6 +23,12 @@ name            array                           per token / per page
                                                 float32 scales (DeepGEMM paged MQA layout)
 ==============  ==============================  ============================================
 
+Pages of ``fp8_ds_mla`` / ``fp8_model1`` may lie further apart than their own bytes (a page
+stride, in bytes, that is a multiple of :data:`FP8_PAGE_ALIGN` and at least ``P * 656`` /
+``page_bytes``: FlashMLA's quantizer pads each V3.2 page by one token row); the sparse MLA
+decode of ``torch_impl`` reads such strided pages in place. Everything inside a page is packed
+as above.
+
 Sources: FlashMLA ``tests/quant.py`` (V32_FP8Sparse, MODEL1_FP8Sparse), DeepGEMM
 ``fp8_paged_mqa_logits`` cache layout, DeepSeek-V3.2-Exp ``inference/kernel.py`` (``act_quant``).
 """
@@ -49,6 +55,11 @@ MODEL1_NOPE, MODEL1_ROPE, MODEL1_TILE = _M1_NOPE.count, _M1_ROPE.count, _M1.tile
 MODEL1_DATA_BYTES = _M1.data.nbytes                     # 576
 MODEL1_SCALE_BYTES = _M1.scale.nbytes                   # 7 ue8m0 + 1 pad = 8
 MODEL1_TOKEN_BYTES = _M1.token_bytes                    # 584
+# Byte alignment of an fp8 cache's page stride (``stride(0)`` of a torch cache view): pages may
+# be padded (FlashMLA's V3.2 quantizer allocates P + 1 rows a page and slices P), the sparse MLA
+# kernels read them in place, and a multiple of 16 keeps every row start 16-byte aligned (656 and
+# 576 are multiples of 16) for their 16-byte vector loads.
+FP8_PAGE_ALIGN = 16
 
 KV_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1")
 K_FORMATS = ("fp8_indexer", "dense")

@@ -18,10 +18,12 @@ Inputs (small shapes: memcheck runs kernels 10-50x slower):
   -2^31; logical indices past the block table, into -1 pages and into page entries >= the
   page count or 2^31 - 1; ``topk_length`` 0 for one request (and all requests); NaN bytes in
   every unselected cache row (a read of a row the kernel must not read shows in the result);
-  strided ``fp8_ds_mla`` pages (a view whose page stride is P + 1 rows of 656 bytes, as
-  FlashMLA's quantizer pads pages) through the native op (guarded: a native op that refuses
-  strided pages prints SKIP, not FAIL) and through ``torch_impl.compat.flash_mla``; the compat
-  two-cache call (MODEL1 with ``extra_k_cache``) with the same adversarial slots.
+  strided fp8 pages read in place (``fp8_ds_mla`` pages of P + 1 rows of 656 bytes, as
+  FlashMLA's quantizer pads them, and ``fp8_model1`` pages 576 bytes beyond the padded page,
+  the view starting one page into a pool of NaN bytes) through the native op, at H 16 (the
+  Triton kernel) and H 64 (on sm_90 the Gluon kernels), and through
+  ``torch_impl.compat.flash_mla``; the compat two-cache call (MODEL1 with ``extra_k_cache``)
+  with the same adversarial slots.
 * indexer (logits and top-k): -1 page entries inside the valid range, page entries >= the page
   count and 2^31 - 1, context lengths past the block table's capacity, a zero length, MTP drafts
   with 2-D context lengths.
@@ -169,21 +171,37 @@ def _strided_v32(c, dev):
     return view.view(torch.float8_e4m3fn).unsqueeze(2), view
 
 
-def torch_mla_strided_native():
+def _padded_pages(c, dev, pad):
+    """The case's fp8 cache as a strided view over a pool whose pages are ``pad`` bytes further
+    apart than their own bytes, starting one page into the pool; every byte outside the view
+    0xFF (NaN e4m3 / scales / rope), so a read of padding or of the page before shows."""
+    import torch
+    kv = _t(c.kv_cache, dev)                                   # [nb, P, 656] | [nb, page_bytes]
+    nb, used = kv.shape[0], kv[0].numel()
+    pool = torch.full((nb + 1, used + pad), 0xFF, dtype=torch.uint8, device=dev)
+    view = pool[1:, :used].view(kv.shape)
+    view.copy_(kv)
+    assert not view.is_contiguous()
+    return view
+
+
+def torch_mla_strided_native(kv_format="fp8_ds_mla", logical=False, H=16):
+    """Padded fp8 pages read in place by the native op (fp8_ds_mla: FlashMLA's P + 1 rows a
+    page; fp8_model1: 576 bytes beyond the padded page). H 64: on sm_90 the heuristic runs a
+    Gluon kernel (fp8_ds_mla the warp-specialised one), which gets the page stride too."""
     def run():
         torch, dev, qd = _torch_env()
         from torch_impl import sparse_mla_decode
-        c = _mla_case("strided", 31, kv_format="fp8_ds_mla", q_dtype=qd, logical=False)
-        _, view = _strided_v32(c, dev)
-        try:
-            out, lse = sparse_mla_decode(_t(c.q, dev), view, _t(c.indices, dev), c.sm_scale,
-                                         kv_format="fp8_ds_mla", topk_length=_t(c.topk_length, dev),
-                                         attn_sink=_t(c.attn_sink, dev), path="triton")
-        except ValueError as e:
-            if "kv_cache" in str(e):
-                raise Skip(f"the native op refuses strided pages ({str(e)[:90]}); the compat "
-                           f"case reads them in place") from None
-            raise
+        c = _mla_case(f"strided {kv_format}", 31 + logical + len(kv_format) + H,
+                      kv_format=kv_format, q_dtype=qd, logical=logical, H=H)
+        if kv_format == "fp8_ds_mla" and not logical and H == 16:
+            _, view = _strided_v32(c, dev)
+        else:
+            view = _padded_pages(c, dev, 656 if kv_format == "fp8_ds_mla" else 576)
+        out, lse = sparse_mla_decode(_t(c.q, dev), view, _t(c.indices, dev), c.sm_scale,
+                                     kv_format=kv_format, block_table=_t(c.block_table, dev),
+                                     topk_length=_t(c.topk_length, dev),
+                                     attn_sink=_t(c.attn_sink, dev), path="triton")
         ro, rl = c.reference()
         return _check_mla(out, lse, ro, rl, qd)
     return run
@@ -350,6 +368,9 @@ def cases_for(stack: str) -> list:
             ("mla_h64_table_fp8_model1", torch_mla_native("fp8_model1", True, H=64)),
             ("mla_topk_length_all_zero", torch_mla_empty()),
             ("mla_strided_pages_native", torch_mla_strided_native()),
+            ("mla_strided_pages_fp8_model1", torch_mla_strided_native("fp8_model1")),
+            ("mla_h64_strided_table_fp8_ds_mla", torch_mla_strided_native("fp8_ds_mla", True, 64)),
+            ("mla_h64_strided_slots_fp8_model1", torch_mla_strided_native("fp8_model1", False, 64)),
             ("compat_v32_strided_pages", torch_compat_v32_strided()),
             ("compat_model1_two_caches", torch_compat_two_caches()),
             ("idx_pages_past_table", torch_indexer(1, False)),

@@ -650,3 +650,21 @@ def test_compat_only_dry_run_rows(tmp_path, monkeypatch, capsys):
     (row,) = doc["compat_rows"]
     assert row["layout"] == "model1 + extra" and row["ratio"] > 0
     assert {"native_us", "compat_us"} <= set(row) and "merge_us" not in row   # one combine, no merge launch
+
+
+def test_compat_v32_strided_row_times_the_native_op_on_the_same_pages(monkeypatch):
+    """The ``v32 strided`` compat row: the native op is timed on the compat call's own padded
+    pages (no contiguous copy), both calls checked against each other first."""
+    from bench import compat_rows as bench_compat
+    seen = []
+    import torch_impl
+    real = torch_impl.sparse_mla_decode
+
+    def spy(q, kv_cache, *a, **kw):
+        seen.append(kv_cache.is_contiguous())
+        return real(q, kv_cache, *a, **kw)
+
+    monkeypatch.setattr(torch_impl, "sparse_mla_decode", spy)
+    (row,) = bench_compat.rows((1,), device="cpu", only=("v32 strided",))
+    assert row["layout"] == "v32 strided" and row["native_cache"].startswith("strided (in place")
+    assert seen and not any(seen) and row["ratio"] > 0

@@ -300,6 +300,93 @@ def test_strided_pages_are_not_copied(monkeypatch):
     assert seen and all(p == kc.untyped_storage().data_ptr() for p in seen)
 
 
+def _padded_model1(kc: torch.Tensor, pad: int) -> torch.Tensor:
+    """A MODEL1 FlashMLA view ``[nb, P, 1, 584]`` over pages ``pad`` bytes further apart than
+    FlashMLA's padded page (the extra bytes 0xFF: NaN if ever read)."""
+    nb, P = kc.shape[:2]
+    padded = np_formats.model1_page_bytes(P)
+    pages = torch.as_strided(kc.view(torch.uint8), (nb, padded), (kc.stride(0), 1))
+    pool = torch.full((nb, padded + pad), 0xFF, dtype=torch.uint8, device=kc.device)
+    pool[:, :padded] = pages
+    return torch.as_strided(pool.view(torch.float8_e4m3fn), (nb, P, 1, 584),
+                            (padded + pad, 584, 584, 1))
+
+
+@pytest.mark.parametrize("d_qk", [576, 512], ids=["v32", "model1"])
+def test_strided_pages_run_the_native_kernel_in_place(d_qk, monkeypatch):
+    """Padded pages (V3.2: FlashMLA's quantizer layout, pages of P + 1 rows sliced to P;
+    MODEL1: pages 576 bytes further apart than the padded page) through the compat call: one
+    native call on the strided view itself, with the caller's indices (no copy of the cache, no
+    pass over the indices), so bitwise the compat call on a contiguous copy of the pages and
+    the native op on the same strided cache (triton path: the same kernel and config)."""
+    import torch_impl.compat.flash_mla as fm
+    from torch_impl import sparse_mla_decode
+    g = np.random.default_rng(23)
+    b, s_q, h, P = 2, 1, 16, 16
+    if d_qk == 576:
+        kc, idx, tkl, rows = _gen_scope(g, b, s_q, 64, P, 32, 576, strided=True, topk_len=True)
+        contig = kc.contiguous()
+    else:
+        contig, idx, tkl, rows = _gen_scope(g, b, s_q, 64, P, 32, 512, topk_len=True)
+        kc = _padded_model1(contig, 576)
+    assert not kc.is_contiguous()
+    q = _t(np.clip(g.standard_normal((b, s_q, h, d_qk)), -1, 1).astype(np.float32), Q_DTYPES[0])
+    it, tk = _t(idx), _t(tkl)
+    seen = []
+    real = fm.sparse_mla_decode
+
+    def spy(q_, kv_cache, indices, sm_scale, **kw):
+        seen.append((kv_cache.stride(0), kv_cache.data_ptr(), indices is it))
+        return real(q_, kv_cache, indices, sm_scale, **kw)
+
+    monkeypatch.setattr(fm, "sparse_mla_decode", spy)
+    call = lambda cache: fm.flash_mla_with_kvcache(  # noqa: E731
+        q, cache, None, None, 512, fm.get_mla_metadata()[0], None, None, False, True, it,
+        topk_length=tk, path="triton")
+    out, lse = call(kc)
+    assert seen == [(kc.stride(0), kc.data_ptr(), True)]
+    out_c, lse_c = call(contig)
+    assert torch.equal(out, out_c) and torch.equal(lse, lse_c)
+    native = fm._native_cache("k_cache", kc, d_qk, True, q.device)
+    assert native[0].data_ptr() == kc.data_ptr() and not native[0].is_contiguous()
+    out_n, lse_n = sparse_mla_decode(q, native[0], it, d_qk ** -0.5, kv_format=native[1],
+                                     topk_length=tk, path="triton")
+    assert torch.equal(out, out_n) and torch.equal(lse, fm._flash_mla_lse(lse_n))
+    ro, rl = _reference(q.float().cpu().numpy(), [(kc, idx, tkl, rows)], d_qk ** -0.5, None)
+    _check(out, lse, ro, rl, q)
+
+
+def test_bad_page_strides_raise_naming_the_cache():
+    """A page stride the kernels cannot read in place (not a multiple of 16 bytes, or pages
+    overlapping) is a ValueError naming ``k_cache`` / ``extra_k_cache``, expected and got."""
+    g = np.random.default_rng(29)
+    kc, idx, _, _ = _gen_scope(g, 2, 1, 64, 16, 32, 576, strided=False)
+    nb, P = kc.shape[:2]
+    pool = torch.zeros((nb, P * 656 + 8), dtype=torch.uint8, device=DEVICE)
+    odd = torch.as_strided(pool, (nb, P, 1, 656), (P * 656 + 8, 656, 656, 1))
+    q = torch.zeros((2, 1, 8, 576), dtype=Q_DTYPES[0], device=DEVICE)
+    call = flash_mla.flash_mla_with_kvcache
+    fresh = lambda: flash_mla.get_mla_metadata()[0]  # noqa: E731
+    with pytest.raises(ValueError, match=rf"^k_cache: expected a page stride .*multiple of 16 "
+                                         rf"and at least the {P * 656} bytes.* got {P * 656 + 8}"):
+        call(q, odd, None, None, 512, fresh(), is_fp8_kvcache=True, indices=_t(idx))
+    overlap = torch.as_strided(kc, kc.shape, (P * 656 - 656, 656, 656, 1))
+    with pytest.raises(ValueError,
+                       match=rf"^k_cache: expected a page stride .* got {P * 656 - 656}"):
+        call(q, overlap, None, None, 512, fresh(), is_fp8_kvcache=True, indices=_t(idx))
+    with pytest.raises(ValueError, match=rf"^extra_k_cache: expected a page stride .* got "
+                                         rf"{P * 656 + 8}"):
+        call(q, kc, None, None, 512, fresh(), is_fp8_kvcache=True, indices=_t(idx),
+             extra_k_cache=odd, extra_indices_in_kvcache=_t(idx))
+    m1, idx1, _, _ = _gen_scope(g, 2, 1, 64, 16, 32, 512)
+    pb = np_formats.model1_page_bytes(16)
+    with pytest.raises(ValueError, match=rf"^k_cache: expected a page stride .* at least the "
+                                         rf"{pb} bytes of one 'fp8_model1' page of P = 16 .* "
+                                         rf"got {pb + 8}$"):
+        call(q[..., :512], _padded_model1(m1, 8), None, None, 512, fresh(), is_fp8_kvcache=True,
+             indices=_t(idx1))
+
+
 def test_softmax_scale_default_and_metadata_forms():
     meta, none = flash_mla.get_mla_metadata()
     assert isinstance(meta, flash_mla.FlashMLASchedMeta) and none is None and not meta.have_initialized
@@ -478,8 +565,8 @@ def test_two_caches_cancelling_partials_fp16(path):
 @pytest.mark.parametrize("path", ["triton", "torch"])
 def test_two_caches_strided_v32_pages(path):
     """Two V3.2 caches in FlashMLA's quantizer layout (pages of P + 1 rows sliced to P, so
-    strided): each is read in place (the native op, or the one-row-per-slot remap while it
-    refuses strided pages) and both go through the one float32 merge: the float64 reference."""
+    strided): each is read in place by the native op and both go through the one float32
+    merge: the float64 reference."""
     g = np.random.default_rng(17)
     b, s_q, h = 2, 2, 8
     q = np.clip(g.standard_normal((b, s_q, h, 576)), -1, 1).astype(np.float32)
@@ -520,7 +607,7 @@ def test_launch_sources_split_offsets():
     def run(splits):
         srcs = []
         for (kc, idx, tkl, _), ns in zip(sc, splits):
-            cache, fmt, _ = flash_mla._native_cache("k_cache", kc, 512, True, qt.device)
+            cache, fmt = flash_mla._native_cache("k_cache", kc, 512, True, qt.device)
             P = kc.shape[1]
             cfg = tsm._triton_config(dev, qt, cache, fmt, idx.shape[2], None)
             srcs.append(triton_launch.Source(cache, _t(idx), fmt, P, kc.shape[0], cfg, None,

@@ -1,6 +1,7 @@
 """scripts/sanitize_ops.py (the adversarial-input run that scripts/gpu_run.sh sanitize:* wraps in
-compute-sanitizer memcheck): two of its torch cases run here, in the interpreter on a CPU, so the
-script cannot rot; a wrong result must print FAIL and exit 1. On a GPU every torch case runs."""
+compute-sanitizer memcheck): a few of its torch cases run here (strided fp8 pages among them),
+in the interpreter on a CPU, so the script cannot rot; a wrong result must print FAIL and exit 1.
+On a GPU every torch case runs."""
 from __future__ import annotations
 
 import importlib.util
@@ -20,10 +21,13 @@ def _script():
 
 def test_cases_pass_against_the_reference(capsys):
     mod = _script()
-    ks = [] if torch.cuda.is_available() else ["-k", "mla_table_fp8_model1", "-k", "idx_pages_past"]
+    ks = [] if torch.cuda.is_available() else ["-k", "mla_table_fp8_model1", "-k", "idx_pages_past",
+                                               "-k", "mla_strided_pages"]
     assert mod.main(ks) == 0
     out = capsys.readouterr().out
-    assert "FAIL" not in out and out.count("PASS torch/") >= 2
+    assert "FAIL" not in out and "SKIP" not in out and out.count("PASS torch/") >= 4
+    assert "PASS torch/mla_strided_pages_native" in out
+    assert "PASS torch/mla_strided_pages_fp8_model1" in out
 
 
 def test_a_wrong_result_fails(capsys, monkeypatch):

@@ -224,6 +224,65 @@ def test_latent_cache_strided_pages():
     _check(case, out, lse)
 
 
+def _padded_pages(kv: torch.Tensor, kv_format: str, pad: int, lead: int = 0) -> torch.Tensor:
+    """The fp8 cache ``kv`` as a strided view: each page ``pad`` bytes further apart than its
+    own bytes (the padding 0xFF: NaN e4m3, NaN scales and rope, so a read of it shows), the
+    view starting ``lead`` pages into its storage. No copy of the view is ever made."""
+    nb = kv.shape[0]
+    used = kv[0].numel()
+    pool = torch.full((lead + nb, used + pad), 0xFF, dtype=torch.uint8, device=kv.device)
+    view = pool[lead:, :used].view(kv.shape)
+    view.copy_(kv)
+    return view
+
+
+FP8_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512))
+
+
+@pytest.mark.parametrize("logical", [False, True], ids=["slots", "block_table"])
+@pytest.mark.parametrize("kv_format,d_qk", FP8_FORMATS, ids=[f[0] for f in FP8_FORMATS])
+def test_fp8_cache_strided_pages(kv_format, d_qk, logical):
+    """fp8 pages further apart than their own bytes (FlashMLA's quantizer pads each V3.2 page
+    by one token row; here 656 bytes for fp8_ds_mla, 48 for fp8_model1), read in place: the
+    same kernel as the contiguous cache, so bitwise its result, on the triton and torch paths
+    (and within SPEC of the float64 reference); the NaN padding is never read."""
+    case = cases.make_mla_case(14, B=2, N=2, H=16, K=64, P=16, d_qk=d_qk, kv_format=kv_format,
+                               logical=logical, invalid="mix", topk_length=True, attn_sink=True)
+    kv = _t(case.kv_cache)
+    for pad, lead in ((656 if kv_format == "fp8_ds_mla" else 48, 0), (16, 1)):
+        view = _padded_pages(kv, kv_format, pad, lead)
+        assert not view.is_contiguous()
+        kw = {k: _t(v) for k, v in case.kwargs().items()}
+        for path in ("triton", "torch"):
+            want = _call(case, path)
+            got = sparse_mla_decode(_t(case.q), view, _t(case.indices), case.sm_scale, path=path,
+                                    **kw)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (path, pad)
+        _check(case, *got)
+
+
+def test_fp8_strided_pages_launch_passes_the_page_stride(monkeypatch):
+    """The launcher hands the kernels the page stride (``page_bytes``) and a flat byte view
+    that starts at the view's first byte, for both fp8 formats and a forced split count."""
+    from kernels.sparse_mla import triton_launch
+    seen = []
+    real = triton_launch.fp8_bytes
+
+    def spy(kv_cache, kv_format, page_size):
+        kv, page_bytes = real(kv_cache, kv_format, page_size)
+        seen.append((kv.data_ptr() == kv_cache.data_ptr(), page_bytes, kv_cache.stride(0)))
+        return kv, page_bytes
+
+    monkeypatch.setattr(triton_launch, "fp8_bytes", spy)
+    for kv_format, d_qk in FP8_FORMATS:
+        case = cases.make_mla_case(15, B=1, H=16, K=64, P=16, d_qk=d_qk, kv_format=kv_format)
+        view = _padded_pages(_t(case.kv_cache), kv_format, 32, 1)
+        out = tsm._triton_impl(_t(case.q), view, _t(case.indices), case.sm_scale, kv_format, 512,
+                               None, None, None, num_splits=2)
+        _check(case, *out)
+    assert seen and all(same and pb == s0 for same, pb, s0 in seen)
+
+
 # ============================================================================ paths and errors
 
 def test_auto_path_and_named_path(monkeypatch):
@@ -246,6 +305,15 @@ def test_triton_shape_gate_falls_through():
     _check(case, *_call(case, "auto"))
 
 
+def _pool_view(kv: torch.Tensor, page_stride: int) -> torch.Tensor:
+    """``kv`` (pages along dim 0) copied into a pool whose pages are ``page_stride`` bytes apart."""
+    nb, used = kv.shape[0], kv[0].numel()
+    pool = torch.zeros((nb, page_stride), dtype=torch.uint8, device=kv.device)
+    view = pool[:, :used].view(kv.shape)
+    view.copy_(kv)
+    return view
+
+
 def _bad_inputs():
     case = cases.make_mla_case(10, B=2, N=1, H=8, K=64, kv_format="fp8_ds_mla", logical=True,
                                topk_length=True, attn_sink=True)
@@ -260,7 +328,22 @@ def _bad_inputs():
         ("q", dict(q=q[..., :512]), ValueError, "q: kv_format 'fp8_ds_mla' needs D_qk = 576"),
         ("kv_cache", dict(kv_cache=kv.view(torch.int8)), TypeError, "kv_cache: expected dtype"),
         ("kv_cache", dict(kv_cache=kv[..., :600]), ValueError, "kv_cache: expected shape"),
-        ("kv_cache", dict(kv_cache=kv[:, ::2]), ValueError, "kv_cache: expected a contiguous"),
+        ("kv_cache", dict(kv_cache=kv[:, ::2]), ValueError,
+         "kv_cache: expected each 'fp8_ds_mla' page's P token rows packed (strides (page stride, "
+         "656, 1)), got strides"),
+        # padded pages are read in place, but their stride must keep 16-byte rows and not overlap
+        ("kv_cache", dict(kv_cache=_pool_view(kv, kv[0].numel() + 8)), ValueError,
+         f"kv_cache: expected a page stride (stride(0), bytes) that is a multiple of 16 and at "
+         f"least the {kv[0].numel()} bytes of one 'fp8_ds_mla' page of P = {kv.shape[1]} (padded "
+         f"pages are read in place), got {kv[0].numel() + 8}"),
+        ("kv_cache", dict(kv_cache=torch.as_strided(kv, kv.shape, (kv[0].numel() - 656, 656, 1))),
+         ValueError, f"kv_cache: expected a page stride .* got {kv[0].numel() - 656}"),
+        ("model1", dict(kv_format="fp8_model1", q=q[..., :512], kv_cache=_pool_view(
+            torch.zeros(4, 1152, dtype=torch.uint8, device=DEVICE), 1160)),
+         ValueError, "kv_cache: expected a page stride .* 'fp8_model1' page of P = 1 .* got 1160"),
+        ("model1", dict(kv_format="fp8_model1", q=q[..., :512],
+                        kv_cache=torch.zeros(4, 2304, dtype=torch.uint8, device=DEVICE)[:, ::2]),
+         ValueError, "kv_cache: expected each 'fp8_model1' page's bytes packed"),
         # a contiguous cache starting at an odd byte of its storage (found by a new-user trial:
         # torch raised from the int16 view inside the launcher)
         ("kv_cache", dict(kv_cache=torch.empty(kv.numel() + 1, dtype=torch.uint8, device=kv.device)[1:]

@@ -77,19 +77,21 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         if kv_cache.shape[2] != np_formats.DS_MLA_BYTES:
             raise ValueError(f"kv_cache: expected shape (num_pages, P, 656) for 'fp8_ds_mla', "
                              f"got {tuple(kv_cache.shape)}")
-        if not kv_cache.is_contiguous():
-            raise ValueError("kv_cache: expected a contiguous 'fp8_ds_mla' cache (byte layout), "
-                             f"got strides {kv_cache.stride()}")
         num_pages, P = kv_cache.shape[0], kv_cache.shape[1]
+        if kv_cache.stride(2) != 1 or (P > 1 and kv_cache.stride(1) != np_formats.DS_MLA_BYTES):
+            raise ValueError(f"kv_cache: expected each 'fp8_ds_mla' page's P token rows packed "
+                             f"(strides (page stride, 656, 1)), got strides {kv_cache.stride()}")
     else:
         _common.check_tensor("kv_cache", kv_cache, ndim=2, dtypes=(torch.uint8,), device=dev)
-        if not kv_cache.is_contiguous():
-            raise ValueError("kv_cache: expected a contiguous 'fp8_model1' cache (byte layout), "
-                             f"got strides {kv_cache.stride()}")
+        if kv_cache.stride(1) != 1 and kv_cache.shape[1] > 1:
+            raise ValueError(f"kv_cache: expected each 'fp8_model1' page's bytes packed (strides "
+                             f"(page stride, 1)), got strides {kv_cache.stride()}")
         num_pages = kv_cache.shape[0]
         P = np_formats.model1_page_size(kv_cache.shape[1])   # ValueError names kv_cache
     if num_pages < 1 or P < 1:
         raise ValueError(f"kv_cache: expected at least one page of one slot, got {tuple(kv_cache.shape)}")
+    if kv_format != "latent":
+        _check_page_stride(kv_cache, kv_format, P)
     if not torch.compiler.is_compiling():
         # storage_offset() is an int Dynamo cannot trace; under torch.compile the op body
         # (_run, eager on real tensors) makes the same check.
@@ -108,6 +110,24 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
     if attn_sink is not None:
         _common.check_tensor("attn_sink", attn_sink, shape=(H,), dtypes=(torch.float32,), device=dev)
     return P, num_pages * P, num_pages
+
+
+def _check_page_stride(kv_cache, kv_format: str, P: int) -> None:
+    """An fp8 cache's page stride (``stride(0)``, bytes): pages may be padded (FlashMLA's
+    quantizer allocates V3.2 pages of P + 1 rows and slices P; a pool may pad MODEL1 pages), and
+    the kernels read them in place, so the stride must be at least the page's own bytes (no
+    overlap) and a multiple of ``kernels.formats.FP8_PAGE_ALIGN`` (16: every row start stays
+    16-byte aligned for the kernels' 16-byte vector loads, as the compiled launches assume).
+    Irrelevant for a single page."""
+    if kv_cache.shape[0] < 2:
+        return
+    used = triton_launch.page_used_bytes(kv_cache, kv_format, P)
+    s0 = kv_cache.stride(0)
+    if s0 < used or s0 % np_formats.FP8_PAGE_ALIGN:
+        raise ValueError(
+            f"kv_cache: expected a page stride (stride(0), bytes) that is a multiple of "
+            f"{np_formats.FP8_PAGE_ALIGN} and at least the {used} bytes of one {kv_format!r} page "
+            f"of P = {P} (padded pages are read in place), got {s0}")
 
 
 # ============================================================================ config choice
@@ -349,11 +369,15 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
         contiguous if it is not). N = query tokens per request (next_n), H = heads on this rank.
       kv_cache: the latent cache, one of
         ``"latent"``: ``[num_pages, P, D_qk]`` bf16 / fp16 / fp32, last dim contiguous;
-        ``"fp8_ds_mla"``: uint8 ``[num_pages, P, 656]`` contiguous (D_qk = 576): e4m3 nope dims,
-        four float32 scales per 128 dims, bf16 rope dims;
-        ``"fp8_model1"``: uint8 ``[num_pages, page_bytes]`` contiguous (D_qk = 512): per page P
+        ``"fp8_ds_mla"``: uint8 ``[num_pages, P, 656]`` (D_qk = 576): e4m3 nope dims,
+        four float32 scales per 128 dims, bf16 rope dims; strides ``(page_stride, 656, 1)``;
+        ``"fp8_model1"``: uint8 ``[num_pages, page_bytes]`` (D_qk = 512): per page P
         data rows (448 e4m3 + 64 bf16) then P ue8m0 scale rows (byte layouts:
-        ``kernels/formats.py``). A slot is ``page * P + offset``.
+        ``kernels/formats.py``); strides ``(page_stride, 1)``. The fp8 pages may be padded
+        (read in place, never copied: FlashMLA's quantizer allocates V3.2 pages of P + 1 rows
+        and slices P): ``page_stride`` (bytes) a multiple of 16 and at least the page's own
+        bytes (``P * 656`` / ``page_bytes``); any value for a single page. The view's start
+        must be 4-byte aligned in its storage. A slot is ``page * P + offset``.
       indices: int32 ``[B, N, K]``: slots into the cache, or with ``block_table`` logical
         positions of request b. An entry is ignored (never dereferenced) when negative (-1 is
         the usual padding), ``>= num_slots``, or with a block table ``>= max_pages * P`` or on a
@@ -375,7 +399,8 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
 
     Raises:
       TypeError / ValueError: wrong type, dtype, rank, shape, device or layout (names the
-        argument, what was expected and what came).
+        argument, what was expected and what came), e.g. an fp8 page stride that is not a
+        multiple of 16 or smaller than a page.
       NotImplementedError: the named path cannot run here (GPU arch, CPU without
         ``TRITON_INTERPRET=1``, unsupported (D_qk, d_v)); names the GPU and what is supported.
     """

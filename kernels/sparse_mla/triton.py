@@ -38,9 +38,11 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   unselected rows cannot leak). Rows are read straight from the cache in its own layout:
   ``latent`` (bf16/fp16/fp32), ``fp8_ds_mla`` (e4m3 bytes x float32 scale per 128 dims, bf16
   rope) and ``fp8_model1`` (per-page data rows then ue8m0 scale rows; byte e -> 2^(e-127)),
-  converted in registers, never into a separate dequantized copy. Row starts are multiples of
-  16 bytes (656 = 16 x 41, 576 = 16 x 36) and the masks are constant along a row, so chunks load
-  as 16-byte vectors.
+  converted in registers, never into a separate dequantized copy. The fp8 pages are
+  ``page_bytes`` apart (the byte stride of one page: padded pages, as FlashMLA's quantizer
+  allocates them, are read in place; ``latent`` pages use ``stride_page`` / ``stride_tok``).
+  Row starts are multiples of 16 bytes (656 = 16 x 41, 576 = 16 x 36, the page stride a
+  multiple of 16) and the masks are constant along a row, so chunks load as 16-byte vectors.
 * **Math.** Both dots accumulate in fp32; the operand dtype follows q (bf16 / fp16 on the GPU;
   fp32 q uses IEEE fp32 dots, fp16 in the CPU interpreter). bf16 p is split into a bf16 value
   and its bf16 residual (two value dots) so p keeps 16 bits: with 8 bits a flat softmax over K
@@ -121,16 +123,26 @@ def _chunk_raw(kv_ptr, kv16_ptr, kv32_ptr,             # cache as its dtype / in
     if KV_FORMAT == 0:      # latent [num_pages, P, D_qk], last dim contiguous
         row = (slot // page_size) * stride_page + (slot % page_size) * stride_tok
         return tl.load(kv_ptr + row[:, None] + (d + C * CH)[None, :], mask=m, other=0.0), one
-    elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_slots, 656]: 512 e4m3 | 4 f32 scales | 64 bf16
+    elif KV_FORMAT == 1:    # fp8_ds_mla uint8 [num_pages, P, 656], pages page_bytes apart
+        # 512 e4m3 | 4 f32 scales | 64 bf16 per row; slots < num_slots fit int32, so the page
+        # and offset are int32 divisions. Row starts are multiples of 16 bytes (page_bytes is,
+        # kernels.formats.FP8_PAGE_ALIGN), so the 64-byte chunks load as 16-byte vectors.
+        # Cost against the old ``slot * 656`` (AOT, Triton 3.6, bf16 q, 2026-12-02): slot
+        # indices ~7-12 % more SASS in the loop (sm_90 16x32 s2: 1086 -> 1217), registers and
+        # spills within a few bytes (sm_120 16x32 s1 prefetch: 4 -> 28 B spilled); with a block
+        # table no more (1469 -> 1552, 352 -> 272 B on sm_120). A uniform branch back to
+        # ``slot * 656`` for packed pages spilled more (sm_90 64x32 s2: 128 -> 212 B), and
+        # computing the offset in _resolve (carried through the pipeline) far more. Not yet
+        # timed on the H200.
+        s32 = slot.to(tl.int32)
+        row = (s32 // page_size).to(tl.int64) * page_bytes + (s32 % page_size) * DS_MLA_BYTES
         if C < 8:
-            x8 = tl.load(kv_ptr + (slot * DS_MLA_BYTES + C * CH)[:, None] + d[None, :], mask=m,
-                         other=0)
-            sc = tl.load(kv32_ptr + slot * DS_MLA_ROW_F32 + (DS_MLA_SCALE_F32 + C // 2), mask=ok,
-                         other=0.0)
+            x8 = tl.load(kv_ptr + (row + C * CH)[:, None] + d[None, :], mask=m, other=0)
+            sc = tl.load(kv32_ptr + row // 4 + (DS_MLA_SCALE_F32 + C // 2), mask=ok, other=0.0)
             return x8, sc
         else:
-            r = tl.load(kv16_ptr + (slot * DS_MLA_ROW_I16 + DS_MLA_ROPE_I16)[:, None] + d[None, :],
-                        mask=m, other=0)
+            r = tl.load(kv16_ptr + (row // 2 + DS_MLA_ROPE_I16)[:, None] + d[None, :], mask=m,
+                        other=0)
             return r, one
     else:                   # fp8_model1: per page P rows of 448 e4m3 | 64 bf16, then P x 8 ue8m0
         page = slot // page_size

@@ -18,7 +18,8 @@ from kernels import formats
 from kernels.sparse_mla import configs
 
 __all__ = ["TRITON_SHAPES", "AOT_VARIANTS", "Source", "aot_specs", "combine_constexprs",
-           "dot_dtype", "launch", "launch_sources", "rope_dtype", "split_constexprs"]
+           "dot_dtype", "fp8_bytes", "launch", "launch_sources", "page_used_bytes", "rope_dtype",
+           "split_constexprs"]
 
 # (D_qk, d_v) pairs the Triton kernels are built and compile-checked for.
 TRITON_SHAPES = ((576, 512), (512, 512))
@@ -187,7 +188,8 @@ class Source:
     Attributes:
       kv_cache: the cache in ``kv_format``'s layout (``torch_impl.sparse_mla_decode``):
         ``"latent"`` ``[num_pages, P, D_qk]``, ``"fp8_ds_mla"`` uint8 ``[num_pages, P, 656]``,
-        ``"fp8_model1"`` uint8 ``[num_pages, page_bytes]``.
+        ``"fp8_model1"`` uint8 ``[num_pages, page_bytes]``; the fp8 pages may be strided
+        (:func:`fp8_bytes`).
       indices: int32 ``[B, N, K]`` slots (or logical positions with ``block_table``), -1 padding.
       kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"``.
       page_size, num_pages: the cache's geometry (P slots per page), from the validation.
@@ -208,6 +210,30 @@ class Source:
     block_table: torch.Tensor | None = None
     topk_length: torch.Tensor | None = None
     num_splits: int | None = None
+
+
+def page_used_bytes(kv_cache: torch.Tensor, kv_format: str, page_size: int) -> int:
+    """Bytes of one page of an fp8 cache that the kernels read: ``P * 656`` (``fp8_ds_mla``) or
+    the page's byte count ``kv_cache.shape[1]`` (``fp8_model1``: ``model1_page_bytes(P)``)."""
+    if kv_format == "fp8_ds_mla":
+        return page_size * formats.DS_MLA_BYTES
+    return kv_cache.shape[1]
+
+
+def fp8_bytes(kv_cache: torch.Tensor, kv_format: str, page_size: int) -> tuple:
+    """``(bytes, page_bytes)`` of a validated fp8 cache, without a copy: ``bytes`` a flat uint8
+    view of its storage from its first byte to the last byte of its last page, ``page_bytes``
+    the byte stride of one page (``kv_cache.stride(0)``; the page's own bytes for a single
+    page). The kernels address row ``off`` of page ``p`` at ``p * page_bytes + off * 656``
+    (fp8_ds_mla) or ``p * page_bytes + off * 576`` and its scales at ``p * page_bytes +
+    P * 576 + off * 8`` (fp8_model1), so padded (strided) pages are read in place; the binding
+    checked the stride (a multiple of 16 bytes, at least the page's bytes)."""
+    used = page_used_bytes(kv_cache, kv_format, page_size)
+    n_pages = kv_cache.shape[0]
+    stride = kv_cache.stride(0) if n_pages > 1 else used
+    if kv_cache.is_contiguous():
+        return kv_cache.view(-1), stride
+    return torch.as_strided(kv_cache, ((n_pages - 1) * stride + used,), (1,)), stride
 
 
 def _split_plan(q_shape, src: Source, num_sms: int, smem_per_block: int) -> tuple[int, int]:
@@ -253,11 +279,10 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
         kv, kv16, kv32 = kv_cache, kv_cache, kv_cache
         stride_page, stride_tok, page_bytes = kv_cache.stride(0), kv_cache.stride(1), 0
     else:
-        kv = kv_cache.view(-1)                              # uint8 bytes
+        kv, page_bytes = fp8_bytes(kv_cache, kv_format, P)  # uint8 bytes, page stride
         kv16 = kv.view(torch.int16)                         # bf16 rope bits
         kv32 = kv.view(torch.float32) if kv_format == "fp8_ds_mla" else kv
         stride_page = stride_tok = 0
-        page_bytes = kv_cache.shape[1] if kv_format == "fp8_model1" else P * formats.DS_MLA_BYTES
     dummy = indices
     rope_name = rope_dtype(q.dtype, dot_name, kv_format)
     cx = split_constexprs(kv_format, D, d_v, cfg, dot_name, rope_name,

@@ -129,9 +129,10 @@ def _storage_end_ok(t: torch.Tensor, num_pages: int, page_stride: int, page_byte
 
 
 def _native_cache(name: str, k_cache: torch.Tensor, d_qk: int, is_fp8: bool, device):
-    """FlashMLA k_cache view -> ``(cache, kv_format, remap)`` for ``sparse_mla_decode``, never
-    copying the cache. ``remap`` is None, or ``(P, rows_per_page)`` when strided V3.2 pages are
-    read as one row per slot (see :func:`_remap_slots`)."""
+    """FlashMLA k_cache view -> ``(cache, kv_format)`` for ``sparse_mla_decode``, never copying
+    the cache: strided (padded) pages stay strided, and the native op reads them in place with
+    the same kernel and config as contiguous pages (it checks the page stride: a multiple of 16
+    bytes, at least one page)."""
     _common.check_tensor(name, k_cache, ndim=4, device=device)
     nb, P, h_k, width = k_cache.shape
     if h_k != 1:
@@ -146,7 +147,7 @@ def _native_cache(name: str, k_cache: torch.Tensor, d_qk: int, is_fp8: bool, dev
             raise ValueError(f"{name}: with is_fp8_kvcache=False expected a latent cache "
                              f"[num_blocks, P, 1, {d_qk}] in {[str(d) for d in _LATENT_DTYPES]}, "
                              f"got {k_cache.dtype} shape {tuple(k_cache.shape)}")
-        return k_cache[:, :, 0, :], "latent", None
+        return k_cache[:, :, 0, :], "latent"
     if k_cache.dtype not in _CACHE_DTYPES:
         raise TypeError(f"{name}: expected an fp8 cache of dtype in "
                         f"{[str(d) for d in _CACHE_DTYPES]}, got {k_cache.dtype}")
@@ -163,14 +164,7 @@ def _native_cache(name: str, k_cache: torch.Tensor, d_qk: int, is_fp8: bool, dev
         raise ValueError(f"{name}: expected each page's {P} token rows packed ({tok_bytes}-byte "
                          f"rows, byte stride 1), got strides {tuple(kc.stride())}")
     if kv_format == "fp8_ds_mla":
-        view = kc[:, :, 0, :]                                   # [nb, P, 656], no copy
-        if nb == 1 or s_page == P * tok_bytes:
-            return view, kv_format, None
-        if s_page % tok_bytes or s_page < P * tok_bytes:
-            raise NotImplementedError(
-                f"{name}: V3.2 pages with a byte stride of {s_page} (not a multiple of 656 at "
-                f"least P * 656 = {P * tok_bytes}) cannot be read without a copy")
-        return view, kv_format, (P, s_page // tok_bytes)
+        return kc[:, :, 0, :], kv_format                      # [nb, P, 656], no copy
     # MODEL1: the view's bytes are pages of model1_page_bytes(P) (data rows, then scale rows,
     # then padding to a multiple of 576), as FlashMLA's tests/quant.py allocates them.
     page_bytes = np_formats.model1_page_bytes(P)
@@ -183,50 +177,17 @@ def _native_cache(name: str, k_cache: torch.Tensor, d_qk: int, is_fp8: bool, dev
                          f"does ([num_blocks, padded page bytes])")
     pages = torch.as_strided(kc, (nb, page_bytes), (s_page if nb > 1 else page_bytes, 1),
                              kc.storage_offset())
-    return pages, kv_format, None
-
-
-def _strided_rows(view: torch.Tensor, rows_per_page: int) -> torch.Tensor:
-    """A V3.2 cache whose pages hold ``rows_per_page >= P`` 656-byte rows as a contiguous
-    ``[T, 1, 656]`` cache of one slot per page (same storage, no copy)."""
-    nb, P, w = view.shape
-    T = (nb - 1) * rows_per_page + P
-    return torch.as_strided(view, (T, 1, w), (w, w, 1), view.storage_offset())
-
-
-def _remap_slots(indices: torch.Tensor, num_pages: int, P: int, rows_per_page: int) -> torch.Tensor:
-    """FlashMLA slots ``page * P + off`` -> rows ``page * rows_per_page + off`` of
-    :func:`_strided_rows`; entries outside ``[0, num_pages * P)`` become -1."""
-    s = indices.to(torch.int64)
-    ok = (s >= 0) & (s < num_pages * P)
-    rows = torch.div(s, P, rounding_mode="floor") * rows_per_page + torch.remainder(s, P)
-    return torch.where(ok, rows, -1).to(torch.int32)
+    return pages, kv_format
 
 
 # ============================================================================ one cache
 
 def _attend(q, name, k_cache, indices, topk_length, scale, is_fp8, sink, path):
     """(out in q's dtype ``[b, s_q, h_q, 512]``, lse float32 ``[b, s_q, h_q]``, -inf empty) over
-    one FlashMLA cache."""
-    cache, kv_format, remap = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
-    kw = dict(kv_format=kv_format, d_v=512, topk_length=topk_length, attn_sink=sink, path=path)
-    if remap is None:
-        return sparse_mla_decode(q, cache, indices, scale, **kw)
-    try:
-        # Strided pages passed through: the native op reads them in place once it accepts
-        # them (issue 16); until then it refuses them with a ValueError naming kv_cache.
-        return sparse_mla_decode(q, cache, indices, scale, **kw)
-    except ValueError as e:
-        if "kv_cache" not in str(e) or "contiguous" not in str(e):
-            raise
-    # Native refusal: read the same bytes as one 656-byte row per slot (no copy of the cache;
-    # an int32 [b, s_q, topk] remap of the indices instead).
-    P, rows_per_page = remap
-    _common.check_tensor("indices" if name == "k_cache" else "extra_indices_in_kvcache",
-                         indices, ndim=3, dtypes=(torch.int32,), device=q.device)
-    rows = _strided_rows(cache, rows_per_page)
-    return sparse_mla_decode(q, rows, _remap_slots(indices, cache.shape[0], P, rows_per_page),
-                             scale, **kw)
+    one FlashMLA cache: one native call on the cache as it lies (strided pages included)."""
+    cache, kv_format = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
+    return sparse_mla_decode(q, cache, indices, scale, kv_format=kv_format, d_v=512,
+                             topk_length=topk_length, attn_sink=sink, path=path)
 
 
 def _attend_two(q, caches, scale, is_fp8, sink, path, out):
@@ -234,30 +195,12 @@ def _attend_two(q, caches, scale, is_fp8, sink, path, out):
     softmax over several FlashMLA caches (``caches``: ``(name, k_cache, indices, topk_length)``
     each), through :func:`sparse_mla_decode_sources`: float32 partials of every cache, one
     merge, the sink once, one rounding. ``out``: a contiguous tensor of q's dtype written in
-    place, or None. Strided V3.2 pages the native op refuses are read as one row per slot with
-    remapped indices, as :func:`_attend` does, per cache (validation runs before any launch, so
-    a refusal costs no kernel time)."""
-    srcs, remaps = [], []
+    place, or None. Each cache is passed as it lies (strided pages read in place)."""
+    srcs = []
     for name, k_cache, indices, tkl in caches:
-        cache, kv_format, remap = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
+        cache, kv_format = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
         srcs.append(KVSource(cache, indices, kv_format, None, tkl))
-        remaps.append(remap)
-    while True:
-        try:
-            return sparse_mla_decode_sources(q, srcs, scale, d_v=512, attn_sink=sink, path=path,
-                                             out=out)
-        except ValueError as e:
-            msg = str(e)
-            i = next((i for i, r in enumerate(remaps) if r is not None
-                      and msg.startswith(f"sources[{i}].kv_cache") and "contiguous" in msg), None)
-            if i is None:
-                raise
-        # Native refusal of cache i's strided pages: the same bytes as one 656-byte row per slot
-        (P, rows_per_page), remaps[i] = remaps[i], None
-        cache, indices, kv_format, _, tkl = srcs[i]
-        srcs[i] = KVSource(_strided_rows(cache, rows_per_page),
-                           _remap_slots(indices, cache.shape[0], P, rows_per_page), kv_format,
-                           None, tkl)
+    return sparse_mla_decode_sources(q, srcs, scale, d_v=512, attn_sink=sink, path=path, out=out)
 
 
 def _flash_mla_lse(lse: torch.Tensor) -> torch.Tensor:
@@ -352,14 +295,16 @@ def flash_mla_with_kvcache(
 
     Raises:
       TypeError / ValueError: a bad argument, named, with what was expected and what came.
-      NotImplementedError: dense decode, ``causal=True``, pages that cannot be read in place,
-        or a GPU / path the native op cannot run on (names the GPU).
+        A page stride (bytes) that is not a multiple of 16 or smaller than one page raises
+        ValueError naming ``k_cache`` / ``extra_k_cache``.
+      NotImplementedError: dense decode, ``causal=True``, or a GPU / path the native op cannot
+        run on (names the GPU).
 
     Notes:
-      Strided V3.2 pages are passed to the native op as a strided view. Where the native op
-      still refuses strided pages, the same bytes are read as a ``[T, 1, 656]`` cache of one
-      row per slot, with the indices remapped ``page * P + off -> page * rows_per_page + off``
-      (an int32 ``[b, s_q, topk]`` pass, never a copy of the cache), per cache. Two caches run
+      Strided pages (V3.2 pages of P + 1 rows sliced to P, MODEL1 pages further apart than
+      their padded size) are passed to the native op as a strided view, which its kernels read
+      in place (``page_bytes`` = the page stride): the same kernel, config and launch as for
+      contiguous pages, no copy of the cache and no pass over the indices. Two caches run
       :func:`torch_impl.sparse_mla.sparse_mla_decode_sources`: on the triton path each cache's
       split kernel writes float32 partials (normalised outputs ``[splits, b * s_q, h_q, 512]``,
       log2 LSEs ``[splits, b * s_q, h_q]``) into one buffer, cache 0's splits then cache 1's,
