@@ -313,6 +313,27 @@ def test_full_size_weight_shapes_match_deepseek_configs():
     assert lref.DSV32_LAYER.heads_per_rank(8) == 16 and lref.DSV4_FLASH_LAYER.heads_per_rank(8) == 8
 
 
+
+@pytest.mark.parametrize("preset,max_glue,cats", [("DSV32", 47, 0), ("DSV4_FLASH", 60, 1)])
+def test_step_glue_launches(preset, max_glue, cats):
+    """One step's launches outside the GEMMs and the DSA ops at the real dimensions
+    (scripts/layer_glue.py: the meta device, no weights): at most the counts in bench/NOTES.md
+    "Glue kernels", no concatenation but V4's [top-k, window] index list, and no glue op writing
+    more than one bf16 copy of the MLA query (none makes a float32 one)."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "layer_glue", Path(__file__).resolve().parent.parent / "scripts" / "layer_glue.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    B, cfg = 2, lref.LAYER_CONFIGS[preset]
+    glue = [row for row in mod.step_ops(preset, B) if row[4] == "glue"]
+    assert len(glue) <= max_glue, [row[:2] for row in glue]
+    assert sum(row[0] in ("cat", "stack") for row in glue) == cats
+    q_bf16 = B * cfg.num_heads * cfg.d_qk * 2
+    assert max(row[3] for row in glue) <= q_bf16, max(glue, key=lambda row: row[3])
+
+
 # ---------------------------------------------------------------------------------- GPU only
 
 def _bf16_rounded(weights):

@@ -35,23 +35,43 @@ __all__ = ["DSADecodeLayer", "new_token_targets", "write_new_tokens"]
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
 
-def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, interleaved: bool) -> torch.Tensor:
-    """Rotate ``x [..., d]`` (float32) by angles whose cos / sin are ``[..., d/2]``."""
-    d = x.shape[-1]
-    if interleaved:
-        a, b = x[..., 0::2], x[..., 1::2]
+def _into(dst: torch.Tensor, fn, *args, **kwargs) -> None:
+    """``dst[...] = fn(*args, **kwargs)``. Eagerly ``fn`` writes ``dst`` itself (``out=dst``, any
+    strides: a slice of a larger buffer), so no temporary is made and no copy kernel runs.
+    torch.compile cannot trace an ``out=`` into a non-contiguous tensor (a graph break), so
+    under it the functional result is copied in; Inductor fuses the copy with ``fn`` (an
+    elementwise op) or writes the GEMM's result once more (``mm`` / ``bmm``)."""
+    if torch.compiler.is_compiling():
+        dst.copy_(fn(*args, **kwargs))
     else:
-        a, b = x[..., : d // 2], x[..., d // 2:]
-    ra, rb = a * cos - b * sin, a * sin + b * cos
+        fn(*args, **kwargs, out=dst)
+
+
+def _rope_into(dst: torch.Tensor, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               interleaved: bool) -> None:
+    """Write ``x [..., d]`` rotated by angles whose cos / sin are ``[..., d/2]`` (float32) into
+    ``dst`` (x's shape, any float dtype and strides; ``dst`` may be ``x`` itself).
+
+    Four elementwise launches, no concatenation: the two products with the first half are
+    formed first (float32), so overwriting ``x`` in place is safe, and each half of the result
+    is one ``addcmul`` in float32 rounded once to ``dst``'s dtype, as rotating in float32 and
+    casting the result would round it."""
+    h = x.shape[-1] // 2
     if interleaved:
-        return torch.stack([ra, rb], dim=-1).flatten(-2)
-    return torch.cat([ra, rb], dim=-1)
+        a, b, da, db = x[..., 0::2], x[..., 1::2], dst[..., 0::2], dst[..., 1::2]
+    else:
+        a, b, da, db = x[..., :h], x[..., h:], dst[..., :h], dst[..., h:]
+    ac, as_ = a * cos, a * sin
+    _into(da, torch.addcmul, ac, b, sin, value=-1)
+    _into(db, torch.addcmul, as_, b, cos)
 
 
 def _rmsnorm(x: torch.Tensor, w: torch.Tensor | None, eps: float) -> torch.Tensor:
-    x = x.float()
-    y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return y if w is None else y * w
+    """``x * rsqrt(mean(x^2) + eps) * w`` in float32 (float32 result): ``rms_norm``, one fused
+    kernel on CUDA (``_fused_rms_norm``) where torch has it. The input is cast to float32 first
+    because ``w`` is float32 (the layer keeps norm weights float32) and ``rms_norm`` with an
+    input of another dtype than its weight warns and runs its six-op composite instead."""
+    return nn.functional.rms_norm(x.float(), x.shape[-1:], w, eps)
 
 
 _capturing = _common.capturing         # a module name, so tests can patch it
@@ -240,8 +260,11 @@ class DSADecodeLayer(nn.Module):
         returns this rank's partial output; summing the ranks' outputs (all-reduce) gives TP=1.
       kv_format: latent cache layout, ``"latent"``, ``"fp8_ds_mla"`` (V3.2) or ``"fp8_model1"``
         (V4); default ``cfg.kv_format``.
-      dtype: activation and linear-weight dtype (float32 / float16 / bfloat16; norms, rope,
-        indexer weights and softmax statistics stay float32).
+      dtype: activation and linear-weight dtype (float32 / float16 / bfloat16). Norms and rope
+        compute in float32 and round once to ``dtype`` where their result is stored; norm
+        weights, the indexer weights and the softmax statistics stay float32. Where DeepSeek
+        rounds to bf16 the layer rounds to ``dtype`` too: V4's head-normed q before its rope,
+        and the indexer's q / k before the Hadamard rotation (docs/SEMANTICS.md).
       device: where the weights live.
       path: op path for ``indexer_topk`` / ``sparse_mla_decode`` (``"auto"``, ``"triton"``,
         ``"torch"``).
@@ -279,9 +302,15 @@ class DSADecodeLayer(nn.Module):
             self.register_buffer(self._buf(name), t)
         self.register_buffer("rope_freqs", torch.as_tensor(lref.rope_freqs(cfg), dtype=torch.float64,
                                                            device=device), persistent=False)
-        self.register_buffer("hadamard", torch.as_tensor(lref.hadamard_matrix(cfg.index_head_dim),
-                                                         dtype=torch.float32, device=device),
+        # the indexer's Hadamard rotation as its +-1 Sylvester matrix, exact in every dtype, in the
+        # activation dtype (one tensor-core GEMM); the scale D_I^-0.5 (2^-3.5 for D_I = 128, not
+        # exact in bf16) is the GEMM's float32 alpha instead (forward)
+        sign = np.sign(lref.hadamard_matrix(cfg.index_head_dim))
+        self.register_buffer("hadamard_sign", torch.as_tensor(sign, dtype=dtype, device=device),
                              persistent=False)
+        # the ignored input of torch.addmm(..., beta=0, alpha=scale): a GEMM scaled in its epilogue
+        for name, dt in (("zero", dtype), ("zero_f32", torch.float32)):
+            self.register_buffer(name, torch.zeros((), dtype=dt, device=device), persistent=False)
 
     @staticmethod
     def _buf(name: str) -> str:
@@ -346,18 +375,16 @@ class DSADecodeLayer(nn.Module):
             raise ValueError(f"k_cache: expected num_pages = {kv_cache.shape[0]} (kv_cache's; the two "
                              f"caches share block_table), got {k_cache.shape[0]}")
 
-    def _new_tokens(self, block_table, context_lens, N, num_pages):
-        """Positions ``[B, N]`` int64 of the N new tokens (token i of request b at
-        ``L_b - N + i``), after the eager value check.
-
-        Eagerly every token must be mapped (:func:`new_token_targets`; ValueError naming
-        context_lens or block_table): the check reads a ``[B, N]`` bool back to the host. Under
-        CUDA-graph capture / torch.compile (:func:`_capturing`) values cannot be read, the check is
-        skipped, and the cache write drops the writes of unmapped tokens instead.
+    def _check_new_tokens(self, block_table, context_lens, N, num_pages):
+        """The eager value check: every new token (token i of request b at ``L_b - N + i``) must
+        be mapped (:func:`new_token_targets`; ValueError naming context_lens or block_table). It
+        reads a ``[B, N]`` bool back to the host, so under CUDA-graph capture / torch.compile
+        (:func:`_capturing`) it is skipped, and the cache write drops the writes of unmapped
+        tokens instead.
         """
+        if _capturing():
+            return
         P, max_pages = self.cfg.page_size, block_table.shape[1]
-        if _capturing():            # no check: only the positions (the cache write masks by itself)
-            return context_lens.long()[:, None] - N + torch.arange(N, device=context_lens.device)[None]
         pos, page, _, ok = new_token_targets(block_table, context_lens, N, P, num_pages)
         if not bool(ok.all()):
             lens = context_lens.long()
@@ -373,12 +400,24 @@ class DSADecodeLayer(nn.Module):
                              f"for every new token's page, got {int(page[b, i])} at block_table[{b}, "
                              f"{j}] (new token {i} of request {b} at position {int(pos[b, i])}; "
                              f"allocate the pages before the step)")
-        return pos
+
+    def _rope_tables(self, context_lens, N):
+        """cos / sin ``[B, N, d_rope / 2]`` float32 at the new tokens' positions ``L_b - N + i``:
+        angles in float64 (the int32 length plus a float64 offset is exact), each rounded once to
+        float32 as it is stored. Five launches (arange, add, mul, cos, sin)."""
+        dev = context_lens.device
+        pos = context_lens[:, None] + torch.arange(-N, 0, device=dev, dtype=torch.float64)
+        ang = pos[..., None] * self.rope_freqs
+        cos, sin = (torch.empty(ang.shape, dtype=torch.float32, device=dev) for _ in range(2))
+        _into(cos, torch.cos, ang)
+        _into(sin, torch.sin, ang)
+        return cos, sin
 
     def _write_caches(self, kv_cache, k_cache, latent, ik, block_table, context_lens, N):
         """Write the new tokens' latent and indexer rows in place: one fused quantize + scatter
         launch per cache (``dsa::cache_write``, :func:`write_new_tokens`). Unmapped tokens (only
-        possible under capture / compile, eagerly :meth:`_new_tokens` has raised) are dropped."""
+        possible under capture / compile, eagerly :meth:`_check_new_tokens` has raised) are
+        dropped."""
         T = latent.shape[0] * latent.shape[1]
         P = self.cfg.page_size
         torch.ops.dsa.cache_write(latent.reshape(T, -1), kv_cache, block_table, context_lens, N,
@@ -425,45 +464,67 @@ class DSADecodeLayer(nn.Module):
         ``torch.compile(layer, fullgraph=True)`` has no graph break (docs/SEMANTICS.md).
         """
         self._validate(x, kv_cache, k_cache, block_table, context_lens)
-        cfg, dt = self.cfg, self.dtype
+        cfg, dt, dev = self.cfg, self.dtype, x.device
         B, N, _ = x.shape
+        T, H = B * N, self.local_heads
         r, D_I, H_I = cfg.d_rope, cfg.index_head_dim, cfg.index_heads
         x = x.to(dt)
-        pos = self._new_tokens(block_table, context_lens, N, kv_cache.shape[0])
-        ang = pos.double()[..., None] * self.rope_freqs                       # [B, N, r/2]
-        cos, sin = torch.cos(ang).float(), torch.sin(ang).float()
-        cos_h, sin_h = cos[:, :, None], sin[:, :, None]
+        self._check_new_tokens(block_table, context_lens, N, kv_cache.shape[0])
+        cos, sin = self._rope_tables(context_lens, N)                        # [B, N, r/2]
+        cos_h, sin_h = cos[:, :, None], sin[:, :, None]                      # broadcast over heads
 
+        # Each result is written into the columns of the buffer its consumer reads (strided
+        # out=, in-place rope): no concatenation, and no float32 copy of a [B, N, H, D_qk] tensor
         qr = _rmsnorm(x @ self.w("wq_a").T, self.w("q_norm"), cfg.eps).to(dt)
         if cfg.absorbed:
             nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
-            q = (qr @ self.w("wq_b").T).view(B, N, self.local_heads, nope + r)
-            q_pe = _rope(q[..., nope:].float(), cos_h, sin_h, True)
-            wkv_b = self.w("wkv_b").view(self.local_heads, nope + cfg.v_head_dim, C)
-            q_lat = torch.einsum("bnhd,hdc->bnhc", q[..., :nope], wkv_b[:, :nope])
-            q_mla = torch.cat([q_lat.float(), q_pe], dim=-1).to(dt)
-            kv = x @ self.w("wkv_a").T
-            c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
-            latent = torch.cat([c, _rope(kv[..., C:].float(), cos, sin, True)], dim=-1)
+            q = (qr @ self.w("wq_b").T).view(B, N, H, nope + r)
+            wkv_b = self.w("wkv_b").view(H, nope + cfg.v_head_dim, C)
+            # q_mla = [q_nope through wkv_b's key half (per head [T, nope] @ [nope, C], one bmm
+            # into the first C columns), rope(q_pe) (from the dt q_pe, float32 math)]
+            q_mla = torch.empty(B, N, H, C + r, dtype=dt, device=dev)
+            _into(q_mla.view(T, H, -1)[..., :C].transpose(0, 1), torch.bmm,
+                  q.view(T, H, -1)[..., :nope].transpose(0, 1), wkv_b[:, :nope])
+            _rope_into(q_mla[..., C:], q[..., nope:], cos_h, sin_h, True)
+            kv = x @ self.w("wkv_a").T                                       # [B, N, C + r]
+            latent = torch.empty(B, N, C + r, dtype=dt, device=dev)
+            latent[..., :C] = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
+            _rope_into(latent[..., C:], kv[..., C:], cos, sin, True)
         else:
-            q = (qr @ self.w("wq_b").T).view(B, N, self.local_heads, cfg.d_qk).float()
+            q_mla = (qr @ self.w("wq_b").T).view(B, N, H, cfg.d_qk)
             if cfg.q_head_norm:
-                q = _rmsnorm(q, None, cfg.eps)
-            q_mla = torch.cat([q[..., :-r], _rope(q[..., -r:], cos_h, sin_h, True)], dim=-1).to(dt)
-            kv = _rmsnorm(x @ self.w("wkv").T, self.w("kv_norm"), cfg.eps)
-            latent = torch.cat([kv[..., :-r], _rope(kv[..., -r:], cos, sin, True)], dim=-1)
-        latent = latent.to(dt)
+                # per head, no weight: float32 math, one rounding to dt; the rope then reads the
+                # dt value, as DeepSeek's apply_rotary_emb rotates the bf16 activation
+                q_mla = nn.functional.rms_norm(q_mla, (cfg.d_qk,), None, cfg.eps)
+            _rope_into(q_mla[..., -r:], q_mla[..., -r:], cos_h, sin_h, True)
+            latent = _rmsnorm(x @ self.w("wkv").T, self.w("kv_norm"), cfg.eps)   # float32
+            _rope_into(latent[..., -r:], latent[..., -r:], cos, sin, True)
+            latent = latent.to(dt)
 
-        # indexer: q / k with non-interleaved rope, Hadamard rotation, ue8m0 fp8
-        iq = (qr @ self.w("indexer.wq_b").T).view(B, N, H_I, D_I).float()
-        iq = torch.cat([_rope(iq[..., :r], cos_h, sin_h, False), iq[..., r:]], dim=-1) @ self.hadamard
-        ik = nn.functional.layer_norm((x @ self.w("indexer.wk").T).float(), (D_I,),
-                                      self.w("indexer.k_norm.weight"), self.w("indexer.k_norm.bias"), cfg.eps)
-        ik = torch.cat([_rope(ik[..., :r], cos, sin, False), ik[..., r:]], dim=-1) @ self.hadamard
-        iq, ik = iq.to(dt).float(), ik.to(dt).float()
-        q_scale = tformats.indexer_scale(iq.abs().amax(dim=-1), cfg.scale_fmt)   # [B, N, H_I]
-        idx_q = torch.clamp(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
-        idx_w = (x.float() @ self.w("indexer.weights_proj").T) * (H_I ** -0.5 * D_I ** -0.5) * q_scale
+        # indexer: q / k with non-interleaved rope, Hadamard rotation, ue8m0 fp8. Both live in
+        # one [T * H_I + T, D_I] buffer (every token's H_I query heads, then every token's key),
+        # so one GEMM rotates both. They enter it in dt: the query heads as their projection's
+        # dt output with the rope written over dims [:r] in place, the key as its float32 layer
+        # norm and rope rounded to dt; DeepSeek rounds both to bf16 before rotate_activation
+        # (with dt = float32 nothing is rounded). The rotation's result is rounded to dt, as the
+        # float32 rotation cast to dt was.
+        ih = torch.empty(T * H_I + T, D_I, dtype=dt, device=dev)
+        iq, ik = ih[:T * H_I].view(B, N, H_I, D_I), ih[T * H_I:].view(B, N, D_I)
+        _into(ih[:T * H_I].view(T, H_I * D_I), torch.mm, qr.reshape(T, -1), self.w("indexer.wq_b").T)
+        _rope_into(iq[..., :r], iq[..., :r], cos_h, sin_h, False)
+        ik32 = nn.functional.layer_norm((x @ self.w("indexer.wk").T).float(), (D_I,),
+                                        self.w("indexer.k_norm.weight"), self.w("indexer.k_norm.bias"), cfg.eps)
+        _rope_into(ik[..., :r], ik32[..., :r], cos, sin, False)
+        ik[..., r:] = ik32[..., r:]
+        ih = torch.addmm(self.zero, ih, self.hadamard_sign, beta=0, alpha=D_I ** -0.5)
+        iq, ik = ih[:T * H_I].view(B, N, H_I, D_I), ih[T * H_I:]
+        amax = torch.linalg.vector_norm(iq, float("inf"), dim=-1)               # max |iq|, exact in dt
+        q_scale = tformats.indexer_scale(amax, cfg.scale_fmt)                   # [B, N, H_I] float32
+        idx_q = (iq / q_scale[..., None]).clamp_(-np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
+        # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
+        # GEMM's alpha
+        idx_w = torch.addmm(self.zero_f32, x.reshape(T, -1).float(), self.w("indexer.weights_proj").T,
+                            beta=0, alpha=H_I ** -0.5 * D_I ** -0.5).view(B, N, H_I) * q_scale
 
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
@@ -472,23 +533,31 @@ class DSADecodeLayer(nn.Module):
             top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
             indices = torch.cat([top, win], dim=-1)
         else:
-            idx_lens = window_split(context_lens, N, 0)[0]              # the drafts' lengths
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
+            # the drafts' lengths, only reported
+            idx_lens = window_split(context_lens, N, 0)[0] if return_intermediates else None
 
         sink = self.w("attn_sink") if cfg.attn_sink else None
         attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,
                                       d_v=cfg.d_v, block_table=block_table, attn_sink=sink, path=self.path)
         if cfg.absorbed:
-            o = torch.einsum("bnhc,hdc->bnhd", attn.to(dt), wkv_b[:, cfg.qk_nope_head_dim:])
-            out = o.reshape(B, N, -1) @ self.w("wo").T
+            # value up-projection, per head [T, C] @ [C, v], written as [T, H * v] for wo
+            o = torch.empty(B, N, H, cfg.v_head_dim, dtype=dt, device=dev)
+            _into(o.view(T, H, -1).transpose(0, 1), torch.bmm, attn.reshape(T, H, -1).transpose(0, 1),
+                  wkv_b[:, cfg.qk_nope_head_dim:].transpose(1, 2))
+            out = o.view(B, N, -1) @ self.w("wo").T
         else:
-            o = attn.float()
-            if cfg.inverse_rope_out:
-                o = torch.cat([o[..., :-r], _rope(o[..., -r:], cos_h, -sin_h, True)], dim=-1)
+            o = attn
+            if cfg.inverse_rope_out:                # in place (on a copy when attn is reported)
+                o = attn.clone() if return_intermediates else attn
+                _rope_into(o[..., -r:], o[..., -r:], cos_h, -sin_h, True)
             gl = self.w("wo_a").shape[0] // cfg.o_lora_rank
             wo_a = self.w("wo_a").view(gl, cfg.o_lora_rank, -1)
-            o = torch.einsum("bngd,grd->bngr", o.to(dt).view(B, N, gl, -1), wo_a)
-            out = o.reshape(B, N, -1) @ self.w("wo_b").T
+            # grouped wo_a, per group [T, H * D / gl] @ [H * D / gl, o_lora], as [T, gl * o_lora]
+            og = torch.empty(B, N, gl, cfg.o_lora_rank, dtype=dt, device=dev)
+            _into(og.view(T, gl, -1).transpose(0, 1), torch.bmm, o.reshape(T, gl, -1).transpose(0, 1),
+                  wo_a.transpose(1, 2))
+            out = og.view(B, N, -1) @ self.w("wo_b").T
         if return_intermediates:
             inter = dict(q=q_mla, idx_q=idx_q, idx_weights=idx_w, indices=indices,
                          idx_context_lens=idx_lens, attn=attn, lse=lse)

@@ -48,14 +48,20 @@ def window_split(context_lens: torch.Tensor, N: int, window: int):
     ``context_lens`` int32 ``[B]`` (L_b, counting the N new tokens: draft i's valid length is
     ``L_b - (N - 1 - i)``) or ``[B, N]`` (per-draft valid lengths). Returns int32
     ``[B, N]`` lengths ``max(len_i - window, 0)`` for the indexer and int32 ``[B, N, window]``
-    positions ``len_i - window + w`` (-1 where negative). Device ops only (no host sync).
+    positions ``len_i - window + w`` (-1 where negative). Device ops only (no host sync), in
+    int64 (nothing wraps) and without clamping ``len_i`` at 0 first: for ``window >= 0``,
+    ``max(max(len, 0) - window, 0) = max(len - window, 0)``, and a position of a negative
+    ``len`` is negative either way (-1), so the clamp of the integer positions at -1 is the
+    ``where``. Nine small launches for a 1-D ``context_lens`` (four for ``window = 0``).
     """
-    cl = context_lens.long()
-    if cl.dim() == 1:
-        cl = cl[:, None] - (N - 1 - torch.arange(N, device=cl.device))[None, :]
-    lens = cl.clamp(min=0)
-    j = lens[..., None] - window + torch.arange(window, device=cl.device)
-    return (lens - window).clamp(min=0).to(torch.int32), torch.where(j >= 0, j, -1).to(torch.int32)
+    dev = context_lens.device
+    if context_lens.dim() == 1:
+        cl = context_lens[:, None] + torch.arange(1 - N, 1, device=dev)      # int64 [B, N]
+    else:
+        cl = context_lens.long()
+    lens = torch.clamp(cl - window if window else cl, min=0).to(torch.int32)
+    j = (cl[..., None] + torch.arange(-window, 0, device=dev)).clamp_(min=-1)
+    return lens, j.to(torch.int32)
 
 
 def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor,
