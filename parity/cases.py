@@ -64,14 +64,39 @@ MODES = ("quick", "default", "full")
 
 @dataclass
 class StepCase:
-    """Inputs of one composed decode step; ``mla.indices`` is unused (the path's top-k is)."""
+    """Inputs of one composed decode step; ``mla.indices`` is unused (the path's top-k is).
+
+    ``window``: the V4 sliding window the step is called with (``dsa_decode_step(window=...)``;
+    0: none): the indexer scores the positions before each draft's last ``window``, and those
+    positions are appended to its top-k (:meth:`window_indices`). ``sorted``: the check also
+    requires the top-k part in descending logit order, the order the step requests from the
+    indexer (off in the grid: on a GPU the order of neighbours a few float32 ulps apart is the
+    kernel's rounding, not an error).
+    """
 
     name: str
     indexer: kcases.IndexerCase     # block_table / context_lens shared with the MLA cache
     mla: kcases.MLACase             # q, kv_cache, sm_scale, kv_format, attn_sink (indices empty)
+    window: int = 0
+    sorted: bool = False
+
+    def _draft_lengths(self) -> np.ndarray:
+        i = self.indexer
+        return reference.valid_lengths(i.context_lens, *i.q.shape[:2])
 
     def reference_logits(self) -> np.ndarray:
-        return self.indexer.reference_logits()
+        """float64 indexer logits over the positions the step's indexer scores (each draft's
+        valid length less the window)."""
+        if not self.window:
+            return self.indexer.reference_logits()
+        i = self.indexer
+        lens = np.maximum(self._draft_lengths() - self.window, 0).astype(np.int32)
+        return reference.indexer_logits(i.q, i.weights, i.k_cache, i.block_table, lens,
+                                        k_format=i.k_format)
+
+    def window_indices(self) -> np.ndarray:
+        """int32 ``[B, N, window]``: the window positions the step appends after its top-k."""
+        return lref.window_indices(self._draft_lengths(), self.window)
 
     def mla_reference(self, indices: np.ndarray):
         """float64 (out, lse) of sparse MLA over ``indices`` (logical, through the block table)."""
@@ -298,8 +323,10 @@ def _structured_keys(rng, keys, lens, own, P, D_I):
 
 
 def make_step_case(seed, *, name, preset: ModelPreset, B, N, H, topk, context, q_dtype,
-                   kv_format=None, kv_dtype="float32", H_I=None, P=None) -> StepCase:
-    """Composed-step inputs on one shared page pool (indexer K cache + latent cache).
+                   kv_format=None, kv_dtype="float32", H_I=None, P=None, window=0,
+                   sorted=False) -> StepCase:
+    """Composed-step inputs on one shared page pool (indexer K cache + latent cache); ``window``
+    and ``sorted`` as :class:`StepCase`.
 
     Requests' lengths vary (one shorter than ``topk`` so the top-k has -1 padding that flows into
     sparse MLA); the block table holds twice the longest request (a table much wider than the
@@ -352,9 +379,9 @@ def make_step_case(seed, *, name, preset: ModelPreset, B, N, H, topk, context, q
     mla = kcases.MLACase(name=name, q=q, kv_cache=kv, indices=np.full((B, N, topk), -1, np.int32),
                          sm_scale=float(sm_scale), kv_format=kv_format, d_v=preset.d_v,
                          block_table=bt, attn_sink=sink,
-                         params=dict(B=B, N=N, H=H, d_qk=d_qk, K=topk, P=P, kv_format=kv_format,
-                                     q_dtype=q_dtype))
-    return StepCase(name=name, indexer=idx, mla=mla)
+                         params=dict(B=B, N=N, H=H, d_qk=d_qk, K=topk + window, P=P,
+                                     kv_format=kv_format, q_dtype=q_dtype))
+    return StepCase(name=name, indexer=idx, mla=mla, window=int(window), sorted=bool(sorted))
 
 
 def _mla_from_step(step: StepCase) -> kcases.MLACase:

@@ -8,9 +8,12 @@ Against the float64 reference (fed the same, already quantized inputs):
 * ``sparse_mla_decode``: ``check_mla(out, lse, ref_out, ref_lse, q_dtype=...)``.
 * ``indexer_logits``: ``check_logits`` (same -inf / NaN pattern, cosine bound).
 * ``indexer_topk``: ``check_topk`` (the exact SPEC set; sub-ulp threshold near-ties reported).
-* ``dsa_decode_step``: the path's top-k by ``check_topk`` and its output by ``check_mla`` against
-  the reference attention over *the path's own* index set, so a legal sub-ulp near-tie in the
-  top-k does not show up as an attention error (the top-k check already judged that set).
+* ``dsa_decode_step``: the path's top-k by ``check_topk`` (``sorted=`` the case's ``sorted``)
+  and its output by ``check_mla`` against the reference attention over *the path's own* index
+  set, so a legal sub-ulp near-tie in the top-k does not show up as an attention error (the
+  top-k check already judged that set). With a V4 window the top-k part is checked against the
+  logits of the positions before the window, and the window columns must equal the reference
+  window positions exactly.
 * ``dsa_decode_layer``: :mod:`kernels.layer_compare` against
   :func:`kernels.layer_reference.layer_reference`, the checks of the layer tests: float32 layers
   ``check_step`` (out with SPEC's bound, caches, indexer weights, exact top-k for the layer's own
@@ -73,7 +76,11 @@ def against_reference(op: str, case, got: dict, refs: References) -> CheckResult
         return compare.check_topk(got["indices"], lg, case.topk, sorted=bool(getattr(case, "sorted", False)))
     if op == "dsa_decode_step":
         lg = refs.get(case, "logits", case.reference_logits)
-        res = compare.check_topk(got["indices"], lg, case.indexer.topk)
+        K = case.indexer.topk
+        idx = np.asarray(got["indices"])
+        res = compare.check_topk(idx[..., :K], lg, K, sorted=case.sorted)
+        if case.window and res.passed:
+            res = res.merge(_window_columns(idx[..., K:], case.window_indices()))
         if not res.passed:
             return res
         # the attention reference depends on the index *set* only (float64 sums): paths that
@@ -86,6 +93,20 @@ def against_reference(op: str, case, got: dict, refs: References) -> CheckResult
         return _layer_against_reference(case, got, refs)
     raise ValueError(f"op: expected one of sparse_mla_decode, indexer_logits, indexer_topk, "
                      f"dsa_decode_step, dsa_decode_layer, got {op!r}")
+
+
+def _window_columns(got: np.ndarray, want: np.ndarray) -> CheckResult:
+    """The step's window columns (after its top-k) must be exactly the reference positions."""
+    if got.shape != want.shape:
+        return CheckResult(False, np.inf, 0.0, np.inf,
+                           f"indices: window columns of shape {got.shape}, expected {want.shape}")
+    bad = got != want
+    if bad.any():
+        i = tuple(int(v) for v in np.argwhere(bad)[0])
+        return CheckResult(False, np.inf, 0.0, np.inf,
+                           f"indices: {int(bad.sum())} window positions differ, first at {i}: "
+                           f"got {int(got[i])}, expected {int(want[i])}")
+    return CheckResult(True, 0.0, 0.0, 0.0, "")
 
 
 def layer_ranks(case, got: dict) -> list[dict]:

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from kernels import compare, formats
-from kernels.registry import REGISTRY as OP_REGISTRY
+from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
 # device detection (parity.machine, also bench's and the tests'), re-exported for the CLI
 from parity.machine import has_cuda_gpu, prepare_environment  # noqa: F401
 
@@ -228,7 +228,7 @@ def _framework_runner(be: _Backend, path: str) -> Runner:
         out, lse, idx = m.dsa_decode_step(n(a.q), n(a.kv_cache), n(c.q), n(c.weights), n(c.k_cache),
                                           n(c.block_table), n(c.context_lens), a.sm_scale, c.topk,
                                           kv_format=a.kv_format, d_v=a.d_v, attn_sink=n(a.attn_sink),
-                                          k_format=c.k_format, path=path)
+                                          k_format=c.k_format, window=s.window, path=path)
         be.synchronize()
         return {"indices": be.to_numpy(idx), "out": be.to_numpy(out), "lse": be.to_numpy(lse)}
 
@@ -266,6 +266,25 @@ def unregister(key: str) -> None:
 for _be in OP_REGISTRY.backends:
     for _p in OP_REGISTRY.paths(_be):
         register(_framework_runner(BACKENDS[_be], _p))
+
+
+@functools.lru_cache(maxsize=None)
+def _auto_runner(backend: str) -> Runner:
+    return _framework_runner(BACKENDS[backend], AUTO)
+
+
+def runner(backend: str, path: str) -> Runner:
+    """The runner of ``path`` on ``backend``: the registered one, or for ``"auto"`` an adapter
+    that calls the binding with ``path="auto"`` (its own plan and fall-through). ``"auto"`` is
+    not a path, so the suite does not register or run it; the contract tests
+    (``tests/test_contract.py``) check it beside the paths.
+
+    Raises:
+      KeyError: no runner is registered for a named ``path`` of ``backend``.
+    """
+    if path == AUTO:
+        return _auto_runner(backend)
+    return REGISTRY[f"{backend}/{path}"]
 
 
 def select(backends=None, paths=None) -> list[Runner]:

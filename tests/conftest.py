@@ -15,6 +15,21 @@ if not HAS_CUDA and "xla_backend_optimization_level" not in os.environ["XLA_FLAG
     # tests unchanged. Numerics are unaffected (no fast-math either way). Child processes
     # (parity / bench CLIs under test) inherit it. GPU machines keep XLA's defaults.
     os.environ["XLA_FLAGS"] += " --xla_backend_optimization_level=0"
+if not HAS_CUDA and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    # One compile per distinct XLA program and run: JAX's persistent compilation cache in a
+    # folder of this run (made here, before pytest-xdist starts its workers, which inherit it
+    # and share it; removed at exit, so every run starts cold as before). Eager Pallas calls
+    # compile their interpret-mode program on every call (the kernel closures are new objects
+    # each time), and path="auto" compiles the same program as the path it picks: the contract
+    # tests (tests/test_contract.py) run both. Programs that compile in under 0.2 s (eager
+    # jnp ops) are not written.
+    import atexit
+    import shutil
+    import tempfile
+    _jax_cache = tempfile.mkdtemp(prefix="dsa-tests-jax-cache-")
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
+    atexit.register(shutil.rmtree, _jax_cache, True)
 
 
 def pytest_collection_modifyitems(config, items):

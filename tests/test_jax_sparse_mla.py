@@ -145,24 +145,16 @@ def _corners(kv_format: str, d_qk: int, q_dtype: str):
         7, d_qk=d_qk, H=16, K=64, kv_format=kv_format, q_dtype=q_dtype, kv_dtype=q_dtype)}
 
 
+# Every corner case in the latent layout here; the ones that touch format-specific addressing
+# (page math, -1 pages, masking, sink) in the fp8 formats run on every path in
+# tests/test_contract.py.
 CORNER_NAMES = tuple(c.name.split("[")[0] for c in cases.mla_corner_cases(0, K=16, H=16))
-# Every corner case on the primary combination; the ones that touch format-specific addressing
-# (page math, -1 pages, masking, sink) on the others, to keep interpreter time bounded.
-FORMAT_CORNERS = ("all_invalid_row_in_batch", "logical_out_of_range", "topk_length",
-                  "attn_sink_empty_row", "odd_page_61", "mtp_N4", "nan_in_selected_row")
 
 
 @pytest.mark.parametrize("q_dtype", ["float32"] + (["bfloat16"] if GPU else []))
 @pytest.mark.parametrize("name", CORNER_NAMES)
 def test_corner_cases_pallas_latent(name, q_dtype):
     case = _corners("latent", 576, q_dtype)[name]
-    _check(case, *_call(case, "pallas"))
-
-
-@pytest.mark.parametrize("name", FORMAT_CORNERS)
-@pytest.mark.parametrize("kv_format,d_qk", [("fp8_ds_mla", 576), ("fp8_model1", 512)])
-def test_corner_cases_pallas_fp8(kv_format, d_qk, name):
-    case = _corners(kv_format, d_qk, "float32")[name]
     _check(case, *_call(case, "pallas"))
 
 
@@ -557,8 +549,8 @@ def test_small_scales_beside_masked_rows(kv_format, d_qk):
     _check(case, *_call(case, "pallas"))
 
 
-# the fast path's empty rows, sink, NaN propagation and page math (fp16 q; the fp32-q twins
-# above run the other path)
+# the fast path's empty rows, sink, NaN propagation and page math (fp16 q; the fp32-q twins in
+# tests/test_contract.py run the other path)
 FAST_CORNERS = [("fp8_ds_mla", 576, "all_invalid_row_in_batch"), ("fp8_ds_mla", 576, "nan_in_q"),
                 ("fp8_model1", 512, "attn_sink_empty_row"),
                 ("fp8_model1", 512, "nan_in_selected_row")]

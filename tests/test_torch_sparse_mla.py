@@ -17,6 +17,7 @@ import torch
 
 from kernels import cases, compare, formats as np_formats
 from kernels.sparse_mla import configs
+import test_contract as contract
 from torch_impl import _common, formats as t_formats
 from torch_impl import sparse_mla as tsm
 from torch_impl.sparse_mla import sparse_mla_decode
@@ -55,16 +56,20 @@ def _corners(kv_format: str, d_qk: int, q_dtype: str):
                                   q_dtype=q_dtype, kv_dtype=kv_dtype)
 
 
-_N_CORNERS = len(cases.mla_corner_cases(0, K=16, H=16))
+_CORNER_NAMES = [c.name.split("[")[0] for c in cases.mla_corner_cases(0, K=16, H=16)]
+# every (format, corner) but those tests/test_contract.py runs on every path
+_CORNERS_HERE = [(i, fmt, d_qk) for fmt, d_qk in FORMATS for i, name in enumerate(_CORNER_NAMES)
+                 if not (fmt in contract.MLA_FORMATS and name in contract.MLA_CORNERS)]
 
 
 @pytest.mark.parametrize("path", ["triton", "torch"])
-@pytest.mark.parametrize("kv_format,d_qk", FORMATS, ids=[f[0] for f in FORMATS])
-@pytest.mark.parametrize("i", range(_N_CORNERS))
+@pytest.mark.parametrize("i,kv_format,d_qk", _CORNERS_HERE,
+                         ids=[f"{_CORNER_NAMES[i]}-{fmt}" for i, fmt, _ in _CORNERS_HERE])
 def test_corner_cases(i, kv_format, d_qk, path):
     """Every SPEC corner case (all invalid, -1 first/middle, out-of-range slots and logical
     positions, block table with -1 pages, topk_length incl. 0, duplicates, NaN-filled unselected
-    rows, empty rows, attn_sink incl. on empty rows, K > L, P 1/2/61, K not a power of two, N=4)."""
+    rows, empty rows, attn_sink incl. on empty rows, K > L, P 1/2/61, K not a power of two, N=4)
+    in each layout; the fp8 formats' format-dependent ones are tests/test_contract.py's."""
     case = _corners(kv_format, d_qk, "float32")[i]
     _check(case, *_call(case, path))
 
