@@ -164,11 +164,18 @@ def rows(B_list=(1, 64), seed=0, *, device: str | None = None, only=None) -> lis
             o_c, _ = compat_two(sets[0], metas[0])
             o_t, _ = torch_two(sets[0])
             _close(o_c, o_t, "model1 + extra")
+            def native_sources(t):
+                q, n0, _, i0, n1, _, i1, sink = t
+                return sparse_mla_decode_sources(
+                    q, [KVSource(n0, i0, "fp8_model1"), KVSource(n1, i1, "fp8_model1")], s,
+                    attn_sink=sink, path=path)
             t_n = tm([lambda t=t: native_two(t) for t in sets]).median_us
+            t_s = tm([lambda t=t: native_sources(t) for t in sets]).median_us
             t_c = tm([lambda t=t, m=m: compat_two(t, m) for t, m in zip(sets, metas)]).median_us
             out.append(dict(op="flash_mla_with_kvcache", layout="model1 + extra", B=B, H=H,
                             K=f"{K0}+{K1}", native_us=t_n, compat_us=t_c,
-                            native="two sparse_mla_decode calls (each with its own combine)"))
+                            native="two sparse_mla_decode calls (each with its own combine)",
+                            native_sources_us=t_s))
         # ---- DeepGEMM logits + vLLM top-k: V3.2 indexer, L 32K, N 1
         if {"fp8_paged_mqa_logits", "persistent_topk"} & want:
             L, Hi, D, k = d["idx_L"], d["idx_H"], d["idx_D"], d["topk"]

@@ -204,7 +204,8 @@ def _xla(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk_le
     lse = jnp.where(has, m[..., 0] + jnp.log(den_safe), -jnp.inf)
     out = jnp.einsum("bnhk,bnkd->bnhd", p, rows[..., :d_v], precision=hi) / den_safe[..., None]
     if attn_sink is not None:
-        out = out * (1.0 / (1.0 + jnp.exp(attn_sink[None, None, :] - lse)))[..., None]
+        sink = jnp.where(attn_sink == -jnp.inf, jnp.finfo(jnp.float32).min, attn_sink)  # SPEC
+        out = out * (1.0 / (1.0 + jnp.exp(sink[None, None, :] - lse)))[..., None]
     return out.astype(q.dtype), lse
 
 

@@ -137,7 +137,8 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
       invalid: None, "first", "middle", "all", "random", "oob" (>= num slots / past the table /
         into -1 pages) or "mix" (all of first, middle, random and oob).
       topk_length: pass a random topk_length [B] (one request gets 0 when B > 1).
-      attn_sink: pass a random sink [H].
+      attn_sink: pass a random sink [H]; ``"extremes"``: with sink[0] = -inf and sink[1] = +inf
+        (factor 1 and 0 on a non-empty row; 0 on an empty row either way).
       nan_unselected: NaN-fill every slot that no counted index selects.
       duplicates: repeat some valid indices.
       lens: per-request context lengths (default random around K, some < K so rows have -1).
@@ -215,6 +216,8 @@ def make_mla_case(seed=0, *, B=2, N=1, H=16, d_qk=576, d_v=512, K=64, P=64, kv_f
             tl[-1] = 0
             tl[0] = K
     sink = rng.standard_normal(H).astype(np.float32) if attn_sink else None
+    if attn_sink == "extremes":
+        sink[0], sink[1 % H] = -np.inf, np.inf
     if nan_unselected:
         used = reference.resolve_indices(idx, num_slots=num_slots, page_size=P,
                                          block_table=bt if logical else None, topk_length=tl)
@@ -302,8 +305,8 @@ def mla_corner_cases(seed=0, *, d_qk=576, H=16, K=64, kv_format=None, q_dtype="f
         ("logical_out_of_range", dict(logical=True, invalid="mix")),
         ("topk_length", dict(B=3, topk_length=True)),
         ("duplicates", dict(duplicates=True)),
-        ("attn_sink", dict(attn_sink=True)),
-        ("attn_sink_empty_row", dict(B=2, attn_sink=True, invalid="all")),
+        ("attn_sink", dict(attn_sink="extremes")),
+        ("attn_sink_empty_row", dict(B=2, attn_sink="extremes", invalid="all")),
         ("K_gt_L", dict(B=2, lens=[K // 4, 3])),
         ("zero_length_request", dict(B=2, lens=[0, K])),
         ("page_size_1", dict(P=1)),

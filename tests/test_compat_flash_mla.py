@@ -624,7 +624,11 @@ def test_launch_sources_split_offsets():
                        out2.view(torch.int16 if out.element_size() == 2 else torch.int32))
     assert torch.equal(lse.view(torch.int32), lse2.view(torch.int32))
     o1, l1 = run((None, None))
-    torch.testing.assert_close(o1.float(), out.float(), rtol=2.0 ** -10, atol=1e-4, equal_nan=True)
+    # other split counts give float32 results that differ in the last float32 bits; each is
+    # rounded once to q's dtype, so the outputs may differ by one ulp of that dtype (bf16 on the
+    # GPU: 2^-7 relative; measured 0.0077 on the H200) and no more
+    torch.testing.assert_close(o1.float(), out.float(), rtol=torch.finfo(out.dtype).eps,
+                               atol=1e-4, equal_nan=True)
     torch.testing.assert_close(l1, lse, rtol=1e-6, atol=1e-6, equal_nan=True)
 
 

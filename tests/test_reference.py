@@ -42,7 +42,10 @@ def _dense_mla(case):
             lse[b, i] = np.log(w.sum(-1))
             out[b, i] = (w / w.sum(-1, keepdims=True)) @ rows[sel, :case.d_v]
     if case.attn_sink is not None:
-        out *= (1 / (1 + np.exp(case.attn_sink[None, None] - lse)))[..., None]
+        # SPEC: a sink of -inf counts as the most negative float32
+        sink = np.where(case.attn_sink == -np.inf, np.finfo(np.float32).min, case.attn_sink)
+        with np.errstate(over="ignore"):
+            out *= (1 / (1 + np.exp(sink.astype(np.float64)[None, None] - lse)))[..., None]
     return out, lse
 
 

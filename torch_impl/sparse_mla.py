@@ -272,8 +272,9 @@ def _torch_f32(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk
 
 
 def _sink_factor(lse, attn_sink):
-    """``1 / (1 + exp(sink_h - lse))`` ``[B, N, H]`` (0 on an empty row for any sink > -inf)."""
-    return torch.sigmoid(lse - attn_sink)
+    """``1 / (1 + exp(sink_h - lse))`` ``[B, N, H]``, a sink of -inf taken as the most negative
+    float32 (SPEC): 0 on every empty row, 1 on a non-empty row with a -inf sink; NaN kept."""
+    return torch.sigmoid(lse - attn_sink.clamp(min=torch.finfo(torch.float32).min))
 
 
 def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,

@@ -166,6 +166,13 @@ V_CHUNKS = MAIN // CH
 NEG_SENTINEL = -1.0e30  # finite running-max start; exp2(NEG - real) == 0 exactly
 LOG2E = 1.4426950408889634
 LN2 = 0.6931471805599453
+F32_LOWEST = -3.4028234663852886e38     # the most negative finite float32
+
+
+def _finite_sink(sink):
+    """A sink of -inf as the most negative float32 (SPEC: factor 1 on a non-empty row, 0 instead
+    of NaN on an empty one); NaN stays NaN."""
+    return jnp.where(sink == -jnp.inf, F32_LOWEST, sink)
 
 
 def _iota(n: int) -> jax.Array:
@@ -633,7 +640,7 @@ def _sparse_mla_split_kernel(
     if FINAL:
         lse = lse2 * LN2
         if HAS_SINK:
-            sink = plgpu.load(sink_ref.at[heads], mask=h_ok, other=0.0)
+            sink = _finite_sink(plgpu.load(sink_ref.at[heads], mask=h_ok, other=0.0))
             factor = (1.0 / (1.0 + jnp.exp(sink - lse)))[:, None]            # lse=-inf -> 0
         o_ref, l_ref, lead = out_ref, lse_ref, (b, n)
     else:
@@ -693,7 +700,7 @@ def _sparse_mla_combine_kernel(*refs, S: int, H: int, BLOCK_H: int, HAS_SINK: bo
     o = jnp.where(has[:, None], acc / den_safe[:, None], 0.0)
     lse = jnp.where(has, (m_safe + jnp.log(den_safe) * LOG2E) * LN2, -jnp.inf)
     if HAS_SINK:
-        sink = plgpu.load(sink_ref.at[heads], mask=h_ok, other=0.0)
+        sink = _finite_sink(plgpu.load(sink_ref.at[heads], mask=h_ok, other=0.0))
         o = o * (1.0 / (1.0 + jnp.exp(sink - lse)))[:, None]
     plgpu.store(out_ref.at[pid_bn, heads, :], o.astype(out_ref.dtype), mask=h_ok[:, None])
     plgpu.store(lse_ref.at[pid_bn, heads], lse, mask=h_ok)

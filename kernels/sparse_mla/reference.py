@@ -75,6 +75,9 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
             out[b, i] = (p / den) @ kv[:, :d_v]
     if attn_sink is not None:
         sink = np.asarray(attn_sink, np.float64)[None, None, :]
+        # SPEC: a sink of -inf counts as the most negative float32: factor 1 on a non-empty
+        # row (as -inf would give), 0 on an empty one (where -inf would give NaN)
+        sink = np.where(sink == -np.inf, float(np.finfo(np.float32).min), sink)
         with np.errstate(over="ignore"):
             factor = 1.0 / (1.0 + np.exp(sink - lse))               # lse=-inf -> 0
         out *= factor[..., None]

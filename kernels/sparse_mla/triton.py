@@ -86,6 +86,14 @@ MODEL1_NOPE, MODEL1_TILE = _M1.field("nope").count, _M1.tile        # 448, 64
 NEG_SENTINEL = tl.constexpr(-1.0e30)  # finite running-max start; exp2(NEG - real) == 0 exactly
 LOG2E = 1.4426950408889634
 LN2 = tl.constexpr(0.6931471805599453)
+F32_LOWEST = tl.constexpr(-3.4028234663852886e38)     # the most negative finite float32
+
+
+@triton.jit
+def _finite_sink(sink):
+    """A sink of -inf as the most negative float32 (SPEC: the same factor 1 on a non-empty row,
+    and 0 instead of ``1 / (1 + exp(-inf + inf))`` = NaN on an empty one); NaN stays NaN."""
+    return tl.where(sink == float("-inf"), F32_LOWEST, sink)
 
 
 @triton.jit
@@ -558,7 +566,7 @@ def _sparse_mla_split_kernel(
     if FINAL:
         lse = lse2 * LN2
         if HAS_SINK:
-            sink = tl.load(sink_ptr + heads, mask=h_ok, other=0.0)
+            sink = _finite_sink(tl.load(sink_ptr + heads, mask=h_ok, other=0.0))
             sink_f = 1.0 / (1.0 + tl.exp(sink - lse))              # lse=-inf -> factor 0
         tl.store(lse_ptr + pid_bn.to(tl.int64) * H + heads, lse, mask=h_ok)
     else:
@@ -618,7 +626,7 @@ def _sparse_mla_combine_kernel(
     o = tl.where(has[:, None], acc / den_safe[:, None], 0.0)
     lse = tl.where(has, (m_safe + tl.log2(den_safe)) * LN2, float("-inf"))
     if HAS_SINK:
-        sink = tl.load(sink_ptr + heads, mask=h_ok, other=0.0)
+        sink = _finite_sink(tl.load(sink_ptr + heads, mask=h_ok, other=0.0))
         o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
     orow = pid_bn.to(tl.int64) * H + heads
     tl.store(out_ptr + orow[:, None] * D_V + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)

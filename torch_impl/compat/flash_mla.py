@@ -43,7 +43,6 @@ __all__ = ["FlashMLASchedMeta", "get_mla_metadata", "flash_mla_with_kvcache",
 _FP8_LAYOUTS = {576: (np_formats.DS_MLA_BYTES, "fp8_ds_mla"), 512: (584, "fp8_model1")}
 _CACHE_DTYPES = (torch.uint8, torch.int8, torch.float8_e4m3fn)
 _LATENT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_F32_MIN = float(torch.finfo(torch.float32).min)
 
 # native argument name -> this module's (SPEC "bad input": errors name the caller's argument)
 _COMMON_NAMES = {"sm_scale": "softmax_scale", "d_v": "head_dim_v"}
@@ -213,12 +212,6 @@ def _flash_mla_lse(lse: torch.Tensor) -> torch.Tensor:
     return lse_fm
 
 
-def _sanitized_sink(attn_sink):
-    """-inf -> the most negative float32: the same factor 1 on every non-empty row, and an
-    empty row (lse -inf) then gets factor 0 instead of ``1 / (1 + exp(-inf + inf))`` = NaN."""
-    return None if attn_sink is None else attn_sink.clamp(min=_F32_MIN)
-
-
 # ============================================================================ public entry
 
 def flash_mla_with_kvcache(
@@ -375,7 +368,9 @@ def flash_mla_with_kvcache(
                              device=q.device)
 
     # ---- attention (native errors re-raised under this function's argument names)
-    sink = _sanitized_sink(attn_sink)
+    # a -inf sink on an empty row gives factor 0 (FlashMLA's 0 output) in the native op itself
+    # (SPEC: a -inf sink counts as the most negative float32), so the sink is passed as it is
+    sink = attn_sink
     if extra_k_cache is None:
         with own_names(_ONE_CACHE_NAMES):
             o, lse = _attend(q, "k_cache", k_cache, indices, topk_length, scale, is_fp8_kvcache,
