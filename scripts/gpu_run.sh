@@ -6,7 +6,7 @@
 #
 # Steps (NAME:WHAT:SECONDS):
 #   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
-#                   all ops, e.g. "indexer_topk"), JSON + log
+#                   all ops, e.g. "indexer_topk"; BENCH_BACKENDS, default both), JSON + log
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
@@ -22,6 +22,8 @@
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
 #   sanitize:all    both, as two invocations (two logs); a memcheck error or a FAIL line: rc != 0
 # The last lines printed are a one-line summary per step (the device tool returns the tail).
+# GPU_RUN_TAR=1: at the end, everything under $OUT but summary.txt is packed into $OUT/out.tgz (the
+# device tool brings back a few files only).
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -50,11 +52,12 @@ for step in "$@"; do
     bench)
       paths=(); for p in $BENCH_PATHS; do paths+=(--path "$p"); done
       for o in $BENCH_OPS; do paths+=(--op "$o"); done
+      for b in ${BENCH_BACKENDS:-}; do paths+=(--backend "$b"); done
       extra=(); [ "$what" = quick ] && extra=(--write-dispatch --dispatch-dir "$OUT")
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
         --no-progress --no-plot --out "$OUT" > "$log" 2>&1 ;;
     tests)
-      timeout "$secs" python3 -m pytest -q -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
+      timeout "$secs" python3 -m pytest -v -rfE -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
     sweep)
       mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
@@ -91,4 +94,8 @@ for step in "$@"; do
   rc=$?
   SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:|^== ' "$log" | tail -2 | tr '\n' ' ')")
 done
-printf '%s\n' "${SUMMARY[@]}" | tee "$OUT/summary.txt"
+printf '%s\n' "${SUMMARY[@]}" | tee -a "$OUT/summary.txt"
+if [ -n "${GPU_RUN_TAR:-}" ]; then
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name out.tgz -print0 \
+     | tar czf out.tgz --null -T - --remove-files)
+fi
