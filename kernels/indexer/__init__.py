@@ -3,7 +3,9 @@
 * ``reference.py``: the float64 NumPy reference of the logits and of indexer + top-k
   (re-exported by ``kernels.reference``).
 * ``triton.py``: the logits kernel with its fused top-digit histogram, and its launcher.
-* ``triton_aot.py``: the logits kernel's AOT compile specs.
+* ``gluon.py``: the sm_90 Gluon logits kernel (cp.async ring, wgmma with tokens as M, the same
+  fused histogram; config ``kernel="gluon"``), launched by ``triton.py``'s launcher.
+* ``triton_aot.py``: the logits kernels' AOT compile specs.
 * ``pallas.py``: the Pallas logits kernel and the Pallas exact top-k, with their launchers.
 
 The Triton top-k is ``kernels.topk``. The kernel modules import triton / jax.
