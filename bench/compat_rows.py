@@ -15,7 +15,7 @@ Rows (bf16 q, fp8 caches, P = 64; fp16 q and tiny shapes in a CPU dry run):
 * ``flash_mla_with_kvcache v32 strided``: FlashMLA's quantizer layout (pages of P + 1 rows,
   sliced to P) read in place, vs the native op on the same strided pages (``native_cache``:
   "strided (in place, ...)"; both run the same kernel and config, the page stride passed to
-  it as ``page_bytes``). bench/results/bench_h200_compat_20261202.json predates this: the
+  it as ``page_bytes``). ``7f7f460:bench/results/bench_h200_compat_20261202.json`` predates this: the
   native op then refused strided pages and was timed on a contiguous copy, while the compat
   call read the pages through a one-row-per-slot remap of its indices.
 * ``flash_mla_with_kvcache model1 + extra``: MODEL1 (H 64) with a sliding-window cache (P 256,
@@ -24,8 +24,9 @@ Rows (bf16 q, fp8 caches, P = 64; fp16 q and tiny shapes in a CPU dry run):
   own combine). The compat call runs both caches' split kernels into one float32 partial buffer
   and one combine over all splits (``torch_impl.sparse_mla.sparse_mla_decode_sources``), so
   ``ratio = compat_us / native_us`` is the 5 % target's ratio (the merge of the two caches
-  costs no launch beyond the native calls' own combines). Checked first against the same
-  two-cache softmax on the plain-PyTorch path (float32, one rounding).
+  costs no launch beyond the native calls' own combines); ``native_sources_us`` times that
+  native two-cache call itself (``sparse_mla_decode_sources``, with the sink). Checked first
+  against the same two-cache softmax on the plain-PyTorch path (float32, one rounding).
 * ``fp8_paged_mqa_logits``: DeepGEMM's paged MQA logits (V3.2 indexer, L 32K) vs
   ``indexer_logits`` on the same pages.
 * ``persistent_topk``: vLLM's decode top-k (k 2048) vs ``select_topk`` on the same logits.

@@ -180,7 +180,8 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
 
 def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
                  attn_sink, *, config: configs.SparseMLAConfig | None = None,
-                 num_splits: int | None = None, geometry: tuple | None = None):
+                 num_splits: int | None = None, geometry: tuple | None = None,
+                 lse_layout: str = "native"):
     """Gate the GPU, then launch (``kernels.sparse_mla.triton_launch``). ``config`` /
     ``num_splits`` override the choice (tests use them to run every config of the search space);
     ``geometry``: ``(P, num_slots, num_pages)`` from the validation (else read off the cache)."""
@@ -190,7 +191,8 @@ def _triton_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, to
     return triton_launch.launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
                                 topk_length, attn_sink, page_size=P, num_pages=num_pages,
                                 config=cfg, num_sms=dev.num_sms,
-                                smem_per_block=dev.smem_per_block, num_splits=num_splits)
+                                smem_per_block=dev.smem_per_block, num_splits=num_splits,
+                                lse_layout=lse_layout)
 
 
 def _operand_bytes(q, kv_cache, kv_format) -> int:
@@ -278,13 +280,18 @@ def _sink_factor(lse, attn_sink):
 
 
 def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
-                attn_sink, *, geometry: tuple | None = None):
-    """:func:`_torch_f32`, the sink, one rounding to q's dtype."""
+                attn_sink, *, geometry: tuple | None = None, lse_layout: str = "native"):
+    """:func:`_torch_f32`, the sink, one rounding to q's dtype; the lse in ``lse_layout``."""
     out, lse = _torch_f32(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
                           topk_length, geometry)
     if attn_sink is not None:
         out = out * _sink_factor(lse, attn_sink)[..., None]
-    return out.to(q.dtype), lse
+    return out.to(q.dtype), _lse_in(lse, lse_layout)
+
+
+def _lse_in(lse: torch.Tensor, lse_layout: str) -> torch.Tensor:
+    """The native lse ``[B, N, H]`` in ``lse_layout`` (``triton_launch.LSE_LAYOUTS``)."""
+    return triton_launch._to_flash_mla(lse) if lse_layout == "flash_mla" else lse
 
 
 def _torch_sources(q, sources, sm_scale, d_v, attn_sink, geometries):
@@ -320,7 +327,7 @@ def _check_byte_offset(kv_cache: torch.Tensor, kv_format: str) -> None:
 
 
 def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
-         path, page_size, num_pages):
+         path, page_size, num_pages, lse_layout):
     _check_byte_offset(kv_cache, kv_format)
     args = (q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink)
     geometry = (page_size, page_size * num_pages, num_pages)
@@ -330,8 +337,8 @@ def _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_lengt
                       operand_bytes=_operand_bytes(q, kv_cache, kv_format))
     cfg = pl.config_for("triton") if "triton" in pl.order else None
     impls = {"triton": lambda: _triton_impl(*args, config=configs.SparseMLAConfig(**cfg) if cfg else None,
-                                            geometry=geometry),
-             "torch": lambda: _torch_impl(*args, geometry=geometry)}
+                                            geometry=geometry, lse_layout=lse_layout),
+             "torch": lambda: _torch_impl(*args, geometry=geometry, lse_layout=lse_layout)}
     return _common.run_path("sparse_mla_decode", path, impls, pl.order)
 
 
@@ -340,16 +347,17 @@ def _sparse_mla_decode_op(q: torch.Tensor, kv_cache: torch.Tensor, indices: torc
                           sm_scale: float, kv_format: str, d_v: int,
                           block_table: Optional[torch.Tensor], topk_length: Optional[torch.Tensor],
                           attn_sink: Optional[torch.Tensor], path: str, page_size: int,
-                          num_pages: int) -> tuple[torch.Tensor, torch.Tensor]:
+                          num_pages: int, lse_layout: str) -> tuple[torch.Tensor, torch.Tensor]:
     return _run(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length,
-                attn_sink, path, page_size, num_pages)
+                attn_sink, path, page_size, num_pages, lse_layout)
 
 
 @_sparse_mla_decode_op.register_fake
 def _(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink, path,
-      page_size, num_pages):
+      page_size, num_pages, lse_layout):
     B, N, H, _ = q.shape
-    return q.new_empty((B, N, H, d_v)), q.new_empty((B, N, H), dtype=torch.float32)
+    lse_shape = (B, H, N) if lse_layout == "flash_mla" else (B, N, H)
+    return q.new_empty((B, N, H, d_v)), q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor,
@@ -357,7 +365,8 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
                       block_table: torch.Tensor | None = None,
                       topk_length: torch.Tensor | None = None,
                       attn_sink: torch.Tensor | None = None,
-                      path: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                      path: str = "auto",
+                      _lse_layout: str = "native") -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode (absorbed MLA in MQA form) over top-k selected latent rows.
 
     For each query row (b, i, h) and each valid entry t of ``indices[b, i]``:
@@ -393,6 +402,9 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
         returned lse excludes the sink.
       path: ``"auto"`` (dispatch-table entry if any, else ``"triton"`` then ``"torch"``, falling
         through on NotImplementedError), ``"triton"`` or ``"torch"`` (named paths re-raise).
+      _lse_layout: internal, for ``torch_impl.compat.flash_mla``: ``"flash_mla"`` returns the
+        lse as FlashMLA does (``[B, H, N]`` contiguous, +inf for an empty row), written by the
+        combine kernel itself when the list is split (no extra pass).
 
     Returns:
       (out, lse): out ``[B, N, H, d_v]`` in q's dtype; lse float32 ``[B, N, H]``, natural log.
@@ -407,8 +419,16 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     """
     P, _, num_pages = _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table,
                                 topk_length, attn_sink, path)
+    _check_lse_layout(_lse_layout)
     return torch.ops.dsa.sparse_mla_decode(q, kv_cache, indices, float(sm_scale), kv_format, int(d_v),
-                                           block_table, topk_length, attn_sink, path, P, num_pages)
+                                           block_table, topk_length, attn_sink, path, P, num_pages,
+                                           _lse_layout)
+
+
+def _check_lse_layout(lse_layout) -> None:
+    if lse_layout not in triton_launch.LSE_LAYOUTS:
+        raise ValueError(f"_lse_layout: expected one of {triton_launch.LSE_LAYOUTS}, got "
+                         f"{lse_layout!r}")
 
 
 # ============================================================================ several caches
@@ -457,7 +477,8 @@ def _validate_sources(q, sources, sm_scale, d_v, attn_sink, path, out):
 
 def sparse_mla_decode_sources(q: torch.Tensor, sources, sm_scale: float, *, d_v: int = 512,
                               attn_sink: torch.Tensor | None = None, path: str = "auto",
-                              out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              out: torch.Tensor | None = None,
+                              _lse_layout: str = "native") -> tuple[torch.Tensor, torch.Tensor]:
     """Sparse MLA decode over the valid entries of several caches in one softmax.
 
     For each query row (b, i, h): the entries t of every source's ``indices[b, i]`` that
@@ -486,6 +507,8 @@ def sparse_mla_decode_sources(q: torch.Tensor, sources, sm_scale: float, *, d_v:
         falling through on NotImplementedError), ``"triton"`` or ``"torch"``.
       out: optional contiguous ``[B, N, H, d_v]`` tensor of q's dtype: the triton path writes
         the result into it in place, the torch path copies into it; returned as ``out``.
+      _lse_layout: internal, as :func:`sparse_mla_decode`'s (the triton path's combine writes
+        FlashMLA's layout itself).
 
     Returns:
       (out, lse): out ``[B, N, H, d_v]`` in q's dtype; lse float32 ``[B, N, H]`` natural log
@@ -500,6 +523,7 @@ def sparse_mla_decode_sources(q: torch.Tensor, sources, sm_scale: float, *, d_v:
       NotImplementedError: the named path cannot run here (as :func:`sparse_mla_decode`).
     """
     geos = _validate_sources(q, sources, sm_scale, d_v, attn_sink, path, out)
+    _check_lse_layout(_lse_layout)
     sources = tuple(sources)
     for src in sources:
         _check_byte_offset(src.kv_cache, src.kv_format)
@@ -521,14 +545,15 @@ def sparse_mla_decode_sources(q: torch.Tensor, sources, sm_scale: float, *, d_v:
                 for src, (P, _, n) in zip(sources, geos)]
         return triton_launch.launch_sources(q, srcs, sm_scale, d_v, attn_sink,
                                             num_sms=dev.num_sms,
-                                            smem_per_block=dev.smem_per_block, out=out)
+                                            smem_per_block=dev.smem_per_block, out=out,
+                                            lse_layout=_lse_layout)
 
     def torch_():
         o, lse = _torch_sources(q, sources, sm_scale, d_v, attn_sink, geos)
         if out is not None:
             out.copy_(o)
             o = out
-        return o, lse
+        return o, _lse_in(lse, _lse_layout)
 
     return _common.run_path("sparse_mla_decode", path, {"triton": triton, "torch": torch_},
                             pl.order)

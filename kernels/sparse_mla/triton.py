@@ -593,8 +593,11 @@ def _sparse_mla_combine_kernel(
     pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (-inf = empty split)
     sink_ptr,         # [H] float32 (HAS_SINK)
     out_ptr,          # [B*N, H, D_V] q dtype
-    lse_ptr,          # [B*N, H] float32 natural-log LSE
+    lse_ptr,          # [B, N, H] float32 natural-log LSE at strides (lse_sb, lse_sn, lse_sh)
     S, BN, H,
+    N,                # drafts per request (BN = B * N)
+    lse_sb, lse_sn, lse_sh,
+    empty_lse,        # float32 stored for a row with no valid entry (-inf; FlashMLA's +inf)
     D_V: tl.constexpr, D_V_PAD: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
     pid_h = tl.program_id(0)
@@ -630,4 +633,6 @@ def _sparse_mla_combine_kernel(
         o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
     orow = pid_bn.to(tl.int64) * H + heads
     tl.store(out_ptr + orow[:, None] * D_V + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
-    tl.store(lse_ptr + orow, lse, mask=h_ok)
+    b = pid_bn // N
+    lrow = b.to(tl.int64) * lse_sb + (pid_bn - b * N).to(tl.int64) * lse_sn + heads * lse_sh
+    tl.store(lse_ptr + lrow, tl.where(has, lse, empty_lse), mask=h_ok)

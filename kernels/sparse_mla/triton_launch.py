@@ -128,7 +128,8 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                                          "page_bytes")))
     for q_dtype in (torch.bfloat16, torch.float32):
         sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
-               "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32"}
+               "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32",
+               "N": "i32", "lse_sb": "i32", "lse_sn": "i32", "lse_sh": "i32", "empty_lse": "fp32"}
         specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]}", mod, "_sparse_mla_combine_kernel",
                                 sig, combine_constexprs(512, True),
                                 configs.SPARSE_MLA_COMBINE_WARPS, 2))
@@ -325,25 +326,50 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
         )
 
 
-def _launch_combine(po, pl, attn_sink, out, lse, d_v: int):
+def _launch_combine(po, pl, attn_sink, out, lse, d_v: int, empty_lse: float = float("-inf")):
     """One launch of ``_sparse_mla_combine_kernel``: the LSE merge of all ``S`` splits of
     ``po [S, B * N, H, d_v]`` / ``pl [S, B * N, H]`` (float32, log2 domain) in a fixed order,
     the sink once, one rounding into ``out`` (contiguous ``[B, N, H, d_v]``, q's dtype);
-    ``lse`` ``[B, N, H]`` float32 natural log, -inf for a row with no valid entry in any split,
-    NaN when a split is NaN."""
+    ``lse``: float32 natural log, a ``[B, N, H]`` view of any strides (FlashMLA's ``[B, H, N]``
+    is ``lse_fm.transpose(1, 2)``) or ``[B * N, H]`` contiguous; ``empty_lse`` (-inf, or
+    FlashMLA's +inf) for a row with no valid entry in any split, NaN when a split is NaN."""
     from kernels.sparse_mla import triton as tk
     S, BN, H, _ = po.shape
+    lse3 = lse if lse.dim() == 3 else lse.view(BN, 1, H)
     cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
     tk._sparse_mla_combine_kernel[(cdiv(H, cbh), BN)](
-        po, pl, attn_sink if attn_sink is not None else pl, out, lse,
-        S, BN, H, **combine_constexprs(d_v, attn_sink is not None),
+        po, pl, attn_sink if attn_sink is not None else pl, out, lse3,
+        S, BN, H, lse3.shape[1], lse3.stride(0), lse3.stride(1), lse3.stride(2), float(empty_lse),
+        **combine_constexprs(d_v, attn_sink is not None),
         num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
     )
 
 
+def flash_mla_lse(B: int, N: int, H: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(FlashMLA's lse ``[B, H, N]`` float32 contiguous, its ``[B, N, H]`` view): the buffer the
+    combine writes when a launch is asked for ``lse_layout="flash_mla"``."""
+    lse_fm = torch.empty((B, H, N), dtype=torch.float32, device=device)
+    return lse_fm, lse_fm.transpose(1, 2)
+
+
+def _to_flash_mla(lse: torch.Tensor) -> torch.Tensor:
+    """Native lse ``[B, N, H]`` (-inf empty) -> FlashMLA's ``[B, H, N]`` contiguous, +inf for an
+    empty row, NaN kept (one pass; the single-split epilogue writes the native layout)."""
+    B, N, H = lse.shape
+    lse_fm, view = flash_mla_lse(B, N, H, lse.device)
+    torch.nan_to_num(lse, nan=float("nan"), posinf=float("inf"), neginf=float("inf"), out=view)
+    return lse_fm
+
+
+LSE_LAYOUTS = ("native", "flash_mla")
+"""``lse_layout`` of :func:`launch` / :func:`launch_sources`: ``"native"`` lse ``[B, N, H]``,
+-inf for an empty row (SPEC); ``"flash_mla"`` lse ``[B, H, N]`` contiguous, +inf for an empty row
+(FlashMLA's ``flash_mla_with_kvcache``), written by the combine itself when the list is split."""
+
+
 def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_length, attn_sink,
            *, page_size: int, num_pages: int, config: configs.SparseMLAConfig, num_sms: int,
-           smem_per_block: int, num_splits: int | None = None):
+           smem_per_block: int, num_splits: int | None = None, lse_layout: str = "native"):
     """Launch the split kernel (and the combine when the list is split) on validated tensors.
 
     Args:
@@ -354,8 +380,10 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
       config: the tile config (``kernels.sparse_mla.configs.SparseMLAConfig``) to launch.
       num_sms, smem_per_block: the GPU's, for the split count
         (``configs.sparse_mla_num_splits``); ``num_splits`` overrides it.
+      lse_layout: :data:`LSE_LAYOUTS`.
     Returns:
-      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 ``[B, N, H]``, natural log).
+      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 natural log: ``[B, N, H]`` (-inf empty),
+      or ``[B, H, N]`` (+inf empty) for ``lse_layout="flash_mla"``).
     """
     src = Source(kv_cache, indices, kv_format, page_size, num_pages, config, block_table,
                  topk_length, num_splits)
@@ -371,13 +399,18 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
         pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
     _launch_split(q, src, sm_scale, d_v, attn_sink, po, pl, out, lse, splits=splits, chunk=chunk,
                   final=final)
-    if not final:
-        _launch_combine(po, pl, attn_sink, out, lse, d_v)
+    if final:
+        return out, (_to_flash_mla(lse) if lse_layout == "flash_mla" else lse)
+    if lse_layout == "flash_mla":
+        lse_fm, view = flash_mla_lse(B, N, H, q.device)
+        _launch_combine(po, pl, attn_sink, out, view, d_v, float("inf"))
+        return out, lse_fm
+    _launch_combine(po, pl, attn_sink, out, lse, d_v)
     return out, lse
 
 
 def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_per_block: int,
-                   out: torch.Tensor | None = None):
+                   out: torch.Tensor | None = None, lse_layout: str = "native"):
     """One attention over the valid entries of several caches: each source's split kernel
     (never ``FINAL``) writes its float32 partials into one buffer, then one combine launch
     merges all of them, applies the sink once and rounds once.
@@ -399,9 +432,11 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
         :func:`launch` would split it).
       out: optional destination, a contiguous ``[B, N, H, d_v]`` tensor of q's dtype written in
         place (the caller checked it); else a new one.
+      lse_layout: :data:`LSE_LAYOUTS` (the combine writes either).
     Returns:
-      (out ``[B, N, H, d_v]`` in q's dtype, lse float32 ``[B, N, H]``: natural log over all
-      sources, excluding the sink; -inf for a row with no valid entry in any source).
+      (out ``[B, N, H, d_v]`` in q's dtype, lse float32: natural log over all sources, excluding
+      the sink; ``[B, N, H]`` with -inf for a row with no valid entry in any source, or
+      ``[B, H, N]`` with +inf there for ``lse_layout="flash_mla"``).
       Buffers: float32 partials ``[S, B * N, H, d_v]`` and ``[S, B * N, H]``, S the sum of the
       sources' split counts (source i's splits after those of sources 0..i-1).
     """
@@ -410,7 +445,10 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
     S = sum(sp for sp, _ in plans)
     if out is None:
         out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+    if lse_layout == "flash_mla":
+        lse_ret, lse = flash_mla_lse(B, N, H, q.device)
+    else:
+        lse = lse_ret = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
     po = torch.empty((S, B * N, H, d_v), dtype=torch.float32, device=q.device)
     pl = torch.empty((S, B * N, H), dtype=torch.float32, device=q.device)
     s0 = 0
@@ -418,5 +456,6 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
         _launch_split(q, src, sm_scale, d_v, attn_sink, po[s0:], pl[s0:], out, lse,
                       splits=splits, chunk=chunk, final=False)
         s0 += splits
-    _launch_combine(po, pl, attn_sink, out, lse, d_v)
-    return out, lse
+    _launch_combine(po, pl, attn_sink, out, lse, d_v,
+                    float("inf") if lse_layout == "flash_mla" else float("-inf"))
+    return out, lse_ret

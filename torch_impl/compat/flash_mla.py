@@ -182,15 +182,17 @@ def _native_cache(name: str, k_cache: torch.Tensor, d_qk: int, is_fp8: bool, dev
 # ============================================================================ one cache
 
 def _attend(q, name, k_cache, indices, topk_length, scale, is_fp8, sink, path):
-    """(out in q's dtype ``[b, s_q, h_q, 512]``, lse float32 ``[b, s_q, h_q]``, -inf empty) over
-    one FlashMLA cache: one native call on the cache as it lies (strided pages included)."""
+    """(out in q's dtype ``[b, s_q, h_q, 512]``, lse float32 ``[b, h_q, s_q]`` contiguous, +inf
+    empty: FlashMLA's) over one FlashMLA cache: one native call on the cache as it lies
+    (strided pages included), its combine writing FlashMLA's lse layout."""
     cache, kv_format = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
     return sparse_mla_decode(q, cache, indices, scale, kv_format=kv_format, d_v=512,
-                             topk_length=topk_length, attn_sink=sink, path=path)
+                             topk_length=topk_length, attn_sink=sink, path=path,
+                             _lse_layout="flash_mla")
 
 
 def _attend_two(q, caches, scale, is_fp8, sink, path, out):
-    """(out ``[b, s_q, h_q, 512]`` in q's dtype, lse float32 ``[b, s_q, h_q]``, -inf empty) of one
+    """(out ``[b, s_q, h_q, 512]`` in q's dtype, lse float32 ``[b, h_q, s_q]``, +inf empty) of one
     softmax over several FlashMLA caches (``caches``: ``(name, k_cache, indices, topk_length)``
     each), through :func:`sparse_mla_decode_sources`: float32 partials of every cache, one
     merge, the sink once, one rounding. ``out``: a contiguous tensor of q's dtype written in
@@ -199,17 +201,8 @@ def _attend_two(q, caches, scale, is_fp8, sink, path, out):
     for name, k_cache, indices, tkl in caches:
         cache, kv_format = _native_cache(name, k_cache, q.shape[3], is_fp8, q.device)
         srcs.append(KVSource(cache, indices, kv_format, None, tkl))
-    return sparse_mla_decode_sources(q, srcs, scale, d_v=512, attn_sink=sink, path=path, out=out)
-
-
-def _flash_mla_lse(lse: torch.Tensor) -> torch.Tensor:
-    """Native lse ``[b, s_q, h_q]`` (-inf empty) -> FlashMLA's ``[b, h_q, s_q]`` contiguous,
-    +inf for an empty row, NaN kept (one fused pass)."""
-    b, s_q, h_q = lse.shape
-    lse_fm = torch.empty((b, h_q, s_q), dtype=torch.float32, device=lse.device)
-    torch.nan_to_num(lse.transpose(1, 2), nan=float("nan"), posinf=float("inf"),
-                     neginf=float("inf"), out=lse_fm)
-    return lse_fm
+    return sparse_mla_decode_sources(q, srcs, scale, d_v=512, attn_sink=sink, path=path, out=out,
+                                     _lse_layout="flash_mla")
 
 
 # ============================================================================ public entry
@@ -385,11 +378,11 @@ def flash_mla_with_kvcache(
                                       extra_topk_length)),
                                  scale, is_fp8_kvcache, sink, path, dst)
         if dst is not None:
-            return out, _flash_mla_lse(lse)
+            return out, lse
     if out is not None:
         out.copy_(o)
         o = out
-    return o, _flash_mla_lse(lse)
+    return o, lse
 
 
 def _check_sched(meta, q, k_cache, causal, is_fp8, indices, extra_k_cache, extra_indices):
