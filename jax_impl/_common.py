@@ -48,7 +48,7 @@ def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | Non
                         f"(convert with jax.dlpack.from_dlpack(t) or jnp.asarray(t.cpu().numpy()), "
                         f"or call torch_impl, which has the same functions)")
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise TypeError(f"{name}: expected a jax.Array, got {type(a).__name__}")
+        raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got {type(a).__name__}")
     if dtypes is not None and jnp.dtype(a.dtype) not in [jnp.dtype(d) for d in dtypes]:
         raise TypeError(f"{name}: expected dtype in {[jnp.dtype(d).name for d in dtypes]}, got {jnp.dtype(a.dtype).name}")
     if ndim is not None and len(a.shape) != ndim:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_impl._common import check_array
 from kernels import formats as _nf
 
 FP8_MAX = _nf.FP8_MAX
@@ -27,8 +28,7 @@ FP8_MAX = _nf.FP8_MAX
 
 def _check(name: str, a, *, ndim: int | None = None, last: int | None = None, dtype=None,
            floating: bool = False) -> None:
-    if not hasattr(a, "shape") or not hasattr(a, "dtype"):
-        raise TypeError(f"{name}: expected a jax.Array, got {type(a).__name__}")
+    check_array(name, a)          # a torch tensor, a list, ...: TypeError naming ``name``
     if ndim is not None and len(a.shape) != ndim:
         raise ValueError(f"{name}: expected rank {ndim}, got shape {tuple(a.shape)}")
     if last is not None and (len(a.shape) == 0 or a.shape[-1] != last):

@@ -35,6 +35,7 @@ from jax_impl._common import (check_array, check_int, device_info, plan, require
                               run_path)
 from jax_impl.formats import split_fp8_indexer
 from kernels import hardware
+from kernels.scalars import topk_maximum
 from kernels.formats import K_FORMATS
 from kernels.indexer import pallas as _pallas
 
@@ -82,8 +83,9 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format):
     return B, N, H, D, P, int(k_cache.shape[0])
 
 
-def _check_topk(topk, sorted):
-    check_int("topk", topk, minimum=1)
+def _check_topk(topk, sorted, B, N):
+    check_int("topk", topk, minimum=1, maximum=topk_maximum(B, N),
+              why=f"B * N * topk < 2^31 with B={B}, N={N}: int32 offsets of the output")
     if not isinstance(sorted, (bool, np.bool_)):
         raise TypeError(f"sorted: expected a bool, got {type(sorted).__name__}")
 
@@ -335,7 +337,7 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
       NotImplementedError: as :func:`indexer_logits`.
     """
     B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
-    _check_topk(topk, sorted)
+    _check_topk(topk, sorted, B, N)
     topk = int(topk)
     W = int(block_table.shape[1]) * P
     lens = _draft_lengths(context_lens, B, N, W)

@@ -16,20 +16,34 @@ import numpy as np
 __all__ = ["check_int", "check_real"]
 
 
-def check_int(name: str, value, *, minimum: int | None = None) -> int:
+def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
+              why: str = "") -> int:
     """``value`` as a Python int.
 
     Raises:
       TypeError: not a Python int or NumPy integer scalar, or a bool (names ``name``, the
         accepted types and the type received).
-      ValueError: below ``minimum`` (names ``name``, the bound and the value).
+      ValueError: below ``minimum`` or above ``maximum`` (names ``name``, the bound, ``why`` it
+        holds when given, and the value).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name}: expected an int (a Python int or NumPy integer scalar, not a bool), "
                         f"got {type(value).__name__} {value!r}")
     if minimum is not None and value < minimum:
         raise ValueError(f"{name}: expected an int >= {minimum}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name}: expected an int <= {maximum}{f' ({why})' if why else ''}, "
+                         f"got {value!r}")
     return int(value)
+
+
+INT32_MAX = 2 ** 31 - 1
+
+
+def topk_maximum(B: int, N: int) -> int:
+    """The largest ``topk`` of an ``indices [B, N, topk]`` int32 output the kernels address with
+    int32 element offsets (``B * N * topk <= 2^31 - 1``)."""
+    return INT32_MAX // max(1, B * N)
 
 
 def check_real(name: str, value) -> float:

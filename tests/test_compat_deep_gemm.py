@@ -132,7 +132,7 @@ def test_errors_name_the_callers_arguments():
     q, w, cl, bt = args["q"], args["weights"], args["context_lens"], args["block_table"]
     with pytest.raises(TypeError, match=r"^block_tables: expected dtype"):
         engines.vllm_fp8_fp4_paged_mqa_logits(q, kv, w, cl, bt.long(), meta, W)
-    with pytest.raises(ValueError, match=r"^max_model_len: expected a positive int"):
+    with pytest.raises(ValueError, match=r"^max_model_len: expected an int >= 1"):
         engines.vllm_fp8_fp4_paged_mqa_logits(q, kv, w, cl, bt, meta, 0)
     with pytest.raises(TypeError, match=r"^schedule_metadata: expected dtype"):
         engines.vllm_fp8_fp4_paged_mqa_logits(q, kv, w, cl, bt, meta.long(), W)
@@ -140,5 +140,9 @@ def test_errors_name_the_callers_arguments():
         engines.vllm_fp8_paged_mqa_logits(q[0].float(), kv, w, cl, bt, meta, W)
     with pytest.raises(ValueError, match=r"^kv_cache_fp8: expected"):
         engines.vllm_fp8_paged_mqa_logits(q[0], kv[..., :100], w, cl, bt, meta, W)
-    with pytest.raises(ValueError, match=r"^block_size: expected a positive int"):
+    with pytest.raises(ValueError, match=r"^block_size: expected an int >= 1"):
         engines.vllm_get_paged_mqa_logits_metadata(cl, 0, 4)
+    with pytest.raises(TypeError, match=r"^block_kv: expected an int"):
+        deep_gemm.get_paged_mqa_logits_metadata(cl, 16.0, 4)
+    with pytest.raises(TypeError, match=r"^max_context_len: expected an int"):
+        deep_gemm.fp8_paged_mqa_logits(q[0], kv, w, cl, bt, meta, 32.0)

@@ -191,12 +191,14 @@ def test_fast_topk_transform_fused_bad_input():
     big = torch.arange(120, dtype=torch.int32, device=DEVICE).reshape(3, 40)
     with pytest.raises(ValueError, match=r"^cu_seqlens_q: expected non-decreasing"):
         call(big, torch.tensor([0, 2, 1, 2], dtype=torch.int32, device=DEVICE))
-    with pytest.raises(ValueError, match=r"^topk: expected a positive int"):
+    with pytest.raises(ValueError, match=r"^topk: expected an int >= 1"):
         call(pt, cu, 0)
     with pytest.raises(TypeError, match=r"^score: expected a torch.Tensor"):
         ctk.fast_topk_transform_fused(score.cpu().numpy(), lens, pt, cu, 4)
-    with pytest.raises(ValueError, match=r"^topk: expected a positive int"):
+    with pytest.raises(ValueError, match=r"^topk: expected an int >= 1"):
         ctk.fast_topk_v2(score, lens, -1)
+    with pytest.raises(TypeError, match=r"^topk: expected an int"):
+        ctk.fast_topk_v2(score, lens, 4.0)
     # one request owning both rows: both map through table row 0; int64 offsets accepted
     one = call(pt[:1], torch.tensor([0, 2], dtype=torch.int64, device=DEVICE))
     pos = ctk.fast_topk_v2(score, lens, 4)

@@ -162,6 +162,23 @@ def test_dequantizer_arguments_named_in_both_stacks(stack):
             fm.dequantize_fp8_indexer(arr(kc), bad)
 
 
+def test_jax_writers_name_a_foreign_tensor():
+    """A torch tensor (or a list) given to a jax_impl writer or dequantizer is a TypeError naming
+    the argument and what is accepted, not a dtype-interpretation error from inside JAX."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    from jax_impl import formats as jf
+    calls = [(jf.quantize_fp8_indexer, torch.zeros(2, 16, 128)),
+             (jf.quantize_fp8_ds_mla, torch.zeros(2, 16, 576)),
+             (jf.quantize_fp8_model1, [[0.0] * 512]),
+             (jf.dequantize_fp8_ds_mla, torch.zeros(2, 16, 656, dtype=torch.uint8)),
+             (jf.dequantize_fp8_indexer, torch.zeros(2, 16 * 132, dtype=torch.uint8))]
+    for fn, x in calls:
+        with pytest.raises(TypeError, match=r"expected a jax\.Array or a NumPy array, got "
+                                            + ("a torch.Tensor" if torch.is_tensor(x) else "list")):
+            fn(x)
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 def test_jax_and_torch_writers_match_numpy_on_non_finite_input(value):
     """A NaN / +-inf latent or key: both framework writers give NumPy's bytes exactly (the JAX

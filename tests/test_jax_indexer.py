@@ -476,6 +476,11 @@ def test_bad_options():
         indexer_topk(**a, topk=2.0)
     with pytest.raises(ValueError, match="topk: expected an int >= 1"):
         indexer_topk(**a, topk=0)
+    B, N = a["q"].shape[:2]    # B * N * topk must fit the output's int32 offsets (not an OOM)
+    with pytest.raises(ValueError, match=rf"^topk: expected an int <= {(2**31 - 1) // (B * N)} "):
+        indexer_topk(**a, topk=(2**31 - 1) // (B * N) + 1)
+    with pytest.raises(ValueError, match="^topk: expected an int <= "):
+        indexer_topk(**a, topk=2**40)
     with pytest.raises(TypeError, match="sorted: expected a bool"):
         indexer_topk(**a, topk=K, sorted="yes")
     dense = cases.make_indexer_case(0, B=2, H_I=16, P=16, max_len=40, k_format="dense")

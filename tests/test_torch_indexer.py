@@ -421,6 +421,11 @@ def test_bad_options():
         indexer_topk(*args, 0)
     with pytest.raises(TypeError, match="topk"):
         indexer_topk(*args, 16.0)
+    B, N = args[0].shape[:2]   # B * N * topk must fit the output's int32 offsets (not an OOM)
+    with pytest.raises(ValueError, match=rf"^topk: expected an int <= {(2**31 - 1) // (B * N)} "):
+        indexer_topk(*args, (2**31 - 1) // (B * N) + 1)
+    with pytest.raises(ValueError, match="^topk: expected an int <= "):
+        indexer_topk(*args, 2**40)
     with pytest.raises(TypeError, match="sorted"):
         indexer_topk(*args, 16, sorted=1)
     with pytest.raises(TypeError, match="q"):           # dense needs a float q of the cache dtype

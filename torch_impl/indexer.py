@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from kernels import formats as np_formats, hardware
-from kernels.scalars import check_int
+from kernels.scalars import check_int, topk_maximum
 from torch_impl import _common
 
 __all__ = ["indexer_logits", "indexer_topk"]
@@ -94,7 +94,8 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
         raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got "
                          f"{tuple(context_lens.shape)}")
     if topk is not None:
-        check_int("topk", topk, minimum=1)
+        check_int("topk", topk, minimum=1, maximum=topk_maximum(B, N),
+                  why=f"B * N * topk < 2^31 with B={B}, N={N}: int32 offsets of the output")
     if not isinstance(sorted_, (bool, np.bool_)):
         raise TypeError(f"sorted: expected a bool, got {type(sorted_).__name__}")
     return P

@@ -43,6 +43,7 @@ from __future__ import annotations
 import torch
 
 from kernels import hardware
+from kernels.scalars import check_int
 from torch_impl import _common
 from torch_impl.compat._names import own_names
 from torch_impl.indexer import indexer_logits
@@ -77,8 +78,7 @@ def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num
         raise ValueError(f"context_lens: expected [B, next_n] (or [B]), got shape "
                          f"{tuple(context_lens.shape)}")
     for name, v in (("block_kv", block_kv), ("num_sms", num_sms)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        check_int(name, v, minimum=1)
     if indices is not None:
         raise NotImplementedError("get_paged_mqa_logits_metadata: varlen indices (DeepGEMM "
                                   "sm100-only) are not provided")
@@ -161,8 +161,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor,
                          f"{logits_dtype}")
     if not isinstance(clean_logits, bool):
         raise TypeError(f"clean_logits: expected a bool, got {type(clean_logits).__name__}")
-    if isinstance(max_context_len, bool) or not isinstance(max_context_len, int) or max_context_len < 1:
-        raise ValueError(f"max_context_len: expected a positive int, got {max_context_len!r}")
+    check_int("max_context_len", max_context_len, minimum=1)
     _common.check_tensor("schedule_meta", schedule_meta, dtypes=(torch.int32,), ndim=2)
     pages = _pages(kv_cache, D, q.device)
     P = kv_cache.shape[1]

@@ -70,8 +70,7 @@ def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
     _common.check_tensor("logits", logits, ndim=2,
                          dtypes=(torch.float32, torch.bfloat16, torch.float16))
     R, W = logits.shape
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"k: expected a positive int, got {k!r}")
+    check_int("k", k, minimum=1)
     _common.check_tensor("lengths", lengths, shape=(R,), dtypes=(torch.int32, torch.int64),
                          device=logits.device)
     if out is None:
