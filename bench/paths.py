@@ -221,6 +221,85 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
             "kernels_per_step": all_n / n}
 
 
+# Decode-layer phases of a JAX step from the profiler's device trace (jax.profiler, perfetto
+# JSON), by kernel name: the Pallas kernels carry their pallas_call names (kernels/sparse_mla/
+# pallas.py "sparse_mla_split" / "sparse_mla_combine", kernels/indexer/pallas.py
+# "indexer_logits" / "indexer_topk_*"), the GEMMs XLA hands to cuBLAS / cuBLASLt / CUTLASS the
+# library's kernel names; every other kernel (XLA fusions: norms, rope, quantizers, cache
+# writes, the indexer's and MLA's own XLA glue) is glue. Matched in this order, case-insensitive.
+JAX_LAYER_PHASE_KERNELS = (("sparse_mla", ("sparse_mla",)), ("indexer", ("indexer",)),
+                           ("projections", ("gemm", "xmma", "cutlass", "nvjet", "cublas",
+                                            "matmul")))
+
+
+def jax_trace_kernels(trace: dict) -> list[tuple[str, float]]:
+    """``(name, duration_us)`` of every device kernel of a Chrome / perfetto trace dict (what
+    ``jax.profiler.trace(..., create_perfetto_trace=True)`` writes, gunzipped): the complete
+    (``"ph": "X"``) events on the ``Stream ...`` threads of the ``/device:GPU:*`` processes (the
+    derived "XLA Ops" / "XLA Modules" lines of those processes repeat the kernels and are
+    skipped)."""
+    events = trace.get("traceEvents", trace) if isinstance(trace, dict) else trace
+    gpu_pids, stream_tids = set(), set()
+    for e in events:
+        if e.get("ph") != "M":
+            continue
+        name = str(e.get("args", {}).get("name", ""))
+        if e.get("name") == "process_name" and name.startswith("/device:GPU"):
+            gpu_pids.add(e.get("pid"))
+        elif e.get("name") == "thread_name" and name.lower().startswith("stream"):
+            stream_tids.add((e.get("pid"), e.get("tid")))
+    return [(str(e.get("name", "")), float(e.get("dur", 0.0))) for e in events
+            if e.get("ph") == "X" and e.get("pid") in gpu_pids
+            and (e.get("pid"), e.get("tid")) in stream_tids]
+
+
+def jax_phase_totals(kernels, n_calls: int) -> dict:
+    """Mean time per call (us) of each :data:`JAX_LAYER_PHASE_KERNELS` phase and of the other
+    kernels over ``kernels`` (:func:`jax_trace_kernels` of ``n_calls`` steps), the kernel count
+    per step, and the five largest other kernels by name (``other_top``: what to look at when a
+    name changes)."""
+    tot = {ph: 0.0 for ph, _ in JAX_LAYER_PHASE_KERNELS}
+    other, other_by = 0.0, {}
+    for name, us in kernels:
+        low = name.lower()
+        ph = next((p for p, pats in JAX_LAYER_PHASE_KERNELS if any(x in low for x in pats)), None)
+        if ph is None:
+            other += us
+            other_by[name] = other_by.get(name, 0.0) + us
+        else:
+            tot[ph] += us
+    n = max(1, n_calls)
+    top = sorted(other_by.items(), key=lambda kv: -kv[1])[:5]
+    return {**{k: v / n for k, v in tot.items()}, "other_kernels": other / n,
+            "kernels_per_step": len(kernels) / n,
+            "other_top": {k[:80]: round(v / n, 2) for k, v in top}}
+
+
+def jax_layer_phases(calls, reps: int = 5) -> dict:
+    """:func:`torch_layer_phases` for a JAX layer step: ``reps`` rounds of ``calls`` (each
+    blocked on) under ``jax.profiler.trace`` with a perfetto trace, the device kernels split by
+    name (:func:`jax_phase_totals`)."""
+    import glob
+    import gzip
+    import json
+    import tempfile
+
+    import jax
+    for c in calls:
+        jax.block_until_ready(c())
+    with tempfile.TemporaryDirectory(prefix="dsa-jax-trace-") as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(reps):
+                for c in calls:
+                    jax.block_until_ready(c())
+        files = glob.glob(f"{d}/**/perfetto_trace.json.gz", recursive=True)
+        if not files:
+            raise RuntimeError(f"jax.profiler wrote no perfetto_trace.json.gz under {d}")
+        with gzip.open(files[0], "rt") as f:
+            trace = json.load(f)
+    return jax_phase_totals(jax_trace_kernels(trace), reps * len(calls))
+
+
 # indexer_topk phases: the profiler ranges torch_impl.indexer opens around its two phases while
 # a profiler records (the logits kernel, then every kernel of the top-k).
 INDEXER_PHASES = {"logits": "dsa::indexer_topk/logits", "topk": "dsa::indexer_topk/topk"}

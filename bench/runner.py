@@ -329,8 +329,8 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
         return upd | {"status": f"error while timing: {type(e).__name__}: {e}"[:300]}
     upd.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, timer=t.timer, status="ok")
     upd.update(roofline.row_metrics(machine, nbytes, flops, t.median_us))
-    if shape.op == "dsa_decode_layer" and not dry and adapter.name == "torch":
-        upd.update(_layer_phases(calls, t.median_us))
+    if shape.op == "dsa_decode_layer" and not dry:
+        upd.update(_layer_phases(calls, t.median_us, adapter.name))
     if shape.op == "indexer_topk":
         upd.update(_indexer_phases(adapter, calls, dry))
     return upd
@@ -351,23 +351,29 @@ def _indexer_phases(adapter, calls, dry: bool) -> dict:
         return {"topk_timer": f"error: {type(e).__name__}: {e}"[:200]}
 
 
-def _layer_phases(calls, step_us: float) -> dict:
-    """The decode-layer row's phases (issue 15): GPU time per call of the projections (GEMM
-    ops), the indexer and sparse MLA (their custom ops) from the profiler
-    (paths.torch_layer_phases), and glue = the timed step minus those three (the other kernels
-    plus the gaps between kernels)."""
+def _layer_phases(calls, step_us: float, backend: str = "torch") -> dict:
+    """The decode-layer row's phases (issue 15): GPU time per call of the projections (GEMMs),
+    the indexer and sparse MLA, from the profiler (torch: the kernels inside their ops,
+    paths.torch_layer_phases; jax: the device trace's kernels by name, paths.jax_layer_phases),
+    and glue = the timed step minus those three (the other kernels plus the gaps between
+    kernels)."""
     try:
-        ph = paths.torch_layer_phases(calls)
+        ph = (paths.jax_layer_phases(calls) if backend == "jax"
+              else paths.torch_layer_phases(calls))
     except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
         return {"phases_error": f"{type(e).__name__}: {e}"[:200]}
     main = ph["projections"] + ph["indexer"] + ph["sparse_mla"]
     glue = step_us - main
+    how = ("jax.profiler device trace (perfetto), kernels by name: bench.paths."
+           "JAX_LAYER_PHASE_KERNELS (blocked calls, mean per call)" if backend == "jax" else
+           "torch.profiler GPU time of the kernels inside each phase's ops (eager calls, mean "
+           "per call)")
+    extra = {"glue_top_kernels_us": ph["other_top"]} if "other_top" in ph else {}
     return {"phases_us": {"projections": ph["projections"], "indexer": ph["indexer"],
                           "sparse_mla": ph["sparse_mla"], "glue": glue,
                           "glue_kernels": ph["other_kernels"]},
-            "kernels_per_step": ph["kernels_per_step"],
-            "phases_timer": "torch.profiler GPU time of the kernels inside each phase's ops (eager "
-                            "calls, mean per call); glue = median_us - projections - indexer - sparse_mla",
+            "kernels_per_step": ph["kernels_per_step"], **extra,
+            "phases_timer": how + "; glue = median_us - projections - indexer - sparse_mla",
             "glue_frac": glue / step_us if step_us > 0 else None,
             "step_over_phases": step_us / main if main > 0 else None}
 

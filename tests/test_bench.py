@@ -362,6 +362,30 @@ def test_indexer_phase_totals_from_fake_profiler_events():
     assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "kernel names")
 
 
+def test_jax_layer_phases_from_a_fake_device_trace():
+    """bench.paths.jax_trace_kernels keeps the kernels of the GPU processes' stream threads only
+    (not the derived XLA Ops line, not host events); jax_phase_totals splits them by name into
+    the three phases and the rest, per call."""
+    M = lambda name, pid, tid=None, what="process_name": dict(  # noqa: E731
+        ph="M", name=what, pid=pid, **({} if tid is None else {"tid": tid}), args={"name": name})
+    X = lambda name, pid, tid, dur: dict(ph="X", name=name, pid=pid, tid=tid, ts=0, dur=dur)  # noqa: E731
+    trace = {"traceEvents": [
+        M("/device:GPU:0", 1), M("Stream #14(Compute)", 1, 7, "thread_name"),
+        M("XLA Ops", 1, 8, "thread_name"), M("/host:CPU", 2), M("python", 2, 1, "thread_name"),
+        X("sparse_mla_split", 1, 7, 40.0), X("sparse_mla_combine", 1, 7, 4.0),
+        X("indexer_logits", 1, 7, 30.0), X("indexer_topk_select", 1, 7, 10.0),
+        X("sm90_xmma_gemm_bf16bf16_bf16f32", 1, 7, 50.0), X("nvjet_tst_64x8", 1, 7, 20.0),
+        X("loop_multiply_fusion", 1, 7, 6.0), X("input_reduce_fusion_2", 1, 7, 2.0),
+        X("custom-call.3", 1, 8, 44.0),                  # the XLA Ops line repeats a kernel
+        X("PjitFunction(step)", 2, 1, 500.0)]}           # a host event
+    k = paths.jax_trace_kernels(trace)
+    assert len(k) == 8 and ("custom-call.3", 44.0) not in k
+    t = paths.jax_phase_totals(k, n_calls=2)
+    assert (t["sparse_mla"], t["indexer"], t["projections"], t["other_kernels"]) == (22.0, 20.0, 35.0, 4.0)
+    assert t["kernels_per_step"] == 4.0
+    assert t["other_top"] == {"loop_multiply_fusion": 3.0, "input_reduce_fusion_2": 1.0}
+
+
 def test_print_table_shows_topk_us():
     from rich.console import Console
     row = dict(report_row_stub(), topk_us=12.34)
