@@ -23,22 +23,34 @@ REPORT ?= dsa-report-$(shell date -u +%Y%m%dT%H%M%SZ).txt
 
 .PHONY: parity test bench env report clean
 
+# Without a GPU, the Triton version of the GPU image (GPU_IMAGE_TRITON) is also unpacked into
+# $(VENV)/triton-gpu-image (no dependencies, not importable by default): the sm_120 fit check
+# (tests/test_triton_compile.py) compiles every launch config with it as well as with the
+# installed Triton, so fit and registers come from the compiler the GPU runs too.
+GPU_IMAGE_TRITON := 3.6.0
+
 $(VENV)/.installed: pyproject.toml constraints-cpu.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(CONSTRAINTS) -e '.[dev]'
 	touch $@
 
+GPU_IMAGE_TRITON_DIR := $(if $(HAS_GPU),,$(VENV)/triton-gpu-image/.installed)
+
+$(VENV)/triton-gpu-image/.installed: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps --upgrade --target $(VENV)/triton-gpu-image 'triton==$(GPU_IMAGE_TRITON)'
+	touch $@
+
 parity: $(VENV)/.installed
 	$(PY) -m parity $(PARITY_ARGS)
 
-test: $(VENV)/.installed
+test: $(VENV)/.installed $(GPU_IMAGE_TRITON_DIR)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 bench: $(VENV)/.installed
 	$(PY) -m bench $(BENCH_ARGS)
 
-env: $(VENV)/.installed
+env: $(VENV)/.installed $(GPU_IMAGE_TRITON_DIR)
 	$(PY) -m parity --env
 
 # Every step runs even when an earlier one fails; its exit status is written into the file.

@@ -52,7 +52,8 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
     """Compile ``spec`` for ``sm_<cc>`` in this process (must not be interpreting).
 
     Returns:
-      ``{"label", "cc", "shared" (bytes of shared memory per block), "num_warps", "num_stages",
+      ``{"label", "cc", "triton" (the compiler's version), "shared" (bytes of shared memory per
+      block), "num_warps", "num_stages",
       "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
       "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
       opcode counts of the whole kernel and of its largest loop).
@@ -102,7 +103,8 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
     spill = re.search(r"(\d+) bytes spill stores", text)
     spill_ld = re.search(r"(\d+) bytes spill loads", text)
     stack = re.search(r"(\d+) bytes stack frame", text)
-    res = {"label": spec.label, "cc": cc, "shared": int(k.metadata.shared),
+    res = {"label": spec.label, "cc": cc, "triton": triton.__version__,
+           "shared": int(k.metadata.shared),
            "num_warps": spec.num_warps, "num_stages": spec.num_stages,
            "registers": int(regs.group(1)) if regs else None,
            "spill_store_bytes": int(spill.group(1)) if spill else None,
@@ -158,8 +160,13 @@ def sass_counts(cubin: bytes) -> dict:
 
 
 def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200,
-                  workers: int | None = None, sass: bool = False) -> list[dict]:
+                  workers: int | None = None, sass: bool = False,
+                  triton_path: str | None = None) -> list[dict]:
     """Compile every spec for every ``cc`` in subprocesses without ``TRITON_INTERPRET``.
+
+    ``triton_path``: a folder holding another ``triton`` package (e.g. the GPU image's version,
+    unpacked by the Makefile into ``.venv/triton-gpu-image``), put first on the subprocesses'
+    ``PYTHONPATH`` so they compile with it; default the installed Triton.
 
     The specs are dealt round-robin to ``workers`` processes (default: the CPUs this process may
     use, at most 8) that compile concurrently; ptxas is single-threaded, so on the 2-core CI
@@ -177,7 +184,7 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
         first.setdefault(json.dumps({**asdict(s), "label": ""}, sort_keys=True, default=str), i)
     uniq = sorted(set(first.values()))
     if len(uniq) < len(specs):
-        res = compile_specs([specs[i] for i in uniq], ccs, timeout, workers, sass)
+        res = compile_specs([specs[i] for i in uniq], ccs, timeout, workers, sass, triton_path)
         by_key = {k: res[j * len(ccs): (j + 1) * len(ccs)]
                   for j, k in enumerate(sorted(first, key=first.get))}
         return [{**r, "label": s.label} for s in specs
@@ -187,7 +194,8 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
                       else (os.cpu_count() or 1))
     workers = max(1, min(workers, len(specs)))
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = str(_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONPATH"] = os.pathsep.join(
+        ([triton_path] if triton_path else []) + [str(_ROOT)] + [env.get("PYTHONPATH", "")])
     shares = [list(range(w, len(specs), workers)) for w in range(workers)]
 
     def run(share: list[int]) -> list[dict]:

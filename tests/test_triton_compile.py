@@ -14,6 +14,8 @@ beside each kernel.
 from __future__ import annotations
 
 import functools
+import os
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +37,26 @@ LAUNCHERS = {
 # (cc as an int for GPUTarget, compute capability tuple for the smem table)
 TARGETS = {120: (12, 0), 90: (9, 0)}
 
+# The GPU image's Triton (the Makefile unpacks it into .venv/triton-gpu-image on machines without
+# a GPU): sm_120 fit is also checked with the compiler the GPU runs, not only the one installed.
+GPU_IMAGE_TRITON = "3.6.0"
+_GPU_IMAGE_DIR = Path(os.environ.get("DSA_TRITON_GPU_IMAGE_DIR")
+                      or Path(__file__).resolve().parents[1] / ".venv" / "triton-gpu-image")
+
+
+def _gpu_image_triton() -> str | None:
+    """The folder holding the GPU image's Triton, or None when the installed Triton is that
+    version (a GPU machine) and the second compile would repeat the first."""
+    import triton
+    if triton.__version__.split("+")[0] == GPU_IMAGE_TRITON:
+        return None
+    if not (_GPU_IMAGE_DIR / "triton" / "__init__.py").exists():
+        pytest.fail(f"Triton {GPU_IMAGE_TRITON} (the GPU image's) is not unpacked in "
+                    f"{_GPU_IMAGE_DIR}: run `make env` (the Makefile installs it there on "
+                    f"machines without a GPU), or point DSA_TRITON_GPU_IMAGE_DIR at a folder "
+                    f"holding it (pip install --no-deps --target DIR triton=={GPU_IMAGE_TRITON})")
+    return str(_GPU_IMAGE_DIR)
+
 
 # sm_90 (the H200; not the target) is checked on GPU machines or with DSA_AOT_SM90=1
 # (tests/conftest.py); sm_120 always.
@@ -43,10 +65,10 @@ CCS = [pytest.param(cc, marks=pytest.mark.sm90, id=f"sm_{cc}") if cc == 90
 
 
 @functools.lru_cache(maxsize=None)
-def _compiled(cc: int, launcher: str) -> tuple:
+def _compiled(cc: int, launcher: str, triton_path: str | None = None) -> tuple:
     limit = hardware.smem_limit(TARGETS[cc])
     specs = LAUNCHERS[launcher](configs.smem_class(limit))
-    return tuple(_aot.compile_specs(specs, (cc,)))
+    return tuple(_aot.compile_specs(specs, (cc,), triton_path=triton_path))
 
 
 @pytest.mark.slow
@@ -54,7 +76,25 @@ def _compiled(cc: int, launcher: str) -> tuple:
 @pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
 def test_every_config_fits_shared_memory(launcher, cc):
     limit = hardware.smem_limit(TARGETS[cc])
-    results = _compiled(cc, launcher)
+    _check_fit(_compiled(cc, launcher), cc, limit)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_every_config_fits_sm120_with_the_gpu_image_triton(launcher):
+    """The same sm_120 check compiled with the GPU image's Triton (GPU_IMAGE_TRITON): the
+    registers, spills and shared memory the GPU's compiler gives, where they differ from the
+    installed one's (a Gluon or layout change between versions)."""
+    path = _gpu_image_triton()
+    if path is None:
+        pytest.skip(f"the installed Triton is {GPU_IMAGE_TRITON}: test_every_config_fits_shared_memory "
+                    f"already compiled with it")
+    results = _compiled(120, launcher, path)
+    assert {r.get("triton") for r in results if "error" not in r} <= {GPU_IMAGE_TRITON}
+    _check_fit(results, 120, hardware.smem_limit(TARGETS[120]))
+
+
+def _check_fit(results, cc: int, limit: int) -> None:
     assert results, "no launch specs"
     errors = [r for r in results if "error" in r]
     assert not errors, "compile failed: " + "; ".join(f"{r['label']}: {r['error']}" for r in errors[:3])
