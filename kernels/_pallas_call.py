@@ -28,7 +28,7 @@ import numpy as np
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-INT32_MAX = 2 ** 31 - 1
+from kernels.scalars import INT32_MAX
 
 
 def _install_wide_offsets() -> bool:

@@ -291,7 +291,7 @@ def _torch_impl(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, top
 
 def _lse_in(lse: torch.Tensor, lse_layout: str) -> torch.Tensor:
     """The native lse ``[B, N, H]`` in ``lse_layout`` (``triton_launch.LSE_LAYOUTS``)."""
-    return triton_launch._to_flash_mla(lse) if lse_layout == "flash_mla" else lse
+    return triton_launch.to_flash_mla_lse(lse) if lse_layout == "flash_mla" else lse
 
 
 def _torch_sources(q, sources, sm_scale, d_v, attn_sink, geometries):

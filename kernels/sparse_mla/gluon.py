@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from kernels.sparse_mla.triton import _exp_field, _page_entries, _pow2
+from kernels.sparse_mla.triton import _exp_field, _finite_sink, _page_entries, _pow2
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
@@ -337,8 +337,7 @@ def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_
     if FINAL:
         lse = lse2 * 0.6931471805599453
         if HAS_SINK:
-            sink = gl.load(sink_ptr + heads, mask=h_ok, other=0.0)
-            sink = gl.where(sink == float("-inf"), -3.4028234663852886e38, sink)  # SPEC: -inf sink
+            sink = _finite_sink(gl.load(sink_ptr + heads, mask=h_ok, other=0.0))
             sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
         gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
     else:

@@ -345,18 +345,22 @@ def _launch_combine(po, pl, attn_sink, out, lse, d_v: int, empty_lse: float = fl
     )
 
 
-def flash_mla_lse(B: int, N: int, H: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(FlashMLA's lse ``[B, H, N]`` float32 contiguous, its ``[B, N, H]`` view): the buffer the
-    combine writes when a launch is asked for ``lse_layout="flash_mla"``."""
-    lse_fm = torch.empty((B, H, N), dtype=torch.float32, device=device)
-    return lse_fm, lse_fm.transpose(1, 2)
+def lse_buffer(lse_layout: str, B: int, N: int, H: int, device) -> tuple:
+    """(the lse to return, its ``[B, N, H]`` view for the combine, the value of an empty row) of
+    ``lse_layout``: native ``[B, N, H]`` with -inf, or FlashMLA's ``[B, H, N]`` contiguous with
+    +inf (the view is its transpose)."""
+    if lse_layout == "flash_mla":
+        lse_fm = torch.empty((B, H, N), dtype=torch.float32, device=device)
+        return lse_fm, lse_fm.transpose(1, 2), float("inf")
+    lse = torch.empty((B, N, H), dtype=torch.float32, device=device)
+    return lse, lse, float("-inf")
 
 
-def _to_flash_mla(lse: torch.Tensor) -> torch.Tensor:
+def to_flash_mla_lse(lse: torch.Tensor) -> torch.Tensor:
     """Native lse ``[B, N, H]`` (-inf empty) -> FlashMLA's ``[B, H, N]`` contiguous, +inf for an
-    empty row, NaN kept (one pass; the single-split epilogue writes the native layout)."""
-    B, N, H = lse.shape
-    lse_fm, view = flash_mla_lse(B, N, H, lse.device)
+    empty row, NaN kept (one pass; the single-split epilogue and the plain-PyTorch path write the
+    native layout)."""
+    lse_fm, view, _ = lse_buffer("flash_mla", *lse.shape, lse.device)
     torch.nan_to_num(lse, nan=float("nan"), posinf=float("inf"), neginf=float("inf"), out=view)
     return lse_fm
 
@@ -389,24 +393,19 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
                  topk_length, num_splits)
     B, N, H, _ = q.shape
     splits, chunk = _split_plan(q.shape, src, num_sms, smem_per_block)
-    final = splits == 1
     out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
-    lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
-    if final:
-        po, pl = out, lse
-    else:
-        po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
-        pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
+    if splits == 1:          # the single-split epilogue writes out and the native lse itself
+        lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+        _launch_split(q, src, sm_scale, d_v, attn_sink, out, lse, out, lse, splits=1, chunk=chunk,
+                      final=True)
+        return out, (to_flash_mla_lse(lse) if lse_layout == "flash_mla" else lse)
+    lse_ret, lse, empty_lse = lse_buffer(lse_layout, B, N, H, q.device)
+    po = torch.empty((splits, B * N, H, d_v), dtype=torch.float32, device=q.device)
+    pl = torch.empty((splits, B * N, H), dtype=torch.float32, device=q.device)
     _launch_split(q, src, sm_scale, d_v, attn_sink, po, pl, out, lse, splits=splits, chunk=chunk,
-                  final=final)
-    if final:
-        return out, (_to_flash_mla(lse) if lse_layout == "flash_mla" else lse)
-    if lse_layout == "flash_mla":
-        lse_fm, view = flash_mla_lse(B, N, H, q.device)
-        _launch_combine(po, pl, attn_sink, out, view, d_v, float("inf"))
-        return out, lse_fm
-    _launch_combine(po, pl, attn_sink, out, lse, d_v)
-    return out, lse
+                  final=False)
+    _launch_combine(po, pl, attn_sink, out, lse, d_v, empty_lse)
+    return out, lse_ret
 
 
 def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_per_block: int,
@@ -445,10 +444,7 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
     S = sum(sp for sp, _ in plans)
     if out is None:
         out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
-    if lse_layout == "flash_mla":
-        lse_ret, lse = flash_mla_lse(B, N, H, q.device)
-    else:
-        lse = lse_ret = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
+    lse_ret, lse, empty_lse = lse_buffer(lse_layout, B, N, H, q.device)
     po = torch.empty((S, B * N, H, d_v), dtype=torch.float32, device=q.device)
     pl = torch.empty((S, B * N, H), dtype=torch.float32, device=q.device)
     s0 = 0
@@ -456,6 +452,5 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
         _launch_split(q, src, sm_scale, d_v, attn_sink, po[s0:], pl[s0:], out, lse,
                       splits=splits, chunk=chunk, final=False)
         s0 += splits
-    _launch_combine(po, pl, attn_sink, out, lse, d_v,
-                    float("inf") if lse_layout == "flash_mla" else float("-inf"))
+    _launch_combine(po, pl, attn_sink, out, lse, d_v, empty_lse)
     return out, lse_ret
