@@ -9,8 +9,9 @@ the shape's V4 window), ``dsa_decode_layer`` -> ``{"out", "indices",
 ``DSADecodeLayer`` built with ``path=<name>`` in the inputs' dtype; the intermediates are ones the
 step computes anyway). The layer writes the new tokens into the caches in place (torch) or
 through donated buffers (JAX, see :class:`_DonatingLayerCall`); the torch step has no host
-synchronisation, so its rows are timed inside one CUDA graph (``timer``), with
-``DSA_BENCH_COMPILE_LAYER=1`` as ``torch.compile(layer, fullgraph=True)`` (row ``config``), and
+synchronisation, so its rows are timed inside one CUDA graph (``timer``), on CUDA as
+``torch.compile(layer, fullgraph=True)`` (``DSA_BENCH_COMPILE_LAYER=0``: the eager module; row
+``config``), and
 carry the step's phases from the profiler (:func:`torch_layer_phases`). A backend that does not import,
 or a path that raises NotImplementedError, is reported as unavailable with the reason, never as
 a failure.
@@ -146,9 +147,9 @@ class TorchBackend(Backend):
         layer = m.DSADecodeLayer(inp.shape.layer_cfg, inp.extra["layer_weights"], tp_size=inp.shape.tp,
                                  kv_format=inp.shape.kv_format, dtype=getattr(torch, inp.q_dtype),
                                  device=inp.device, path=path)
-        # DSA_BENCH_COMPILE_LAYER=1: time torch.compile(layer, fullgraph=True) (inside the same CUDA
-        # graph), as serving runs it: Inductor fuses the ~75 elementwise glue kernels of the step
-        fn = torch.compile(layer, fullgraph=True) if _compile_layer() else layer
+        # on CUDA (DSA_BENCH_COMPILE_LAYER unset or 1): time torch.compile(layer, fullgraph=True)
+        # inside the same CUDA graph, as serving runs it: Inductor fuses the elementwise glue
+        fn = torch.compile(layer, fullgraph=True) if _compile_layer(inp.device) else layer
 
         def call(s):
             out, kv, kc, inter = fn(s["x"], s["kv_cache"], s["k_cache"], s["block_table"],
@@ -159,7 +160,7 @@ class TorchBackend(Backend):
     def plan(self, op, inp, path):
         ran, cfg = registry_plan("torch", _device(_torch_dev(inp)), op, inp, path)
         if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER)
-            cfg = dict(cfg, torch_compile_fullgraph=_compile_layer())
+            cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device))
         return ran, cfg
 
     def sync(self, outputs):
@@ -203,6 +204,8 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
     all_us, all_n = 0.0, 0
     for e in prof.events():
         if getattr(e, "device_type", None) == DeviceType.CUDA:      # a kernel / memcpy record
+            if getattr(e, "is_user_annotation", False):   # a range's GPU-timeline span, not a kernel
+                continue
             all_us += _device_us(e) or float(getattr(e, "self_device_time_total", 0.0) or 0.0)
             all_n += 1
             continue
@@ -366,11 +369,16 @@ def torch_indexer_phases(calls, reps: int = 5, warm: bool = True) -> dict:
             "topk_timer": f"torch.profiler, {what} ({t['how']}; eager calls, mean of {n})"}
 
 
-def _compile_layer() -> bool:
-    """Whether torch decode-layer rows time ``torch.compile(layer, fullgraph=True)``
-    (``DSA_BENCH_COMPILE_LAYER=1``; recorded in the row's ``config``)."""
+def _compile_layer(device) -> bool:
+    """Whether torch decode-layer rows time ``torch.compile(layer, fullgraph=True)`` (recorded
+    in the row's ``config``): on a CUDA device by default, as serving engines run the layer
+    (compiled, then captured); ``DSA_BENCH_COMPILE_LAYER=0`` times the eager module in the graph
+    instead, ``=1`` compiles on the CPU too (Inductor's C++ backend: minutes per row)."""
     import os
-    return os.environ.get("DSA_BENCH_COMPILE_LAYER", "0") not in ("", "0")
+    v = os.environ.get("DSA_BENCH_COMPILE_LAYER", "")
+    if v == "":
+        return str(device).startswith("cuda")
+    return v != "0"
 
 
 def step_impl(backend: str, window: int) -> str:

@@ -330,7 +330,8 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
     upd.update(median_us=t.median_us, p20_us=t.p20_us, p80_us=t.p80_us, timer=t.timer, status="ok")
     upd.update(roofline.row_metrics(machine, nbytes, flops, t.median_us))
     if shape.op == "dsa_decode_layer" and not dry:
-        upd.update(_layer_phases(calls, t.median_us, adapter.name))
+        upd.update(_layer_phases(calls, t.median_us, adapter.name, machine,
+                                 roofline.layer_weight_bytes(shape.layer_cfg, tp=shape.tp)))
     if shape.op == "indexer_topk":
         upd.update(_indexer_phases(adapter, calls, dry))
     return upd
@@ -351,17 +352,27 @@ def _indexer_phases(adapter, calls, dry: bool) -> dict:
         return {"topk_timer": f"error: {type(e).__name__}: {e}"[:200]}
 
 
-def _layer_phases(calls, step_us: float, backend: str = "torch") -> dict:
+def _layer_phases(calls, step_us: float, backend: str = "torch", machine=None,
+                  weight_bytes: int | None = None) -> dict:
     """The decode-layer row's phases (issue 15): GPU time per call of the projections (GEMMs),
     the indexer and sparse MLA, from the profiler (torch: the kernels inside their ops,
     paths.torch_layer_phases; jax: the device trace's kernels by name, paths.jax_layer_phases),
     and glue = the timed step minus those three (the other kernels plus the gaps between
-    kernels)."""
+    kernels). ``projections_frac_copy``: the weight bytes over the projections' time, as a
+    fraction of the run's measured copy bandwidth (``machine.copy_bytes_per_s``; issue 15's
+    target is >= 0.85). A profile that saw no kernel (a second CUPTI client in the process:
+    XLA's tracer cannot subscribe after torch.profiler has run in the same process) is an error
+    (``phases_error``), never phases of zero."""
     try:
         ph = (paths.jax_layer_phases(calls) if backend == "jax"
               else paths.torch_layer_phases(calls))
     except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
         return {"phases_error": f"{type(e).__name__}: {e}"[:200]}
+    if not ph.get("kernels_per_step"):
+        why = ("no device kernel in the jax.profiler trace (CUPTI refuses a second subscriber: "
+               "time the jax rows in a process where torch.profiler has not run, e.g. "
+               "--backend jax)" if backend == "jax" else "no device kernel in the profile")
+        return {"phases_error": why}
     main = ph["projections"] + ph["indexer"] + ph["sparse_mla"]
     glue = step_us - main
     how = ("jax.profiler device trace (perfetto), kernels by name: bench.paths."
@@ -369,6 +380,9 @@ def _layer_phases(calls, step_us: float, backend: str = "torch") -> dict:
            "torch.profiler GPU time of the kernels inside each phase's ops (eager calls, mean "
            "per call)")
     extra = {"glue_top_kernels_us": ph["other_top"]} if "other_top" in ph else {}
+    copy_bw = getattr(machine, "copy_bytes_per_s", None)
+    if weight_bytes and copy_bw and ph["projections"] > 0:
+        extra["projections_frac_copy"] = weight_bytes / (ph["projections"] * 1e-6) / copy_bw
     return {"phases_us": {"projections": ph["projections"], "indexer": ph["indexer"],
                           "sparse_mla": ph["sparse_mla"], "glue": glue,
                           "glue_kernels": ph["other_kernels"]},

@@ -248,13 +248,30 @@ class DSADecodeLayer(nnx.Module):
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
         weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights)
-        for name, arr in lref.shard_weights(cfg, weights, tp_rank, tp_size).items():
+        shard = lref.shard_weights(cfg, weights, tp_rank, tp_size)
+        # the three projections of x (q_lora, latent, indexer key) as one weight, one dot: rows
+        # [wq_a; wkv_a (V4: wkv); indexer.wk]; w(name) of each is a row slice (torch_impl.layer
+        # does the same)
+        self._x_proj = ("wq_a", "wkv_a" if cfg.absorbed else "wkv", "indexer.wk")
+        rows, start = [], 0                      # a tuple of pairs: static and hashable under jit
+        for name in self._x_proj:
+            rows.append((name, (start, start + shard[name].shape[0])))
+            start += shard[name].shape[0]
+        self._x_rows = tuple(rows)
+        self.x_proj = nnx.Param(jnp.asarray(np.concatenate([shard[n] for n in self._x_proj]), self.dtype))
+        for name, arr in shard.items():
+            if name in self._x_proj:
+                continue
             keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
             setattr(self, name.replace(".", "_"),
                     nnx.Param(jnp.asarray(arr, jnp.float32 if keep_f32 else self.dtype)))
 
     def w(self, name: str) -> jax.Array:
-        """This rank's weight ``name`` (DeepSeek naming, e.g. ``"wkv_b"``, ``"indexer.wk"``)."""
+        """This rank's weight ``name`` (DeepSeek naming, e.g. ``"wkv_b"``, ``"indexer.wk"``): a
+        row slice of the fused ``x_proj`` for ``wq_a``, ``wkv_a`` / ``wkv`` and ``indexer.wk``."""
+        for n, (a, b) in self._x_rows:
+            if n == name:
+                return self.x_proj[a:b]
         return getattr(self, name.replace(".", "_"))[...]
 
     @classmethod
@@ -389,7 +406,10 @@ class DSADecodeLayer(nnx.Module):
         cos, sin = _cos_sin(cfg, jnp.maximum(pos, 0))
         cos_h, sin_h = cos[:, :, None], sin[:, :, None]
 
-        qr = _rmsnorm(x @ self.w("wq_a").T, self.w("q_norm"), cfg.eps).astype(dt)
+        xp = x @ self.x_proj[...].T              # the three projections of x in one dot
+        (a_q, b_q), (a_kv, b_kv), (a_k, b_k) = (ab for _, ab in self._x_rows)
+        xq, xkv, xk = xp[..., a_q:b_q], xp[..., a_kv:b_kv], xp[..., a_k:b_k]
+        qr = _rmsnorm(xq, self.w("q_norm"), cfg.eps).astype(dt)
         Hl = self.local_heads
         if cfg.absorbed:
             nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
@@ -398,7 +418,7 @@ class DSADecodeLayer(nnx.Module):
             wkv_b = self.w("wkv_b").reshape(Hl, nope + cfg.v_head_dim, C)
             q_lat = jnp.einsum("bnhd,hdc->bnhc", q[..., :nope], wkv_b[:, :nope])
             q_mla = jnp.concatenate([q_lat.astype(jnp.float32), q_pe], axis=-1).astype(dt)
-            kv = x @ self.w("wkv_a").T
+            kv = xkv
             c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
             latent = jnp.concatenate([c, _rope(kv[..., C:].astype(jnp.float32), cos, sin, True)], axis=-1)
         else:
@@ -406,14 +426,14 @@ class DSADecodeLayer(nnx.Module):
             if cfg.q_head_norm:
                 q = _rmsnorm(q, None, cfg.eps)
             q_mla = jnp.concatenate([q[..., :-r], _rope(q[..., -r:], cos_h, sin_h, True)], axis=-1).astype(dt)
-            kv = _rmsnorm(x @ self.w("wkv").T, self.w("kv_norm"), cfg.eps)
+            kv = _rmsnorm(xkv, self.w("kv_norm"), cfg.eps)
             latent = jnp.concatenate([kv[..., :-r], _rope(kv[..., -r:], cos, sin, True)], axis=-1)
         latent = latent.astype(dt)
 
         had = jnp.asarray(lref.hadamard_matrix(D_I), jnp.float32)
         iq = (qr @ self.w("indexer.wq_b").T).reshape(B, N, H_I, D_I).astype(jnp.float32)
         iq = jnp.concatenate([_rope(iq[..., :r], cos_h, sin_h, False), iq[..., r:]], axis=-1) @ had
-        ik = _layernorm(x @ self.w("indexer.wk").T, self.w("indexer.k_norm.weight"),
+        ik = _layernorm(xk, self.w("indexer.k_norm.weight"),
                         self.w("indexer.k_norm.bias"), cfg.eps)
         ik = jnp.concatenate([_rope(ik[..., :r], cos, sin, False), ik[..., r:]], axis=-1) @ had
         iq, ik = iq.astype(dt).astype(jnp.float32), ik.astype(dt).astype(jnp.float32)

@@ -6,7 +6,9 @@
 #
 # Steps (NAME:WHAT:SECONDS):
 #   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
-#                   all ops, e.g. "indexer_topk"; BENCH_BACKENDS, default both), JSON + log
+#                   all ops, e.g. "indexer_topk"; BENCH_BACKENDS, default both), JSON + log. The jax
+#                   layer rows' phases need a process in which torch.profiler has not run (CUPTI
+#                   takes one subscriber): BENCH_BACKENDS=jax in a second invocation
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)

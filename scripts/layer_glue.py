@@ -27,7 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 _NO_LAUNCH = {"view", "_unsafe_view", "slice", "select", "transpose", "t", "permute", "expand",
-              "unsqueeze", "squeeze", "alias", "as_strided", "detach", "unbind", "split",
+              "unsqueeze", "squeeze", "alias", "as_strided", "detach", "unbind", "split", "split_with_sizes",
               "_reshape_alias", "lift_fresh", "empty", "empty_strided", "scalar_tensor"}
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addmm_"}
 _DSA = {"cache_write", "indexer_topk", "sparse_mla_decode"}

@@ -99,6 +99,8 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
     if a.out:
         meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+                # layer rows: the module the bench times (compiled unless DSA_BENCH_COMPILE_LAYER=0)
+                "layer_torch_compile_fullgraph": paths._compile_layer("cuda"),
                 "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": res}, indent=1))
     return 0

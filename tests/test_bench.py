@@ -386,6 +386,39 @@ def test_jax_layer_phases_from_a_fake_device_trace():
     assert t["other_top"] == {"loop_multiply_fusion": 3.0, "input_reduce_fusion_2": 1.0}
 
 
+def test_layer_phases_ratios_and_an_empty_profile(monkeypatch):
+    """runner._layer_phases: glue = step - the three phases, the ratios of issue 15 and the
+    projections' fraction of the copy bandwidth from the phases; a profile that saw no kernel
+    (the jax tracer after torch.profiler in one process: CUPTI refuses the second subscriber)
+    is a phases_error, never phases of zero (which read as 100 % glue)."""
+    from types import SimpleNamespace
+    from bench import runner
+    ph = dict(projections=100.0, indexer=50.0, sparse_mla=50.0, other_kernels=30.0,
+              kernels_per_step=40.0)
+    monkeypatch.setattr(paths, "torch_layer_phases", lambda calls: ph)
+    machine = SimpleNamespace(copy_bytes_per_s=4e12)
+    r = runner._layer_phases([], 250.0, "torch", machine, weight_bytes=300_000_000)
+    assert r["phases_us"]["glue"] == 50.0 and r["glue_frac"] == 0.2 and r["step_over_phases"] == 1.25
+    assert r["projections_frac_copy"] == pytest.approx(0.75)     # 300 MB / 100 us = 3 TB/s of 4
+    monkeypatch.setattr(paths, "jax_layer_phases", lambda calls: dict(ph, kernels_per_step=0.0,
+                        projections=0.0, indexer=0.0, sparse_mla=0.0, other_kernels=0.0))
+    r = runner._layer_phases([], 250.0, "jax", machine, weight_bytes=300_000_000)
+    assert set(r) == {"phases_error"} and "CUPTI" in r["phases_error"]
+
+
+@pytest.mark.parametrize("env, device, compiled", [
+    (None, "cuda", True), (None, "cuda:1", True), (None, "cpu", False),
+    ("0", "cuda", False), ("1", "cpu", True), ("", "cuda", True)])
+def test_layer_rows_compile_on_cuda_by_default(monkeypatch, env, device, compiled):
+    """The torch layer rows time torch.compile(layer, fullgraph=True) on CUDA unless
+    DSA_BENCH_COMPILE_LAYER=0 (the eager module), and the eager module on the CPU unless =1."""
+    if env is None:
+        monkeypatch.delenv("DSA_BENCH_COMPILE_LAYER", raising=False)
+    else:
+        monkeypatch.setenv("DSA_BENCH_COMPILE_LAYER", env)
+    assert paths._compile_layer(device) is compiled
+
+
 def test_print_table_shows_topk_us():
     from rich.console import Console
     row = dict(report_row_stub(), topk_us=12.34)
