@@ -303,8 +303,14 @@ def test_split_plan_with_window_miss(S):
     ht = torch.from_numpy(h).to(DEVICE)
     scratch = torch.empty((4, W), dtype=torch.int32, device=DEVICE)
     split = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
-    launch_topk(xt, lt, K, split, scratch, hist=ht, n_drafts=N, page_size=P)
+    state = torch.full((4, 8), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, split, scratch, hist=ht, n_drafts=N, page_size=P, state=state)
     assert torch.equal(ht, torch.from_numpy(h).to(DEVICE))       # the histograms are only read
+    # the plan's state (base, d0, need, done, total, n_out, n_cand, pairs), as the caller's
+    # buffer receives it: every row's output count plus what its threshold bin still owes is K
+    for base, d0, need, done, total, n_out, n_cand, pairs in state.cpu().tolist():
+        assert pairs in (0, 1) and 0 <= need <= K and done in (0, 1) and n_cand >= 0
+        assert n_out + (0 if done else need) == (K if d0 >= 0 else total), (d0, need, done, n_out)
     compare.assert_pass(compare.check_topk(split, _ref_rows(x, lens), K))
     fused = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(xt, lt, K, fused, scratch, hist=ht, n_drafts=N)

@@ -625,7 +625,7 @@ def _topk_scatter_kernel(
 
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
-                hist=None, n_drafts: int = 1, page_size: int | None = None):
+                hist=None, n_drafts: int = 1, page_size: int | None = None, state=None):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
@@ -648,9 +648,12 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
       page_size: P of the logits kernel's pages, with ``hist``: pass B then runs split over
         ``R x S`` programs, each over the positions of one logits split (the split histograms
         give every program its output offsets), instead of one program per row.
+      state: None, or an int32 ``[R, 8]`` buffer for the split plan's per-row state (base, d0,
+        need, done, total, n_out, n_cand, pairs; written with ``hist`` and ``page_size``), for
+        diagnostics (``scripts/topk_state.py``); None allocates it here.
     Raises:
-      ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, or the scratch
-        is narrower than W.
+      ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
+        is narrower than W, or ``state`` is not a contiguous int32 ``[R, 8]`` tensor.
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
@@ -671,10 +674,15 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     else:
         num_splits, nb = 1, 1
     split = hist is not None and page_size is not None
-    state = out
-    if split:
+    if not split:
+        state = out                      # an unused pointer argument of the one-program path
+    else:
         import torch
-        state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
+        if state is None:
+            state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
+        elif state.dtype != torch.int32 or tuple(state.shape) != (R, 8) or not state.is_contiguous():
+            raise ValueError(f"state: expected a contiguous int32 [{R}, 8] tensor, got "
+                             f"{state.dtype} {tuple(state.shape)}")
         groups, sbase, gb = plan_blocks(num_splits)
         part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32, device=logits.device)
         cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)

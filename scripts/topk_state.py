@@ -1,0 +1,131 @@
+"""What the split top-k did inside the bench's decode-layer rows (GPU; issue 17's open item:
+``_radix_topk_kernel`` takes ~60 us in the V4-Flash layer rows, 8-18 us elsewhere).
+
+For each selected layer row of ``bench.grid.targets_grid()`` this runs one eager step of the
+torch layer on the bench's inputs with ``kernels.topk.triton.launch_topk`` wrapped: the wrapper
+keeps a copy of the logits, lengths and histograms the layer's indexer hands to the top-k and
+the plan's per-row state (base, d0, need, done, total, n_out, n_cand, pairs). Then it re-runs
+the top-k alone on that copy under the profiler (GPU time per kernel) and reports, per row
+(request x draft), the plan state and the logits' distribution: length, the top-k-th value,
+how many keys equal it, how many are > 0, == 0 and < 0, and the row max.
+
+  python scripts/topk_state.py --out $OUT/topk_state.json            # all layer rows
+  python scripts/topk_state.py -k DSV4_FLASH                           # V4 rows only
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+STATE_FIELDS = ("base", "d0", "need", "done", "total", "n_out", "n_cand", "pairs")
+
+
+def _row_stats(logits, lens, topk: int, rows: int = 4) -> list[dict]:
+    """Per row (the first ``rows``): its length and the distribution of its valid logits."""
+    import torch
+    res = []
+    for r in range(min(rows, logits.shape[0])):
+        n = int(lens[r])
+        x = logits[r, :n].float()
+        k = min(topk, n)
+        kth = float(torch.topk(x, k).values[-1]) if k else float("nan")
+        res.append({"row": r, "len": n, "kth": kth, "eq_kth": int((x == kth).sum()),
+                    "pos": int((x > 0).sum()), "zero": int((x == 0).sum()),
+                    "neg": int((x < 0).sum()), "max": float(x.max()) if n else float("nan"),
+                    "nan": int(torch.isnan(x).sum())})
+    return res
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("-k", default="", help="substring of the row label (Shape.label())")
+    ap.add_argument("--out", default="", help="JSON file to write")
+    ap.add_argument("--reps", type=int, default=5, help="profiled top-k repetitions (default 5)")
+    a = ap.parse_args(argv)
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    import kernels.topk.triton as ktopk
+    from bench import grid, paths
+    from bench.inputs import make_inputs
+
+    shapes = [s for s in grid.select(grid.targets_grid(), ops=["dsa_decode_layer"]) if a.k in s.label()]
+    orig = ktopk.launch_topk
+    seen: list = []
+
+    def wrapped(logits, lengths, topk, out, scratch, **kw):
+        state = torch.full((logits.shape[0], 8), -7, dtype=torch.int32, device=logits.device)
+        res = orig(logits, lengths, topk, out, scratch, state=state, **kw)
+        seen.append(dict(logits=logits.clone(), lengths=lengths.clone(), topk=topk,
+                         kw={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()},
+                         state=state, out=out.clone(), scratch_cols=scratch.shape[1]))
+        return res
+
+    ktopk.launch_topk = wrapped
+    be = paths.TorchBackend()
+    report = []
+    import os
+    os.environ["DSA_BENCH_COMPILE_LAYER"] = "0"      # eager: the wrapper sees the real call
+    for s in shapes:
+        row = {"label": s.label()}
+        try:
+            inp = make_inputs(s, rotations=1, device="cuda", q_dtype="bfloat16", latent_dtype="bfloat16", seed=0)
+            calls = be.prepare(s.op, inp, "triton")
+            seen.clear()
+            calls[0]()
+            torch.cuda.synchronize()
+            if not seen:
+                row["error"] = "launch_topk was not called (another top-k path ran)"
+            else:
+                c = seen[-1]
+                st = c["state"].cpu()
+                R, W = c["logits"].shape
+                n_drafts = c["kw"].get("n_drafts", 1)
+                lens = c["lengths"].cpu().long()
+                if lens.numel() != R:                    # request lengths: the MTP rule
+                    lens = (lens[:, None] - (n_drafts - 1 - torch.arange(n_drafts))).reshape(-1)
+                lens = lens.clamp(0, W)
+                row.update(R=R, W=W, topk=c["topk"], scratch_cols=c["scratch_cols"],
+                           config=str(c["kw"].get("config")),
+                           split=c["kw"].get("hist") is not None and c["kw"].get("page_size") is not None,
+                           state=[dict(zip(STATE_FIELDS, map(int, st[r]))) for r in range(min(4, R))],
+                           state_summary={f: [int(st[:, i].min()), int(st[:, i].max())]
+                                          for i, f in enumerate(STATE_FIELDS)},
+                           rows=_row_stats(c["logits"], lens, c["topk"]))
+                out2 = torch.empty_like(c["out"])
+                scratch = torch.empty((R, c["scratch_cols"]), dtype=torch.int32, device="cuda")
+                for _ in range(2):
+                    orig(c["logits"], c["lengths"], c["topk"], out2, scratch, **c["kw"])
+                torch.cuda.synchronize()
+                with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                    for _ in range(a.reps):
+                        orig(c["logits"], c["lengths"], c["topk"], out2, scratch, **c["kw"])
+                    torch.cuda.synchronize()
+                tot: dict = {}
+                for e in prof.events():
+                    if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+                        tot[e.name] = tot.get(e.name, 0.0) + e.device_time_total / a.reps
+                row["topk_alone_us"] = {k[:60]: round(v, 2) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
+                row["same_selection"] = bool(torch.equal(out2.sort(-1).values, c["out"].sort(-1).values))
+        except Exception as e:  # noqa: BLE001 - record and go on
+            row["error"] = f"{type(e).__name__}: {e}"[:400]
+        report.append(row)
+        print(json.dumps(row)[:3000], flush=True)
+        inp = calls = None
+        seen.clear()
+        torch.cuda.empty_cache()
+    ktopk.launch_topk = orig
+    if a.out:
+        Path(a.out).write_text(json.dumps({"meta": {"gpu": torch.cuda.get_device_name(0),
+                                                    "command": "python scripts/topk_state.py " + " ".join(argv or sys.argv[1:])},
+                                           "rows": report}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
