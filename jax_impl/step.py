@@ -19,12 +19,13 @@ both give bitwise identical outputs. Traceable under ``jax.jit`` (all shapes sta
 from __future__ import annotations
 
 import jax.numpy as jnp
+import numpy as np
 
 from kernels import formats as np_formats
 
 from jax_impl._common import check_array, check_int, check_sm_scale
 from jax_impl.indexer import indexer_topk
-from jax_impl.sparse_mla import sparse_mla_decode
+from jax_impl.sparse_mla import _validate as _mla_validate, sparse_mla_decode
 
 __all__ = ["dsa_decode_step", "window_split"]
 
@@ -101,7 +102,8 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
         wrong type, ValueError for a NaN / inf scale, ``topk`` < 1 or ``window`` < 0; then
         ValueError naming ``k_cache`` when its page count or page size differs from
         ``kv_cache``'s (one block table addresses both; ``kernels.formats.check_shared_page_pool``),
-        before either op runs.
+        and the attention's own arguments (``q``, ``kv_cache``, ``block_table``, ``attn_sink``,
+        ``kv_format``, ``d_v``, ``path``), before either op runs.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
@@ -113,8 +115,12 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
     if all(sh is not None for sh in shapes):
         np_formats.check_shared_page_pool(tuple(shapes[0]), kv_format, tuple(shapes[1]), k_format,
                                           shapes[2][-1] if len(shapes[2]) else 0)
+    # the attention's arguments before the indexer runs (its indices are a stand-in of the
+    # shape the indexer returns: a zero-stride NumPy view, no memory)
+    check_array("q", q, ndim=4)
+    _mla_validate(q, kv_cache, np.broadcast_to(np.int32(0), (q.shape[0], q.shape[1], topk + window)),
+                  sm_scale, kv_format, d_v, block_table, None, attn_sink, path)
     if window:
-        check_array("q", q, ndim=4)
         check_array("context_lens", context_lens, dtypes=(jnp.int32,))
         idx_lens, win = window_split(context_lens, q.shape[1], window)
         top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,

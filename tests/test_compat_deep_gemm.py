@@ -115,6 +115,10 @@ def test_metadata_and_refusals():
         _call(dict(args, kv_cache=args["kv_cache"][..., :100]), W)
     with pytest.raises(ValueError, match="max_context_len"):
         _call(args, 0)
+    # beyond int32 positions: a ValueError before anything is allocated (newcomer trial
+    # 2026-12-03: 10**10 reached the allocator)
+    with pytest.raises(ValueError, match=r"max_context_len: .*2147483647.*10000000000"):
+        _call(args, 10**10)
 
 
 def test_errors_name_the_callers_arguments():

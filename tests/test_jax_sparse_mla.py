@@ -292,8 +292,9 @@ def test_bad_kwargs(kwargs, exc, match):
 
 def test_bad_sm_scale():
     q, kv, idx = _good()
+    import torch
     for bad in (jnp.ones((2,), jnp.float32), "0.1", None, True, np.bool_(False), 1j,
-                jnp.array(1, jnp.int32)):
+                jnp.array(1, jnp.int32), torch.tensor(0.04)):
         with pytest.raises(TypeError, match="sm_scale: expected a real number"):
             sparse_mla_decode(q, kv, idx, bad)
     # concrete non-finite scales: Python, NumPy and (new-user trial) jax scalars

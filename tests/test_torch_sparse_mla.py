@@ -319,6 +319,30 @@ def _pool_view(kv: torch.Tensor, page_stride: int) -> torch.Tensor:
     return view
 
 
+@pytest.mark.parametrize("how", ["strided", "expanded"])
+def test_strided_topk_length_and_sink_read_by_value(how):
+    """topk_length and attn_sink given as a strided view (every other element of a longer
+    tensor) or a stride-0 expand: the Triton kernels read them at b / h from a base pointer, so
+    the launcher makes them contiguous; the result equals the reference (found by the 12-03
+    newcomer trial: the strided view was read as if contiguous)."""
+    case = cases.make_mla_case(10, B=2, N=1, H=16, K=64, kv_format="fp8_ds_mla", logical=True,
+                               topk_length=True, attn_sink=True, invalid="random")
+    tkl, sink = _t(case.topk_length), _t(case.attn_sink)
+    if how == "strided":        # the same values, every other element of a decoy-filled tensor
+        t2 = torch.stack([tkl, torch.full_like(tkl, 3)], dim=1).reshape(-1)[::2]
+        s2 = torch.stack([sink, torch.full_like(sink, 99.0)], dim=1).reshape(-1)[::2]
+    else:                       # one value broadcast: the case is rebuilt with uniform inputs
+        case = cases.make_mla_case(10, B=2, N=1, H=16, K=64, kv_format="fp8_ds_mla", logical=True,
+                                   topk_length=True, attn_sink=True, invalid="random")
+        case.topk_length[:] = case.topk_length[0]
+        case.attn_sink[:] = case.attn_sink[0]
+        t2 = _t(case.topk_length[:1]).expand(2)
+        s2 = _t(case.attn_sink[:1]).expand(16)
+    assert not t2.is_contiguous() and not s2.is_contiguous()
+    out, lse = _call(case, "triton", topk_length=t2, attn_sink=s2)
+    _check(case, out, lse)
+
+
 def _bad_inputs():
     case = cases.make_mla_case(10, B=2, N=1, H=8, K=64, kv_format="fp8_ds_mla", logical=True,
                                topk_length=True, attn_sink=True)

@@ -25,7 +25,7 @@ from kernels import formats as np_formats
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.indexer import indexer_topk
-from torch_impl.sparse_mla import sparse_mla_decode
+from torch_impl.sparse_mla import _validate as _mla_validate, sparse_mla_decode
 
 __all__ = ["dsa_decode_step", "window_split"]
 
@@ -122,7 +122,9 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
         ``topk`` and ``window`` are checked first, before the indexer runs
         (:func:`check_step_scalars`); ``k_cache`` whose page count or page size differs from
         ``kv_cache``'s (one block table addresses both;
-        ``kernels.formats.check_shared_page_pool``), before either op runs.
+        ``kernels.formats.check_shared_page_pool``) and the attention's own arguments (``q``,
+        ``kv_cache``, ``block_table``, ``attn_sink``, ``kv_format``, ``d_v``, ``path``), before
+        either op runs.
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
@@ -132,8 +134,13 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
     if all(isinstance(t, torch.Tensor) for t in (kv_cache, k_cache, idx_q)):
         np_formats.check_shared_page_pool(tuple(kv_cache.shape), kv_format, tuple(k_cache.shape),
                                           k_format, idx_q.shape[-1] if idx_q.dim() else 0)
+    # the attention's arguments before the indexer runs (its indices are a stand-in of the
+    # shape the indexer returns: a stride-0 view, no memory, nothing launched)
+    _common.check_tensor("q", q, ndim=4)
+    _mla_validate(q, kv_cache, torch.empty(1, dtype=torch.int32, device=q.device).expand(
+        q.shape[0], q.shape[1], topk + window), sm_scale, kv_format, d_v, block_table, None,
+        attn_sink, path)
     if window:
-        _common.check_tensor("q", q, ndim=4)
         _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,))
         idx_lens, win = window_split(context_lens, q.shape[1], window)
         top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,

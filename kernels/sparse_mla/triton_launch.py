@@ -276,6 +276,12 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
         indices = indices.contiguous()
     if block_table is not None and block_table.stride(1) != 1:
         block_table = block_table.contiguous()
+    # the kernels read topk_length [B] and attn_sink [H] at b / h from their base pointers: a
+    # strided or stride-0 view (expand) is made contiguous (a no-op when it already is)
+    if topk_length is not None:
+        topk_length = topk_length.contiguous()
+    if attn_sink is not None:
+        attn_sink = attn_sink.contiguous()
     if kv_format == "latent":
         kv, kv16, kv32 = kv_cache, kv_cache, kv_cache
         stride_page, stride_tok, page_bytes = kv_cache.stride(0), kv_cache.stride(1), 0
@@ -336,6 +342,8 @@ def _launch_combine(po, pl, attn_sink, out, lse, d_v: int, empty_lse: float = fl
     from kernels.sparse_mla import triton as tk
     S, BN, H, _ = po.shape
     lse3 = lse if lse.dim() == 3 else lse.view(BN, 1, H)
+    if attn_sink is not None:
+        attn_sink = attn_sink.contiguous()      # read at h from its base pointer
     cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
     tk._sparse_mla_combine_kernel[(cdiv(H, cbh), BN)](
         po, pl, attn_sink if attn_sink is not None else pl, out, lse3,

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 
 from kernels import hardware
-from kernels.scalars import check_int
+from kernels.scalars import INT32_MAX, check_int
 from torch_impl import _common
 from torch_impl.compat._names import own_names
 from torch_impl.indexer import indexer_logits
@@ -128,7 +128,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor,
       block_table: int32 ``[B, max_blocks]``: page of position j is ``block_table[b, j //
         block_kv]``; negative or ``>= num_blocks`` entries are never read (their positions -inf).
       schedule_meta: from :func:`get_paged_mqa_logits_metadata` (unused).
-      max_context_len: width of the returned logits (>= 1).
+      max_context_len: width of the returned logits, in [1, 2^31 - 1] (ValueError otherwise).
       clean_logits: accepted; invalid positions are always -inf.
       logits_dtype: ``torch.float32`` (default) or ``torch.bfloat16``.
       indices: varlen (DeepGEMM sm100 only): not provided.
@@ -161,7 +161,8 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor,
                          f"{logits_dtype}")
     if not isinstance(clean_logits, bool):
         raise TypeError(f"clean_logits: expected a bool, got {type(clean_logits).__name__}")
-    check_int("max_context_len", max_context_len, minimum=1)
+    check_int("max_context_len", max_context_len, minimum=1, maximum=INT32_MAX,
+              why="positions are int32, as in DeepGEMM")
     _common.check_tensor("schedule_meta", schedule_meta, dtypes=(torch.int32,), ndim=2)
     pages = _pages(kv_cache, D, q.device)
     P = kv_cache.shape[1]
