@@ -83,20 +83,17 @@ def check_sm_scale(sm_scale, *, static: bool = False):
     if isinstance(sm_scale, (bool, np.bool_, int, float, np.integer, np.floating)):
         value = check_real("sm_scale", sm_scale)     # the rule of both stacks (kernels.scalars)
         return value if static else sm_scale
-    def dtype_name(a):
-        try:
-            return jnp.dtype(a.dtype).name
-        except TypeError:               # a dtype JAX does not know (a torch tensor's)
-            return None
-
     array_like = hasattr(sm_scale, "shape") and hasattr(sm_scale, "dtype")
-    name = dtype_name(sm_scale) if array_like else None
-    if not (array_like and name is not None and tuple(sm_scale.shape) == ()
-            and jnp.issubdtype(jnp.dtype(name), jnp.floating)):
-        what = f"{type(sm_scale).__module__}.{type(sm_scale).__name__}" if array_like and name is None \
-            else type(sm_scale).__name__
+    try:
+        dt = jnp.dtype(sm_scale.dtype) if array_like else None
+    except TypeError:                   # a dtype JAX does not know (a torch tensor's)
+        dt = None
+    if not (dt is not None and tuple(sm_scale.shape) == () and jnp.issubdtype(dt, jnp.floating)):
+        what = type(sm_scale).__name__
         if array_like:
-            what += f" of shape {tuple(sm_scale.shape)} dtype {name or sm_scale.dtype}"
+            if dt is None:              # name the foreign type's module: "torch.Tensor"
+                what = f"{type(sm_scale).__module__}.{what}"
+            what += f" of shape {tuple(sm_scale.shape)} dtype {dt.name if dt is not None else sm_scale.dtype}"
         raise TypeError(f"sm_scale: expected a real number (a Python int / float, a NumPy integer "
                         f"or floating scalar, or a 0-d float array), got {what}")
     if isinstance(sm_scale, jax.core.Tracer):

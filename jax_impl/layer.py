@@ -252,15 +252,15 @@ class DSADecodeLayer(nnx.Module):
         # the three projections of x (q_lora, latent, indexer key) as one weight, one dot: rows
         # [wq_a; wkv_a (V4: wkv); indexer.wk]; w(name) of each is a row slice (torch_impl.layer
         # does the same)
-        self._x_proj = ("wq_a", "wkv_a" if cfg.absorbed else "wkv", "indexer.wk")
+        x_names = ("wq_a", "wkv_a" if cfg.absorbed else "wkv", "indexer.wk")
         rows, start = [], 0                      # a tuple of pairs: static and hashable under jit
-        for name in self._x_proj:
+        for name in x_names:
             rows.append((name, (start, start + shard[name].shape[0])))
             start += shard[name].shape[0]
         self._x_rows = tuple(rows)
-        self.x_proj = nnx.Param(jnp.asarray(np.concatenate([shard[n] for n in self._x_proj]), self.dtype))
+        self.x_proj = nnx.Param(jnp.asarray(np.concatenate([shard[n] for n in x_names]), self.dtype))
         for name, arr in shard.items():
-            if name in self._x_proj:
+            if name in x_names:
                 continue
             keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
             setattr(self, name.replace(".", "_"),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -69,7 +70,6 @@ def main(argv=None) -> int:
     ktopk.launch_topk = wrapped
     be = paths.TorchBackend()
     report = []
-    import os
     os.environ["DSA_BENCH_COMPILE_LAYER"] = "0"      # eager: the wrapper sees the real call
     for s in shapes:
         row = {"label": s.label()}

@@ -88,19 +88,16 @@ def test_step_checks_the_attention_arguments_before_the_indexer(backend, monkeyp
         raise AssertionError("the indexer ran before the attention's arguments were checked")
 
     monkeypatch.setattr(mod, "indexer_topk", no_indexer)
-    m = c.mla
+    m, i = c.mla, c.indexer
     with pytest.raises(ValueError, match="q: expected rank 4|q: expected"):
-        i = c.indexer
         step(conv(m.q[0]), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
              conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK, kv_format=m.kv_format,
              d_v=m.d_v, path="auto")
     with pytest.raises(ValueError, match="attn_sink: expected shape"):
-        i = c.indexer
         step(conv(m.q), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
              conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK, kv_format=m.kv_format,
              d_v=m.d_v, attn_sink=conv(m.attn_sink[:3]), window=WINDOW, path="auto")
     with pytest.raises(ValueError, match="d_v"):
-        i = c.indexer
         step(conv(m.q), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
              conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK, kv_format=m.kv_format,
              d_v=10_000, path="auto")

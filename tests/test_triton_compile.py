@@ -53,8 +53,7 @@ def _gpu_image_triton_is_other() -> bool:
 def _gpu_image_triton() -> str | None:
     """The folder holding the GPU image's Triton, or None when the installed Triton is that
     version (a GPU machine) and the second compile would repeat the first."""
-    import triton
-    if triton.__version__.split("+")[0] == GPU_IMAGE_TRITON:
+    if not _gpu_image_triton_is_other():
         return None
     if not (_GPU_IMAGE_DIR / "triton" / "__init__.py").exists():
         pytest.fail(f"Triton {GPU_IMAGE_TRITON} (the GPU image's) is not unpacked in "

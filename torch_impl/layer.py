@@ -301,14 +301,14 @@ class DSADecodeLayer(nn.Module):
         # output element is the same bf16-rounded dot product as from its own GEMM; one GEMM of
         # N = q_lora + D_qk + D_I columns streams the weights better than three narrow ones
         # (vLLM's fused_qkv_a_proj does the same)
-        self._x_proj = ("wq_a", "wkv_a" if cfg.absorbed else "wkv", "indexer.wk")
+        x_names = ("wq_a", "wkv_a" if cfg.absorbed else "wkv", "indexer.wk")
         self._x_rows: dict[str, tuple[int, int]] = {}
         start = 0
-        for name in self._x_proj:
+        for name in x_names:
             self._x_rows[name] = (start, start + shard[name].shape[0])
             start += shard[name].shape[0]
         self.register_buffer("x_proj", torch.cat([torch.as_tensor(shard[n], dtype=dtype, device=device)
-                                                  for n in self._x_proj]))
+                                                  for n in x_names]))
         for name, arr in shard.items():
             if name in self._x_rows:
                 continue
