@@ -2,6 +2,7 @@
 search space in kernels/sparse_mla/configs.py), at the headline DSV32 / DSV4_FLASH fp8 shapes.
 
     python -m bench.mla_sweep --out sweep.json [--config H,K,W,S ...] [--splits-scale 1 2]
+                              [--targets] [--heads 16 8]
 
 ``--config`` adds candidates outside the search space (block_h, block_k, num_warps,
 num_stages); ``--splits-scale`` times each config with the heuristic split count multiplied by
@@ -15,6 +16,7 @@ where a config wins clearly, the dispatch table.
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 import time
 
@@ -57,6 +59,8 @@ def main():
     ap.add_argument("--only-extra", action="store_true", help="skip the search space")
     ap.add_argument("--targets", action="store_true",
                     help="the issue's target shapes (B 64/16/1 H 128, H 64/16, V4 H 64/8)")
+    ap.add_argument("--heads", type=int, nargs="+", default=None,
+                    help="only the shapes with these head counts (e.g. 16 8)")
     args = ap.parse_args()
     extra = []
     for c in args.config:
@@ -70,6 +74,8 @@ def main():
                   ("DSV32", 16, 128, 2048, 576, "fp8_ds_mla"), ("DSV32", 1, 128, 2048, 576, "fp8_ds_mla"),
                   ("DSV32", 64, 16, 2048, 576, "fp8_ds_mla"), ("DSV4_FLASH", 64, 64, 640, 512, "fp8_model1"),
                   ("DSV4_FLASH", 64, 8, 640, 512, "fp8_model1")]
+    if args.heads:
+        shapes = [s for s in shapes if s[2] in args.heads]
     rows = []
     for preset, B, H, K, d_qk, fmt in shapes:
         q, kv, idx = _inputs(B, H, K, d_qk, fmt)
@@ -107,7 +113,7 @@ def main():
     doc = dict(gpu=dev.name, compute_capability=f"{dev.cc[0]}.{dev.cc[1]}",
                versions=dict(torch=torch.__version__, triton=triton.__version__),
                date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-               command="python -m bench.mla_sweep --out " + args.out, rows=rows)
+               command="python -m bench.mla_sweep " + " ".join(sys.argv[1:]), rows=rows)
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
 

@@ -7,7 +7,10 @@ keeps a copy of the logits, lengths and histograms the layer's indexer hands to 
 the plan's per-row state (base, d0, need, done, total, n_out, n_cand, pairs). Then it re-runs
 the top-k alone on that copy under the profiler (GPU time per kernel) and reports, per row
 (request x draft), the plan state and the logits' distribution: length, the top-k-th value,
-how many keys equal it, how many are > 0, == 0 and < 0, and the row max.
+how many keys equal it, how many are > 0, == 0 and < 0, and the row max. Beside the copy's times: the launch's arguments
+(shapes, strides, 16-byte alignment: what Triton specialises on), the same call repeated on the
+layer's own tensors right after the step's launch (``same_tensors_us``), and the step's own
+indexer kernel times (``step_kernels_us``), so a slow launch is told apart from slow inputs.
 
   python scripts/topk_state.py --out $OUT/topk_state.json            # all layer rows
   python scripts/topk_state.py -k DSV4_FLASH                           # V4 rows only
@@ -59,12 +62,44 @@ def main(argv=None) -> int:
     orig = ktopk.launch_topk
     seen: list = []
 
+    def _desc(v):
+        if isinstance(v, torch.Tensor):
+            return {"shape": list(v.shape), "stride": list(v.stride()), "dtype": str(v.dtype),
+                    "ptr_mod16": v.data_ptr() % 16, "contiguous": v.is_contiguous()}
+        return v if isinstance(v, (int, float, bool, type(None))) else str(v)
+
+    def _kernel_us(fn, reps):
+        """GPU time per call of each kernel ``fn`` launches (profiler, ``reps`` calls)."""
+        for _ in range(2):
+            fn()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(reps):
+                fn()
+            torch.cuda.synchronize()
+        tot: dict = {}
+        for e in prof.events():
+            if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
+                tot[e.name] = tot.get(e.name, 0.0) + e.device_time_total / reps
+        return {k[:60]: round(v, 2) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
+
+    passthrough = [False]
+
     def wrapped(logits, lengths, topk, out, scratch, **kw):
+        if passthrough[0]:
+            return orig(logits, lengths, topk, out, scratch, **kw)
         state = torch.full((logits.shape[0], 8), -7, dtype=torch.int32, device=logits.device)
+        # inputs copied *before* the call (the top-k may write its histogram argument)
+        pre = dict(logits=logits.clone(), lengths=lengths.clone(),
+                   kw={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
         res = orig(logits, lengths, topk, out, scratch, state=state, **kw)
-        seen.append(dict(logits=logits.clone(), lengths=lengths.clone(), topk=topk,
-                         kw={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()},
-                         state=state, out=out.clone(), scratch_cols=scratch.shape[1]))
+        args = {"logits": _desc(logits), "lengths": _desc(lengths), "topk": topk, "out": _desc(out),
+                "scratch": _desc(scratch), **{k: _desc(v) for k, v in kw.items()}}
+        # the same call again on the layer's own tensors, right after the step's launch
+        same = _kernel_us(lambda: orig(logits, lengths, topk, out, scratch, **kw), a.reps)
+        seen.append(dict(logits=pre["logits"], lengths=pre["lengths"], topk=topk, kw=pre["kw"],
+                         state=state, out=out.clone(), scratch_cols=scratch.shape[1],
+                         args=args, same_tensors_us=same))
         return res
 
     ktopk.launch_topk = wrapped
@@ -79,6 +114,10 @@ def main(argv=None) -> int:
             seen.clear()
             calls[0]()
             torch.cuda.synchronize()
+            passthrough[0] = True                    # the step's own kernel times, unwrapped
+            row["step_kernels_us"] = {k: v for k, v in _kernel_us(calls[0], a.reps).items()
+                                      if "topk" in k or "logits" in k}
+            passthrough[0] = False
             if not seen:
                 row["error"] = "launch_topk was not called (another top-k path ran)"
             else:
@@ -99,18 +138,10 @@ def main(argv=None) -> int:
                            rows=_row_stats(c["logits"], lens, c["topk"]))
                 out2 = torch.empty_like(c["out"])
                 scratch = torch.empty((R, c["scratch_cols"]), dtype=torch.int32, device="cuda")
-                for _ in range(2):
-                    orig(c["logits"], c["lengths"], c["topk"], out2, scratch, **c["kw"])
-                torch.cuda.synchronize()
-                with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                    for _ in range(a.reps):
-                        orig(c["logits"], c["lengths"], c["topk"], out2, scratch, **c["kw"])
-                    torch.cuda.synchronize()
-                tot: dict = {}
-                for e in prof.events():
-                    if e.device_type == torch.autograd.DeviceType.CUDA and not getattr(e, "is_user_annotation", False):
-                        tot[e.name] = tot.get(e.name, 0.0) + e.device_time_total / a.reps
-                row["topk_alone_us"] = {k[:60]: round(v, 2) for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
+                row["args"] = c["args"]
+                row["same_tensors_us"] = c["same_tensors_us"]
+                row["topk_alone_us"] = _kernel_us(
+                    lambda: orig(c["logits"], c["lengths"], c["topk"], out2, scratch, **c["kw"]), a.reps)
                 row["same_selection"] = bool(torch.equal(out2.sort(-1).values, c["out"].sort(-1).values))
         except Exception as e:  # noqa: BLE001 - record and go on
             row["error"] = f"{type(e).__name__}: {e}"[:400]

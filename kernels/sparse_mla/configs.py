@@ -208,9 +208,23 @@ def sparse_mla_ctas_per_sm(cfg: SparseMLAConfig, smem_per_block: int,
     return max(1, min(by_regs, by_smem))
 
 
-# Combine kernel: heads per program and warps (no shared memory beyond the reductions).
-SPARSE_MLA_COMBINE_BLOCK_H = 16
+# Combine kernels (Triton, kernels/sparse_mla/triton.py, and its Pallas twin): one (head,
+# request x draft, column block) per program, the splits read as one [S_BLOCK, BLOCK_C] tile of at most
+# SPARSE_MLA_COMBINE_TILE float32 (32 a thread at 4 warps): at B 1 H 128 with 32 splits that is
+# 512 programs of 16 KB each, every partial in flight at once, where 8 programs of 16 heads
+# looped over the splits (17 us on the H200, bench/NOTES.md "The split-K combine").
 SPARSE_MLA_COMBINE_WARPS = 4
+SPARSE_MLA_COMBINE_TILE = 4096
+SPARSE_MLA_COMBINE_MAX_S_BLOCK = 64
+
+
+def sparse_mla_combine_tile(num_splits: int, d_v: int) -> tuple[int, int]:
+    """(S_BLOCK, BLOCK_C) of the Triton combine for ``num_splits`` splits of ``d_v`` columns:
+    all splits in one tile up to 64 (more loop over tiles of 64), columns filling the rest of
+    ``SPARSE_MLA_COMBINE_TILE`` (at least 32, at most next_pow2(d_v))."""
+    s_block = min(next_pow2(max(1, num_splits)), SPARSE_MLA_COMBINE_MAX_S_BLOCK)
+    block_c = min(next_pow2(d_v), max(32, SPARSE_MLA_COMBINE_TILE // s_block))
+    return s_block, block_c
 
 
 def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[SparseMLAConfig, ...]:

@@ -660,57 +660,62 @@ def _sparse_mla_split_kernel(
     plgpu.store(l_ref.at[(*lead, heads)], lse, mask=h_ok)
 
 
-def _sparse_mla_combine_kernel(*refs, S: int, H: int, BLOCK_H: int, HAS_SINK: bool):
+def _sparse_mla_combine_kernel(*refs, S: int, S_BLOCK: int, BLOCK_C: int, HAS_SINK: bool):
+    """One (head, request x draft, column block) per program; the splits read as
+    ``[S_BLOCK, BLOCK_C]`` tiles (one tile when S <= S_BLOCK: every partial in flight at once),
+    summed by fixed-order reductions: the Triton twin's design and order of operations."""
     if HAS_SINK:
         po_ref, pl_ref, sink_ref, out_ref, lse_ref = refs
     else:
         po_ref, pl_ref, out_ref, lse_ref = refs
-    # po_ref [S, B*N, H, D_v] f32; pl_ref [S, B*N, H] f32 log2; sink_ref [H] f32;
+    # po_ref [S', B*N, H, D_v] f32; pl_ref [S', B*N, H] f32 log2 (S' = S rounded up to S_BLOCK,
+    # rows >= S unwritten); sink_ref [H] f32;
     # out_ref [B*N, H, D_v] q dtype; lse_ref [B*N, H] f32 natural log
-    pid_h = pl.program_id(0)
+    h = pl.program_id(0)
     pid_bn = pl.program_id(1)
-    h0 = pid_h * BLOCK_H
-    h_ok = h0 + _iota(BLOCK_H) < H
-    heads = pl.ds(h0, BLOCK_H)
-    d_v = out_ref.shape[-1]
+    cols = pl.ds(pl.program_id(2) * BLOCK_C, BLOCK_C)
+    tiles = range(0, S, S_BLOCK)
 
-    def load_lse(s):
-        return plgpu.load(pl_ref.at[s, pid_bn, heads], mask=h_ok, other=-jnp.inf)
+    def s_ok(s0):
+        return s0 + _iota(S_BLOCK) < S
 
-    def max_and_nan(s, carry):
-        m, nan = carry
-        ls = load_lse(s)
-        return jnp.maximum(m, ls), nan | (ls != ls)
+    def load_lse(s0):
+        return plgpu.load(pl_ref.at[pl.ds(s0, S_BLOCK), pid_bn, h], mask=s_ok(s0), other=-jnp.inf)
 
-    m, nan = lax.fori_loop(0, S, max_and_nan, (jnp.full((BLOCK_H,), -jnp.inf, jnp.float32),
-                                               jnp.zeros((BLOCK_H,), jnp.bool_)))
+    m = jnp.full((S_BLOCK,), -jnp.inf, jnp.float32)
+    nan = jnp.zeros((S_BLOCK,), jnp.int32)            # int32: no reduce_or in the lowering
+    for s0 in tiles:
+        ls = load_lse(s0)
+        m, nan = jnp.maximum(m, ls), nan | (ls != ls).astype(jnp.int32)
+    m = jnp.max(jnp.where(m == m, m, -jnp.inf))          # NaN is counted in `nan`
     # a NaN partial (NaN in q or a selected row) makes the row NaN, as in the reference
-    has = (m > -jnp.inf) | nan
+    has = (m > -jnp.inf) | (jnp.max(nan) != 0)
     m_safe = jnp.where(m > -jnp.inf, m, 0.0)
-
-    def body(s, carry):
-        den, acc = carry
-        w = jnp.exp2(load_lse(s) - m_safe)                                   # -inf -> 0
-        po = plgpu.load(po_ref.at[s, pid_bn, heads, :], mask=h_ok[:, None], other=0.0)
-        return den + w, acc + w[:, None] * po
-
-    den, acc = lax.fori_loop(0, S, body, (jnp.zeros((BLOCK_H,), jnp.float32),
-                                          jnp.zeros((BLOCK_H, d_v), jnp.float32)))
-    den_safe = jnp.where(has, den, 1.0)
-    o = jnp.where(has[:, None], acc / den_safe[:, None], 0.0)
+    den = jnp.zeros((S_BLOCK,), jnp.float32)
+    acc = jnp.zeros((S_BLOCK, BLOCK_C), jnp.float32)
+    for s0 in tiles:
+        w = jnp.exp2(load_lse(s0) - m_safe)                                   # -inf -> 0
+        po = plgpu.load(po_ref.at[pl.ds(s0, S_BLOCK), pid_bn, h, cols], mask=s_ok(s0)[:, None],
+                        other=0.0)
+        den, acc = den + w, acc + w[:, None] * po
+    den_safe = jnp.where(has, jnp.sum(den), 1.0)
+    o = jnp.where(has, jnp.sum(acc, axis=0) / den_safe, 0.0)
     lse = jnp.where(has, (m_safe + jnp.log(den_safe) * LOG2E) * LN2, -jnp.inf)
     if HAS_SINK:
-        sink = _finite_sink(plgpu.load(sink_ref.at[heads], mask=h_ok, other=0.0))
-        o = o * (1.0 / (1.0 + jnp.exp(sink - lse)))[:, None]
-    plgpu.store(out_ref.at[pid_bn, heads, :], o.astype(out_ref.dtype), mask=h_ok[:, None])
-    plgpu.store(lse_ref.at[pid_bn, heads], lse, mask=h_ok)
+        sink = _finite_sink(plgpu.load(sink_ref.at[pl.ds(h, 1)]))[0]
+        o = o * (1.0 / (1.0 + jnp.exp(sink - lse)))
+    plgpu.store(out_ref.at[pid_bn, h, cols], o.astype(out_ref.dtype))
+
+    @pl.when(pl.program_id(2) == 0)
+    def _():
+        plgpu.store(lse_ref.at[pid_bn, pl.ds(h, 1)], jnp.full((1,), lse, jnp.float32))
 
 
 def sparse_mla_decode_pallas(q, kv_rows, indices, qk_scale_log2, *, kv_format: str,
                              page_size: int, num_pages: int, block_table=None, topk_length=None,
                              attn_sink=None, block_h: int, block_k: int, num_splits: int,
                              num_warps: int, num_stages: int, dot_dtype, prefetch: bool = True,
-                             combine_block_h: int = 16, combine_warps: int = 4,
+                             combine_tile=None, combine_warps: int = 4,
                              interpret: bool | None = None):
     """Launch the split kernel (and the combine when ``num_splits > 1``). No validation here:
     ``jax_impl.sparse_mla.sparse_mla_decode`` validates and picks the config.
@@ -728,12 +733,16 @@ def sparse_mla_decode_pallas(q, kv_rows, indices, qk_scale_log2, *, kv_format: s
       dot_dtype: operand dtype of both dots (accumulation is always fp32).
       prefetch: the hand-pipelined loop (the next row block's loads carried across
         iterations); False issues each block's loads at the top of its own iteration.
+      combine_tile: ``(num_splits, d_v) -> (S_BLOCK, BLOCK_C)`` of the combine kernel
+        (``configs.sparse_mla_combine_tile``, the default); combine_warps: its warps.
     Returns:
       (out ``[B, N, H, 512]`` q.dtype, lse ``[B, N, H]`` float32 natural log, -inf for empty rows).
     """
     B, N, H, d_qk = q.shape
     K = indices.shape[-1]
     code = KV_FORMAT_CODES[kv_format]
+    if combine_tile is None:
+        from kernels.sparse_mla.configs import sparse_mla_combine_tile as combine_tile
     blocks = max(1, -(-K // block_k))
     S = max(1, min(int(num_splits), blocks))
     chunk = -(-blocks // S) * block_k
@@ -758,8 +767,12 @@ def sparse_mla_decode_pallas(q, kv_rows, indices, qk_scale_log2, *, kv_format: s
         out_shape = (jax.ShapeDtypeStruct((B, N, H, MAIN), q.dtype),
                      jax.ShapeDtypeStruct((B, N, H), jnp.float32))
     else:
-        out_shape = (jax.ShapeDtypeStruct((S, B * N, H, MAIN), jnp.float32),
-                     jax.ShapeDtypeStruct((S, B * N, H), jnp.float32))
+        # split rows rounded up to the combine's tiles: its static [S_BLOCK] slices stay in
+        # bounds (rows >= S are never written, and masked in the combine)
+        s_block, block_c = combine_tile(S, MAIN)
+        s_rows = -(-S // s_block) * s_block
+        out_shape = (jax.ShapeDtypeStruct((s_rows, B * N, H, MAIN), jnp.float32),
+                     jax.ShapeDtypeStruct((s_rows, B * N, H), jnp.float32))
     kernel = functools.partial(_sparse_mla_split_kernel, **static)
     res = triton_call(kernel, out_shape=out_shape, grid=(head_blocks, S, B * N),
                       num_warps=num_warps, num_stages=num_stages, interpret=interpret,
@@ -768,12 +781,12 @@ def sparse_mla_decode_pallas(q, kv_rows, indices, qk_scale_log2, *, kv_format: s
         return res
     po, plse = res
     cargs = [po, plse] + ([attn_sink] if attn_sink is not None else [])
-    ckernel = functools.partial(_sparse_mla_combine_kernel, S=S, H=H, BLOCK_H=combine_block_h,
+    ckernel = functools.partial(_sparse_mla_combine_kernel, S=S, S_BLOCK=s_block, BLOCK_C=block_c,
                                 HAS_SINK=attn_sink is not None)
     out, lse = triton_call(
         ckernel, out_shape=(jax.ShapeDtypeStruct((B * N, H, MAIN), q.dtype),
                             jax.ShapeDtypeStruct((B * N, H), jnp.float32)),
-        grid=(-(-H // combine_block_h), B * N), num_warps=combine_warps, num_stages=1,
+        grid=(H, B * N, MAIN // block_c), num_warps=combine_warps, num_stages=1,
         interpret=interpret, name="sparse_mla_combine")(*cargs)
     return out.reshape(B, N, H, MAIN), lse.reshape(B, N, H)
 

@@ -598,41 +598,51 @@ def _sparse_mla_combine_kernel(
     N,                # drafts per request (BN = B * N)
     lse_sb, lse_sn, lse_sh,
     empty_lse,        # float32 stored for a row with no valid entry (-inf; FlashMLA's +inf)
-    D_V: tl.constexpr, D_V_PAD: tl.constexpr, BLOCK_H: tl.constexpr, HAS_SINK: tl.constexpr,
+    D_V: tl.constexpr, S_BLOCK: tl.constexpr, BLOCK_C: tl.constexpr, HAS_SINK: tl.constexpr,
 ):
-    pid_h = tl.program_id(0)
+    """One (head, request x draft, column block) per program: the splits are read as one
+    ``[S_BLOCK, BLOCK_C]`` tile (all of them at once when S <= S_BLOCK), so a program has every
+    partial it needs in flight together instead of one dependent load per split. The sums over
+    the splits are tree reductions in a fixed order: bitwise repeatable."""
+    h = tl.program_id(0)
     pid_bn = tl.program_id(1)
-    heads = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = heads < H
-    dv = tl.arange(0, D_V_PAD)
-    omask = h_ok[:, None] & (dv[None, :] < D_V)
+    pid_c = tl.program_id(2)
+    sp = tl.arange(0, S_BLOCK)
+    cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    c_ok = cols < D_V
 
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    nan = tl.zeros([BLOCK_H], tl.int32)
-    for s in range(0, S):
-        row = (s * BN + pid_bn).to(tl.int64) * H + heads
-        ls = tl.load(pl_ptr + row, mask=h_ok, other=float("-inf"))
+    m = tl.full([S_BLOCK], float("-inf"), tl.float32)
+    nan = tl.zeros([S_BLOCK], tl.int32)
+    for s0 in range(0, S, S_BLOCK):
+        s = s0 + sp
+        ls = tl.load(pl_ptr + (s * BN + pid_bn).to(tl.int64) * H + h, mask=s < S, other=float("-inf"))
         m = tl.maximum(m, ls)
         nan |= (ls != ls).to(tl.int32)
+    m = tl.max(tl.where(m == m, m, float("-inf")), axis=0)      # NaN is counted in `nan`
     # a NaN partial (NaN in q or a selected row) makes the row NaN, as in the reference
-    has = (m > float("-inf")) | (nan != 0)
+    has = (m > float("-inf")) | (tl.max(nan, axis=0) != 0)
     m_safe = tl.where(m > float("-inf"), m, 0.0)
-    den = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, D_V_PAD], tl.float32)
-    for s in range(0, S):
-        row = (s * BN + pid_bn).to(tl.int64) * H + heads
-        w = tl.exp2(tl.load(pl_ptr + row, mask=h_ok, other=float("-inf")) - m_safe)  # -inf -> 0
-        po = tl.load(po_ptr + row[:, None] * D_V + dv[None, :], mask=omask, other=0.0)
+    den = tl.zeros([S_BLOCK], tl.float32)
+    acc = tl.zeros([S_BLOCK, BLOCK_C], tl.float32)
+    for s0 in range(0, S, S_BLOCK):
+        s = s0 + sp
+        s_ok = s < S
+        row = (s * BN + pid_bn).to(tl.int64) * H + h
+        w = tl.exp2(tl.load(pl_ptr + row, mask=s_ok, other=float("-inf")) - m_safe)   # -inf -> 0
+        po = tl.load(po_ptr + row[:, None] * D_V + cols[None, :], mask=s_ok[:, None] & c_ok[None, :],
+                     other=0.0)
         den += w
         acc += w[:, None] * po
-    den_safe = tl.where(has, den, 1.0)
-    o = tl.where(has[:, None], acc / den_safe[:, None], 0.0)
+    den_t = tl.sum(den, axis=0)
+    den_safe = tl.where(has, den_t, 1.0)
+    o = tl.where(has, tl.sum(acc, axis=0) / den_safe, 0.0)
     lse = tl.where(has, (m_safe + tl.log2(den_safe)) * LN2, float("-inf"))
     if HAS_SINK:
-        sink = _finite_sink(tl.load(sink_ptr + heads, mask=h_ok, other=0.0))
-        o = o * (1.0 / (1.0 + tl.exp(sink - lse)))[:, None]
-    orow = pid_bn.to(tl.int64) * H + heads
-    tl.store(out_ptr + orow[:, None] * D_V + dv[None, :], o.to(out_ptr.dtype.element_ty), mask=omask)
-    b = pid_bn // N
-    lrow = b.to(tl.int64) * lse_sb + (pid_bn - b * N).to(tl.int64) * lse_sn + heads * lse_sh
-    tl.store(lse_ptr + lrow, tl.where(has, lse, empty_lse), mask=h_ok)
+        sink = _finite_sink(tl.load(sink_ptr + h))
+        o = o * (1.0 / (1.0 + tl.exp(sink - lse)))
+    orow = pid_bn.to(tl.int64) * H + h
+    tl.store(out_ptr + orow * D_V + cols, o.to(out_ptr.dtype.element_ty), mask=c_ok)
+    if pid_c == 0:
+        b = pid_bn // N
+        lrow = b.to(tl.int64) * lse_sb + (pid_bn - b * N).to(tl.int64) * lse_sn + h * lse_sh
+        tl.store(lse_ptr + lrow, tl.where(has, lse, empty_lse))

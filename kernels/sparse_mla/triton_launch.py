@@ -63,10 +63,10 @@ def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLA
         DOT_FP32=dot_name == "float32")
 
 
-def combine_constexprs(d_v: int, has_sink: bool) -> dict:
-    """Constexpr arguments of ``_sparse_mla_combine_kernel``."""
-    return dict(D_V=d_v, D_V_PAD=configs.next_pow2(d_v), BLOCK_H=configs.SPARSE_MLA_COMBINE_BLOCK_H,
-                HAS_SINK=has_sink)
+def combine_constexprs(d_v: int, has_sink: bool, num_splits: int) -> dict:
+    """Constexpr arguments of ``_sparse_mla_combine_kernel`` (``configs.sparse_mla_combine_tile``)."""
+    s_block, block_c = configs.sparse_mla_combine_tile(num_splits, d_v)
+    return dict(D_V=d_v, S_BLOCK=s_block, BLOCK_C=block_c, HAS_SINK=has_sink)
 
 
 _TL_PTR = {torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.float32: "*fp32"}
@@ -130,9 +130,10 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
         sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
                "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32",
                "N": "i32", "lse_sb": "i32", "lse_sn": "i32", "lse_sh": "i32", "empty_lse": "fp32"}
-        specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]}", mod, "_sparse_mla_combine_kernel",
-                                sig, combine_constexprs(512, True),
-                                configs.SPARSE_MLA_COMBINE_WARPS, 2))
+        for S in (2, 32, 128):           # one tile of 2 x 512, of 32 x 128; 64 x 64 tiles looped
+            specs.append(LaunchSpec(f"combine q={str(q_dtype)[6:]} S={S}", mod,
+                                    "_sparse_mla_combine_kernel", sig, combine_constexprs(512, True, S),
+                                    configs.SPARSE_MLA_COMBINE_WARPS, 2))
     return specs
 
 
@@ -344,11 +345,11 @@ def _launch_combine(po, pl, attn_sink, out, lse, d_v: int, empty_lse: float = fl
     lse3 = lse if lse.dim() == 3 else lse.view(BN, 1, H)
     if attn_sink is not None:
         attn_sink = attn_sink.contiguous()      # read at h from its base pointer
-    cbh = configs.SPARSE_MLA_COMBINE_BLOCK_H
-    tk._sparse_mla_combine_kernel[(cdiv(H, cbh), BN)](
+    cx = combine_constexprs(d_v, attn_sink is not None, S)
+    tk._sparse_mla_combine_kernel[(H, BN, cdiv(d_v, cx["BLOCK_C"]))](
         po, pl, attn_sink if attn_sink is not None else pl, out, lse3,
         S, BN, H, lse3.shape[1], lse3.stride(0), lse3.stride(1), lse3.stride(2), float(empty_lse),
-        **combine_constexprs(d_v, attn_sink is not None),
+        **cx,
         num_warps=configs.SPARSE_MLA_COMBINE_WARPS,
     )
 
