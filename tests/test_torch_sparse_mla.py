@@ -119,23 +119,29 @@ def test_128_heads_two_head_blocks():
 
 # ============================================================================ every config
 
-_ALL_CONFIGS = sorted({c for space in configs.SPARSE_MLA_SPACE.values() for c in space},
-                      key=lambda c: tuple(c.to_dict().values()))
+# (config, dot operand bytes of the space it belongs to): a config of the 16-bit space runs
+# with fp16 q (bf16 on the GPU), one of the fp32 space with fp32 q; a 16-bit tile fed fp32
+# operands stages twice the bytes (the 64 x 32 two-stage tile then needs 242,688 B on sm_90).
+_ALL_CONFIGS = sorted({(c, width) for (_, width), space in configs.SPARSE_MLA_SPACE.items() for c in space},
+                      key=lambda cw: (cw[1], tuple(cw[0].to_dict().values())))
 
 
-@pytest.mark.parametrize("cfg", _ALL_CONFIGS, ids=lambda c: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}{g}".format(
-                             g="" if c.kernel == "triton" else "-" + c.kernel, **c.to_dict()))
+@pytest.mark.parametrize("cfg,width", _ALL_CONFIGS, ids=lambda cw: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}{g}-q{w}".format(
+                             g="" if cw[0].kernel == "triton" else "-" + cw[0].kernel, w=8 * cw[1],
+                             **cw[0].to_dict()) if isinstance(cw, tuple) else str(cw))
 @pytest.mark.parametrize("splits", [1, 3])
-def test_every_config(cfg, splits):
-    """Each config of the search space (both shared-memory classes), with one split (the split
-    kernel writes the result) and three (partials + combine), on both fp8 formats."""
+def test_every_config(cfg, width, splits):
+    """Each config of the search space (both shared-memory classes, both operand widths), with
+    one split (the split kernel writes the result) and three (partials + combine), on both fp8
+    formats, with q of the space's operand width."""
     if cfg.kernel != "triton" and not (CUDA and torch.cuda.get_device_capability() == (9, 0)):
         pytest.skip("the Gluon kernels run on sm_90 only (elsewhere the launcher substitutes "
                     "the Triton 64-head tile, tested here as h64k32w8s2p0)")
+    q_dtype = "float32" if width == 4 else ("bfloat16" if CUDA else "float16")
     for kv_format, d_qk in FORMATS[1:]:
         case = cases.make_mla_case(11, B=2, N=2, H=24, K=100, P=61 if kv_format == "latent" else 64,
                                    d_qk=d_qk, kv_format=kv_format, invalid="mix", logical=True,
-                                   topk_length=True, attn_sink=True)
+                                   topk_length=True, attn_sink=True, q_dtype=q_dtype)
         kw = {k: _t(v) for k, v in case.kwargs().items()}
         out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
                                     kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
@@ -682,6 +688,24 @@ def test_gluon_eligibility():
     for H in (64, 128):
         assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
                                             gluon=True) != ws
+
+
+
+def test_gluon_config_substituted_within_the_operand_width():
+    """A Gluon config the call cannot run is replaced by a tile of the call's operand width:
+    the Triton 64-head tile for 16-bit q, the fp32 space's tile for fp32 q (the 64-head tile
+    fed fp32 operands needs 242,688 B of shared memory on the H200 and failed at launch)."""
+    from kernels import hardware
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
+    kv = torch.zeros((1, 64, 656), dtype=torch.uint8)
+    for cfg in (configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON_WS):
+        q16 = torch.zeros((1, 1, 64, 576), dtype=torch.float16)
+        assert tsm._triton_config(h200, q16, kv, "fp8_ds_mla", 64, cfg) == cfg
+        assert tsm._triton_config(hardware.CPU_INTERPRETER, q16, kv, "fp8_ds_mla", 64, cfg) \
+            == configs.SPARSE_MLA_W64
+        q32 = torch.zeros((1, 1, 64, 576), dtype=torch.float32)
+        sub = tsm._triton_config(h200, q32, kv, "fp8_ds_mla", 64, cfg)
+        assert sub.kernel == "triton" and sub in configs.sparse_mla_space(h200.smem_per_block, 4)
 
 
 # ============================================================================ combine

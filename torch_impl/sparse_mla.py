@@ -174,7 +174,12 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
     if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width):
-        cfg = configs.SPARSE_MLA_W64          # the Triton 64-head tile (same shape class)
+        # the Triton 64-head tile (same shape class) where it is a member of this operand
+        # width's space; fp32 operands stage twice the bytes (the 64-head tile needs 242,688 B
+        # on sm_90 then): the heuristic's fp32 tile
+        space = configs.sparse_mla_space(dev.smem_per_block, width)
+        cfg = (configs.SPARSE_MLA_W64 if configs.SPARSE_MLA_W64 in space
+               else configs.sparse_mla_heuristic(H, dev.smem_per_block, width))
     return cfg
 
 
