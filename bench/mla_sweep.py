@@ -16,8 +16,8 @@ where a config wins clearly, the dispatch table.
 from __future__ import annotations
 
 import argparse
-import sys
 import json
+import sys
 import time
 
 import torch

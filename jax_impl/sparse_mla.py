@@ -134,7 +134,6 @@ def _pallas(q, kv_cache, indices, sm_scale, *, kv_format, d_v, block_table, topk
         topk_length=topk_length, attn_sink=attn_sink, block_h=config.block_h,
         block_k=config.block_k, num_splits=num_splits, num_warps=config.num_warps,
         num_stages=config.num_stages, dot_dtype=dot_dtype, prefetch=config.prefetch,
-        combine_tile=configs.sparse_mla_combine_tile,
         combine_warps=configs.SPARSE_MLA_COMBINE_WARPS, interpret=interpret)
 
 

@@ -126,9 +126,10 @@ _ALL_CONFIGS = sorted({(c, width) for (_, width), space in configs.SPARSE_MLA_SP
                       key=lambda cw: (cw[1], tuple(cw[0].to_dict().values())))
 
 
-@pytest.mark.parametrize("cfg,width", _ALL_CONFIGS, ids=lambda cw: "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}{g}-q{w}".format(
-                             g="" if cw[0].kernel == "triton" else "-" + cw[0].kernel, w=8 * cw[1],
-                             **cw[0].to_dict()) if isinstance(cw, tuple) else str(cw))
+@pytest.mark.parametrize("cfg,width", _ALL_CONFIGS, ids=[
+    "h{block_h}k{block_k}w{num_warps}s{num_stages}p{prefetch:d}{g}-q{w}".format(
+        g="" if c.kernel == "triton" else "-" + c.kernel, w=8 * width, **c.to_dict())
+    for c, width in _ALL_CONFIGS])
 @pytest.mark.parametrize("splits", [1, 3])
 def test_every_config(cfg, width, splits):
     """Each config of the search space (both shared-memory classes, both operand widths), with
@@ -688,7 +689,6 @@ def test_gluon_eligibility():
     for H in (64, 128):
         assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
                                             gluon=True) != ws
-
 
 
 def test_gluon_config_substituted_within_the_operand_width():

@@ -219,7 +219,7 @@ SPARSE_MLA_COMBINE_MAX_S_BLOCK = 64
 
 
 def sparse_mla_combine_tile(num_splits: int, d_v: int) -> tuple[int, int]:
-    """(S_BLOCK, BLOCK_C) of the Triton combine for ``num_splits`` splits of ``d_v`` columns:
+    """(S_BLOCK, BLOCK_C) of the combine (Triton and Pallas) for ``num_splits`` splits of ``d_v`` columns:
     all splits in one tile up to 64 (more loop over tiles of 64), columns filling the rest of
     ``SPARSE_MLA_COMBINE_TILE`` (at least 32, at most next_pow2(d_v))."""
     s_block = min(next_pow2(max(1, num_splits)), SPARSE_MLA_COMBINE_MAX_S_BLOCK)

@@ -144,6 +144,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from kernels._pallas_call import triton_call
 from kernels.layouts import FP8_DS_MLA as _DS, FP8_MODEL1 as _M1
+from kernels.sparse_mla.configs import sparse_mla_combine_tile
 
 # kv_format codes (static KV_FORMAT), as in kernels/sparse_mla/triton.py
 LATENT, FP8_DS_MLA, FP8_MODEL1 = 0, 1, 2
@@ -715,7 +716,7 @@ def sparse_mla_decode_pallas(q, kv_rows, indices, qk_scale_log2, *, kv_format: s
                              page_size: int, num_pages: int, block_table=None, topk_length=None,
                              attn_sink=None, block_h: int, block_k: int, num_splits: int,
                              num_warps: int, num_stages: int, dot_dtype, prefetch: bool = True,
-                             combine_tile=None, combine_warps: int = 4,
+                             combine_tile=sparse_mla_combine_tile, combine_warps: int = 4,
                              interpret: bool | None = None):
     """Launch the split kernel (and the combine when ``num_splits > 1``). No validation here:
     ``jax_impl.sparse_mla.sparse_mla_decode`` validates and picks the config.
@@ -734,15 +735,14 @@ def sparse_mla_decode_pallas(q, kv_rows, indices, qk_scale_log2, *, kv_format: s
       prefetch: the hand-pipelined loop (the next row block's loads carried across
         iterations); False issues each block's loads at the top of its own iteration.
       combine_tile: ``(num_splits, d_v) -> (S_BLOCK, BLOCK_C)`` of the combine kernel
-        (``configs.sparse_mla_combine_tile``, the default); combine_warps: its warps.
+        (default ``configs.sparse_mla_combine_tile``, the Triton combine's); combine_warps: its
+        warps.
     Returns:
       (out ``[B, N, H, 512]`` q.dtype, lse ``[B, N, H]`` float32 natural log, -inf for empty rows).
     """
     B, N, H, d_qk = q.shape
     K = indices.shape[-1]
     code = KV_FORMAT_CODES[kv_format]
-    if combine_tile is None:
-        from kernels.sparse_mla.configs import sparse_mla_combine_tile as combine_tile
     blocks = max(1, -(-K // block_k))
     S = max(1, min(int(num_splits), blocks))
     chunk = -(-blocks // S) * block_k
