@@ -32,6 +32,7 @@ compositions (``dsa_decode_step``, ``dsa_decode_layer``) ``{op: config}`` of the
 from __future__ import annotations
 
 import functools
+import re
 
 from bench.inputs import Inputs
 from kernels.registry import AUTO, REGISTRY as OP_REGISTRY
@@ -256,16 +257,105 @@ def jax_trace_kernels(trace: dict) -> list[tuple[str, float]]:
             and (e.get("pid"), e.get("tid")) in stream_tids]
 
 
-def jax_phase_totals(kernels, n_calls: int) -> dict:
+_HLO_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\([^{]*)?\{\s*$")
+_HLO_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
+_HLO_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)")
+_HLO_DOT_OPS = ("dot_general", "einsum", "matmul")
+
+
+def jax_projection_kernels(hlo_text: str) -> set[str]:
+    """Kernel names of the dots in an optimised HLO module (``jax.jit(f).lower(...).compile()
+    .as_text()``): every instruction that is a ``dot`` / ``convolution``, a GEMM custom call, or
+    a fusion whose computation holds one or a ``multiply`` / ``reduce`` with a dot's metadata
+    (``op_name`` ending in ``dot_general``). The last case is how XLA:GPU emits a GEMV: at
+    B = 1 its algebraic simplifier rewrites a vector-matrix dot into ``multiply`` + ``reduce``
+    (an ``input_reduce_fusion``), which has no dot left but whose multiply / reduce keep the
+    dot's metadata (bitcasts / converts carrying it into a consumer fusion do not count). Names are
+    sanitised as XLA:GPU names its kernels (``.`` and ``-`` -> ``_``). The jax layer's phases
+    count these as projections, as the torch layer counts every ``mm`` / ``bmm`` / ``addmm``
+    (the Hadamard rotation included)."""
+    comps: dict[str, list[tuple[str, str, str]]] = {}
+    cur = None
+    for line in hlo_text.splitlines():
+        m = _HLO_COMP.match(line)
+        if m and "=" not in line.split("{")[0]:
+            cur = comps.setdefault(m.group(1), [])
+            continue
+        if cur is None:
+            continue
+        m = _HLO_INSTR.match(line)
+        if m:
+            cur.append((m.group(1), m.group(2), line))
+
+    def dotlike_line(op: str, line: str) -> bool:
+        # a dot, a GEMM library call, or the arithmetic of a rewritten dot (its multiply /
+        # reduce keep the dot's op_name); bitcasts, converts and copies that merely carry a
+        # dot's metadata into a consumer fusion do not count
+        if op in ("dot", "convolution"):
+            return True
+        if op == "custom-call":
+            return any(t in line.lower() for t in ("gemm", "matmul", "cublas"))
+        if op not in ("reduce", "multiply"):
+            return False
+        meta = re.search(r'op_name="([^"]*)"', line)
+        return bool(meta) and any(meta.group(1).endswith(t) or f"/{t}" in meta.group(1)
+                                  for t in _HLO_DOT_OPS)
+
+    memo: dict[str, bool] = {}
+
+    def comp_dotlike(name: str, seen=()) -> bool:
+        if name in memo:
+            return memo[name]
+        hit = False
+        for _, op, line in comps.get(name, ()):
+            if dotlike_line(op, line):
+                hit = True
+                break
+            m = _HLO_CALLS.search(line)
+            if m and any(comp_dotlike(c.strip().lstrip("%"), seen + (name,))
+                         for c in m.group(1).split(",") if c.strip().lstrip("%") not in seen):
+                hit = True
+                break
+        memo[name] = hit
+        return hit
+
+    fused = set()                   # computations inlined into a fusion: not kernels themselves
+    for instrs in comps.values():
+        for _, op, line in instrs:
+            m = _HLO_CALLS.search(line) if op == "fusion" else None
+            if m:
+                fused.update(c.strip().lstrip("%") for c in m.group(1).split(","))
+    out = set()
+    for comp, instrs in comps.items():
+        if comp in fused:
+            continue
+        for name, op, line in instrs:
+            if op == "fusion":
+                m = _HLO_CALLS.search(line)
+                called = m.group(1).split(",") if m else []
+                hit = any(comp_dotlike(c.strip().lstrip("%")) for c in called)
+            else:
+                hit = op in ("dot", "convolution") or (op == "custom-call" and dotlike_line(op, line))
+            if hit:
+                out.add(re.sub(r"[.\-]", "_", name))
+    return out
+
+
+def jax_phase_totals(kernels, n_calls: int, projection_kernels=()) -> dict:
     """Mean time per call (us) of each :data:`JAX_LAYER_PHASE_KERNELS` phase and of the other
     kernels over ``kernels`` (:func:`jax_trace_kernels` of ``n_calls`` steps), the kernel count
     per step, and the five largest other kernels by name (``other_top``: what to look at when a
-    name changes)."""
+    name changes). ``projection_kernels``: kernel names that are projections whatever their
+    name says (:func:`jax_projection_kernels` of the step's optimised HLO: XLA's GEMV reduce
+    fusions at B = 1); the Pallas kernels' names are matched first."""
     tot = {ph: 0.0 for ph, _ in JAX_LAYER_PHASE_KERNELS}
     other, other_by = 0.0, {}
+    proj = set(projection_kernels)
     for name, us in kernels:
         low = name.lower()
         ph = next((p for p, pats in JAX_LAYER_PHASE_KERNELS if any(x in low for x in pats)), None)
+        if ph not in ("sparse_mla", "indexer") and name in proj:
+            ph = "projections"
         if ph is None:
             other += us
             other_by[name] = other_by.get(name, 0.0) + us
@@ -281,7 +371,9 @@ def jax_phase_totals(kernels, n_calls: int) -> dict:
 def jax_layer_phases(calls, reps: int = 5) -> dict:
     """:func:`torch_layer_phases` for a JAX layer step: ``reps`` rounds of ``calls`` (each
     blocked on) under ``jax.profiler.trace`` with a perfetto trace, the device kernels split by
-    name (:func:`jax_phase_totals`)."""
+    name (:func:`jax_phase_totals`); a call with ``hlo_text()`` (:class:`_DonatingLayerCall`)
+    adds the projection kernels its optimised HLO names (:func:`jax_projection_kernels`), and
+    the result records how many kernels came from it (``hlo_projection_kernels``)."""
     import glob
     import gzip
     import json
@@ -300,7 +392,14 @@ def jax_layer_phases(calls, reps: int = 5) -> dict:
             raise RuntimeError(f"jax.profiler wrote no perfetto_trace.json.gz under {d}")
         with gzip.open(files[0], "rt") as f:
             trace = json.load(f)
-    return jax_phase_totals(jax_trace_kernels(trace), reps * len(calls))
+    proj = set()
+    hlo = getattr(calls[0], "hlo_text", None) if calls else None
+    if hlo is not None:
+        proj = jax_projection_kernels(hlo())
+    kern = jax_trace_kernels(trace)
+    out = jax_phase_totals(kern, reps * len(calls), proj)
+    out["hlo_projection_kernels"] = sorted({n for n, _ in kern if n in proj})
+    return out
 
 
 # indexer_topk phases: the profiler ranges torch_impl.indexer opens around its two phases while
@@ -527,6 +626,11 @@ class _DonatingLayerCall:
         self.f, self.state = f, state
         self.x, self.kv, self.kc, self.bt, self.cl = x, kv_cache, k_cache, block_table, context_lens
         self.calls = 0
+
+    def hlo_text(self) -> str:
+        """The step's optimised HLO (an ahead-of-time compile of the same jitted function for
+        the same argument shapes; nothing is donated by lowering)."""
+        return self.f.lower(self.state, self.x, self.kv, self.kc, self.bt, self.cl).compile().as_text()
 
     def __call__(self) -> dict:
         res = self.f(self.state, self.x, self.kv, self.kc, self.bt, self.cl)

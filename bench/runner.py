@@ -376,10 +376,14 @@ def _layer_phases(calls, step_us: float, backend: str = "torch", machine=None,
     main = ph["projections"] + ph["indexer"] + ph["sparse_mla"]
     glue = step_us - main
     how = ("jax.profiler device trace (perfetto), kernels by name: bench.paths."
-           "JAX_LAYER_PHASE_KERNELS (blocked calls, mean per call)" if backend == "jax" else
+           "JAX_LAYER_PHASE_KERNELS, plus the dots of the step's optimised HLO as projections "
+           "(bench.paths.jax_projection_kernels: XLA's GEMV reduce fusions; blocked calls, mean "
+           "per call)" if backend == "jax" else
            "torch.profiler GPU time of the kernels inside each phase's ops (eager calls, mean "
            "per call)")
     extra = {"glue_top_kernels_us": ph["other_top"]} if "other_top" in ph else {}
+    if "hlo_projection_kernels" in ph:
+        extra["hlo_projection_kernels"] = ph["hlo_projection_kernels"]
     copy_bw = getattr(machine, "copy_bytes_per_s", None)
     if weight_bytes and copy_bw and ph["projections"] > 0:
         extra["projections_frac_copy"] = weight_bytes / (ph["projections"] * 1e-6) / copy_bw

@@ -386,6 +386,89 @@ def test_jax_layer_phases_from_a_fake_device_trace():
     assert t["other_top"] == {"loop_multiply_fusion": 3.0, "input_reduce_fusion_2": 1.0}
 
 
+_GPU_HLO = """HloModule jit_step, entry_computation_layout={...}
+
+%fused_reduce (param_0: bf16[1,7168], param_1: bf16[2240,7168]) -> f32[1,2240] {
+  %param_0 = bf16[1,7168]{1,0} parameter(0)
+  %param_1 = bf16[2240,7168]{1,0} parameter(1)
+  %broadcast.1 = bf16[2240,7168]{1,0} broadcast(%param_0), dimensions={1}
+  %multiply.3 = bf16[2240,7168]{1,0} multiply(%broadcast.1, %param_1), metadata={op_name="jit(step)/jit(main)/DSADecodeLayer/dot_general" source_file="layer.py"}
+  %constant.2 = f32[] constant(0)
+  ROOT %reduce.4 = f32[1,2240]{1,0} reduce(%multiply.3, %constant.2), dimensions={1}, to_apply=%add, metadata={op_name="jit(step)/jit(main)/DSADecodeLayer/dot_general"}
+}
+
+%fused_convert (param_0.1: f32[1,2240]) -> bf16[1,2240] {
+  %param_0.1 = f32[1,2240]{1,0} parameter(0)
+  ROOT %convert.5 = bf16[1,2240]{1,0} convert(%param_0.1), metadata={op_name="jit(step)/jit(main)/dot_general"}
+}
+
+%fused_norm (param_0.2: bf16[1,1536]) -> f32[1] {
+  %param_0.2 = bf16[1,1536]{1,0} parameter(0)
+  %multiply.9 = bf16[1,1536]{1,0} multiply(%param_0.2, %param_0.2), metadata={op_name="jit(step)/jit(main)/square"}
+  %constant.3 = f32[] constant(0)
+  ROOT %reduce.10 = f32[1]{0} reduce(%multiply.9, %constant.3), dimensions={1}, to_apply=%add, metadata={op_name="jit(step)/jit(main)/reduce_sum"}
+}
+
+%gemm_fusion_dot.7_computation (p0: bf16[64,1536], p1: bf16[24576,1536]) -> bf16[64,24576] {
+  %p0 = bf16[64,1536]{1,0} parameter(0)
+  %p1 = bf16[24576,1536]{1,0} parameter(1)
+  ROOT %dot.7 = bf16[64,24576]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={1}
+}
+
+%command_buffer (p.0: bf16[1,7168], p.1: bf16[2240,7168]) -> bf16[1,2240] {
+  %p.0 = bf16[1,7168]{1,0} parameter(0)
+  %p.1 = bf16[2240,7168]{1,0} parameter(1)
+  %input_reduce_fusion.8 = f32[1,2240]{1,0} fusion(%p.0, %p.1), kind=kInput, calls=%fused_reduce, metadata={op_name="jit(step)/jit(main)/DSADecodeLayer/dot_general"}
+  ROOT %loop_convert_fusion = bf16[1,2240]{1,0} fusion(%input_reduce_fusion.8), kind=kLoop, calls=%fused_convert, metadata={op_name="jit(step)/jit(main)/dot_general"}
+}
+
+ENTRY %main.99 (Arg_0.1: bf16[1,7168], Arg_1.2: bf16[2240,7168], Arg_2.3: bf16[1,1536]) -> (bf16[1,2240], f32[1]) {
+  %Arg_0.1 = bf16[1,7168]{1,0} parameter(0)
+  %Arg_1.2 = bf16[2240,7168]{1,0} parameter(1)
+  %Arg_2.3 = bf16[1,1536]{1,0} parameter(2)
+  %call.1 = bf16[1,2240]{1,0} call(%Arg_0.1, %Arg_1.2), to_apply=%command_buffer
+  %input_reduce_fusion = f32[1]{0} fusion(%Arg_2.3), kind=kInput, calls=%fused_norm
+  %cublas-gemm.1 = (bf16[64,7168]{1,0}, s8[4194304]{0}) custom-call(%Arg_0.1, %Arg_1.2), custom_call_target="__cublas$gemm"
+  %gemm_fusion_dot.7 = bf16[64,24576]{1,0} fusion(%Arg_2.3, %Arg_1.2), kind=kCustom, calls=%gemm_fusion_dot.7_computation
+  ROOT %tuple = (bf16[1,2240]{1,0}, f32[1]{0}) tuple(%call.1, %input_reduce_fusion)
+}
+"""
+
+
+def test_jax_projection_kernels_from_the_optimised_hlo():
+    """bench.paths.jax_projection_kernels names the kernels that are dots in an XLA:GPU module:
+    a GEMV rewritten into multiply + reduce (metadata of a dot_general, inside a command-buffer
+    computation), a cuBLAS custom call and a Triton GEMM fusion; not the convert fusion that
+    only carries a dot's metadata, nor an rms-norm reduce. jax_phase_totals then counts those
+    kernels as projections (the Pallas kernels keep their own phases), which the by-name rule
+    alone counted as glue (the jax V4 B 1 rows of 2026-12-04: projections at 143 % of copy)."""
+    proj = paths.jax_projection_kernels(_GPU_HLO)
+    assert proj == {"input_reduce_fusion_8", "cublas_gemm_1", "gemm_fusion_dot_7"}, proj
+    k = [("input_reduce_fusion_8", 10.0), ("loop_convert_fusion", 1.0), ("input_reduce_fusion", 2.0),
+         ("sparse_mla_split", 5.0), ("indexer_topk_select", 3.0)]
+    t = paths.jax_phase_totals(k, n_calls=1, projection_kernels=proj)
+    assert (t["projections"], t["sparse_mla"], t["indexer"], t["other_kernels"]) == (10.0, 5.0, 3.0, 3.0)
+    t = paths.jax_phase_totals(k, n_calls=1)                    # by name only: a GEMV is glue
+    assert (t["projections"], t["other_kernels"]) == (0.0, 13.0)
+
+
+def test_jax_projection_kernels_of_a_compiled_module():
+    """The parser on a module XLA compiled here (the CPU's HLO text: top-level dots and dot
+    fusions): every dot of a GEMV-shaped step and an einsum is found, nothing else."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w, v):
+        y = x @ w.T
+        z = jnp.sqrt(jnp.mean(y * y, -1, keepdims=True))
+        return (y / z) @ v.T, jnp.einsum("bd,hd->bh", x, w[:16])
+    args = (jnp.ones((1, 256), jnp.bfloat16), jnp.ones((512, 256), jnp.bfloat16),
+            jnp.ones((64, 512), jnp.bfloat16))
+    text = jax.jit(f).lower(*args).compile().as_text()
+    proj = paths.jax_projection_kernels(text)
+    assert len(proj) == 3 and all("dot" in n for n in proj), proj
+
+
 def test_layer_phases_ratios_and_an_empty_profile(monkeypatch):
     """runner._layer_phases: glue = step - the three phases, the ratios of issue 15 and the
     projections' fraction of the copy bandwidth from the phases; a profile that saw no kernel
