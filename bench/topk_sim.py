@@ -1,6 +1,6 @@
 """NumPy simulation of the radix top-k's threshold-bucket sizes: old first digit against new.
 
-    python -m bench.topk_sim [--rows 16] [--json out.json] [--quick]
+    python -m bench.topk_sim [--rows 16] [--json out.json] [--quick] [--pallas]
 
 The Triton top-k (``kernels/topk/triton.py``) picks the threshold among the 256 bins of a first
 digit from one histogram, then runs its lower radix levels over the keys of the threshold bin
@@ -15,6 +15,14 @@ same math as the kernels: ``k_scale * sum_h w_h * relu(q_h . k)`` over dequantis
   threshold in bin 0 is a *window miss* (the kernel then descends the full key over bin 0: the
   candidates are that bin).
 * ``window16``: the same at 1/16 binade (``key >> 19``, 16 binades), for comparison only.
+
+``--pallas``: the Pallas top-k's pruning instead (``kernels/indexer/pallas.py``): the candidates
+a row keeps are the keys at or above ``tau``, the K-th largest maximum over groups of positions
+rounded down to 1/128 binade; a row whose candidates exceed the capacity (``next_pow2(4 K)``)
+is selected from the whole row by one program. Compared: ``g16``, a fixed 16-position group
+(before 2026-12-05), and ``merged``, the kernel's ``prune_merge`` rule (4-position maxima merged
+by 4, 2 or 1 so that at least 2 K groups remain), over prefixes of 4K-128K positions (K 2048)
+and 16K-1M (K 512) of the bench's rows, heavy-tailed and Student-t rows and the step inputs.
 
 A row whose qualifying count is <= K has no threshold (0 candidates). The counts are the
 threshold bin's size whether or not the kernel can take it whole (it then skips the levels).
@@ -73,6 +81,64 @@ def candidates(key: np.ndarray, K: int) -> dict:
         out[name] = n
         out[name + "_miss"] = d == 0
     return out
+
+
+def pallas_candidates(key: np.ndarray, K: int, group: int) -> int:
+    """Candidates the Pallas prune leaves in one row (uint32 keys as :func:`order_keys`, 0 = not
+    qualifying) for groups of ``group`` positions: keys at or above the K-th largest group max
+    rounded down to 1/128 binade (its low 16 bits cleared); the whole qualifying row when
+    fewer than K groups qualify."""
+    L = key.size
+    n = -(-L // group)
+    kp = np.zeros(n * group, np.uint32)
+    kp[:L] = key
+    g = kp.reshape(n, group).max(1)
+    g = g[g != 0]
+    q = int((key != 0).sum())
+    if g.size < K:
+        return q
+    tau = int(np.partition(g, g.size - K)[g.size - K]) & ~0xFFFF
+    return int((key >= max(tau, 1)).sum())
+
+
+def pallas_summary(name: str, rows, K: int) -> dict:
+    """Median / worst candidates and the capacity-overflow rate of the Pallas prune, old fixed
+    16-position groups against the ``prune_merge`` rule."""
+    from kernels.indexer import pallas as pk
+    cap = 1 << (4 * K - 1).bit_length()
+    out = dict(inputs=name, K=K, rows=len(rows), L=int(max(len(r) for r in rows)), cap=cap)
+    for nm in ("g16", "merged"):
+        v = []
+        for r in rows:
+            key = order_keys(np.asarray(r, np.float32))
+            g = 16 if nm == "g16" else pk.GROUP * pk.prune_merge(-(-key.size // pk.GROUP), K)
+            v.append(pallas_candidates(key, K, g))
+        v = np.array(v)
+        out[nm + "_median"], out[nm + "_worst"] = int(np.median(v)), int(v.max())
+        out[nm + "_overflow_rate"] = float(np.mean(v > cap))
+    return out
+
+
+def pallas_main(R: int, rng) -> list:
+    """The ``--pallas`` table (see the module docstring)."""
+    table = []
+    for preset, L_full, K, lengths in (
+            ("DSV32", 131072, 2048, (4096, 8192, 12288, 16384, 24576, 32768, 40960, 49152, 65536,
+                                     131072)),
+            ("DSV4_FLASH", 1 << 20, 512, (16384, 32768, 65536, 131072, 1 << 20))):
+        rows = bench_logits(preset, max(1, R // 8) if L_full >= (1 << 20) else R, L_full)
+        heavy = _heavy(rows, rng)
+        t15 = rng.standard_t(1.5, size=rows.shape).astype(np.float32)
+        for L in lengths:
+            table.append(pallas_summary(f"bench {preset} L{L // 1024}K", rows[:, :L], K))
+            for nm, hv in heavy.items():
+                table.append(pallas_summary(f"{nm} {preset} L{L // 1024}K", hv[:, :L], K))
+            table.append(pallas_summary(f"student-t df 1.5 L{L // 1024}K", t15[:, :L], K))
+    for preset, ctx, K in (("DSV32", 32768, 2048), ("DSV32", 131072, 2048),
+                           ("DSV4_FLASH", 131072, 512)):
+        rows = step_logits(preset, 4, ctx, K, seed=1)
+        table.append(pallas_summary(f"step {preset} ctx{ctx // 1024}K (B4)", rows, K))
+    return table
 
 
 # ----------------------------------------------------------------------------- logits
@@ -161,9 +227,17 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=16, help="bench rows (requests) per shape")
     ap.add_argument("--json", default=None, help="also write the table rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="L 64K only, 4 rows")
+    ap.add_argument("--pallas", action="store_true",
+                    help="the Pallas top-k's pruning (group maxima) instead of the Triton digit")
     args = ap.parse_args(argv)
     rng = np.random.default_rng(0)
     R = 4 if args.quick else args.rows
+    if args.pallas:
+        table = pallas_main(R, rng)
+        cols = ["inputs", "K", "rows", "cap", "g16_median", "g16_worst", "g16_overflow_rate",
+                "merged_median", "merged_worst", "merged_overflow_rate"]
+        _print_table(table, cols, args.json)
+        return
     table = []
     shapes = [("DSV32", 65536, 2048)] if args.quick else \
         [("DSV32", 65536, 2048), ("DSV32", 131072, 2048), ("DSV4_FLASH", 1 << 20, 512)]
@@ -182,13 +256,17 @@ def main(argv=None) -> None:
         table.append(summarize(f"step {preset} ctx{ctx // 1024}K (B4)", rows, K))
     cols = ["inputs", "K", "rows", "old_median", "old_worst", "window_median", "window_worst",
             "window_miss_rate", "window16_median", "window16_worst", "window16_miss_rate"]
+    _print_table(table, cols, args.json)
+
+
+def _print_table(table: list, cols: list, json_path: str | None) -> None:
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in table:
         print("| " + " | ".join(f"{r[c]:.2f}" if isinstance(r[c], float) else str(r[c])
                                 for c in cols) + " |")
-    if args.json:
-        with open(args.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(table, f, indent=1)
 
 

@@ -133,12 +133,27 @@ def _tie_logits(rng, B, R, W):
 
 
 def _group_max(x, lens):
-    """Max order key per 16 positions (what the logits kernel emits for the top-k kernel)."""
+    """Max order key per ``pk.GROUP`` positions (what the logits kernel emits for the top-k
+    kernel)."""
     B, R, W = x.shape
     valid = np.arange(W)[None, None] < lens[..., None]
     key = np.asarray(pk.order_key(jnp.asarray(x), jnp.asarray(valid)))
-    gm = key.reshape(B, R, W // 16, 16).max(-1)
+    gm = key.reshape(B, R, W // pk.GROUP, pk.GROUP).max(-1)
     return gm, key
+
+
+def _prune_candidates(key_row, L, topk):
+    """NumPy twin of the prune kernel's bound (without its 1/128-binade rounding, which only
+    adds candidates): the emitted maxima merged by ``pk.prune_merge``, tau = the topk-th largest
+    merged group max (or no pruning below topk groups); returns how many keys are >= tau."""
+    n4 = -(-L // pk.GROUP)
+    r = pk.prune_merge(n4, topk)
+    keys = np.full(-(-n4 // r) * r * pk.GROUP, pk.SENTINEL, np.int64)
+    keys[:L] = key_row[:L]
+    g = keys.reshape(-1, r * pk.GROUP).max(-1)
+    g = g[g != pk.SENTINEL]
+    tau = np.sort(g)[-topk] if g.size >= topk else pk.SENTINEL + 1
+    return int((key_row[:L] >= tau).sum())
 
 
 def _compile_big(fn, args):
@@ -171,17 +186,14 @@ def test_topk_kernel_variants(radix_bits, block, candidates):
     x = _tie_logits(rng, B, R, W)
     lens = np.array([[0, 37], [1500, 211]], np.int32)        # empty, < K, pruned, unpruned rows
     x[0, 1, 37:] = 1e38                                       # huge values past len: never read
+    x[1, 1, :] = np.float32(0.25)         # one exact tie across the row: no bound prunes it, so
+    #                                       the row overflows a capacity of 128 (211 candidates)
     gm, key = _group_max(x, lens)
     gmw = pk.group_max_width(W, block)
     gm = np.pad(gm, ((0, 0), (0, 0), (0, gmw - gm.shape[-1])), constant_values=pk.SENTINEL)
     # Which stage-3 source each row uses (documents the coverage of the two paths).
     cap = pk.candidate_capacity(topk, cfg, W)
-    n_cand = []
-    for b in range(B):
-        for r in range(R):
-            g = gm[b, r][gm[b, r] != pk.SENTINEL]
-            tau = np.sort(g)[-topk] if g.size >= topk else pk.SENTINEL + 1
-            n_cand.append(int((key[b, r] >= tau).sum()))
+    n_cand = [_prune_candidates(key[b, r], int(lens[b, r]), topk) for b in range(B) for r in range(R)]
     assert (max(n_cand) <= cap) == (candidates == 16384), (n_cand, cap)
     args = (jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
     got = _compile_big(lambda a, g, l: pk.launch_topk_select(a, g, l, topk, num_rows=R, cfg=cfg),
@@ -245,6 +257,35 @@ def test_topk_row_split_and_window(splits):
     hits = _window_hits(np.where(np.arange(W)[None, None] < lens[..., None], key, pk.SENTINEL)
                         .reshape(-1, W), topk)
     assert hits[:3] == [True, False, True], hits         # both outcomes of the window are covered
+
+
+def test_topk_prune_fits_every_length():
+    """The prune bound keeps i.i.d. rows within the candidate capacity at every length above it:
+    rows of 130 .. 4096 positions at K = 32 (capacity 128), among them the lengths where a fixed
+    16-position group left fewer than K groups or barely K (L = 520: the regime of the jax decode
+    layer at L 32K, K 2048, which read whole rows in one program). Each row's candidate count
+    lies between the NumPy twin's (no 1/128-binade rounding) and the capacity, and the
+    selection is the exact SPEC set."""
+    rng = np.random.default_rng(7)
+    topk, W = 32, 4096
+    lens = np.array([[130, 200, 300, 520], [700, 1100, 2100, 4096]], np.int32)
+    x = rng.standard_normal((2, 4, W)).astype(np.float32)
+    cfg = pk.PallasIndexerConfig(block=128)
+    gm, key = _group_max(x, lens)
+    gm = np.pad(gm, ((0, 0), (0, 0), (0, pk.group_max_width(W, 128) - gm.shape[-1])),
+                constant_values=pk.SENTINEL)
+    got, counts, cap = jax.jit(lambda a, g, l: pk.launch_topk_select(
+        a, g, l, topk, num_rows=4, cfg=cfg, return_candidates=True))(
+        jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    counts = np.asarray(counts)
+    assert cap == 128
+    for b in range(2):
+        for r in range(4):
+            twin = _prune_candidates(key[b, r], int(lens[b, r]), topk)
+            assert twin <= counts[b, r] <= cap, (int(lens[b, r]), twin, int(counts[b, r]), cap)
+    masked = np.where(np.arange(W)[None, None] < lens[..., None], x, -np.inf)
+    want = reference.topk_from_logits(masked, topk)
+    np.testing.assert_array_equal(np.sort(np.asarray(got)[:, :, :topk], -1), np.sort(want, -1))
 
 
 @pytest.mark.skipif(not ON_GPU, reason="compiled top-k kernels (scatter stores lowered to Triton) need CUDA")
@@ -387,7 +428,8 @@ def test_logits_kernel_variants(trans, pages):
         for b in range(B):
             end = int(ends[b])
             key = np.asarray(pk.order_key(jnp.asarray(logits[b, :, :end]), jnp.ones((N, end), bool)))
-            np.testing.assert_array_equal(gmax[b, :N, :end // 16], key.reshape(N, -1, 16).max(-1),
+            np.testing.assert_array_equal(gmax[b, :N, :end // pk.GROUP],
+                                          key.reshape(N, -1, pk.GROUP).max(-1),
                                           err_msg=f"group maxima, request {b}, {splits} splits")
             if not ON_GPU:      # interpret mode poisons outputs with NaN: nothing past the end
                 assert np.isnan(raw[b, :, end:]).all(), f"request {b}: positions past {end} written"

@@ -70,8 +70,8 @@ Kernel 1, ``_indexer_logits_kernel`` (grid ``(B, S)``; one program = request b, 
   FLOP/byte, memory bound on H200 and sm_120. Split count ``S ~ 2 * num_SMs / B`` (as the torch
   path) so B = 64 fills 132 SMs.
 * With ``group_max=True`` (the top-k path) the epilogue also stores, per draft and per group of
-  16 positions, the max order key (below), 1/16 of the logits' size: the pruning input of
-  kernel 2 (``pages * P / 16`` groups per iteration, masked like the logits).
+  :data:`GROUP` = 4 positions, the max order key (below), 1/4 of the logits' size: the pruning
+  input of the top-k (``pages * P / 4`` groups per iteration, masked like the logits).
 
 Top-k, four kernels (:func:`launch_topk_select`), exact selection:
 
@@ -92,13 +92,19 @@ Top-k, four kernels (:func:`launch_topk_select`), exact selection:
   each (``[BLOCK, 2^R]`` compares), with *deferred counts*: a ``[BLOCK, 2^R]`` int32 partial
   count is carried through the pass's loop and reduced across threads once per pass (the
   previous kernel reduced per 256-element chunk: ~300-400 latency-bound reductions per row).
-* ``_topk_prune_kernel`` (grid ``(B, N)``): over the ``L / 16`` group maxima the logits kernel
-  emits: their count and the row's max key (one deferred pass), then, if at least K groups hold
-  a qualifying key, ``tau`` = the K-th largest group max rounded down to its 1/128-binade
-  interval (the radix select stops after the window pass and one 4-bit digit): a lower bound
-  of the K-th largest key (K groups each hold a key ``>= tau``), so only keys ``>= tau`` can be
-  selected. On random scores with ``L / 16 >= 2 K`` the exact K-th group max leaves ~1.3-2 K
-  candidates of L; the rounding adds those within 1/128 binade below it.
+* ``_topk_prune_kernel`` (grid ``(B, N)``): over group maxima of ``G = 4 * R`` positions, the
+  row's own group width: the kernel takes the max of ``R`` consecutive 4-position maxima the
+  logits kernel emits, ``R`` (:func:`prune_merge`) the largest of 4, 2, 1 that leaves at least
+  ``2 K`` groups in the row. It counts them and the row's max key (one deferred pass), then, if
+  at least K groups hold a qualifying key, ``tau`` = the K-th largest group max rounded down to
+  its 1/128-binade interval (the radix select stops after the window pass and one 4-bit digit):
+  a lower bound of the K-th largest key (K groups each hold a key ``>= tau``), so only keys
+  ``>= tau`` can be selected. On i.i.d. scores that leaves ``L (1 - (1 - K / n)^(1 / G))``
+  candidates (``n = L / G`` groups): ~1.1-1.4 K at ``n >= 2 K``, at most ~3.5 K for any ``L``
+  above the capacity (``bench.topk_sim --pallas``). A fixed 16-position group (before
+  2026-12-05) pruned nothing below ``L = 16 K`` (fewer than K groups) and little just above it:
+  every row of 8K-40K positions at K = 2048 overflowed the capacity and was selected from the
+  whole row by one program (the jax decode layer at L 32K: 668 us of indexer at B 1).
 * ``_topk_count_kernel`` (grid ``(B, N, S)``): split s of the row (a contiguous range of
   ``ceil(chunks / S)`` chunks) counts its keys ``>= tau`` and its qualifying keys (deferred,
   one reduction per program).
@@ -118,8 +124,8 @@ Top-k, four kernels (:func:`launch_topk_select`), exact selection:
 * ``topk`` above the row's capacity: every kernel, the scratch and the binding's sort are sized
   by ``min(K, W_pad)``; the columns past it are written as -1 by an XLA pad.
 * Cost per row of L valid positions (K = 2048, L = 64K, 4-bit digits, window hit): the
-  prune kernel reads L/16 keys 3 times (one stats pass + 2 radix passes; 16 compare-adds per
-  key per pass); count and compact read the row's logits once each (2 x 4 B x L), split over
+  prune kernel reads the L/4 group maxima (merged to L/16 groups) 3 times (one stats pass + 2
+  radix passes; 16 compare-adds per group per pass); count and compact read the row's logits once each (2 x 4 B x L), split over
   S programs (``default_topk_splits``: about eight per SM over all rows); the select kernel
   reads the ~2-3K candidates 7 times and emits. Integer counting only, no atomics: bitwise
   reproducible.
@@ -141,6 +147,7 @@ Every ``pallas_call`` goes through :func:`kernels._pallas_call.triton_call`.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, fields
 
 import jax
@@ -154,7 +161,8 @@ from kernels._pallas_call import interpret_default, triton_call
 
 SENTINEL = -(2 ** 31)          # INT32_MIN: key of NaN, -inf and positions past the valid length
 _SLOTS = 16                    # output slots filled per one-hot compaction step
-_GROUP = 16                    # positions per group maximum (top-k pruning)
+GROUP = 4                      # positions per group maximum the logits kernel emits (top-k pruning)
+PRUNE_MERGE = (4, 2, 1)        # group maxima the prune kernel may merge into one group (prune_merge)
 
 
 def _next_pow2(x: int) -> int:
@@ -320,7 +328,7 @@ def _indexer_logits_kernel(
     w_ref,      # [B, NP*HP] float32
     k_ref,      # fp8: [num_pages, P*(D+4)] or [num_pages, P + 4P/D, D] uint8; dense: [num_pages, P, D]
     o_ref,      # [B, NP, W_pad] float32 logits (only pages < n_pages_b written)
-    *bm_refs,   # EMIT_BM: ([B, NP, BM_W] int32 max order key per 16-position group,)
+    *bm_refs,   # EMIT_BM: ([B, NP, BM_W] int32 max order key per GROUP-position group,)
     P: int, D: int, H: int, N: int, HP: int, NP: int, NUM_PAGES: int, MAX_PAGES: int,
     NUM_SPLITS: int, FP8: bool, ROWS: bool, EMIT_BM: bool, TRANS: bool, PAGES: int,
 ):
@@ -342,7 +350,7 @@ def _indexer_logits_kernel(
     live = ((row % HP) < H) & ((row // HP) < N)                 # [R] real (draft, head)
     T = PAGES * P                                               # token rows per iteration
     t = lax.broadcasted_iota(jnp.int32, (T,), 0)
-    G = P // _GROUP                                             # groups per page
+    G = P // GROUP                                              # groups per page
 
     def body(g, carry):
         g0 = p0 + g * PAGES                                     # first page of the group
@@ -391,7 +399,7 @@ def _indexer_logits_kernel(
             plgpu.store(o_ref.at[b, :, pl.ds(g0 * P, T)], logit,
                         mask=jnp.broadcast_to(in_split[None, :], (NP, T)))
         if EMIT_BM:
-            bm = jnp.max(order_key(logit, valid).reshape(NP, PAGES * G, _GROUP), axis=2)
+            bm = jnp.max(order_key(logit, valid).reshape(NP, PAGES * G, GROUP), axis=2)
             if PAGES == 1:
                 bm_refs[0][b, :, pl.ds(g0 * G, G)] = bm                       # [NP, G]
             else:
@@ -406,7 +414,7 @@ def _indexer_logits_kernel(
 # ============================================================================ top-k kernels
 #
 # Four Pallas calls per top-k (see the module docstring, "Top-k"): _topk_prune_kernel (one
-# program per row, over the L/16 group maxima), _topk_split_kernel twice (count, then compact;
+# program per row, over the row's group maxima), _topk_split_kernel twice (count, then compact;
 # grid (B, N, S), S programs per row over contiguous ranges of the row), _topk_select_kernel (one
 # program per row, over the <= CAP candidates). A *source* is a function c -> (key [BLOCK] int32,
 # pos [BLOCK] int32) reading chunk c; keys past the source's length are SENTINEL.
@@ -556,9 +564,28 @@ def _stats_vec(*vals):
     return out
 
 
+def prune_merge(n4, k):
+    """Group maxima merged into one pruning group (``R``, the group is ``GROUP * R`` positions)
+    for a row of ``n4`` emitted ``GROUP``-position maxima and top-k ``k``: the largest of
+    :data:`PRUNE_MERGE` that leaves at least ``2 k`` groups, else 1. Works on Python ints and on
+    traced int32 scalars alike (the kernel's rule and the tests' NumPy twin are this function).
+
+    Why 2 k: with ``n`` groups of ``G`` i.i.d. keys the K-th largest group max leaves about
+    ``L (1 - (1 - k / n)^(1 / G))`` keys at or above it: ``1.36 k`` at ``n = 2 k``, G = 16,
+    and all ``L`` at ``n = k``. Longer groups read fewer maxima per pass (the prune kernel is
+    one program per row), so the widest group that keeps ``n >= 2 k`` is taken."""
+    r = 1
+    for m in sorted(PRUNE_MERGE)[1:]:
+        if isinstance(n4, numbers.Integral):
+            r = m if n4 >= 2 * k * m else r
+        else:
+            r = jnp.where(n4 >= 2 * k * m, jnp.int32(m), r)
+    return r
+
+
 def _topk_prune_kernel(
     lens_ref,   # [B, NP] int32 valid length per draft
-    bm_ref,     # [B, NP, BM_W] int32 max order key per group of 16 positions
+    bm_ref,     # [B, NP, BM_W] int32 max order key per group of GROUP positions
     st_ref,     # [B, NP, 16] int32 out: lane 0 tau (candidate bound), lane 1 the row's max key
     *, K: int, BLOCK: int, RADIX_BITS: int,
 ):
@@ -567,13 +594,21 @@ def _topk_prune_kernel(
     L = lens_ref[b, i]
     sent = jnp.int32(SENTINEL)
     offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
-    n_groups = (L + (_GROUP - 1)) // _GROUP
+    n4 = (L + (GROUP - 1)) // GROUP                 # emitted group maxima of the row
+    R = prune_merge(n4, K)                          # merged per pruning group (runtime)
+    n_groups = (n4 + (R - 1)) // R
     n_gchunks = (n_groups + (BLOCK - 1)) // BLOCK
+    MR = max(PRUNE_MERGE)
+    col = lax.broadcasted_iota(jnp.int32, (BLOCK, MR), 1)
 
     def group_src(c):
+        # pruning group gi = the max of emitted maxima [gi * R, gi * R + R): one [BLOCK, MR]
+        # gather (lanes >= R masked off), reduced along the short axis in registers
         gi = c * BLOCK + offs
-        ok = gi < n_groups
-        return plgpu.load(bm_ref.at[b, i, pl.ds(c * BLOCK, BLOCK)], mask=ok, other=sent), gi
+        e = gi[:, None] * R + col                                               # [BLOCK, MR]
+        ok = (col < R) & (e < n4)
+        key = plgpu.load(bm_ref.at[b, i, jnp.where(ok, e, 0)], mask=ok, other=sent)
+        return jnp.max(key, axis=1), gi
 
     def scan(c, carry):         # qualifying groups and the max key, reduced once after the loop
         n, mx = carry
@@ -726,8 +761,9 @@ def padded_width(width: int, page_size: int, block: int) -> int:
 
 
 def group_max_width(w_pad: int, block: int) -> int:
-    """Width of the per-16-position group-maximum rows: ``W_pad / 16`` rounded up to ``block``."""
-    return _cdiv(w_pad // _GROUP, block) * block
+    """Width of the group-maximum rows (one per :data:`GROUP` positions): ``W_pad / GROUP``
+    rounded up to ``block``."""
+    return _cdiv(w_pad // GROUP, block) * block
 
 
 def candidate_capacity(topk: int, cfg: PallasIndexerConfig, w_pad: int | None = None) -> int:
@@ -766,7 +802,7 @@ def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, 
       positions below ``ceil(max_i lens[b, i] / P) * P``, -inf there where invalid; every other
       element is unwritten (garbage) and must be masked by the caller. With ``group_max``, a
       tuple with int32 ``[B, NP, group_max_width(W_pad, cfg.block)]``: the max :func:`order_key`
-      of each 16 positions (SENTINEL if none qualifies), written for the same pages.
+      of each :data:`GROUP` positions (SENTINEL if none qualifies), written for the same pages.
     """
     B, N, H, D = q.shape
     P = page_size
@@ -802,22 +838,26 @@ def launch_indexer_logits(q, weights, k_cache, block_table, lens, *, fp8: bool, 
 
 def launch_topk_select(logits, group_max, lens, topk: int, *, num_rows: int,
                        cfg: PallasIndexerConfig = PallasIndexerConfig(), num_sms: int = 132,
-                       interpret: bool | None = None):
+                       interpret: bool | None = None, return_candidates: bool = False):
     """Exact top-k of rows ``[:, :num_rows]`` of ``logits``: four Pallas calls (module docstring).
 
     Args:
       logits: float32 ``[B, NP, W_pad]`` (``W_pad`` a multiple of ``cfg.block``), valid below
         ``lens``; anything at or past ``lens`` is never read.
       group_max: int32 ``[B, NP, group_max_width(W_pad, cfg.block)]`` from
-        :func:`launch_indexer_logits` (max :func:`order_key` per 16 positions, valid below
-        ``ceil(lens / 16)``).
+        :func:`launch_indexer_logits` (max :func:`order_key` per :data:`GROUP` positions, valid
+        below ``ceil(lens / GROUP)``).
       lens: int32 ``[B, N]`` valid lengths, ``0 <= lens <= W_pad``.
       topk: K. Work and scratch are sized by ``min(K, W_pad)`` (no row holds more); the columns
         past it are -1 (written by XLA's pad, not by the kernels).
       num_sms: streaming multiprocessors, for the split heuristic (:func:`default_topk_splits`).
+      return_candidates: also return the pruned candidate count of each row (int32 ``[B, NP]``)
+        and the capacity (Python int): a row whose count exceeds it was selected from the whole
+        row by one program (exact, slow). For tests and the bench's fallback rate.
     Returns:
       int32 ``[B, NP, K_out]``, ``K_out >= topk``; ``[:, :num_rows, :topk]`` holds the exact SPEC
-      selection in ascending position order, then -1.
+      selection in ascending position order, then -1 (with ``return_candidates``: a tuple
+      ``(indices, counts, capacity)``).
     Memory: besides the output, ``8 * (CAP + block)`` bytes of candidate scratch per row
     (``CAP = candidate_capacity(min(K, W_pad), cfg, W_pad) <= W_pad``), ``16 * 4 * S`` bytes of
     per-split counts and 64 bytes of row statistics per row.
@@ -859,4 +899,6 @@ def launch_topk_select(logits, group_max, lens, topk: int, *, num_rows: int,
         name="indexer_topk_select", **common)(lp, st, cnt, logits, ck, cp)[:, :, :K_PAD]
     if topk > K_PAD:
         idx = jnp.pad(idx, ((0, 0), (0, 0), (0, topk - K_PAD)), constant_values=-1)
+    if return_candidates:
+        return idx, jnp.sum(cnt[..., 0], axis=-1), CAP
     return idx
