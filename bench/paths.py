@@ -368,12 +368,9 @@ def jax_phase_totals(kernels, n_calls: int, projection_kernels=()) -> dict:
             "other_top": {k[:80]: round(v / n, 2) for k, v in top}}
 
 
-def jax_layer_phases(calls, reps: int = 5) -> dict:
-    """:func:`torch_layer_phases` for a JAX layer step: ``reps`` rounds of ``calls`` (each
-    blocked on) under ``jax.profiler.trace`` with a perfetto trace, the device kernels split by
-    name (:func:`jax_phase_totals`); a call with ``hlo_text()`` (:class:`_DonatingLayerCall`)
-    adds the projection kernels its optimised HLO names (:func:`jax_projection_kernels`), and
-    the result records how many kernels came from it (``hlo_projection_kernels``)."""
+def _jax_device_kernels(calls, reps: int) -> list[tuple[str, float]]:
+    """The device kernels (:func:`jax_trace_kernels`) of ``reps`` rounds of ``calls`` (each
+    blocked on, after one warm round) under ``jax.profiler.trace`` with a perfetto trace."""
     import glob
     import gzip
     import json
@@ -392,11 +389,44 @@ def jax_layer_phases(calls, reps: int = 5) -> dict:
             raise RuntimeError(f"jax.profiler wrote no perfetto_trace.json.gz under {d}")
         with gzip.open(files[0], "rt") as f:
             trace = json.load(f)
+    return jax_trace_kernels(trace)
+
+
+def jax_indexer_phase_totals(kernels, n_calls: int) -> dict:
+    """``{"logits_us", "topk_us"}`` per call from device kernels by name: the Pallas logits kernel
+    (``indexer_logits``) and the Pallas top-k kernels (``indexer_topk_*``: prune, count, compact,
+    select); XLA's own small kernels around them (the lengths' pad, the -1 pad) are in neither,
+    as the torch rows count only their named kernels."""
+    logits = sum(us for name, us in kernels if "indexer_logits" in name.lower())
+    topk = sum(us for name, us in kernels if "indexer_topk" in name.lower())
+    n = max(1, n_calls)
+    return {"logits_us": logits / n, "topk_us": topk / n}
+
+
+def jax_indexer_phases(calls, reps: int = 5) -> dict:
+    """:func:`torch_indexer_phases` for a JAX ``indexer_topk`` row: the Pallas kernels' device time
+    from a ``jax.profiler`` trace (:func:`jax_indexer_phase_totals`). Needs a process in which
+    torch.profiler has not run (CUPTI takes one subscriber): a trace without kernels raises."""
+    kern = _jax_device_kernels(calls, reps)
+    if not kern:
+        raise RuntimeError("no device kernel in the jax.profiler trace (CUPTI refuses a second "
+                           "subscriber: time the jax rows in their own process, --backend jax)")
+    t = jax_indexer_phase_totals(kern, reps * len(calls))
+    return {**t, "topk_timer": f"jax.profiler device trace, Pallas kernels by name (mean of "
+                               f"{reps * len(calls)} blocked calls)"}
+
+
+def jax_layer_phases(calls, reps: int = 5) -> dict:
+    """:func:`torch_layer_phases` for a JAX layer step: ``reps`` rounds of ``calls`` (each
+    blocked on) under ``jax.profiler.trace`` with a perfetto trace, the device kernels split by
+    name (:func:`jax_phase_totals`); a call with ``hlo_text()`` (:class:`_DonatingLayerCall`)
+    adds the projection kernels its optimised HLO names (:func:`jax_projection_kernels`), and
+    the result records how many kernels came from it (``hlo_projection_kernels``)."""
     proj = set()
     hlo = getattr(calls[0], "hlo_text", None) if calls else None
     if hlo is not None:
         proj = jax_projection_kernels(hlo())
-    kern = jax_trace_kernels(trace)
+    kern = _jax_device_kernels(calls, reps)
     out = jax_phase_totals(kern, reps * len(calls), proj)
     out["hlo_projection_kernels"] = sorted({n for n, _ in kern if n in proj})
     return out

@@ -341,7 +341,16 @@ def _indexer_phases(adapter, calls, dry: bool) -> dict:
     """``topk_us`` (and ``logits_us``) of an indexer row (issue 17): the GPU time of the kernels
     after the logits kernel, from the profiler ranges the torch bindings open around the two
     phases (paths.torch_indexer_phases); in a dry run the interpreter's time in them. JAX rows
-    have no kernel profiler in the bench: None, and ``topk_timer`` says so."""
+    on a GPU: the Pallas kernels' device time from a jax.profiler trace
+    (paths.jax_indexer_phases; in a process where torch.profiler ran, the trace sees no kernel:
+    an error note); in a dry run None, and ``topk_timer`` says why."""
+    if adapter.name == "jax":
+        if dry:
+            return {"topk_timer": "not measured (jax dry run: the interpreter launches no kernels)"}
+        try:
+            return paths.jax_indexer_phases(calls)
+        except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
+            return {"topk_timer": f"error: {type(e).__name__}: {e}"[:200]}
     if adapter.name != "torch":
         return {"topk_timer": f"not measured ({adapter.name}: no kernel profiler in the bench)"}
     try:

@@ -244,12 +244,12 @@ def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
             assert r["p20_us"] <= r["median_us"] <= r["p80_us"]
             assert r["frac_floor"] == pytest.approx(r["floor_us"] / r["median_us"])
     # indexer rows carry topk_us (the stub calls open no phase ranges: 0 from the profiler on
-    # the torch backend; jax rows say why they have none); other ops do not
+    # the torch backend; jax dry-run rows say why they have none); other ops do not
     for pth in ("triton", "torch"):
         assert by[("indexer_topk", pth)]["topk_us"] == 0.0
         assert by[("indexer_topk", pth)]["topk_timer"].startswith("torch.profiler")
     assert by[("indexer_topk", "xla")]["topk_us"] is None
-    assert "no kernel profiler" in by[("indexer_topk", "xla")]["topk_timer"]
+    assert "jax dry run" in by[("indexer_topk", "xla")]["topk_timer"]
     assert "topk_us" not in by[("sparse_mla_decode", "triton")]
     # bytes / FLOPs of the rows are the formulas applied to the shape
     m = by[("sparse_mla_decode", "triton")]
@@ -467,6 +467,15 @@ def test_jax_projection_kernels_of_a_compiled_module():
     text = jax.jit(f).lower(*args).compile().as_text()
     proj = paths.jax_projection_kernels(text)
     assert len(proj) == 3 and all("dot" in n for n in proj), proj
+
+
+def test_jax_indexer_phases_by_kernel_name():
+    """bench.paths.jax_indexer_phase_totals: the Pallas logits kernel and the four Pallas top-k
+    kernels by name, per call; XLA's small kernels around them (pads) are in neither phase."""
+    k = [("indexer_logits", 30.0), ("indexer_topk_prune", 4.0), ("indexer_topk_count", 2.0),
+         ("indexer_topk_compact", 3.0), ("indexer_topk_select", 7.0), ("loop_pad_fusion", 1.0)]
+    t = paths.jax_indexer_phase_totals(k, n_calls=2)
+    assert t == {"logits_us": 15.0, "topk_us": 8.0}
 
 
 def test_layer_phases_ratios_and_an_empty_profile(monkeypatch):
