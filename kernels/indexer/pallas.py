@@ -161,6 +161,7 @@ from kernels._pallas_call import interpret_default, triton_call
 
 SENTINEL = -(2 ** 31)          # INT32_MIN: key of NaN, -inf and positions past the valid length
 _SLOTS = 16                    # output slots filled per one-hot compaction step
+_UNROLL = 4                    # chunks whose loads one iteration of a counting pass issues together
 GROUP = 4                      # positions per group maximum the logits kernel emits (top-k pruning)
 PRUNE_MERGE = (4, 2, 1)        # group maxima the prune kernel may merge into one group (prune_merge)
 
@@ -449,16 +450,34 @@ def window_lower(top, digit, nbins: int):
 
 
 def _count_ge(src, n_chunks, cands, *, BLOCK: int):
-    """For each threshold of ``cands`` (a list of int32 scalars), the number of keys ``>=`` it over
-    chunks ``[0, n_chunks)``: a list of int32 scalars. Deferred counts: one ``[BLOCK]`` partial
-    count per threshold is carried through the loop (per-thread compares and adds in the keys'
-    own layout: no layout conversion or barrier per chunk) and each is reduced across threads
-    once, after the loop."""
+    """For the thresholds ``cands`` (a list of int32 scalars), the number of keys ``>=`` each over
+    chunks ``[0, n_chunks)``: an int32 ``[len(cands)]`` vector. Deferred counts: one
+    ``[BLOCK, len(cands)]`` partial count is carried through the loop (per-thread compares and
+    adds: no layout conversion or barrier per chunk) and reduced across threads once, after the
+    loop, as one 2-D reduction (sixteen 1-D ones before 2026-12-05: 163 barriers in the prune
+    kernel, 605 in the select kernel, by the sm_90 AOT compile).
+
+    Each iteration issues the loads of :data:`_UNROLL` chunks back to back, then their compares:
+    at B = 1 the prune and select kernels are one program per row, so one dependent load per
+    iteration left every pass latency-bound. Chunks past ``n_chunks`` (up to ``_UNROLL - 1``)
+    read as SENTINEL (every source masks positions past its length, and a masked load reads
+    nothing); SENTINEL keys only count towards a threshold of SENTINEL, whose count the radix
+    select never uses as a count above the threshold."""
+    nb = len(cands)
+    lane = lax.broadcasted_iota(jnp.int32, (nb,), 0)
+    cvec = jnp.zeros((nb,), jnp.int32)
+    for d, t in enumerate(cands):
+        cvec = jnp.where(lane == d, t, cvec)
+
     def body(c, acc):
-        key, _ = src(c)
-        return tuple(a + (key >= t).astype(jnp.int32) for a, t in zip(acc, cands))
-    acc = lax.fori_loop(0, n_chunks, body, tuple(jnp.zeros((BLOCK,), jnp.int32) for _ in cands))
-    return [jnp.sum(a) for a in acc]
+        keys = [src(c * _UNROLL + j)[0] for j in range(_UNROLL)]       # loads in flight together
+        for key in keys:
+            acc = acc + (key[:, None] >= cvec[None, :]).astype(jnp.int32)
+        return acc
+
+    acc = lax.fori_loop(0, (n_chunks + (_UNROLL - 1)) // _UNROLL, body,
+                        jnp.zeros((BLOCK, nb), jnp.int32))
+    return jnp.sum(acc, axis=0)
 
 
 def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_SHIFT: int = 0):
@@ -472,19 +491,19 @@ def _radix_select(src, n_chunks, kth, top, *, RADIX_BITS: int, BLOCK: int, MIN_S
     pass and the three (at 4 bits) most significant radix passes run zero chunks; when it lands
     in the clamped bin 0 (the window missed) they run. Then most significant digit first over
     the remaining bits: each pass counts, for the ``2^RADIX_BITS`` candidate prefixes, the keys
-    ``>=`` the candidate (:func:`_count_ge`: one cross-thread reduction per candidate per pass,
-    none per chunk) and keeps the largest digit whose count still reaches ``kth``; the count
+    ``>=`` the candidate (:func:`_count_ge`: one 2-D cross-thread reduction per pass, none per
+    chunk) and keeps the largest digit whose count still reaches ``kth``; the count
     strictly above the chosen interval is tracked, and after the last pass it is
     ``#{key > T}``. Integer counting only; the per-digit bookkeeping is scalar.
     """
     BINS = 1 << RADIX_BITS
     sent = jnp.int32(SENTINEL)
 
-    def pick(cnts):             # counts are non-increasing in the digit
-        dstar = sum((c >= kth).astype(jnp.int32) for c in cnts) - 1
-        nxt = jnp.int32(0)      # count of digit dstar + 1 (0 past BINS - 1)
-        for d, c in enumerate(cnts):
-            nxt = jnp.where(dstar + 1 == d, c, nxt)
+    digit = lax.broadcasted_iota(jnp.int32, (BINS,), 0)
+
+    def pick(cnts):             # [BINS] counts, non-increasing in the digit
+        dstar = jnp.sum((cnts >= kth).astype(jnp.int32)) - 1
+        nxt = jnp.sum(jnp.where(digit == dstar + 1, cnts, 0))    # 0 past BINS - 1
         return dstar, nxt
 
     t_u = jnp.int32(0)          # threshold bits so far, in the unsigned (key ^ INT32_MIN) domain
@@ -612,11 +631,13 @@ def _topk_prune_kernel(
 
     def scan(c, carry):         # qualifying groups and the max key, reduced once after the loop
         n, mx = carry
-        key, _ = group_src(c)
-        return n + (key != sent).astype(jnp.int32), jnp.maximum(mx, key)
+        keys = [group_src(c * _UNROLL + j)[0] for j in range(_UNROLL)]   # loads in flight together
+        for key in keys:
+            n, mx = n + (key != sent).astype(jnp.int32), jnp.maximum(mx, key)
+        return n, mx
 
-    n, mx = lax.fori_loop(0, n_gchunks, scan, (jnp.zeros((BLOCK,), jnp.int32),
-                                               jnp.full((BLOCK,), SENTINEL, jnp.int32)))
+    n, mx = lax.fori_loop(0, (n_gchunks + (_UNROLL - 1)) // _UNROLL, scan,
+                          (jnp.zeros((BLOCK,), jnp.int32), jnp.full((BLOCK,), SENTINEL, jnp.int32)))
     n_vgroups, row_max = jnp.sum(n), jnp.max(mx)
     # If at least K groups hold a qualifying key, the K-th largest group max tau is a lower bound
     # of the K-th largest key (K groups each hold a key >= tau): only keys >= tau can be selected.
