@@ -5,6 +5,7 @@ registers, stack (spill) bytes, shared memory and the SASS of the hot loop per w
 
     PYTHONPATH=. python -m bench.pallas_aot_counts                 # the issue's rows
     PYTHONPATH=. python -m bench.pallas_aot_counts --row b64h128 --block-h 64 --stages 2
+    PYTHONPATH=. python -m bench.pallas_aot_counts --topk                  # the indexer's top-k
 
 bench/NOTES.md ("Sparse MLA, Pallas") has the method and the numbers.
 """
@@ -129,6 +130,39 @@ def report(name, cfg, cc=90, top=12):
             f"{k.metadata.shared}; loop {n} SASS: {classes} ({time.time() - t:.0f} s)")
 
 
+def topk_report(cc: int = 90, *, B: int = 1, W: int = 131072, K: int = 2048) -> list[str]:
+    """The four Pallas top-k kernels (``kernels.indexer.pallas.launch_topk_select``: prune,
+    count, compact, select) lowered for one row set of width W, compiled for ``sm_<cc>``: shared
+    memory, ``BAR.SYNC`` in the whole kernel, and the SASS of its largest loop."""
+    import jax
+    import jax.numpy as jnp
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+    from _pallas_aot import compile_ttir, lower_pallas_ttir
+    from kernels.indexer import pallas as pk
+    cfg = pk.PallasIndexerConfig()
+    args = (jax.ShapeDtypeStruct((B, 1, W), jnp.float32),
+            jax.ShapeDtypeStruct((B, 1, pk.group_max_width(W, cfg.block)), jnp.int32),
+            jax.ShapeDtypeStruct((B, 1), jnp.int32))
+    mods = lower_pallas_ttir(lambda x, g, ln: pk.launch_topk_select(
+        x, g, ln, K, num_rows=1, cfg=cfg, interpret=False), args)
+    out = []
+    for name, ttir in zip(("prune", "count", "compact", "select"), mods):
+        k = compile_ttir(ttir, cc, num_warps=cfg.topk_num_warps, num_stages=1)
+        resline, ops, n = sass_counts(k.asm["cubin"])
+        with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as fh:
+            fh.write(k.asm["cubin"])
+        sass = subprocess.run([os.path.join(_tools(), "cuobjdump"), "-sass", fh.name],
+                              capture_output=True, text=True).stdout
+        os.unlink(fh.name)
+        bars = len(re.findall(r"\bBAR\.SYNC", sass))
+        main = collections.Counter({o: c for o, c in ops.items() if "." not in o})
+        out.append(f"topk {name} B{B} W{W} K{K} sm_{cc}: {resline} shared {k.metadata.shared}; "
+                   f"BAR.SYNC {bars}; largest loop {n} SASS: "
+                   + ", ".join(f"{op} {c}" for op, c in main.most_common(8)))
+    return out
+
+
 def main(argv=None):
     from kernels.sparse_mla import configs
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -139,7 +173,12 @@ def main(argv=None):
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--prefetch", type=int, default=0)
     ap.add_argument("--cc", type=int, default=90)
+    ap.add_argument("--topk", action="store_true", help="the indexer's Pallas top-k kernels instead")
     a = ap.parse_args(argv)
+    if a.topk:
+        for line in topk_report(a.cc):
+            print(line, flush=True)
+        return
     for name in a.row or list(ROWS):
         H = ROWS[name][1]
         if a.block_h:
