@@ -5,10 +5,18 @@
   inputs of consecutive calls differ so the L2 does not serve them). When the path cannot be
   captured (a host sync in a plain-PyTorch path), ``triton.testing.do_bench`` with its L2 flush
   between calls, cycling through the input sets.
-* JAX: the function is jitted and compiled before timing (compile time excluded); each sample is
-  a batch of asynchronously dispatched calls over the rotated sets, closed by
-  ``jax.block_until_ready``; per-call time = batch time / calls. For kernels shorter than JAX's
-  dispatch cost (~10-20 us per call) the number is dispatch-bound; rows say ``timer``.
+* JAX ops (each call a ``functools.partial`` of one jitted function over one rotated set):
+  jitted groups of up to :data:`GROUP_CALLS` calls over distinct rotated sets
+  (:func:`time_jax_grouped`), dispatched asynchronously in batches closed by
+  ``jax.block_until_ready``; per-call time = batch time / calls. One dispatch per group, so a
+  B 1 row is GPU-bound (its kernels back to back, as a serving step runs them) where one
+  dispatch per call made it dispatch-bound (issue 16). A jitted ``fori_loop`` over the sets was
+  tried first: XLA hoists the loop-invariant calls out of the loop even behind an
+  ``optimization_barrier`` (seen on XLA:CPU), so the loop timed nothing.
+* JAX otherwise (the decode layer's donating calls): each sample is a batch of asynchronously
+  dispatched calls over the rotated sets, closed by ``jax.block_until_ready``; per-call time =
+  batch time / calls. For kernels shorter than JAX's dispatch cost (~10-20 us per call) the
+  number is dispatch-bound; rows say ``timer``.
 * CPU dry runs: wall clock of a few calls (meaningless, labelled so).
 """
 from __future__ import annotations
@@ -85,10 +93,73 @@ def _time_do_bench(calls, *, reason: str) -> Timing:
     return Timing(q[0] * 1e3, q[1] * 1e3, q[2] * 1e3, 0, f"do_bench(L2 flush; no graph: {reason})")
 
 
+def _loop_parts(calls):
+    """``(f, sets)`` when every call is ``functools.partial(f, *set)`` of one jitted ``f`` with
+    positional array arguments only, else None."""
+    import functools
+    f = getattr(calls[0], "func", None) if calls else None
+    if f is None or not hasattr(f, "lower"):
+        return None
+    for c in calls:
+        if not isinstance(c, functools.partial) or c.func is not f or c.keywords:
+            return None
+    return f, [tuple(c.args) for c in calls]
+
+
+GROUP_CALLS = 16       # calls of the op per jitted group (JAX ops; fewer when there are fewer sets)
+
+
+def jax_call_groups(f, sets, group: int = GROUP_CALLS):
+    """``(g, groups)``: ``g = jax.jit(lambda ss: tuple(f(*s) for s in ss))`` and the rotated sets
+    cut into full groups of ``min(group, len(sets))``: one dispatch runs ``group`` calls of the
+    op back to back. Each set's arrays differ from the others' (distinct rotated inputs), so XLA
+    cannot merge two calls, and every output is returned, so none is dead."""
+    import jax
+
+    G = max(1, min(group, len(sets)))
+    groups = [tuple(sets[i:i + G]) for i in range(0, len(sets) - G + 1, G)]
+    g = jax.jit(lambda ss: tuple(f(*s) for s in ss))
+    return g, groups
+
+
+def time_jax_grouped(f, sets, *, target_s: float = 0.25, max_batches: int = 50,
+                     min_batches: int = 5, min_groups: int = 4) -> Timing:
+    """Per-call time of ``f`` over the rotated ``sets`` with :func:`jax_call_groups`: each sample
+    is a batch of asynchronously dispatched group calls (cycling over the groups), closed by
+    ``jax.block_until_ready``; per-call time = batch time / calls in it. One dispatch per group
+    instead of per call: once a group's GPU time exceeds its dispatch (a few tens of us), the
+    batch is GPU-bound and the number is the kernels' (issue 16: B 1 rows measured dispatch)."""
+    import jax
+
+    g, groups = jax_call_groups(f, sets)
+    G = len(groups[0])
+    jax.block_until_ready(g(groups[0]))             # compile (excluded)
+    jax.block_until_ready([g(gr) for gr in groups])  # warm every set
+    per_batch = max(min_groups, len(groups))
+    t = time.perf_counter()
+    jax.block_until_ready([g(groups[i % len(groups)]) for i in range(per_batch)])
+    one = time.perf_counter() - t
+    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
+    us = []
+    for _ in range(batches):
+        t = time.perf_counter()
+        jax.block_until_ready([g(groups[i % len(groups)]) for i in range(per_batch)])
+        us.append((time.perf_counter() - t) * 1e6 / (per_batch * G))
+    return _stats(us, f"jax jitted groups ({G} calls per dispatch, {per_batch} groups per batch, "
+                      f"block_until_ready)")
+
+
 def time_jax(calls, *, target_s: float = 0.25, max_batches: int = 50, min_batches: int = 5,
              min_calls: int = 8) -> Timing:
-    """``calls``: one zero-argument callable per rotated input set, each returning jax arrays."""
+    """``calls``: one zero-argument callable per rotated input set, each returning jax arrays.
+    Partials of one jitted function (the op rows) are timed in jitted groups of calls
+    (:func:`time_jax_grouped`); anything else (the layer's donating calls) as an asynchronously
+    dispatched batch of single calls."""
     import jax
+
+    parts = _loop_parts(calls)
+    if parts is not None:
+        return time_jax_grouped(*parts, target_s=target_s)
 
     per_batch = max(min_calls, len(calls))
     jax.block_until_ready(calls[0]())                # compile (excluded)

@@ -469,6 +469,34 @@ def test_jax_projection_kernels_of_a_compiled_module():
     assert len(proj) == 3 and all("dot" in n for n in proj), proj
 
 
+def test_jax_timer_groups_calls_per_dispatch():
+    """bench.timing.time_jax: partials of one jitted function (the op rows) run in jitted groups
+    of calls over distinct rotated sets, one dispatch per group (issue 16: B 1 rows measured
+    dispatch); XLA keeps one call per set (no merged calls: one dot each in the group's
+    executable) and returns every output. Other callables (the layer's donating calls) keep
+    the per-call async batch."""
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+    from bench import timing
+
+    f = jax.jit(lambda a, b: {"y": (a @ b).sum(0), "z": a[0]})
+    calls = [functools.partial(f, jnp.full((64, 64), float(i)), jnp.ones((64, 64))) for i in range(5)]
+    t = timing.time_jax(calls, target_s=0.02)
+    assert t.timer.startswith("jax jitted groups (5 calls per dispatch") and t.median_us > 0
+    g, groups = timing.jax_call_groups(f, [c.args for c in calls])
+    assert len(groups) == 1 and len(groups[0]) == 5
+    text = g.lower(groups[0]).compile().as_text()
+    assert sum(" dot(" in ln for ln in text.splitlines()) == 5
+    out = g(groups[0])
+    assert [float(o["y"][0]) for o in out] == [64.0 * 64 * i for i in range(5)]
+    g, groups = timing.jax_call_groups(f, [c.args for c in calls] * 8)       # 40 sets
+    assert [len(gr) for gr in groups] == [timing.GROUP_CALLS] * 2             # full groups only
+    t = timing.time_jax([lambda: f(*calls[0].args)], target_s=0.02)          # not a partial
+    assert t.timer.startswith("jax async batch")
+
+
 def test_jax_indexer_phases_by_kernel_name():
     """bench.paths.jax_indexer_phase_totals: the Pallas logits kernel and the four Pallas top-k
     kernels by name, per call; XLA's small kernels around them (pads) are in neither phase."""
