@@ -226,6 +226,14 @@ def _xla_logits(q, weights, k_cache, block_table, lens, *, k_format, P, chunk=No
     return lax.fori_loop(0, n_iter, body, out)[:, :, :W]
 
 
+def canonical_scores(scores):
+    """float32 scores with NaN -> -inf and -0.0 -> +0.0 (equal logits compare equal): how the
+    SPEC top-k rule orders candidates (NaN never selected, the two zeros tie)."""
+    s = scores.astype(jnp.float32)
+    s = jnp.where(jnp.isnan(s), -jnp.inf, s)
+    return jnp.where(s == 0.0, jnp.float32(0.0), s)
+
+
 def _sort_desc(keys, pos):
     """Sort ``(keys, pos)`` rows by descending key, then ascending position."""
     return lax.sort((jnp.bitwise_not(keys), pos), dimension=-1, num_keys=2)
@@ -363,6 +371,53 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
 
     def xla():
         return pad(_xla_topk(q, weights, k_cache, block_table, lens, k_work, k_format=k_format, P=P))
+
+    pl = _plan("indexer_topk", B, N, W, topk, path)
+    cfg_auto = pl.configs.get("pallas")
+    return run_path("indexer_topk", path, {"pallas": pallas, "xla": xla}, pl.order)
+
+
+def topk_candidates(q, weights, k_cache, block_table, context_lens, topk, *,
+                    k_format="fp8_indexer", path="auto"):
+    """The top-k of :func:`indexer_topk` with their logits, for a merge across shards
+    (``jax_impl.tp.sequence_sharded_topk``): ``(scores, positions)``.
+
+    Args: as :func:`indexer_topk` (``context_lens`` usually ``[B, N]`` per-draft lengths).
+    Returns:
+      ``scores`` float32 ``[B, N, topk]`` (the selected positions' logits, -inf on padding) and
+      ``positions`` int32 ``[B, N, topk]`` (-1 padding last). Pallas path: the selection of the
+      Pallas top-k kernels in ascending position order, scores gathered from the logits the
+      logits kernel wrote (no second pass over the row); xla path: the masked logits row and
+      ``lax.top_k`` (descending score, ties to the smaller position). Either way, among equal
+      scores the positions ascend, which the shard merge needs. Same set as
+      :func:`indexer_topk`.
+    Raises: as :func:`indexer_topk`.
+    """
+    B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
+    _check_topk(topk, False, B, N)
+    topk = int(topk)
+    W = int(block_table.shape[1]) * P
+    lens = _draft_lengths(context_lens, B, N, W)
+    k_work = min(topk, W)
+
+    def pad(s, pos):
+        w = ((0, 0), (0, 0), (0, topk - k_work))
+        return (jnp.pad(s, w, constant_values=-jnp.inf), jnp.pad(pos, w, constant_values=-1))
+
+    def pallas():
+        cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
+        raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
+                                   cfg=cfg, group_max=True)
+        idx = _pallas.launch_topk_select(raw, gmax, lens, k_work, num_rows=N, cfg=cfg,
+                                         num_sms=device_info().num_sms)[:, :N, :k_work]
+        vals = jnp.take_along_axis(raw[:, :N], jnp.maximum(idx, 0), axis=-1)
+        return pad(jnp.where(idx >= 0, vals, -jnp.inf), idx)
+
+    def xla():
+        logits = canonical_scores(_mask_logits(
+            _xla_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P), lens, N, W))
+        vals, ci = lax.top_k(logits, k_work)                        # stable: ties to the smaller
+        return pad(vals, jnp.where(vals == -jnp.inf, -1, ci).astype(jnp.int32))
 
     pl = _plan("indexer_topk", B, N, W, topk, path)
     cfg_auto = pl.configs.get("pallas")

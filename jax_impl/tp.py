@@ -16,22 +16,22 @@ The indexer is the part that grows with context. Two modes:
   each draft's valid length clipped to the share). Splitting by the request's own length rather
   than by block-table columns keeps the devices balanced when the table is sized for a longer
   context than the request holds; for a table sized to the longest request the two agree up to
-  rounding. The share is scored with ``indexer_logits`` (bitwise the float32 logits the full
-  indexer computes: each page is scored independently of where it sits in the table). It keeps
-  its local top-K (logit, position) candidates, one
-  ``lax.all_gather`` exchanges the TP x K pairs, and an exact merge picks the global top-K with
-  the SPEC rule (descending logit, ties to the smaller position; NaN / -inf never selected; -1
-  padding). The global top-K is a subset of the union of the local top-Ks under that total
-  order, so the result equals the replicated ``indexer_topk(..., sorted=True)`` bit for bit.
+  rounding. The share is selected with the same kernels as the full indexer
+  (``jax_impl.indexer.topk_candidates``: the Pallas logits and top-k kernels, the selected
+  positions' logits gathered from the logits the kernel wrote; or the xla path's logits row
+  and ``lax.top_k``), bitwise the float32 logits the full indexer computes (each page is scored
+  independently of where it sits in the table). It keeps its local top-K (logit, position)
+  candidates, one ``lax.all_gather`` exchanges the TP x K pairs, and an exact merge picks the
+  global top-K with the SPEC rule (descending logit, ties to the smaller position; NaN / -inf
+  never selected; -1 padding). The global top-K is a subset of the union of the local top-Ks
+  under that total order, so the result equals the replicated ``indexer_topk(..., sorted=True)``
+  bit for bit.
 
-  Both selections use ``lax.top_k``, documented to put the lower index first among equal
-  values: logits are canonicalised first (NaN -> -inf, -0.0 -> +0.0, so equal logits compare
-  equal), and the merge's candidate list is in rank order with each rank's list in descending
-  (logit, -position) order, so "lower index first" is "smaller position first" there too.
-
-  The shard's scores are materialised as a ``[B, N, ceil(max_pages / TP) * P]`` float32 row
-  before the local top-K (``lax.top_k``); a fused scores-returning top-k would save that round
-  trip. The
+  The merge uses ``lax.top_k``, documented to put the lower index first among equal values:
+  scores are canonicalised first (NaN -> -inf, -0.0 -> +0.0, so equal logits compare equal),
+  and the candidate list is in rank order with each rank's candidates in ascending position
+  among equal scores (the Pallas selection is in ascending position; the xla one in descending
+  (logit, -position) order), so "lower index first" is "smaller position first". The
   all-gather moves ``TP * B * N * K * 8`` bytes.
 
 Semantics: docs/SPEC.md operations A and B; the TP decomposition is this module's (see
@@ -49,7 +49,7 @@ from jax.sharding import Mesh, PartitionSpec as PS
 
 from kernels import formats as np_formats
 from jax_impl._common import JAX_PATHS, check_array, check_int, check_sm_scale
-from jax_impl.indexer import indexer_logits, indexer_topk
+from jax_impl.indexer import canonical_scores, indexer_topk, topk_candidates
 from jax_impl.sparse_mla import sparse_mla_decode
 
 __all__ = ["INDEXER_MODES", "heads_per_rank", "make_tp_mesh", "shard_block_table", "sequence_sharded_topk",
@@ -89,13 +89,6 @@ def make_tp_mesh(tp: int, *, axis_name: str = "tp", devices=None) -> Mesh:
 
 # ============================================================================ candidates
 
-def _canonical(scores):
-    """float32 scores with NaN -> -inf and -0.0 -> +0.0 (equal logits compare equal)."""
-    s = scores.astype(jnp.float32)
-    s = jnp.where(jnp.isnan(s), -jnp.inf, s)
-    return jnp.where(s == 0.0, jnp.float32(0.0), s)
-
-
 def merge_candidates(scores, positions, topk: int):
     """Exact top-``topk`` of candidate (logit, position) pairs by the SPEC rule.
 
@@ -109,7 +102,7 @@ def merge_candidates(scores, positions, topk: int):
       (scores float32 ``[..., topk]``, positions int32 ``[..., topk]``) in descending logit,
       ties to the smaller position, missing candidates as (-inf, -1) last.
     """
-    s = _canonical(scores)
+    s = canonical_scores(scores)
     s = jnp.where(positions < 0, -jnp.inf, s)
     C = s.shape[-1]
     if C < topk:
@@ -182,10 +175,10 @@ def sequence_sharded_topk(idx_q, idx_weights, k_cache, block_table, context_lens
     """``indexer_topk(..., sorted=True)`` with the sequence split over the ``axis_name`` devices.
 
     Call inside ``jax.shard_map`` (or any context binding ``axis_name``) with the same
-    replicated arguments on every device. Each device scores its ~1/TP share of every request's
-    pages (:func:`shard_block_table`) with ``indexer_logits`` (a ``[B, N, ceil(max_pages / TP)
-    * P]`` float32 row is materialised), keeps its top-``topk`` (logit, position) candidates,
-    and one ``lax.all_gather`` of the TP x topk pairs plus an exact merge gives the selection.
+    replicated arguments on every device. Each device selects the top-``topk`` (logit,
+    position) candidates of its ~1/TP share of every request's pages (:func:`shard_block_table`;
+    ``jax_impl.indexer.topk_candidates``: the one-device path's kernels on the share), and one
+    ``lax.all_gather`` of the TP x topk pairs plus an exact merge gives the selection.
 
     Args:
       idx_q: ``[B, N, H_I, D_I]`` float8_e4m3fn (float with ``k_format="dense"``).
@@ -195,7 +188,8 @@ def sequence_sharded_topk(idx_q, idx_weights, k_cache, block_table, context_lens
       block_table: int32 ``[B, max_pages]`` (-1 past a request's pages).
       context_lens: int32 ``[B]`` (L_b with the N new tokens) or ``[B, N]``.
       topk: K >= 1 (static).
-      axis_name: the mesh axis the sequence is split over; k_format, path: as ``indexer_logits``.
+      axis_name: the mesh axis the sequence is split over; k_format, path: as
+        ``jax_impl.indexer.indexer_topk``.
     Returns:
       int32 ``[B, N, topk]`` logical positions, descending logit (ties to the smaller position),
       -1 padding last; replicated over ``axis_name``.
@@ -214,11 +208,11 @@ def sequence_sharded_topk(idx_q, idx_weights, k_cache, block_table, context_lens
     P = _page_size(k_cache, idx_q, k_format)
     lens = _valid_lengths(context_lens, B, N, int(block_table.shape[1]) * P)
     bt_local, local_lens, offset = shard_block_table(block_table, lens, P, rank, tp)
-    logits = indexer_logits(idx_q, idx_weights, k_cache, bt_local, local_lens,
-                            k_format=k_format, path=path)                  # [B, N, Ws]
-    Ws = logits.shape[-1]
-    local_pos = jnp.arange(Ws, dtype=jnp.int32)[None, None, :] + offset[:, None, None]
-    s, pos = merge_candidates(logits, jnp.broadcast_to(local_pos, logits.shape), topk)  # local top-K
+    # the shard's own top-K with its logits (the Pallas top-k kernels, or XLA's top_k over the
+    # shard's logits row), in ascending position among equal scores
+    s, lpos = topk_candidates(idx_q, idx_weights, k_cache, bt_local, local_lens, topk,
+                              k_format=k_format, path=path)                  # [B, N, K]
+    pos = jnp.where(lpos >= 0, lpos + offset[:, None, None], -1)
     all_s = lax.all_gather(s, axis_name, axis=2, tiled=True)                 # [B, N, TP*K]
     all_pos = lax.all_gather(pos, axis_name, axis=2, tiled=True)
     return merge_candidates(all_s, all_pos, topk)[1]

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_impl.indexer import indexer_logits, indexer_topk
+from jax_impl.indexer import indexer_logits, indexer_topk, topk_candidates
 from kernels import cases, compare, reference
 from kernels.indexer import pallas as pk
 
@@ -367,6 +367,31 @@ def test_repeatable_bitwise():
             x, y = np.asarray(x), np.asarray(y)
             np.testing.assert_array_equal(x.view(np.uint32) if x.dtype == np.float32 else x,
                                           y.view(np.uint32) if y.dtype == np.float32 else y)
+
+
+@pytest.mark.parametrize("path", ["pallas", "xla"])
+def test_topk_candidates_are_the_selection_with_its_logits(path):
+    """jax_impl.indexer.topk_candidates (the sequence-sharded TP mode's local selection): the
+    same set as indexer_topk, each selected position's score equal to its logit (bitwise the
+    indexer_logits value), -inf / -1 padding, and among equal scores the positions ascending
+    (what the shard merge relies on); N = 2 drafts, a short request, NaN keys, a -1 page."""
+    case = cases.make_indexer_case(88, B=2, N=2, H_I=16, P=16, lens=[300, 20], topk=24,
+                                   nan_rows=True, neg_pages=True)
+    args = [jnp.asarray(a) for a in case.args()]
+    s, pos = jax.jit(lambda *a: topk_candidates(*a, 24, path=path))(*args)
+    s, pos = np.asarray(s), np.asarray(pos)
+    idx = np.asarray(jax.jit(lambda *a: indexer_topk(*a, 24, path=path))(*args))
+    logits = np.asarray(jax.jit(lambda *a: indexer_logits(*a, path=path))(*args))
+    np.testing.assert_array_equal(np.sort(pos, -1), np.sort(idx, -1))
+    for b in range(2):
+        for i in range(2):
+            ok = pos[b, i] >= 0
+            np.testing.assert_array_equal(s[b, i][ok], logits[b, i, pos[b, i][ok]])
+            assert (s[b, i][~ok] == -np.inf).all() and (pos[b, i][ok.sum():] == -1).all()
+            key = s[b, i][ok]
+            for v in np.unique(key):                 # equal scores: ascending positions
+                p_eq = pos[b, i][ok][key == v]
+                assert (np.diff(p_eq) > 0).all()
 
 
 @pytest.mark.skipif(ON_GPU, reason="relies on interpret mode's poisoned (NaN) output buffer")
