@@ -262,16 +262,29 @@ class DSADecodeLayer(nnx.Module):
         for name, arr in shard.items():
             if name in x_names:
                 continue
+            if name == "wkv_b" and cfg.absorbed:
+                # its key and value halves as two parameters: the absorbed q and the value
+                # up-projection each read one half, and a slice of one [H, nope + v, C] array
+                # would be copied (an XLA slice fusion of both halves, every step) before the
+                # batched dots
+                kb = np.asarray(arr).reshape(self.local_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
+                self.wkv_b_k = nnx.Param(jnp.asarray(kb[:, :cfg.qk_nope_head_dim], self.dtype))
+                self.wkv_b_v = nnx.Param(jnp.asarray(kb[:, cfg.qk_nope_head_dim:], self.dtype))
+                continue
             keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
             setattr(self, name.replace(".", "_"),
                     nnx.Param(jnp.asarray(arr, jnp.float32 if keep_f32 else self.dtype)))
 
     def w(self, name: str) -> jax.Array:
         """This rank's weight ``name`` (DeepSeek naming, e.g. ``"wkv_b"``, ``"indexer.wk"``): a
-        row slice of the fused ``x_proj`` for ``wq_a``, ``wkv_a`` / ``wkv`` and ``indexer.wk``."""
+        row slice of the fused ``x_proj`` for ``wq_a``, ``wkv_a`` / ``wkv`` and ``indexer.wk``;
+        ``wkv_b`` (absorbed presets) re-assembled from its stored key / value halves."""
         for n, (a, b) in self._x_rows:
             if n == name:
                 return self.x_proj[a:b]
+        if name == "wkv_b" and self.cfg.absorbed:       # stored as its two halves
+            kb = jnp.concatenate([self.wkv_b_k[...], self.wkv_b_v[...]], axis=1)
+            return kb.reshape(-1, kb.shape[-1])
         return getattr(self, name.replace(".", "_"))[...]
 
     @classmethod
@@ -415,8 +428,7 @@ class DSADecodeLayer(nnx.Module):
             nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
             q = (qr @ self.w("wq_b").T).reshape(B, N, Hl, nope + r)
             q_pe = _rope(q[..., nope:].astype(jnp.float32), cos_h, sin_h, True)
-            wkv_b = self.w("wkv_b").reshape(Hl, nope + cfg.v_head_dim, C)
-            q_lat = jnp.einsum("bnhd,hdc->bnhc", q[..., :nope], wkv_b[:, :nope])
+            q_lat = jnp.einsum("bnhd,hdc->bnhc", q[..., :nope], self.wkv_b_k[...])
             q_mla = jnp.concatenate([q_lat.astype(jnp.float32), q_pe], axis=-1).astype(dt)
             kv = xkv
             c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
@@ -455,7 +467,7 @@ class DSADecodeLayer(nnx.Module):
         attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,
                                       d_v=cfg.d_v, block_table=block_table, attn_sink=sink, path=self.path)
         if cfg.absorbed:
-            o = jnp.einsum("bnhc,hdc->bnhd", attn.astype(dt), wkv_b[:, cfg.qk_nope_head_dim:])
+            o = jnp.einsum("bnhc,hdc->bnhd", attn.astype(dt), self.wkv_b_v[...])
             out = o.reshape(B, N, -1) @ self.w("wo").T
         else:
             o = attn.astype(jnp.float32)
