@@ -125,10 +125,11 @@ Top-k, four kernels (:func:`launch_topk_select`), exact selection:
   by ``min(K, W_pad)``; the columns past it are written as -1 by an XLA pad.
 * Cost per row of L valid positions (K = 2048, L = 64K, 4-bit digits, window hit): the
   prune kernel reads the L/4 group maxima (merged to L/16 groups) 3 times (one stats pass + 2
-  radix passes; 16 compare-adds per group per pass); count and compact read the row's logits once each (2 x 4 B x L), split over
-  S programs (``default_topk_splits``: about eight per SM over all rows); the select kernel
-  reads the ~2-3K candidates 7 times and emits. Integer counting only, no atomics: bitwise
-  reproducible.
+  radix passes; 16 compare-adds per group per pass); count and compact read the row's logits
+  once each (2 x 4 B x L), split over S programs (``default_topk_splits``: about eight per SM
+  over all rows); the select kernel reads the ~2-3K candidates 7 times and emits. Every
+  counting loop issues the loads of 4 chunks before their compares. Integer counting only, no
+  atomics: bitwise reproducible.
 * The scratch and counts are extra outputs of the calls (Pallas-Triton has no scratch
   buffers); the kernels of one top-k are ordered by their data dependencies, so no barrier is
   needed between the compaction's writes and the select's reads.
