@@ -259,7 +259,8 @@ def jax_trace_kernels(trace: dict) -> list[tuple[str, float]]:
 
 _HLO_COMP = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\([^{]*)?\{\s*$")
 _HLO_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)\(")
-_HLO_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)=\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)")
+_HLO_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)="
+                        r"\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)")
 _HLO_DOT_OPS = ("dot_general", "einsum", "matmul")
 
 
