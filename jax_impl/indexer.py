@@ -321,6 +321,29 @@ def indexer_logits(q, weights, k_cache, block_table, context_lens, *, k_format="
     return run_path("indexer_logits", path, {"pallas": pallas, "xla": xla}, pl.order)
 
 
+def _topk_setup(q, weights, k_cache, block_table, context_lens, topk, sorted, k_format):
+    """Validated ``(B, N, P, W, lens, topk, k_work)`` of a top-k call: ``lens`` the per-draft
+    valid lengths, ``k_work = min(topk, W)`` (no row holds more than W positions: the selection,
+    sort and scratch are sized by it, the columns past it are -1 padding)."""
+    B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
+    _check_topk(topk, sorted, B, N)
+    topk = int(topk)
+    W = int(block_table.shape[1]) * P
+    return B, N, P, W, _draft_lengths(context_lens, B, N, W), topk, min(topk, W)
+
+
+def _pallas_select(q, weights, k_cache, block_table, lens, k_work, *, k_format, P, cfg):
+    """The Pallas logits (with their group maxima) and top-k kernels: ``(raw, idx)``, raw float32
+    ``[B, NP, W_pad]`` logits (valid below ``lens``) and int32 ``[B, N, k_work]`` selected
+    positions in ascending order, -1 padded."""
+    N = q.shape[1]
+    raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
+                               cfg=cfg, group_max=True)
+    idx = _pallas.launch_topk_select(raw, gmax, lens, k_work, num_rows=N, cfg=cfg,
+                                     num_sms=device_info().num_sms)[:, :N, :k_work]
+    return raw, idx
+
+
 def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_format="fp8_indexer",
                  sorted=False, path="auto"):
     """Exact top-k of the lightning-indexer logits: indices ``[B, N, topk]`` int32.
@@ -344,25 +367,15 @@ def indexer_topk(q, weights, k_cache, block_table, context_lens, topk, *, k_form
         not a bool.
       NotImplementedError: as :func:`indexer_logits`.
     """
-    B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
-    _check_topk(topk, sorted, B, N)
-    topk = int(topk)
-    W = int(block_table.shape[1]) * P
-    lens = _draft_lengths(context_lens, B, N, W)
-
-    # No row holds more than W positions: the work (selection, sort, scratch) is that of
-    # min(topk, W) and the columns past it are -1 padding.
-    k_work = min(topk, W)
+    B, N, P, W, lens, topk, k_work = _topk_setup(q, weights, k_cache, block_table, context_lens,
+                                                 topk, sorted, k_format)
 
     def pad(idx):
         return jnp.pad(idx, ((0, 0), (0, 0), (0, topk - k_work)), constant_values=-1)
 
     def pallas():
-        cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
-        raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
-                                   cfg=cfg, group_max=True)
-        idx = _pallas.launch_topk_select(raw, gmax, lens, k_work, num_rows=N, cfg=cfg,
-                                         num_sms=device_info().num_sms)[:, :N, :k_work]
+        raw, idx = _pallas_select(q, weights, k_cache, block_table, lens, k_work, k_format=k_format,
+                                  P=P, cfg=_pallas.PallasIndexerConfig.from_dict(cfg_auto))
         if not sorted:
             return pad(idx)
         vals = jnp.take_along_axis(raw[:, :N], jnp.maximum(idx, 0), axis=-1)
@@ -393,23 +406,16 @@ def topk_candidates(q, weights, k_cache, block_table, context_lens, topk, *,
       :func:`indexer_topk`.
     Raises: as :func:`indexer_topk`.
     """
-    B, N, H, D, P, _ = _validate(q, weights, k_cache, block_table, context_lens, k_format)
-    _check_topk(topk, False, B, N)
-    topk = int(topk)
-    W = int(block_table.shape[1]) * P
-    lens = _draft_lengths(context_lens, B, N, W)
-    k_work = min(topk, W)
+    B, N, P, W, lens, topk, k_work = _topk_setup(q, weights, k_cache, block_table, context_lens,
+                                                 topk, False, k_format)
 
     def pad(s, pos):
         w = ((0, 0), (0, 0), (0, topk - k_work))
         return (jnp.pad(s, w, constant_values=-jnp.inf), jnp.pad(pos, w, constant_values=-1))
 
     def pallas():
-        cfg = _pallas.PallasIndexerConfig.from_dict(cfg_auto)
-        raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
-                                   cfg=cfg, group_max=True)
-        idx = _pallas.launch_topk_select(raw, gmax, lens, k_work, num_rows=N, cfg=cfg,
-                                         num_sms=device_info().num_sms)[:, :N, :k_work]
+        raw, idx = _pallas_select(q, weights, k_cache, block_table, lens, k_work, k_format=k_format,
+                                  P=P, cfg=_pallas.PallasIndexerConfig.from_dict(cfg_auto))
         vals = jnp.take_along_axis(raw[:, :N], jnp.maximum(idx, 0), axis=-1)
         return pad(jnp.where(idx >= 0, vals, -jnp.inf), idx)
 
