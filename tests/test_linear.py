@@ -281,3 +281,27 @@ def test_gpu_cuda_graph_capture_replay(reserved, monkeypatch):
         assert torch.equal(out, linear(x, w, path="triton"))
     for buf in tlinear._counters.values():
         assert int(buf.count_nonzero()) == 0
+
+
+# ============================================================================ the sweep
+
+@pytest.mark.skipif(CUDA, reason="the CPU dry run of the GPU sweep")
+def test_sweep_dry_run(tmp_path):
+    """``bench/linear_sweep.py`` end to end in the interpreter (scaled-down layer shapes, fp16,
+    the heuristic's config): every projection of both presets has a torch and a Triton row,
+    each checked against the float64 bound before it is timed, and the summary's phases."""
+    import json
+    from bench import linear_sweep
+    out = tmp_path / "sweep.json"
+    assert linear_sweep.main(["--dry-run", "--heuristic-only", "--batch", "3", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["dry_run"] and not doc["cut_by_budget"]
+    from kernels import layer_config as lc
+    for preset in ("DSV32", "DSV4_FLASH"):
+        names = [p.name for p in lc.projection_shapes(lc.LAYER_CONFIGS[preset].scaled_down())]
+        for name in names:
+            rows = [r for r in doc["rows"] if r["preset"] == preset and r["gemm"] == name]
+            assert {r["impl"] == "triton" for r in rows} == {True, False}, name
+            assert all(r["check"]["ok"] and r["median_us"] > 0 for r in rows), name
+            assert any(r["heuristic"] for r in rows), name
+        assert doc["summary"]["projections_phase"][f"{preset} M=3"]["gemms"] == len(names)

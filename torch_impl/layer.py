@@ -34,7 +34,7 @@ from torch_impl import linear as tlinear
 from torch_impl.sparse_mla import sparse_mla_decode
 from torch_impl.step import window_split
 
-__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "new_token_targets", "write_new_tokens"]
+__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets", "write_new_tokens"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -57,7 +57,7 @@ LINEAR_ENV = "DSA_LAYER_LINEAR"
 _LINEAR_CHOICES = ("torch", "triton")
 
 
-def _linear_switch(spec, absorbed: bool) -> dict[str, str]:
+def linear_switch(spec, absorbed: bool) -> dict[str, str]:
     """``{gemm: "torch" | "triton"}`` for every GEMM of :data:`LAYER_GEMMS` from the layer's
     ``linear`` argument: ``"torch"``, ``"triton"``, ``"auto"`` (:data:`LINEAR_AUTO` on Triton),
     a mapping ``{gemm: "torch" | "triton"}`` (the others torch), or its string form
@@ -352,7 +352,7 @@ class DSADecodeLayer(nn.Module):
         if path not in TORCH_PATHS:
             raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
-        self.linear = _linear_switch(linear, cfg.absorbed)
+        self.linear = linear_switch(linear, cfg.absorbed)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
         weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights, _to_numpy)
