@@ -309,6 +309,29 @@ def test_torch_compile_matches_reference(compile_logs):
     checks.check_step(case, case.reference(), _np(out), _np(kv), _np(kc))
 
 
+def test_torch_compile_with_linear_triton(compile_logs):
+    """torch.compile(fullgraph=True) of the layer with every projection on ``dsa::linear``
+    (strided ``out`` views mutated by the custom op): no graph break, no warning, and the
+    eager step's output bit for bit (aot_eager on the CPU: no Inductor fusion, the same ops;
+    Inductor on a GPU, where the GPU tests compare with the reference)."""
+    case = _case("dsv32_fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           path="torch", linear="triton")
+    eager = layer(*_inputs(case))[0]
+    import logging
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(layer, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(*_inputs(case))[0]
+    assert not [w for w in caught if not issubclass(w.category, DeprecationWarning)]
+    assert not [r for r in compile_logs.records if r.levelno >= logging.WARNING]
+    if CUDA:                  # Inductor fuses and reorders the float32 glue: SPEC's out bound
+        compare.assert_pass(compare.check_close("compiled vs eager", out, _np(eager), abs_tol=compare.OUT_ABS,
+                                                rel_tol=compare.OUT_REL))
+    else:
+        assert torch.equal(out, eager)
+
+
 @pytest.mark.slow
 def test_torch_compile_drops_unmapped_new_token(compile_logs):
     """Under torch.compile(fullgraph=True) (the value checks cannot run) a new token whose page
