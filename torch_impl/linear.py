@@ -152,7 +152,7 @@ def _triton_impl(x3, w3, out3, alpha, config, splits):
             raise NotImplementedError(f"linear (Triton): {name} spans {last + 1} elements per group; "
                                       f"the kernel's offsets are int32 (use path='torch')")
     config, splits = _plan(x3, w3, dev, config, splits)
-    k_per_split, splits = lcfg.split_geometry(K, config.block_k, splits)
+    splits = lcfg.split_geometry(K, config.block_k, splits)[1]
     tiles = -(-N // config.block_n) * G
     part = (torch.empty(G * splits * M * N, dtype=torch.float32, device=x3.device) if splits > 1
             else out3)

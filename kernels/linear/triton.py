@@ -47,6 +47,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+
 @triton.jit
 def _linear_kernel(
     x_ptr,          # [G, M, K] tokens (last dim contiguous)
@@ -77,7 +78,7 @@ def _linear_kernel(
     k_end = tl.minimum(K, k0 + k_per_split)
     w_ptrs = (w_ptr + g * stride_wg + offs_n[:, None] * stride_wn
               + (k0 + offs_k)[None, :] * stride_wk)                       # [BLOCK_N, BLOCK_K]
-    x_ptrs = x_ptr + g * stride_xg + offs_m[None, :] * stride_xm + (k0 + offs_k)[:, None]  # [BLOCK_K, BLOCK_M]
+    x_ptrs = x_ptr + g * stride_xg + offs_m[None, :] * stride_xm + (k0 + offs_k)[:, None]  # x^T [BLOCK_K, BLOCK_M]
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for k in range(k0, k_end, BLOCK_K):
         k_ok = (k + offs_k) < k_end
@@ -125,12 +126,7 @@ def _linear_kernel(
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")   # ready for the next call
 
 
-def _dtype_name(dtype) -> str:
-    """Triton pointer element name of a torch dtype (``torch.bfloat16`` -> ``"bf16"``)."""
-    return {"torch.bfloat16": "bf16", "torch.float16": "fp16", "torch.float32": "fp32"}[str(dtype)]
-
-
-def launch_linear(x, w, out, alpha: float, config, num_splits: int, part, counters) -> None:
+def launch_linear(x, w, out, alpha: float, config, num_splits: int, part, counters) -> int:
     """Launch :func:`_linear_kernel` on torch tensors (validated by the binding).
 
     Args:
