@@ -54,7 +54,7 @@ split-K reduce launches, the one-CTA fp32 GEMM, batched per-head products). A pr
 measurement: ``bench/NOTES.md`` ("Few-token projections") says what the GPU call measures."""
 
 LINEAR_ENV = "DSA_LAYER_LINEAR"
-_LINEAR_CHOICES = ("torch", "triton")
+_LINEAR_CHOICES = BACKEND_PATHS["torch"]          # per GEMM: the torch backend's paths
 
 
 def linear_switch(spec, absorbed: bool) -> dict[str, str]:
@@ -66,8 +66,8 @@ def linear_switch(spec, absorbed: bool) -> dict[str, str]:
     names = LAYER_GEMMS[absorbed]
     if spec is None:
         spec = os.environ.get(LINEAR_ENV, "") or "torch"
-    if isinstance(spec, str) and spec in ("torch", "triton", "auto"):
-        pick = {"torch": (), "triton": names, "auto": LINEAR_AUTO}[spec]
+    if isinstance(spec, str) and spec in TORCH_PATHS:           # "auto", "triton", "torch"
+        pick = {"auto": LINEAR_AUTO, "triton": names}.get(spec, ())
         return {n: "triton" if n in pick else "torch" for n in names}
     if isinstance(spec, str):
         try:

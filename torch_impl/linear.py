@@ -23,6 +23,7 @@ from typing import Optional
 import torch
 
 from kernels import hardware
+from kernels.ops import BACKEND_PATHS
 from kernels.linear import configs as lcfg
 from kernels.scalars import INT32_MAX, check_int, check_real
 from torch_impl import _common
@@ -33,7 +34,7 @@ MAX_M = lcfg.MAX_M
 """The most tokens the Triton path takes (more: ``path="auto"`` runs plain PyTorch)."""
 
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
-_PATHS = ("auto", "triton", "torch")
+_PATHS = _common.TORCH_PATHS
 _COUNTERS_DEFAULT = 4096
 _counters: dict[torch.device, torch.Tensor] = {}
 
@@ -177,7 +178,7 @@ def _linear_op(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, alpha: float
     cfg = lcfg.LinearConfig(*config) if config is not None else None
     impls = {"triton": lambda: _triton_impl(x3, w3, out3, alpha, cfg, splits),
              "torch": lambda: _torch_impl(x3, w3, out3, alpha)}
-    _common.run_path("linear", path, impls, ("triton", "torch"))
+    _common.run_path("linear", path, impls, BACKEND_PATHS["torch"])
 
 
 @_linear_op.register_fake
