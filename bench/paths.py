@@ -161,7 +161,10 @@ class TorchBackend(Backend):
     def plan(self, op, inp, path):
         ran, cfg = registry_plan("torch", _device(_torch_dev(inp)), op, inp, path)
         if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER)
-            cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device))
+            from torch_impl.layer import linear_switch     # and its GEMMs (DSA_LAYER_LINEAR)
+            lin = linear_switch(None, inp.shape.layer_cfg.absorbed)
+            cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device),
+                       linear=sorted(n for n, c in lin.items() if c == "triton"))
         return ran, cfg
 
     def sync(self, outputs):
@@ -173,7 +176,8 @@ class TorchBackend(Backend):
 # Decode-layer phases from the profiler's GPU time (torch on CUDA), by the op that launched each
 # kernel: the two DSA custom ops (every kernel inside them, sorts included), and the GEMM ops.
 LAYER_PHASE_OPS = {"indexer": ("dsa::indexer_topk",), "sparse_mla": ("dsa::sparse_mla_decode",),
-                   "projections": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm")}
+                   "projections": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
+                                   "dsa::linear")}
 
 
 def _device_us(e) -> float:

@@ -23,7 +23,7 @@ from kernels.scalars import check_int
 __all__ = [
     "LayerConfig", "DSV32_LAYER", "DSV4_FLASH_LAYER", "LAYER_CONFIGS", "weight_shapes",
     "init_weights", "float32_weights", "shard_weights", "rope_freqs", "hadamard_matrix",
-    "kv_cache_shape",
+    "kv_cache_shape", "Projection", "projection_shapes",
 ]
 
 
@@ -286,6 +286,59 @@ def shard_weights(cfg: LayerConfig, weights: dict, tp_rank: int, tp_size: int) -
         w["wo_a"] = w["wo_a"][tp_rank * gl * ol:(tp_rank + 1) * gl * ol]
         w["wo_b"] = w["wo_b"][:, tp_rank * gl * ol:(tp_rank + 1) * gl * ol]
     return {k: np.ascontiguousarray(a) for k, a in w.items()}
+
+
+@dataclass(frozen=True)
+class Projection:
+    """One weight-streaming GEMM of a decode step, ``out[g] = x[g] @ w[g]^T`` per group.
+
+    Attributes:
+      name: the layer's name of it (``torch_impl.layer.LAYER_GEMMS``).
+      groups: G, 1 for a plain linear layer (the heads of V3.2's per-head ``wkv_b`` products,
+        V4's output groups of ``wo_a``).
+      n, k: output and input features per group (the weight's ``[n, k]``).
+      fp32: the weight is float32 (``indexer.weights_proj``), else the layer's dtype.
+      n_major: the weight is read transposed, its N dim contiguous (V3.2 ``wkv_b_q``: q_nope
+        times ``wkv_b``'s key half, stored ``[nope, C]`` per head).
+    """
+
+    name: str
+    groups: int
+    n: int
+    k: int
+    fp32: bool = False
+    n_major: bool = False
+
+    @property
+    def numel(self) -> int:
+        return self.groups * self.n * self.k
+
+
+def projection_shapes(cfg: LayerConfig, tp_size: int = 1) -> tuple[Projection, ...]:
+    """The projections of one decode step on one tensor-parallel rank, in the order the step
+    runs them: the fused ``x_proj`` (wq_a, wkv_a / wkv, indexer.wk), ``wq_b``, V3.2's per-head
+    ``wkv_b_q``, the indexer's ``wq_b`` and ``weights_proj``, then V3.2 ``wkv_b_v`` and ``wo``,
+    V4 ``wo_a`` and ``wo_b``. Their weight elements add up to the rank's 2-D weights
+    (:func:`weight_shapes`, sliced by :func:`shard_weights`). The Hadamard rotation is not one
+    (its M is the indexer's heads x tokens)."""
+    Hl = cfg.heads_per_rank(tp_size)
+    r, D_I, H_I = cfg.d_rope, cfg.index_head_dim, cfg.index_heads
+    if cfg.absorbed:
+        C, nope, v = cfg.kv_lora_rank, cfg.qk_nope_head_dim, cfg.v_head_dim
+        return (Projection("x_proj", 1, cfg.q_lora_rank + C + r + D_I, cfg.hidden),
+                Projection("wq_b", 1, Hl * (nope + r), cfg.q_lora_rank),
+                Projection("wkv_b_q", Hl, C, nope, n_major=True),
+                Projection("indexer.wq_b", 1, H_I * D_I, cfg.q_lora_rank),
+                Projection("indexer.weights_proj", 1, H_I, cfg.hidden, fp32=True),
+                Projection("wkv_b_v", Hl, v, C),
+                Projection("wo", 1, cfg.hidden, Hl * v))
+    gl = cfg.o_groups // tp_size
+    return (Projection("x_proj", 1, cfg.q_lora_rank + cfg.d_qk + D_I, cfg.hidden),
+            Projection("wq_b", 1, Hl * cfg.d_qk, cfg.q_lora_rank),
+            Projection("indexer.wq_b", 1, H_I * D_I, cfg.q_lora_rank),
+            Projection("indexer.weights_proj", 1, H_I, cfg.hidden, fp32=True),
+            Projection("wo_a", gl, cfg.o_lora_rank, Hl * cfg.d_qk // gl),
+            Projection("wo_b", 1, cfg.hidden, gl * cfg.o_lora_rank))
 
 
 # ============================================================================ rope, hadamard

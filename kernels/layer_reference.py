@@ -55,8 +55,9 @@ from kernels import cases, formats, reference
 # LayerConfig, the presets' layers and the weight / cache helpers the production layers use
 # live in kernels.layer_config (no test tooling); re-exported here so old names keep working.
 from kernels.layer_config import (DSV32_LAYER, DSV4_FLASH_LAYER, LAYER_CONFIGS,  # noqa: F401
-                                  LayerConfig, float32_weights, hadamard_matrix, init_weights,
-                                  kv_cache_shape, rope_freqs, shard_weights, weight_shapes)
+                                  LayerConfig, Projection, float32_weights, hadamard_matrix,
+                                  init_weights, kv_cache_shape, projection_shapes, rope_freqs,
+                                  shard_weights, weight_shapes)
 
 __all__ = [
     "LayerConfig", "DSV32_LAYER", "DSV4_FLASH_LAYER", "LAYER_CONFIGS", "weight_shapes",

@@ -12,6 +12,9 @@
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
+#   sweep:linear    bench.linear_sweep: every layer projection GEMM (both presets, B 1 / 64), torch's
+#                   GEMMs against the Triton few-token GEMM's configs and split counts, CUDA-graph
+#                   timed (LINEAR_SWEEP_ARGS: extra flags, e.g. "--preset DSV32" or "--heuristic-only")
 #   parity:full     python -m parity --full --jobs 6 (JSON report)
 #   profile:OP      scripts/profile_kernels.py --op OP: per-kernel GPU time of the torch rows of
 #                   OP in the targets grid (PROFILE_K: a label substring), JSON + log
@@ -41,6 +44,7 @@ group() {
     idx) echo "tests/test_torch_indexer.py tests/test_torch_topk.py tests/test_jax_indexer.py" ;;
     idxt) echo "tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
     ops) echo "tests/test_torch_sparse_mla.py tests/test_torch_indexer.py tests/test_torch_topk.py" ;;
+    linear) echo "tests/test_linear.py" ;;
     compat) echo "tests/test_compat_flash_mla.py tests/test_compat_deep_gemm.py tests/test_compat_topk.py tests/test_compat_engines.py tests/test_sanitize_ops.py" ;;
     *) echo "$1" ;;
   esac
@@ -62,8 +66,13 @@ for step in "$@"; do
       timeout "$secs" python3 -m pytest -v -rfE -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
     sweep)
-      mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
-      timeout "$secs" python3 -m "bench.$mod" --out "$OUT/sweep_$what.json" > "$log" 2>&1 ;;
+      if [ "$what" = linear ]; then
+        timeout "$secs" python3 -m bench.linear_sweep --out "$OUT/sweep_linear.json" \
+          --budget-s $((secs - 60)) ${LINEAR_SWEEP_ARGS:-} > "$log" 2>&1
+      else
+        mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
+        timeout "$secs" python3 -m "bench.$mod" --out "$OUT/sweep_$what.json" > "$log" 2>&1
+      fi ;;
     profile)
       timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} \
         --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;

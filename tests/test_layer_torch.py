@@ -114,6 +114,67 @@ def test_bad_input_is_named():
         DSADecodeLayer(case.cfg, {**case.weights, "wo": case.weights["wo"][:, :8]})
 
 
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_latent_mtp2"])
+def test_linear_triton_matches_reference_and_torch_gemms(name):
+    """Every projection on the Triton few-token GEMM (``linear="triton"``; the DSA ops on plain
+    PyTorch, so the GEMMs are all that differs): the float64 reference's checks, and the float32
+    intermediates within 1e-5 x max|value| of the torch-GEMM layer's. Why that bound: both sum
+    the same float32 products, in another order, so each GEMM differs by at most 2 K u32
+    sum|x w| (K <= 512 here: 6e-5 sum|x w|), through at most three GEMMs and a norm; the
+    observed difference is 2-6e-7 x max|value|, and 1e-5 stays 100x below SPEC's output bound."""
+    case = _case(name)
+    got = {}
+    for lin in ("torch", "triton"):
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                               path="torch", linear=lin)
+        assert set(layer.linear.values()) == {lin}
+        got[lin] = _run(layer, case)
+    out, kv, kc, inter = got["triton"]
+    checks.check_step(case, case.reference(), out, kv, kc, inter)
+    t_out, _, _, t_inter = got["torch"]
+    for key, a, b in [("out", out, t_out)] + [(k, inter[k], t_inter[k]) for k in ("q", "idx_weights", "attn")]:
+        scale = float(np.abs(b).max())
+        compare.assert_pass(compare.check_close(f"{key} (linear=triton vs torch)", a, b,
+                                                abs_tol=1e-5 * scale, rel_tol=0.0))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_projection_shapes_cover_the_weights(tp):
+    """kernels.layer_config.projection_shapes (what bench/linear_sweep.py times) lists the
+    layer's GEMMs (LAYER_GEMMS, in order) and their weights add up to the rank's 2-D weights."""
+    from torch_impl.layer import LAYER_GEMMS
+    for cfg in (lref.DSV32_LAYER, lref.DSV4_FLASH_LAYER):
+        shapes = lref.projection_shapes(cfg, tp)
+        assert tuple(p.name for p in shapes) == LAYER_GEMMS[cfg.absorbed]
+        full = {k: np.zeros(v, np.float32) for k, v in lref.weight_shapes(cfg).items()}
+        rank = lref.shard_weights(cfg, full, 0, tp)
+        assert sum(p.numel for p in shapes) == sum(a.size for a in rank.values() if a.ndim == 2)
+
+
+def test_linear_switch(monkeypatch):
+    """``linear``: "torch" / "triton" / "auto" for every GEMM, per GEMM as a mapping or
+    "name=choice,..." (the rest torch), None reads DSA_LAYER_LINEAR (unset: torch); bad values
+    are ValueError / TypeError naming ``linear``."""
+    from torch_impl.layer import LAYER_GEMMS, LINEAR_AUTO, LINEAR_ENV
+    monkeypatch.delenv(LINEAR_ENV, raising=False)
+    assert set(DSADecodeLayer(V4, None).linear.values()) == {"torch"}
+    for absorbed, cfg in ((True, V32), (False, V4)):
+        auto = DSADecodeLayer(cfg, None, linear="auto").linear
+        assert list(auto) == list(LAYER_GEMMS[absorbed])
+        assert {n for n, c in auto.items() if c == "triton"} == set(LINEAR_AUTO) & set(LAYER_GEMMS[absorbed])
+    one = DSADecodeLayer(V32, None, linear="x_proj=triton,wo=triton").linear
+    assert {n for n, c in one.items() if c == "triton"} == {"x_proj", "wo"}
+    assert DSADecodeLayer(V4, None, linear={"wo_a": "triton"}).linear["wo_a"] == "triton"
+    monkeypatch.setenv(LINEAR_ENV, "triton")
+    assert set(DSADecodeLayer(V4, None).linear.values()) == {"triton"}
+    for bad, exc, match in (("cuda", ValueError, "linear: expected 'torch'"),
+                            ("wo_a=triton", ValueError, r"linear: expected GEMM names of this layer"),
+                            ({"wo": "cublas"}, ValueError, r"linear\['wo'\]: expected one of"),
+                            (3, TypeError, "linear: expected a str, a mapping")):
+        with pytest.raises(exc, match=match):
+            DSADecodeLayer(V32, None, linear=bad)
+
+
 @pytest.fixture(scope="module")
 def bad_input_layer():
     case = checks.bad_input_case()
@@ -248,6 +309,29 @@ def test_torch_compile_matches_reference(compile_logs):
     checks.check_step(case, case.reference(), _np(out), _np(kv), _np(kc))
 
 
+def test_torch_compile_with_linear_triton(compile_logs):
+    """torch.compile(fullgraph=True) of the layer with every projection on ``dsa::linear``
+    (strided ``out`` views mutated by the custom op): no graph break, no warning, and the
+    eager step's output bit for bit (aot_eager on the CPU: no Inductor fusion, the same ops;
+    Inductor on a GPU, where the GPU tests compare with the reference)."""
+    case = _case("dsv32_fp8_ds_mla")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           path="torch", linear="triton")
+    eager = layer(*_inputs(case))[0]
+    import logging
+    import warnings
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = torch.compile(layer, fullgraph=True, backend="inductor" if CUDA else "aot_eager")(*_inputs(case))[0]
+    assert not [w for w in caught if not issubclass(w.category, DeprecationWarning)]
+    assert not [r for r in compile_logs.records if r.levelno >= logging.WARNING]
+    if CUDA:                  # Inductor fuses and reorders the float32 glue: SPEC's out bound
+        compare.assert_pass(compare.check_close("compiled vs eager", out, _np(eager), abs_tol=compare.OUT_ABS,
+                                                rel_tol=compare.OUT_REL))
+    else:
+        assert torch.equal(out, eager)
+
+
 @pytest.mark.slow
 def test_torch_compile_drops_unmapped_new_token(compile_logs):
     """Under torch.compile(fullgraph=True) (the value checks cannot run) a new token whose page
@@ -366,15 +450,16 @@ def _real_case(name):
 
 
 @gpu_only
+@pytest.mark.parametrize("linear", ["torch", "triton"])
 @pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
-def test_bf16_layer_at_real_dimensions_on_gpu(name):
+def test_bf16_layer_at_real_dimensions_on_gpu(name, linear):
     """The unscaled layer (V3.2: 200 M weights; V4-Flash: 115 M) on the Triton kernels (named
     path) in bf16 with bf16-rounded weights, against the float64 reference fed the same rounded
     weights; bound and reason in tests/_layer_checks.py (check_bf16_step, BF16_COS)."""
     case = _real_case(name)
     case.weights = _bf16_rounded(case.weights)
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
-                           dtype=torch.bfloat16, path="triton")
+                           dtype=torch.bfloat16, path="triton", linear=linear)
     assert layer.local_heads == case.cfg.num_heads == case.cfg.preset.num_heads
     out, _, kc, inter = _run(layer, case)
     assert out.shape == (2, 1, case.cfg.hidden)
@@ -423,22 +508,24 @@ def _intermediates_np(inter):
 
 
 @gpu_only
+@pytest.mark.parametrize("linear", ["torch", "triton"])
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
-def test_cuda_graph_step_at_real_dimensions(name, compiled):
+def test_cuda_graph_step_at_real_dimensions(name, compiled, linear):
     """One step of the unscaled layer (bf16, Triton path, fp8 caches; as is, or
     ``torch.compile(fullgraph=True)`` as serving runs it) captured in a CUDA graph, then replayed
     with new inputs copied into the static buffers: the replay matches the eager step on those
     inputs (caches and indices bit for bit when not compiled, the compiled layer's own eager call
     otherwise; out within BF16_COS) and the float64 reference (check_bf16_step).
     ``torch.cuda.set_sync_debug_mode("error")`` is on around the captured step and around the
-    input copies + replay, so any host synchronisation in the step raises."""
+    input copies + replay, so any host synchronisation in the step raises. ``linear``: the
+    projections on torch's GEMMs or on the Triton few-token GEMM (split-K counters in the graph)."""
     from kernels import layer_compare
     case = _real_case(name)
     case.weights = _bf16_rounded(case.weights)
     nxt = _next_step_case(case)
     eager_layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
-                                 dtype=torch.bfloat16, path="triton")
+                                 dtype=torch.bfloat16, path="triton", linear=linear)
     layer = torch.compile(eager_layer, fullgraph=True) if compiled else eager_layer
     static = _inputs(case)                         # x, kv_cache, k_cache, block_table, context_lens
     kv0, kc0 = static[1].clone(), static[2].clone()
@@ -479,13 +566,15 @@ def test_cuda_graph_step_at_real_dimensions(name, compiled):
 
 
 @gpu_only
+@pytest.mark.parametrize("linear", ["torch", "triton"])
 @pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
-def test_torch_compile_fullgraph_at_real_dimensions_on_gpu(name, compile_logs):
-    """torch.compile(fullgraph=True) of the unscaled bf16 layer on the Triton path: no graph
-    break, no warning, and the float64 reference's bf16 bounds (check_bf16_step)."""
+def test_torch_compile_fullgraph_at_real_dimensions_on_gpu(name, compile_logs, linear):
+    """torch.compile(fullgraph=True) of the unscaled bf16 layer on the Triton path (projections
+    on torch's GEMMs or on the Triton few-token GEMM): no graph break, no warning, and the
+    float64 reference's bf16 bounds (check_bf16_step)."""
     case = _real_case(name)
     case.weights = _bf16_rounded(case.weights)
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
-                           dtype=torch.bfloat16, path="triton")
+                           dtype=torch.bfloat16, path="triton", linear=linear)
     out, _, kc, inter = _compile_quietly(layer, compile_logs, *_inputs(case), return_intermediates=True)
     checks.check_bf16_step(case, _np(out), _np(kc), _intermediates_np(inter))

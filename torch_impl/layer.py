@@ -16,6 +16,9 @@ from __future__ import annotations
 
 from typing import Optional
 
+import os
+from collections.abc import Mapping
+
 import numpy as np
 import torch
 from torch import nn
@@ -27,12 +30,62 @@ from torch_impl import formats as tformats
 from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
 from torch_impl.indexer import indexer_topk
+from torch_impl import linear as tlinear
 from torch_impl.sparse_mla import sparse_mla_decode
 from torch_impl.step import window_split
 
-__all__ = ["DSADecodeLayer", "new_token_targets", "write_new_tokens"]
+__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets", "write_new_tokens"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
+
+LAYER_GEMMS = {c.absorbed: tuple(p.name for p in lref.projection_shapes(c))
+               for c in (lref.DSV32_LAYER, lref.DSV4_FLASH_LAYER)}
+"""The projections of a step by ``cfg.absorbed`` (V3.2 / V4), in order
+(:func:`kernels.layer_config.projection_shapes`: their shapes): the fused ``x_proj`` (wq_a,
+wkv_a / wkv, indexer.wk), ``wq_b``, V3.2's two per-head ``wkv_b`` products (``wkv_b_q``: q_nope
+into the latent, ``wkv_b_v``: the attention output out of it), the indexer's ``wq_b`` and
+float32 ``weights_proj``, the output projection (V3.2 ``wo``; V4 the grouped ``wo_a``, then
+``wo_b``). The Hadamard rotation is not among them (its M is the indexer's heads x tokens)."""
+
+LINEAR_AUTO = ("x_proj", "wkv_b_q", "indexer.wq_b", "indexer.weights_proj", "wkv_b_v", "wo_a")
+"""The projections ``linear="auto"`` runs on the Triton few-token GEMM: those whose cuBLAS
+kernels stream the weights at 0.15-2.9 TB/s in the H200 profiles of 2026-12-03 (narrow N,
+split-K reduce launches, the one-CTA fp32 GEMM, batched per-head products). A prediction, not a
+measurement: ``bench/NOTES.md`` ("Few-token projections") says what the GPU call measures."""
+
+LINEAR_ENV = "DSA_LAYER_LINEAR"
+_LINEAR_CHOICES = BACKEND_PATHS["torch"]          # per GEMM: the torch backend's paths
+
+
+def linear_switch(spec, absorbed: bool) -> dict[str, str]:
+    """``{gemm: "torch" | "triton"}`` for every GEMM of :data:`LAYER_GEMMS` from the layer's
+    ``linear`` argument: ``"torch"``, ``"triton"``, ``"auto"`` (:data:`LINEAR_AUTO` on Triton),
+    a mapping ``{gemm: "torch" | "triton"}`` (the others torch), or its string form
+    ``"x_proj=triton,wo=triton"``; None reads the environment variable ``DSA_LAYER_LINEAR``
+    (default ``"torch"``)."""
+    names = LAYER_GEMMS[absorbed]
+    if spec is None:
+        spec = os.environ.get(LINEAR_ENV, "") or "torch"
+    if isinstance(spec, str) and spec in TORCH_PATHS:           # "auto", "triton", "torch"
+        pick = {"auto": LINEAR_AUTO, "triton": names}.get(spec, ())
+        return {n: "triton" if n in pick else "torch" for n in names}
+    if isinstance(spec, str):
+        try:
+            spec = dict(item.split("=") for item in spec.split(",") if item)
+        except ValueError:
+            raise ValueError(f"linear: expected 'torch', 'triton', 'auto' or 'gemm=choice,...', got "
+                             f"{spec!r}") from None
+    if not isinstance(spec, Mapping):
+        raise TypeError(f"linear: expected a str, a mapping {{gemm: choice}} or None, got "
+                        f"{type(spec).__name__}")
+    out = {n: "torch" for n in names}
+    for n, choice in spec.items():
+        if n not in names:
+            raise ValueError(f"linear: expected GEMM names of this layer {names}, got {n!r}")
+        if choice not in _LINEAR_CHOICES:
+            raise ValueError(f"linear[{n!r}]: expected one of {_LINEAR_CHOICES}, got {choice!r}")
+        out[n] = choice
+    return out
 
 
 def _into(dst: torch.Tensor, fn, *args, **kwargs) -> None:
@@ -268,6 +321,14 @@ class DSADecodeLayer(nn.Module):
       device: where the weights live.
       path: op path for ``indexer_topk`` / ``sparse_mla_decode`` (``"auto"``, ``"triton"``,
         ``"torch"``).
+      linear: which projections (:data:`LAYER_GEMMS`) run the Triton few-token GEMM
+        (``torch_impl.linear``, ``dsa::linear`` with ``path="triton"``) instead of torch's
+        ``mm`` / ``bmm`` / ``addmm``: ``"torch"`` (none), ``"triton"`` (all), ``"auto"``
+        (:data:`LINEAR_AUTO`), or per GEMM ``{"x_proj": "triton", ...}`` /
+        ``"x_proj=triton,wo_a=triton"``; None (default) reads ``DSA_LAYER_LINEAR``, unset:
+        ``"torch"``. A step of more than 64 tokens (B * N) runs torch's GEMMs whatever the
+        switch (the kernel's limit). Both compute each output element as a float32 sum rounded
+        once to its dtype; the summation order differs.
     Raises:
       TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
         (or None), a weight that is not a real float array (``weights['name']``).
@@ -277,7 +338,7 @@ class DSADecodeLayer(nn.Module):
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
                  tp_size: int = 1, kv_format: str | None = None, dtype: torch.dtype = torch.float32,
-                 device=None, path: str = "auto", seed: int = 0):
+                 device=None, path: str = "auto", seed: int = 0, linear=None):
         super().__init__()
         if not isinstance(cfg, lref.LayerConfig):
             raise TypeError(f"cfg: expected a kernels.layer_reference.LayerConfig, got {type(cfg).__name__}")
@@ -291,6 +352,7 @@ class DSADecodeLayer(nn.Module):
         if path not in TORCH_PATHS:
             raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
+        self.linear = linear_switch(linear, cfg.absorbed)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
         weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights, _to_numpy)
@@ -326,6 +388,36 @@ class DSADecodeLayer(nn.Module):
         # the ignored input of torch.addmm(..., beta=0, alpha=scale): a GEMM scaled in its epilogue
         for name, dt in (("zero", dtype), ("zero_f32", torch.float32)):
             self.register_buffer(name, torch.zeros((), dtype=dt, device=device), persistent=False)
+        if "triton" in self.linear.values() and self.x_proj.device.type == "cuda":
+            tlinear.reserve_workspace(self.x_proj.device)    # split-K counters, before any capture
+
+    def _gemm(self, name: str, x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
+              alpha: float = 1.0, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The projection ``name`` (:data:`LAYER_GEMMS`): ``alpha * x @ w^T``, ``x`` ``[T, K]``
+        with ``w`` ``[N, K]``, or per group ``[G, T, K]`` with ``[G, N, K]``; written into
+        ``out`` when given (any strides, last dim contiguous), else returned in ``out_dtype``
+        (default x's). The switch (``self.linear``) picks ``dsa::linear`` on Triton for T <= 64,
+        else torch's GEMM as the layer always ran it (``mm`` / ``bmm``; ``addmm`` with
+        ``beta=0`` for a scaled product, the scale in the GEMM's epilogue; a float32 product of
+        16-bit x widens x first)."""
+        if self.linear[name] == "triton" and x.shape[-2] <= tlinear.MAX_M:
+            return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
+                                  alpha=alpha, out_dtype=out_dtype, path="triton")
+        if out_dtype is not None and out_dtype != x.dtype:
+            x = x.to(out_dtype)
+        wt = w.transpose(-1, -2)
+        if alpha != 1.0:
+            zero = self.zero_f32 if x.dtype == torch.float32 else self.zero
+            res = torch.addmm(zero, x, wt, beta=0, alpha=alpha)
+        elif out is None:
+            return x @ wt
+        else:
+            _into(out, torch.bmm if x.dim() == 3 else torch.mm, x, wt)
+            return out
+        if out is not None:
+            out.copy_(res)
+            return out
+        return res
 
     @staticmethod
     def _buf(name: str) -> str:
@@ -495,24 +587,25 @@ class DSADecodeLayer(nn.Module):
         # Each result is written into the columns of the buffer its consumer reads (strided
         # out=, in-place rope): no concatenation, and no float32 copy of a [B, N, H, D_qk] tensor
         # one GEMM for the three projections of x (x_proj), sliced into its three results
-        xq, xkv, xk = (x @ self.x_proj.T).split([b - a for a, b in self._x_rows.values()], dim=-1)
+        xp = self._gemm("x_proj", x.reshape(T, -1), self.x_proj).view(B, N, -1)
+        xq, xkv, xk = xp.split([b - a for a, b in self._x_rows.values()], dim=-1)
         qr = _rmsnorm(xq, self.w("q_norm"), cfg.eps).to(dt)
         if cfg.absorbed:
             nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
-            q = (qr @ self.w("wq_b").T).view(B, N, H, nope + r)
+            q = self._gemm("wq_b", qr.reshape(T, -1), self.w("wq_b")).view(B, N, H, nope + r)
             wkv_b = self.w("wkv_b").view(H, nope + cfg.v_head_dim, C)
             # q_mla = [q_nope through wkv_b's key half (per head [T, nope] @ [nope, C], one bmm
             # into the first C columns), rope(q_pe) (from the dt q_pe, float32 math)]
             q_mla = torch.empty(B, N, H, C + r, dtype=dt, device=dev)
-            _into(q_mla.view(T, H, -1)[..., :C].transpose(0, 1), torch.bmm,
-                  q.view(T, H, -1)[..., :nope].transpose(0, 1), wkv_b[:, :nope])
+            self._gemm("wkv_b_q", q.view(T, H, -1)[..., :nope].transpose(0, 1),
+                       wkv_b[:, :nope].transpose(1, 2), out=q_mla.view(T, H, -1)[..., :C].transpose(0, 1))
             _rope_into(q_mla[..., C:], q[..., nope:], cos_h, sin_h, True)
             kv = xkv                                                         # [B, N, C + r]
             latent = torch.empty(B, N, C + r, dtype=dt, device=dev)
             latent[..., :C] = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
             _rope_into(latent[..., C:], kv[..., C:], cos, sin, True)
         else:
-            q_mla = (qr @ self.w("wq_b").T).view(B, N, H, cfg.d_qk)
+            q_mla = self._gemm("wq_b", qr.reshape(T, -1), self.w("wq_b")).view(B, N, H, cfg.d_qk)
             if cfg.q_head_norm:
                 # per head, no weight: float32 math, one rounding to dt; the rope then reads the
                 # dt value, as DeepSeek's apply_rotary_emb rotates the bf16 activation
@@ -531,7 +624,7 @@ class DSADecodeLayer(nn.Module):
         # float32 rotation cast to dt was.
         ih = torch.empty(T * H_I + T, D_I, dtype=dt, device=dev)
         iq, ik = ih[:T * H_I].view(B, N, H_I, D_I), ih[T * H_I:].view(B, N, D_I)
-        _into(ih[:T * H_I].view(T, H_I * D_I), torch.mm, qr.reshape(T, -1), self.w("indexer.wq_b").T)
+        self._gemm("indexer.wq_b", qr.reshape(T, -1), self.w("indexer.wq_b"), out=ih[:T * H_I].view(T, H_I * D_I))
         _rope_into(iq[..., :r], iq[..., :r], cos_h, sin_h, False)
         ik32 = nn.functional.layer_norm(xk.float(), (D_I,),
                                         self.w("indexer.k_norm.weight"), self.w("indexer.k_norm.bias"), cfg.eps)
@@ -544,8 +637,8 @@ class DSADecodeLayer(nn.Module):
         idx_q = (iq / q_scale[..., None]).clamp_(-np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha
-        idx_w = torch.addmm(self.zero_f32, x.reshape(T, -1).float(), self.w("indexer.weights_proj").T,
-                            beta=0, alpha=H_I ** -0.5 * D_I ** -0.5).view(B, N, H_I) * q_scale
+        idx_w = self._gemm("indexer.weights_proj", x.reshape(T, -1), self.w("indexer.weights_proj"),
+                           alpha=H_I ** -0.5 * D_I ** -0.5, out_dtype=torch.float32).view(B, N, H_I) * q_scale
 
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
 
@@ -564,9 +657,9 @@ class DSADecodeLayer(nn.Module):
         if cfg.absorbed:
             # value up-projection, per head [T, C] @ [C, v], written as [T, H * v] for wo
             o = torch.empty(B, N, H, cfg.v_head_dim, dtype=dt, device=dev)
-            _into(o.view(T, H, -1).transpose(0, 1), torch.bmm, attn.reshape(T, H, -1).transpose(0, 1),
-                  wkv_b[:, cfg.qk_nope_head_dim:].transpose(1, 2))
-            out = o.view(B, N, -1) @ self.w("wo").T
+            self._gemm("wkv_b_v", attn.reshape(T, H, -1).transpose(0, 1), wkv_b[:, cfg.qk_nope_head_dim:],
+                       out=o.view(T, H, -1).transpose(0, 1))
+            out = self._gemm("wo", o.view(T, -1), self.w("wo")).view(B, N, -1)
         else:
             o = attn
             if cfg.inverse_rope_out:                # in place (on a copy when attn is reported)
@@ -576,9 +669,8 @@ class DSADecodeLayer(nn.Module):
             wo_a = self.w("wo_a").view(gl, cfg.o_lora_rank, -1)
             # grouped wo_a, per group [T, H * D / gl] @ [H * D / gl, o_lora], as [T, gl * o_lora]
             og = torch.empty(B, N, gl, cfg.o_lora_rank, dtype=dt, device=dev)
-            _into(og.view(T, gl, -1).transpose(0, 1), torch.bmm, o.reshape(T, gl, -1).transpose(0, 1),
-                  wo_a.transpose(1, 2))
-            out = og.view(B, N, -1) @ self.w("wo_b").T
+            self._gemm("wo_a", o.reshape(T, gl, -1).transpose(0, 1), wo_a, out=og.view(T, gl, -1).transpose(0, 1))
+            out = self._gemm("wo_b", og.view(T, -1), self.w("wo_b")).view(B, N, -1)
         if return_intermediates:
             inter = dict(q=q_mla, idx_q=idx_q, idx_weights=idx_w, indices=indices,
                          idx_context_lens=idx_lens, attn=attn, lse=lse)

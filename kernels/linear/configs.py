@@ -1,0 +1,191 @@
+"""Frozen configs of the few-token GEMM (``kernels/linear/triton.py``), their search spaces and
+heuristics, and the split-K count.
+
+* :class:`LinearConfig`: the compile-time tile (weight rows x padded tokens x K block), warps and
+  pipeline stages of one launch.
+* :data:`LINEAR_SPACE`: every config a launcher may choose, per (shared-memory class, weight
+  operand bytes, ``block_m``). ``tests/test_triton_compile.py`` compiles each one (every operand
+  dtype, split and unsplit) for sm_120 (101,376 B of shared memory per block) and sm_90 and
+  checks the shared memory.
+* :func:`linear_heuristic`: the default config of a call (a member of the space).
+* :func:`linear_num_splits`: the split-K count, a runtime choice from the SM count and the tiles.
+
+Standard library only (no NumPy, no framework), like ``kernels.sparse_mla.configs``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from kernels.sparse_mla.configs import SMEM_PER_SM, smem_class
+
+MAX_M = 64
+"""The most tokens (rows of x) one launch takes; more belong to an ordinary GEMM."""
+
+BLOCK_MS = (16, 32, 64)
+"""Token tiles: M padded up to the next one (16 is the smallest dot operand)."""
+
+MAX_SPLITS = 128
+"""Upper bound of the split-K count (the per-tile partials the last program adds)."""
+
+REDUCE_BYTES = 256 * 1024
+"""At most this many partial bytes (``num_splits * block_n * M * 4``) are added by the last
+program of a tile: its loads are a serial tail after the weights have streamed (one SM reads
+them from L2), so the split count drops with M (a reduction cap, not a tuned number)."""
+
+
+@dataclass(frozen=True)
+class LinearConfig:
+    """Compile-time shape of one launch of ``_linear_kernel``.
+
+    Attributes:
+      block_n: weight rows per program, the dot's M (16-bit weights: a multiple of 64, so sm_90
+        runs wgmma; fp32 weights run an fp32 FMA dot, any power of two >= 16).
+      block_m: tokens per program, M padded up (16, 32 or 64: the dot's N).
+      block_k: K per loop iteration (the pipelined tile is ``block_n x block_k`` weights and
+        ``block_m x block_k`` tokens).
+      num_warps, num_stages: Triton launch options (``num_stages`` buffers, ``num_stages - 1``
+        tiles in flight).
+    """
+
+    block_n: int = 128
+    block_m: int = 16
+    block_k: int = 128
+    num_warps: int = 4
+    num_stages: int = 4
+
+    def to_dict(self) -> dict:
+        """Plain dict (result files, dispatch JSON)."""
+        return asdict(self)
+
+    @property
+    def reduce_unroll(self) -> int:
+        """Partial tiles the split-K reduction loads per step (``REDUCE_UNROLL``): 4, or 2 for
+        tiles of more than 4096 elements (128 x 64: four more fp32 tiles in registers spill)."""
+        return 4 if self.block_n * self.block_m <= 4096 else 2
+
+    def smem_bytes(self, w_bytes: int, x_bytes: int, wgmma: bool) -> int:
+        """Shared memory of the pipeline buffers, an estimate of the compiled kernel's (the AOT
+        compile reports it exactly): ``num_stages`` buffers of both tiles where the dot is
+        wgmma (sm_90, 16-bit weights), ``num_stages - 1`` on the mma.sync / FMA pipelines
+        (Triton 3.6); the epilogue reuses them."""
+        buffers = self.num_stages if wgmma else self.num_stages - 1
+        return buffers * self.block_k * (self.block_n * w_bytes + self.block_m * x_bytes)
+
+
+def _space(w_bytes: int, bm: int, cls: str) -> tuple[LinearConfig, ...]:
+    """The configs of one (weight bytes, block_m) for a shared-memory class, the heuristic's
+    default first and a shallow one (two buffers, for K of one or two blocks) last.
+
+    16-bit weights, sm_90 (``large``; wgmma keeps ``num_stages`` buffers): the default holds two
+    programs per SM (<= 113 KiB each) with 64-96 KiB of weights in flight per SM; the others
+    trade depth against programs per SM. sm_120 (``small``, 99 KiB per block; its mma.sync
+    pipeline keeps ``num_stages - 1`` buffers): one program per SM with 48-80 KiB in flight.
+    fp32 weights (an fp32 FMA dot, either class): 2-8 KiB tiles, several programs per SM; with
+    16-bit x the widened token tile is held in registers per K step, so ``block_k * block_m``
+    stays <= 1024 (no spills in the AOT compiles; 64 x 16 x 32 takes 224-250 registers with
+    16-bit x, so the lighter 64 x 16 x 16 comes first)."""
+    C = LinearConfig
+    if w_bytes == 4:
+        return {16: (C(64, 16, 16, 4, 6), C(64, 16, 32, 4, 4)),
+                32: (C(64, 32, 16, 4, 6), C(32, 32, 32, 4, 4)),
+                64: (C(32, 64, 16, 4, 6), C(64, 64, 16, 4, 4))}[bm]
+    if cls == "large":
+        deep = {16: C(128, 16, 128, 4, 3), 32: C(128, 32, 64, 4, 4), 64: C(128, 64, 64, 4, 4)}[bm]
+        return (deep, C(128, bm, 128, 4, 4), C(128, bm, 64, 4, 6), C(64, bm, 128, 4, 4),
+                C(256, bm, 64, 8, 4), C(128, bm, 64, 4, 2))
+    return {16: (C(128, 16, 64, 4, 6), C(64, 16, 128, 4, 5), C(64, 16, 64, 4, 6), C(128, 16, 64, 4, 3)),
+            32: (C(128, 32, 64, 4, 5), C(128, 32, 128, 4, 3), C(64, 32, 64, 4, 6), C(128, 32, 64, 4, 3)),
+            64: (C(128, 64, 64, 4, 5), C(64, 64, 128, 4, 4), C(128, 64, 128, 4, 3), C(128, 64, 64, 4, 3))}[bm]
+
+
+LINEAR_SPACE: dict[tuple[str, int, int], tuple[LinearConfig, ...]] = {
+    (cls, wb, bm): _space(wb, bm, cls) for cls in ("small", "large") for wb in (2, 4) for bm in BLOCK_MS
+}
+"""Every config a launcher may choose, keyed by (shared-memory class, weight operand bytes,
+block_m). Weight bytes 2: bf16 / fp16 weights (x the same dtype); 4: fp32 weights (x fp32, bf16
+or fp16)."""
+
+
+def block_m_for(M: int) -> int:
+    """The token tile of M rows: the smallest of :data:`BLOCK_MS` >= M.
+
+    Raises:
+      ValueError: M outside ``[1, MAX_M]``.
+    """
+    for bm in BLOCK_MS:
+        if 1 <= M <= bm:
+            return bm
+    raise ValueError(f"M: expected 1 <= M <= {MAX_M}, got {M}")
+
+
+def linear_space(smem_per_block: int, w_bytes: int, M: int) -> tuple[LinearConfig, ...]:
+    """The configs a call of M tokens with ``w_bytes``-byte weights may run on a GPU with
+    ``smem_per_block`` bytes of shared memory per block."""
+    return LINEAR_SPACE[(smem_class(smem_per_block), 4 if w_bytes == 4 else 2, block_m_for(M))]
+
+
+def linear_heuristic(M: int, N: int, K: int, w_bytes: int, smem_per_block: int) -> LinearConfig:
+    """Default config of a call: the space's first entry (sm_90: 128 weight rows, two programs
+    per SM; sm_120: 128 x 64 tiles, 5 buffers), except
+
+    * N below its ``block_n`` (fp32 ``weights_proj``, N 64): the entry with the smallest
+      ``block_n`` (fewer masked rows);
+    * K of at most two ``block_k`` blocks (the per-head ``wkv_b`` products, K 128): the space's
+      last, shallow entry (two buffers, so several programs share an SM and the loads of the
+      next programs overlap this one's).
+
+    Always a member of :func:`linear_space`."""
+    space = linear_space(smem_per_block, w_bytes, M)
+    cfg = space[0]
+    if N < cfg.block_n:
+        cfg = min(space, key=lambda c: (c.block_n, space.index(c)))
+    elif w_bytes != 4 and -(-K // cfg.block_k) <= 2:
+        cfg = space[-1]
+    return cfg
+
+
+def ctas_per_sm(cfg: LinearConfig, w_bytes: int, x_bytes: int, smem_per_block: int) -> int:
+    """Programs of ``cfg`` one SM holds at once, by shared memory (the pipeline buffers:
+    :meth:`LinearConfig.smem_bytes`, wgmma on the large class with 16-bit weights) and warps
+    (at most 16 warps of this kernel per SM are assumed: registers are 50-255 per thread in the
+    AOT compiles); at least 1."""
+    cls = smem_class(smem_per_block)
+    wgmma = cls == "large" and w_bytes == 2
+    by_smem = SMEM_PER_SM[cls] // (cfg.smem_bytes(w_bytes, x_bytes, wgmma) + 1024)
+    return max(1, min(by_smem, 16 // cfg.num_warps))
+
+
+def split_geometry(K: int, block_k: int, num_splits: int) -> tuple[int, int]:
+    """``(k_per_split, splits)``: K columns per split (whole ``block_k`` blocks) and the split
+    count that leaves no split empty (<= ``num_splits``)."""
+    blocks = -(-K // block_k)
+    per = -(-blocks // max(1, min(num_splits, blocks)))
+    return per * block_k, -(-blocks // per)
+
+
+def linear_num_splits(cfg: LinearConfig, M: int, N: int, K: int, G: int, num_sms: int,
+                      w_bytes: int, x_bytes: int, smem_per_block: int) -> int:
+    """Split-K count of a call: the most splits whose programs (``N tiles x G x splits``) still
+    fit in one wave of the GPU (``num_sms x`` :func:`ctas_per_sm`), at least 1, at most
+    :data:`MAX_SPLITS`, one ``block_k`` block per split at least, and with at most
+    :data:`REDUCE_BYTES` of partials per tile for its last program to add. Unsplit when the N
+    tiles alone fill a wave: every program then streams its weight rows once with
+    ``num_stages - 1`` tiles in flight, and any program beyond the wave reuses a free slot."""
+    tiles = -(-N // cfg.block_n) * G
+    slots = num_sms * ctas_per_sm(cfg, w_bytes, x_bytes, smem_per_block)
+    if tiles >= slots:
+        return 1
+    blocks = -(-K // cfg.block_k)
+    cap = max(1, REDUCE_BYTES // (cfg.block_n * M * 4))
+    want = max(1, min(slots // tiles, MAX_SPLITS, blocks, cap))
+    return split_geometry(K, cfg.block_k, want)[1]
+
+
+def linear_from_dict(d: dict, smem_per_block: int, w_bytes: int, M: int) -> LinearConfig | None:
+    """The config a dict names (dispatch table, CLI) when it is a member of the call's space,
+    else None (a table can never pick a config that was not compiled and checked)."""
+    try:
+        cfg = LinearConfig(**d)
+    except TypeError:
+        return None
+    return cfg if cfg in linear_space(smem_per_block, w_bytes, M) else None

@@ -1,0 +1,213 @@
+"""Few-token weight-streaming GEMM: ``out[g] = alpha * x[g] @ w[g]^T`` for M <= 64 tokens, as one
+Triton kernel with a deterministic in-kernel split-K reduction (``torch_impl.linear`` binding).
+
+Operation (per group g of G; G = 1 for a plain linear layer, the heads / output groups of a
+batched projection otherwise)::
+
+    out[g, m, n] = round_to_out_dtype(alpha * sum_k x[g, m, k] * w[g, n, k])
+
+``x`` ``[G, M, K]`` and ``w`` ``[G, N, K]`` (the ``[out, in]`` weight of a linear layer; its
+last dim or its N dim contiguous) are bf16 / fp16 / fp32 of one dtype, or ``x`` bf16 / fp16
+with an fp32 ``w`` (the product is then an fp32 IEEE dot of the exactly widened ``x``); the sum
+is fp32; ``out`` ``[G, M, N]`` (any dtype of bf16 / fp16 / fp32, any strides with its last dim
+contiguous: a column slice of a larger buffer) is rounded once.
+
+Design (counts: ``bench/NOTES.md``, "Few-token projections"):
+
+* **Swap AB.** At M <= 64 the weights are the bytes; the dot's M is the weight rows
+  (``BLOCK_N``, a multiple of 64, so sm_90 runs wgmma with both operands in shared memory) and
+  its N the tokens padded to ``BLOCK_M`` in {16, 32, 64} (masked rows load as zeros and are
+  never stored): ``acc[BLOCK_N, BLOCK_M] += w_tile[BLOCK_N, BLOCK_K] @ x_tile^T[BLOCK_K, BLOCK_M]``.
+  The padding costs tensor-core FLOPs only (16 FLOP per weight byte at BLOCK_M 16, far below the
+  ridge point).
+* **Grid** ``(cdiv(N, BLOCK_N), num_splits, G)``: N tiles x split-K x groups. The split count
+  (``kernels.linear.configs.linear_num_splits``) fills the GPU with one wave of programs when the
+  N tiles alone cannot; every split covers a whole number of ``BLOCK_K`` blocks.
+* **Deep pipelining.** ``num_stages`` buffers of the weight tile (``num_stages - 1`` loads in
+  flight while one is consumed; 48-96 KiB per SM on sm_90): the loads are the async copies of
+  Triton's software pipeliner. The weight loads are marked ``evict_first`` (streamed once), the
+  tokens ``evict_last`` (every N tile re-reads them from L2).
+* **Deterministic split-K in one launch.** With ``num_splits > 1`` every program stores its fp32
+  partial tile to ``part[g, s]``, then (a CTA barrier, so every thread's stores precede it)
+  increments the tile's counter with one acq_rel atomic at GPU scope. The program that sees
+  ``num_splits - 1`` arrived last: it adds the partials in split order 0, 1, ... (through L2,
+  ``.cg`` loads, four partial tiles in flight at a time, two for tiles of more than 4096
+  elements, whose registers would spill) so the sum does not depend on which program
+  came last, writes ``out`` and stores 0 back into the counter. The counters therefore start
+  and end every call at zero: no memset, no second launch, bitwise repeatable, and a CUDA graph
+  can capture and replay the call. Calls that share a counter buffer must not run concurrently
+  (one stream, as in a layer step).
+
+The launcher (:func:`launch_linear`) takes the config and split count that the binding planned
+(``kernels.linear.configs``); :func:`aot_specs` lists every launch it can make for
+``tests/test_triton_compile.py``.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _linear_kernel(
+    x_ptr,          # [G, M, K] tokens (last dim contiguous)
+    w_ptr,          # [G, N, K] weights (K or N contiguous)
+    out_ptr,        # [G, M, N] (last dim contiguous; any other strides)
+    part_ptr,       # [G, num_splits, M, N] fp32 partials (unused when num_splits == 1)
+    count_ptr,      # [G, cdiv(N, BLOCK_N)] int32 arrival counters, zero before and after a call
+    M, N, K,
+    k_per_split,    # K elements per split, a multiple of BLOCK_K
+    num_splits,
+    stride_xg, stride_xm,
+    stride_wg, stride_wn, stride_wk,
+    stride_og, stride_om,
+    alpha,
+    BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
+    IEEE_FP32: tl.constexpr,        # fp32 weights: widen x, fp32 IEEE dot
+    REDUCE_UNROLL: tl.constexpr,    # partials loaded per step of the reduction (2 or 4)
+):
+    pid_n = tl.program_id(0)
+    pid_s = tl.program_id(1)
+    g = tl.program_id(2).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    m_ok = offs_m < M
+    k0 = pid_s * k_per_split
+    k_end = tl.minimum(K, k0 + k_per_split)
+    w_ptrs = (w_ptr + g * stride_wg + offs_n[:, None] * stride_wn
+              + (k0 + offs_k)[None, :] * stride_wk)                       # [BLOCK_N, BLOCK_K]
+    x_ptrs = x_ptr + g * stride_xg + offs_m[None, :] * stride_xm + (k0 + offs_k)[:, None]  # x^T [BLOCK_K, BLOCK_M]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k in range(k0, k_end, BLOCK_K):
+        k_ok = (k + offs_k) < k_end
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0,
+                    eviction_policy="evict_first")
+        xt = tl.load(x_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0,
+                     eviction_policy="evict_last")
+        if IEEE_FP32:
+            acc = tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+        else:
+            acc = tl.dot(w, xt, acc)
+        w_ptrs += BLOCK_K * stride_wk
+        x_ptrs += BLOCK_K
+
+    out_mask = n_ok[:, None] & m_ok[None, :]
+    out_ptrs = out_ptr + g * stride_og + offs_m[None, :] * stride_om + offs_n[:, None]  # [BLOCK_N, BLOCK_M]
+    if num_splits == 1:
+        tl.store(out_ptrs, (acc * alpha).to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        # this split's partial; the tile's last program to arrive adds them all in split order
+        tile = (offs_m[None, :] * N + offs_n[:, None]).to(tl.int64)       # [BLOCK_N, BLOCK_M]
+        part_g = part_ptr + g * num_splits * M * N
+        tl.store(part_g + pid_s * M * N + tile, acc, mask=out_mask)
+        tl.debug_barrier()                      # every thread's partial stored before the release
+        count = count_ptr + g * tl.num_programs(0) + pid_n
+        arrived = tl.atomic_add(count, 1, sem="acq_rel", scope="gpu")
+        if arrived == num_splits - 1:
+            total = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+            n_unrolled = num_splits - num_splits % REDUCE_UNROLL
+            for s0 in range(0, n_unrolled, REDUCE_UNROLL):  # its loads in flight together
+                p0 = tl.load(part_g + s0 * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
+                p1 = tl.load(part_g + (s0 + 1) * M * N + tile, mask=out_mask, other=0.0, cache_modifier=".cg")
+                if REDUCE_UNROLL == 4:
+                    p2 = tl.load(part_g + (s0 + 2) * M * N + tile, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+                    p3 = tl.load(part_g + (s0 + 3) * M * N + tile, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+                    total = (((total + p0) + p1) + p2) + p3   # in split order
+                else:
+                    total = (total + p0) + p1
+            for s in range(n_unrolled, num_splits):
+                total += tl.load(part_g + s * M * N + tile, mask=out_mask, other=0.0,
+                                 cache_modifier=".cg")
+            tl.store(out_ptrs, (total * alpha).to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")   # ready for the next call
+
+
+def launch_linear(x, w, out, alpha: float, config, num_splits: int, part, counters) -> int:
+    """Launch :func:`_linear_kernel` on torch tensors (validated by the binding).
+
+    Args:
+      x: ``[G, M, K]`` (last dim contiguous), w: ``[G, N, K]`` (``stride(-1) == 1`` or
+        ``stride(-2) == 1``), out: ``[G, M, N]`` (last dim contiguous), on one device.
+      alpha: the product's scale (float32 in the kernel).
+      config: :class:`kernels.linear.configs.LinearConfig` (``block_m >= M``).
+      num_splits: split-K count (:func:`kernels.linear.configs.linear_num_splits`); each split
+        gets ``k_per_split = cdiv(cdiv(K, block_k), num_splits) * block_k`` columns, and the
+        count is reduced so that no split is empty.
+      part: fp32 scratch of at least ``G * num_splits * M * N`` elements (ignored when
+        ``num_splits == 1``; contents need not be initialised).
+      counters: int32 buffer of at least ``G * cdiv(N, block_n)`` zeros (left zero).
+    Returns:
+      The split count launched.
+    """
+    from kernels.linear.configs import split_geometry
+    G, M, K = x.shape
+    N = w.shape[1]
+    k_per_split, num_splits = split_geometry(K, config.block_k, num_splits)
+    grid = (triton.cdiv(N, config.block_n), num_splits, G)
+    _linear_kernel[grid](
+        x, w, out, part if num_splits > 1 else out, counters,
+        M, N, K, k_per_split, num_splits,
+        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
+        out.stride(0), out.stride(1), float(alpha),
+        BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k,
+        IEEE_FP32=w.dtype.itemsize == 4, REDUCE_UNROLL=config.reduce_unroll,
+        num_warps=config.num_warps, num_stages=config.num_stages)
+    return num_splits
+
+
+# (x, w, out) operand dtypes of the AOT specs, split, M = 1, weight N-contiguous: per weight
+# width each dtype the launcher takes appears at least once, split and unsplit, at M = 1 (Triton
+# specialises an integer argument equal to 1 into a constant, so M = 1 and num_splits = 1 are
+# launches of their own) and, for 16-bit weights, with the weight's N dim contiguous (V3.2's
+# wkv_b_q: a transposed view, stride_wn = 1)
+_AOT_OPERANDS = {2: (("bf16", "bf16", "bf16", False, False, False), ("bf16", "bf16", "fp32", True, False, False),
+                     ("fp16", "fp16", "fp16", True, True, False), ("bf16", "bf16", "bf16", True, False, True)),
+                 4: (("fp32", "fp32", "fp32", False, False, False), ("bf16", "fp32", "fp32", True, False, False),
+                     ("fp16", "fp32", "fp16", True, True, False))}
+
+
+def aot_specs(smem_class: str) -> list:
+    """Launches of :func:`_linear_kernel` for ``tests/test_triton_compile.py``: every config of
+    ``kernels.linear.configs.LINEAR_SPACE`` for ``smem_class``, each with the operand variants of
+    :data:`_AOT_OPERANDS` (M = 1 only where ``block_m`` is 16). The pointer arguments and the
+    integer arguments a real launch passes as multiples of 16 (N, K, k_per_split, the row and
+    group strides) are compiled as such; the weight's unit stride (K, or N for a transposed
+    weight) is the constant 1, as the JIT specialises it."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.linear.configs import LINEAR_SPACE
+    specs = []
+    for (cls, w_bytes, bm), space in sorted(LINEAR_SPACE.items()):
+        if cls != smem_class:
+            continue
+        for cfg in space:
+            for xd, wd, od, split, m1, w_nmajor in _AOT_OPERANDS[w_bytes]:
+                if m1 and bm != 16:
+                    continue
+                sig = {"x_ptr": f"*{xd}", "w_ptr": f"*{wd}", "out_ptr": f"*{od}", "part_ptr": "*fp32",
+                       "count_ptr": "*i32", "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32",
+                       "num_splits": "i32", "stride_xg": "i32", "stride_xm": "i32", "stride_wg": "i32",
+                       "stride_wn": "i32", "stride_wk": "i32", "stride_og": "i32", "stride_om": "i32",
+                       "alpha": "fp32"}
+                ce = dict(BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
+                          IEEE_FP32=w_bytes == 4, REDUCE_UNROLL=cfg.reduce_unroll)
+                ce["stride_wn" if w_nmajor else "stride_wk"] = 1
+                if not split:
+                    ce["num_splits"] = 1
+                if m1:
+                    ce["M"] = 1
+                for name in ce:
+                    sig.pop(name, None)
+                label = (f"linear {cfg.block_n}x{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} "
+                         f"s{cfg.num_stages} x={xd} w={wd}{'(N-major)' if w_nmajor else ''} out={od} "
+                         f"{'split' if split else 'unsplit'}{' M=1' if m1 else ''}")
+                specs.append(LaunchSpec(label, "kernels.linear.triton", "_linear_kernel", sig, ce,
+                                        cfg.num_warps, cfg.num_stages,
+                                        divisible=tuple(n for n in ("N", "K", "k_per_split", "stride_xg",
+                                                                    "stride_xm", "stride_wg", "stride_wn",
+                                                                    "stride_wk", "stride_og", "stride_om")
+                                                        if n in sig)))
+    return specs
