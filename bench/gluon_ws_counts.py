@@ -2,7 +2,8 @@
 GPU needed: registers (setmaxnreg per partition), spills, shared memory and the SASS opcode counts
 of each partition's block loop (per warp per 64-row block).
 
-    PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts [--model1] [--final]
+    PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts
+        [--model1 | --latent [--fp16] [--signal 0|1]] [--final] [--slots]
 
 The loops are the innermost backward branches spanning more than 1 KiB of code before the last
 EXIT (the mbarrier retry loops that ptxas moves behind it are excluded): the producer's loop comes
@@ -19,7 +20,7 @@ import tempfile
 
 import torch
 
-KEEP = ("LDG", "STS", "LDS", "F2FP", "HGMMA", "LDL", "STL", "BAR", "SYNCS")
+KEEP = ("LDG", "LDGSTS", "STS", "LDS", "F2FP", "HGMMA", "LDL", "STL", "BAR", "SYNCS", "ARRIVES")
 
 
 def loop_counts(sass: str) -> list[dict]:
@@ -53,15 +54,25 @@ def loop_counts(sass: str) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model1", action="store_true", help="fp8_model1 (default fp8_ds_mla)")
+    ap.add_argument("--latent", action="store_true", help="a 16-bit latent cache (q of its dtype)")
+    ap.add_argument("--fp16", action="store_true", help="fp16 q (default bf16)")
+    ap.add_argument("--signal", type=int, choices=(0, 1), default=None,
+                    help="latent full-slot protocol (default gluon_ws.LATENT_SIGNAL)")
     ap.add_argument("--final", action="store_true", help="the single-split epilogue")
+    ap.add_argument("--slots", action="store_true", help="plain slots (default a block table)")
     args = ap.parse_args()
     import os
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="gluon_ws_counts_")  # run ptxas
     import triton
     from kernels import _triton_aot as aot
     from kernels.sparse_mla import triton_launch
-    fmt = "fp8_model1" if args.model1 else "fp8_ds_mla"
-    spec = triton_launch._gluon_specs(fmt, torch.bfloat16, args.final, 2, "gluon_ws")[0]
+    import dataclasses
+    fmt = "latent" if args.latent else ("fp8_model1" if args.model1 else "fp8_ds_mla")
+    spec = triton_launch._gluon_specs(fmt, torch.float16 if args.fp16 else torch.bfloat16,
+                                      args.final, 2, "gluon_ws")[1 if args.slots else 0]
+    if args.signal is not None:
+        spec = dataclasses.replace(spec, label=f"{spec.label} signal {args.signal}",
+                                   constexprs={**spec.constexprs, "SIGNAL": args.signal})
     res = aot.compile_spec(spec, 90)          # registers / spills / shared (ptxas -v)
     # the cubin and the PTX (compile_spec keeps only the counts; this compile hits the cache)
     import importlib

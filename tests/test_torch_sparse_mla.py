@@ -25,6 +25,8 @@ from torch_impl.sparse_mla import sparse_mla_decode
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+SM90 = CUDA and torch.cuda.get_device_capability() == (9, 0)
+sm90_only = pytest.mark.skipif(not SM90, reason="the Gluon kernels run on sm_90 only")
 # The interpreter evaluates bf16 arithmetic on raw bits, so bf16 q runs on the GPU only.
 Q_DTYPES = ("float32", "float16") + (("bfloat16",) if CUDA else ())
 FORMATS = (("latent", 576), ("fp8_ds_mla", 576), ("fp8_model1", 512))
@@ -135,14 +137,16 @@ def test_every_config(cfg, width, splits):
     """Each config of the search space (both shared-memory classes, both operand widths), with
     one split (the split kernel writes the result) and three (partials + combine), on both fp8
     formats, with q of the space's operand width."""
-    if cfg.kernel != "triton" and not (CUDA and torch.cuda.get_device_capability() == (9, 0)):
+    if cfg.kernel != "triton" and not SM90:
         pytest.skip("the Gluon kernels run on sm_90 only (elsewhere the launcher substitutes "
                     "the Triton 64-head tile, tested here as h64k32w8s2p0)")
     q_dtype = "float32" if width == 4 else ("bfloat16" if CUDA else "float16")
-    for kv_format, d_qk in FORMATS[1:]:
+    # the fp8 formats; the warp-specialised kernel also a latent cache of q's dtype
+    for kv_format, d_qk in (FORMATS if cfg.kernel == "gluon_ws" else FORMATS[1:]):
         case = cases.make_mla_case(11, B=2, N=2, H=24, K=100, P=61 if kv_format == "latent" else 64,
                                    d_qk=d_qk, kv_format=kv_format, invalid="mix", logical=True,
-                                   topk_length=True, attn_sink=True, q_dtype=q_dtype)
+                                   topk_length=True, attn_sink=True, q_dtype=q_dtype,
+                                   kv_dtype=q_dtype if kv_format == "latent" else "float32")
         kw = {k: _t(v) for k, v in case.kwargs().items()}
         out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
                                     kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
@@ -672,23 +676,48 @@ def test_gluon_eligibility():
     assert not configs.gluon_eligible(hardware.CPU_INTERPRETER, "fp8_ds_mla", 576, 2)
     assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)
-    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and the
-    # heuristic does not choose it until it is measured
+    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and also
+    # a latent cache of D_qk 576 with 16-bit q of its dtype (fp32 q, or another cache dtype,
+    # gives fp32 dots: operand width 4)
     b200 = hardware.DeviceInfo(name="NVIDIA B200", cc=(10, 0), num_sms=148, smem_per_block=232_448)
     ws = configs.SPARSE_MLA_GLUON_WS
     assert configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 2)
     assert configs.gluon_ws_eligible(h200, "fp8_model1", 512, 2)
     assert not configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 4)
-    assert not configs.gluon_ws_eligible(h200, "latent", 576, 2)
-    for dev in (sm120, b200, hardware.CPU_INTERPRETER):
-        assert not configs.gluon_ws_eligible(dev, "fp8_ds_mla", 576, 2)
-        assert not configs.kernel_eligible("gluon_ws", dev, "fp8_ds_mla", 576, 2)
+    assert configs.gluon_ws_eligible(h200, "latent", 576, 2)
+    assert not configs.gluon_ws_eligible(h200, "latent", 576, 4)
+    assert not configs.gluon_ws_eligible(h200, "latent", 512, 2)
+    for fmt, d_qk in (("fp8_ds_mla", 576), ("latent", 576)):
+        for dev in (sm120, b200, hardware.CPU_INTERPRETER):
+            assert not configs.gluon_ws_eligible(dev, fmt, d_qk, 2)
+            assert not configs.kernel_eligible("gluon_ws", dev, fmt, d_qk, 2)
     assert configs.kernel_eligible("triton", sm120, "latent", 576, 4)
     assert ws in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert ws not in configs.sparse_mla_space(configs.SMALL_SMEM)
     for H in (64, 128):
         assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
                                             gluon=True) != ws
+        assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
+                                            gluon_ws=True) == ws
+    assert configs.sparse_mla_heuristic(32, configs.LARGE_SMEM, rows=64, topk=2048,
+                                        gluon_ws=True) == configs.SPARSE_MLA_N16
+
+
+def test_gluon_ws_latent_layout_rule():
+    """The latent warp-specialised kernel copies rows as 16-byte vectors from ``page *
+    page_stride + off * D_qk``: rows packed in a page (or one slot a page), page stride and base
+    on 16-byte boundaries, 16-bit elements; anything else runs the Triton tile (any strides)."""
+    ok = configs.gluon_ws_latent_layout_ok
+    P, D = 64, 576
+    assert ok(P * D, D, 10, P, D, 1 << 20, 2)                   # contiguous pages
+    assert ok((P + 1) * D, D, 10, P, D, 256, 2)                 # padded pages (a pool view)
+    assert ok(P * D + 8, D, 10, P, D, 256, 2)                   # 16 more bytes a page
+    assert not ok(P * D + 4, D, 10, P, D, 256, 2)               # 8 bytes: rows not 16-aligned
+    assert ok(P * D + 4, D, 1, P, D, 256, 2)                    # ... irrelevant for one page
+    assert not ok(P * D, D, 10, P, D, 256 + 2, 2)               # base off a 16-byte boundary
+    assert not ok(P * (D + 64), D + 64, 10, P, D, 256, 2)       # rows not packed
+    assert ok(5 * D + 8, 3 * D, 10, 1, D, 256, 2)               # ... irrelevant at P = 1
+    assert not ok(P * D, D, 10, P, D, 256, 4)                   # fp32 (fp32 dots anyway)
 
 
 def test_gluon_config_substituted_within_the_operand_width():
@@ -706,6 +735,46 @@ def test_gluon_config_substituted_within_the_operand_width():
         q32 = torch.zeros((1, 1, 64, 576), dtype=torch.float32)
         sub = tsm._triton_config(h200, q32, kv, "fp8_ds_mla", 64, cfg)
         assert sub.kernel == "triton" and sub in configs.sparse_mla_space(h200.smem_per_block, 4)
+    # a latent cache: the warp-specialised kernel for q of the cache's 16-bit dtype and rows it
+    # can copy in place; the Triton 64-head tile for unaligned rows, another dtype, the
+    # one-partition Gluon kernel (fp8 only) or another GPU; fp32 q: the fp32 space
+    ws, w64 = configs.SPARSE_MLA_GLUON_WS, configs.SPARSE_MLA_W64
+    pool = torch.zeros((4, 65, 576), dtype=torch.bfloat16)
+    qb = torch.zeros((1, 1, 128, 576), dtype=torch.bfloat16)
+    assert tsm._triton_config(h200, qb, pool, "latent", 64, ws) == ws
+    assert tsm._triton_config(h200, qb, pool[:, :64], "latent", 64, ws) == ws     # padded pages
+    assert tsm._triton_config(h200, qb, pool[:, 1:], "latent", 64, ws) == ws      # +1,152 B
+    odd = torch.zeros(4 * 64 * 576 + 4, dtype=torch.bfloat16)[4:].view(4, 64, 576)
+    assert tsm._triton_config(h200, qb, odd, "latent", 64, ws) == w64              # base +8 B
+    assert tsm._triton_config(h200, qb.half(), pool.half(), "latent", 64, ws) == ws
+    assert tsm._triton_config(h200, qb, pool, "latent", 64, configs.SPARSE_MLA_GLUON) == w64
+    assert tsm._triton_config(hardware.CPU_INTERPRETER, qb.half(), pool.half(), "latent", 64,
+                              ws) == w64
+    for q_, kv_ in ((qb, pool.half()), (qb.float(), pool.float()), (qb.float(), pool)):
+        sub = tsm._triton_config(h200, q_, kv_, "latent", 64, ws)     # fp32 dots
+        assert sub.kernel == "triton" and sub in configs.sparse_mla_space(h200.smem_per_block, 4)
+
+
+def test_gluon_ws_latent_config_runs_the_triton_tile_elsewhere(monkeypatch):
+    """The warp-specialised config on a latent cache where it cannot run (the CPU interpreter,
+    or a GPU other than sm_90): the binding launches the Triton 64-head tile instead, with the
+    reference's result (fp16 q and cache here, bf16 on a GPU)."""
+    if SM90:
+        pytest.skip("sm_90 runs the Gluon kernel itself (test_gluon_ws_latent)")
+    from kernels.sparse_mla import triton_launch
+    ran = []
+    launch = triton_launch.launch
+    monkeypatch.setattr(triton_launch, "launch",
+                        lambda *a, **kw: ran.append(kw["config"]) or launch(*a, **kw))
+    qd = "bfloat16" if CUDA else "float16"
+    case = cases.make_mla_case(21, B=1, N=1, H=64, K=40, P=16, kv_format="latent", q_dtype=qd,
+                               kv_dtype=qd, logical=True, invalid="mix", attn_sink=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+                                "latent", 512, kw["block_table"], kw["topk_length"],
+                                kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS, num_splits=2)
+    assert ran == [configs.SPARSE_MLA_W64]
+    _check(case, out, lse)
 
 
 # ============================================================================ combine
