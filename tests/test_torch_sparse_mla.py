@@ -535,11 +535,13 @@ def test_cuda_graph_capture_replay(kv_format, d_qk):
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 64, 128])
 def test_gpu_bf16_production_shapes(H):
-    """V3.2-like (fp8_ds_mla, K 2048) and V4-like (fp8_model1, K 512 + sink) shapes in bf16."""
-    for kv_format, d_qk, K, sink in (("fp8_ds_mla", 576, 2048, False), ("fp8_model1", 512, 512, True)):
+    """V3.2-like (fp8_ds_mla and a bf16 latent cache, K 2048) and V4-like (fp8_model1, K 512 +
+    sink) shapes in bf16 (on the H200 the plan runs the Gluon kernels for H >= 64)."""
+    for kv_format, d_qk, K, sink in (("fp8_ds_mla", 576, 2048, False), ("fp8_model1", 512, 512, True),
+                                     ("latent", 576, 2048, False)):
         case = cases.make_mla_case(15, B=8, N=2, H=H, K=K, P=64, kv_format=kv_format, d_qk=d_qk,
-                                   q_dtype="bfloat16", logical=True, invalid="random",
-                                   attn_sink=sink, nan_unselected=False)
+                                   q_dtype="bfloat16", kv_dtype="bfloat16", logical=True,
+                                   invalid="random", attn_sink=sink, nan_unselected=False)
         _check(case, *_call(case))
 
 
@@ -778,6 +780,61 @@ def test_gluon_ws_latent_config_runs_the_triton_tile_elsewhere(monkeypatch):
                                 kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS, num_splits=2)
     assert ran == [configs.SPARSE_MLA_W64]
     _check(case, out, lse)
+
+
+_LATENT_LAYOUTS = ("slots", "block_table_tkl_sink", "padded_pages")
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("signal", [0, 1], ids=["async_arrive", "wait_group"])
+@pytest.mark.parametrize("layout", _LATENT_LAYOUTS)
+@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("H", [64, 128])
+def test_gluon_ws_latent(H, splits, q_dtype, layout, signal, monkeypatch):
+    """The warp-specialised Gluon kernel on a 16-bit latent cache (q of the cache's dtype)
+    against the float64 reference: both full-slot protocols (``gluon_ws.LATENT_SIGNAL``), 1 and
+    3 splits (final epilogue / partials + combine), H 64 and 128 (two head blocks), every
+    invalid-entry kind, plain slots or a block table with topk_length and a sink, and pages read
+    in place from a pool with a NaN row more a page; the call must run the Gluon kernel."""
+    from kernels.sparse_mla import gluon_ws
+    monkeypatch.setattr(gluon_ws, "LATENT_SIGNAL", signal)
+    feats = layout == "block_table_tkl_sink"
+    case = cases.make_mla_case(40 + H + splits, B=3, N=2, H=H, K=300, P=64, kv_format="latent",
+                               q_dtype=q_dtype, kv_dtype=q_dtype, invalid="mix", logical=feats,
+                               topk_length=feats, attn_sink=feats)
+    kv = _t(case.kv_cache)
+    if layout == "padded_pages":
+        pool = torch.full((kv.shape[0], kv.shape[1] + 1, kv.shape[2]), float("nan"),
+                          dtype=kv.dtype, device=DEVICE)
+        pool[:, : kv.shape[1]] = kv
+        kv = pool[:, : kv.shape[1]]
+    dev = _common.device_info(torch.device(DEVICE))
+    ws = configs.SPARSE_MLA_GLUON_WS
+    assert tsm._triton_config(dev, _t(case.q), kv, "latent", case.indices.shape[2], None) == ws
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = tsm._triton_impl(_t(case.q), kv, _t(case.indices), case.sm_scale, "latent", 512,
+                                kw["block_table"], kw["topk_length"], kw["attn_sink"], config=ws,
+                                num_splits=splits)
+    _check(case, out, lse)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(len(_CORNER_NAMES)), ids=_CORNER_NAMES)
+def test_gluon_ws_latent_corners(i):
+    """Every SPEC corner case on a bf16 latent cache at H 64 through ``path="triton"``, whose
+    plan on the H200 is the warp-specialised Gluon kernel (asserted)."""
+    case = cases.mla_corner_cases(7, d_qk=576, H=64, K=64, kv_format="latent", q_dtype="bfloat16",
+                                  kv_dtype="bfloat16")[i]
+    B, N, H, D = case.q.shape
+    _, cfg = tsm.choose_config(_common.device_info(torch.device(DEVICE)), B=B, N=N, H=H,
+                               K=case.indices.shape[2], d_qk=D, kv_format="latent")
+    assert cfg == configs.SPARSE_MLA_GLUON_WS
+    _check(case, *_call(case, "triton"))
 
 
 # ============================================================================ combine
