@@ -3,12 +3,14 @@
 before them on an sm_90 GPU (GPU only).
 
     python -m bench.gluon_check --out gluon.json [--no-time] [--no-check]
-        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_s1] [--ws-timeout 900]
+        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe] [--ws-timeout 900]
 
 Kernels (``--kernels``): ``gluon`` and ``gluon_ws`` on the fp8 formats; ``gluon_ws_latent`` the
-warp-specialised kernel on a 16-bit latent cache with its default full-slot protocol
-(``gluon_ws.LATENT_SIGNAL`` 0: cp.async mbarrier arrivals), ``gluon_ws_latent_s1`` the same
-kernel with the fallback protocol (1: wait_group + fence + barrier + arrive).
+warp-specialised kernel on a 16-bit latent cache with its defaults (``gluon_ws.LATENT_SIGNAL``
+0: the slot signalled by cp.async mbarrier arrivals; ``LATENT_P_SMEM`` 1: P to the value dots
+through shared memory), ``gluon_ws_latent_safe`` with the conservative pair (1: wait_group +
+fence + barrier + arrive, the fp8 producer's protocol; 0: P by ``convert_layout``, as the fp8
+consumer), ``gluon_ws_latent_s1`` / ``gluon_ws_latent_pconv`` the two mixed pairs.
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -53,8 +55,16 @@ FP8 = ("fp8_ds_mla", "fp8_model1")
 KERNELS = {
     "gluon": ((configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON2), FP8, {}),
     "gluon_ws": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {}),
-    "gluon_ws_latent": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",), {"LATENT_SIGNAL": 0}),
-    "gluon_ws_latent_s1": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",), {"LATENT_SIGNAL": 1}),
+    # the latent kernel's defaults (cp.async mbarrier arrivals, P through shared memory), the
+    # conservative pair (wait_group + fence + barrier, P by convert_layout) and the other two
+    "gluon_ws_latent": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                        {"LATENT_SIGNAL": 0, "LATENT_P_SMEM": 1}),
+    "gluon_ws_latent_safe": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                             {"LATENT_SIGNAL": 1, "LATENT_P_SMEM": 0}),
+    "gluon_ws_latent_s1": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                           {"LATENT_SIGNAL": 1, "LATENT_P_SMEM": 1}),
+    "gluon_ws_latent_pconv": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                              {"LATENT_SIGNAL": 0, "LATENT_P_SMEM": 0}),
 }
 KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
 

@@ -788,19 +788,21 @@ _LATENT_LAYOUTS = ("slots", "block_table_tkl_sink", "padded_pages")
 @gpu_only
 @sm90_only
 @pytest.mark.gpu
-@pytest.mark.parametrize("signal", [0, 1], ids=["async_arrive", "wait_group"])
+@pytest.mark.parametrize("variant", [(0, 1), (1, 0)], ids=["default", "safe"])
 @pytest.mark.parametrize("layout", _LATENT_LAYOUTS)
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("H", [64, 128])
-def test_gluon_ws_latent(H, splits, q_dtype, layout, signal, monkeypatch):
+def test_gluon_ws_latent(H, splits, q_dtype, layout, variant, monkeypatch):
     """The warp-specialised Gluon kernel on a 16-bit latent cache (q of the cache's dtype)
-    against the float64 reference: both full-slot protocols (``gluon_ws.LATENT_SIGNAL``), 1 and
-    3 splits (final epilogue / partials + combine), H 64 and 128 (two head blocks), every
+    against the float64 reference: its defaults and the conservative pair ((full-slot protocol
+    ``gluon_ws.LATENT_SIGNAL``, P exchange ``LATENT_P_SMEM``) = (0, 1) / (1, 0)), 1 and 3
+    splits (final epilogue / partials + combine), H 64 and 128 (two head blocks), every
     invalid-entry kind, plain slots or a block table with topk_length and a sink, and pages read
     in place from a pool with a NaN row more a page; the call must run the Gluon kernel."""
     from kernels.sparse_mla import gluon_ws
-    monkeypatch.setattr(gluon_ws, "LATENT_SIGNAL", signal)
+    monkeypatch.setattr(gluon_ws, "LATENT_SIGNAL", variant[0])
+    monkeypatch.setattr(gluon_ws, "LATENT_P_SMEM", variant[1])
     feats = layout == "block_table_tkl_sink"
     case = cases.make_mla_case(40 + H + splits, B=3, N=2, H=H, K=300, P=64, kv_format="latent",
                                q_dtype=q_dtype, kv_dtype=q_dtype, invalid="mix", logical=feats,
@@ -819,6 +821,26 @@ def test_gluon_ws_latent(H, splits, q_dtype, layout, signal, monkeypatch):
                                 kw["block_table"], kw["topk_length"], kw["attn_sink"], config=ws,
                                 num_splits=splits)
     _check(case, out, lse)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [(1, 1), (0, 0)], ids=["s1_psmem", "s0_pconv"])
+def test_gluon_ws_latent_mixed_variants(variant, monkeypatch):
+    """The two mixed (protocol, P exchange) pairs on one case each (H 128, 3 splits, block
+    table, topk_length, sink, every invalid kind), against the float64 reference."""
+    from kernels.sparse_mla import gluon_ws
+    monkeypatch.setattr(gluon_ws, "LATENT_SIGNAL", variant[0])
+    monkeypatch.setattr(gluon_ws, "LATENT_P_SMEM", variant[1])
+    case = cases.make_mla_case(61, B=3, N=2, H=128, K=300, P=64, kv_format="latent",
+                               q_dtype="bfloat16", kv_dtype="bfloat16", invalid="mix",
+                               logical=True, topk_length=True, attn_sink=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    _check(case, *tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+                                   "latent", 512, kw["block_table"], kw["topk_length"],
+                                   kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS,
+                                   num_splits=3))
 
 
 @gpu_only

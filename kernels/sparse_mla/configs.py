@@ -123,7 +123,7 @@ def gluon_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: 
 # setmaxnreg): 64 heads x 64 rows, num_stages = the X ring's slots (2). fp8 caches: 8 consumer
 # warps + an 8-warp producer that dequantizes; latent (16-bit q of the cache's dtype): 8
 # consumer warps + a 4-warp producer that copies the rows into the slot with cp.async (AOT,
-# Triton 3.6.0: consumer 232 registers, no spill, 225,828 B shared; bench/NOTES.md).
+# Triton 3.6.0: consumer 232 registers, no spill, 230,436 B shared; bench/NOTES.md).
 SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                       prefetch=True, kernel="gluon_ws")
 # (kv_format, D_qk) pairs the warp-specialised kernel is built for

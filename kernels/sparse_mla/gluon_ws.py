@@ -54,9 +54,12 @@ one, fp16 p keeps 11 bits). There is nothing to convert, so
   ``cp.async.wait_group`` (1); the kernel's comment states the memory-ordering argument of both.
   One block is in flight while the consumer works on the other slot.
 * the **consumer** (8 warps, 232 registers, no spill) loads q once into shared memory (9 x
-  [64, 64]), then per block: wait, 36 score wgmmas, softmax, 64 value wgmmas (bf16), release.
-* **shared memory**: q 73,728 B + 2 x 73,728 B slots + 512 B of row words + barriers + 4,100 B
-  of layout-conversion scratch: 225,828 B (AOT, Triton 3.6.0).
+  [64, 64]), then per block: wait, 36 score wgmmas, softmax, P into the value dots' register
+  layout (:data:`LATENT_P_SMEM`: through an 8 KB tile and the slot's dead rope chunk, one
+  barrier), 64 value wgmmas (bf16), release.
+* **shared memory**: q 73,728 B + 2 x 73,728 B slots + 8,192 B p_hi tile + 512 B of row words +
+  barriers + reduction scratch: 230,436 B of the H200's 232,448 (AOT, Triton 3.6.0; 225,828 B
+  with ``LATENT_P_SMEM`` 0).
 
 Only sm_90 (wgmma, setmaxnreg): the launcher (``kernels/sparse_mla/triton_launch.py``) runs it
 for a config whose ``kernel`` is ``"gluon_ws"``; ``configs.gluon_ws_eligible`` says where (never
@@ -98,17 +101,24 @@ LATENT_PRODUCER_REGS = 40
 # release arrive for the row-validity words; 1 = ``cp.async.wait_group 0`` + fence + partition
 # barrier + one arrive (the protocol of the fp8 producer, proven on the H200)
 LATENT_SIGNAL = 0
+# how the latent consumer brings P (each warpgroup computed the scores of 32 of the 64 rows) into
+# the value dots' register layout (constexpr ``P_SMEM``, read at each launch): 1 = stmatrix into
+# shared memory (p_hi an 8 KB tile of its own, p_lo the slot's rope chunk, dead by then), one
+# barrier, ldmatrix; 0 = ``gl.convert_layout`` through the compiler's 4 KB scratch (two rounds a
+# part, 8 barriers a block; what the fp8 consumer does)
+LATENT_P_SMEM = 1
 
 
 def launch_constexprs(kv_format: str) -> dict:
     """The constexprs of ``_sparse_mla_gluon_ws_kernel`` beyond the shared Gluon ones for a
     cache of ``kv_format``, as the launcher and the AOT specs pass them: the producer's register
-    budget, the consumer's ``empty`` arrivals and the latent full-slot signal
-    (:data:`LATENT_SIGNAL`; 0 for the fp8 formats, which do not read it)."""
+    budget, the consumer's ``empty`` arrivals, the latent full-slot signal
+    (:data:`LATENT_SIGNAL`) and P exchange (:data:`LATENT_P_SMEM`); 0 for the fp8 formats,
+    which read neither."""
     if kv_format == "latent":
         return dict(PRODUCER_REGS=LATENT_PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS,
-                    SIGNAL=LATENT_SIGNAL)
-    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS, SIGNAL=0)
+                    SIGNAL=LATENT_SIGNAL, P_SMEM=LATENT_P_SMEM)
+    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS, SIGNAL=0, P_SMEM=0)
 
 
 @gluon.jit
@@ -426,11 +436,11 @@ def _latent_pv(o, alpha, p_hi, p_lo, x, P_SPLIT: gl.constexpr):
 
 @gluon.jit
 def _ws_latent_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
-                        qs, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, full, empty,
+                        qs, ps, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, full, empty,
                         sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
                         HAS_TKL: gl.constexpr, HAS_SINK: gl.constexpr, FINAL: gl.constexpr,
                         DT: gl.constexpr, NBUF: gl.constexpr, SIGNAL: gl.constexpr,
-                        EMPTY_ARRIVALS: gl.constexpr):
+                        EMPTY_ARRIVALS: gl.constexpr, P_SMEM: gl.constexpr):
     """Latent consumer (8 warps): q once into shared memory as it is (``DT``, no per-head
     scaling: 16-bit x 16-bit products are exact in the fp32 accumulator), then per block the
     nine score wgmmas into one accumulator, the online softmax, and per 64-dim value chunk
@@ -498,10 +508,26 @@ def _ws_latent_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_p
         s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
         p, alpha, m_i, l_i = _latent_softmax(s, okc, m_i, l_i, qk_scale_log2)
         p_hi = p.to(DT)
-        a_hi = gl.convert_layout(p_hi, P_OP)
-        a_lo = a_hi
-        if P_SPLIT:
-            a_lo = gl.convert_layout((p - p_hi.to(gl.float32)).to(DT), P_OP)
+        if P_SMEM:
+            # P to the value dots' register layout through shared memory in one round: p_hi
+            # into its own 8 KB tile, p_lo into this slot's rope chunk (read only by the score
+            # dots, which both warpgroups have waited for before the softmax's cross-warpgroup
+            # reductions; refilled only after this block's release); one barrier, stmatrix /
+            # ldmatrix, instead of convert_layout's two rounds a part through 4 KB of scratch
+            # (15 -> 8 barriers a block)
+            ps.store(p_hi)
+            if P_SPLIT:
+                xr.index(buf).store((p - p_hi.to(gl.float32)).to(DT))
+            _barrier()
+            a_hi = ps.load(P_OP)
+            a_lo = a_hi
+            if P_SPLIT:
+                a_lo = xr.index(buf).load(P_OP)
+        else:
+            a_hi = gl.convert_layout(p_hi, P_OP)
+            a_lo = a_hi
+            if P_SPLIT:
+                a_lo = gl.convert_layout((p - p_hi.to(gl.float32)).to(DT), P_OP)
         o0 = _latent_pv(o0, alpha, a_hi, a_lo, y0, P_SPLIT)
         o1 = _latent_pv(o1, alpha, a_hi, a_lo, y1, P_SPLIT)
         o2 = _latent_pv(o2, alpha, a_hi, a_lo, y2, P_SPLIT)
@@ -544,12 +570,13 @@ def _sparse_mla_gluon_ws_kernel(
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
     NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56,
-    EMPTY_ARRIVALS: gl.constexpr = 1, SIGNAL: gl.constexpr = 0,
+    EMPTY_ARRIVALS: gl.constexpr = 1, SIGNAL: gl.constexpr = 0, P_SMEM: gl.constexpr = 1,
 ):
     """Same arguments as ``gluon._sparse_mla_gluon_kernel`` (``NBUF``: X slots in the ring;
     ``PRODUCER_REGS``: the producer's register budget; ``EMPTY_ARRIVALS``: threads of the
     consumer that arrive on an ``empty`` barrier, 1 for Triton 3.6's thread-0 arrive;
-    ``SIGNAL``: the latent producer's full-slot protocol, :data:`LATENT_SIGNAL`). ``KV_FORMAT``
+    ``SIGNAL``: the latent producer's full-slot protocol, :data:`LATENT_SIGNAL`; ``P_SMEM``:
+    the latent consumer's P exchange, :data:`LATENT_P_SMEM`). ``KV_FORMAT``
     0 is the latent cache (D_qk 576, ``ROPE_DTYPE`` = q's and the cache's dtype, bf16 or fp16),
     1 / 2 the fp8 formats."""
     gl.static_assert((KV_FORMAT == 0) | (KV_FORMAT == 1) | (KV_FORMAT == 2),
@@ -559,7 +586,8 @@ def _sparse_mla_gluon_ws_kernel(
 
     if KV_FORMAT == 0:
         # Latent: q 9 x [64, 64] + NBUF slots of 9 x [64, 64] in the cache's dtype (73,728 B
-        # each), one validity word a row. Memory ordering of a slot (producer -> consumer):
+        # each), one validity word a row, the p_hi tile (P_SMEM). Memory ordering of a slot
+        # (producer -> consumer):
         # * SIGNAL 0: ``full`` counts LATENT_PRODUCER_WARPS * 32 + 1 arrivals a phase. Each
         #   producer thread's ``cp.async.mbarrier.arrive.noinc`` arrives once all of that
         #   thread's earlier cp.async copies have completed (PTX: the copies' writes are then
@@ -579,6 +607,10 @@ def _sparse_mla_gluon_ws_kernel(
         # Refill (consumer -> producer) as the fp8 path: the consumer waits for its wgmmas
         # (which have then read the slot), a partition barrier, thread 0 arrives on ``empty``.
         qs = gl.allocate_shared_memory(ROPE_DTYPE, [9, 64, 64], SH)
+        if P_SMEM:
+            ps = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)    # p_hi, 8 KB
+        else:
+            ps = qs                                                      # unused
         x0 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
         x1 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
         x2 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
@@ -599,10 +631,10 @@ def _sparse_mla_gluon_ws_kernel(
             mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS)
         gl.warp_specialize(
             [(_ws_latent_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
-                                    qs, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, full, empty,
+                                    qs, ps, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, full, empty,
                                     sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
                                     HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, SIGNAL,
-                                    EMPTY_ARRIVALS)),
+                                    EMPTY_ARRIVALS, P_SMEM)),
              (_ws_latent_producer, (kv_ptr, idx_ptr, bt_ptr, tkl_ptr,
                                     x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, full, empty,
                                     si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages,
