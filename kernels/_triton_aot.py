@@ -145,7 +145,7 @@ def block_loops(sass: str) -> list[dict]:
             t = re.search(r"0x([0-9a-f]+)", body)
             tgt = int(t.group(1), 16) if t else None
         ins.append((int(m.group(1), 16), op, full, tgt))
-    last_exit = max(a for a, op, _, _ in ins if op == "EXIT")
+    last_exit = max((a for a, op, _, _ in ins if op == "EXIT"), default=float("inf"))
     loops = [(t, a) for a, op, _, t in ins
              if op == "BRA" and t is not None and t < a and a - t > 0x400 and a < last_exit]
     inner = [(lo, hi) for lo, hi in loops
