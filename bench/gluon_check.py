@@ -1,22 +1,33 @@
 """Check and time the Gluon sparse-MLA kernels (``kernel="gluon"`` and the warp-specialised
-``kernel="gluon_ws"``) against the float64 reference and the Triton 64-head tile on an sm_90 GPU
-(GPU only).
+``kernel="gluon_ws"``) against the float64 reference and the Triton tile the heuristic ran
+before them on an sm_90 GPU (GPU only).
 
     python -m bench.gluon_check --out gluon.json [--no-time] [--no-check]
-        [--kernels gluon,gluon_ws] [--ws-timeout 900]
+        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe] [--ws-timeout 900]
 
-Correctness: random and corner cases of both fp8 formats with bf16 and fp16 q (invalid entries,
-block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernel also slots
-without a block table, topk_length or sink), each checked with ``kernels.compare.check_mla``
-(the SPEC tolerances). Timing: ``triton.testing.do_bench_cudagraph`` medians (one CUDA graph per
-call, so launch overhead is excluded) of each Gluon config against the heuristic's Triton config
-at the issue's target shapes (bench.mla_sweep's inputs).
+Kernels (``--kernels``): ``gluon`` and ``gluon_ws`` on the fp8 formats; ``gluon_ws_latent`` the
+warp-specialised kernel on a 16-bit latent cache with its defaults (``gluon_ws.LATENT_SIGNAL``
+0: the slot signalled by cp.async mbarrier arrivals; ``LATENT_P_SMEM`` 1: P to the value dots
+through shared memory), ``gluon_ws_latent_safe`` with the conservative pair (1: wait_group +
+fence + barrier + arrive, the fp8 producer's protocol; 0: P by ``convert_layout``, as the fp8
+consumer), ``gluon_ws_latent_s1`` / ``gluon_ws_latent_pconv`` the two mixed pairs.
 
-The WS kernel is new and unmeasured: its checks and timings run in a child process (the same
-module with ``--kernels gluon_ws``) under ``--ws-timeout`` seconds, its rows streamed to a file,
-so a compile error, a mismatch, an illegal address or a hang (an mbarrier that never completes)
-costs its own rows only: every case is recorded (``passed`` / ``error``) and the other kernels'
-results are written either way.
+Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
+entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
+also slots without a block table, topk_length or sink; latent: also padded pages and P = 61),
+each checked with ``kernels.compare.check_mla`` (the SPEC tolerances); a latent check also
+records that the call ran the Gluon kernel (``ran``: the binding substitutes the Triton tile
+where it cannot). Timing: ``triton.testing.do_bench_cudagraph`` medians (one CUDA graph per
+call, so launch overhead is excluded) of each Gluon config and of the heuristic's Triton config
+(``configs.sparse_mla_heuristic`` without the Gluon flags: for latent the 64 x 32 tile of the
+631 us bench row, the A/B comparison) at the issue's target shapes of the requested kernels'
+formats (bench.mla_sweep's inputs).
+
+The WS kernels run in child processes (the same module with ``--kernels <one>``), one each,
+under ``--ws-timeout`` seconds, their rows streamed to a file, so a compile error, a mismatch,
+an illegal address or a hang (an mbarrier that never completes) costs that kernel's rows only:
+every case is recorded (``passed`` / ``error``) and the other kernels' results are written
+either way. The Triton tiles are timed in the parent, before the children.
 """
 from __future__ import annotations
 
@@ -38,11 +49,32 @@ from kernels.sparse_mla import configs
 from torch_impl import _common
 from torch_impl import sparse_mla as tsm
 
-# kernel -> the configs of it that are checked and timed
-KERNEL_CONFIGS = {
-    "gluon": (configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON2),
-    "gluon_ws": (configs.SPARSE_MLA_GLUON_WS,),
+FP8 = ("fp8_ds_mla", "fp8_model1")
+# kernel -> (the configs of it that are checked and timed, the kv formats it runs, the
+# gluon_ws module constants it sets)
+KERNELS = {
+    "gluon": ((configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON2), FP8, {}),
+    "gluon_ws": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {}),
+    # the latent kernel's defaults (cp.async mbarrier arrivals, P through shared memory), the
+    # conservative pair (wait_group + fence + barrier, P by convert_layout) and the other two
+    "gluon_ws_latent": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                        {"LATENT_SIGNAL": 0, "LATENT_P_SMEM": 1}),
+    "gluon_ws_latent_safe": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                             {"LATENT_SIGNAL": 1, "LATENT_P_SMEM": 0}),
+    "gluon_ws_latent_s1": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                           {"LATENT_SIGNAL": 1, "LATENT_P_SMEM": 1}),
+    "gluon_ws_latent_pconv": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
+                              {"LATENT_SIGNAL": 0, "LATENT_P_SMEM": 0}),
 }
+KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
+
+
+def _use(kernel: str) -> None:
+    """Set the module constants ``kernel`` runs with (the launcher reads them at each launch)."""
+    from kernels.sparse_mla import gluon_ws
+    for name, val in KERNELS[kernel][2].items():
+        setattr(gluon_ws, name, val)
+
 
 _ROWS_FILE = None          # --rows: every row is also appended here as one JSON line
 
@@ -59,61 +91,93 @@ def _t(x):
     return _common.as_tensor(x, "cuda") if isinstance(x, np.ndarray) else x
 
 
-def _run(case, cfg, splits):
+def _padded(kv: torch.Tensor) -> torch.Tensor:
+    """A latent cache as a view of a pool with one NaN row more a page (page stride (P + 1) x
+    D_qk: padded pages are read in place, the padding never)."""
+    pool = torch.full((kv.shape[0], kv.shape[1] + 1, kv.shape[2]), float("nan"), dtype=kv.dtype,
+                      device=kv.device)
+    pool[:, :kv.shape[1]] = kv
+    return pool[:, :kv.shape[1]]
+
+
+def _run(case, cfg, splits, padded=False):
     kw = {k: _t(v) for k, v in case.kwargs().items()}
-    return tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+    kv = _padded(_t(case.kv_cache)) if padded else _t(case.kv_cache)
+    return tsm._triton_impl(_t(case.q), kv, _t(case.indices), case.sm_scale,
                             kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
                             kw["attn_sink"], config=cfg, num_splits=splits)
 
 
-def _check_one(name: str, case, ref, cfg, splits: int) -> dict:
-    """One launch of ``case`` with ``cfg`` against its reference ``ref`` (out, lse), printed."""
+def _ran(case, cfg, padded=False) -> str:
+    """The kernel the binding runs for ``case`` given ``cfg`` (``tsm._triton_config``)."""
+    dev = _common.device_info(torch.device("cuda"))
+    kv = _padded(_t(case.kv_cache)) if padded else _t(case.kv_cache)
+    return tsm._triton_config(dev, _t(case.q), kv, case.kv_format, case.indices.shape[2], cfg).kernel
+
+
+def _check_one(name: str, case, ref, cfg, splits: int, kernel: str, padded=False) -> dict:
+    """One launch of ``case`` with ``cfg`` against its reference ``ref`` (out, lse), printed;
+    a Gluon config the binding would replace by a Triton tile fails the row (``ran``)."""
     t0 = time.time()
     try:
-        out, lse = _run(case, cfg, splits)
+        ran = _ran(case, cfg, padded)
+        out, lse = _run(case, cfg, splits, padded)
         res = compare.check_mla(out, lse, *ref, q_dtype=case.q_dtype)
-        row = dict(case=name, kernel=cfg.kernel, passed=bool(res.passed), detail=str(res)[:400])
+        row = dict(case=name, kernel=kernel, ran=ran, passed=bool(res.passed) and ran == cfg.kernel,
+                   detail=str(res)[:400])
     except Exception as e:  # noqa: BLE001 - reported per case
-        row = dict(case=name, kernel=cfg.kernel, passed=False, error=f"{type(e).__name__}: {e}"[:800])
+        row = dict(case=name, kernel=kernel, passed=False, error=f"{type(e).__name__}: {e}"[:800])
     row["wall_s"] = round(time.time() - t0, 2)
     print(("PASS " + name) if row["passed"]
-          else f"FAIL {name} {(row.get('error') or row.get('detail', ''))[:200]}", flush=True)
+          else f"FAIL {name} ran={row.get('ran')} {(row.get('error') or row.get('detail', ''))[:200]}",
+          flush=True)
     return _emit("check", row)
 
 
 def _specs(kernel: str) -> list[tuple]:
-    """(fmt, d_qk, q dtype, H, K, B, N, logical + topk_length + sink) of the random cases."""
+    """(fmt, d_qk, q dtype, H, K, B, N, logical + topk_length + sink, P, padded pages) of the
+    random cases."""
     specs = []
-    for fmt, dqk in (("fp8_ds_mla", 576), ("fp8_model1", 512)):
+    fmts = [(f, 512 if f == "fp8_model1" else 576) for f in KERNELS[kernel][1]]
+    for fmt, dqk in fmts:
         for qd in ("bfloat16", "float16"):
             for H, K, B, N in ((64, 100, 3, 2), (128, 640, 2, 1), (24, 64, 2, 2), (64, 2048, 1, 1)):
-                specs.append((fmt, dqk, qd, H, K, B, N, True))
-    if kernel == "gluon_ws":      # plain slots, no topk_length, no sink (the other constexprs)
-        for fmt, dqk in (("fp8_ds_mla", 576), ("fp8_model1", 512)):
-            specs.append((fmt, dqk, "bfloat16", 128, 640, 2, 1, False))
-            specs.append((fmt, dqk, "bfloat16", 64, 1000, 3, 1, False))
+                specs.append((fmt, dqk, qd, H, K, B, N, True, 64, False))
+    if kernel.startswith("gluon_ws"):   # plain slots, no topk_length, no sink (the other constexprs)
+        for fmt, dqk in fmts:
+            specs.append((fmt, dqk, "bfloat16", 128, 640, 2, 1, False, 64, False))
+            specs.append((fmt, dqk, "bfloat16", 64, 1000, 3, 1, False, 64, False))
+    if kernel.startswith("gluon_ws_latent"):  # pages read in place: padded, odd page size
+        specs.append(("latent", 576, "bfloat16", 128, 640, 2, 1, True, 64, True))
+        specs.append(("latent", 576, "bfloat16", 64, 333, 3, 2, True, 61, False))
+        specs.append(("latent", 576, "float16", 64, 200, 2, 1, False, 1, True))
     return specs
 
 
 def check(kernel: str) -> list[dict]:
+    _use(kernel)
     rows = []
     cfgs = KERNEL_CONFIGS[kernel]
-    for i, (fmt, dqk, qd, H, K, B, N, feats) in enumerate(_specs(kernel)):
-        case = cases.make_mla_case(100 + i, B=B, N=N, H=H, K=K, P=64, d_qk=dqk, kv_format=fmt,
-                                   q_dtype=qd, invalid="mix", logical=feats,
+    for i, (fmt, dqk, qd, H, K, B, N, feats, P, padded) in enumerate(_specs(kernel)):
+        case = cases.make_mla_case(100 + i, B=B, N=N, H=H, K=K, P=P, d_qk=dqk, kv_format=fmt,
+                                   q_dtype=qd, kv_dtype=qd if fmt == "latent" else "float32",
+                                   invalid="mix", logical=feats,
                                    topk_length=feats, attn_sink=feats)
         ref = case.reference()
         for cfg in cfgs:
             for splits in (1, 3):
                 rows.append(_check_one(
-                    f"{fmt} q={qd} H{H} K{K} B{B} N{N} {'bt+tkl+sink' if feats else 'slots'} "
-                    f"splits={splits} {cfg.kernel} x{cfg.num_stages}", case, ref, cfg, splits))
-    for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=64, K=64, kv_format="fp8_ds_mla",
-                                                      q_dtype="bfloat16", kv_dtype="bfloat16")):
-        ref = corner.reference()
-        for cfg in cfgs:
-            rows.append(_check_one(f"corner {j} {getattr(corner, 'name', '')} {cfg.kernel} "
-                                   f"x{cfg.num_stages}", corner, ref, cfg, 2))
+                    f"{fmt} q={qd} H{H} K{K} B{B} N{N} P{P}{' padded' if padded else ''} "
+                    f"{'bt+tkl+sink' if feats else 'slots'} splits={splits} {kernel} "
+                    f"x{cfg.num_stages}", case, ref, cfg, splits, kernel, padded))
+    fmt = KERNELS[kernel][1][0]
+    for qd in (("bfloat16", "float16") if fmt == "latent" else ("bfloat16",)):
+        for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=64, K=64, kv_format=fmt,
+                                                          q_dtype=qd, kv_dtype=qd)):
+            ref = corner.reference()
+            for cfg in cfgs:
+                rows.append(_check_one(f"corner {j} {getattr(corner, 'name', '')} q={qd} {kernel} "
+                                       f"x{cfg.num_stages}", corner, ref, cfg, 2, kernel))
     return rows
 
 
@@ -124,20 +188,54 @@ SHAPES = [  # (preset, B, H, K, kv_format, d_qk, N)
     ("DSV32", 1, 128, 2048, "fp8_ds_mla", 576, 1),
     ("DSV32", 128, 128, 2048, "fp8_ds_mla", 576, 1),
     ("DSV4_FLASH", 64, 64, 640, "fp8_model1", 512, 1),
+    # a bf16 latent cache (issue 16: 631 us with the Triton 64 x 32 tile at B 64 H 128)
+    ("DSV32", 64, 128, 2048, "latent", 576, 1),
+    ("DSV32", 64, 64, 2048, "latent", 576, 1),
+    ("DSV32", 16, 128, 2048, "latent", 576, 1),
+    ("DSV32", 1, 128, 2048, "latent", 576, 1),
+    ("DSV32", 128, 128, 2048, "latent", 576, 1),
 ]
 
 
-def timing(kernels: list[str], with_heuristic: bool = True) -> list[dict]:
+def _slice_reference(q, kv, idx, fmt, sm_scale):
+    """float64 reference of the first and the last request of a timing shape (``sel``, (out,
+    lse)), from their selected rows only (a compact one-slot-a-page copy of them: the caches of
+    the timing shapes are GiBs), or None for fp8_model1 (rows are not contiguous there)."""
+    if fmt == "fp8_model1":
+        return None
+    from kernels import reference
+    B, N, K = idx.shape
+    sel = sorted({0, B - 1})
+    rows = kv.reshape(-1, kv.shape[-1])[idx[sel].reshape(-1).long()]      # valid slots only here
+    rows = rows.float() if fmt == "latent" else rows
+    ref = reference.sparse_mla_decode(
+        q[sel].float().cpu().numpy(), rows.cpu().numpy()[:, None, :],
+        np.arange(len(sel) * N * K, dtype=np.int32).reshape(len(sel), N, K), sm_scale,
+        kv_format=fmt)
+    return sel, ref
+
+
+def timing(kernels: list[str], with_heuristic: bool = True, formats=None) -> tuple[list, list]:
     """CUDA-graph medians of the heuristic's Triton config (timed when ``with_heuristic``, else
-    only run as the reference of the max-abs-diff) and of every config of ``kernels``."""
+    only run as the reference of the max-abs-diff) and of every config of ``kernels``, at the
+    shapes of ``formats`` (default: the kernels' formats). Every output timed is first checked
+    against the float64 reference on its first and last request (``_slice_reference``; a
+    ``check`` row each, fp8_model1 excepted). Returns (timing rows, check rows)."""
     dev = _common.device_info(torch.device("cuda"))
-    rows = []
+    formats = set(formats or (f for k in kernels for f in KERNELS[k][1]))
+    rows, checks = [], []
     for preset, B, H, K, fmt, dqk, N in SHAPES:
+        if fmt not in formats:
+            continue
         q, kv, idx = _inputs(B, H, K, dqk, fmt)
         heur = configs.sparse_mla_heuristic(H, dev.smem_per_block, rows=B * N, topk=K)  # Triton
         ref = None
-        todo = [(heur, with_heuristic)] + [(c, True) for k in kernels for c in KERNEL_CONFIGS[k]]
-        for cfg, timed in todo:
+        ref64 = _slice_reference(q, kv, idx, fmt, dqk ** -0.5)
+        todo = [(heur, "triton", with_heuristic)] + [
+            (c, k, True) for k in kernels if fmt in KERNELS[k][1] for c in KERNEL_CONFIGS[k]]
+        for cfg, kernel, timed in todo:
+            if kernel != "triton":
+                _use(kernel)
             splits = configs.sparse_mla_num_splits(
                 B * N * triton.cdiv(H, cfg.block_h), K, cfg.block_k, dev.num_sms,
                 ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
@@ -145,9 +243,19 @@ def timing(kernels: list[str], with_heuristic: bool = True) -> list[dict]:
                                           config=cfg, num_splits=splits)
             t0 = time.time()
             us = diff = err = None
+            ran = tsm._triton_config(dev, q, kv, fmt, K, cfg).kernel
             try:
                 out, lse = fn()
                 torch.cuda.synchronize()
+                if ref64 is not None and timed:
+                    sel, (ro, rl) = ref64
+                    res = compare.check_mla(out[sel], lse[sel], ro, rl, q_dtype="bfloat16")
+                    checks.append(_emit("check", dict(case=f"timing {preset} B{B} H{H} K{K} {fmt} reference "
+                                             f"slice {cfg.to_dict()}", kernel=kernel, ran=ran,
+                                        passed=bool(res.passed) and ran == cfg.kernel,
+                                        detail=str(res)[:400])))
+                    print(("PASS" if res.passed else "FAIL") + f" reference slice {kernel} "
+                          f"B{B} H{H} {fmt}: {str(res)[:200]}", flush=True)
                 if ref is None:
                     ref = (out.float(), lse)
                 else:
@@ -158,12 +266,14 @@ def timing(kernels: list[str], with_heuristic: bool = True) -> list[dict]:
                 err = f"{type(e).__name__}: {e}"[:600]
             if not timed and err is None:
                 continue
-            row = dict(preset=preset, B=B, H=H, K=K, kv_format=fmt, config=cfg.to_dict(),
-                       splits=splits, median_us=us, max_abs_diff_vs_heuristic=diff, error=err,
-                       wall_s=round(time.time() - t0, 1))
+            row = dict(preset=preset, B=B, H=H, K=K, kv_format=fmt, kernel=kernel, ran=ran,
+                       config=cfg.to_dict(), splits=splits, median_us=us,
+                       max_abs_diff_vs_heuristic=diff, error=err, wall_s=round(time.time() - t0, 1))
             rows.append(_emit("timing", row))
             print(json.dumps(row), flush=True)
-    return rows
+        del q, kv, idx
+        torch.cuda.empty_cache()
+    return rows, checks
 
 
 def _isolated(kernel: str, args) -> tuple[list[dict], list[dict], dict]:
@@ -216,34 +326,50 @@ def main() -> None:
     ap.add_argument("--no-time", action="store_true")
     ap.add_argument("--no-check", action="store_true")
     ap.add_argument("--kernels", default="gluon,gluon_ws",
-                    help="comma-separated kernels to check and time (gluon, gluon_ws)")
+                    help=f"comma-separated kernels to check and time ({', '.join(KERNELS)})")
     ap.add_argument("--ws-timeout", type=float, default=900.0,
-                    help="seconds the isolated gluon_ws child may run")
+                    help="seconds each isolated gluon_ws* child may run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     _ROWS_FILE = args.rows
     kernels = [k for k in args.kernels.split(",") if k]
-    isolated = [] if args.child else [k for k in kernels if k == "gluon_ws"]
+    unknown = [k for k in kernels if k not in KERNELS]
+    if unknown:
+        ap.error(f"argument --kernels: expected names from {list(KERNELS)}, got {unknown}")
+    isolated = [] if args.child else [k for k in kernels if k.startswith("gluon_ws")]
     local = [k for k in kernels if k not in isolated]
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "kernels": kernels}
+           "triton": triton.__version__, "kernels": kernels, "command": " ".join(sys.argv)}
     res["check"], res["timing"], res["isolated"] = [], [], []
+
+    def dump():                   # after every stage: a cut-off run keeps what it measured
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1)
+
     if not args.no_check:
         for k in local:
             res["check"] += check(k)
-    if not args.no_time and local:
-        res["timing"] += timing(local, with_heuristic=not args.child)
+            dump()
+    if not args.no_time and (local or not args.child):
+        # the parent times the Triton tiles of every requested kernel's formats (and its local
+        # kernels); a child times only its own kernel
+        t, c = timing(local, with_heuristic=not args.child,
+                      formats=[f for k in kernels for f in KERNELS[k][1]])
+        res["timing"] += t
+        res["check"] += c
+        dump()
     for k in isolated:            # after the known kernels, so a hang costs only its own rows
         c, t, info = _isolated(k, args)
         res["check"] += c
         res["timing"] += t
         res["isolated"].append(info)
-    for k in kernels:
+        dump()
+    for k in ["triton"] + kernels:
         rows = [r for r in res["check"] if r.get("kernel") == k]
-        print(f"check {k}: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
-    with open(args.out, "w") as f:
-        json.dump(res, f, indent=1)
+        if rows or k != "triton":
+            print(f"check {k}: {sum(r['passed'] for r in rows)}/{len(rows)} passed", flush=True)
+    dump()
 
 
 if __name__ == "__main__":

@@ -2,16 +2,16 @@
 GPU needed: registers (setmaxnreg per partition), spills, shared memory and the SASS opcode counts
 of each partition's block loop (per warp per 64-row block).
 
-    PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts [--model1] [--final]
+    PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts
+        [--model1 | --latent [--fp16] [--signal 0|1] [--p-smem 0|1]] [--final] [--slots]
 
-The loops are the innermost backward branches spanning more than 1 KiB of code before the last
-EXIT (the mbarrier retry loops that ptxas moves behind it are excluded): the producer's loop comes
-first in the cubin, the consumer's second.
+The loops are ``kernels._triton_aot.block_loops``: the innermost backward branches spanning more
+than 1 KiB of code before the last EXIT (the mbarrier retry loops that ptxas moves behind it are
+excluded): the producer's loop comes first in the cubin, the consumer's second.
 """
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import re
 import subprocess
@@ -19,49 +19,34 @@ import tempfile
 
 import torch
 
-KEEP = ("LDG", "STS", "LDS", "F2FP", "HGMMA", "LDL", "STL", "BAR", "SYNCS")
-
-
-def loop_counts(sass: str) -> list[dict]:
-    ins = []
-    for line in sass.splitlines():
-        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
-        if not m:
-            continue
-        body = re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip())
-        full = body.split()[0]
-        op = full.split(".")[0]
-        tgt = None
-        if op == "BRA":
-            t = re.search(r"0x([0-9a-f]+)", body)
-            tgt = int(t.group(1), 16) if t else None
-        ins.append((int(m.group(1), 16), op, full, tgt))
-    last_exit = max(a for a, op, _, _ in ins if op == "EXIT")
-    loops = [(t, a) for a, op, _, t in ins
-             if op == "BRA" and t is not None and t < a and a - t > 0x400 and a < last_exit]
-    inner = [(lo, hi) for lo, hi in loops
-             if not any(lo <= l and h <= hi and (l, h) != (lo, hi) for l, h in loops)]
-    out = []
-    for lo, hi in sorted(inner):
-        ops = collections.Counter(op for a, op, _, _ in ins if lo <= a <= hi and op != "NOP")
-        det = collections.Counter(f for a, op, f, _ in ins if lo <= a <= hi and op in KEEP)
-        out.append({"range": f"{lo:#x}-{hi:#x}", "total": sum(ops.values()),
-                    "ops": dict(ops.most_common(20)), "memory_sync": dict(det.most_common())})
-    return out
+from kernels._triton_aot import block_loops
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model1", action="store_true", help="fp8_model1 (default fp8_ds_mla)")
+    ap.add_argument("--latent", action="store_true", help="a 16-bit latent cache (q of its dtype)")
+    ap.add_argument("--fp16", action="store_true", help="fp16 q (default bf16)")
+    ap.add_argument("--signal", type=int, choices=(0, 1), default=None,
+                    help="latent full-slot protocol (default gluon_ws.LATENT_SIGNAL)")
+    ap.add_argument("--p-smem", type=int, choices=(0, 1), default=None,
+                    help="latent P exchange (default gluon_ws.LATENT_P_SMEM)")
     ap.add_argument("--final", action="store_true", help="the single-split epilogue")
+    ap.add_argument("--slots", action="store_true", help="plain slots (default a block table)")
     args = ap.parse_args()
     import os
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="gluon_ws_counts_")  # run ptxas
     import triton
     from kernels import _triton_aot as aot
     from kernels.sparse_mla import triton_launch
-    fmt = "fp8_model1" if args.model1 else "fp8_ds_mla"
-    spec = triton_launch._gluon_specs(fmt, torch.bfloat16, args.final, 2, "gluon_ws")[0]
+    import dataclasses
+    fmt = "latent" if args.latent else ("fp8_model1" if args.model1 else "fp8_ds_mla")
+    spec = triton_launch._gluon_specs(fmt, torch.float16 if args.fp16 else torch.bfloat16,
+                                      args.final, 2, "gluon_ws")[1 if args.slots else 0]
+    for name, val in (("SIGNAL", args.signal), ("P_SMEM", args.p_smem)):
+        if val is not None:
+            spec = dataclasses.replace(spec, label=f"{spec.label} {name}={val}",
+                                       constexprs={**spec.constexprs, name: val})
     res = aot.compile_spec(spec, 90)          # registers / spills / shared (ptxas -v)
     # the cubin and the PTX (compile_spec keeps only the counts; this compile hits the cache)
     import importlib
@@ -87,7 +72,7 @@ def main() -> None:
         f.flush()
         sass = subprocess.run([aot._cuobjdump(), "-sass", f.name], capture_output=True,
                               text=True, check=True).stdout
-    res["loops"] = loop_counts(sass)
+    res["loops"] = block_loops(sass)
     print(json.dumps(res, indent=1))
 
 

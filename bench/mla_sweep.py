@@ -28,9 +28,14 @@ from torch_impl import _common, sparse_mla
 
 
 def _inputs(B, H, K, d_qk, kv_format, pages_per_req=512, P=64, seed=0):
+    """(q bf16 [B, 1, H, d_qk], cache, slots [B, 1, K]) on the GPU: random finite rows of
+    ``kv_format`` (``latent``: bf16), K distinct-ish slots of each request's own 512 pages."""
     g = torch.Generator(device="cuda").manual_seed(seed)
     num_pages = B * pages_per_req
-    if kv_format == "fp8_ds_mla":
+    if kv_format == "latent":
+        kv = torch.empty((num_pages, P, d_qk), dtype=torch.bfloat16, device="cuda")
+        kv.normal_(generator=g)
+    elif kv_format == "fp8_ds_mla":
         kv = torch.randint(0, 256, (num_pages, P, 656), dtype=torch.uint8, device="cuda", generator=g)
         kv[..., :512] &= 0x77                                  # finite e4m3, |x| < 256
         kv[..., 512:528] = torch.tensor([1.0] * 4, device="cuda").view(torch.uint8)

@@ -120,11 +120,51 @@ def _cuobjdump() -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
+# opcodes whose full mnemonics :func:`block_loops` lists (memory, synchronisation, tensor)
+_DETAIL_OPS = ("LDG", "LDGSTS", "STS", "LDS", "STSM", "LDSM", "F2FP", "HGMMA", "LDL", "STL", "BAR",
+               "SYNCS", "ARRIVES")
+
+
+def block_loops(sass: str) -> list[dict]:
+    """The innermost loops of a kernel's SASS (``cuobjdump -sass`` text) spanning more than
+    1 KiB of code before its last EXIT, in address order: the block loops of a warp-specialised
+    kernel's partitions (the mbarrier retry loops ptxas moves behind the EXIT are excluded).
+    Each ``{"range", "total", "ops" (the 20 most frequent opcodes), "memory_sync" (full
+    mnemonics of the memory, synchronisation and tensor opcodes)}``, per warp per iteration."""
+    import collections
+    ins = []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if not m:
+            continue
+        body = re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip())
+        full = body.split()[0]
+        op = full.split(".")[0]
+        tgt = None
+        if op == "BRA":
+            t = re.search(r"0x([0-9a-f]+)", body)
+            tgt = int(t.group(1), 16) if t else None
+        ins.append((int(m.group(1), 16), op, full, tgt))
+    last_exit = max((a for a, op, _, _ in ins if op == "EXIT"), default=float("inf"))
+    loops = [(t, a) for a, op, _, t in ins
+             if op == "BRA" and t is not None and t < a and a - t > 0x400 and a < last_exit]
+    inner = [(lo, hi) for lo, hi in loops
+             if not any(lo <= l and h <= hi and (l, h) != (lo, hi) for l, h in loops)]
+    out = []
+    for lo, hi in sorted(inner):
+        ops = collections.Counter(op for a, op, _, _ in ins if lo <= a <= hi and op != "NOP")
+        det = collections.Counter(f for a, op, f, _ in ins if lo <= a <= hi and op in _DETAIL_OPS)
+        out.append({"range": f"{lo:#x}-{hi:#x}", "total": sum(ops.values()),
+                    "ops": dict(ops.most_common(20)), "memory_sync": dict(det.most_common())})
+    return out
+
+
 def sass_counts(cubin: bytes) -> dict:
     """Opcode counts of a cubin's SASS (``cuobjdump -sass`` from Triton's bundled tools):
-    ``{"total": n, "ops": {opcode: n}, "loop": {"total", "ops"}}``, ``loop`` being the largest
-    backward-branch range (the main loop's body, inner loops included). Opcodes are the
-    mnemonic's first component (``HGMMA.64x128x16.F32`` -> ``HGMMA``); predicates dropped."""
+    ``{"total": n, "ops": {opcode: n}, "loop": {"total", "ops"}, "loops": [...]}``, ``loop``
+    being the largest backward-branch range (the main loop's body, inner loops included),
+    ``loops`` the block loops of :func:`block_loops`. Opcodes are the mnemonic's first
+    component (``HGMMA.64x128x16.F32`` -> ``HGMMA``); predicates dropped."""
     import collections
     import tempfile
 
@@ -156,7 +196,8 @@ def sass_counts(cubin: bytes) -> dict:
     if best is not None:
         loop = collections.Counter(op for a, op, _ in ins if best[0] <= a <= best[1] and op != "NOP")
     return {"total": sum(total.values()), "ops": dict(total.most_common()),
-            "loop": {"total": sum(loop.values()), "ops": dict(loop.most_common())}}
+            "loop": {"total": sum(loop.values()), "ops": dict(loop.most_common())},
+            "loops": block_loops(text)}
 
 
 def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200,

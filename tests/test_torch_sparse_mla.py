@@ -25,6 +25,8 @@ from torch_impl.sparse_mla import sparse_mla_decode
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+SM90 = CUDA and torch.cuda.get_device_capability() == (9, 0)
+sm90_only = pytest.mark.skipif(not SM90, reason="the Gluon kernels run on sm_90 only")
 # The interpreter evaluates bf16 arithmetic on raw bits, so bf16 q runs on the GPU only.
 Q_DTYPES = ("float32", "float16") + (("bfloat16",) if CUDA else ())
 FORMATS = (("latent", 576), ("fp8_ds_mla", 576), ("fp8_model1", 512))
@@ -135,14 +137,16 @@ def test_every_config(cfg, width, splits):
     """Each config of the search space (both shared-memory classes, both operand widths), with
     one split (the split kernel writes the result) and three (partials + combine), on both fp8
     formats, with q of the space's operand width."""
-    if cfg.kernel != "triton" and not (CUDA and torch.cuda.get_device_capability() == (9, 0)):
+    if cfg.kernel != "triton" and not SM90:
         pytest.skip("the Gluon kernels run on sm_90 only (elsewhere the launcher substitutes "
                     "the Triton 64-head tile, tested here as h64k32w8s2p0)")
     q_dtype = "float32" if width == 4 else ("bfloat16" if CUDA else "float16")
-    for kv_format, d_qk in FORMATS[1:]:
+    # the fp8 formats; the warp-specialised kernel also a latent cache of q's dtype
+    for kv_format, d_qk in (FORMATS if cfg.kernel == "gluon_ws" else FORMATS[1:]):
         case = cases.make_mla_case(11, B=2, N=2, H=24, K=100, P=61 if kv_format == "latent" else 64,
                                    d_qk=d_qk, kv_format=kv_format, invalid="mix", logical=True,
-                                   topk_length=True, attn_sink=True, q_dtype=q_dtype)
+                                   topk_length=True, attn_sink=True, q_dtype=q_dtype,
+                                   kv_dtype=q_dtype if kv_format == "latent" else "float32")
         kw = {k: _t(v) for k, v in case.kwargs().items()}
         out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
                                     kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
@@ -531,11 +535,13 @@ def test_cuda_graph_capture_replay(kv_format, d_qk):
 @pytest.mark.gpu
 @pytest.mark.parametrize("H", [16, 64, 128])
 def test_gpu_bf16_production_shapes(H):
-    """V3.2-like (fp8_ds_mla, K 2048) and V4-like (fp8_model1, K 512 + sink) shapes in bf16."""
-    for kv_format, d_qk, K, sink in (("fp8_ds_mla", 576, 2048, False), ("fp8_model1", 512, 512, True)):
+    """V3.2-like (fp8_ds_mla and a bf16 latent cache, K 2048) and V4-like (fp8_model1, K 512 +
+    sink) shapes in bf16 (on the H200 the plan runs the Gluon kernels for H >= 64)."""
+    for kv_format, d_qk, K, sink in (("fp8_ds_mla", 576, 2048, False), ("fp8_model1", 512, 512, True),
+                                     ("latent", 576, 2048, False)):
         case = cases.make_mla_case(15, B=8, N=2, H=H, K=K, P=64, kv_format=kv_format, d_qk=d_qk,
-                                   q_dtype="bfloat16", logical=True, invalid="random",
-                                   attn_sink=sink, nan_unselected=False)
+                                   q_dtype="bfloat16", kv_dtype="bfloat16", logical=True,
+                                   invalid="random", attn_sink=sink, nan_unselected=False)
         _check(case, *_call(case))
 
 
@@ -672,23 +678,51 @@ def test_gluon_eligibility():
     assert not configs.gluon_eligible(hardware.CPU_INTERPRETER, "fp8_ds_mla", 576, 2)
     assert configs.SPARSE_MLA_GLUON in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert configs.SPARSE_MLA_GLUON not in configs.sparse_mla_space(configs.SMALL_SMEM)
-    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and the
-    # heuristic does not choose it until it is measured
+    # the warp-specialised kernel: the same rule, exactly sm_90 (not sm_100 / sm_120), and also
+    # a latent cache of D_qk 576 with 16-bit q of its dtype (fp32 q, or another cache dtype,
+    # gives fp32 dots: operand width 4)
     b200 = hardware.DeviceInfo(name="NVIDIA B200", cc=(10, 0), num_sms=148, smem_per_block=232_448)
     ws = configs.SPARSE_MLA_GLUON_WS
     assert configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 2)
     assert configs.gluon_ws_eligible(h200, "fp8_model1", 512, 2)
     assert not configs.gluon_ws_eligible(h200, "fp8_ds_mla", 576, 4)
-    assert not configs.gluon_ws_eligible(h200, "latent", 576, 2)
-    for dev in (sm120, b200, hardware.CPU_INTERPRETER):
-        assert not configs.gluon_ws_eligible(dev, "fp8_ds_mla", 576, 2)
-        assert not configs.kernel_eligible("gluon_ws", dev, "fp8_ds_mla", 576, 2)
+    assert configs.gluon_ws_eligible(h200, "latent", 576, 2)
+    assert not configs.gluon_ws_eligible(h200, "latent", 576, 4)
+    assert not configs.gluon_ws_eligible(h200, "latent", 512, 2)
+    for fmt, d_qk in (("fp8_ds_mla", 576), ("latent", 576)):
+        for dev in (sm120, b200, hardware.CPU_INTERPRETER):
+            assert not configs.gluon_ws_eligible(dev, fmt, d_qk, 2)
+            assert not configs.kernel_eligible("gluon_ws", dev, fmt, d_qk, 2)
     assert configs.kernel_eligible("triton", sm120, "latent", 576, 4)
     assert ws in configs.sparse_mla_space(configs.LARGE_SMEM)
     assert ws not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    # the heuristic picks it only when the caller says it can run and measured (or, latent,
+    # predicted) faster (configs.GLUON_WS_PICKED), for H >= 64
+    assert configs.GLUON_WS_PICKED == ("fp8_ds_mla", "latent")
     for H in (64, 128):
         assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
                                             gluon=True) != ws
+        assert configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
+                                            gluon_ws=True) == ws
+    assert configs.sparse_mla_heuristic(32, configs.LARGE_SMEM, rows=64, topk=2048,
+                                        gluon_ws=True) == configs.SPARSE_MLA_N16
+
+
+def test_gluon_ws_latent_layout_rule():
+    """The latent warp-specialised kernel copies rows as 16-byte vectors from ``page *
+    page_stride + off * D_qk``: rows packed in a page (or one slot a page), page stride and base
+    on 16-byte boundaries, 16-bit elements; anything else runs the Triton tile (any strides)."""
+    ok = configs.gluon_ws_latent_layout_ok
+    P, D = 64, 576
+    assert ok(P * D, D, 10, P, D, 1 << 20, 2)                   # contiguous pages
+    assert ok((P + 1) * D, D, 10, P, D, 256, 2)                 # padded pages (a pool view)
+    assert ok(P * D + 8, D, 10, P, D, 256, 2)                   # 16 more bytes a page
+    assert not ok(P * D + 4, D, 10, P, D, 256, 2)               # 8 bytes: rows not 16-aligned
+    assert ok(P * D + 4, D, 1, P, D, 256, 2)                    # ... irrelevant for one page
+    assert not ok(P * D, D, 10, P, D, 256 + 2, 2)               # base off a 16-byte boundary
+    assert not ok(P * (D + 64), D + 64, 10, P, D, 256, 2)       # rows not packed
+    assert ok(5 * D + 8, 3 * D, 10, 1, D, 256, 2)               # ... irrelevant at P = 1
+    assert not ok(P * D, D, 10, P, D, 256, 4)                   # fp32 (fp32 dots anyway)
 
 
 def test_gluon_config_substituted_within_the_operand_width():
@@ -706,6 +740,123 @@ def test_gluon_config_substituted_within_the_operand_width():
         q32 = torch.zeros((1, 1, 64, 576), dtype=torch.float32)
         sub = tsm._triton_config(h200, q32, kv, "fp8_ds_mla", 64, cfg)
         assert sub.kernel == "triton" and sub in configs.sparse_mla_space(h200.smem_per_block, 4)
+    # a latent cache: the warp-specialised kernel for q of the cache's 16-bit dtype and rows it
+    # can copy in place; the Triton 64-head tile for unaligned rows, another dtype, the
+    # one-partition Gluon kernel (fp8 only) or another GPU; fp32 q: the fp32 space
+    ws, w64 = configs.SPARSE_MLA_GLUON_WS, configs.SPARSE_MLA_W64
+    pool = torch.zeros((4, 65, 576), dtype=torch.bfloat16)
+    qb = torch.zeros((1, 1, 128, 576), dtype=torch.bfloat16)
+    assert tsm._triton_config(h200, qb, pool, "latent", 64, ws) == ws
+    assert tsm._triton_config(h200, qb, pool[:, :64], "latent", 64, ws) == ws     # padded pages
+    assert tsm._triton_config(h200, qb, pool[:, 1:], "latent", 64, ws) == ws      # +1,152 B
+    odd = torch.zeros(4 * 64 * 576 + 4, dtype=torch.bfloat16)[4:].view(4, 64, 576)
+    assert tsm._triton_config(h200, qb, odd, "latent", 64, ws) == w64              # base +8 B
+    assert tsm._triton_config(h200, qb.half(), pool.half(), "latent", 64, ws) == ws
+    assert tsm._triton_config(h200, qb, pool, "latent", 64, configs.SPARSE_MLA_GLUON) == w64
+    assert tsm._triton_config(hardware.CPU_INTERPRETER, qb.half(), pool.half(), "latent", 64,
+                              ws) == w64
+    for q_, kv_ in ((qb, pool.half()), (qb.float(), pool.float()), (qb.float(), pool)):
+        sub = tsm._triton_config(h200, q_, kv_, "latent", 64, ws)     # fp32 dots
+        assert sub.kernel == "triton" and sub in configs.sparse_mla_space(h200.smem_per_block, 4)
+
+
+def test_gluon_ws_latent_config_runs_the_triton_tile_elsewhere(monkeypatch):
+    """The warp-specialised config on a latent cache where it cannot run (the CPU interpreter,
+    or a GPU other than sm_90): the binding launches the Triton 64-head tile instead, with the
+    reference's result (fp16 q and cache here, bf16 on a GPU)."""
+    if SM90:
+        pytest.skip("sm_90 runs the Gluon kernel itself (test_gluon_ws_latent)")
+    from kernels.sparse_mla import triton_launch
+    ran = []
+    launch = triton_launch.launch
+    monkeypatch.setattr(triton_launch, "launch",
+                        lambda *a, **kw: ran.append(kw["config"]) or launch(*a, **kw))
+    qd = "bfloat16" if CUDA else "float16"
+    case = cases.make_mla_case(21, B=1, N=1, H=64, K=40, P=16, kv_format="latent", q_dtype=qd,
+                               kv_dtype=qd, logical=True, invalid="mix", attn_sink=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+                                "latent", 512, kw["block_table"], kw["topk_length"],
+                                kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS, num_splits=2)
+    assert ran == [configs.SPARSE_MLA_W64]
+    _check(case, out, lse)
+
+
+_LATENT_LAYOUTS = ("slots", "block_table_tkl_sink", "padded_pages")
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [(0, 1), (1, 0)], ids=["default", "safe"])
+@pytest.mark.parametrize("layout", _LATENT_LAYOUTS)
+@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("H", [64, 128])
+def test_gluon_ws_latent(H, splits, q_dtype, layout, variant, monkeypatch):
+    """The warp-specialised Gluon kernel on a 16-bit latent cache (q of the cache's dtype)
+    against the float64 reference: its defaults and the conservative pair ((full-slot protocol
+    ``gluon_ws.LATENT_SIGNAL``, P exchange ``LATENT_P_SMEM``) = (0, 1) / (1, 0)), 1 and 3
+    splits (final epilogue / partials + combine), H 64 and 128 (two head blocks), every
+    invalid-entry kind, plain slots or a block table with topk_length and a sink, and pages read
+    in place from a pool with a NaN row more a page; the call must run the Gluon kernel."""
+    from kernels.sparse_mla import gluon_ws
+    monkeypatch.setattr(gluon_ws, "LATENT_SIGNAL", variant[0])
+    monkeypatch.setattr(gluon_ws, "LATENT_P_SMEM", variant[1])
+    feats = layout == "block_table_tkl_sink"
+    case = cases.make_mla_case(40 + H + splits, B=3, N=2, H=H, K=300, P=64, kv_format="latent",
+                               q_dtype=q_dtype, kv_dtype=q_dtype, invalid="mix", logical=feats,
+                               topk_length=feats, attn_sink=feats)
+    kv = _t(case.kv_cache)
+    if layout == "padded_pages":
+        pool = torch.full((kv.shape[0], kv.shape[1] + 1, kv.shape[2]), float("nan"),
+                          dtype=kv.dtype, device=DEVICE)
+        pool[:, : kv.shape[1]] = kv
+        kv = pool[:, : kv.shape[1]]
+    dev = _common.device_info(torch.device(DEVICE))
+    ws = configs.SPARSE_MLA_GLUON_WS
+    assert tsm._triton_config(dev, _t(case.q), kv, "latent", case.indices.shape[2], None) == ws
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = tsm._triton_impl(_t(case.q), kv, _t(case.indices), case.sm_scale, "latent", 512,
+                                kw["block_table"], kw["topk_length"], kw["attn_sink"], config=ws,
+                                num_splits=splits)
+    _check(case, out, lse)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", [(1, 1), (0, 0)], ids=["s1_psmem", "s0_pconv"])
+def test_gluon_ws_latent_mixed_variants(variant, monkeypatch):
+    """The two mixed (protocol, P exchange) pairs on one case each (H 128, 3 splits, block
+    table, topk_length, sink, every invalid kind), against the float64 reference."""
+    from kernels.sparse_mla import gluon_ws
+    monkeypatch.setattr(gluon_ws, "LATENT_SIGNAL", variant[0])
+    monkeypatch.setattr(gluon_ws, "LATENT_P_SMEM", variant[1])
+    case = cases.make_mla_case(61, B=3, N=2, H=128, K=300, P=64, kv_format="latent",
+                               q_dtype="bfloat16", kv_dtype="bfloat16", invalid="mix",
+                               logical=True, topk_length=True, attn_sink=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    _check(case, *tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+                                   "latent", 512, kw["block_table"], kw["topk_length"],
+                                   kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS,
+                                   num_splits=3))
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(len(_CORNER_NAMES)), ids=_CORNER_NAMES)
+def test_gluon_ws_latent_corners(i):
+    """Every SPEC corner case on a bf16 latent cache at H 64 through ``path="triton"``, whose
+    plan on the H200 is the warp-specialised Gluon kernel (asserted)."""
+    case = cases.mla_corner_cases(7, d_qk=576, H=64, K=64, kv_format="latent", q_dtype="bfloat16",
+                                  kv_dtype="bfloat16")[i]
+    B, N, H, D = case.q.shape
+    _, cfg = tsm.choose_config(_common.device_info(torch.device(DEVICE)), B=B, N=N, H=H,
+                               K=case.indices.shape[2], d_qk=D, kv_format="latent")
+    assert cfg == configs.SPARSE_MLA_GLUON_WS
+    _check(case, *_call(case, "triton"))
 
 
 # ============================================================================ combine

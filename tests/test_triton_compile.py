@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 
 from kernels import _triton_aot as _aot
 from kernels import hardware
@@ -135,14 +136,64 @@ def test_aot_compile_one_kernel_without_gpu():
 
 def test_gluon_ws_specs_listed_for_sm90_only():
     """The warp-specialised Gluon kernel (sm_90 only) is in the large class's AOT specs (so the
-    sm90-marked compile test above compiles it), for both fp8 formats, partial and final, with
-    and without a block table; never in the small class's (sm_120)."""
+    sm90-marked compile test above compiles it), for both fp8 formats and the latent cache
+    (bf16 and fp16), partial and final, with and without a block table; never in the small
+    class's (sm_120). Latent launches pass the cache for all three pointers, in q's dtype."""
     large = [s for s in _sparse_mla.aot_specs("large") if s.kernel == "_sparse_mla_gluon_ws_kernel"]
     small = [s for s in _sparse_mla.aot_specs("small") if s.kernel == "_sparse_mla_gluon_ws_kernel"]
     assert not small
     labels = {s.label for s in large}
-    for fmt in ("fp8_ds_mla", "fp8_model1"):
+    for fmt in ("fp8_ds_mla", "fp8_model1", "latent"):
         for bt in ("block table", "slots"):
             assert f"gluon_ws x2 {fmt} q=bfloat16 partial {bt}" in labels
-    assert "gluon_ws x2 fp8_ds_mla q=bfloat16 final block table" in labels
+    for final, bt in (("final", "block table"), ("final", "slots")):
+        assert f"gluon_ws x2 fp8_ds_mla q=bfloat16 {final} {bt}" in labels
+        assert f"gluon_ws x2 latent q=bfloat16 {final} {bt}" in labels
+    assert "gluon_ws x2 latent q=float16 partial slots" in labels
     assert all(s.num_warps == 8 and s.constexprs["NBUF"] == 2 for s in large)
+    from kernels.sparse_mla import gluon_ws
+    for s in large:
+        latent = s.constexprs["KV_FORMAT"] == 0
+        assert s.constexprs["PRODUCER_REGS"] == (gluon_ws.LATENT_PRODUCER_REGS if latent
+                                                 else gluon_ws.PRODUCER_REGS)
+        if latent:
+            q = s.signature["q_ptr"]
+            assert s.signature["kv_ptr"] == s.signature["kv16_ptr"] == s.signature["kv32_ptr"] == q
+            assert s.constexprs["ROPE_DTYPE"] == {"*bf16": "bfloat16", "*fp16": "float16"}[q]
+        assert s.constexprs["SIGNAL"] == (gluon_ws.LATENT_SIGNAL if latent else 0)
+        assert s.constexprs["P_SMEM"] == (gluon_ws.LATENT_P_SMEM if latent else 0)
+
+
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_ws_latent_compiles_without_spills(tmp_path, monkeypatch):
+    """The latent warp-specialised kernel for sm_90 with the GPU image's Triton (the compiler
+    the H200 runs), both full-slot protocols (``SIGNAL`` 0 / 1) and both P exchanges
+    (``P_SMEM`` 1 / 0), bf16 and fp16, partial and final: it fits the H200's shared memory,
+    nothing spills at the producer's register budget (``LATENT_PRODUCER_REGS``; the consumer
+    gets the rest), the producer issues 36 16-byte cp.async (``LDGSTS``) a thread a block (9
+    chunks x 4 rows) and nothing else copies, and the consumer's block loop (the largest loop)
+    holds its 36 score wgmmas plus 32 value wgmmas per p part (bf16: p and its residual, 100;
+    fp16: 68) and 8 barriers with P through shared memory. Counts of 2026-12-05 in
+    bench/NOTES.md."""
+    import dataclasses
+    specs = []
+    for q_dtype, final in ((torch.bfloat16, False), (torch.float16, False), (torch.bfloat16, True)):
+        for spec in _sparse_mla._gluon_specs("latent", q_dtype, final, 2, "gluon_ws"):
+            for signal, p_smem in ((0, 1), (1, 1), (0, 0), (1, 0)):
+                specs.append(dataclasses.replace(
+                    spec, label=f"{spec.label} signal {signal} p_smem {p_smem}",
+                    constexprs={**spec.constexprs, "SIGNAL": signal, "P_SMEM": p_smem}))
+    path = _gpu_image_triton()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))   # a cached compile skips ptxas -v
+    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=path)
+    _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
+    for spec, r in zip(specs, results):
+        assert r["spill_store_bytes"] == 0 and r["spill_load_bytes"] == 0, r
+        assert r["sass"]["ops"].get("LDGSTS") == 36, (r["label"], r["sass"]["ops"].get("LDGSTS"))
+        producer, consumer = r["sass"]["loops"]            # the partitions' block loops
+        assert producer["memory_sync"].get("LDGSTS.E.BYPASS.128") == 36, (r["label"], producer)
+        want = 100 if "bfloat16" in r["label"] else 68
+        assert consumer["ops"].get("HGMMA") == want, (r["label"], consumer)
+        if r["label"].endswith("p_smem 1"):
+            assert consumer["ops"].get("BAR") == 8, (r["label"], consumer)

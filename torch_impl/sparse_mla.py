@@ -168,12 +168,17 @@ def _triton_gate(q, kv_caches, kv_formats, d_v):
 def _triton_config(dev, q, kv_cache, kv_format, K, config):
     """The tile config one cache's split kernel runs: ``config`` (the plan's) or the registry's
     choice, a Gluon config replaced by the Triton 64-head tile where its kernel cannot run
-    (``configs.kernel_eligible``)."""
+    (``configs.kernel_eligible``; for the warp-specialised kernel on a latent cache also
+    ``configs.gluon_ws_latent_layout_ok``: rows packed and 16-byte aligned)."""
     B, N, H, D = q.shape
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
-    if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width):
+    if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width) or (
+            cfg.kernel != "triton" and kv_format == "latent"
+            and not configs.gluon_ws_latent_layout_ok(
+                kv_cache.stride(0), kv_cache.stride(1), kv_cache.shape[0], kv_cache.shape[1], D,
+                kv_cache.data_ptr(), kv_cache.element_size())):
         # the Triton 64-head tile (same shape class) where it is a member of this operand
         # width's space; fp32 operands stage twice the bytes (the 64-head tile needs 242,688 B
         # on sm_90 then): the heuristic's fp32 tile

@@ -7,7 +7,8 @@ combine, in both stacks.
 * ``triton.py``: the Triton kernels.
 * ``gluon.py``: the sm_90 Gluon kernel (configs with ``kernel="gluon"``).
 * ``gluon_ws.py``: its warp-specialised variant (sm_90 only; ``kernel="gluon_ws"``: a producer
-  warp group gathers and dequantizes into a two-slot ring, the consumers run the wgmma dots).
+  warp group gathers and dequantizes into a two-slot ring, the consumers run the wgmma dots; for
+  a 16-bit latent cache the producer copies the rows straight into the ring with cp.async).
 * ``triton_launch.py``: the launcher of both (operand dtypes, byte views, split count, grid,
   constexprs) and AOT specs; ``torch_impl.sparse_mla`` calls it after validation.
 * ``pallas.py``: the Pallas kernels with their launcher (``jax_impl`` calls it).

@@ -57,8 +57,9 @@ class SparseMLAConfig:
       kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"gluon"``
         (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
         fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it) or
-        ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised; 8 consumer
-        warps plus an 8-warp producer, ``num_stages`` X slots).
+        ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised, for the fp8
+        caches and 16-bit latent caches with q of their dtype; 8 consumer warps plus an 8-warp
+        (fp8) or 4-warp (latent) producer, ``num_stages`` X slots).
     """
 
     block_h: int = 16
@@ -119,23 +120,42 @@ def gluon_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: 
 
 
 # The warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py; sm_90 only: wgmma and
-# setmaxnreg): 64 heads x 64 rows, 8 consumer warps + an 8-warp producer, num_stages = the X ring's
-# slots (2). Not chosen by the heuristic until it is measured on the H200: run it with
-# ``config=SPARSE_MLA_GLUON_WS`` or a dispatch table naming it.
+# setmaxnreg): 64 heads x 64 rows, num_stages = the X ring's slots (2). fp8 caches: 8 consumer
+# warps + an 8-warp producer that dequantizes; latent (16-bit q of the cache's dtype): 8
+# consumer warps + a 4-warp producer that copies the rows into the slot with cp.async (AOT,
+# Triton 3.6.0: consumer 232 registers, no spill, 230,436 B shared; bench/NOTES.md).
 SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                       prefetch=True, kernel="gluon_ws")
 # (kv_format, D_qk) pairs the warp-specialised kernel is built for
-GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512))
-# formats whose heuristic picks it (measured faster than the one-partition Gluon kernel on the
-# H200: fp8_ds_mla at every target row; fp8_model1 slower, 62.8 vs 57.3 us)
-GLUON_WS_PICKED = ("fp8_ds_mla",)
+GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512), ("latent", 576))
+# formats whose heuristic picks it: fp8_ds_mla, measured faster than the one-partition Gluon
+# kernel on the H200 at every target row (fp8_model1 slower, 62.8 vs 57.3 us: not picked); and
+# latent, picked BEFORE it is measured (predicted ~100 us against the Triton 64 x 32 tile's 631
+# us at V3.2 B 64 H 128, bench/NOTES.md; the Triton tile stays reachable as
+# ``config=SPARSE_MLA_W64`` or a dispatch-table entry naming it)
+GLUON_WS_PICKED = ("fp8_ds_mla", "latent")
 
 
 def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:
     """Whether the warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py) can run a call
     on ``dev``: exactly sm_90 (wgmma, setmaxnreg; not sm_100 / sm_120) outside the interpreter,
-    an fp8 cache at its D_qk (:data:`GLUON_WS_FORMATS`), 16-bit dot operands."""
+    an fp8 cache or a latent one at its D_qk (:data:`GLUON_WS_FORMATS`), 16-bit dot operands
+    (for latent: q and the cache of one 16-bit dtype; ``triton_launch.dot_dtype``). A latent
+    call also needs its rows 16-byte aligned (:func:`gluon_ws_latent_layout_ok`, checked by the
+    binding on the tensor)."""
     return kernel_eligible("gluon_ws", dev, kv_format, d_qk, operand_bytes)
+
+
+def gluon_ws_latent_layout_ok(page_stride: int, row_stride: int, num_pages: int, page_size: int,
+                              d_qk: int, data_ptr: int, elem_bytes: int) -> bool:
+    """Whether the warp-specialised kernel can copy a latent cache's rows in place: rows of
+    ``d_qk`` elements packed in a page (``row_stride == d_qk``, or one slot a page), pages
+    (``page_stride`` elements apart) and the first row on 16-byte boundaries, 16-bit elements.
+    Its producer copies each row as 16-byte vectors (``cp.async``) from ``page * page_stride +
+    off * d_qk``; elsewhere the binding runs the Triton 64-head tile (any strides)."""
+    return (elem_bytes == 2 and data_ptr % 16 == 0
+            and (page_size == 1 or row_stride == d_qk)
+            and (num_pages == 1 or (page_stride * elem_bytes) % 16 == 0))
 
 
 def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
@@ -143,7 +163,8 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
     """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
     Gluon kernels (``"gluon"``, ``"gluon_ws"``) on exactly sm_90 (wgmma; the WS kernel also
     setmaxnreg) outside the interpreter, with 16-bit dot operands, for the (kv_format, D_qk)
-    pairs each is built for (:data:`GLUON_KERNEL_FORMATS`)."""
+    pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"``: fp8 only, ``"gluon_ws"``:
+    fp8 and latent)."""
     built = GLUON_KERNEL_FORMATS.get(kernel)
     if built is None:
         return True
@@ -251,7 +272,11 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     on the H200 (bench/results/gluon_check_ws_h200_20261202.json, do_bench_cudagraph, same run
     as the Gluon timings) fp8_ds_mla B 64 H 128 143.9 vs 157.6 us, H 64 100.6 vs 107.8, B 16
     H 128 68.8 vs 72.9, B 1 28.7 vs 30.1, B 128 281.3 vs 306.0; fp8_model1 B 64 H 64 K 640
-    62.8 vs 57.3 (slower: not picked).
+    62.8 vs 57.3 (slower: not picked). For a 16-bit latent cache (q of its dtype) ``gluon_ws``
+    is the caller's statement that the kernel can run it (:data:`GLUON_WS_PICKED`): picked
+    before any GPU measurement (predicted ~100 us against 631 us for :data:`SPARSE_MLA_W64`,
+    the large-class rule's tile, at V3.2 B 64 H 128; bench/NOTES.md); H < 64 keeps the Triton
+    rule.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:

@@ -86,6 +86,11 @@ AOT_VARIANTS = (
 )
 
 
+# (q dtype, final) of the latent warp-specialised Gluon launches compiled beyond AOT_VARIANTS'
+# (bf16 partial): fp16 q with an fp16 cache, and bf16 with the single-split epilogue
+GLUON_WS_LATENT_EXTRA = ((torch.float16, False), (torch.bfloat16, True))
+
+
 def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     """Launches of the triton path on a GPU of ``smem_class`` (``kernels.sparse_mla.configs``) as
     ``kernels._triton_aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
@@ -126,6 +131,11 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                                         cfg.num_warps, cfg.num_stages, ("DOT_DTYPE", "ROPE_DTYPE"),
                                         ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
                                          "page_bytes")))
+    if configs.SPARSE_MLA_GLUON_WS in configs.SPARSE_MLA_SPACE.get((smem_class, 2), ()):
+        # the latent WS kernel's other launches: fp16 q with an fp16 cache, the final epilogue
+        nbuf = configs.SPARSE_MLA_GLUON_WS.num_stages
+        for q_dtype, final in GLUON_WS_LATENT_EXTRA:
+            specs.extend(_gluon_specs("latent", q_dtype, final, nbuf, "gluon_ws"))
     for q_dtype in (torch.bfloat16, torch.float32):
         sig = {"po_ptr": "*fp32", "pl_ptr": "*fp32", "sink_ptr": "*fp32",
                "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32", "S": "i32", "BN": "i32", "H": "i32",
@@ -149,16 +159,16 @@ def _gluon_sig(q_dtype: torch.dtype) -> dict:
     return sig
 
 
-def _gluon_kernel(kernel: str) -> tuple:
-    """``(module, kernel function name, extra constexprs)`` of a Gluon config's ``kernel``:
-    ``"gluon"`` (``gluon.py``) or ``"gluon_ws"`` (``gluon_ws.py``, which adds its partition
-    register budget and barrier arrival count). Launches use the module's ``NUM_WARPS``."""
+def _gluon_kernel(kernel: str, kv_format: str) -> tuple:
+    """``(module, kernel function name, extra constexprs)`` of a Gluon config's ``kernel`` for a
+    cache of ``kv_format``: ``"gluon"`` (``gluon.py``) or ``"gluon_ws"`` (``gluon_ws.py``, which
+    adds its partition register budget, barrier arrival count and, for latent, the full-slot
+    protocol: ``gluon_ws.launch_constexprs``). Launches use the module's ``NUM_WARPS``."""
     if kernel == "gluon":
         from kernels.sparse_mla import gluon as mod
         return mod, "_sparse_mla_gluon_kernel", {}
     from kernels.sparse_mla import gluon_ws as mod
-    return mod, "_sparse_mla_gluon_ws_kernel", dict(PRODUCER_REGS=mod.PRODUCER_REGS,
-                                                    EMPTY_ARRIVALS=mod.EMPTY_ARRIVALS)
+    return mod, "_sparse_mla_gluon_ws_kernel", mod.launch_constexprs(kv_format)
 
 
 def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1,
@@ -166,12 +176,17 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     """Launches of a Gluon kernel (sm_90) for one variant, with and without a block table:
     ``kernel`` ``"gluon"`` (``gluon.py``; ``nbuf`` X buffers) or ``"gluon_ws"`` (the
     warp-specialised ``gluon_ws.py``; ``nbuf`` ring slots, ``num_warps`` the consumer's: the
-    producer's warps come on top). ``nbuf`` is the config's ``num_stages``."""
+    producer's warps come on top). ``nbuf`` is the config's ``num_stages``. A latent cache has
+    q's dtype (the only latent calls a Gluon kernel runs) and is passed for all three cache
+    pointers, as the launcher passes it."""
     from kernels._triton_aot import LaunchSpec
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
-    mod, fn, extra = _gluon_kernel(kernel)
+    mod, fn, extra = _gluon_kernel(kernel, kv_format)
     sig = _gluon_sig(q_dtype)
-    rope = rope_dtype(q_dtype, dot_dtype(q_dtype, torch.uint8, kv_format), kv_format)
+    kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
+    if kv_format == "latent":
+        sig.update(kv_ptr=_TL_PTR[q_dtype], kv16_ptr=_TL_PTR[q_dtype], kv32_ptr=_TL_PTR[q_dtype])
+    rope = rope_dtype(q_dtype, dot_dtype(q_dtype, kv_dtype, kv_format), kv_format)
     out = []
     for has_bt in (True, False):
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
@@ -300,9 +315,16 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (cdiv(H, cfg.block_h), splits, B * N)
     if cfg.kernel in ("gluon", "gluon_ws"):   # the caller checked configs.kernel_eligible
-        mod, fn, extra = _gluon_kernel(cfg.kernel)  # both take the same arguments
+        mod, fn, extra = _gluon_kernel(cfg.kernel, kv_format)  # both take the same arguments
+        if kv_format == "latent":   # gluon_ws only: rows packed, 16-byte aligned (the caller
+            # checked configs.gluon_ws_latent_layout_ok); the cache for all three pointers
+            kv32 = kv
+            page_bytes = (kv_cache.stride(0) if kv_cache.shape[0] > 1
+                          else P * kv_cache.shape[2]) * kv_cache.element_size()
+        else:
+            kv32 = kv.view(torch.int32)
         getattr(mod, fn)[grid](
-            q, kv, kv16, kv.view(torch.int32), indices,
+            q, kv, kv16, kv32, indices,
             block_table if block_table is not None else dummy,
             topk_length if topk_length is not None else dummy,
             attn_sink if attn_sink is not None else dummy,
