@@ -128,12 +128,9 @@ SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_s
                                       prefetch=True, kernel="gluon_ws")
 # (kv_format, D_qk) pairs the warp-specialised kernel is built for
 GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512), ("latent", 576))
-# formats whose heuristic picks it: fp8_ds_mla, measured faster than the one-partition Gluon
-# kernel on the H200 at every target row (fp8_model1 slower, 62.8 vs 57.3 us: not picked); and
-# latent, picked BEFORE it is measured (predicted ~100 us against the Triton 64 x 32 tile's 631
-# us at V3.2 B 64 H 128, bench/NOTES.md; the Triton tile stays reachable as
-# ``config=SPARSE_MLA_W64`` or a dispatch-table entry naming it)
-GLUON_WS_PICKED = ("fp8_ds_mla", "latent")
+# formats whose heuristic picks it (measured faster than the one-partition Gluon kernel on the
+# H200: fp8_ds_mla at every target row; fp8_model1 slower, 62.8 vs 57.3 us)
+GLUON_WS_PICKED = ("fp8_ds_mla",)
 
 
 def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:
@@ -272,11 +269,7 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     on the H200 (bench/results/gluon_check_ws_h200_20261202.json, do_bench_cudagraph, same run
     as the Gluon timings) fp8_ds_mla B 64 H 128 143.9 vs 157.6 us, H 64 100.6 vs 107.8, B 16
     H 128 68.8 vs 72.9, B 1 28.7 vs 30.1, B 128 281.3 vs 306.0; fp8_model1 B 64 H 64 K 640
-    62.8 vs 57.3 (slower: not picked). For a 16-bit latent cache (q of its dtype) ``gluon_ws``
-    is the caller's statement that the kernel can run it (:data:`GLUON_WS_PICKED`): picked
-    before any GPU measurement (predicted ~100 us against 631 us for :data:`SPARSE_MLA_W64`,
-    the large-class rule's tile, at V3.2 B 64 H 128; bench/NOTES.md); H < 64 keeps the Triton
-    rule.
+    62.8 vs 57.3 (slower: not picked).
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
