@@ -120,11 +120,21 @@ def _cuobjdump() -> str:
     return str(Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump")
 
 
+# opcodes whose whole mnemonic ``inner_loops`` also counts (widths, barrier kinds, MMA shapes)
+_MEMORY_SYNC_OPS = ("LDG", "STG", "LDS", "STS", "LDL", "STL", "LDSM", "ATOMS", "RED", "BAR",
+                    "SYNCS", "HGMMA", "UTMALDG", "F2FP", "MEMBAR", "FENCE")
+
+
 def sass_counts(cubin: bytes) -> dict:
     """Opcode counts of a cubin's SASS (``cuobjdump -sass`` from Triton's bundled tools):
-    ``{"total": n, "ops": {opcode: n}, "loop": {"total", "ops"}}``, ``loop`` being the largest
-    backward-branch range (the main loop's body, inner loops included). Opcodes are the
-    mnemonic's first component (``HGMMA.64x128x16.F32`` -> ``HGMMA``); predicates dropped."""
+    ``{"total": n, "ops": {opcode: n}, "loop": {"total", "ops"}, "inner_loops": [...]}``,
+    ``loop`` being the largest backward-branch range (the main loop's body, inner loops
+    included). Opcodes are the mnemonic's first component (``HGMMA.64x128x16.F32`` ->
+    ``HGMMA``); predicates dropped. ``inner_loops``: the innermost backward-branch ranges of
+    more than 1 KiB of code before the last EXIT, in code order, each ``{"range", "total",
+    "ops"}``: in a warp-specialised kernel (``gl.warp_specialize``) the largest range is the
+    partitions' dispatch loop, and each partition's own loop is one of these (the mbarrier
+    retry loops ptxas moves behind the last EXIT are excluded)."""
     import collections
     import tempfile
 
@@ -134,6 +144,7 @@ def sass_counts(cubin: bytes) -> dict:
         text = subprocess.run([_cuobjdump(), "-sass", f.name], capture_output=True, text=True,
                               check=True).stdout
     ins = []                                            # (address, opcode, branch target)
+    full = {}                                           # address -> whole mnemonic
     for line in text.splitlines():
         m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
         if not m:
@@ -141,6 +152,7 @@ def sass_counts(cubin: bytes) -> dict:
         body = re.sub(r"^@!?U?P[T0-9]+\s+", "", m.group(2).strip())
         op = body.split()[0].split(".")[0] if body else "?"
         addr = int(m.group(1), 16)
+        full[addr] = body.split()[0] if body else "?"
         target = None
         if op == "BRA":
             t = re.search(r"0x([0-9a-f]+)", body)
@@ -155,8 +167,22 @@ def sass_counts(cubin: bytes) -> dict:
     loop = collections.Counter()
     if best is not None:
         loop = collections.Counter(op for a, op, _ in ins if best[0] <= a <= best[1] and op != "NOP")
+    exits = [a for a, op, _ in ins if op == "EXIT"]
+    last_exit = max(exits) if exits else max((a for a, _, _ in ins), default=0)
+    big = [(t, a) for a, op, t in ins
+           if op == "BRA" and t is not None and t < a and a - t > 0x400 and a < last_exit]
+    inner = []
+    for lo, hi in sorted(set(big)):
+        if any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in big):
+            continue
+        ops = collections.Counter(op for a, op, _ in ins if lo <= a <= hi and op != "NOP")
+        mem = collections.Counter(full[a] for a, op, _ in ins
+                                  if lo <= a <= hi and op in _MEMORY_SYNC_OPS)
+        inner.append({"range": f"{lo:#x}-{hi:#x}", "total": sum(ops.values()),
+                      "ops": dict(ops.most_common()), "memory_sync": dict(mem.most_common())})
     return {"total": sum(total.values()), "ops": dict(total.most_common()),
-            "loop": {"total": sum(loop.values()), "ops": dict(loop.most_common())}}
+            "loop": {"total": sum(loop.values()), "ops": dict(loop.most_common())},
+            "inner_loops": inner}
 
 
 def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200,
