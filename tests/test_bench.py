@@ -845,3 +845,27 @@ def test_compat_v32_strided_row_times_the_native_op_on_the_same_pages(monkeypatc
     (row,) = bench_compat.rows((1,), device="cpu", only=("v32 strided",))
     assert row["layout"] == "v32 strided" and row["native_cache"].startswith("strided (in place")
     assert seen and not any(seen) and row["ratio"] > 0
+
+
+def test_indexer_sweep_ws_variants():
+    """``python -m bench.indexer_sweep --ws``: today's Gluon kernel first (every check is
+    against it), then the warp-specialised kernel's variants, each a valid logits config that
+    stays ``gluon_ws`` on an H200 for the bench's shapes; ``--aot`` compiles each variant's two
+    fused-histogram launches (N 1, N 2), split-count variants sharing one compile."""
+    pytest.importorskip("triton")
+    from bench import indexer_sweep as sw
+    from kernels import hardware
+    from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132,
+                               smem_per_block=hardware.smem_limit((9, 0)))
+    assert sw.WS_VARIANTS[0] == "gluon" and set(sw.WS_VARIANTS) <= set(sw.VARIANTS)
+    for name in sw.WS_VARIANTS[1:]:
+        cfg = IndexerLogitsConfig(**sw.VARIANTS[name])
+        for N in (1, 2):
+            assert resolve_kernel(cfg, h200, "fp8_indexer", N, 64, 128, 64).kernel == "gluon_ws"
+        specs = sw._gluon_aot_specs(name)
+        assert [s.label for s in specs] == [f"{name} N1", f"{name} N2"]
+        assert all(s.constexprs["CONSUMERS"] == cfg.ws_consumers for s in specs)
+    same = [{k: v for k, v in vars(s).items() if k != "label"} for s in
+            sw._gluon_aot_specs("gluon_ws") + sw._gluon_aot_specs("gluon_ws_s2")]
+    assert same[:2] == same[2:]
