@@ -60,12 +60,13 @@ VARIANTS = {
     "gluon_ws_c1": dict(kernel="gluon_ws", ws_consumers=1),    # 2 CTAs / SM of one consumer
     "gluon_ws_c3": dict(kernel="gluon_ws", ws_consumers=3),    # 3 consumers at 160 registers
     "gluon_ws_smem": dict(kernel="gluon_ws", ws_convert="smem"),  # fp16 rows via shared memory
+    "gluon_ws_c3_smem": dict(kernel="gluon_ws", ws_consumers=3, ws_convert="smem"),  # no spill
 }
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
 DEFAULT_VARIANTS = ("triton", "gluon", "gluon_s4", "gluon_s16")
 # the warp-specialised kernel's set (--ws): today's Gluon kernel first, the base of the checks
-WS_VARIANTS = ("gluon", "gluon_ws", "gluon_ws_c1", "gluon_ws_c3", "gluon_ws_smem", "gluon_ws_s2",
-               "gluon_ws_s8")
+WS_VARIANTS = ("gluon", "gluon_ws", "gluon_ws_c1", "gluon_ws_c3", "gluon_ws_smem",
+               "gluon_ws_c3_smem", "gluon_ws_s2", "gluon_ws_s8")
 
 # name -> (preset, B, N, L, table_len)
 SHAPES = {

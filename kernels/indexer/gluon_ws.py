@@ -82,13 +82,15 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 NUM_WARPS = 4            # the default partition: consumer 0, one warpgroup
 CONSUMER_WARPS = gl.constexpr(4)   # consumers 1, 2 (worker partitions), with CONSUMERS >= 2
 PRODUCER_WARPS = gl.constexpr(1)
-PRODUCER_REGS = 24       # setmaxnreg of the producer (the minimum)
+PRODUCER_REGS = 24       # setmaxnreg of the producer (the minimum; PRODUCER_REGS_BY below)
 CONSUMERS = 2            # consumer warpgroups a CTA (1: two CTAs per SM; 3: one at 160 registers)
 CONVERT = 0              # 0: e4m3 rows into wgmma's register A operand; 1: fp16 via shared memory
 CONVERTS = {"regs": 0, "smem": 1}   # IndexerLogitsConfig.ws_convert -> CONVERT
 # (maxnreg of the launch, the consumer worker's setmaxnreg) per consumer count: the registers of
 # an SM over the CTAs it holds (12 warps at 1 CTA / SM; 8 warps at 2 CTAs / SM)
 REGS = {3: (128, 160), 2: (168, 240), 1: (128, 232)}
+# the producer's setmaxnreg per consumer count (three consumers leave it 32 of 16 warps' 128)
+PRODUCER_REGS_BY = {3: 32, 2: 24, 1: 24}
 PAGE_BYTES = gl.constexpr(PAGE * (DIMS + 4))   # 8,448: one page of the cache, its TMA bytes
 ROWS_PER_PAGE = PAGE_BYTES.value // DIMS   # 66 rows of 128 bytes a page (64 keys, 2 of scales)
 SCALE_WORDS = PAGE_BYTES.value // 4        # 2,112 float32 words a page
@@ -298,6 +300,8 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                         mbarrier.wait(base_bar, 0)
                         base0 = gl.max(xb.index(0).load(LT), axis=0)
                         base1 = gl.max(xb.index(1).load(LT), axis=0)
+        if CONSUMERS == 3:               # 160 registers: the weights from L1 each step
+            w0 = gl.load(w_ptr + b * stride_wb + hw)
         h0, base0, km0 = _draft_step(acc, w0, s_sc, page_ok, j, len0, pg_in, out0, h0, base0, km0,
                                      first, WRITE_HIST, HL, LT)
         if N == 2:
@@ -306,6 +310,8 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
             else:
                 acc = _scores_smem(x0, x1, qd, 1, MMA)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            if CONSUMERS == 3:
+                w1 = gl.load(w_ptr + b * stride_wb + stride_wn + hw)
             h1, base1, km1 = _draft_step(acc, w1, s_sc, page_ok, j, len1, pg_in, out1, h1, base1,
                                          km1, first, WRITE_HIST, HL, LT)
         if CONSUMERS > 1:
@@ -485,7 +491,7 @@ def launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist, s
         out.stride(0), out.stride(1),
         N=N, CL_PER_DRAFT=context_lens.dim() == 2, WRITE_HIST=hist is not None,
         CONSUMERS=consumers, CONVERT=convert, NSLOT=ring_slots(consumers, convert, N),
-        CONSUMER_REGS=cregs, PRODUCER_REGS=PRODUCER_REGS,
+        CONSUMER_REGS=cregs, PRODUCER_REGS=PRODUCER_REGS_BY[consumers],
         num_warps=NUM_WARPS, maxnreg=maxnreg,
     )
     return out

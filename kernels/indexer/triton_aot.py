@@ -138,7 +138,7 @@ def gluon_ws_specs(consumers=(1, 2, 3), converts=("regs", "smem")) -> list:
                         "kernels.indexer.gluon_ws", "_indexer_logits_gluon_ws_kernel", sig,
                         dict(N=n, CL_PER_DRAFT=per_draft, WRITE_HIST=hist, CONSUMERS=cons,
                              CONVERT=conv, NSLOT=ws.ring_slots(cons, conv, n),
-                             CONSUMER_REGS=cregs, PRODUCER_REGS=ws.PRODUCER_REGS),
+                             CONSUMER_REGS=cregs, PRODUCER_REGS=ws.PRODUCER_REGS_BY[cons]),
                         ws.NUM_WARPS, 1, divisible=GLUON_WS_DIVISIBLE,
                         options={"maxnreg": maxnreg}))
     return specs
