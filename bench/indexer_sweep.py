@@ -1,6 +1,7 @@
 """Variant sweep of the Triton indexer: the logits kernel alone and the top-k alone (GPU).
 
     python -m bench.indexer_sweep --out sweep.json [--ws] [--variant NAME ...] [--shape NAME ...]
+                                  [--row-timeout S]
     python -m bench.indexer_sweep --aot [--ws] [--variant NAME ...]   # CPU: compile counts only
 
 For each shape of :data:`SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a 1M table,
@@ -171,7 +172,27 @@ def _aot(names) -> list:
     return rows
 
 
-def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
+def _watchdog(seconds: float, label: str, rows: list, meta: dict, save):
+    """A timer that, if a row is still running after ``seconds`` (a kernel that hangs: an
+    mbarrier phase never completed), saves the rows so far with the hung row named and ends the
+    process (exit status 124); ``cancel()`` it when the row is done. None for ``seconds <= 0``."""
+    import threading
+    if seconds <= 0:
+        return None
+
+    def fire():
+        meta["hung"] = f"{label}: no result after {seconds:.0f} s"
+        print(json.dumps({"hung": meta["hung"]}), flush=True)
+        save(rows, meta)
+        os._exit(124)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0) -> tuple[list, dict]:
     import torch
 
     from bench.grid import Shape
@@ -198,6 +219,7 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
         for vi, name in enumerate(names):
             cfg = kx.IndexerLogitsConfig(**VARIANTS[name])
             t0 = time.time()
+            dog = _watchdog(row_timeout, f"{sname} {name}", rows, meta, save)
             row = dict(shape=sname, preset=preset, B=B, N=N, L=L, table_len=W, topk=K,
                        variant=name, config=dict(cfg.__dict__))
             try:
@@ -255,6 +277,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
                 row["error"] = None
             except Exception as e:  # noqa: BLE001 - recorded per variant
                 row["error"] = f"{type(e).__name__}: {e}"[:400]
+            if dog is not None:
+                dog.cancel()
             row["wall_s"] = round(time.time() - t0, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -269,6 +293,9 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="indexer_sweep.json")
     ap.add_argument("--variant", action="append", choices=sorted(VARIANTS), default=None,
                     help="logits variants (default: DEFAULT_VARIANTS, 'default' first)")
+    ap.add_argument("--row-timeout", type=float, default=0,
+                    help="seconds a (shape, variant) row may take before the sweep saves what it "
+                         "has, names the row and exits 124 (a hung kernel); 0: no limit")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), default=None,
                     help="shapes (default: all four)")
     ap.add_argument("--ws", action="store_true",
@@ -296,7 +323,7 @@ def main(argv=None) -> None:
     if args.aot:
         rows, meta = _aot(names), dict(target="sm_90 (AOT, kernels._triton_aot)")
     else:
-        rows, meta = _sweep(args.shape or list(SHAPES), names, save)
+        rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout)
     save(rows, meta, done=True)
     print(f"json: {args.out}")
 

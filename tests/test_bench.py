@@ -9,6 +9,7 @@ import io
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -869,3 +870,24 @@ def test_indexer_sweep_ws_variants():
     same = [{k: v for k, v in vars(s).items() if k != "label"} for s in
             sw._gluon_aot_specs("gluon_ws") + sw._gluon_aot_specs("gluon_ws_s2")]
     assert same[:2] == same[2:]
+
+
+def test_indexer_sweep_row_timeout_saves_and_exits(tmp_path):
+    """``--row-timeout``: a row still running after the limit (a hung kernel) leaves the rows so
+    far in the JSON with the hung row named, and the process exits 124 instead of holding the
+    GPU call until its own limit."""
+    import subprocess
+    import sys
+    out = tmp_path / "rows.json"
+    code = ("import json, time\n"
+            "from bench import indexer_sweep as sw\n"
+            "rows, meta = [{'shape': 'a', 'variant': 'gluon'}], {}\n"
+            f"save = lambda r, m: open({str(out)!r}, 'w').write(json.dumps(dict(m, rows=r)))\n"
+            "sw._watchdog(0.3, 'b gluon_ws', rows, meta, save)\n"
+            "time.sleep(30)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["hung"].startswith("b gluon_ws: no result after") and len(doc["rows"]) == 1
