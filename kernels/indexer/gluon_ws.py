@@ -367,9 +367,11 @@ def _indexer_logits_gluon_ws_kernel(
     CONSUMERS: gl.constexpr = 2, CONVERT: gl.constexpr = 0, NSLOT: gl.constexpr = 8,
     CONSUMER_REGS: gl.constexpr = 240, PRODUCER_REGS: gl.constexpr = 24,
 ):
-    """``CONSUMERS``: consumer warpgroups (1 or 2); ``CONVERT``: 0 registers, 1 shared memory;
-    ``NSLOT``: ring slots (steps); ``CONSUMER_REGS`` / ``PRODUCER_REGS``: the worker partitions'
-    setmaxnreg (the default partition gets the rest of the launch's ``maxnreg``)."""
+    """Arguments of ``gluon._indexer_logits_gluon_kernel`` with the cache as two TMA
+    descriptors (:func:`descriptors`) instead of pointers and strides. ``CONSUMERS``: consumer
+    warpgroups (1-3); ``CONVERT``: 0 registers, 1 shared memory; ``NSLOT``: ring slots (steps,
+    :func:`ring_slots`); ``CONSUMER_REGS`` / ``PRODUCER_REGS``: the worker partitions'
+    setmaxnreg (the default partition gets the rest of the launch's ``maxnreg``, :data:`REGS`)."""
     gl.static_assert((N == 1) | (N == 2), "N (next_n) 1 or 2")
     gl.static_assert((CONSUMERS >= 1) & (CONSUMERS <= 3), "one to three consumer warpgroups")
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
