@@ -55,14 +55,15 @@ CTAs per SM. Here the loads leave the consumers' chain:
   consumers an SM, as ``gluon.py``'s 2 CTAs of 4 warps). ``CONSUMERS = 1``: 5 warps (8
   padded), ``maxnreg`` 128, setmaxnreg 232 / 24, 5 / 4 slots, 101,980 / 101,444 B: 2 CTAs per
   SM (the same 8 consumer warps, q twice). ``CONSUMERS = 3``: 13 warps (16), ``maxnreg`` 128,
-  160 registers a consumer (spills: 132 B at N 1, 1,000 B at N 2). Counts and predictions:
+  160 registers a consumer, weights reloaded each step (spills: 76 B at N 1, 232 B at N 2),
+  producer 32. Counts and predictions:
   bench/NOTES.md ("Warp-specialised logits kernel").
 
 Built for what ``gluon.py`` is (``kernels.indexer.gluon.eligible``: fp8_indexer, ``H_I = 64``,
-``D_I = 128``, ``P = 64``, ``N`` in ``{1, 2}``, sm_90) and for a cache TMA can address (:func:`tma_ok`:
-contiguous pages of 8,448 bytes, 16-byte aligned, fewer than 2^31 / 2112 pages); the launcher
-(``kernels.indexer.triton``) runs ``gluon.py`` where :func:`tma_ok` is false. Never in the CPU
-interpreter (Gluon kernels do not interpret).
+``D_I = 128``, ``P = 64``, ``N`` in ``{1, 2}``, sm_90) and for a cache TMA can address
+(:func:`tma_ok`: contiguous pages of 8,448 bytes, 16-byte aligned, fewer than 2^31 / 2112
+pages); the launcher (``kernels.indexer.triton``) runs ``gluon.py`` where :func:`tma_ok` is
+false. Never in the CPU interpreter (Gluon kernels do not interpret).
 """
 from __future__ import annotations
 
@@ -478,8 +479,9 @@ def descriptors(k_vals, k_scales):
 def launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist, splits: int,
            consumers: int = CONSUMERS, convert: int = CONVERT):
     """Launch :func:`_indexer_logits_gluon_ws_kernel` on validated tensors
-    (``kernels.indexer.gluon.eligible`` and :func:`tma_ok` true): the arguments of ``kernels.indexer.gluon.launch``; ``consumers`` /
-    ``convert`` as the kernel's ``CONSUMERS`` / ``CONVERT``."""
+    (``kernels.indexer.gluon.eligible`` and :func:`tma_ok` true): the arguments of
+    ``kernels.indexer.gluon.launch``; ``consumers`` / ``convert`` as the kernel's ``CONSUMERS``
+    / ``CONVERT`` (ring slots, register budgets and ``maxnreg`` follow from them)."""
     B, N, H, D = q.shape
     kv_desc, ks_desc = descriptors(k_vals, k_scales)
     maxnreg, cregs = REGS[consumers]
