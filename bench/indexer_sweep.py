@@ -1,7 +1,8 @@
 """Variant sweep of the Triton indexer: the logits kernel alone and the top-k alone (GPU).
 
-    python -m bench.indexer_sweep --out sweep.json [--variant NAME ...] [--shape NAME ...]
-    python -m bench.indexer_sweep --aot [--variant NAME ...]     # CPU: compile counts only
+    python -m bench.indexer_sweep --out sweep.json [--ws] [--variant NAME ...] [--shape NAME ...]
+                                  [--row-timeout S]
+    python -m bench.indexer_sweep --aot [--ws] [--variant NAME ...]   # CPU: compile counts only
 
 For each shape of :data:`SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a 1M table,
 V3.2 B 64 N 2 L 64K; ``bench.inputs``, one input set, pages scattered) and each logits variant of
@@ -16,14 +17,19 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
   others use the default);
 
 and checks each variant's logits against the first variant's (max relative difference over
-finite logits; the -inf pattern must match), its top-k set against the first's, and that two
-runs give bitwise equal indices. ``--aot`` compiles each variant's logits kernel for sm_90 on
-the CPU instead (registers, spills, shared memory, SASS per loop; ``kernels._triton_aot``).
+finite logits, and whether they are bitwise equal; the -inf pattern must match), its
+histogram blocks (where the split count is the first variant's), its top-k set against the
+first's, that two logits launches give bitwise equal logits and blocks, and that two top-k runs
+give bitwise equal indices. ``--ws``: the warp-specialised kernel's variants
+(:data:`WS_VARIANTS`, today's Gluon kernel first, so every check is against it). ``--aot``
+compiles each variant's logits kernel for sm_90 on the CPU instead (registers, spills, shared
+memory, SASS per loop and, for ``gluon_ws``, per partition loop; ``kernels._triton_aot``).
 Rows go to ``--out`` as JSON (and one line each on stdout); bench/NOTES.md has the analysis.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -47,9 +53,21 @@ VARIANTS = {
     "gluon_s8": dict(kernel="gluon", num_splits=8),
     "gluon_s16": dict(kernel="gluon", num_splits=16),
     "triton": dict(kernel="triton"),
+    # kernels/indexer/gluon_ws.py (sm_90): producer warp + TMA ring, 2 consumer warpgroups
+    # (1 CTA / SM), e4m3 rows into wgmma's register A operand; then one field changed each
+    "gluon_ws": dict(kernel="gluon_ws"),
+    "gluon_ws_s2": dict(kernel="gluon_ws", num_splits=2),      # B 64: one wave
+    "gluon_ws_s8": dict(kernel="gluon_ws", num_splits=8),      # B 64: four waves
+    "gluon_ws_c1": dict(kernel="gluon_ws", ws_consumers=1),    # 2 CTAs / SM of one consumer
+    "gluon_ws_c3": dict(kernel="gluon_ws", ws_consumers=3),    # 3 consumers at 160 registers
+    "gluon_ws_smem": dict(kernel="gluon_ws", ws_convert="smem"),  # fp16 rows via shared memory
+    "gluon_ws_c3_smem": dict(kernel="gluon_ws", ws_consumers=3, ws_convert="smem"),  # no spill
 }
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
 DEFAULT_VARIANTS = ("triton", "gluon", "gluon_s4", "gluon_s16")
+# the warp-specialised kernel's set (--ws): today's Gluon kernel first, the base of the checks
+WS_VARIANTS = ("gluon", "gluon_ws", "gluon_ws_c1", "gluon_ws_c3", "gluon_ws_smem",
+               "gluon_ws_c3_smem", "gluon_ws_s2", "gluon_ws_s8")
 
 # name -> (preset, B, N, L, table_len)
 SHAPES = {
@@ -105,6 +123,19 @@ def _graph_us(fn, launches: int = 20, replays: int = 10, flush: bool = False) ->
     return times[len(times) // 2]
 
 
+def _gluon_aot_specs(name: str) -> list:
+    """The fused-histogram launches (lengths ``[B]``, N 1 and 2) of a Gluon variant."""
+    from kernels.indexer import triton_aot
+    from kernels.indexer.triton import IndexerLogitsConfig
+    cfg = IndexerLogitsConfig(**VARIANTS[name])
+    if cfg.kernel == "gluon":
+        specs = triton_aot.gluon_specs()
+    else:
+        specs = triton_aot.gluon_ws_specs((cfg.ws_consumers,), (cfg.ws_convert,))
+    return [dataclasses.replace(s, label=f"{name} N{s.constexprs['N']}") for s in specs
+            if s.constexprs["WRITE_HIST"] and not s.constexprs["CL_PER_DRAFT"]]
+
+
 def _aot(names) -> list:
     from kernels._triton_aot import compile_specs
     from kernels.indexer.triton import IndexerLogitsConfig
@@ -112,7 +143,8 @@ def _aot(names) -> list:
     specs = []
     for name in names:
         if VARIANTS[name].get("kernel", "triton") != "triton":
-            continue                      # the Gluon kernel: kernels.indexer.triton_aot.gluon_specs
+            specs += _gluon_aot_specs(name)    # (split-count variants: the same compile)
+            continue
         for N in (1, 2):
             cfg = IndexerLogitsConfig(**VARIANTS[name])
             nw = cfg.num_warps or (8 if N * 64 >= 128 else 4)
@@ -128,18 +160,45 @@ def _aot(names) -> list:
             r["sass_loop"] = s["loop"]["total"]
             r["sass_loop_x_warps"] = s["loop"]["total"] * r["num_warps"]
             r["sass_loop_ops"] = dict(list(s["loop"]["ops"].items())[:16])
+            if r["label"].startswith("gluon_ws"):
+                # partitions: each one's loop per step (128 tokens), per warp (the dispatch
+                # loop around them is the "loop" above)
+                r["partition_loops"] = [dict(range=lp["range"], total=lp["total"],
+                                             ops=dict(list(lp["ops"].items())[:12]),
+                                             memory_sync=lp["memory_sync"])
+                                        for lp in s["loops"]]
         rows.append(r)
         print(json.dumps(r), flush=True)
     return rows
 
 
-def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
+def _watchdog(seconds: float, label: str, rows: list, meta: dict, save):
+    """A timer that, if a row is still running after ``seconds`` (a kernel that hangs: an
+    mbarrier phase never completed), saves the rows so far with the hung row named and ends the
+    process (exit status 124); ``cancel()`` it when the row is done. None for ``seconds <= 0``."""
+    import threading
+    if seconds <= 0:
+        return None
+
+    def fire():
+        meta["hung"] = f"{label}: no result after {seconds:.0f} s"
+        print(json.dumps({"hung": meta["hung"]}), flush=True)
+        save(rows, meta)
+        os._exit(124)
+
+    t = threading.Timer(seconds, fire)
+    t.daemon = True
+    t.start()
+    return t
+
+
+def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0) -> tuple[list, dict]:
     import torch
 
     from bench.grid import Shape
     from bench.inputs import make_inputs
     from kernels.indexer import triton as kx
-    from kernels.topk.triton import TopkConfig, hist_shape, launch_topk
+    from kernels.topk.triton import HIST_BINS, TopkConfig, hist_shape, launch_topk
     from torch_impl import _common
 
     import triton
@@ -160,6 +219,7 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
         for vi, name in enumerate(names):
             cfg = kx.IndexerLogitsConfig(**VARIANTS[name])
             t0 = time.time()
+            dog = _watchdog(row_timeout, f"{sname} {name}", rows, meta, save)
             row = dict(shape=sname, preset=preset, B=B, N=N, L=L, table_len=W, topk=K,
                        variant=name, config=dict(cfg.__dict__))
             try:
@@ -178,6 +238,10 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
                     launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=hist,
                                 n_drafts=N, page_size=P)
                 lg()
+                torch.cuda.synchronize()
+                blocks = hist[..., : HIST_BINS.value + 1]   # counts and base (no padding)
+                lg_first = (out.clone(), blocks.clone())
+                lg()                                  # again: bitwise the same logits / blocks
                 tk()
                 torch.cuda.synchronize()
                 first = idx.clone()
@@ -186,13 +250,22 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
                 row["repeatable"] = bool(torch.equal(first, idx))
                 n_pages = -(-L // P)
                 valid = out[:, :, : n_pages * P]
+                row["repeatable_logits"] = bool(
+                    torch.equal(lg_first[0][:, :, : n_pages * P].view(torch.int32),
+                                valid.view(torch.int32)) and torch.equal(lg_first[1], blocks))
                 fin = torch.isfinite(valid)
                 if base is None:
-                    base = (valid.clone(), fin, first.sort(-1).values)
+                    base = (valid.clone(), fin, first.sort(-1).values, blocks.clone())
                 row["same_inf_pattern"] = bool(torch.equal(fin, base[1]))
                 ref = base[0][fin]
                 row["max_rel_diff_vs_first"] = float(
                     ((valid[fin] - ref).abs() / ref.abs().clamp_min(1e-30)).max()) if ref.numel() else 0.0
+                # bitwise (the Gluon kernels: the same fp32 sums in the same order)
+                row["bitwise_logits_vs_first"] = bool(torch.equal(valid.view(torch.int32),
+                                                                  base[0].view(torch.int32)))
+                # the histogram blocks, where the split count is the first variant's
+                row["same_hist_vs_first"] = (bool(torch.equal(blocks, base[3]))
+                                             if blocks.shape == base[3].shape else None)
                 row["same_topk_set"] = bool(torch.equal(first.sort(-1).values, base[2]))
                 row["num_splits"] = splits
                 row["logits_us"] = _graph_us(lg, flush=True)     # K pages from HBM, as served
@@ -204,6 +277,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None) -> tuple[list, dict]:
                 row["error"] = None
             except Exception as e:  # noqa: BLE001 - recorded per variant
                 row["error"] = f"{type(e).__name__}: {e}"[:400]
+            if dog is not None:
+                dog.cancel()
             row["wall_s"] = round(time.time() - t0, 1)
             rows.append(row)
             print(json.dumps(row), flush=True)
@@ -218,12 +293,20 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default="indexer_sweep.json")
     ap.add_argument("--variant", action="append", choices=sorted(VARIANTS), default=None,
                     help="logits variants (default: DEFAULT_VARIANTS, 'default' first)")
+    ap.add_argument("--row-timeout", type=float, default=0,
+                    help="seconds a (shape, variant) row may take before the sweep saves what it "
+                         "has, names the row and exits 124 (a hung kernel); 0: no limit")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), default=None,
                     help="shapes (default: all four)")
+    ap.add_argument("--ws", action="store_true",
+                    help="the warp-specialised kernel's variants (WS_VARIANTS, 'gluon' first) "
+                         "before any --variant")
     ap.add_argument("--aot", action="store_true",
                     help="compile each variant for sm_90 on the CPU (no GPU) instead of timing")
     args = ap.parse_args(argv)
-    names = args.variant or list(DEFAULT_VARIANTS)
+    names = list(WS_VARIANTS) if args.ws else []
+    names += [n for n in args.variant or () if n not in names]
+    names = names or list(DEFAULT_VARIANTS)
     if "default" in names:
         names = ["default"] + [n for n in names if n != "default"]
     t0 = time.time()
@@ -240,7 +323,7 @@ def main(argv=None) -> None:
     if args.aot:
         rows, meta = _aot(names), dict(target="sm_90 (AOT, kernels._triton_aot)")
     else:
-        rows, meta = _sweep(args.shape or list(SHAPES), names, save)
+        rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout)
     save(rows, meta, done=True)
     print(f"json: {args.out}")
 

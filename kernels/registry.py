@@ -122,6 +122,8 @@ def _triton_indexer_default(op: str) -> dict:
     d = dataclasses.asdict(logits_cls())
     if d.get("kernel") == "triton":          # the default kernel: omitted (a selector field)
         del d["kernel"]
+    for f in _INDEXER_WS_FIELDS:              # the gluon_ws kernel's variant: selector fields
+        d.pop(f, None)
     if topk_cls is not None:
         d.update({f"topk_{k}": v for k, v in dataclasses.asdict(topk_cls()).items()})
     return d
@@ -134,6 +136,12 @@ def _triton_indexer_space_cached(op: str) -> dict:
     if topk_cls is not None:
         s.update({f"topk_{k}": tuple(v) for k, v in topk_cls.SEARCH_SPACE.items()})
     return s
+
+
+# Fields of the indexer logits config that pick a variant of the warp-specialised Gluon kernel
+# (kernels.indexer.gluon_ws: consumer warpgroups, conversion path); the heuristic never names
+# that kernel, so they are selectors: absent means the dataclass default.
+_INDEXER_WS_FIELDS = ("ws_consumers", "ws_convert")
 
 
 def _triton_indexer_heuristic(op):
@@ -195,13 +203,14 @@ CONFIG_RULES = MappingProxyType({
     ("sparse_mla_decode", "torch", "triton"): ConfigRule(_mla_triton_heuristic, _mla_triton_space,
                                                          selectors=("kernel",)),
     ("sparse_mla_decode", "jax", "pallas"): ConfigRule(_mla_pallas_heuristic, _mla_pallas_space),
-    # "kernel": "triton" when absent, "gluon" (kernels.indexer.gluon, sm_90)
+    # "kernel": "triton" when absent, "gluon" (kernels.indexer.gluon, sm_90), "gluon_ws"
+    # (kernels.indexer.gluon_ws, sm_90, with its ws_* variant fields; never the heuristic's)
     ("indexer_logits", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_logits"),
                                                       _triton_indexer_space("indexer_logits"),
-                                                      selectors=("kernel",)),
+                                                      selectors=("kernel",) + _INDEXER_WS_FIELDS),
     ("indexer_topk", "torch", "triton"): ConfigRule(_triton_indexer_heuristic("indexer_topk"),
                                                     _triton_indexer_space("indexer_topk"),
-                                                    selectors=("kernel",)),
+                                                    selectors=("kernel",) + _INDEXER_WS_FIELDS),
     ("indexer_logits", "jax", "pallas"): ConfigRule(_pallas_indexer_heuristic, _pallas_indexer_space),
     ("indexer_topk", "jax", "pallas"): ConfigRule(_pallas_indexer_heuristic, _pallas_indexer_space),
 })

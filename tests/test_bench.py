@@ -9,6 +9,7 @@ import io
 import json
 import os
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -845,3 +846,48 @@ def test_compat_v32_strided_row_times_the_native_op_on_the_same_pages(monkeypatc
     (row,) = bench_compat.rows((1,), device="cpu", only=("v32 strided",))
     assert row["layout"] == "v32 strided" and row["native_cache"].startswith("strided (in place")
     assert seen and not any(seen) and row["ratio"] > 0
+
+
+def test_indexer_sweep_ws_variants():
+    """``python -m bench.indexer_sweep --ws``: today's Gluon kernel first (every check is
+    against it), then the warp-specialised kernel's variants, each a valid logits config that
+    stays ``gluon_ws`` on an H200 for the bench's shapes; ``--aot`` compiles each variant's two
+    fused-histogram launches (N 1, N 2), split-count variants sharing one compile."""
+    pytest.importorskip("triton")
+    from bench import indexer_sweep as sw
+    from kernels import hardware
+    from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132,
+                               smem_per_block=hardware.smem_limit((9, 0)))
+    assert sw.WS_VARIANTS[0] == "gluon" and set(sw.WS_VARIANTS) <= set(sw.VARIANTS)
+    for name in sw.WS_VARIANTS[1:]:
+        cfg = IndexerLogitsConfig(**sw.VARIANTS[name])
+        for N in (1, 2):
+            assert resolve_kernel(cfg, h200, "fp8_indexer", N, 64, 128, 64).kernel == "gluon_ws"
+        specs = sw._gluon_aot_specs(name)
+        assert [s.label for s in specs] == [f"{name} N1", f"{name} N2"]
+        assert all(s.constexprs["CONSUMERS"] == cfg.ws_consumers for s in specs)
+    same = [{k: v for k, v in vars(s).items() if k != "label"} for s in
+            sw._gluon_aot_specs("gluon_ws") + sw._gluon_aot_specs("gluon_ws_s2")]
+    assert same[:2] == same[2:]
+
+
+def test_indexer_sweep_row_timeout_saves_and_exits(tmp_path):
+    """``--row-timeout``: a row still running after the limit (a hung kernel) leaves the rows so
+    far in the JSON with the hung row named, and the process exits 124 instead of holding the
+    GPU call until its own limit."""
+    import subprocess
+    import sys
+    out = tmp_path / "rows.json"
+    code = ("import json, time\n"
+            "from bench import indexer_sweep as sw\n"
+            "rows, meta = [{'shape': 'a', 'variant': 'gluon'}], {}\n"
+            f"save = lambda r, m: open({str(out)!r}, 'w').write(json.dumps(dict(m, rows=r)))\n"
+            "sw._watchdog(0.3, 'b gluon_ws', rows, meta, save)\n"
+            "time.sleep(30)\n")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 124, proc.stderr[-2000:]
+    doc = json.loads(out.read_text())
+    assert doc["hung"].startswith("b gluon_ws: no result after") and len(doc["rows"]) == 1

@@ -132,9 +132,11 @@ def test_indexer_heuristics_are_the_launchers_defaults():
     pytest.importorskip("triton")
     from kernels.indexer.triton import IndexerLogitsConfig
     from kernels.topk.triton import TopkConfig
-    # the default kernel ("triton") is a selector: omitted from the config dict; on sm_90 the
+    # the default kernel ("triton") is a selector: omitted from the config dict, as the
+    # warp-specialised kernel's variant fields (never the heuristic's kernel); on sm_90 the
     # heuristic names the Gluon logits kernel
-    logits = {k: v for k, v in asdict(IndexerLogitsConfig()).items() if k != "kernel"}
+    logits = {k: v for k, v in asdict(IndexerLogitsConfig()).items()
+              if k not in ("kernel", "ws_consumers", "ws_convert")}
     sm120 = dataclasses.replace(H200, name="RTX PRO 6000", cc=(12, 0), num_sms=188)
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", sm120, **TOPK) == logits
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {

@@ -574,3 +574,246 @@ def test_gluon_indexer_topk_binding():
             compare.assert_pass(compare.check_topk(got[kern], case.reference_logits(), 128))
         if H == 16:
             assert torch.equal(got["gluon"], got["triton"])
+
+
+# ============================================================================ warp-specialised Gluon kernel
+
+def _h200():
+    from kernels import hardware
+    return hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132,
+                               smem_per_block=hardware.smem_limit((9, 0)))
+
+
+def test_gluon_ws_config_selection():
+    """``kernel="gluon_ws"`` (``kernels.indexer.gluon_ws``) is kept on sm_90 for the calls the
+    Gluon kernels are built for (fp8_indexer, H_I 64, D_I 128, P 64, N 1-2) and becomes the
+    Triton kernel elsewhere: the CPU interpreter, sm_120, other shapes; unknown ``ws_*`` values
+    raise naming the field; the split count follows the consumer count (two waves of the CTAs
+    an SM holds); the heuristic never names it."""
+    from kernels import hardware
+    from kernels.indexer.triton import IndexerLogitsConfig, logits_splits, resolve_kernel
+    from kernels.registry import REGISTRY
+    h200 = _h200()
+    sm120 = dataclasses.replace(h200, name="RTX PRO 6000", cc=(12, 0), num_sms=188)
+    ws = IndexerLogitsConfig(kernel="gluon_ws")
+    for n in (1, 2):
+        assert resolve_kernel(ws, h200, "fp8_indexer", n, 64, 128, 64) == ws
+    for dev, args in ((hardware.CPU_INTERPRETER, ("fp8_indexer", 1, 64, 128, 64)),
+                      (sm120, ("fp8_indexer", 1, 64, 128, 64)),
+                      (h200, ("fp8_indexer", 4, 64, 128, 64)), (h200, ("fp8_indexer", 1, 16, 128, 64)),
+                      (h200, ("fp8_indexer", 1, 64, 128, 16)), (h200, ("dense", 1, 64, 128, 64))):
+        assert resolve_kernel(ws, dev, *args).kernel == "triton", (dev.name, args)
+    for bad, word in ((dict(ws_consumers=4), "ws_consumers"), (dict(ws_convert="tma"), "ws_convert"),
+                      (dict(kernel="gluon_tma"), "kernel")):
+        with pytest.raises(ValueError, match=word):
+            resolve_kernel(dataclasses.replace(ws, **bad), h200, "fp8_indexer", 1, 64, 128, 64)
+    # B 64 at 132 SMs: 2 per SM at one CTA an SM (4 splits), 4 at two (8); B 1: the pages cap it
+    assert logits_splits(64, 1024, 132, ws) == 4
+    assert logits_splits(64, 1024, 132, dataclasses.replace(ws, ws_consumers=1)) == 8
+    assert logits_splits(64, 1024, 132, dataclasses.replace(ws, num_splits=3)) == 3
+    assert logits_splits(1, 100, 132, ws) == 100
+    shape = dict(B=64, N=1, L=65536, topk=2048)
+    for op in ("indexer_logits", "indexer_topk"):
+        heur = REGISTRY.heuristic(op, "torch", "triton", h200, **shape)
+        assert heur["kernel"] == "gluon" and not {"ws_consumers", "ws_convert"} & set(heur)
+        assert "gluon_ws" in REGISTRY.space(op, "torch", "triton", h200, **shape)["kernel"]
+    # a table entry may name the kernel and its variant fields (absent ones: the defaults)
+    acc = REGISTRY.accept("indexer_topk", "torch", "triton", h200,
+                          {"kernel": "gluon_ws", "ws_consumers": 1}, **shape)
+    assert acc["kernel"] == "gluon_ws" and acc["ws_consumers"] == 1 and "ws_convert" not in acc
+    assert REGISTRY.accept("indexer_topk", "torch", "triton", h200,
+                           {"kernel": "gluon_ws", "ws_consumers": 5}, **shape) is None
+    lcfg, _ = tix._triton_configs(acc)
+    assert (lcfg.kernel, lcfg.ws_consumers, lcfg.ws_convert) == ("gluon_ws", 1, "regs")
+
+
+def test_gluon_ws_tma_ok():
+    """The TMA descriptors need contiguous 8,448-byte pages at a 16-byte aligned base; a cache
+    of strided pages or an unaligned view is refused (the launcher runs ``"gluon"`` then)."""
+    from kernels.indexer import gluon_ws
+    kc = torch.zeros(4, 8448 + 16, dtype=torch.uint8)
+    assert gluon_ws.tma_ok(torch.zeros(4, 8448, dtype=torch.uint8).view(torch.float8_e4m3fn))
+    assert not gluon_ws.tma_ok(kc[:, :8448].view(torch.float8_e4m3fn))          # page stride 8464
+    flat = torch.zeros(4 * 8448 + 16, dtype=torch.uint8)
+    assert not gluon_ws.tma_ok(flat[4:4 + 4 * 8448].view(4, 8448).view(torch.float8_e4m3fn))
+    assert gluon_ws.tma_ok(flat[16:16 + 4 * 8448].view(4, 8448).view(torch.float8_e4m3fn))
+    assert not gluon_ws.tma_ok(torch.zeros(4, 4 * 132, dtype=torch.uint8).view(torch.float8_e4m3fn))
+
+
+def test_gluon_ws_ring_slots():
+    """Ring slots a config launches with: 8 at one CTA per SM (two or three consumers), fewer
+    at two CTAs per SM (one consumer) or with the fp16 tiles (``ws_convert="smem"``); the AOT
+    compile (tests/test_triton_compile.py) checks the bytes."""
+    from kernels.indexer.gluon_ws import ring_slots
+    assert [ring_slots(2, 0, n) for n in (1, 2)] == [8, 8]
+    assert [ring_slots(1, 0, n) for n in (1, 2)] == [5, 4]
+    assert [ring_slots(3, 1, n) for n in (1, 2)] == [6, 5]
+    assert all(ring_slots(c, v, n) >= 2 for c in (1, 2, 3) for v in (0, 1) for n in (1, 2))
+
+
+@pytest.mark.skipif(CUDA, reason="the interpreter's fallback (on a GPU the Gluon kernel runs)")
+def test_gluon_ws_never_runs_in_the_interpreter(monkeypatch):
+    """A config naming ``kernel="gluon_ws"`` through the binding on the CPU runs the Triton
+    kernel in the interpreter (Gluon kernels do not interpret): ``gluon_ws.launch`` is never
+    called and the result is the SPEC set."""
+    from kernels.indexer import gluon_ws
+
+    def boom(*a, **k):
+        raise AssertionError("gluon_ws.launch called in the interpreter")
+
+    monkeypatch.setattr(gluon_ws, "launch", boom)
+    case = cases.make_indexer_case(690, B=2, N=1, H_I=64, D_I=128, P=64, lens=[300, 70], topk=32)
+    q, w, kc, bt, cl = _args(case)
+    got = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", True,
+                           dict(kernel="gluon_ws", ws_consumers=2))
+    compare.assert_pass(compare.check_topk(got, case.reference_logits(), 32, sorted=True))
+
+
+def _logits_hist(q, w, kc, bt, cl, cfg, P):
+    """The fused logits kernel's output ``(logits [B, N, W] (pre-filled -inf), hist blocks
+    [B, S, NB, 257]``: the counts and the base of each block, without its padding words)."""
+    from kernels.indexer.triton import launch_indexer_logits, logits_splits
+    from kernels.topk.triton import hist_shape
+    B, N = q.shape[:2]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
+    hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
+                       dtype=torch.int32, device=DEVICE)
+    launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
+                          logits, page_size=P, num_sms=dev.num_sms, config=cfg,
+                          fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
+    return logits, hist[..., :257]
+
+
+def _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P):
+    """``cfg``'s logits and histogram blocks are bitwise the Triton kernel's and the one-partition
+    Gluon kernel's at the same split count (each logit the same fp32 sum in the same order), and
+    a second launch repeats them bit for bit."""
+    from kernels.indexer.triton import IndexerLogitsConfig, logits_splits
+    dev = _common.device_info(q.device)
+    splits = logits_splits(q.shape[0], bt.shape[1], dev.num_sms, cfg)
+    got = _logits_hist(q, w, kc, bt, cl, cfg, P)
+    again = _logits_hist(q, w, kc, bt, cl, cfg, P)
+    for kern in ("triton", "gluon"):
+        want = _logits_hist(q, w, kc, bt, cl, IndexerLogitsConfig(num_splits=splits, kernel=kern), P)
+        assert torch.equal(got[0].view(torch.int32), want[0].view(torch.int32)), kern
+        assert torch.equal(got[1], want[1]), kern
+    assert torch.equal(got[0].view(torch.int32), again[0].view(torch.int32))
+    assert torch.equal(got[1], again[1])
+
+
+@gluon_only
+@pytest.mark.parametrize("N,splits,cl2d,consumers,convert", [
+    (1, None, False, 2, "regs"), (1, 1, False, 2, "regs"), (1, 3, True, 2, "regs"),
+    (1, 64, False, 2, "regs"), (2, None, False, 2, "regs"), (2, 3, True, 2, "regs"),
+    (2, 1, False, 2, "regs"), (1, 3, False, 1, "regs"), (2, 3, False, 1, "regs"),
+    (1, 3, False, 3, "regs"), (1, 3, False, 2, "smem"), (2, 3, False, 2, "smem"),
+    (1, 1, False, 1, "smem")])
+def test_gluon_ws_logits_kernel(N, splits, cl2d, consumers, convert):
+    """The warp-specialised Gluon logits kernel (``kernels.indexer.gluon_ws``; sm_90, H_I 64,
+    D_I 128, P 64): logits against the float64 reference, every fused histogram block exact at
+    its base, the top-k after it the SPEC set, logits and blocks bitwise the Triton and Gluon
+    kernels'; lengths that end mid-page and mid-step, a one-token request, -1 pages inside the
+    valid range, e4m3 NaN keys, stale pages past the lengths, 1 / 3 splits (odd page counts per
+    split: a 2-page step straddles a split's end) and 64 (most splits empty)."""
+    from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
+
+    P, K = 64, 300
+    case = cases.make_indexer_case(760 + N, B=4, N=N, H_I=64, D_I=128, P=P,
+                                   lens=[1000, 77, 3 * 64 + 5, 2], topk=K, nan_rows=True,
+                                   neg_pages=True, context_lens_2d=cl2d)
+    q, w, kc, bt, cl = _args(case)
+    B = q.shape[0]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    cfg = resolve_kernel(IndexerLogitsConfig(num_splits=splits, kernel="gluon_ws",
+                                             ws_consumers=consumers, ws_convert=convert),
+                         dev, "fp8_indexer", N, 64, 128, P)
+    assert cfg.kernel == "gluon_ws"
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
+    _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P)
+
+
+@gluon_only
+@pytest.mark.parametrize("N", [1, 2])
+def test_gluon_ws_short_requests_and_lengths_past_the_table(N):
+    """Requests of 0, 1, 63, 64 and 65 tokens (an empty page range, a step of one page, a
+    step's second page past the range) and lengths past the table's capacity (the pages stop
+    at the table): reference logits, exact blocks, the SPEC set, bitwise the Triton kernel."""
+    from kernels.indexer.triton import IndexerLogitsConfig
+
+    P, K = 64, 40
+    case = cases.make_indexer_case(770 + N, B=6, N=N, H_I=64, D_I=128, P=P,
+                                   lens=[0, 1, 63, 64, 65, 600], table_len=640, topk=K)
+    case.context_lens = np.array([0, 1, 63, 64, 65, 2000], np.int32)   # 2000 > 640: the table
+    q, w, kc, bt, cl = _args(case)
+    B = q.shape[0]
+    W = bt.shape[1] * P
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    for splits, consumers in ((None, 2), (2, 2), (5, 1), (3, 3)):
+        cfg = IndexerLogitsConfig(num_splits=splits, kernel="gluon_ws", ws_consumers=consumers)
+        _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
+        _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P)
+
+
+@gluon_only
+@pytest.mark.parametrize("N", [1, 2])
+def test_gluon_ws_recount_when_a_later_tile_rises(N):
+    """The warp-specialised kernel's recount: a later page's keys 2^12 times the first step's
+    (scales x 4096) land above the first tile's window (set by consumer 0 from step 0 and
+    used by the other consumers); consumer 0 recounts the logits every consumer wrote at the
+    final base; blocks exact, the SPEC set, bitwise the Triton kernel's, at 1 and 2 splits and
+    1-3 consumers."""
+    from kernels.indexer.triton import IndexerLogitsConfig
+
+    P, K = 64, 100
+    case = cases.make_indexer_case(780 + N, B=2, N=N, H_I=64, D_I=128, P=P, lens=[900, 700],
+                                   topk=K, stale=False)
+    kc_np = case.k_cache.copy()
+    for b in range(2):                                    # the 7th page of each request
+        pg = int(case.block_table[b, 6])
+        kc_np.view(np.float32)[pg, P * 128 // 4: P * 128 // 4 + P] *= 4096.0
+    case = dataclasses.replace(case, k_cache=kc_np)
+    q, w, kc, bt, cl = _args(case)
+    B = q.shape[0]
+    W = bt.shape[1] * P
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    ref = case.reference_logits()
+    outs = []
+    for s, c in ((1, 2), (2, 2), (1, 1), (2, 3)):
+        cfg = IndexerLogitsConfig(num_splits=s, kernel="gluon_ws", ws_consumers=c)
+        outs.append(_fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens))
+        _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P)
+    outs.append(_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=2), P, K,
+                                   lens))
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+@gluon_only
+def test_gluon_ws_binding_and_strided_cache():
+    """``indexer_topk`` / ``indexer_logits`` with a registry config naming ``kernel="gluon_ws"``
+    through the binding give the SPEC set and the Triton kernel's logits bit for bit; a cache
+    whose pages are strided (TMA cannot address it) runs the one-partition Gluon kernel with the
+    same result; H_I 16 falls back to the Triton kernel."""
+    from kernels.indexer import gluon_ws
+    for H, N in ((64, 1), (64, 2), (16, 1)):
+        case = cases.make_indexer_case(790 + H + N, B=2, N=N, H_I=H, D_I=128, P=64,
+                                       lens=[700, 300], topk=128)
+        q, w, kc, bt, cl = _args(case)
+        strided = torch.zeros(kc.shape[0], kc.shape[1] + 16, dtype=torch.uint8, device=DEVICE)
+        strided[:, :kc.shape[1]] = kc
+        kcs = strided[:, :kc.shape[1]]
+        assert not gluon_ws.tma_ok(kcs.view(torch.float8_e4m3fn))
+        got = {}
+        for name, cfg, cache in (("ws", dict(kernel="gluon_ws"), kc),
+                                 ("ws_strided", dict(kernel="gluon_ws"), kcs),
+                                 ("triton", dict(kernel="triton"), kc)):
+            got[name] = tix._triton_topk(q, w, cache, bt, cl, 128, "fp8_indexer", True, cfg)
+            compare.assert_pass(compare.check_topk(got[name], case.reference_logits(), 128,
+                                                   sorted=True))
+        assert torch.equal(got["ws"], got["triton"]) and torch.equal(got["ws_strided"], got["ws"])
+        lg = tix._triton_logits(q, w, kc, bt, cl, "fp8_indexer", dict(kernel="gluon_ws"))
+        lt = tix._triton_logits(q, w, kc, bt, cl, "fp8_indexer", dict(kernel="triton"))
+        assert torch.equal(lg.view(torch.int32), lt.view(torch.int32))

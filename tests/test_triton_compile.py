@@ -164,6 +164,56 @@ def test_gluon_ws_specs_listed_for_sm90_only():
         assert s.constexprs["P_SMEM"] == (gluon_ws.LATENT_P_SMEM if latent else 0)
 
 
+def test_indexer_gluon_specs_listed_for_sm90_only():
+    """The Gluon logits kernels (sm_90 only) are in the large class's indexer AOT specs (so the
+    sm90-marked compile test above compiles them): the one-partition kernel and the
+    warp-specialised one at every (consumers, conversion) of the config space, N 1 and 2, with
+    the fused histogram (lengths [B] and [B, N]) and without; never in the small class's."""
+    from kernels.indexer.triton import IndexerLogitsConfig
+    large = _indexer_aot.aot_specs("large")
+    small = _indexer_aot.aot_specs("small")
+    assert not [s for s in small if s.module.startswith("kernels.indexer.gluon")]
+    labels = {s.label for s in large}
+    space = IndexerLogitsConfig.SEARCH_SPACE
+    for cons in space["ws_consumers"]:
+        for conv in space["ws_convert"]:
+            for n in (1, 2):
+                for tail in ("hist=True cl_per_draft=False", "hist=True cl_per_draft=True",
+                             "hist=False cl_per_draft=False"):
+                    assert f"logits gluon_ws c{cons} {conv} N{n} {tail}" in labels
+    assert {f"logits gluon N{n} hist=True cl_per_draft=False" for n in (1, 2)} <= labels
+
+
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_ws_logits_kernel_occupancy():
+    """The warp-specialised logits kernel compiled for sm_90 with the GPU image's Triton: every
+    spec fits the shared memory of the CTAs an SM is meant to hold (one consumer: two CTAs of
+    <= 115,712 B; two or three: one of <= 232,448 B), the default conversion ("regs") at one or
+    two consumers spills nothing at N 1, and the SASS has the partitions the design says: a
+    producer loop of 6 TMA copies a step (2 pages x (2 key boxes + 1 scale box)) and one loop
+    per consumer of 16 x N wgmma (64x64x16) a step, the N 1 ones without local memory."""
+    from kernels.indexer import gluon_ws
+    specs = [s for s in _indexer_aot.gluon_ws_specs() if s.constexprs["WRITE_HIST"]
+             and not s.constexprs["CL_PER_DRAFT"]]
+    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=_gpu_image_triton())
+    for spec, r in zip(specs, results):
+        assert "error" not in r, f"{spec.label}: {r.get('error')}"
+        cx = spec.constexprs
+        cons, n = cx["CONSUMERS"], cx["N"]
+        per_cta = (gluon_ws.SMEM_PER_SM // 2 - 1024) if cons == 1 else gluon_ws.SMEM_PER_BLOCK
+        assert r["shared"] <= per_cta, (spec.label, r["shared"], per_cta)
+        if cx["CONVERT"] == 0 and cons <= 2 and n == 1:
+            assert r["spill_store_bytes"] in (0, None), (spec.label, r["spill_store_bytes"])
+        loops = r["sass"]["loops"]
+        producer = [lp for lp in loops if lp["ops"].get("UTMALDG") == 6]
+        consumers = [lp for lp in loops if lp["ops"].get("HGMMA") == 16 * n]
+        assert len(producer) == 1, (spec.label, [lp["ops"].get("UTMALDG") for lp in loops])
+        assert len(consumers) == cons, (spec.label, [lp["ops"].get("HGMMA") for lp in loops])
+        if n == 1 and cons <= 2:
+            assert not any(lp["ops"].get(op) for lp in consumers for op in ("LDL", "STL")), spec.label
+
+
 @pytest.mark.slow
 @pytest.mark.sm90
 def test_gluon_ws_latent_compiles_without_spills(tmp_path, monkeypatch):

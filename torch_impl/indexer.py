@@ -148,7 +148,8 @@ def _triton_configs(cfg):
     cfg = dict(cfg or {})
     lcfg = IndexerLogitsConfig(**{k: cfg[k] for k in ("num_splits", "num_warps", "num_stages",
                                                       "trans", "pages", "hist", "prefetch",
-                                                      "evict_first", "kernel") if k in cfg})
+                                                      "evict_first", "kernel", "ws_consumers",
+                                                      "ws_convert") if k in cfg})
     tcfg = TopkConfig(**{k[5:]: cfg[k] for k in ("topk_block", "topk_num_warps",
                                                       "topk_cand_block") if k in cfg})
     return lcfg, tcfg

@@ -53,6 +53,9 @@ from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, WINDOW_SHIFT
 
 # CTA-wide barrier: ``gl.thread_barrier`` in Triton 3.6 (the H200 image), ``gl.barrier`` later
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+# cp.async of a pointer tensor into shared memory: ``async_copy_global_to_shared`` in Triton 3.6,
+# ``async_load`` (the same arguments) later
+_async_load = getattr(async_copy, "async_load", None) or async_copy.async_copy_global_to_shared
 
 NUM_WARPS = 4            # one warpgroup
 TOKENS = 128             # token rows a step (two pages of 64)
@@ -139,12 +142,12 @@ def _issue(k_ptr, ks_ptr, ent_r, ent_t, rw0, rw1, rsc, stride_kp, stride_sp, sca
     ok = ent_r >= 0
     row = gl.where(ok, ent_r, 0).to(gl.int64) * stride_kp + (t % 64) * 128
     m = ok[:, None] & (dd[None, :] >= 0)
-    async_copy.async_copy_global_to_shared(rw0, k_ptr + row[:, None] + dd[None, :], mask=m)
-    async_copy.async_copy_global_to_shared(rw1, k_ptr + (row + 64)[:, None] + dd[None, :], mask=m)
+    _async_load(rw0, k_ptr + row[:, None] + dd[None, :], mask=m)
+    _async_load(rw1, k_ptr + (row + 64)[:, None] + dd[None, :], mask=m)
     tt = gl.arange(0, 128, layout=LT)
     okt = ent_t >= 0
     sp = ks_ptr + gl.where(okt, ent_t, 0).to(gl.int64) * stride_sp + scale_off + tt % 64
-    async_copy.async_copy_global_to_shared(rsc, sp, mask=okt)
+    _async_load(rsc, sp, mask=okt)
     async_copy.commit_group()
 
 

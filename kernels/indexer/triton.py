@@ -71,6 +71,7 @@ Shared memory: every config the launcher can choose is compiled for sm_120 and s
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import triton
@@ -109,10 +110,17 @@ class IndexerLogitsConfig:
         pipeliner (cp.async of the K tile at ``num_stages >= 2``).
       evict_first: K tile and scale loads with ``eviction_policy="evict_first"`` (the logits
         the top-k reads next stay in L2).
-      kernel: ``"triton"`` (this module's kernel) or ``"gluon"`` (``kernels.indexer.gluon``:
+      kernel: ``"triton"`` (this module's kernel), ``"gluon"`` (``kernels.indexer.gluon``:
         sm_90, fp8_indexer, H_I 64, D_I 128, P 64, N 1 or 2; the other fields but
-        ``num_splits`` do not apply to it). :func:`resolve_kernel` substitutes ``"triton"``
-        where the Gluon kernel cannot run.
+        ``num_splits`` do not apply to it) or ``"gluon_ws"`` (``kernels.indexer.gluon_ws``, the
+        warp-specialised one: the same calls, a cache TMA can address, else ``"gluon"`` runs;
+        ``num_splits`` and the ``ws_*`` fields apply). :func:`resolve_kernel` substitutes
+        ``"triton"`` where a Gluon kernel cannot run. Never the heuristic's choice for
+        ``"gluon_ws"`` until measured (bench/NOTES.md, "Warp-specialised logits kernel").
+      ws_consumers: ``"gluon_ws"``: consumer warpgroups a CTA (1: two CTAs per SM; 2: one CTA,
+        ping-pong; 3: one CTA, 160 registers each).
+      ws_convert: ``"gluon_ws"``: ``"regs"`` (e4m3 rows straight into wgmma's register A
+        operand) or ``"smem"`` (fp16 rows through shared memory, as ``"gluon"``).
     """
 
     num_splits: int | None = None
@@ -124,11 +132,14 @@ class IndexerLogitsConfig:
     prefetch: bool = True
     evict_first: bool = False
     kernel: str = "triton"
+    ws_consumers: int = 2
+    ws_convert: str = "regs"
 
     SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(1, 2, 3),
                         trans=(False, True), pages=(1, 2), hist=("running", "first"),
                         prefetch=(True, False), evict_first=(False, True),
-                        kernel=("triton", "gluon"))
+                        kernel=("triton", "gluon", "gluon_ws"), ws_consumers=(1, 2, 3),
+                        ws_convert=("regs", "smem"))
 
 
 # Headroom of the "first" histogram mode: the first tile's max lands HIST_HEAD bins (1/8 binade
@@ -149,29 +160,42 @@ def default_num_splits(batch: int, max_pages: int, num_sms: int, per_sm: int = 2
 def logits_splits(batch: int, max_pages: int, num_sms: int,
                   config: IndexerLogitsConfig | None = None) -> int:
     """Programs per request of the logits grid ``(B, S)`` for this call (shape-only): the
-    config's count, else two programs an SM (the Triton kernel: one wave) or
-    ``kernels.indexer.gluon.SPLITS_PER_SM`` (the Gluon kernel: two waves, measured faster)."""
+    config's count, else two programs an SM (the Triton kernel: one wave),
+    ``kernels.indexer.gluon.SPLITS_PER_SM`` (the Gluon kernel: two waves, measured faster) or
+    ``kernels.indexer.gluon_ws.SPLITS_PER_SM`` (two waves of the CTAs an SM holds)."""
     cfg = config or IndexerLogitsConfig()
     per_sm = 2
     if cfg.kernel == "gluon":
         from kernels.indexer import gluon
         per_sm = gluon.SPLITS_PER_SM
+    elif cfg.kernel == "gluon_ws":
+        from kernels.indexer import gluon_ws
+        per_sm = gluon_ws.SPLITS_PER_SM[cfg.ws_consumers]
     splits = cfg.num_splits or default_num_splits(batch, max_pages, num_sms, per_sm)
     return max(1, min(splits, max(max_pages, 1)))
 
 
 def resolve_kernel(config: IndexerLogitsConfig, dev, k_format: str, n: int, h: int, d: int,
                    p: int) -> IndexerLogitsConfig:
-    """``config``, with ``kernel="triton"`` where it names the Gluon kernel and the call or the
-    device is not one it is built for (``kernels.indexer.gluon.eligible``)."""
-    import dataclasses
-    if config.kernel == "gluon":
+    """``config``, with ``kernel="triton"`` where it names a Gluon kernel (``"gluon"``,
+    ``"gluon_ws"``) and the call or the device is not one it is built for
+    (``kernels.indexer.gluon.eligible``: both are built for the same calls). Raises
+    ValueError for an unknown kernel or ``ws_*`` value."""
+    if config.kernel in ("gluon", "gluon_ws"):
         from kernels.indexer import gluon
         if not gluon.eligible(dev, k_format, n, h, d, p):
             return dataclasses.replace(config, kernel="triton")
     elif config.kernel != "triton":
-        raise ValueError(f"IndexerLogitsConfig.kernel: expected 'triton' or 'gluon', got "
-                         f"{config.kernel!r}")
+        raise ValueError(f"IndexerLogitsConfig.kernel: expected 'triton', 'gluon' or 'gluon_ws', "
+                         f"got {config.kernel!r}")
+    if config.kernel == "gluon_ws":
+        space = IndexerLogitsConfig.SEARCH_SPACE
+        if config.ws_consumers not in space["ws_consumers"]:
+            raise ValueError(f"IndexerLogitsConfig.ws_consumers: expected one of "
+                             f"{space['ws_consumers']}, got {config.ws_consumers!r}")
+        if config.ws_convert not in space["ws_convert"]:
+            raise ValueError(f"IndexerLogitsConfig.ws_convert: expected one of "
+                             f"{space['ws_convert']}, got {config.ws_convert!r}")
     return config
 
 
@@ -468,6 +492,13 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     precision = "ieee" if (dot_f32 or str(q.dtype) == "torch.float32") else "tf32"
     if B == 0 or max_pages == 0:
         return out
+    if cfg.kernel == "gluon_ws":     # the caller resolved it (resolve_kernel): eligible here
+        from kernels.indexer import gluon_ws
+        if gluon_ws.tma_ok(k_vals):
+            return gluon_ws.launch(q, weights, k_vals, k_scales, block_table, context_lens, out,
+                                   hist, splits, consumers=cfg.ws_consumers,
+                                   convert=gluon_ws.CONVERTS[cfg.ws_convert])
+        cfg = dataclasses.replace(cfg, kernel="gluon")    # a cache TMA cannot address
     if cfg.kernel == "gluon":        # the caller resolved it (resolve_kernel): eligible here
         from kernels.indexer import gluon
         return gluon.launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist,

@@ -33,11 +33,12 @@ def _logits_spec(label, q_ptr, k_ptr, N, H, P, has_scale, num_warps, num_stages,
 
 
 def aot_specs(smem_class: str) -> list:
-    """Launches of the logits kernel to compile-check per shared-memory class: the default
+    """Launches of the logits kernels to compile-check per shared-memory class: the default
     config (tokens as M, 2 pages per iteration, 1 stage, num_warps 4 or 8 by q rows) for fp8
     at N = 1, 2, 4 and H_I = 64, 16 with P = 64, P = 16, dense bf16 / fp32 (D_I = 128), and the
     largest tile (N = 4, H_I = 64) at every (num_warps, num_stages, trans, pages) corner of
-    ``IndexerLogitsConfig.SEARCH_SPACE``."""
+    ``IndexerLogitsConfig.SEARCH_SPACE``; in the large class (sm_90) also the Gluon kernels
+    (:func:`gluon_specs`, :func:`gluon_ws_specs`: sm_90 only)."""
     from kernels.indexer.triton import IndexerLogitsConfig
     specs = []
 
@@ -75,6 +76,8 @@ def aot_specs(smem_class: str) -> list:
                                       evict_first=True))
     specs.append(_logits_spec("logits dense bf16 N2 H64 P64 s3 prefetch=False", "*bf16", "*bf16",
                               2, 64, 64, False, 8, 3, prefetch=False))
+    if smem_class == "large":
+        specs += gluon_specs() + gluon_ws_specs()
     return specs
 
 
@@ -105,3 +108,41 @@ def gluon_specs() -> list:
                     dict(N=n, CL_PER_DRAFT=per_draft, WRITE_HIST=hist), gluon.NUM_WARPS, 1,
                     divisible=GLUON_DIVISIBLE))
     return specs
+
+
+def gluon_ws_specs(consumers=(1, 2, 3), converts=("regs", "smem")) -> list:
+    """Launches of the warp-specialised Gluon logits kernel (``kernels/indexer/gluon_ws.py``,
+    sm_90 only): N 1 and 2 with the fused histogram (``indexer_topk``), lengths ``[B]`` and
+    ``[B, N]``, and without it (``indexer_logits``), for each consumer count and conversion
+    (``IndexerLogitsConfig.ws_consumers`` / ``ws_convert``), as ``gluon_ws.launch`` launches
+    them (ring slots, register budgets, ``maxnreg``)."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.indexer import gluon_ws as ws
+    kl, sl = ws.layouts()
+    sig = {"q_ptr": "*fp8e4nv", "w_ptr": "*fp32", "kv_desc": f"tensordesc<fp8e4nv[64, 64],{kl!r}>",
+           "ks_desc": f"tensordesc<fp32[64],{sl!r}>", "bt_ptr": "*i32", "cl_ptr": "*i32",
+           "out_ptr": "*fp32", "hist_ptr": "*i32"}
+    for name in ("num_pages", "max_pages", "stride_qb", "stride_qn", "stride_qh", "stride_wb",
+                 "stride_wn", "stride_bt", "stride_ob", "stride_on"):
+        sig[name] = "i32"
+    specs = []
+    for cons in consumers:
+        maxnreg, cregs = ws.REGS[cons]
+        for cname in converts:
+            conv = ws.CONVERTS[cname]
+            for n in ws.DRAFTS:
+                for hist, per_draft in ((True, False), (True, True), (False, False)):
+                    specs.append(LaunchSpec(
+                        f"logits gluon_ws c{cons} {cname} N{n} hist={hist} "
+                        f"cl_per_draft={per_draft}",
+                        "kernels.indexer.gluon_ws", "_indexer_logits_gluon_ws_kernel", sig,
+                        dict(N=n, CL_PER_DRAFT=per_draft, WRITE_HIST=hist, CONSUMERS=cons,
+                             CONVERT=conv, NSLOT=ws.ring_slots(cons, conv, n),
+                             CONSUMER_REGS=cregs, PRODUCER_REGS=ws.PRODUCER_REGS_BY[cons]),
+                        ws.NUM_WARPS, 1, divisible=GLUON_WS_DIVISIBLE,
+                        options={"maxnreg": maxnreg}))
+    return specs
+
+
+GLUON_WS_DIVISIBLE = ("stride_qb", "stride_qn", "stride_qh", "stride_wb", "stride_wn",
+                      "stride_bt", "stride_ob", "stride_on")
