@@ -23,6 +23,7 @@ from kernels import _triton_aot as _aot
 from kernels import hardware
 from kernels.cache_write import triton as _cache_write
 from kernels.indexer import triton_aot as _indexer_aot
+from kernels.layer_prep import triton as _layer_prep
 from kernels.sparse_mla import configs, triton_launch as _sparse_mla
 from kernels.topk import triton_aot as _topk_aot
 
@@ -32,6 +33,7 @@ LAUNCHERS = {
     "indexer_logits": _indexer_aot.aot_specs,
     "indexer_topk": _topk_aot.aot_specs,
     "cache_write": _cache_write.aot_specs,
+    "layer_prep": _layer_prep.aot_specs,
 }
 
 # (cc as an int for GPUTarget, compute capability tuple for the smem table)
