@@ -4,10 +4,11 @@ step dispatches at the real preset dimensions, run on the meta device (shapes an
 no weights are allocated, no GPU is needed), with its output, the bytes its tensors hold
 (inputs read, outputs written) and its class: ``gemm`` (mm / bmm / addmm: cuBLAS, plus a split-K
 reduce where cuBLAS picks one), ``dsa`` (the custom ops: cache writes, ``indexer_topk``,
-``sparse_mla_decode``, whose own small launches are not seen from here), ``prep`` (the fused
-preparation ops ``dsa::prep_x`` / ``dsa::prep_q`` of ``DSA_LAYER_FUSED_PREP=1``: one Triton
-launch each; bytes = the activations and weights the kernel reads and what it writes, the new
-tokens' cache rows included) or ``glue`` (everything else: one CUDA launch each).
+``sparse_mla_decode``, whose own small launches are not seen from here), ``fused`` (the fused
+glue ops of ``DSA_LAYER_FUSED_PREP=1``, ``dsa::prep_x`` / ``dsa::prep_q`` and V4's
+``dsa::rope_out``: one Triton launch each; bytes = the activations and weights the kernel reads
+and what it writes, the new tokens' cache rows included) or ``glue`` (everything else: one CUDA
+launch each).
 
 It counts what a CUDA-graph replay (the bench's timer) runs: the eager value check, which
 reads a bool back to the host and is skipped under capture, is skipped here too (``_capturing``
@@ -34,14 +35,14 @@ _NO_LAUNCH = {"view", "_unsafe_view", "slice", "select", "transpose", "t", "perm
               "_reshape_alias", "lift_fresh", "empty", "empty_strided", "scalar_tensor"}
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addmm_"}
 _DSA = {"cache_write", "indexer_topk", "sparse_mla_decode"}
-_PREP = {"prep_x", "prep_q"}
+_FUSED = {"prep_x", "prep_q", "rope_out"}
 
 
-def _prep_bytes(name, args, outs, nbytes):
-    """(read, written) bytes of one fused preparation launch: ``prep_x`` reads its activation and
+def _fused_bytes(name, args, outs, nbytes):
+    """(read, written) bytes of one fused glue launch: ``prep_x`` reads its activation and
     weight inputs (not the caches, nor the +-1 matrix the kernel generates) and writes its two
     outputs plus one token row per cache per new token; ``prep_q`` reads its inputs but the +-1
-    matrix and writes its three outputs."""
+    matrix and writes its three outputs; ``rope_out`` reads attn and writes its copy."""
     import torch
     from kernels import formats as nf
     ts = [a for a in args if isinstance(a, torch.Tensor)]
@@ -53,6 +54,8 @@ def _prep_bytes(name, args, outs, nbytes):
             nf.model1_page_bytes(P) // P
         read = nbytes([xq, xkv, xk, x, qn, kvn, kw, kb, freqs, bt, cl])
         return read, nbytes(outs) + T * (row + D_I + 4)
+    if name == "rope_out":
+        return nbytes(ts), nbytes(outs)
     return nbytes([t for i, t in enumerate(ts) if i != 4]), nbytes(outs)
 
 
@@ -95,11 +98,11 @@ def step_ops(preset: str, B: int, N: int = 1, L: int = 32768, return_intermediat
             if (fused or name in _NO_LAUNCH or not any(t.device.type == "meta" for t in outs + tensors(args))
                     or (outs and all(t.numel() == 0 for t in outs))):     # an empty result launches nothing
                 return out
-            kind = ("gemm" if name in _GEMM else "dsa" if name in _DSA else "prep" if name in _PREP
+            kind = ("gemm" if name in _GEMM else "dsa" if name in _DSA else "fused" if name in _FUSED
                     else "glue")
             desc = " ".join(f"{str(t.dtype)[6:]}{list(t.shape)}" for t in outs[:1])
-            if kind == "prep":
-                rows.append((name, desc, *_prep_bytes(name, args, outs, nbytes), kind))
+            if kind == "fused":
+                rows.append((name, desc, *_fused_bytes(name, args, outs, nbytes), kind))
                 return out
             # an out= tensor and copy_'s destination are written, not read
             ins = args[1:] if name == "copy_" else args
@@ -154,7 +157,7 @@ def main(argv=None) -> int:
             for i, (name, desc, r, w, kind) in enumerate(rows):
                 mb = "" if kind == "dsa" else f"r {r / 1e6:8.3f} MB  w {w / 1e6:7.3f} MB"
                 print(f"{i:3d} {kind:4s} {name:18s} {desc:32s} {mb}")
-        for kind in ("glue", "prep", "gemm", "dsa"):
+        for kind in ("glue", "fused", "gemm", "dsa"):
             sel = [row for row in rows if row[4] == kind]
             print(f"  {kind}: {len(sel)} launches" + ("" if kind == "dsa" else
                   f", {sum(r[2] for r in sel) / 1e6:.1f} MB read, {sum(r[3] for r in sel) / 1e6:.1f} MB written"))

@@ -20,7 +20,8 @@ import torch
 
 from kernels import compare, formats, layer_compare, layer_reference as lref
 from torch_impl._common import as_tensor
-from torch_impl.layer import DSADecodeLayer, FUSED_PREP_ENV, fused_prep_default, prepare_q, prepare_x
+from torch_impl.layer import (DSADecodeLayer, FUSED_PREP_ENV, fused_prep_default, prepare_q, prepare_x,
+                              rope_out)
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -295,11 +296,36 @@ def test_prep_q_matches_composite_and_float64(name):
     assert same > 0.99, f"only {same:.4f} of the idx_q bytes equal the composite's"
 
 
+def _attn(st: Stage, seed: int = 5):
+    T, cfg = st.pos.shape[0], st.cfg
+    rng = np.random.default_rng(seed)
+    return torch.tensor(rng.standard_normal((T, cfg.num_heads, cfg.d_qk)), dtype=st.x["iq"].dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("name", ["v4_model1_fp16_N2", "v4_latent_fp32_N1_amax"])
+def test_rope_out_matches_composite_and_float64(name):
+    """``dsa::rope_out`` (V4-Flash's inverse rope on the attention output) on the Triton kernel:
+    the first D - r dims copied bit for bit, the last r within two dt ulps of the composite's and
+    of float64 math (rounded to dt), attn itself untouched."""
+    st = _stage(name)
+    a, cfg, dt = st.x, st.cfg, st.x["iq"].dtype
+    attn = _attn(st)
+    before = attn.clone()
+    o = rope_out(attn, a["rope_freqs"], a["context_lens"], st.N, path="triton")
+    o_c = rope_out(attn, a["rope_freqs"], a["context_lens"], st.N, path="torch")
+    r = cfg.d_rope
+    assert torch.equal(attn, before) and torch.equal(o[..., :-r], attn[..., :-r])
+    ref = _rd(lref._rope(_np(attn)[..., -r:], _angles(st)[:, None], interleaved=True, inverse=True), dt)
+    for want, label in ((_np(o_c[..., -r:]), "composite"), (ref, "float64")):
+        compare.assert_pass(_close(f"rope dims vs {label}", o[..., -r:], want, dt))
+
+
 @pytest.mark.parametrize("path", ["triton", "torch"])
 def test_prep_ops_pass_opcheck(path):
-    """``torch.library.opcheck`` of both custom ops (schema and mutation declarations, the fake
+    """``torch.library.opcheck`` of the three custom ops (schema and mutation declarations, the fake
     impls' shapes / dtypes / strides against the real outputs, AOT dispatch): what
-    ``torch.compile(fullgraph=True)`` relies on. V3.2 with unmapped tokens, N = 2."""
+    ``torch.compile(fullgraph=True)`` relies on. V3.2 with unmapped tokens, N = 2 (rope_out:
+    V4-Flash, N = 2)."""
     st = _stage("v32_latent_fp16_N2_amax")
     a, cfg = st.x, st.cfg
     x_args = (a["xq"], a["xkv"], a["xk"], a["x"], a["q_norm"], a["kv_norm"], a["k_norm_w"], a["k_norm_b"],
@@ -310,6 +336,9 @@ def test_prep_ops_pass_opcheck(path):
               cfg.num_heads, cfg.index_heads, cfg.d_qk, cfg.qk_nope_head_dim, st.scale_fmt, cfg.eps, True,
               False, path)
     torch.library.opcheck(torch.ops.dsa.prep_q.default, q_args)
+    v4 = _stage("v4_model1_fp16_N2")
+    torch.library.opcheck(torch.ops.dsa.rope_out.default, (_attn(v4), v4.x["rope_freqs"], v4.x["context_lens"], v4.N,
+                                                           path))
 
 
 def test_prep_bf16_in_the_interpreter_is_not_implemented():

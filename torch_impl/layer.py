@@ -9,7 +9,8 @@ byte-exact plain-PyTorch writers ``quantize_fp8_ds_mla``, ``quantize_fp8_model1`
 ``quantize_fp8_indexer`` with ``path="torch"``). With ``fused_prep`` (``DSA_LAYER_FUSED_PREP``,
 on by default) the work between the projections and the two DSA ops, the cache writes included,
 is two custom ops instead (:func:`prepare_x`, :func:`prepare_q`: one Triton launch each,
-``kernels/layer_prep/triton.py``); without it, composite torch ops that torch.compile fuses.
+``kernels/layer_prep/triton.py``), and V4's inverse rope on the attention output a third
+(:func:`rope_out`); without it, composite torch ops that torch.compile fuses.
 
 Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
 ``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
@@ -35,7 +36,7 @@ from torch_impl.sparse_mla import sparse_mla_decode
 from torch_impl.step import window_split
 
 __all__ = ["DSADecodeLayer", "new_token_targets", "write_new_tokens", "prepare_x", "prepare_q",
-           "FUSED_PREP_ENV", "fused_prep_default"]
+           "rope_out", "FUSED_PREP_ENV", "fused_prep_default"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -250,16 +251,18 @@ def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.
 
 
 # ------------------------------------------------------------------ fused step preparation
-# Two custom ops replace the chains of small kernels between the layer's projections and its
-# DSA ops (norms, rope, the indexer's Hadamard rotation and fp8 quantisation, both cache writes):
-# ``dsa::prep_x`` after the x projection, ``dsa::prep_q`` after the q projections. Their Triton
-# impls are the two kernels of kernels/layer_prep/triton.py (one launch each); their "torch"
-# impls are the composite ops the layer runs without them (DSA_LAYER_FUSED_PREP=0), per stage.
+# Custom ops replace the chains of small kernels between the layer's projections and its DSA
+# ops (norms, rope, the indexer's Hadamard rotation and fp8 quantisation, both cache writes):
+# ``dsa::prep_x`` after the x projection, ``dsa::prep_q`` after the q projections, and V4's
+# inverse rope on the attention output, ``dsa::rope_out``. Their Triton impls are the kernels of
+# kernels/layer_prep/triton.py (one launch each); their "torch" impls are the composite ops the
+# layer runs without them (DSA_LAYER_FUSED_PREP=0), per stage.
 
 FUSED_PREP_ENV = "DSA_LAYER_FUSED_PREP"
 """Environment switch read when a :class:`DSADecodeLayer` is built without ``fused_prep``:
-``"1"`` (default) runs the step's preparation as ``dsa::prep_x`` + ``dsa::prep_q``, ``"0"`` as
-the composite torch ops (what torch.compile fuses by itself)."""
+``"1"`` (default) runs the step's preparation as ``dsa::prep_x`` + ``dsa::prep_q`` (and V4's
+output rope as ``dsa::rope_out``), ``"0"`` as the composite torch ops (what torch.compile fuses
+by itself)."""
 
 
 def fused_prep_default() -> bool:
@@ -516,6 +519,64 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
                                 float(eps), bool(absorbed), bool(q_head_norm), path)
 
 
+
+def _torch_rope_out(attn, rope_freqs, context_lens, N):
+    """Composite twin of ``_rope_out_kernel``: a copy of ``attn`` with its last r dims rotated by
+    minus the angle (the layer's ``_rope_into(o, o, cos, -sin, True)``)."""
+    r = rope_freqs.shape[0] * 2
+    cos, sin = _rope_cos_sin(context_lens, N, rope_freqs)
+    o = attn.clone()
+    _rope_into(o[..., -r:], o[..., -r:], cos[:, None], -sin[:, None], True)
+    return o
+
+
+def _triton_rope_out(attn, rope_freqs, context_lens, N):
+    """One launch of ``kernels.layer_prep.triton._rope_out_kernel`` (grid ``(B * N, ceil(H /
+    block_h))``)."""
+    from kernels.layer_prep import triton as tlp
+    dev = _common.device_info(attn.device)
+    _common.require_no_interpreted_bf16(dev, "rope_out", attn)
+    T, H, D = attn.shape
+    r = rope_freqs.shape[0] * 2
+    if D & (D - 1) or r & (r - 1) or not 2 <= r <= D:
+        raise NotImplementedError(f"rope_out: D = {D} and rope = {r} must be powers of two, rope <= D")
+    attn = attn if attn.stride(-1) == 1 and attn.stride(1) == D else attn.contiguous()
+    o = torch.empty((T, H, D), dtype=attn.dtype, device=attn.device)
+    bh = tlp.rope_out_block_h(H)
+    tlp._rope_out_kernel[(T, -(-H // bh))](attn, o, rope_freqs, context_lens, N, H, attn.stride(0),
+                                          D=D, ROPE=r, BLOCK_H=bh, num_warps=4)
+    return o
+
+
+@torch.library.custom_op("dsa::rope_out", mutates_args=())
+def _rope_out_op(attn: torch.Tensor, rope_freqs: torch.Tensor, context_lens: torch.Tensor, N: int,
+                 path: str) -> torch.Tensor:
+    """V4-Flash's inverse rope on the attention output (:func:`rope_out`)."""
+    args = (attn, rope_freqs, context_lens, N)
+    impls = {"triton": lambda: _triton_rope_out(*args), "torch": lambda: _torch_rope_out(*args)}
+    return _common.run_path("rope_out", path, impls, BACKEND_PATHS["torch"])
+
+
+@_rope_out_op.register_fake
+def _(attn, rope_freqs, context_lens, N, path):
+    return attn.new_empty(attn.shape)
+
+
+def rope_out(attn, rope_freqs, context_lens, N: int, *, path: str = "auto"):
+    """V4-Flash's inverse rope on the attention output, fused (``dsa::rope_out``): a new tensor
+    equal to ``attn`` but for its last r dims, rotated (interleaved pairs) by minus the angle of
+    each token's position, float32 math rounded once to attn's dtype
+    (``kernels/layer_prep/triton.py`` ``_rope_out_kernel``).
+
+    Args:
+      attn: ``[T, H, D]`` (T = B * N), the sparse-MLA output, last dim contiguous.
+      rope_freqs: ``[r / 2]`` float64. context_lens: ``[B]`` int32 (token ``b * N + i`` at
+        ``L_b - N + i``). path: ``"auto"``, ``"triton"`` (one launch) or ``"torch"``.
+    Returns:
+      ``[T, H, D]`` in attn's dtype, contiguous.
+    """
+    return torch.ops.dsa.rope_out(attn, rope_freqs, context_lens, int(N), path)
+
 class DSADecodeLayer(nn.Module):
     """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
 
@@ -542,8 +603,9 @@ class DSADecodeLayer(nn.Module):
         (``"auto"``, ``"triton"``, ``"torch"``).
       fused_prep: run the step's preparation (norms, rope, the indexer's Hadamard rotation and
         fp8 quantisation, both cache writes) as the two fused ops ``dsa::prep_x`` /
-        ``dsa::prep_q`` (:func:`prepare_x`, :func:`prepare_q`: one Triton launch each on the
-        ``triton`` path) instead of the composite torch ops; None reads
+        ``dsa::prep_q`` (:func:`prepare_x`, :func:`prepare_q`), and V4's inverse rope on the
+        attention output as ``dsa::rope_out`` (:func:`rope_out`), one Triton launch each on the
+        ``triton`` path, instead of the composite torch ops; None reads
         ``DSA_LAYER_FUSED_PREP`` (:func:`fused_prep_default`: on unless ``0``).
     Raises:
       TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
@@ -870,7 +932,7 @@ class DSADecodeLayer(nn.Module):
         # one GEMM for the three projections of x (x_proj), sliced into its three results
         xq, xkv, xk = (x @ self.x_proj.T).split([b - a for a, b in self._x_rows.values()], dim=-1)
         rope = None
-        if not self.fused_prep or cfg.inverse_rope_out:
+        if not self.fused_prep:
             cos, sin = self._rope_tables(context_lens, N)                    # [B, N, r/2]
             rope = (cos, sin, cos[:, :, None], sin[:, :, None])              # (and over heads)
         if self.fused_prep:
@@ -901,7 +963,9 @@ class DSADecodeLayer(nn.Module):
             out = o.view(B, N, -1) @ self.w("wo").T
         else:
             o = attn
-            if cfg.inverse_rope_out:                # in place (on a copy when attn is reported)
+            if cfg.inverse_rope_out and self.fused_prep:    # one launch, a new tensor
+                o = rope_out(attn.reshape(T, H, -1), self.rope_freqs, context_lens, N, path=self.path)
+            elif cfg.inverse_rope_out:              # in place (on a copy when attn is reported)
                 o = attn.clone() if return_intermediates else attn
                 _rope_into(o[..., -r:], o[..., -r:], rope[2], -rope[3], True)
             gl = self.w("wo_a").shape[0] // cfg.o_lora_rank

@@ -1,5 +1,6 @@
 """The decode layer's preparation work between its projections and its two DSA ops, fused into
-two Triton kernels per step (``torch_impl.layer``, behind ``DSA_LAYER_FUSED_PREP``).
+two Triton kernels per step, and V4-Flash's inverse rope on the attention output in a third
+(``torch_impl.layer``, behind ``DSA_LAYER_FUSED_PREP``).
 
 Where the work sits in one step (``kernels.layer_reference``'s module docstring writes the math
 out; T = B * N new tokens, token ``t = b * N + i`` at position ``pos = L_b - N + i``)::
@@ -11,7 +12,9 @@ out; T = B * N new tokens, token ``t = b * N + i`` at position ``pos = L_b - N +
     weights_proj GEMM on x32 (-> w_raw, float32, alpha H_I^-0.5 D_I^-0.5)
     _prep_q_kernel  (grid (T, H_I / BLOCK_HI + H / BLOCK_HM))  indexer q -> (idx_q, idx_w);
                                     MLA q -> q_mla [T, H, D_qk]
-    indexer_topk, sparse_mla_decode, output projections
+    indexer_topk, sparse_mla_decode
+    _rope_out_kernel (V4-Flash; grid (T, H / BLOCK_H))  o = attn, last r dims inverse-roped
+    output projections
 
 ``_prep_x_kernel`` programs, by ``program_id(1)`` (one token each, ``program_id(0)``):
 
@@ -421,6 +424,42 @@ def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projectio
                      HEAD_NORM, DT)
 
 
+@triton.jit
+def _rope_out_kernel(attn_ptr,     # [T, H, D] dt: the sparse-MLA output (V4-Flash)
+                     o_ptr,        # [T, H, D] dt, written: attn with its last ROPE dims roped back
+                     freqs_ptr,    # [ROPE / 2] float64
+                     cl_ptr,       # [B] int32 context lengths
+                     N, H, attn_stride,
+                     D: tl.constexpr, ROPE: tl.constexpr, BLOCK_H: tl.constexpr):
+    """V4-Flash's inverse rope on the attention output (``MLA.forward``'s ``apply_rotary_emb(o,
+    freqs_cis, inverse=True)`` at the query position): heads ``[program_id(1) * BLOCK_H,
+    +BLOCK_H)`` of token ``program_id(0)``; the first ``D - ROPE`` dims copied, the last ``ROPE``
+    rotated by minus the angle (interleaved pairs, float32 math from the dt values, one rounding
+    to dt: the composite ``_rope_into(o, o, cos, -sin)``)."""
+    t = tl.program_id(0)
+    t64 = t.to(tl.int64)
+    DT: tl.constexpr = attn_ptr.dtype.element_ty
+    h = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)
+    mh = h < H
+    src = attn_ptr + t64 * attn_stride + h[:, None] * D             # [BLOCK_H, 1]
+    dst = o_ptr + t64 * H * D + h[:, None] * D
+    c = tl.arange(0, D)
+    mc = mh[:, None] & (c[None, :] < D - ROPE)
+    tl.store(dst + c[None, :], tl.load(src + c[None, :], mask=mc), mask=mc)
+    j = tl.arange(0, ROPE)
+    mr = mh[:, None] & (j[None, :] < ROPE)
+    xr = tl.load(src + (D - ROPE) + j[None, :], mask=mr, other=0.0).to(tl.float32)
+    xp = tl.load(src + (D - ROPE) + (j ^ 1)[None, :], mask=mr, other=0.0).to(tl.float32)
+    cos, sin = _cos_sin(_position(cl_ptr, t, N), freqs_ptr, j // 2, j < ROPE)
+    rope = _rotate(xr, xp, cos[None, :], -sin[None, :], (j[None, :] & 1) == 0)
+    tl.store(dst + (D - ROPE) + j[None, :], rope.to(DT), mask=mr)
+
+
+ROPE_OUT_BLOCK_H = 8
+"""Heads per program of :func:`_rope_out_kernel` (4 warps; a [16, 512] tile took ~200 registers
+per thread in the sm_90 / sm_120 compile, 8 heads ~85)."""
+
+
 # ================================================================================== launch args
 
 def latent_tile(nope: int) -> tuple[int, int]:
@@ -488,10 +527,17 @@ def supported(*, index_head_dim: int, rope: int, latent_nope: int | None = None,
     return None
 
 
+def rope_out_block_h(heads: int) -> int:
+    """Heads per program of :func:`_rope_out_kernel` for a rank of ``heads`` heads (every V4-Flash
+    rank has 8 or more)."""
+    del heads
+    return ROPE_OUT_BLOCK_H
+
+
 # ================================================================================== AOT specs
 
 def aot_specs(smem_class: str) -> list:
-    """Every launch of the two kernels :func:`torch_impl.layer` can make at the real dimensions
+    """Every launch of the three kernels :func:`torch_impl.layer` can make at the real dimensions
     (``kernels.layer_config``: V3.2 and V4-Flash, P = 64, D_I 128, rope 64; every TP head count
     of the presets; fp32 / fp16 / bf16 layers; each latent layout, the ``latent`` cache in each
     float dtype; both scale formats), with :func:`prep_q_heuristic`'s configs, for
@@ -548,4 +594,13 @@ def aot_specs(smem_class: str) -> list:
                                    "idxw_ptr": "*fp32", "freqs_ptr": "*fp64", "cl_ptr": "*i32", **qints,
                                    "eps": "fp32"},
                         constexprs=ce, num_warps=qc.num_warps, num_stages=1))
+                if ue8m0 and cfg.inverse_rope_out:
+                    for bh in sorted({rope_out_block_h(h) for h in heads}):
+                        specs.append(LaunchSpec(
+                            label=f"rope_out {cfg.name} dt={dt} block_h={bh}",
+                            module="kernels.layer_prep.triton", kernel="_rope_out_kernel",
+                            signature={"attn_ptr": f"*{dt}", "o_ptr": f"*{dt}", "freqs_ptr": "*fp64",
+                                       "cl_ptr": "*i32", "N": "i32", "H": "i32", "attn_stride": "i32"},
+                            constexprs=dict(D=cfg.d_qk, ROPE=cfg.d_rope, BLOCK_H=bh), num_warps=4,
+                            num_stages=1))
     return specs
