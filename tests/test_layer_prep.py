@@ -1,5 +1,6 @@
 """The decode layer's fused step preparation (``kernels/layer_prep/triton.py`` through
-``torch_impl.layer.prepare_x`` / ``prepare_q``, and ``DSADecodeLayer(fused_prep=...)``) against
+``torch_impl.layer.prepare_x`` / ``prepare_q`` / ``rope_out``, and
+``DSADecodeLayer(fused_prep=...)``) against
 the composite torch ops (the ops' ``path="torch"``: the layer's own code, per stage) and against
 float64 math (``kernels.layer_reference``'s rope / norms / Hadamard, the NumPy writers).
 
@@ -8,7 +9,8 @@ layer"), but sum the norms and the Hadamard products in another order, so a dt v
 one dt ulp away (:data:`DT_REL`) and a quantised byte one e4m3 step away (rel 2^-3, the layer's
 ``CACHE_REL_FP8``) from the composite's and the float64 value's; bytes of rows the step must not
 write, and of unmapped new tokens, are compared bit for bit. On a CPU machine the kernels run in
-the Triton interpreter (fp32 / fp16; bf16 is GPU-only, tests at the end).
+the Triton interpreter (fp32 / fp16); on a GPU the real-dimension test runs bf16 and the
+GPU-only layer test at the end is added.
 """
 from __future__ import annotations
 
@@ -73,7 +75,9 @@ def _stage(name: str, seed: int = 0) -> Stage:
     pos = (cl.astype(np.int64)[:, None] - N + np.arange(N)).reshape(-1)
     slots = formats.logical_to_slot(pos.reshape(B, N), bt, P).reshape(-1)
     slots = np.where((slots >= 0) & (slots < num_pages * P), slots, -1)
-    w = lref.init_weights(cfg, seed + 1)
+    norm_shapes = {k: v for k, v in lref.weight_shapes(cfg).items() if "norm" in k}   # init_weights' rule
+    w = {k: (1.0 + 0.1 * rng.standard_normal(v) if not k.endswith("bias") else 0.1 * rng.standard_normal(v))
+         .astype(np.float32) for k, v in norm_shapes.items()}
     kv_w = w["kv_norm"]
 
     def act(*shape):
@@ -434,24 +438,26 @@ def test_layer_fused_prep_matches_composite(name):
                                                     name="out (fused vs composite)"))
 
 
-# ---------------------------------------------------------------------------------- GPU only
-
-@gpu_only
 @pytest.mark.parametrize("preset", ["DSV32", "DSV4_FLASH"])
-def test_bf16_prep_at_real_dimensions_on_gpu(preset):
-    """Both ops in bf16 at the real preset dimensions (H 128 / 64, hidden 7168 / 4096, P 64):
-    the Triton kernels against the composite twins (the stage bounds with bf16's ulp) and float64
-    math, with unmapped new tokens."""
+def test_prep_at_real_dimensions(preset):
+    """All three ops at the real preset dimensions (H 128 / 64, q_lora 1536 / 1024, hidden 7168 /
+    4096; P 16 to keep the caches small), fp16 in the CPU interpreter, bf16 on a GPU: the Triton
+    kernels against the composite twins and float64 math (the stage bounds with that dtype's
+    ulp), with unmapped new tokens."""
     cfg = lref.LAYER_CONFIGS[preset]
-    fmt = cfg.kv_format
     name = f"real_{preset}"
-    CASES[name] = (dataclasses.replace(cfg, page_size=16), fmt, 2, torch.bfloat16, None, "ue8m0", True)
+    dt = torch.bfloat16 if CUDA else torch.float16
+    CASES[name] = (dataclasses.replace(cfg, page_size=16), cfg.kv_format, 2, dt, None, "ue8m0", True)
     try:
         test_prep_x_matches_composite_and_float64(name)
         test_prep_q_matches_composite_and_float64(name)
+        if cfg.inverse_rope_out:
+            test_rope_out_matches_composite_and_float64(name)
     finally:
         del CASES[name]
 
+
+# ---------------------------------------------------------------------------------- GPU only
 
 @gpu_only
 @pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
