@@ -11,7 +11,8 @@ step computes anyway). The layer writes the new tokens into the caches in place 
 through donated buffers (JAX, see :class:`_DonatingLayerCall`); the torch step has no host
 synchronisation, so its rows are timed inside one CUDA graph (``timer``), on CUDA as
 ``torch.compile(layer, fullgraph=True)`` (``DSA_BENCH_COMPILE_LAYER=0``: the eager module; row
-``config``), and
+``config``), with the layer's fused step preparation as ``DSA_LAYER_FUSED_PREP`` sets it (row
+``config`` ``fused_prep``), and
 carry the step's phases from the profiler (:func:`torch_layer_phases`). A backend that does not import,
 or a path that raises NotImplementedError, is reported as unavailable with the reason, never as
 a failure.
@@ -160,11 +161,14 @@ class TorchBackend(Backend):
 
     def plan(self, op, inp, path):
         ran, cfg = registry_plan("torch", _device(_torch_dev(inp)), op, inp, path)
-        if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER)
-            from torch_impl.layer import linear_switch     # and its GEMMs (DSA_LAYER_LINEAR)
+        if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER),
+            # its GEMMs (DSA_LAYER_LINEAR) and its step preparation (DSA_LAYER_FUSED_PREP; the
+            # layer is built without either argument, so it reads the environment)
+            from torch_impl.layer import fused_prep_default, linear_switch
             lin = linear_switch(None, inp.shape.layer_cfg.absorbed)
             cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device),
-                       linear=sorted(n for n, c in lin.items() if c == "triton"))
+                       linear=sorted(n for n, c in lin.items() if c == "triton"),
+                       fused_prep=fused_prep_default())
         return ran, cfg
 
     def sync(self, outputs):

@@ -39,7 +39,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv > "
 declare -a SUMMARY
 group() {
   case "$1" in
-    layer) echo "tests/test_layer_torch.py tests/test_layer_jax.py" ;;
+    layer) echo "tests/test_layer_torch.py tests/test_layer_prep.py tests/test_layer_jax.py" ;;
     mla) echo "tests/test_torch_sparse_mla.py tests/test_jax_sparse_mla.py" ;;
     idx) echo "tests/test_torch_indexer.py tests/test_torch_topk.py tests/test_jax_indexer.py" ;;
     idxt) echo "tests/test_torch_indexer.py tests/test_torch_topk.py" ;;

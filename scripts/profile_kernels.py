@@ -72,6 +72,7 @@ def main(argv=None) -> int:
     import torch
     from bench import paths
     from bench.inputs import make_inputs
+    from torch_impl.layer import fused_prep_default
     be = paths.TorchBackend()
     res = []
     for s in shapes:
@@ -101,6 +102,7 @@ def main(argv=None) -> int:
         meta = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
                 # layer rows: the module the bench times (compiled unless DSA_BENCH_COMPILE_LAYER=0)
                 "layer_torch_compile_fullgraph": paths._compile_layer("cuda"),
+                "layer_fused_prep": fused_prep_default(),                # DSA_LAYER_FUSED_PREP
                 "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": res}, indent=1))
     return 0

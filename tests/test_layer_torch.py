@@ -52,11 +52,16 @@ def _run(layer, case, **kw):
                                         for k, t in inter.items()}
 
 
-@pytest.mark.parametrize("name,path", [(n, "triton") for n in CASES] + [("dsv32_fp8_ds_mla", "torch")])
-def test_layer_matches_reference(name, path):
-    """Every case on the Triton kernels (named path: no silent fall-back), one on plain PyTorch."""
+@pytest.mark.parametrize("name,path,fused", [(n, "triton", True) for n in CASES]
+                         + [(n, "triton", False) for n in ("dsv32_latent_mtp2", "dsv4_fp8_model1")]
+                         + [("dsv32_fp8_ds_mla", "torch", True)])
+def test_layer_matches_reference(name, path, fused):
+    """Every case on the Triton kernels (named path: no silent fall-back) with the fused step
+    preparation (``dsa::prep_x`` / ``dsa::prep_q``), two with the composite one
+    (``fused_prep=False``), one on plain PyTorch."""
     case = _case(name)
-    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path=path)
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path=path,
+                           fused_prep=fused)
     out, kv, kc, inter = _run(layer, case)
     checks.check_step(case, case.reference(), out, kv, kc, inter)
 
@@ -299,12 +304,15 @@ def _compile_quietly(fn, compile_logs, *args, **kwargs):
 
 
 @pytest.mark.slow
-def test_torch_compile_matches_reference(compile_logs):
-    """torch.compile(fullgraph=True) of the whole layer (the ops and the cache write are opaque
-    torch.library custom ops): no graph break, no warning, and the float64 reference's bounds.
-    Works on the CPU but Inductor's C++ build takes ~1 minute of CPU, hence slow."""
+@pytest.mark.parametrize("fused", [True, False], ids=["fused_prep", "composite_prep"])
+def test_torch_compile_matches_reference(compile_logs, fused):
+    """torch.compile(fullgraph=True) of the whole layer (the ops, the cache writes and the fused
+    preparation are opaque torch.library custom ops): no graph break, no warning, and the float64
+    reference's bounds. Works on the CPU but Inductor's C++ build of the composite preparation
+    takes ~1 minute of CPU, hence slow."""
     case = _case("dsv32_fp8_ds_mla")
-    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch")
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="torch",
+                           fused_prep=fused)
     out, kv, kc = _compile_quietly(layer, compile_logs, *_inputs(case))
     checks.check_step(case, case.reference(), _np(out), _np(kv), _np(kc))
 
@@ -398,12 +406,14 @@ def test_full_size_weight_shapes_match_deepseek_configs():
 
 
 
-@pytest.mark.parametrize("preset,max_glue,cats", [("DSV32", 47, 0), ("DSV4_FLASH", 60, 1)])
-def test_step_glue_launches(preset, max_glue, cats):
+@pytest.mark.parametrize("preset,fused,max_glue,cats", [("DSV32", False, 47, 0), ("DSV4_FLASH", False, 60, 1),
+                                                       ("DSV32", True, 4, 0), ("DSV4_FLASH", True, 10, 1)])
+def test_step_glue_launches(preset, fused, max_glue, cats):
     """One step's launches outside the GEMMs and the DSA ops at the real dimensions
     (scripts/layer_glue.py: the meta device, no weights): at most the counts in bench/NOTES.md
-    "Glue kernels", no concatenation but V4's [top-k, window] index list, and no glue op writing
-    more than one bf16 copy of the MLA query (none makes a float32 one)."""
+    "Glue kernels" / "Fused step preparation", the fused glue launches when the switch is on
+    (prep_x, prep_q, V4's rope_out; none when off), no concatenation but V4's [top-k, window] index list, and no glue op
+    writing more than one bf16 copy of the MLA query (none makes a float32 one)."""
     import importlib.util
     from pathlib import Path
     spec = importlib.util.spec_from_file_location(
@@ -411,8 +421,11 @@ def test_step_glue_launches(preset, max_glue, cats):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     B, cfg = 2, lref.LAYER_CONFIGS[preset]
-    glue = [row for row in mod.step_ops(preset, B) if row[4] == "glue"]
+    rows = mod.step_ops(preset, B, fused_prep=fused)
+    glue = [row for row in rows if row[4] == "glue"]
     assert len(glue) <= max_glue, [row[:2] for row in glue]
+    want = ["prep_x", "prep_q"] + (["rope_out"] if lref.LAYER_CONFIGS[preset].inverse_rope_out else [])
+    assert [row[0] for row in rows if row[4] == "fused"] == (want if fused else [])
     assert sum(row[0] in ("cat", "stack") for row in glue) == cats
     q_bf16 = B * cfg.num_heads * cfg.d_qk * 2
     assert max(row[3] for row in glue) <= q_bf16, max(glue, key=lambda row: row[3])

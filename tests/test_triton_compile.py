@@ -24,6 +24,7 @@ from kernels import _triton_aot as _aot
 from kernels import hardware
 from kernels.cache_write import triton as _cache_write
 from kernels.indexer import triton_aot as _indexer_aot
+from kernels.layer_prep import triton as _layer_prep
 from kernels.linear import triton as _linear
 from kernels.sparse_mla import configs, triton_launch as _sparse_mla
 from kernels.topk import triton_aot as _topk_aot
@@ -35,6 +36,7 @@ LAUNCHERS = {
     "indexer_topk": _topk_aot.aot_specs,
     "cache_write": _cache_write.aot_specs,
     "linear": _linear.aot_specs,
+    "layer_prep": _layer_prep.aot_specs,
 }
 
 # (cc as an int for GPUTarget, compute capability tuple for the smem table)

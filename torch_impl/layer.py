@@ -6,7 +6,11 @@ runs it with the project's ops: ``indexer_topk`` and ``sparse_mla_decode`` (Trit
 plain PyTorch, ``path``), and the new tokens' cache writes as one fused quantize + scatter per
 cache (:func:`write_new_tokens`: the Triton kernel ``kernels/cache_write/triton.py``, or the
 byte-exact plain-PyTorch writers ``quantize_fp8_ds_mla``, ``quantize_fp8_model1`` and
-``quantize_fp8_indexer`` with ``path="torch"``).
+``quantize_fp8_indexer`` with ``path="torch"``). With ``fused_prep`` (``DSA_LAYER_FUSED_PREP``,
+on by default) the work between the projections and the two DSA ops, the cache writes included,
+is two custom ops instead (:func:`prepare_x`, :func:`prepare_q`: one Triton launch each,
+``kernels/layer_prep/triton.py``), and V4's inverse rope on the attention output a third
+(:func:`rope_out`); without it, composite torch ops that torch.compile fuses.
 
 Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` decode branch,
 ``Indexer.forward``), ``inference/kernel.py`` (``act_quant``); V4-Flash assumptions are listed in
@@ -14,10 +18,9 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import os
 from collections.abc import Mapping
+from typing import Optional
 
 import numpy as np
 import torch
@@ -34,7 +37,9 @@ from torch_impl import linear as tlinear
 from torch_impl.sparse_mla import sparse_mla_decode
 from torch_impl.step import window_split
 
-__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets", "write_new_tokens"]
+__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets",
+           "write_new_tokens", "prepare_x", "prepare_q", "rope_out", "FUSED_PREP_ENV",
+           "fused_prep_default"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -86,6 +91,7 @@ def linear_switch(spec, absorbed: bool) -> dict[str, str]:
             raise ValueError(f"linear[{n!r}]: expected one of {_LINEAR_CHOICES}, got {choice!r}")
         out[n] = choice
     return out
+
 
 
 def _into(dst: torch.Tensor, fn, *args, **kwargs) -> None:
@@ -297,6 +303,333 @@ def write_new_tokens(src: torch.Tensor, cache: torch.Tensor, block_table: torch.
                               scale_fmt, path)
 
 
+# ------------------------------------------------------------------ fused step preparation
+# Custom ops replace the chains of small kernels between the layer's projections and its DSA
+# ops (norms, rope, the indexer's Hadamard rotation and fp8 quantisation, both cache writes):
+# ``dsa::prep_x`` after the x projection, ``dsa::prep_q`` after the q projections, and V4's
+# inverse rope on the attention output, ``dsa::rope_out``. Their Triton impls are the kernels of
+# kernels/layer_prep/triton.py (one launch each); their "torch" impls are the composite ops the
+# layer runs without them (DSA_LAYER_FUSED_PREP=0), per stage.
+
+FUSED_PREP_ENV = "DSA_LAYER_FUSED_PREP"
+"""Environment switch read when a :class:`DSADecodeLayer` is built without ``fused_prep``:
+``"1"`` (default) runs the step's preparation as ``dsa::prep_x`` + ``dsa::prep_q`` (and V4's
+output rope as ``dsa::rope_out``), ``"0"`` as the composite torch ops (what torch.compile fuses
+by itself)."""
+
+
+def fused_prep_default() -> bool:
+    """:data:`FUSED_PREP_ENV` as a bool (unset: True).
+
+    Raises:
+      ValueError: the variable holds something other than ``0`` / ``1``.
+    """
+    v = os.environ.get(FUSED_PREP_ENV, "1").strip()
+    if v not in ("0", "1"):
+        raise ValueError(f"{FUSED_PREP_ENV}: expected '0' or '1', got {v!r}")
+    return v == "1"
+
+
+def _rope_cos_sin(context_lens: torch.Tensor, N: int, freqs: torch.Tensor):
+    """cos / sin ``[B * N, r / 2]`` float32 at the new tokens' positions (float64 angles, one
+    rounding to float32; the layer's ``_rope_tables``)."""
+    pos = context_lens[:, None] + torch.arange(-N, 0, device=context_lens.device, dtype=torch.float64)
+    ang = (pos[..., None] * freqs).reshape(-1, freqs.shape[0])
+    return torch.cos(ang).float(), torch.sin(ang).float()
+
+
+def _hadamard_rows(rows: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
+    """``rows [M, D] @ sign * D^-0.5`` in ``rows``' dtype (float32 accumulation; the scale as
+    the GEMM's alpha, so the product is rounded once)."""
+    zero = torch.zeros((), dtype=rows.dtype, device=rows.device)
+    return torch.addmm(zero, rows, sign.to(rows.dtype), beta=0, alpha=sign.shape[0] ** -0.5)
+
+
+def _torch_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard,
+                  kv_cache, k_cache, block_table, context_lens, N, kv_format, page_size, scale_fmt,
+                  eps, norm_rope):
+    """Composite twin of ``_prep_x_kernel`` (the layer's own torch ops, per token row)."""
+    dt, T = xq.dtype, xq.shape[0]
+    r = rope_freqs.shape[0] * 2
+    cos, sin = _rope_cos_sin(context_lens, N, rope_freqs)                 # [T, r/2]
+    qr = _rmsnorm(xq, q_norm, eps).to(dt)
+    x32 = x.to(torch.float32, copy=True)
+    latent = torch.empty(T, xkv.shape[1], dtype=dt, device=xq.device)
+    if norm_rope:                                                         # V4: all dims normed
+        lat32 = _rmsnorm(xkv, kv_norm, eps)
+        _rope_into(lat32[..., -r:], lat32[..., -r:], cos, sin, True)
+        latent.copy_(lat32)
+    else:                                                                 # V3.2: the first C
+        C = xkv.shape[1] - r
+        latent[:, :C] = _rmsnorm(xkv[:, :C], kv_norm, eps)
+        _rope_into(latent[:, C:], xkv[:, C:], cos, sin, True)
+    ik32 = nn.functional.layer_norm(xk.float(), xk.shape[-1:], k_norm_w, k_norm_b, eps)
+    ik = ik32.to(dt)
+    _rope_into(ik[:, :r], ik32[:, :r], cos, sin, False)
+    ik = _hadamard_rows(ik, hadamard)
+    _torch_cache_write(latent, kv_cache, block_table, context_lens, N, kv_format, page_size, None)
+    _torch_cache_write(ik, k_cache, block_table, context_lens, N, "fp8_indexer", page_size, scale_fmt)
+    return qr.contiguous(), x32
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (2-D) itself when its last dim is contiguous (the kernels take a row stride), else a
+    contiguous copy."""
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _triton_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard,
+                   kv_cache, k_cache, block_table, context_lens, N, kv_format, page_size, scale_fmt,
+                   eps, norm_rope):
+    """One launch of ``kernels.layer_prep.triton._prep_x_kernel`` (grid ``(B * N, 4)``)."""
+    from kernels.layer_prep import triton as tlp
+    dev = _common.device_info(xq.device)
+    _common.require_no_interpreted_bf16(dev, "prep_x", xq, kv_cache)
+    T, D_qk, D_I = xq.shape[0], xkv.shape[1], xk.shape[1]
+    r = rope_freqs.shape[0] * 2
+    nope = D_qk - r
+    why = tlp.supported(index_head_dim=D_I, rope=r, latent_nope=nope)
+    if why is not None:
+        raise NotImplementedError(f"prep_x: {why}")
+    xq, xkv, xk, x = (_last_dim_contiguous(t) for t in (xq, xkv, xk, x))
+    bf16 = kv_cache.dtype == torch.bfloat16
+    ce = tlp.prep_x_constexprs(q_lora=xq.shape[1], d_qk=D_qk, nope=nope, rope=r, norm_rope=norm_rope,
+                               kv_format=kv_format, page_size=page_size,
+                               kv_page_bytes=kv_cache[0].numel() * kv_cache.element_size(),
+                               bf16_cache=bf16, index_head_dim=D_I, scale_fmt=scale_fmt)
+    qr = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
+    x32 = torch.empty(x.shape, dtype=torch.float32, device=x.device)
+    B, max_pages = block_table.shape
+    tlp._prep_x_kernel[(T, tlp.X_ROLES)](
+        xq, xkv, xk, x, qr, x32, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
+        kv_cache.view(torch.uint16) if bf16 else kv_cache, k_cache, block_table, context_lens,
+        N, max_pages, kv_cache.shape[0], block_table.stride(0), xq.stride(0), xkv.stride(0),
+        xk.stride(0), x.stride(0), x.shape[1], eps, **ce, num_warps=tlp.X_NUM_WARPS)
+    return qr, x32
+
+
+@torch.library.custom_op("dsa::prep_x", mutates_args=("kv_cache", "k_cache"))
+def _prep_x_op(xq: torch.Tensor, xkv: torch.Tensor, xk: torch.Tensor, x: torch.Tensor,
+               q_norm: torch.Tensor, kv_norm: torch.Tensor, k_norm_w: torch.Tensor,
+               k_norm_b: torch.Tensor, rope_freqs: torch.Tensor, hadamard: torch.Tensor,
+               kv_cache: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+               context_lens: torch.Tensor, N: int, kv_format: str, page_size: int,
+               scale_fmt: Optional[str], eps: float, norm_rope: bool,
+               path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The step's work between the x projection and the q projections, and both cache writes
+    (:func:`prepare_x`)."""
+    if kv_format != "latent":
+        _common.check_byte_offset("kv_cache", kv_cache, "float32 scales are stored through a float32 view")
+    _common.check_byte_offset("k_cache", k_cache, "float32 scales are stored through a float32 view")
+    args = (xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard, kv_cache,
+            k_cache, block_table, context_lens, N, kv_format, page_size, scale_fmt, eps, norm_rope)
+    impls = {"triton": lambda: _triton_prep_x(*args), "torch": lambda: _torch_prep_x(*args)}
+    return _common.run_path("prep_x", path, impls, BACKEND_PATHS["torch"])
+
+
+@_prep_x_op.register_fake
+def _(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard, kv_cache, k_cache,
+      block_table, context_lens, N, kv_format, page_size, scale_fmt, eps, norm_rope, path):
+    return xq.new_empty(xq.shape), x.new_empty(x.shape, dtype=torch.float32)
+
+
+def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard, kv_cache,
+              k_cache, block_table, context_lens, N: int, kv_format: str, *, page_size: int,
+              scale_fmt: str | None, eps: float, norm_rope: bool, path: str = "auto"):
+    """The decode step's preparation after the x projection, fused (``dsa::prep_x``; math,
+    rounding points and sources in ``kernels/layer_prep/triton.py``).
+
+    Args:
+      xq, xkv, xk: ``[T, q_lora]``, ``[T, D_qk]``, ``[T, D_I]`` in the layer dtype dt (T = B * N,
+        token ``b * N + i``; the x projection's column slices, last dim contiguous).
+      x: ``[T, hidden]`` dt, the layer input.
+      q_norm: ``[q_lora]``, kv_norm: ``[C]`` (V3.2) or ``[D_qk]`` (V4), k_norm_w / k_norm_b:
+        ``[D_I]``, all float32. rope_freqs: ``[r / 2]`` float64. hadamard: ``[D_I, D_I]`` the
+        +-1 Sylvester matrix (read by the torch impl only; the kernel generates it).
+      kv_cache, k_cache, block_table, context_lens, N, kv_format, page_size, scale_fmt: as
+        :func:`write_new_tokens` (the latent rows go to ``kv_cache`` in ``kv_format``, the
+        indexer keys to ``k_cache`` as ``fp8_indexer`` with ``scale_fmt``), written in place;
+        unmapped new tokens are dropped.
+      eps: the norms' epsilon. norm_rope: V4 (rmsnorm over all D_qk latent dims) or V3.2
+        (the first D_qk - r dims; the rope dims are the raw projection).
+      path: ``"auto"``, ``"triton"`` (one kernel launch) or ``"torch"`` (the composite ops).
+    Returns:
+      ``(qr, x32)``: ``[T, q_lora]`` dt, ``rmsnorm(xq) * q_norm``; ``[T, hidden]`` float32, x.
+    """
+    return torch.ops.dsa.prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
+                                hadamard, kv_cache, k_cache, block_table, context_lens, int(N),
+                                kv_format, int(page_size), scale_fmt, float(eps), bool(norm_rope), path)
+
+
+def _torch_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads,
+                  d_qk, qk_nope, scale_fmt, eps, absorbed, q_head_norm):
+    """Composite twin of ``_prep_q_kernel`` (the layer's own torch ops)."""
+    dt, T = iq.dtype, iq.shape[0]
+    r = rope_freqs.shape[0] * 2
+    cos, sin = _rope_cos_sin(context_lens, N, rope_freqs)
+    cos_h, sin_h = cos[:, None], sin[:, None]
+    iq = iq.reshape(T, index_heads, -1).clone()
+    _rope_into(iq[..., :r], iq[..., :r], cos_h, sin_h, False)
+    iq = _hadamard_rows(iq.view(T * index_heads, -1), hadamard).view(T, index_heads, -1)
+    q_scale = tformats.indexer_scale(torch.linalg.vector_norm(iq, float("inf"), dim=-1), scale_fmt)
+    idx_q = (iq / q_scale[..., None]).clamp_(-np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
+    idx_w = w_raw * q_scale
+    q = q.reshape(T, heads, -1)
+    if absorbed:
+        C = q_lat.shape[2]
+        q_mla = torch.empty(T, heads, C + r, dtype=dt, device=iq.device)
+        q_mla[..., :C] = q_lat.transpose(0, 1)
+        _rope_into(q_mla[..., C:], q[..., qk_nope:], cos_h, sin_h, True)
+    else:
+        q_mla = nn.functional.rms_norm(q, (d_qk,), None, eps) if q_head_norm else q.clone()
+        _rope_into(q_mla[..., -r:], q_mla[..., -r:], cos_h, sin_h, True)
+    return q_mla.contiguous(), idx_q.contiguous(), idx_w.contiguous()
+
+
+def _prep_q_config(index_heads: int, heads: int, dtype: torch.dtype):
+    from kernels.layer_prep import triton as tlp
+    return tlp.prep_q_heuristic(index_heads, heads, torch.finfo(dtype).bits // 8)
+
+
+def _triton_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads,
+                   d_qk, qk_nope, scale_fmt, eps, absorbed, q_head_norm):
+    """One launch of ``kernels.layer_prep.triton._prep_q_kernel`` (grid ``(B * N, ceil(H_I /
+    block_hi) + ceil(H / block_hm))``)."""
+    from kernels.layer_prep import triton as tlp
+    dev = _common.device_info(iq.device)
+    _common.require_no_interpreted_bf16(dev, "prep_q", iq)
+    T, dt = iq.shape[0], iq.dtype
+    D_I, r = iq.shape[1] // index_heads, rope_freqs.shape[0] * 2
+    nope = q_lat.shape[2] if absorbed else d_qk - r
+    why = tlp.supported(index_head_dim=D_I, rope=r, mla_row=nope if absorbed else d_qk)
+    if why is not None:
+        raise NotImplementedError(f"prep_q: {why}")
+    cfg = _prep_q_config(index_heads, heads, dt)
+    iq, w_raw, q = (_last_dim_contiguous(t) for t in (iq, w_raw, q))
+    q_lat = q_lat.contiguous() if absorbed else None
+    ce = tlp.prep_q_constexprs(cfg, index_heads=index_heads, index_head_dim=D_I, rope=r,
+                               absorbed=absorbed, head_norm=q_head_norm, qk_nope=qk_nope, nope=nope,
+                               d_qk=d_qk, scale_fmt=scale_fmt)
+    q_mla = torch.empty(T, heads, d_qk, dtype=dt, device=iq.device)
+    idx_q = torch.empty(T, index_heads, D_I, dtype=torch.float8_e4m3fn, device=iq.device)
+    idx_w = torch.empty(T, index_heads, dtype=torch.float32, device=iq.device)
+    lat = q_lat if absorbed else q
+    grid = (T, ce["NUM_HI"] + -(-heads // cfg.block_hm))
+    tlp._prep_q_kernel[grid](
+        iq, w_raw, q, lat, q_mla, idx_q.view(torch.uint8), idx_w, rope_freqs, context_lens,
+        N, heads, iq.stride(0), w_raw.stride(0), q.stride(0), q.shape[1] // heads,
+        lat.stride(0) if absorbed else 0, eps, **ce, num_warps=cfg.num_warps)
+    return q_mla, idx_q, idx_w
+
+
+@torch.library.custom_op("dsa::prep_q", mutates_args=())
+def _prep_q_op(iq: torch.Tensor, w_raw: torch.Tensor, q: torch.Tensor, q_lat: Optional[torch.Tensor],
+               hadamard: torch.Tensor, rope_freqs: torch.Tensor, context_lens: torch.Tensor, N: int,
+               heads: int, index_heads: int, d_qk: int, qk_nope: int, scale_fmt: Optional[str],
+               eps: float, absorbed: bool, q_head_norm: bool,
+               path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The step's work between the q projections and the DSA ops (:func:`prepare_q`)."""
+    args = (iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads, d_qk,
+            qk_nope, scale_fmt, eps, absorbed, q_head_norm)
+    impls = {"triton": lambda: _triton_prep_q(*args), "torch": lambda: _torch_prep_q(*args)}
+    return _common.run_path("prep_q", path, impls, BACKEND_PATHS["torch"])
+
+
+@_prep_q_op.register_fake
+def _(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads, d_qk, qk_nope,
+      scale_fmt, eps, absorbed, q_head_norm, path):
+    T = iq.shape[0]
+    return (iq.new_empty(T, heads, d_qk), iq.new_empty(T, index_heads, iq.shape[1] // index_heads,
+                                                       dtype=torch.float8_e4m3fn),
+            iq.new_empty(T, index_heads, dtype=torch.float32))
+
+
+def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *, heads: int,
+              index_heads: int, d_qk: int, qk_nope: int, scale_fmt: str | None, eps: float,
+              absorbed: bool, q_head_norm: bool = True, path: str = "auto"):
+    """The decode step's preparation after the q projections, fused (``dsa::prep_q``; math,
+    rounding points and sources in ``kernels/layer_prep/triton.py``).
+
+    Args:
+      iq: ``[T, H_I * D_I]`` dt, the ``indexer.wq_b`` projection (T = B * N).
+      w_raw: ``[T, H_I]`` float32, ``x @ indexer.weights_proj.T * H_I^-0.5 * D_I^-0.5``.
+      q: the ``wq_b`` projection, ``[T, H * (qk_nope + r)]`` (V3.2) or ``[T, H * D_qk]`` (V4), dt.
+      q_lat: V3.2 ``[H, T, C]`` dt, q_nope through ``wkv_b``'s key half (the absorption bmm,
+        contiguous); V4 None.
+      hadamard: ``[D_I, D_I]`` +-1 Sylvester matrix (torch impl only). rope_freqs: ``[r / 2]``
+        float64. context_lens: ``[B]`` int32 (positions ``L_b - N + i``). N: new tokens per
+        request.
+      heads, index_heads, d_qk, qk_nope: H, H_I, D_qk, V3.2's per-head nope width (0 for V4).
+      scale_fmt: ``"ue8m0"`` or None; absorbed: V3.2 (else V4); q_head_norm: V4's per-head rms
+        norm of q (no weight) before its rope, with epsilon ``eps``.
+      path: ``"auto"``, ``"triton"`` (one launch) or ``"torch"`` (the composite ops).
+    Returns:
+      ``(q_mla, idx_q, idx_w)``: ``[T, H, D_qk]`` dt (the sparse-MLA query), ``[T, H_I, D_I]``
+      float8_e4m3fn, ``[T, H_I]`` float32 (the indexer's q and head weights, scale folded in).
+    """
+    return torch.ops.dsa.prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, int(N),
+                                int(heads), int(index_heads), int(d_qk), int(qk_nope), scale_fmt,
+                                float(eps), bool(absorbed), bool(q_head_norm), path)
+
+
+
+def _torch_rope_out(attn, rope_freqs, context_lens, N):
+    """Composite twin of ``_rope_out_kernel``: a copy of ``attn`` with its last r dims rotated by
+    minus the angle (the layer's ``_rope_into(o, o, cos, -sin, True)``)."""
+    r = rope_freqs.shape[0] * 2
+    cos, sin = _rope_cos_sin(context_lens, N, rope_freqs)
+    o = attn.clone()
+    _rope_into(o[..., -r:], o[..., -r:], cos[:, None], -sin[:, None], True)
+    return o
+
+
+def _triton_rope_out(attn, rope_freqs, context_lens, N):
+    """One launch of ``kernels.layer_prep.triton._rope_out_kernel`` (grid ``(B * N, ceil(H /
+    block_h))``)."""
+    from kernels.layer_prep import triton as tlp
+    dev = _common.device_info(attn.device)
+    _common.require_no_interpreted_bf16(dev, "rope_out", attn)
+    T, H, D = attn.shape
+    r = rope_freqs.shape[0] * 2
+    if D & (D - 1) or r & (r - 1) or not 2 <= r <= D:
+        raise NotImplementedError(f"rope_out: D = {D} and rope = {r} must be powers of two, rope <= D")
+    attn = attn if attn.stride(-1) == 1 and attn.stride(1) == D else attn.contiguous()
+    o = torch.empty((T, H, D), dtype=attn.dtype, device=attn.device)
+    bh = tlp.rope_out_block_h(H)
+    tlp._rope_out_kernel[(T, -(-H // bh))](attn, o, rope_freqs, context_lens, N, H, attn.stride(0),
+                                          D=D, ROPE=r, BLOCK_H=bh, num_warps=4)
+    return o
+
+
+@torch.library.custom_op("dsa::rope_out", mutates_args=())
+def _rope_out_op(attn: torch.Tensor, rope_freqs: torch.Tensor, context_lens: torch.Tensor, N: int,
+                 path: str) -> torch.Tensor:
+    """V4-Flash's inverse rope on the attention output (:func:`rope_out`)."""
+    args = (attn, rope_freqs, context_lens, N)
+    impls = {"triton": lambda: _triton_rope_out(*args), "torch": lambda: _torch_rope_out(*args)}
+    return _common.run_path("rope_out", path, impls, BACKEND_PATHS["torch"])
+
+
+@_rope_out_op.register_fake
+def _(attn, rope_freqs, context_lens, N, path):
+    return attn.new_empty(attn.shape)
+
+
+def rope_out(attn, rope_freqs, context_lens, N: int, *, path: str = "auto"):
+    """V4-Flash's inverse rope on the attention output, fused (``dsa::rope_out``): a new tensor
+    equal to ``attn`` but for its last r dims, rotated (interleaved pairs) by minus the angle of
+    each token's position, float32 math rounded once to attn's dtype
+    (``kernels/layer_prep/triton.py`` ``_rope_out_kernel``).
+
+    Args:
+      attn: ``[T, H, D]`` (T = B * N), the sparse-MLA output, last dim contiguous.
+      rope_freqs: ``[r / 2]`` float64. context_lens: ``[B]`` int32 (token ``b * N + i`` at
+        ``L_b - N + i``). path: ``"auto"``, ``"triton"`` (one launch) or ``"torch"``.
+    Returns:
+      ``[T, H, D]`` in attn's dtype, contiguous.
+    """
+    return torch.ops.dsa.rope_out(attn, rope_freqs, context_lens, int(N), path)
+
 class DSADecodeLayer(nn.Module):
     """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
 
@@ -319,8 +652,14 @@ class DSADecodeLayer(nn.Module):
         rounds to bf16 the layer rounds to ``dtype`` too: V4's head-normed q before its rope,
         and the indexer's q / k before the Hadamard rotation (docs/SEMANTICS.md).
       device: where the weights live.
-      path: op path for ``indexer_topk`` / ``sparse_mla_decode`` (``"auto"``, ``"triton"``,
-        ``"torch"``).
+      path: op path for ``indexer_topk`` / ``sparse_mla_decode`` and the fused preparation
+        (``"auto"``, ``"triton"``, ``"torch"``).
+      fused_prep: run the step's preparation (norms, rope, the indexer's Hadamard rotation and
+        fp8 quantisation, both cache writes) as the two fused ops ``dsa::prep_x`` /
+        ``dsa::prep_q`` (:func:`prepare_x`, :func:`prepare_q`), and V4's inverse rope on the
+        attention output as ``dsa::rope_out`` (:func:`rope_out`), one Triton launch each on the
+        ``triton`` path, instead of the composite torch ops; None reads
+        ``DSA_LAYER_FUSED_PREP`` (:func:`fused_prep_default`: on unless ``0``).
       linear: which projections (:data:`LAYER_GEMMS`) run the Triton few-token GEMM
         (``torch_impl.linear``, ``dsa::linear`` with ``path="triton"``) instead of torch's
         ``mm`` / ``bmm`` / ``addmm``: ``"torch"`` (none), ``"triton"`` (all), ``"auto"``
@@ -338,7 +677,8 @@ class DSADecodeLayer(nn.Module):
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
                  tp_size: int = 1, kv_format: str | None = None, dtype: torch.dtype = torch.float32,
-                 device=None, path: str = "auto", seed: int = 0, linear=None):
+                 device=None, path: str = "auto", seed: int = 0, fused_prep: bool | None = None,
+                 linear=None):
         super().__init__()
         if not isinstance(cfg, lref.LayerConfig):
             raise TypeError(f"cfg: expected a kernels.layer_reference.LayerConfig, got {type(cfg).__name__}")
@@ -352,6 +692,7 @@ class DSADecodeLayer(nn.Module):
         if path not in TORCH_PATHS:
             raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
+        self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
@@ -388,6 +729,7 @@ class DSADecodeLayer(nn.Module):
         # the ignored input of torch.addmm(..., beta=0, alpha=scale): a GEMM scaled in its epilogue
         for name, dt in (("zero", dtype), ("zero_f32", torch.float32)):
             self.register_buffer(name, torch.zeros((), dtype=dt, device=device), persistent=False)
+
         if "triton" in self.linear.values() and self.x_proj.device.type == "cuda":
             tlinear.reserve_workspace(self.x_proj.device)    # split-K counters, before any capture
 
@@ -536,59 +878,17 @@ class DSADecodeLayer(nn.Module):
         torch.ops.dsa.cache_write(ik.reshape(T, -1), k_cache, block_table, context_lens, N,
                                   "fp8_indexer", P, self.cfg.scale_fmt, self.path)
 
-    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
-                block_table: torch.Tensor, context_lens: torch.Tensor, *,
-                return_intermediates: bool = False):
-        """One decode step: project the N new tokens, write them into both caches (in place),
-        select top-k positions with the indexer, attend, project out.
-
-        Args:
-          x: ``[B, N, hidden]`` float, the new tokens' hidden states (N > 1: MTP drafts).
-          kv_cache: latent cache in ``self.kv_format`` (SPEC layouts 1-3), written in place at
-            the new tokens' slots.
-          k_cache: indexer K cache, ``fp8_indexer`` uint8 ``[num_pages, P * (D_I + 4)]`` (ue8m0
-            scales), written in place.
-          block_table: int32 ``[B, max_pages]``, shared by both caches (P = ``cfg.page_size``).
-          context_lens: int32 ``[B]``, L_b counting the N new tokens, in ``[N, max_pages * P]``;
-            token i sits at position ``L_b - N + i`` (whose page entry must be in
-            ``[0, num_pages)``) and draft i attends positions ``< L_b - (N - 1 - i)``.
-          return_intermediates: also return a dict (``q``, ``idx_q``, ``idx_weights``,
-            ``indices``, ``idx_context_lens``, ``attn``, ``lse``) for tests.
-        Returns:
-          ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
-          row-parallel partial when ``tp_size > 1``), and the two caches (the same tensors).
-        Raises:
-          TypeError: an argument of the wrong type or dtype (named: ``x`` not a float tensor,
-            ``block_table`` / ``context_lens`` not int32 tensors, a cache not a tensor).
-          ValueError: a wrong shape, layout or device (named); ``k_cache`` with another page
-            count than ``kv_cache``; ``context_lens`` outside ``[N, max_pages * P]``; a new
-            token's page entry outside ``[0, num_pages)`` (``block_table``). The last two are
-            value checks, made eagerly; under torch.compile / CUDA-graph capture they cannot
-            run, and an unmapped new token is then not written (no byte of either cache changes
-            for it and nothing outside them is touched) while the step still runs.
-          NotImplementedError: a named ``path`` that cannot run.
-
-        Capture and compile: apart from the eager value check, the step reads no tensor value on
-        the host and allocates nothing whose size depends on one (positions, the drop mask, the
-        V4 window and the ops are device work; the cache writes are the ``dsa::cache_write``
-        custom op, one fused Triton kernel per cache), so one call captures in a CUDA graph and
-        ``torch.compile(layer, fullgraph=True)`` has no graph break (docs/SEMANTICS.md).
-        """
-        self._validate(x, kv_cache, k_cache, block_table, context_lens)
+    def _prepare_composite(self, x, xq, xkv, xk, kv_cache, k_cache, block_table, context_lens, rope):
+        """The step between the x projection and the DSA ops as composite torch ops (what
+        torch.compile fuses by itself; ``fused_prep=False``): returns ``(q_mla [B, N, H, D_qk] dt,
+        idx_q [B, N, H_I, D_I] e4m3, idx_w [B, N, H_I] float32)`` and writes both caches."""
         cfg, dt, dev = self.cfg, self.dtype, x.device
         B, N, _ = x.shape
         T, H = B * N, self.local_heads
         r, D_I, H_I = cfg.d_rope, cfg.index_head_dim, cfg.index_heads
-        x = x.to(dt)
-        self._check_new_tokens(block_table, context_lens, N, kv_cache.shape[0])
-        cos, sin = self._rope_tables(context_lens, N)                        # [B, N, r/2]
-        cos_h, sin_h = cos[:, :, None], sin[:, :, None]                      # broadcast over heads
-
+        cos, sin, cos_h, sin_h = rope
         # Each result is written into the columns of the buffer its consumer reads (strided
         # out=, in-place rope): no concatenation, and no float32 copy of a [B, N, H, D_qk] tensor
-        # one GEMM for the three projections of x (x_proj), sliced into its three results
-        xp = self._gemm("x_proj", x.reshape(T, -1), self.x_proj).view(B, N, -1)
-        xq, xkv, xk = xp.split([b - a for a, b in self._x_rows.values()], dim=-1)
         qr = _rmsnorm(xq, self.w("q_norm"), cfg.eps).to(dt)
         if cfg.absorbed:
             nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
@@ -641,6 +941,102 @@ class DSADecodeLayer(nn.Module):
                            alpha=H_I ** -0.5 * D_I ** -0.5, out_dtype=torch.float32).view(B, N, H_I) * q_scale
 
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
+        return q_mla, idx_q, idx_w
+
+    def _prepare_fused(self, x, xq, xkv, xk, kv_cache, k_cache, block_table, context_lens):
+        """:meth:`_prepare_composite` as two fused ops (``fused_prep=True``): ``dsa::prep_x``
+        (q_norm, x in float32, the latent and indexer-key rows into both caches) after the x
+        projection, ``dsa::prep_q`` (the indexer q's rope, Hadamard rotation, fp8 quantisation
+        and weight scale; the MLA q's rope, V4's head norm) after the q projections; the same
+        rounding points (kernels/layer_prep/triton.py)."""
+        cfg = self.cfg
+        B, N, _ = x.shape
+        T, H = B * N, self.local_heads
+        D_I, H_I, P = cfg.index_head_dim, cfg.index_heads, cfg.page_size
+        qr, x32 = prepare_x(xq.reshape(T, -1), xkv.reshape(T, -1), xk.reshape(T, -1), x.reshape(T, -1),
+                            self.w("q_norm"), self.w("kv_norm"), self.w("indexer.k_norm.weight"),
+                            self.w("indexer.k_norm.bias"), self.rope_freqs, self.hadamard_sign,
+                            kv_cache, k_cache, block_table, context_lens, N, self.kv_format, page_size=P,
+                            scale_fmt=cfg.scale_fmt, eps=cfg.eps, norm_rope=not cfg.absorbed,
+                            path=self.path)
+        q = self._gemm("wq_b", qr, self.w("wq_b"))                              # [T, H * (nope + r) | D_qk]
+        q_lat = None
+        if cfg.absorbed:
+            nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
+            wkv_b = self.w("wkv_b").view(H, nope + cfg.v_head_dim, C)
+            # q_nope through wkv_b's key half, per head [T, nope] @ [nope, C]: [H, T, C]
+            q_lat = self._gemm("wkv_b_q", q.view(T, H, -1)[..., :nope].transpose(0, 1),
+                               wkv_b[:, :nope].transpose(1, 2))
+        iq = self._gemm("indexer.wq_b", qr, self.w("indexer.wq_b"))             # [T, H_I * D_I]
+        # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
+        # GEMM's alpha, the q scale is multiplied in prep_q
+        w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
+                           alpha=H_I ** -0.5 * D_I ** -0.5, out_dtype=torch.float32)
+        q_mla, idx_q, idx_w = prepare_q(iq, w_raw, q, q_lat, self.hadamard_sign, self.rope_freqs,
+                                        context_lens, N, heads=H, index_heads=H_I, d_qk=cfg.d_qk,
+                                        qk_nope=cfg.qk_nope_head_dim if cfg.absorbed else 0,
+                                        scale_fmt=cfg.scale_fmt, eps=cfg.eps, absorbed=cfg.absorbed,
+                                        q_head_norm=cfg.q_head_norm, path=self.path)
+        return q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I)
+
+    def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
+                block_table: torch.Tensor, context_lens: torch.Tensor, *,
+                return_intermediates: bool = False):
+        """One decode step: project the N new tokens, write them into both caches (in place),
+        select top-k positions with the indexer, attend, project out.
+
+        Args:
+          x: ``[B, N, hidden]`` float, the new tokens' hidden states (N > 1: MTP drafts).
+          kv_cache: latent cache in ``self.kv_format`` (SPEC layouts 1-3), written in place at
+            the new tokens' slots.
+          k_cache: indexer K cache, ``fp8_indexer`` uint8 ``[num_pages, P * (D_I + 4)]`` (ue8m0
+            scales), written in place.
+          block_table: int32 ``[B, max_pages]``, shared by both caches (P = ``cfg.page_size``).
+          context_lens: int32 ``[B]``, L_b counting the N new tokens, in ``[N, max_pages * P]``;
+            token i sits at position ``L_b - N + i`` (whose page entry must be in
+            ``[0, num_pages)``) and draft i attends positions ``< L_b - (N - 1 - i)``.
+          return_intermediates: also return a dict (``q``, ``idx_q``, ``idx_weights``,
+            ``indices``, ``idx_context_lens``, ``attn``, ``lse``) for tests.
+        Returns:
+          ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
+          row-parallel partial when ``tp_size > 1``), and the two caches (the same tensors).
+        Raises:
+          TypeError: an argument of the wrong type or dtype (named: ``x`` not a float tensor,
+            ``block_table`` / ``context_lens`` not int32 tensors, a cache not a tensor).
+          ValueError: a wrong shape, layout or device (named); ``k_cache`` with another page
+            count than ``kv_cache``; ``context_lens`` outside ``[N, max_pages * P]``; a new
+            token's page entry outside ``[0, num_pages)`` (``block_table``). The last two are
+            value checks, made eagerly; under torch.compile / CUDA-graph capture they cannot
+            run, and an unmapped new token is then not written (no byte of either cache changes
+            for it and nothing outside them is touched) while the step still runs.
+          NotImplementedError: a named ``path`` that cannot run.
+
+        Capture and compile: apart from the eager value check, the step reads no tensor value on
+        the host and allocates nothing whose size depends on one (positions, the drop mask, the
+        V4 window and the ops are device work; the cache writes are the ``dsa::cache_write``
+        custom op, one fused Triton kernel per cache, or with ``fused_prep`` part of the
+        ``dsa::prep_x`` custom op), so one call captures in a CUDA graph and
+        ``torch.compile(layer, fullgraph=True)`` has no graph break (docs/SEMANTICS.md).
+        """
+        self._validate(x, kv_cache, k_cache, block_table, context_lens)
+        cfg, dt, dev = self.cfg, self.dtype, x.device
+        B, N, _ = x.shape
+        T, H, r = B * N, self.local_heads, cfg.d_rope
+        x = x.to(dt)
+        self._check_new_tokens(block_table, context_lens, N, kv_cache.shape[0])
+        # one GEMM for the three projections of x (x_proj), sliced into its three results
+        xp = self._gemm("x_proj", x.reshape(T, -1), self.x_proj).view(B, N, -1)
+        xq, xkv, xk = xp.split([b - a for a, b in self._x_rows.values()], dim=-1)
+        rope = None
+        if not self.fused_prep:
+            cos, sin = self._rope_tables(context_lens, N)                    # [B, N, r/2]
+            rope = (cos, sin, cos[:, :, None], sin[:, :, None])              # (and over heads)
+        if self.fused_prep:
+            q_mla, idx_q, idx_w = self._prepare_fused(x, xq, xkv, xk, kv_cache, k_cache, block_table,
+                                                      context_lens)
+        else:
+            q_mla, idx_q, idx_w = self._prepare_composite(x, xq, xkv, xk, kv_cache, k_cache, block_table,
+                                                          context_lens, rope)
 
         if cfg.window:
             idx_lens, win = window_split(context_lens, N, cfg.window)
@@ -655,6 +1051,7 @@ class DSADecodeLayer(nn.Module):
         attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,
                                       d_v=cfg.d_v, block_table=block_table, attn_sink=sink, path=self.path)
         if cfg.absorbed:
+            wkv_b = self.w("wkv_b").view(H, cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.kv_lora_rank)
             # value up-projection, per head [T, C] @ [C, v], written as [T, H * v] for wo
             o = torch.empty(B, N, H, cfg.v_head_dim, dtype=dt, device=dev)
             self._gemm("wkv_b_v", attn.reshape(T, H, -1).transpose(0, 1), wkv_b[:, cfg.qk_nope_head_dim:],
@@ -662,9 +1059,11 @@ class DSADecodeLayer(nn.Module):
             out = self._gemm("wo", o.view(T, -1), self.w("wo")).view(B, N, -1)
         else:
             o = attn
-            if cfg.inverse_rope_out:                # in place (on a copy when attn is reported)
+            if cfg.inverse_rope_out and self.fused_prep:    # one launch, a new tensor
+                o = rope_out(attn.reshape(T, H, -1), self.rope_freqs, context_lens, N, path=self.path)
+            elif cfg.inverse_rope_out:              # in place (on a copy when attn is reported)
                 o = attn.clone() if return_intermediates else attn
-                _rope_into(o[..., -r:], o[..., -r:], cos_h, -sin_h, True)
+                _rope_into(o[..., -r:], o[..., -r:], rope[2], -rope[3], True)
             gl = self.w("wo_a").shape[0] // cfg.o_lora_rank
             wo_a = self.w("wo_a").view(gl, cfg.o_lora_rank, -1)
             # grouped wo_a, per group [T, H * D / gl] @ [H * D / gl, o_lora], as [T, gl * o_lora]

@@ -34,6 +34,12 @@ the same slot (a block table with duplicate entries) is the caller's error (last
 
 Launch: grid ``(B * N,)``, one program per new token, 4 warps; the work is ~1.3 KiB in and out per
 token (B = 64: 42 KiB of kv rows), so the launch latency is the cost.
+
+The quantize + store of one row is a ``@triton.jit`` helper per layout (:func:`_store_latent`,
+:func:`_store_ds_mla`, :func:`_store_model1`, :func:`_store_indexer`) taking the row's float32
+values in registers, with the target from :func:`_new_token_target`: the decode layer's fused
+preparation kernels (``kernels/layer_prep/triton.py``), which compute the rows themselves (norm,
+rope, Hadamard), store them with the same code, so their bytes follow the same rules.
 """
 from __future__ import annotations
 
@@ -137,6 +143,89 @@ def _amax_rows(x, axis: tl.constexpr):
 
 
 @triton.jit
+def _store_latent(cache_ptr, page, off, ok, x, d, D: tl.constexpr, P: tl.constexpr,
+                  BF16_CACHE: tl.constexpr):
+    """Store float32 values ``x`` (any block shape) of dims ``d`` (same shape, ``< D`` stored) of
+    one ``latent`` row at page ``page``, offset ``off``, cast to the cache dtype (bf16 through the
+    cache's uint16 view, round to nearest even); nothing when ``ok`` is false."""
+    m = _masked(d < D, ok)
+    base = (page * P + off) * D                                    # elements
+    if BF16_CACHE:
+        tl.store(cache_ptr.to(tl.pointer_type(tl.uint16)) + base + d, _bf16_bits(x).to(tl.uint16), mask=m)
+    else:
+        tl.store(cache_ptr + base + d, x.to(cache_ptr.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _store_ds_mla(cache_ptr, page, off, ok, nope, rope, P: tl.constexpr):
+    """Quantize one ``fp8_ds_mla`` row and store its 656 bytes: ``nope`` ``[4, 128]`` float32 (dim
+    128g + c), ``rope`` ``[64]`` float32 (rope dim j, stored as bf16); nothing when ``ok`` is false."""
+    u8 = cache_ptr.to(tl.pointer_type(tl.uint8))
+    g = tl.arange(0, 4)
+    c = tl.arange(0, 128)
+    m = _masked((g[:, None] < 4) & (c[None, :] < 128), ok)
+    scale, _ = _pow2_ceil(tl.maximum(tl.math.div_rn(_amax_rows(nope, 1), 448.0), 1e-4,
+                                      propagate_nan=tl.PropagateNan.ALL))
+    q = _e4m3_bits(tl.math.div_rn(nope, scale[:, None]))
+    base = (page * P + off) * DS_MLA_BYTES                         # bytes
+    tl.store(u8 + base + g[:, None] * 128 + c[None, :], q.to(tl.uint8), mask=m)
+    tl.store(cache_ptr.to(tl.pointer_type(tl.float32)) + (base + DS_MLA_SCALE_AT) // 4 + g, scale,
+             mask=_masked(g < 4, ok))
+    r = tl.arange(0, 64)
+    tl.store(cache_ptr.to(tl.pointer_type(tl.uint16)) + (base + DS_MLA_ROPE_AT) // 2 + r,
+             _bf16_bits(rope).to(tl.uint16), mask=_masked(r < 64, ok))
+
+
+@triton.jit
+def _store_model1(cache_ptr, page, off, ok, nope, rope, P: tl.constexpr, PAGE_BYTES: tl.constexpr):
+    """Quantize one ``fp8_model1`` row and store it: ``nope`` ``[8, 64]`` float32 (dim 64g + c; row
+    7 is not stored, its scale byte is the zero pad), ``rope`` ``[64]`` float32 (bf16 in the data
+    row); the 7 ue8m0 scale bytes and the pad go to the page's scale area. Nothing when ``ok`` is
+    false."""
+    u8 = cache_ptr.to(tl.pointer_type(tl.uint8))
+    g = tl.arange(0, 8)                                            # 7 groups of 64, one pad
+    c = tl.arange(0, 64)
+    gm = _masked((g[:, None] < 7) & (c[None, :] < 64), ok)
+    scale, byte = _pow2_ceil(tl.maximum(tl.math.div_rn(_amax_rows(nope, 1), 448.0), 1e-4,
+                                        propagate_nan=tl.PropagateNan.ALL))
+    q = _e4m3_bits(tl.math.div_rn(nope, scale[:, None]))
+    base = page * PAGE_BYTES
+    data = base + off * MODEL1_DATA_BYTES
+    tl.store(u8 + data + g[:, None] * 64 + c[None, :], q.to(tl.uint8), mask=gm)
+    r = tl.arange(0, 64)
+    tl.store(cache_ptr.to(tl.pointer_type(tl.uint16)) + (data + MODEL1_ROPE_AT) // 2 + r,
+             _bf16_bits(rope).to(tl.uint16), mask=_masked(r < 64, ok))
+    tl.store(u8 + base + P * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES + g,
+             tl.where(g < 7, byte, 0).to(tl.uint8), mask=_masked(g < 8, ok))
+
+
+@triton.jit
+def _indexer_scale(amax, UE8M0: tl.constexpr):
+    """The indexer's fp8 scale of a row with max |x| ``amax`` (any block shape): DeepSeek
+    ``act_quant``'s ``max(amax, 1e-4) / 448`` (NaN propagates), rounded up to a power of two
+    with ``UE8M0`` (``torch_impl.formats.indexer_scale``)."""
+    s = tl.math.div_rn(tl.maximum(amax, 1e-4, propagate_nan=tl.PropagateNan.ALL), 448.0)
+    if UE8M0:
+        s, _ = _pow2_ceil(s)
+    return s
+
+
+@triton.jit
+def _store_indexer(cache_ptr, page, off, ok, x, d, D: tl.constexpr, P: tl.constexpr,
+                   PAGE_BYTES: tl.constexpr, UE8M0: tl.constexpr):
+    """Quantize one indexer key and store it in the ``fp8_indexer`` page: ``x`` ``[BLOCK_D]``
+    float32 of dims ``d`` (lanes ``d >= D`` must hold 0), D e4m3 bytes at ``off * D`` and the
+    float32 scale at ``P * D + 4 * off``. Nothing when ``ok`` is false."""
+    m = _masked(d < D, ok)
+    s = _indexer_scale(_amax_rows(x, 0), UE8M0)
+    q = _e4m3_bits(tl.math.div_rn(x, s))
+    base = page * PAGE_BYTES
+    tl.store(cache_ptr.to(tl.pointer_type(tl.uint8)) + base + off * D + d, q.to(tl.uint8), mask=m)
+    tl.store(cache_ptr.to(tl.pointer_type(tl.float32)) + (base + P * D) // 4 + off + d,
+             s + tl.zeros(d.shape, tl.float32), mask=_masked(d < 1, ok))
+
+
+@triton.jit
 def _cache_write_kernel(src_ptr,        # [T, D] float: the new tokens' rows, T = B * N
                         cache_ptr,      # the cache, flat (uint8, or the latent's float dtype)
                         bt_ptr,         # [B, max_pages] int32 block table
@@ -148,62 +237,30 @@ def _cache_write_kernel(src_ptr,        # [T, D] float: the new tokens' rows, T 
     t = tl.program_id(0)
     ok, page, off = _new_token_target(bt_ptr, cl_ptr, t, N, max_pages, num_pages, bt_stride, P)
     row = src_ptr + t.to(tl.int64) * src_stride
-    u8 = cache_ptr.to(tl.pointer_type(tl.uint8))
-    u16 = cache_ptr.to(tl.pointer_type(tl.uint16))
-    f32 = cache_ptr.to(tl.pointer_type(tl.float32))
     if FORMAT == "latent":
         d = tl.arange(0, BLOCK_D)
-        m = _masked(d < D, ok)
-        x = tl.load(row + d, mask=m).to(tl.float32)
-        base = (page * P + off) * D                                # elements
-        if BF16_CACHE:
-            tl.store(u16 + base + d, _bf16_bits(x).to(tl.uint16), mask=m)
-        else:
-            tl.store(cache_ptr + base + d, x.to(cache_ptr.dtype.element_ty), mask=m)
+        x = tl.load(row + d, mask=_masked(d < D, ok)).to(tl.float32)
+        _store_latent(cache_ptr, page, off, ok, x, d, D, P, BF16_CACHE)
     elif FORMAT == "fp8_ds_mla":
         g = tl.arange(0, 4)
         c = tl.arange(0, 128)
         m = _masked((g[:, None] < 4) & (c[None, :] < 128), ok)
         x = tl.load(row + g[:, None] * 128 + c[None, :], mask=m, other=0.0).to(tl.float32)  # [4, 128]
-        scale, _ = _pow2_ceil(tl.maximum(tl.math.div_rn(_amax_rows(x, 1), 448.0), 1e-4,
-                                          propagate_nan=tl.PropagateNan.ALL))
-        q = _e4m3_bits(tl.math.div_rn(x, scale[:, None]))
-        base = (page * P + off) * DS_MLA_BYTES                     # bytes
-        tl.store(u8 + base + g[:, None] * 128 + c[None, :], q.to(tl.uint8), mask=m)
-        tl.store(f32 + (base + DS_MLA_SCALE_AT) // 4 + g, scale, mask=_masked(g < 4, ok))
         r = tl.arange(0, 64)
-        mr = _masked(r < 64, ok)
-        rope = tl.load(row + 512 + r, mask=mr, other=0.0).to(tl.float32)
-        tl.store(u16 + (base + DS_MLA_ROPE_AT) // 2 + r, _bf16_bits(rope).to(tl.uint16), mask=mr)
+        rope = tl.load(row + 512 + r, mask=_masked(r < 64, ok), other=0.0).to(tl.float32)
+        _store_ds_mla(cache_ptr, page, off, ok, x, rope, P)
     elif FORMAT == "fp8_model1":
-        g = tl.arange(0, 8)                                        # 7 groups of 64, one pad
+        g = tl.arange(0, 8)
         c = tl.arange(0, 64)
         gm = _masked((g[:, None] < 7) & (c[None, :] < 64), ok)
         x = tl.load(row + g[:, None] * 64 + c[None, :], mask=gm, other=0.0).to(tl.float32)
-        scale, byte = _pow2_ceil(tl.maximum(tl.math.div_rn(_amax_rows(x, 1), 448.0), 1e-4,
-                                          propagate_nan=tl.PropagateNan.ALL))
-        q = _e4m3_bits(tl.math.div_rn(x, scale[:, None]))
-        base = page * PAGE_BYTES
-        data = base + off * MODEL1_DATA_BYTES
-        tl.store(u8 + data + g[:, None] * 64 + c[None, :], q.to(tl.uint8), mask=gm)
         r = tl.arange(0, 64)
-        mr = _masked(r < 64, ok)
-        rope = tl.load(row + 448 + r, mask=mr, other=0.0).to(tl.float32)
-        tl.store(u16 + (data + MODEL1_ROPE_AT) // 2 + r, _bf16_bits(rope).to(tl.uint16), mask=mr)
-        tl.store(u8 + base + P * MODEL1_DATA_BYTES + off * MODEL1_SCALE_BYTES + g,
-                 tl.where(g < 7, byte, 0).to(tl.uint8), mask=_masked(g < 8, ok))
+        rope = tl.load(row + 448 + r, mask=_masked(r < 64, ok), other=0.0).to(tl.float32)
+        _store_model1(cache_ptr, page, off, ok, x, rope, P, PAGE_BYTES)
     else:                                                          # fp8_indexer
         d = tl.arange(0, BLOCK_D)
-        m = _masked(d < D, ok)
-        x = tl.load(row + d, mask=m, other=0.0).to(tl.float32)
-        s = tl.math.div_rn(tl.maximum(_amax_rows(x, 0), 1e-4, propagate_nan=tl.PropagateNan.ALL), 448.0)
-        if UE8M0:
-            s, _ = _pow2_ceil(s)
-        q = _e4m3_bits(tl.math.div_rn(x, s))
-        base = page * PAGE_BYTES
-        tl.store(u8 + base + off * D + d, q.to(tl.uint8), mask=m)
-        tl.store(f32 + (base + P * D) // 4 + off + d, s + tl.zeros([BLOCK_D], tl.float32),
-                 mask=_masked(d < 1, ok))
+        x = tl.load(row + d, mask=_masked(d < D, ok), other=0.0).to(tl.float32)
+        _store_indexer(cache_ptr, page, off, ok, x, d, D, P, PAGE_BYTES, UE8M0)
 
 
 def cache_write_constexprs(fmt: str, *, page_size: int, dim: int, page_bytes: int,

@@ -1,0 +1,483 @@
+"""The decode layer's fused step preparation (``kernels/layer_prep/triton.py`` through
+``torch_impl.layer.prepare_x`` / ``prepare_q`` / ``rope_out``, and
+``DSADecodeLayer(fused_prep=...)``) against
+the composite torch ops (the ops' ``path="torch"``: the layer's own code, per stage) and against
+float64 math (``kernels.layer_reference``'s rope / norms / Hadamard, the NumPy writers).
+
+Bounds, and why: the kernels round where the composite rounds (docs/SEMANTICS.md "Decode
+layer"), but sum the norms and the Hadamard products in another order, so a dt value may sit
+one dt ulp away (:data:`DT_REL`) and a quantised byte one e4m3 step away (rel 2^-3, the layer's
+``CACHE_REL_FP8``) from the composite's and the float64 value's; bytes of rows the step must not
+write, and of unmapped new tokens, are compared bit for bit. On a CPU machine the kernels run in
+the Triton interpreter (fp32 / fp16); on a GPU the real-dimension test runs bf16 and the
+GPU-only layer test at the end is added.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from kernels import compare, formats, layer_compare, layer_reference as lref
+from torch_impl._common import as_tensor
+from torch_impl.layer import (DSADecodeLayer, FUSED_PREP_ENV, fused_prep_default, prepare_q, prepare_x,
+                              rope_out)
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+gpu_only = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
+
+V32, V4 = lref.DSV32_LAYER.scaled_down(), lref.DSV4_FLASH_LAYER.scaled_down()
+DT_REL = {torch.float32: 2.0 ** -21, torch.float16: 2.0 ** -10, torch.bfloat16: 2.0 ** -7}
+"""A value rounded to dt where the composite rounds, from float32 math summed in another
+order: within two ulps of dt (relative), or ~4e-7 absolute for values near zero."""
+E4M3_REL = layer_compare.CACHE_REL_FP8
+
+# (cfg, kv_format, N, dtype, latent cache dtype, scale_fmt, unmapped new tokens)
+CASES = {
+    "v32_ds_mla_fp32_N1": (V32, "fp8_ds_mla", 1, torch.float32, None, "ue8m0", False),
+    "v32_latent_fp16_N2_amax": (V32, "latent", 2, torch.float16, torch.float16, None, True),
+    "v4_model1_fp16_N2": (V4, "fp8_model1", 2, torch.float16, None, "ue8m0", True),
+    "v4_latent_fp32_N1_amax": (V4, "latent", 1, torch.float32, torch.float32, None, False),
+}
+
+
+@dataclasses.dataclass
+class Stage:
+    """Inputs of one step's two preparation ops (torch tensors on DEVICE) and what the float64
+    math needs (``w`` the weights, ``pos`` [T] positions, ``slots`` [T] with -1 unmapped)."""
+
+    cfg: lref.LayerConfig
+    kv_format: str
+    N: int
+    scale_fmt: str | None
+    x: dict
+    pos: np.ndarray
+    slots: np.ndarray
+
+
+def _stage(name: str, seed: int = 0) -> Stage:
+    """B = 3 requests of N new tokens, P = 16, 4 table columns over 14 pages (one stale); with
+    ``unmapped``, request 1's new token has page entry -1 and request 2's one that wraps int32
+    when multiplied by P (2^28 + 1: page 1 if it wrapped)."""
+    cfg, fmt, N, dt, cache_dt, sf, unmapped = CASES[name]
+    cfg = dataclasses.replace(cfg, scale_fmt=sf)
+    rng = np.random.default_rng(seed)
+    B, P, max_pages, num_pages = 3, cfg.page_size, 4, 14
+    T, H, H_I, D_I, r = B * N, cfg.num_heads, cfg.index_heads, cfg.index_head_dim, cfg.d_rope
+    bt = rng.permutation(num_pages)[:B * max_pages].reshape(B, max_pages).astype(np.int32)
+    cl = np.array([max_pages * P - 3 - 17 * b for b in range(B)], np.int32)
+    if unmapped:
+        bt[1, (cl[1] - N) // P] = -1
+        bt[2, (cl[2] - N) // P] = 2 ** 28 + 1
+    pos = (cl.astype(np.int64)[:, None] - N + np.arange(N)).reshape(-1)
+    slots = formats.logical_to_slot(pos.reshape(B, N), bt, P).reshape(-1)
+    slots = np.where((slots >= 0) & (slots < num_pages * P), slots, -1)
+    norm_shapes = {k: v for k, v in lref.weight_shapes(cfg).items() if "norm" in k}   # init_weights' rule
+    w = {k: (1.0 + 0.1 * rng.standard_normal(v) if not k.endswith("bias") else 0.1 * rng.standard_normal(v))
+         .astype(np.float32) for k, v in norm_shapes.items()}
+    kv_w = w["kv_norm"]
+
+    def act(*shape):
+        return torch.tensor(rng.standard_normal(shape), dtype=dt, device=DEVICE)
+
+    lat = rng.standard_normal((num_pages, P, cfg.d_qk)).astype(np.float32)
+    if fmt == "latent":
+        kv = torch.tensor(lat, dtype=cache_dt, device=DEVICE)
+    else:
+        kv = as_tensor(formats.quantize_kv(lat, fmt), DEVICE)
+    kc = as_tensor(formats.quantize_fp8_indexer(rng.standard_normal((num_pages, P, D_I)).astype(np.float32), sf),
+                   DEVICE)
+    q_cols = H * (cfg.qk_nope_head_dim + r) if cfg.absorbed else H * cfg.d_qk
+    x = dict(xq=act(T, cfg.q_lora_rank), xkv=act(T, cfg.d_qk), xk=act(T, D_I) * 2 + 0.5,
+             x=act(T, cfg.hidden), iq=act(T, H_I * D_I), q=act(T, q_cols),
+             q_lat=act(H, T, cfg.kv_lora_rank) if cfg.absorbed else None,
+             w_raw=torch.tensor(rng.standard_normal((T, H_I)) / H_I, dtype=torch.float32, device=DEVICE),
+             kv_cache=kv, k_cache=kc, block_table=as_tensor(bt, DEVICE), context_lens=as_tensor(cl, DEVICE),
+             q_norm=as_tensor(w["q_norm"], DEVICE), kv_norm=as_tensor(kv_w, DEVICE),
+             k_norm_w=as_tensor(w["indexer.k_norm.weight"], DEVICE),
+             k_norm_b=as_tensor(w["indexer.k_norm.bias"], DEVICE),
+             rope_freqs=torch.tensor(lref.rope_freqs(cfg), dtype=torch.float64, device=DEVICE),
+             hadamard=torch.tensor(np.sign(lref.hadamard_matrix(D_I)), dtype=dt, device=DEVICE))
+    return Stage(cfg, fmt, N, sf, x, pos, slots)
+
+
+def _run_x(st: Stage, path: str):
+    a = st.x
+    kv, kc = a["kv_cache"].clone(), a["k_cache"].clone()
+    qr, x32 = prepare_x(a["xq"], a["xkv"], a["xk"], a["x"], a["q_norm"], a["kv_norm"], a["k_norm_w"],
+                        a["k_norm_b"], a["rope_freqs"], a["hadamard"], kv, kc, a["block_table"],
+                        a["context_lens"], st.N, st.kv_format, page_size=st.cfg.page_size,
+                        scale_fmt=st.scale_fmt, eps=st.cfg.eps, norm_rope=not st.cfg.absorbed, path=path)
+    return qr, x32, kv, kc
+
+
+def _run_q(st: Stage, path: str):
+    a, cfg = st.x, st.cfg
+    return prepare_q(a["iq"], a["w_raw"], a["q"], a["q_lat"], a["hadamard"], a["rope_freqs"],
+                     a["context_lens"], st.N, heads=cfg.num_heads, index_heads=cfg.index_heads,
+                     d_qk=cfg.d_qk, qk_nope=cfg.qk_nope_head_dim if cfg.absorbed else 0,
+                     scale_fmt=st.scale_fmt, eps=cfg.eps, absorbed=cfg.absorbed,
+                     q_head_norm=cfg.q_head_norm, path=path)
+
+
+def _np(t):
+    return compare.to_numpy(t).astype(np.float64)
+
+
+# ---------------------------------------------------------------- float64 math of the stages
+
+def _angles(st: Stage):
+    return st.pos.astype(np.float64)[:, None] * lref.rope_freqs(st.cfg)             # [T, r/2]
+
+
+_NP_DT = {torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _rd(x, dt):
+    """float64 ``x`` rounded to the layer dtype ``dt`` (bf16 through torch) and back."""
+    if dt == torch.bfloat16:
+        return torch.tensor(x, dtype=torch.float64).bfloat16().double().numpy()
+    return np.asarray(x).astype(_NP_DT[dt]).astype(np.float64)
+
+
+def _ref_x(st: Stage):
+    """(qr, latent rows [T, D_qk], indexer keys after the Hadamard [T, D_I]): float64 math from
+    the dt inputs, rounded to dt where the layer stores dt (docs/SEMANTICS.md "Decode layer")."""
+    cfg, a = st.cfg, st.x
+    dt = a["xq"].dtype
+    ang, r = _angles(st), cfg.d_rope
+    qr = _rd(lref._rmsnorm(_np(a["xq"]), _np(a["q_norm"]), cfg.eps), dt)
+    kv = _np(a["xkv"])
+    if cfg.absorbed:
+        C = cfg.kv_lora_rank
+        latent = np.concatenate([lref._rmsnorm(kv[:, :C], _np(a["kv_norm"]), cfg.eps),
+                                 lref._rope(kv[:, C:], ang, interleaved=True)], axis=-1)
+    else:
+        n = lref._rmsnorm(kv, _np(a["kv_norm"]), cfg.eps)
+        latent = np.concatenate([n[:, :-r], lref._rope(n[:, -r:], ang, interleaved=True)], axis=-1)
+    k = lref._layernorm(_np(a["xk"]), _np(a["k_norm_w"]), _np(a["k_norm_b"]), cfg.eps)
+    k = _rd(np.concatenate([lref._rope(k[:, :r], ang, interleaved=False), k[:, r:]], axis=-1), dt)
+    return qr, _rd(latent, dt), _rd(k @ lref.hadamard_matrix(cfg.index_head_dim), dt)
+
+
+def _ref_q(st: Stage):
+    """(q_mla [T, H, D_qk], indexer q after the Hadamard [T, H_I, D_I]): float64 math, rounded
+    to dt where the layer stores dt."""
+    cfg, a = st.cfg, st.x
+    dt = a["iq"].dtype
+    ang, r, H = _angles(st)[:, None], cfg.d_rope, cfg.num_heads
+    T = st.pos.shape[0]
+    iq = _np(a["iq"]).reshape(T, cfg.index_heads, -1)
+    iq = _rd(np.concatenate([lref._rope(iq[..., :r], ang, interleaved=False), iq[..., r:]], axis=-1), dt)
+    q = _np(a["q"]).reshape(T, H, -1)
+    if cfg.absorbed:
+        q_mla = np.concatenate([_np(a["q_lat"]).transpose(1, 0, 2),
+                                lref._rope(q[..., cfg.qk_nope_head_dim:], ang, interleaved=True)], axis=-1)
+    else:
+        q = _rd(lref._rmsnorm(q, None, cfg.eps), dt)
+        q_mla = np.concatenate([q[..., :-r], lref._rope(q[..., -r:], ang, interleaved=True)], axis=-1)
+    return _rd(q_mla, dt), _rd(iq @ lref.hadamard_matrix(cfg.index_head_dim), dt)
+
+
+def _close(name, got, want, dt):
+    """Two dt ulps, relative to each element or to the largest one (a dt rounding that flips
+    upstream of a sum moves a small result by an ulp of the large inputs)."""
+    want = np.asarray(want, np.float64)
+    return compare.check_close(name, got, want, abs_tol=2 * DT_REL[dt] * float(np.abs(want).max()),
+                               rel_tol=2 * DT_REL[dt])
+
+
+# ---------------------------------------------------------------- comparisons
+
+def _rows(st: Stage, kv, kc):
+    """Dequantised cache rows: (latent [slots, D_qk], indexer keys [slots, D_I]) float64."""
+    return (formats.dequantize_kv(compare.to_numpy(kv), st.kv_format).astype(np.float64),
+            formats.dequantize_fp8_indexer(compare.to_numpy(kc), st.cfg.index_head_dim)
+            .reshape(-1, st.cfg.index_head_dim).astype(np.float64))
+
+
+def _check_caches(st: Stage, kv, kc, want_lat, want_k, what):
+    """Rows of the mapped new tokens within one e4m3 step (fp8; abs: one e4m3 subnormal step of
+    the row's scale) or two dt ulps (latent) of ``want_*`` ([T, ...] float64, one row per token);
+    every other byte of both caches (unmapped new tokens' rows included) as it was, bit for bit."""
+    ok = st.slots >= 0
+    got_lat, got_k = _rows(st, kv, kc)
+    cache_dt = st.x["kv_cache"].dtype
+    if st.kv_format == "latent":
+        lat = _close(f"{what}: kv new rows", got_lat[st.slots[ok]], want_lat[ok], cache_dt)
+    else:
+        lat = compare.check_close(f"{what}: kv new rows", got_lat[st.slots[ok]], want_lat[ok],
+                                  abs_tol=float(np.abs(want_lat).max()) * 2.0 ** -16, rel_tol=E4M3_REL)
+    compare.assert_pass(lat.merge(compare.check_close(
+        f"{what}: k new rows", got_k[st.slots[ok]], want_k[ok],
+        abs_tol=float(np.abs(want_k).max()) * 2.0 ** -16, rel_tol=E4M3_REL)))
+    P = st.cfg.page_size
+    for name, got, old in (("kv_cache", kv, st.x["kv_cache"]), ("k_cache", kc, st.x["k_cache"])):
+        g = got.contiguous().view(torch.uint8).cpu().numpy().reshape(old.shape[0], -1)
+        o = old.contiguous().view(torch.uint8).cpu().numpy().reshape(old.shape[0], -1)
+        mask = np.zeros(g.shape, bool)
+        for slot in st.slots[ok]:
+            page, off = divmod(int(slot), P)
+            for lo, hi in _token_bytes(st, name, off):
+                mask[page, lo:hi] = True
+        bad = (g != o) & ~mask
+        assert not bad.any(), f"{what}: {name} bytes outside the mapped new tokens' rows changed, " \
+                              f"first at [page, byte] {np.argwhere(bad)[:4].tolist()}"
+
+
+def _token_bytes(st: Stage, name: str, off: int):
+    """Byte ranges of token ``off``'s rows within its page of cache ``name``."""
+    P, D_I = st.cfg.page_size, st.cfg.index_head_dim
+    if name == "k_cache":
+        return [(off * D_I, (off + 1) * D_I), (P * D_I + 4 * off, P * D_I + 4 * off + 4)]
+    if st.kv_format == "fp8_model1":
+        return [(off * 576, (off + 1) * 576), (P * 576 + off * 8, P * 576 + off * 8 + 8)]
+    row = st.x["kv_cache"][0].numel() * st.x["kv_cache"].element_size() // P
+    return [(off * row, (off + 1) * row)]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_prep_x_matches_composite_and_float64(name):
+    """``dsa::prep_x`` on the Triton kernel against its composite twin (``path="torch"``) and
+    float64 math: q_norm within two dt ulps, x cast exactly, both caches' new rows within one
+    e4m3 step (fp8) / two dt ulps (latent), every other byte (unmapped new tokens included)
+    untouched."""
+    st = _stage(name)
+    dt = st.x["xq"].dtype
+    qr, x32, kv, kc = _run_x(st, "triton")
+    qr_c, x32_c, kv_c, kc_c = _run_x(st, "torch")
+    ref_qr, ref_lat, ref_k = _ref_x(st)
+    assert torch.equal(x32, x32_c) and torch.equal(x32, st.x["x"].float())
+    for want, label in ((_np(qr_c), "composite"), (ref_qr, "float64")):
+        compare.assert_pass(_close(f"qr vs {label}", qr, want, dt))
+    safe = np.where(st.slots >= 0, st.slots, 0)
+    lat_c, k_c = _rows(st, kv_c, kc_c)
+    _check_caches(st, kv_c, kc_c, lat_c[safe], k_c[safe], "composite")    # its own untouched bytes
+    _check_caches(st, kv, kc, lat_c[safe], k_c[safe], "vs composite")
+    want_kv, want_kc = lref.write_token_rows(compare.to_numpy(st.x["kv_cache"]), compare.to_numpy(st.x["k_cache"]),
+                                             ref_lat, ref_k, st.slots, st.kv_format, st.cfg.page_size,
+                                             st.cfg.index_head_dim, st.scale_fmt)
+    lat_r, k_r = _rows(st, want_kv, want_kc)
+    _check_caches(st, kv, kc, lat_r[safe], k_r[safe], "vs float64")
+    same = (kc.view(torch.uint8) == kc_c.view(torch.uint8)).float().mean().item()
+    assert same > 0.999, f"only {same:.5f} of the k_cache bytes equal the composite's"
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_prep_q_matches_composite_and_float64(name):
+    """``dsa::prep_q`` on the Triton kernel against its composite twin and float64 math:
+    ``q_mla`` within two dt ulps (V3.2's copied ``q_lat`` bit for bit), ``idx_q`` (dequantised
+    with its scale) within one e4m3 step, the scales (``idx_w / w_raw``) equal to the composite's
+    up to the float32 ulp of ``amax / 448``; against float64 math within a few dt ulps
+    (``amax / 448``) or equal (ue8m0) but for heads whose amax sits at a power-of-two boundary
+    (then one power of two apart; at most 10 % of them)."""
+    st = _stage(name)
+    cfg, dt = st.cfg, st.x["iq"].dtype
+    q_mla, idx_q, idx_w = _run_q(st, "triton")
+    q_mla_c, idx_q_c, idx_w_c = _run_q(st, "torch")
+    ref_q, ref_iq = _ref_q(st)
+    if cfg.absorbed:
+        assert torch.equal(q_mla[..., :cfg.kv_lora_rank], st.x["q_lat"].transpose(0, 1))
+    for want, label in ((_np(q_mla_c), "composite"), (ref_q, "float64")):
+        compare.assert_pass(_close(f"q_mla vs {label}", q_mla, want, dt))
+    w = _np(st.x["w_raw"])
+    scale, scale_c = _np(idx_w) / w, _np(idx_w_c) / w
+    compare.assert_pass(compare.check_close("q scale vs composite", scale, scale_c, abs_tol=0, rel_tol=1e-6))
+    deq = _np(idx_q.float()) * scale[..., None]
+    sub = float(scale.max()) * 2.0 ** -9                          # one e4m3 subnormal step
+    compare.assert_pass(compare.check_close("idx_q vs composite", deq, _np(idx_q_c.float()) * scale_c[..., None],
+                                            abs_tol=sub, rel_tol=E4M3_REL))
+    compare.assert_pass(compare.check_close("idx_q vs float64", deq, ref_iq, abs_tol=sub, rel_tol=E4M3_REL))
+    ref_scale = formats.indexer_scale(np.abs(ref_iq.astype(np.float32)).max(-1), st.scale_fmt)
+    compare.assert_pass(compare.check_close("q scale vs float64", scale, ref_scale, abs_tol=0,
+                                            rel_tol=1.01 if st.scale_fmt == "ue8m0" else 4 * DT_REL[dt]))
+    if st.scale_fmt == "ue8m0":
+        assert (scale == ref_scale).mean() >= 0.9, f"{(scale != ref_scale).sum()} of {scale.size} scales differ"
+    same = (idx_q.view(torch.uint8) == idx_q_c.view(torch.uint8)).float().mean().item()
+    assert same > 0.99, f"only {same:.4f} of the idx_q bytes equal the composite's"
+
+
+def _attn(st: Stage, seed: int = 5):
+    T, cfg = st.pos.shape[0], st.cfg
+    rng = np.random.default_rng(seed)
+    return torch.tensor(rng.standard_normal((T, cfg.num_heads, cfg.d_qk)), dtype=st.x["iq"].dtype, device=DEVICE)
+
+
+@pytest.mark.parametrize("name", ["v4_model1_fp16_N2", "v4_latent_fp32_N1_amax"])
+def test_rope_out_matches_composite_and_float64(name):
+    """``dsa::rope_out`` (V4-Flash's inverse rope on the attention output) on the Triton kernel:
+    the first D - r dims copied bit for bit, the last r within two dt ulps of the composite's and
+    of float64 math (rounded to dt), attn itself untouched."""
+    st = _stage(name)
+    a, cfg, dt = st.x, st.cfg, st.x["iq"].dtype
+    attn = _attn(st)
+    before = attn.clone()
+    o = rope_out(attn, a["rope_freqs"], a["context_lens"], st.N, path="triton")
+    o_c = rope_out(attn, a["rope_freqs"], a["context_lens"], st.N, path="torch")
+    r = cfg.d_rope
+    assert torch.equal(attn, before) and torch.equal(o[..., :-r], attn[..., :-r])
+    ref = _rd(lref._rope(_np(attn)[..., -r:], _angles(st)[:, None], interleaved=True, inverse=True), dt)
+    for want, label in ((_np(o_c[..., -r:]), "composite"), (ref, "float64")):
+        compare.assert_pass(_close(f"rope dims vs {label}", o[..., -r:], want, dt))
+
+
+@pytest.mark.parametrize("path", ["triton", "torch"])
+def test_prep_ops_pass_opcheck(path):
+    """``torch.library.opcheck`` of the three custom ops (schema and mutation declarations, the fake
+    impls' shapes / dtypes / strides against the real outputs, AOT dispatch): what
+    ``torch.compile(fullgraph=True)`` relies on. V3.2 with unmapped tokens, N = 2 (rope_out:
+    V4-Flash, N = 2)."""
+    st = _stage("v32_latent_fp16_N2_amax")
+    a, cfg = st.x, st.cfg
+    x_args = (a["xq"], a["xkv"], a["xk"], a["x"], a["q_norm"], a["kv_norm"], a["k_norm_w"], a["k_norm_b"],
+              a["rope_freqs"], a["hadamard"], a["kv_cache"].clone(), a["k_cache"].clone(), a["block_table"],
+              a["context_lens"], st.N, st.kv_format, cfg.page_size, st.scale_fmt, cfg.eps, False, path)
+    torch.library.opcheck(torch.ops.dsa.prep_x.default, x_args)
+    q_args = (a["iq"], a["w_raw"], a["q"], a["q_lat"], a["hadamard"], a["rope_freqs"], a["context_lens"], st.N,
+              cfg.num_heads, cfg.index_heads, cfg.d_qk, cfg.qk_nope_head_dim, st.scale_fmt, cfg.eps, True,
+              False, path)
+    torch.library.opcheck(torch.ops.dsa.prep_q.default, q_args)
+    v4 = _stage("v4_model1_fp16_N2")
+    torch.library.opcheck(torch.ops.dsa.rope_out.default, (_attn(v4), v4.x["rope_freqs"], v4.x["context_lens"], v4.N,
+                                                           path))
+
+
+def test_prep_bf16_in_the_interpreter_is_not_implemented():
+    """bf16 operands in the CPU interpreter: the named Triton path raises NotImplementedError
+    before launch; ``auto`` falls through to the composite ops."""
+    if CUDA:
+        pytest.skip("the interpreter's bf16 gate: CPU only")
+    st = _stage("v32_ds_mla_fp32_N1")
+    for k in ("xq", "xkv", "xk", "x", "iq", "q", "q_lat", "hadamard"):
+        st.x[k] = st.x[k].bfloat16()
+    with pytest.raises(NotImplementedError, match="bf16"):
+        _run_x(st, "triton")
+    with pytest.raises(NotImplementedError, match="bf16"):
+        _run_q(st, "triton")
+    qr, _, _, kc = _run_x(st, "auto")
+    assert qr.dtype == torch.bfloat16 and not torch.equal(kc, st.x["k_cache"])
+    assert _run_q(st, "auto")[1].dtype == torch.float8_e4m3fn
+
+
+def test_prep_q_configs_are_compiled():
+    """The launcher's config (:func:`prep_q_heuristic`) is a member of ``PREP_Q_SPACE`` for every
+    preset, TP size and dtype, and each one the real dimensions reach is in the AOT specs that
+    tests/test_triton_compile.py compiles for sm_90 / sm_120."""
+    from kernels.layer_prep import triton as tlp
+    labels = [s.label for s in tlp.aot_specs("small")]
+    for cfg in lref.LAYER_CONFIGS.values():
+        for tp in (1, 2, 4, 8):
+            for dt, nbytes in (("fp32", 4), ("fp16", 2), ("bf16", 2)):
+                c = tlp.prep_q_heuristic(cfg.index_heads, cfg.heads_per_rank(tp), nbytes)
+                assert c in tlp.PREP_Q_SPACE
+                assert any(lb.startswith(f"prep_q {cfg.name} dt={dt} ") and lb.endswith(str(c)) for lb in labels)
+
+
+def test_fused_prep_switch(monkeypatch):
+    """``DSA_LAYER_FUSED_PREP``: unset or 1 on, 0 off, anything else a ValueError naming it; the
+    constructor's ``fused_prep`` overrides it."""
+    monkeypatch.delenv(FUSED_PREP_ENV, raising=False)
+    assert fused_prep_default() is True
+    monkeypatch.setenv(FUSED_PREP_ENV, "0")
+    assert fused_prep_default() is False
+    assert DSADecodeLayer(V32, None, device="meta").fused_prep is False
+    assert DSADecodeLayer(V32, None, device="meta", fused_prep=True).fused_prep is True
+    monkeypatch.setenv(FUSED_PREP_ENV, "yes")
+    with pytest.raises(ValueError, match=f"^{FUSED_PREP_ENV}: expected '0' or '1', got 'yes'"):
+        DSADecodeLayer(V32, None, device="meta")
+
+
+LAYER_CASES = {  # name: (cfg, kv_format, B, N, lens, seed, dtype)
+    "dsv32_fp8_ds_mla_N2": (V32, "fp8_ds_mla", 2, 2, (150, 40), 0, torch.float32),
+    "dsv4_fp8_model1_fp16": (V4, "fp8_model1", 2, 1, (120, 30), 3, torch.float16),
+}
+
+
+@pytest.mark.parametrize("name", list(LAYER_CASES))
+def test_layer_fused_prep_matches_composite(name):
+    """The whole step with the switch on and off (Triton path): the same intermediates within
+    the stage bounds, the same caches within one e4m3 step, outputs within SPEC's out bound
+    (float32) or the bf16/fp16 layer's cosine bound, and the fused step against the float64
+    reference (tests/_layer_checks.py's checks)."""
+    import _layer_checks as checks
+    cfg, fmt, B, N, lens, seed, dt = LAYER_CASES[name]
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name=name)
+    res = {}
+    for fused in (True, False):
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt,
+                               fused_prep=fused)
+        args = [as_tensor(a, DEVICE) for a in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                                case.context_lens)]
+        out, kv, kc, inter = layer(*args, return_intermediates=True)
+        res[fused] = (out, kv, kc, inter)
+    (o1, kv1, kc1, i1), (o0, kv0, kc0, i0) = res[True], res[False]
+    compare.assert_pass(_close("q", i1["q"], _np(i0["q"]), dt))
+    compare.assert_pass(compare.check_close("idx_weights", i1["idx_weights"], _np(i0["idx_weights"]),
+                                            abs_tol=layer_compare.IDX_WEIGHTS_ABS, rel_tol=layer_compare.IDX_WEIGHTS_REL))
+    new = layer_compare.new_slot_mask(case)
+    (lat1, k1), (lat0, k0) = (layer_compare._cache_rows(case, compare.to_numpy(kv), compare.to_numpy(kc))
+                              for kv, kc in ((kv1, kc1), (kv0, kc0)))
+    compare.assert_pass(layer_compare._merge([
+        layer_compare._exact("kv rows not written", lat1[~new], lat0[~new], equal_nan=True),
+        layer_compare._exact("k rows not written", k1[~new], k0[~new]),
+        compare.check_close("kv new rows", lat1[new], lat0[new], abs_tol=layer_compare.CACHE_ABS, rel_tol=E4M3_REL),
+        compare.check_close("k new rows", k1[new], k0[new], abs_tol=layer_compare.CACHE_ABS, rel_tol=E4M3_REL)]))
+    ref = case.reference()
+    inter_np = {k: (v.view(torch.uint8).cpu().numpy().view(formats.E4M3) if v.dtype == torch.float8_e4m3fn
+                    else compare.to_numpy(v)) for k, v in i1.items()}
+    if dt == torch.float32:
+        checks.check_step(case, ref, compare.to_numpy(o1), compare.to_numpy(kv1), compare.to_numpy(kc1), inter_np)
+        compare.assert_pass(compare.check_close("out", o1, _np(o0), abs_tol=compare.OUT_ABS,
+                                                rel_tol=compare.OUT_REL, cos_tol=compare.OUT_COS))
+    else:
+        checks.check_bf16_step(case, compare.to_numpy(o1), compare.to_numpy(kc1), inter_np)
+        compare.assert_pass(layer_compare.check_out(compare.to_numpy(o1), _np(o0), low_precision=True,
+                                                    name="out (fused vs composite)"))
+
+
+@pytest.mark.parametrize("preset", ["DSV32", "DSV4_FLASH"])
+def test_prep_at_real_dimensions(preset):
+    """All three ops at the real preset dimensions (H 128 / 64, q_lora 1536 / 1024, hidden 7168 /
+    4096; P 16 to keep the caches small), fp16 in the CPU interpreter, bf16 on a GPU: the Triton
+    kernels against the composite twins and float64 math (the stage bounds with that dtype's
+    ulp), with unmapped new tokens."""
+    cfg = lref.LAYER_CONFIGS[preset]
+    name = f"real_{preset}"
+    dt = torch.bfloat16 if CUDA else torch.float16
+    CASES[name] = (dataclasses.replace(cfg, page_size=16), cfg.kv_format, 2, dt, None, "ue8m0", True)
+    try:
+        test_prep_x_matches_composite_and_float64(name)
+        test_prep_q_matches_composite_and_float64(name)
+        if cfg.inverse_rope_out:
+            test_rope_out_matches_composite_and_float64(name)
+    finally:
+        del CASES[name]
+
+
+# ---------------------------------------------------------------------------------- GPU only
+
+@gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_bf16_layer_fused_prep_matches_composite_on_gpu(name):
+    """bf16 layer at the real dimensions, the switch on and off: both pass the bf16 step check
+    against the float64 reference (tests/_layer_checks.py) and agree within BF16_COS."""
+    import _layer_checks as checks
+    from test_layer_torch import _bf16_rounded, _real_case
+    case = _real_case(name)
+    case.weights = _bf16_rounded(case.weights)
+    outs = []
+    for fused in (True, False):
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                               dtype=torch.bfloat16, path="triton", fused_prep=fused)
+        args = [as_tensor(a, DEVICE) for a in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                                case.context_lens)]
+        out, _, kc, inter = layer(*args, return_intermediates=True)
+        inter = {k: (v.view(torch.uint8).cpu().numpy().view(formats.E4M3) if v.dtype == torch.float8_e4m3fn
+                     else compare.to_numpy(v)) for k, v in inter.items()}
+        checks.check_bf16_step(case, compare.to_numpy(out), compare.to_numpy(kc), inter)
+        outs.append(_np(out))
+    compare.assert_pass(layer_compare.check_out(outs[0], outs[1], low_precision=True,
+                                                name="out (fused vs composite)"))
