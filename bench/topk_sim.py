@@ -1,4 +1,4 @@
-"""NumPy simulation of the radix top-k's threshold-bucket sizes: old first digit against new.
+"""NumPy simulation of the radix top-k's threshold-bucket sizes under its first digits.
 
     python -m bench.topk_sim [--rows 16] [--json out.json] [--quick]
 
@@ -10,11 +10,14 @@ same math as the kernels: ``k_scale * sum_h w_h * relu(q_h . k)`` over dequantis
 
 * ``old``: the top 8 bits of the order key (sign + 7 exponent bits: 2 binades per bin), the
   digit before this change.
-* ``window``: the kernel's digit, ``clamp((key >> 20) - base, 0, 255)`` with
-  ``base = (max_key >> 20) - 255``: 1/8-binade bins over the 32 binades below the row max; a
-  threshold in bin 0 is a *window miss* (the kernel then descends the full key over bin 0: the
-  candidates are that bin).
+* ``window``: the one-sided window of 2026-12-01..04, ``clamp((key >> 20) - base, 0, 255)``
+  with ``base = (max_key >> 20) - 255``: 1/8-binade bins over the 32 binades below the row max;
+  a threshold in bin 0 is a *window miss* (the kernel then descended the full key over bin 0:
+  the candidates are that bin, e.g. the whole row when fewer than K values are positive).
 * ``window16``: the same at 1/16 binade (``key >> 19``, 16 binades), for comparison only.
+* ``two_sided``: the kernel's digit now (``kernels.topk.window``): 1/8-binade bins over the 16
+  binades below the row max and the 16 above the row min, one middle bin between them (a
+  threshold there is the miss).
 
 A row whose qualifying count is <= K has no threshold (0 candidates). The counts are the
 threshold bin's size whether or not the kernel can take it whole (it then skips the levels).
@@ -30,6 +33,8 @@ Inputs:
   scales), i.i.d. Student-t rows with 1.5 and 1 (Cauchy) degrees of freedom, and the bench
   logits with one +1e30 outlier per row (a forced window miss: the threshold lies ~100 binades
   below the max).
+* thresholds below zero: the bench logits minus 0.1 (most values negative, the max positive)
+  and the bench rows cut to 2,560 positions (K 2,048: the threshold near the 20th percentile).
 """
 from __future__ import annotations
 
@@ -38,17 +43,11 @@ import json
 
 import numpy as np
 
+from kernels.topk import window
+from kernels.topk.window import order_keys  # noqa: F401 (also this module's API)
+
 
 # ----------------------------------------------------------------------------- digits
-
-def order_keys(x: np.ndarray) -> np.ndarray:
-    """uint32 order keys of float32 ``x`` (kernels.topk.triton.order_key); 0 = NaN / -inf."""
-    x = np.where(x == 0, np.float32(0), x.astype(np.float32))
-    u = x.view(np.uint32)
-    key = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
-    ok = ~np.isnan(x) & (x != -np.inf)
-    return np.where(ok, key, np.uint32(0))
-
 
 def _threshold_bucket(bins: np.ndarray, nbins: int, K: int) -> tuple[int, int]:
     """(threshold bin or -1 when all qualifying are taken, its count) for int bins of keys."""
@@ -64,6 +63,12 @@ def candidates(key: np.ndarray, K: int) -> dict:
     """Threshold-bucket sizes of one row's keys (0 = not qualifying) under each digit."""
     q = key[key != 0]
     out = {}
+    if q.size:
+        d2, n2 = window.threshold_bin(window.histogram(q, *window.window_bases(q)), K)
+    else:
+        d2, n2 = -1, 0
+    out["two_sided"] = n2
+    out["two_sided_miss"] = d2 == window.MID_BIN
     _, out["old"] = _threshold_bucket((q >> 24).astype(np.int64), 256, K)
     kmax = int(q.max()) if q.size else 0
     for name, shift in (("window", 20), ("window16", 19)):
@@ -140,11 +145,11 @@ def summarize(name: str, rows, K: int) -> dict:
     """Median / worst candidates per row under each digit and the window-miss rate."""
     per = [candidates(order_keys(np.asarray(r, np.float32)), K) for r in rows]
     out = dict(inputs=name, K=K, rows=len(per), L=int(max(len(r) for r in rows)))
-    for d in ("old", "window", "window16"):
+    for d in ("old", "window", "window16", "two_sided"):
         v = np.array([p[d] for p in per])
         out[d + "_median"] = int(np.median(v))
         out[d + "_worst"] = int(v.max())
-    for d in ("window", "window16"):
+    for d in ("window", "window16", "two_sided"):
         out[d + "_miss_rate"] = float(np.mean([p[d + "_miss"] for p in per]))
     return out
 
@@ -153,7 +158,8 @@ def _heavy(rows: np.ndarray, rng) -> dict:
     lognormal = rows * np.exp(2.0 * rng.standard_normal(rows.shape)).astype(np.float32)
     outlier = rows.copy()
     outlier[np.arange(rows.shape[0]), rng.integers(0, rows.shape[1], rows.shape[0])] = 1e30
-    return {"bench x lognormal(0,2)": lognormal.astype(np.float32), "bench + one 1e30": outlier}
+    return {"bench x lognormal(0,2)": lognormal.astype(np.float32), "bench + one 1e30": outlier,
+            "bench - 0.1": (rows - np.float32(0.1)).astype(np.float32)}
 
 
 def main(argv=None) -> None:
@@ -172,6 +178,7 @@ def main(argv=None) -> None:
         table.append(summarize(f"bench {preset} L{L // 1024}K", rows, K))
         for nm, hv in _heavy(rows, rng).items():
             table.append(summarize(f"{nm} {preset} L{L // 1024}K", hv, K))
+        table.append(summarize(f"bench {preset} cut to {K + K // 4}", rows[:, : K + K // 4], K))
         for df in (1.5, 1.0):
             t = rng.standard_t(df, size=(rows.shape[0], L)).astype(np.float32)
             table.append(summarize(f"student-t df {df} L{L // 1024}K", t, K))
@@ -181,7 +188,8 @@ def main(argv=None) -> None:
         rows = step_logits(preset, 4, ctx, K, seed=1)
         table.append(summarize(f"step {preset} ctx{ctx // 1024}K (B4)", rows, K))
     cols = ["inputs", "K", "rows", "old_median", "old_worst", "window_median", "window_worst",
-            "window_miss_rate", "window16_median", "window16_worst", "window16_miss_rate"]
+            "window_miss_rate", "window16_median", "window16_worst", "window16_miss_rate",
+            "two_sided_median", "two_sided_worst", "two_sided_miss_rate"]
     print("| " + " | ".join(cols) + " |")
     print("|" + "---|" * len(cols))
     for r in table:
