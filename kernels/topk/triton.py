@@ -45,10 +45,12 @@ Algorithm (no atomics, no sort):
    middle bin (a window miss: the threshold lies more than 16 binades below the max and above
    the min) the bucket is "every key between the windows" and the descent runs over the full
    key from bit 31 (four levels): the fallback, exact in every case, costs passes over that
-   bucket. The descent stops early when the chosen bucket is taken whole. Above
-   ``COMPACT_MIN`` candidates a level also compacts them, in place and in position order, to
-   its chosen bucket (keys above it go to the output then), so a miss or a wide tie costs two
-   passes over the bucket and then passes over the old digit's bucket size (~1-16K).
+   bucket. The descent stops early when the chosen bucket is taken whole. Up to ``BLOCK``
+   candidates (the bench's rows: 0.1-1K) are read once and every level and the selection run
+   on them in registers; above ``COMPACT_MIN`` a level also compacts them, in place and in
+   position order, to its chosen bucket (keys above it go to the output then), so a miss or a
+   wide tie costs two passes over the bucket and then passes over the old digit's bucket size
+   (~1-16K).
 5. Selection over the candidates in position order: keys above the final bucket are taken,
    keys in it while their running rank is ``<= need``: exactly the SPEC tie rule.
 6. The tail ``[min(C, K), K)`` of the output row is filled with -1.
@@ -69,14 +71,18 @@ so it also builds pass A's windowed histogram per (request, split, draft) with i
 (:func:`window_hist_add`, or the first tile's bases with headroom and a recount) and writes one
 ``HIST_ROW``-int32 block per draft (256 bins, then the two bases) instead of the top-k
 re-reading the row. Given the logits kernel's page size as well (``page_size=``), pass B runs
-split. The plan runs over groups of ``PLAN_GROUP`` splits, one program per (row, group):
-``_topk_plan_part_kernel`` brings each group's histograms to the row's bases (indexed loads, no
-register gather) and sums them; ``_topk_plan_count_kernel`` sums the groups' partials, picks the
-threshold bin, and counts each split's keys above the bin and in it (per split: the counts of
-the splits before it in its group; per group: its totals). Then ``_topk_scatter_kernel`` runs
-``R x S`` programs, each over its split's positions only from those offsets, and writes in
-ascending position order exactly as the one-program pass would.
-The per-row kernel then continues from the candidates (``FROM_PLAN``).
+split: ``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only
+from its output / candidate offsets, and writes in ascending position order exactly as the
+one-program pass would. Up to ``SCATTER_PLAN_SPLITS`` splits a row (B >= 16-32) each scatter
+program plans itself: it loads the row's S histogram blocks at the row's bases, picks the
+threshold bin and starts after the counts of the splits before it (split 0 writes the row's
+state): two launches in all. With more splits (B 1: 264-528) the plan runs over groups of
+``PLAN_GROUP`` splits, one program per (row, group): ``_topk_plan_part_kernel`` brings each
+group's histograms to the row's bases (indexed loads, no register gather) and sums them;
+``_topk_plan_count_kernel`` sums the groups' partials, picks the threshold bin, and counts each
+split's keys above the bin and in it (per split: the counts of the splits before it in its
+group; per group: its totals), which the scatter reads. The per-row kernel then continues from
+the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
 
@@ -224,6 +230,36 @@ def bin_digit(c, base, lbase):
 
 
 @triton.jit
+def bin_key_range(d0, base, lbase):
+    """``(key_lo, key_hi)`` uint32: the qualifying keys of bin ``d0`` (any bin: a window digit,
+    the middle, the clamped end bins) are exactly ``key_lo <= key <= key_hi``; keys above
+    ``key_hi`` (up to +inf's key) are in higher bins. ``d0 = -1`` (every key taken): an empty
+    range below every qualifying key. Qualifying keys lie in ``[0x00800000, 0xFF800000]``
+    (-FLT_MAX .. +inf), so raw keys of NaN and -inf fall outside."""
+    lo = tl.where(d0 == MID_BIN, lbase + MID_BIN, bin_digit(d0, base, lbase))
+    hi = tl.where(d0 == MID_BIN, base + (UPPER_LO - 1), lo)
+    lo = tl.where(d0 == 0, 0, lo)                              # bin 0: every digit below lbase
+    hi = tl.where(d0 == HIST_BINS - 1, 4095, hi)               # bin 255: every digit above
+    lo = tl.minimum(tl.maximum(lo, 0), 4095).to(tl.uint32) << WINDOW_SHIFT
+    hi = (tl.minimum(tl.maximum(hi, 0), 4095).to(tl.uint32) << WINDOW_SHIFT) | 0xFFFFF
+    key_lo = tl.maximum(lo, tl.full((), 0x00800000, tl.uint32))
+    key_hi = tl.minimum(hi, tl.full((), 0xFF800000, tl.uint32))
+    none = d0 < 0
+    key_lo = tl.where(none, tl.full((), 0xFFFFFFFF, tl.uint32), key_lo)
+    key_hi = tl.where(none, tl.full((), 0x007FFFFF, tl.uint32), key_hi)
+    return key_lo, key_hi
+
+
+@triton.jit
+def raw_key(x):
+    """:func:`order_key` without the NaN / -inf masking (their keys fall outside every
+    :func:`bin_key_range`): -0.0 as +0.0, then the sign flip."""
+    x = tl.where(x == 0.0, 0.0, x)
+    u = x.to(tl.uint32, bitcast=True)
+    return tl.where((u >> 31) != 0, ~u, u | tl.full(u.shape, 0x80000000, tl.uint32))
+
+
+@triton.jit
 def rebase_index(c, base, lbase, b_old, l_old):
     """For the bins ``c`` of a histogram at ``(base, lbase)``, the bin of the same digit in a
     histogram taken at ``(b_old <= base, l_old >= lbase)`` and whether it holds that digit's
@@ -366,34 +402,39 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
 
 
 @triton.jit
-def _pass_b(x_row, o_row, c_row, lo, hi, base, lbase, d0, done, pairs, cap, n_out, n_cand,
+def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
             BLOCK: tl.constexpr):
-    """Pass B over positions ``[lo, hi)`` of one row: keys in bins above the threshold bin
-    ``d0`` go to the output at ``n_out, n_out + 1, ...``, keys in it too when the descent is
-    ``done``, else they are compacted into the candidate row at ``n_cand, ...`` (key at
-    ``c_row[c]`` and position at ``c_row[cap + c]`` when ``pairs``, else the position at
-    ``c_row[c]``); both in ascending position order. Returns the new ``(n_out, n_cand)``."""
+    """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
+    key_hi``, :func:`bin_key_range`) go to the output at ``n_out, n_out + 1, ...``, keys in it
+    (``key_lo <= key <= key_hi``) too when the descent is ``done``, else they are compacted
+    into the candidate row at ``n_cand, ...`` (key at ``c_row[c]`` and position at
+    ``c_row[cap + c]`` when ``pairs``, else the position at ``c_row[c]``); both in ascending
+    position order. One inclusive scan per block gives both slot sequences (output count in
+    the low 16 bits, candidate count in the high 16; BLOCK < 2^16) and one sum both totals.
+    Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
     zero = tl.zeros((BLOCK,), tl.int32)
     done_v = (zero + done) != 0                                      # [BLOCK] (see NOTE below)
     pairs_v = (zero + pairs) != 0
     pos_off = tl.where(pairs != 0, cap, 0)
+    pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
     for start in range(lo, hi, BLOCK):
         pos = start + offs
-        key = order_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
-        b = window_bin(key, base, lbase)
-        qual = key != 0
-        gt = qual & (b > d0)
-        eq = qual & (b == d0)
+        key = raw_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
+        gt = (key > key_hi) & (key <= pinf)                              # not NaN
+        eq = (key >= key_lo) & (key <= key_hi)
         direct = gt | (eq & done_v)
         keep = eq & (done_v == 0)
-        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
-        tl.store(o_row + slot, pos.to(tl.int32), mask=direct)
-        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
-        tl.store(c_row + pos_off + cslot, pos.to(tl.int32), mask=keep)
+        both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
+        cs = tl.cumsum(both, axis=0)
+        slot = (cs & 0xFFFF) + n_out - 1
+        tl.store(o_row + slot, pos, mask=direct)
+        cslot = (cs >> 16) + n_cand - 1
+        tl.store(c_row + pos_off + cslot, pos, mask=keep)
         tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=keep & pairs_v)
-        n_out += tl.sum(direct.to(tl.int32), axis=0)
-        n_cand += tl.sum(keep.to(tl.int32), axis=0)
+        tot = tl.sum(both, axis=0)
+        n_out += tot & 0xFFFF
+        n_cand += tot >> 16
     return n_out, n_cand
 
 
@@ -483,7 +524,8 @@ def _radix_topk_kernel(
         # Pass B (whole prefix): keys above the threshold bin go straight to the output; keys in
         # it go to the output too when the descent is over, else they are compacted (in
         # position order) into the scratch row for the lower digits.
-        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, base, lbase, d0, done, pairs, cap,
+        key_lo, key_hi = bin_key_range(d0, base, lbase)
+        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, key_lo, key_hi, done, pairs, cap,
                                 tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
         # The candidate row is read back below by other threads of this program: make every store
         # of pass B visible first (bar.sync orders global memory within the CTA).
@@ -502,58 +544,74 @@ def _radix_topk_kernel(
     visits = tl.zeros((), tl.int32)           # candidate reads (elements) of the passes below
     n_sel = tl.minimum(total, topk)
 
-    # Lower digits over the compacted candidates only (empty when the descent is over).
-    for lvl in tl.static_range(0, 4):
-        SHIFT = 24 - 8 * lvl                                       # constexpr (static loop)
-        hist = tl.zeros((256,), tl.int32)
-        known = ((mask >> SHIFT) & 0xFF) == 0xFF                   # digit fixed by the first one
-        end = tl.where((done != 0) | known, 0, n_cand)
-        for start in range(0, end, BLOCK):
+    in_regs = n_cand < 0                      # (False) the candidates were handled in registers
+    if FROM_PLAN:                             # (the split path's cand_block: at most 4,096)
+        if n_cand <= BLOCK:
+            # The bench's rows (~0.1-1K candidates): read them once, descend and select in
+            # registers.
+            m = offs < n_cand
+            key, pos = _cand_keys(x_row, c_row, offs, m, pairs_v, pos_off, True)
+            visits += n_cand
+            for lvl in tl.static_range(0, 4):
+                SHIFT = 24 - 8 * lvl                               # constexpr (static loop)
+                open_ = ((mask >> SHIFT) & 0xFF) != 0xFF      # digit not fixed by the first one
+                if (done == 0) & open_:
+                    hist = tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256,
+                                        mask=m & ((key & mask) == prefix))
+                    prefix, mask, need, done = _descend(hist, SHIFT, bins, prefix, mask, need,
+                                                        done)
+            _, n_out = _select(key, pos, m, prefix, mask, need, tl.zeros((), tl.int32), n_out,
+                               o_row)
+            in_regs = n_cand >= 0
+    if in_regs == 0:
+        # Lower digits over the compacted candidates only (empty when the descent is over).
+        for lvl in tl.static_range(0, 4):
+            SHIFT = 24 - 8 * lvl                                   # constexpr (static loop)
+            open_ = ((mask >> SHIFT) & 0xFF) != 0xFF
+            if (done == 0) & open_:
+                hist = tl.zeros((256,), tl.int32)
+                for start in range(0, n_cand, BLOCK):
+                    o = start + offs
+                    m = o < n_cand
+                    key, _ = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, False)
+                    m = m & ((key & mask) == prefix)
+                    hist += tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256, mask=m)
+                visits += n_cand
+                prefix, mask, need, done = _descend(hist, SHIFT, bins, prefix, mask, need, done)
+                # Many candidates (a window miss, wide ties): compact them in place to the new
+                # bucket, in position order, writing the keys above it to the output now, so the
+                # next levels read only the bucket. The threshold is independent of BLOCK, and so
+                # is the output order.
+                if SHIFT > 0:
+                    if n_cand > COMPACT_MIN:
+                        kept = tl.zeros((), tl.int32)
+                        for start in range(0, n_cand, BLOCK):
+                            o = start + offs
+                            m = o < n_cand
+                            key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
+                            tl.debug_barrier()      # every thread has read its slots before stores
+                            hi_bits = key & mask
+                            gt = m & (hi_bits > prefix)
+                            eq = m & (hi_bits == prefix)
+                            slot = tl.cumsum(gt.to(tl.int32), axis=0) + n_out - 1
+                            tl.store(o_row + slot, pos, mask=gt)
+                            cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1      # <= o: in place
+                            tl.store(c_row + pos_off + cslot, pos, mask=eq)
+                            tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=eq & pairs_v)
+                            n_out += tl.sum(gt.to(tl.int32), axis=0)
+                            kept += tl.sum(eq.to(tl.int32), axis=0)
+                        tl.debug_barrier()          # the compacted row is read by other threads
+                        visits += n_cand
+                        n_cand = kept
+
+        # Selection over the candidates in position order.
+        eq_seen = tl.zeros((), tl.int32)
+        for start in range(0, n_cand, BLOCK):
             o = start + offs
             m = o < n_cand
-            key, _ = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, False)
-            m = m & ((key & mask) == prefix)
-            hist += tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256, mask=m)
-        visits += end
-        skip = (done != 0) | known
-        p2, m2, n2, dn2 = _descend(hist, SHIFT, bins, prefix, mask, need, done)
-        prefix = tl.where(skip, prefix, p2)
-        mask = tl.where(skip, mask, m2)
-        need = tl.where(skip, need, n2)
-        done = tl.where(skip, done, dn2)
-        # Many candidates (a window miss, wide ties): compact them in place to the new bucket, in
-        # position order, writing the keys above it to the output now, so the next levels read
-        # only the bucket. The threshold is independent of BLOCK, and so is the output order.
-        end = tl.where(skip | (n_cand <= COMPACT_MIN), 0, n_cand)
-        if SHIFT > 0:
-            kept = tl.zeros((), tl.int32)
-            for start in range(0, end, BLOCK):
-                o = start + offs
-                m = o < n_cand
-                key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
-                tl.debug_barrier()              # every thread has read its slots before stores
-                hi_bits = key & mask
-                gt = m & (hi_bits > prefix)
-                eq = m & (hi_bits == prefix)
-                slot = tl.cumsum(gt.to(tl.int32), axis=0) + n_out - 1
-                tl.store(o_row + slot, pos, mask=gt)
-                cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1      # <= o: in place
-                tl.store(c_row + pos_off + cslot, pos, mask=eq)
-                tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=eq & pairs_v)
-                n_out += tl.sum(gt.to(tl.int32), axis=0)
-                kept += tl.sum(eq.to(tl.int32), axis=0)
-            tl.debug_barrier()                  # the compacted row is read by other threads
-            visits += end
-            n_cand = tl.where(end > 0, kept, n_cand)
-
-    # Selection over the candidates in position order.
-    eq_seen = tl.zeros((), tl.int32)
-    for start in range(0, n_cand, BLOCK):
-        o = start + offs
-        m = o < n_cand
-        key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
-        eq_seen, n_out = _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row)
-    visits += n_cand
+            key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
+            eq_seen, n_out = _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row)
+        visits += n_cand
 
     # -1 padding of [min(C, topk), topk).
     for start in range(n_sel, topk, BLOCK):
@@ -694,37 +752,69 @@ def _topk_plan_count_kernel(
 @triton.jit
 def _topk_scatter_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr,
-    state_ptr,        # [R, STATE_WORDS] int32: the plan state (STATE_FIELDS)
+    state_ptr,        # [R, STATE_WORDS] int32: the plan state (read; written here when PLAN)
     cnt_ptr,          # [R, S, 2] int32: split s's slots after the splits before it in its group
     tot_ptr,          # [R, G, 2] int32: per group, its output / candidate counts
-    W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits, num_groups,
-    BLOCK: tl.constexpr, GB: tl.constexpr,
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms (PLAN)
+    W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
+    num_splits, num_groups,
+    BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
-    bin's keys into the candidate row, from the offsets of the plan
+    bin's keys into the candidate row, from its offsets: with ``PLAN`` (``S <= SP``, a power
+    of two) it plans itself: loads the row's S split histograms (rebased to the row's bases),
+    picks the threshold bin and starts after the counts of the splits before it (split 0
+    writes the row's state); else it reads them from the plan kernels
     (:func:`_topk_plan_count_kernel`): the totals of the groups before its group plus its own
     entry."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
-    st = state_ptr + row * STATE_WORDS
-    base = tl.load(st + 0)
-    lbase = tl.load(st + 1)
-    d0 = tl.load(st + 2)
-    done = tl.load(st + 4)
-    pairs = tl.load(st + 8)
-    grp = s // PLAN_GROUP
-    off = cnt_ptr + (row * num_splits + s) * 2
-    n_out = tl.load(off)
-    n_cand = tl.load(off + 1)
-    for g0 in range(0, grp, GB):
-        gv = g0 + tl.arange(0, GB)
-        t = tot_ptr + (row * num_groups + gv.to(tl.int64)) * 2
-        n_out += tl.sum(tl.load(t, mask=gv < grp, other=0), axis=0)
-        n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
+    if PLAN:
+        h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                     num_splits, SP)
+        sv = tl.arange(0, SP)
+        h = _load_rebased(h_row, sv, sv < num_splits, split_stride, base, lbase)   # [SP, 256]
+        run = tl.sum(h, axis=0)
+        d0, need, done, total, n_eq = _first_digit(run, topk)
+        pairs = (n_eq <= cap).to(tl.int32)
+        n_o, n_c = _split_counts(h, d0, done)
+        n_out = tl.sum(tl.where(sv < s, n_o, 0), axis=0)
+        n_cand = tl.sum(tl.where(sv < s, n_c, 0), axis=0)
+        if s == 0:
+            _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
+                         n_eq, run, pairs)
+    else:
+        st = state_ptr + row * STATE_WORDS
+        base = tl.load(st + 0)
+        lbase = tl.load(st + 1)
+        d0 = tl.load(st + 2)
+        done = tl.load(st + 4)
+        pairs = tl.load(st + 8)
+        grp = s // PLAN_GROUP
+        off = cnt_ptr + (row * num_splits + s) * 2
+        n_out = tl.load(off)
+        n_cand = tl.load(off + 1)
+        for g0 in range(0, grp, GB):
+            gv = g0 + tl.arange(0, GB)
+            t = tot_ptr + (row * num_groups + gv.to(tl.int64)) * 2
+            n_out += tl.sum(tl.load(t, mask=gv < grp, other=0), axis=0)
+            n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
+    key_lo, key_hi = bin_key_range(d0, base, lbase)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
-            base, lbase, d0, done, pairs, cap, n_out, n_cand, BLOCK)
+            key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK)
+
+
+# The split pass B plans in its own programs (no plan kernels) up to this many splits a row:
+# each of the R x S programs then reads the row's S histogram blocks (S x 2 KB from L2).
+SCATTER_PLAN_SPLITS = 16
+
+
+def scatter_plan_blocks() -> tuple:
+    """The split tiles ``SP`` (powers of two, 2..SCATTER_PLAN_SPLITS) the planning scatter is
+    compiled for (``_p2(S, 2, SCATTER_PLAN_SPLITS)``)."""
+    return tuple(1 << e for e in range(1, SCATTER_PLAN_SPLITS.bit_length()))
 
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
@@ -790,19 +880,30 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
               or not state.is_contiguous()):
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] tensor, "
                              f"got {state.dtype} {tuple(state.shape)}")
-        groups, sbase, gb = plan_blocks(num_splits)
-        part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32, device=logits.device)
-        cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
-        tot = torch.empty((R, groups, 2), dtype=torch.int32, device=logits.device)
-        _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
-                                            SBASE=sbase, num_warps=4)
-        _topk_plan_count_kernel[(R, groups)](hist, part, state, cnt, tot, topk, cap, n_drafts, nb,
-                                             num_splits, groups, SBASE=sbase, GB=gb, num_warps=4)
         sblock, swarps = scatter_config(W, page_size, num_splits)
-        _topk_scatter_kernel[(R, num_splits)](
-            logits, lengths, out, scratch, state, cnt, tot, W, page_size, logits.stride(0),
-            out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits, groups,
-            BLOCK=sblock, GB=gb, num_warps=swarps)
+        if num_splits <= SCATTER_PLAN_SPLITS:
+            sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
+            _topk_scatter_kernel[(R, num_splits)](
+                logits, lengths, out, scratch, state, state, state, hist, W, page_size,
+                logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
+                per_row, nb, num_splits, 1, BLOCK=sblock, GB=PLAN_MIN, PLAN=True, SP=sp,
+                num_warps=swarps)
+        else:
+            groups, sbase, gb = plan_blocks(num_splits)
+            part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
+                               device=logits.device)
+            cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
+            tot = torch.empty((R, groups, 2), dtype=torch.int32, device=logits.device)
+            _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
+                                                SBASE=sbase, num_warps=4)
+            _topk_plan_count_kernel[(R, groups)](hist, part, state, cnt, tot, topk, cap,
+                                                 n_drafts, nb, num_splits, groups, SBASE=sbase,
+                                                 GB=gb, num_warps=4)
+            _topk_scatter_kernel[(R, num_splits)](
+                logits, lengths, out, scratch, state, cnt, tot, hist, W, page_size,
+                logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
+                per_row, nb, num_splits, groups, BLOCK=sblock, GB=gb, PLAN=False, SP=PLAN_MIN,
+                num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -815,7 +916,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
 # (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. 4,096 at 8
 # warps needs 147 registers (sm_120, ptxas -v): 1 CTA per SM, B 64's 256 programs in two
 # waves; 2,048 at 8 warps needs 74 (3 CTAs per SM, one wave).
-SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 8))
+SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
