@@ -404,3 +404,30 @@ def test_many_candidates_compacted(pairs):
     assert torch.equal(outs[0], outs[1])
     assert sorted(outs[0][2].tolist()) == list(range(K))
 
+
+@pytest.mark.parametrize("S", [4, 20])
+def test_split_launches_and_state_summary(S):
+    """The split top-k launches two kernels up to SCATTER_PLAN_SPLITS splits a row (the scatter
+    plans itself, B >= 16-32 on the H200), four beyond (the plan kernels first); same bits
+    either way; kernels.topk.window.state_summary reads its state (no miss on normal rows)."""
+    from bench.indexer_sweep import _launches
+    from kernels.topk.triton import SCATTER_PLAN_SPLITS
+    K, P, W = 32, 16, 1024
+    _, x = _rows(31, 3, W)
+    lens = [W, W - 100, 500]
+    h = torch.from_numpy(_split_hists(x, lens, 1, S, P)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    out = torch.full((3, K), -7, dtype=torch.int32, device=DEVICE)
+    state = torch.full((3, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+    names = _launches(lambda: launch_topk(xt, lt, K, out, torch.empty((3, W), dtype=torch.int32,
+                                                                        device=DEVICE),
+                                          hist=h, page_size=P, state=state))
+    expect = ["_topk_scatter_kernel", "_radix_topk_kernel"]
+    if S > SCATTER_PLAN_SPLITS:
+        expect = ["_topk_plan_part_kernel", "_topk_plan_count_kernel"] + expect
+    assert names == expect
+    assert torch.equal(out, _run(x, lens, K))
+    summ = window.state_summary(state.cpu().numpy())
+    assert summ["rows"] == 3 and summ["misses"] == 0 and summ["taken_whole"] == 0
+    assert 0 < summ["n_cand_max"] == summ["visits_max"] <= W // 8

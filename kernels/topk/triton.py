@@ -301,7 +301,8 @@ def window_hist_add(hist, base, lbase, key, NB: tl.constexpr, T: tl.constexpr):
     if tl.max((new_base - base) + (lbase - new_lbase), axis=0) > 0:
         h2 = window_rebase(tl.reshape(hist, (NB, HIST_BINS)), base, lbase, new_base, new_lbase)
         hist = tl.reshape(h2, (NB * HIST_BINS,))
-    bins = window_bin(key, new_base[:, None], new_lbase[:, None]) + tl.arange(0, NB)[:, None] * HIST_BINS
+    bins = (window_bin(key, new_base[:, None], new_lbase[:, None])
+            + tl.arange(0, NB)[:, None] * HIST_BINS)
     hist += tl.histogram(tl.reshape(bins, (NB * T,)), NB * HIST_BINS,
                          mask=tl.reshape(key != 0, (NB * T,)))
     return hist, new_base, new_lbase
@@ -595,9 +596,11 @@ def _radix_topk_kernel(
                             eq = m & (hi_bits == prefix)
                             slot = tl.cumsum(gt.to(tl.int32), axis=0) + n_out - 1
                             tl.store(o_row + slot, pos, mask=gt)
-                            cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1      # <= o: in place
+                            # in place: slot <= o
+                            cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1
                             tl.store(c_row + pos_off + cslot, pos, mask=eq)
-                            tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=eq & pairs_v)
+                            tl.store(c_row + cslot, key.to(tl.int32, bitcast=True),
+                                     mask=eq & pairs_v)
                             n_out += tl.sum(gt.to(tl.int32), axis=0)
                             kept += tl.sum(eq.to(tl.int32), axis=0)
                         tl.debug_barrier()          # the compacted row is read by other threads
@@ -878,8 +881,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                                 device=logits.device)
         elif (state.dtype != torch.int32 or tuple(state.shape) != (R, STATE_WORDS.value)
               or not state.is_contiguous()):
-            raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] tensor, "
-                             f"got {state.dtype} {tuple(state.shape)}")
+            raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
+                             f"tensor, got {state.dtype} {tuple(state.shape)}")
         sblock, swarps = scatter_config(W, page_size, num_splits)
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
@@ -913,17 +916,18 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     return out
 
 
-# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. 4,096 at 8
-# warps needs 147 registers (sm_120, ptxas -v): 1 CTA per SM, B 64's 256 programs in two
-# waves; 2,048 at 8 warps needs 74 (3 CTAs per SM, one wave).
+# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. The loop's
+# SASS per position (AOT, Triton 3.6.0, sm_90) falls with positions per thread and rises with
+# warps (the scan's cross-warp part): 2,048 at 4 warps 2.28 warp-instructions a position, 128
+# registers (4 CTAs per SM); 2,048 at 8 warps 2.71, 4,096 at 8 warps 2.59 (150 registers).
 SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     """(BLOCK, num_warps) of the split pass B from the shape alone: the smallest block that
     covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration, capped at
-    2,048 positions (B 64, L 64K: 16K positions per split, 8 iterations; B 1, L 128K, 264
-    splits: 512 positions, one)."""
+    2,048 positions (B 64, L 64K: 8K positions per split with the Gluon logits kernel's 8
+    splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of 512)."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:
