@@ -1,6 +1,7 @@
 """NumPy simulation of the radix top-k's threshold-bucket sizes under its first digits.
 
     python -m bench.topk_sim [--rows 16] [--json out.json] [--quick]
+    python -m bench.topk_sim --targets [--seeds 2]     # every row of the targets' indexer shapes
 
 The Triton top-k (``kernels/topk/triton.py``) picks the threshold among the 256 bins of a first
 digit from one histogram, then runs its lower radix levels over the keys of the threshold bin
@@ -35,6 +36,10 @@ Inputs:
   below the max).
 * thresholds below zero: the bench logits minus 0.1 (most values negative, the max positive)
   and the bench rows cut to 2,560 positions (K 2,048: the threshold near the 20th percentile).
+* ``--targets``: every (request, draft) row of the targets' indexer shapes
+  (``bench.grid.targets_grid()``, their B, N, L and table) at ``--seeds`` seeds: rows with fewer
+  than K positive logits, misses and the worst row's candidates under both windows (the per-row
+  kernel's time follows its worst row; issue 17: B 64 N 2 drew a row with 982 positive logits).
 """
 from __future__ import annotations
 
@@ -113,6 +118,50 @@ def bench_logits(preset: str, B: int, L: int, seed: int = 0) -> np.ndarray:
     return np.stack(rows)
 
 
+def shape_logits(shape, seed: int = 0):
+    """Per (request, draft) float32 logit rows of a bench shape's inputs (``bench.inputs``, CPU
+    generator), each its valid prefix under the MTP rule, in chunks of 128K positions."""
+    import torch
+    from bench.inputs import make_inputs
+    s = make_inputs(shape, rotations=1, device="cpu", q_dtype="float32", latent_dtype="float32",
+                    seed=seed).sets[0]
+    P, D, L, N = shape.P, shape.p.index_head_dim, shape.L, shape.N
+    kc = s["k_cache"]
+    vals = kc[:, : P * D].contiguous().view(torch.float8_e4m3fn).float().view(-1, P, D)
+    scales = kc[:, P * D:].contiguous().view(torch.float32).view(-1, P)
+    q = s["iq"].float()
+    w = s["iw"].float()
+    n = -(-L // P)
+    for b in range(shape.B):
+        pages = s["block_table"][b, :n].long()
+        k = vals[pages].reshape(-1, D)[:L]
+        sc = scales[pages].reshape(-1)[:L]
+        rows = np.concatenate([_logits_rows(q[b], w[b], k[c:c + (1 << 17)], sc[c:c + (1 << 17)])
+                               for c in range(0, L, 1 << 17)], axis=1)
+        for i in range(N):
+            yield rows[i, : L - (N - 1 - i)]
+
+
+def targets(seeds: int = 2) -> list:
+    """Per targets indexer shape and seed: rows, rows with fewer than K positive logits, and the
+    misses and worst candidates under the one-sided and the two-sided window."""
+    from bench import grid
+    out = []
+    for sh in grid.select(grid.targets_grid(), ops=["indexer_topk"]):
+        for seed in range(seeds):
+            per, neg = [], 0
+            for row in shape_logits(sh, seed):
+                per.append(candidates(order_keys(row), sh.K_topk))
+                neg += int((row > 0).sum() < sh.K_topk)
+            r = dict(shape=sh.label(), seed=seed, rows=len(per), fewer_than_K_positive=neg)
+            for d in ("window", "two_sided"):
+                r[d + "_misses"] = int(sum(p[d + "_miss"] for p in per))
+                r[d + "_worst"] = int(max(p[d] for p in per))
+            out.append(r)
+            print(json.dumps(r), flush=True)
+    return out
+
+
 def step_logits(preset: str, B: int, context: int, K: int, seed: int = 0) -> list:
     """Per-request float32 logit rows (valid prefix only) of a ``parity.cases.make_step_case``."""
     import torch
@@ -167,7 +216,23 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=16, help="bench rows (requests) per shape")
     ap.add_argument("--json", default=None, help="also write the table rows as JSON here")
     ap.add_argument("--quick", action="store_true", help="L 64K only, 4 rows")
+    ap.add_argument("--targets", action="store_true",
+                    help="every row of the targets' indexer shapes (misses per shape and seed)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per shape with --targets")
     args = ap.parse_args(argv)
+    if args.targets:
+        rows = targets(args.seeds)
+        if args.json:
+            import sys
+            import time
+            doc = dict(command="python -m bench.topk_sim " + " ".join(
+                           argv if argv is not None else sys.argv[1:]),
+                       date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       inputs="bench.inputs, CPU generator; logits in float32 on the CPU",
+                       rows=rows)
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        return
     rng = np.random.default_rng(0)
     R = 4 if args.quick else args.rows
     table = []
