@@ -3,6 +3,7 @@
     python -m bench.indexer_sweep --out sweep.json [--ws] [--variant NAME ...] [--shape NAME ...]
                                   [--row-timeout S]
     python -m bench.indexer_sweep --aot [--ws] [--variant NAME ...]   # CPU: compile counts only
+    python -m bench.indexer_sweep --dry-run --out /tmp/s.json    # CPU interpreter, tiny shapes
 
 For each shape of :data:`SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a 1M table,
 V3.2 B 64 N 2 L 64K; ``bench.inputs``, one input set, pages scattered) and each logits variant of
@@ -20,10 +21,16 @@ and checks each variant's logits against the first variant's (max relative diffe
 finite logits, and whether they are bitwise equal; the -inf pattern must match), its
 histogram blocks (where the split count is the first variant's), its top-k set against the
 first's, that two logits launches give bitwise equal logits and blocks, and that two top-k runs
-give bitwise equal indices. ``--ws``: the warp-specialised kernel's variants
-(:data:`WS_VARIANTS`, today's Gluon kernel first, so every check is against it). ``--aot``
-compiles each variant's logits kernel for sm_90 on the CPU instead (registers, spills, shared
-memory, SASS per loop and, for ``gluon_ws``, per partition loop; ``kernels._triton_aot``).
+give bitwise equal indices. Each row also records the top-k's split plan state over its rows
+(``topk_state``: ``kernels.topk.window.state_summary``: window misses, rows taken whole,
+candidates and candidate reads of the slowest row), which the per-row kernel's time follows,
+and ``topk_launches``, the kernels one top-k call launches. ``--ws``: the warp-specialised
+kernel's variants (:data:`WS_VARIANTS`, today's Gluon kernel first, so every check is against
+it). ``--dry-run`` runs the same code in the CPU interpreter at :data:`DRY_SHAPES` (the Triton
+variants only; times are the interpreter's wall time, meaningless): the plumbing checked before
+a GPU call. ``--aot`` compiles each variant's logits kernel for sm_90 on the CPU instead
+(registers, spills, shared memory, SASS per loop and, for ``gluon_ws``, per partition loop;
+``kernels._triton_aot``).
 Rows go to ``--out`` as JSON (and one line each on stdout); bench/NOTES.md has the analysis.
 """
 from __future__ import annotations
@@ -75,6 +82,12 @@ SHAPES = {
     "v32_b1_l128k": ("DSV32", 1, 1, 131072, None),
     "v4_b64_4k_in_1m": ("DSV4_FLASH", 64, 1, 4096, 1 << 20),
     "v32_b64_n2_l64k": ("DSV32", 64, 2, 65536, None),
+}
+# --dry-run (CPU interpreter): the same relations at a fraction of the size (K / L = 1 / 32 as at
+# V3.2 L 64K; B 64's 4 or 8 splits a request; N 2 with the MTP lengths)
+DRY_SHAPES = {
+    "v32_b64_l64k": ("DSV32", 2, 1, 8192, None, 256),
+    "v32_b64_n2_l64k": ("DSV32", 2, 2, 8192, None, 256),
 }
 CAND_BLOCKS = (1024, 2048, 4096)
 
@@ -192,31 +205,65 @@ def _watchdog(seconds: float, label: str, rows: list, meta: dict, save):
     return t
 
 
-def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0) -> tuple[list, dict]:
+def _wall_us(fn, **_) -> float:
+    """Wall-clock us of one call (the dry run's stand-in for :func:`_graph_us`)."""
+    t0 = time.perf_counter()
+    fn()
+    return (time.perf_counter() - t0) * 1e6
+
+
+def _launches(fn) -> list:
+    """Names of the Triton kernels ``fn`` launches, in order (each kernel's ``run`` wrapped)."""
+    import kernels.topk.triton as kt
+    names = []
+    kerns = {n: getattr(kt, n) for n in dir(kt) if n.startswith("_") and n.endswith("_kernel")}
+    saved = {n: k.run for n, k in kerns.items()}
+    try:
+        for n, k in kerns.items():
+            k.run = (lambda *a, _n=n, _r=k.run, **kw: (names.append(_n), _r(*a, **kw))[1])
+        fn()
+    finally:
+        for n, k in kerns.items():
+            k.run = saved[n]
+    return names
+
+
+def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
+           dry: bool = False) -> tuple[list, dict]:
     import torch
 
     from bench.grid import Shape
     from bench.inputs import make_inputs
     from kernels.indexer import triton as kx
-    from kernels.topk.triton import HIST_BINS, TopkConfig, hist_shape, launch_topk
+    from kernels.topk import window
+    from kernels.topk.triton import HIST_BINS, STATE_WORDS, TopkConfig, hist_shape, launch_topk
     from torch_impl import _common
 
     import triton
-    dev = _common.device_info(torch.device("cuda"))
+    device = "cpu" if dry else "cuda"
+    dev = _common.device_info(torch.device(device))
     meta = dict(gpu=dev.name, compute_capability=f"{dev.cc[0]}.{dev.cc[1]}",
-                versions=dict(torch=torch.__version__, triton=triton.__version__))
+                versions=dict(torch=torch.__version__, triton=triton.__version__),
+                dry_run=dry)
+    timer = _wall_us if dry else _graph_us
+    table = DRY_SHAPES if dry else {k: v + (None,) for k, v in SHAPES.items()}
     rows = []
     for sname in shapes:
-        preset, B, N, L, table = SHAPES[sname]
-        shape = Shape("indexer_topk", preset, B, N, 1, L, table_len=table)
-        s = make_inputs(shape, rotations=1, device="cuda", q_dtype="bfloat16",
-                        latent_dtype="bfloat16").sets[0]
+        if sname not in table:
+            continue
+        preset, B, N, L, tab, topk = table[sname]
+        shape = Shape("indexer_topk", preset, B, N, 1, L, table_len=tab, topk=topk)
+        s = make_inputs(shape, rotations=1, device=device,
+                        q_dtype="float32" if dry else "bfloat16",
+                        latent_dtype="float32" if dry else "bfloat16").sets[0]
         P, K = shape.P, shape.K_topk
         bt, cl = s["block_table"], s["context_lens"]
         W = bt.shape[1] * P
         kv, ks = s["k_cache"].view(torch.float8_e4m3fn), s["k_cache"].view(torch.float32)
         base = None
         for vi, name in enumerate(names):
+            if dry and VARIANTS[name].get("kernel", "triton") != "triton":
+                continue                          # Gluon kernels do not interpret
             cfg = kx.IndexerLogitsConfig(**VARIANTS[name])
             t0 = time.time()
             dog = _watchdog(row_timeout, f"{sname} {name}", rows, meta, save)
@@ -224,29 +271,35 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0) 
                        variant=name, config=dict(cfg.__dict__))
             try:
                 splits = kx.logits_splits(B, bt.shape[1], dev.num_sms, cfg)
-                out = torch.empty((B, N, W), device="cuda")
-                hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device="cuda")
-                idx = torch.empty((B * N, K), dtype=torch.int32, device="cuda")
-                scratch = torch.empty((B * N, W), dtype=torch.int32, device="cuda")
+                out = torch.empty((B, N, W), device=device)
+                hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=device)
+                idx = torch.empty((B * N, K), dtype=torch.int32, device=device)
+                scratch = torch.empty((B * N, W), dtype=torch.int32, device=device)
+                state = torch.empty((B * N, STATE_WORDS.value), dtype=torch.int32, device=device)
 
                 def lg():
                     kx.launch_indexer_logits(s["iq"], s["iw"], kv, ks, bt, cl, out, page_size=P,
                                              num_sms=dev.num_sms, config=cfg, hist=hist,
-                                             fp8_upcast=True)
+                                             fp8_upcast=True, fp8_nan_fix=dry)
 
-                def tk(tcfg=None):
+                def tk(tcfg=None, st=None):
                     launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=hist,
-                                n_drafts=N, page_size=P)
+                                n_drafts=N, page_size=P, state=st)
+
+                def sync():
+                    if not dry:
+                        torch.cuda.synchronize()
                 lg()
-                torch.cuda.synchronize()
-                blocks = hist[..., : HIST_BINS.value + 1]   # counts and base (no padding)
+                sync()
+                blocks = hist[..., : HIST_BINS.value + 2]   # counts and both bases (no padding)
                 lg_first = (out.clone(), blocks.clone())
                 lg()                                  # again: bitwise the same logits / blocks
-                tk()
-                torch.cuda.synchronize()
+                row["topk_launches"] = _launches(lambda: tk(st=state))
+                sync()
+                row["topk_state"] = window.state_summary(state.cpu().numpy())
                 first = idx.clone()
                 tk()
-                torch.cuda.synchronize()
+                sync()
                 row["repeatable"] = bool(torch.equal(first, idx))
                 n_pages = -(-L // P)
                 valid = out[:, :, : n_pages * P]
@@ -268,11 +321,11 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0) 
                                              if blocks.shape == base[3].shape else None)
                 row["same_topk_set"] = bool(torch.equal(first.sort(-1).values, base[2]))
                 row["num_splits"] = splits
-                row["logits_us"] = _graph_us(lg, flush=True)     # K pages from HBM, as served
-                row["topk_us"] = _graph_us(tk)
+                row["logits_us"] = timer(lg, flush=True)        # K pages from HBM, as served
+                row["topk_us"] = timer(tk)
                 if vi == 0:
                     row["topk_us_by_cand_block"] = {
-                        str(cb): _graph_us(lambda cb=cb: tk(TopkConfig(cand_block=cb)))
+                        str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))
                         for cb in CAND_BLOCKS}
                 row["error"] = None
             except Exception as e:  # noqa: BLE001 - recorded per variant
@@ -284,7 +337,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0) 
             print(json.dumps(row), flush=True)
             save(rows, meta)                       # a time limit still leaves the rows so far
         del s
-        torch.cuda.empty_cache()
+        if not dry:
+            torch.cuda.empty_cache()
     return rows, meta
 
 
@@ -303,6 +357,8 @@ def main(argv=None) -> None:
                          "before any --variant")
     ap.add_argument("--aot", action="store_true",
                     help="compile each variant for sm_90 on the CPU (no GPU) instead of timing")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="CPU interpreter at DRY_SHAPES (Triton variants): plumbing only")
     args = ap.parse_args(argv)
     names = list(WS_VARIANTS) if args.ws else []
     names += [n for n in args.variant or () if n not in names]
@@ -323,7 +379,10 @@ def main(argv=None) -> None:
     if args.aot:
         rows, meta = _aot(names), dict(target="sm_90 (AOT, kernels._triton_aot)")
     else:
-        rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout)
+        if args.dry_run:
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout,
+                            dry=args.dry_run)
     save(rows, meta, done=True)
     print(f"json: {args.out}")
 

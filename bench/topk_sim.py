@@ -1,6 +1,7 @@
-"""NumPy simulation of the radix top-k's threshold-bucket sizes: old first digit against new.
+"""NumPy simulation of the radix top-k's threshold-bucket sizes under its first digits.
 
     python -m bench.topk_sim [--rows 16] [--json out.json] [--quick] [--pallas]
+    python -m bench.topk_sim --targets [--seeds 2]     # every row of the targets' indexer shapes
 
 The Triton top-k (``kernels/topk/triton.py``) picks the threshold among the 256 bins of a first
 digit from one histogram, then runs its lower radix levels over the keys of the threshold bin
@@ -10,11 +11,14 @@ same math as the kernels: ``k_scale * sum_h w_h * relu(q_h . k)`` over dequantis
 
 * ``old``: the top 8 bits of the order key (sign + 7 exponent bits: 2 binades per bin), the
   digit before this change.
-* ``window``: the kernel's digit, ``clamp((key >> 20) - base, 0, 255)`` with
-  ``base = (max_key >> 20) - 255``: 1/8-binade bins over the 32 binades below the row max; a
-  threshold in bin 0 is a *window miss* (the kernel then descends the full key over bin 0: the
-  candidates are that bin).
+* ``window``: the one-sided window of 2026-12-01..04, ``clamp((key >> 20) - base, 0, 255)``
+  with ``base = (max_key >> 20) - 255``: 1/8-binade bins over the 32 binades below the row max;
+  a threshold in bin 0 is a *window miss* (the kernel then descended the full key over bin 0:
+  the candidates are that bin, e.g. the whole row when fewer than K values are positive).
 * ``window16``: the same at 1/16 binade (``key >> 19``, 16 binades), for comparison only.
+* ``two_sided``: the kernel's digit now (``kernels.topk.window``): 1/8-binade bins over the 16
+  binades below the row max and the 16 above the row min, one middle bin between them (a
+  threshold there is the miss).
 
 ``--pallas``: the Pallas top-k's pruning instead (``kernels/indexer/pallas.py``): the candidates
 a row keeps are the keys at or above ``tau``, the K-th largest maximum over groups of positions
@@ -38,6 +42,12 @@ Inputs:
   scales), i.i.d. Student-t rows with 1.5 and 1 (Cauchy) degrees of freedom, and the bench
   logits with one +1e30 outlier per row (a forced window miss: the threshold lies ~100 binades
   below the max).
+* thresholds below zero: the bench logits minus 0.1 (most values negative, the max positive)
+  and the bench rows cut to 2,560 positions (K 2,048: the threshold near the 20th percentile).
+* ``--targets``: every (request, draft) row of the targets' indexer shapes
+  (``bench.grid.targets_grid()``, their B, N, L and table) at ``--seeds`` seeds: rows with fewer
+  than K positive logits, misses and the worst row's candidates under both windows (the per-row
+  kernel's time follows its worst row; issue 17: B 64 N 2 drew a row with 982 positive logits).
 """
 from __future__ import annotations
 
@@ -46,17 +56,11 @@ import json
 
 import numpy as np
 
+from kernels.topk import window
+from kernels.topk.window import order_keys  # noqa: F401 (also this module's API)
+
 
 # ----------------------------------------------------------------------------- digits
-
-def order_keys(x: np.ndarray) -> np.ndarray:
-    """uint32 order keys of float32 ``x`` (kernels.topk.triton.order_key); 0 = NaN / -inf."""
-    x = np.where(x == 0, np.float32(0), x.astype(np.float32))
-    u = x.view(np.uint32)
-    key = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
-    ok = ~np.isnan(x) & (x != -np.inf)
-    return np.where(ok, key, np.uint32(0))
-
 
 def _threshold_bucket(bins: np.ndarray, nbins: int, K: int) -> tuple[int, int]:
     """(threshold bin or -1 when all qualifying are taken, its count) for int bins of keys."""
@@ -72,6 +76,12 @@ def candidates(key: np.ndarray, K: int) -> dict:
     """Threshold-bucket sizes of one row's keys (0 = not qualifying) under each digit."""
     q = key[key != 0]
     out = {}
+    if q.size:
+        d2, n2 = window.threshold_bin(window.histogram(q, *window.window_bases(q)), K)
+    else:
+        d2, n2 = -1, 0
+    out["two_sided"] = n2
+    out["two_sided_miss"] = d2 == window.MID_BIN
     _, out["old"] = _threshold_bucket((q >> 24).astype(np.int64), 256, K)
     kmax = int(q.max()) if q.size else 0
     for name, shift in (("window", 20), ("window16", 19)):
@@ -174,6 +184,50 @@ def bench_logits(preset: str, B: int, L: int, seed: int = 0) -> np.ndarray:
     return np.stack(rows)
 
 
+def shape_logits(shape, seed: int = 0):
+    """Per (request, draft) float32 logit rows of a bench shape's inputs (``bench.inputs``, CPU
+    generator), each its valid prefix under the MTP rule, in chunks of 128K positions."""
+    import torch
+    from bench.inputs import make_inputs
+    s = make_inputs(shape, rotations=1, device="cpu", q_dtype="float32", latent_dtype="float32",
+                    seed=seed).sets[0]
+    P, D, L, N = shape.P, shape.p.index_head_dim, shape.L, shape.N
+    kc = s["k_cache"]
+    vals = kc[:, : P * D].contiguous().view(torch.float8_e4m3fn).float().view(-1, P, D)
+    scales = kc[:, P * D:].contiguous().view(torch.float32).view(-1, P)
+    q = s["iq"].float()
+    w = s["iw"].float()
+    n = -(-L // P)
+    for b in range(shape.B):
+        pages = s["block_table"][b, :n].long()
+        k = vals[pages].reshape(-1, D)[:L]
+        sc = scales[pages].reshape(-1)[:L]
+        rows = np.concatenate([_logits_rows(q[b], w[b], k[c:c + (1 << 17)], sc[c:c + (1 << 17)])
+                               for c in range(0, L, 1 << 17)], axis=1)
+        for i in range(N):
+            yield rows[i, : L - (N - 1 - i)]
+
+
+def targets(seeds: int = 2) -> list:
+    """Per targets indexer shape and seed: rows, rows with fewer than K positive logits, and the
+    misses and worst candidates under the one-sided and the two-sided window."""
+    from bench import grid
+    out = []
+    for sh in grid.select(grid.targets_grid(), ops=["indexer_topk"]):
+        for seed in range(seeds):
+            per, neg = [], 0
+            for row in shape_logits(sh, seed):
+                per.append(candidates(order_keys(row), sh.K_topk))
+                neg += int((row > 0).sum() < sh.K_topk)
+            r = dict(shape=sh.label(), seed=seed, rows=len(per), fewer_than_K_positive=neg)
+            for d in ("window", "two_sided"):
+                r[d + "_misses"] = int(sum(p[d + "_miss"] for p in per))
+                r[d + "_worst"] = int(max(p[d] for p in per))
+            out.append(r)
+            print(json.dumps(r), flush=True)
+    return out
+
+
 def step_logits(preset: str, B: int, context: int, K: int, seed: int = 0) -> list:
     """Per-request float32 logit rows (valid prefix only) of a ``parity.cases.make_step_case``."""
     import torch
@@ -206,11 +260,11 @@ def summarize(name: str, rows, K: int) -> dict:
     """Median / worst candidates per row under each digit and the window-miss rate."""
     per = [candidates(order_keys(np.asarray(r, np.float32)), K) for r in rows]
     out = dict(inputs=name, K=K, rows=len(per), L=int(max(len(r) for r in rows)))
-    for d in ("old", "window", "window16"):
+    for d in ("old", "window", "window16", "two_sided"):
         v = np.array([p[d] for p in per])
         out[d + "_median"] = int(np.median(v))
         out[d + "_worst"] = int(v.max())
-    for d in ("window", "window16"):
+    for d in ("window", "window16", "two_sided"):
         out[d + "_miss_rate"] = float(np.mean([p[d + "_miss"] for p in per]))
     return out
 
@@ -219,7 +273,8 @@ def _heavy(rows: np.ndarray, rng) -> dict:
     lognormal = rows * np.exp(2.0 * rng.standard_normal(rows.shape)).astype(np.float32)
     outlier = rows.copy()
     outlier[np.arange(rows.shape[0]), rng.integers(0, rows.shape[1], rows.shape[0])] = 1e30
-    return {"bench x lognormal(0,2)": lognormal.astype(np.float32), "bench + one 1e30": outlier}
+    return {"bench x lognormal(0,2)": lognormal.astype(np.float32), "bench + one 1e30": outlier,
+            "bench - 0.1": (rows - np.float32(0.1)).astype(np.float32)}
 
 
 def main(argv=None) -> None:
@@ -229,7 +284,23 @@ def main(argv=None) -> None:
     ap.add_argument("--quick", action="store_true", help="L 64K only, 4 rows")
     ap.add_argument("--pallas", action="store_true",
                     help="the Pallas top-k's pruning (group maxima) instead of the Triton digit")
+    ap.add_argument("--targets", action="store_true",
+                    help="every row of the targets' indexer shapes (misses per shape and seed)")
+    ap.add_argument("--seeds", type=int, default=2, help="seeds per shape with --targets")
     args = ap.parse_args(argv)
+    if args.targets:
+        rows = targets(args.seeds)
+        if args.json:
+            import sys
+            import time
+            doc = dict(command="python -m bench.topk_sim " + " ".join(
+                           argv if argv is not None else sys.argv[1:]),
+                       date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       inputs="bench.inputs, CPU generator; logits in float32 on the CPU",
+                       rows=rows)
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+        return
     rng = np.random.default_rng(0)
     R = 4 if args.quick else args.rows
     if args.pallas:
@@ -246,6 +317,7 @@ def main(argv=None) -> None:
         table.append(summarize(f"bench {preset} L{L // 1024}K", rows, K))
         for nm, hv in _heavy(rows, rng).items():
             table.append(summarize(f"{nm} {preset} L{L // 1024}K", hv, K))
+        table.append(summarize(f"bench {preset} cut to {K + K // 4}", rows[:, : K + K // 4], K))
         for df in (1.5, 1.0):
             t = rng.standard_t(df, size=(rows.shape[0], L)).astype(np.float32)
             table.append(summarize(f"student-t df {df} L{L // 1024}K", t, K))
@@ -255,7 +327,8 @@ def main(argv=None) -> None:
         rows = step_logits(preset, 4, ctx, K, seed=1)
         table.append(summarize(f"step {preset} ctx{ctx // 1024}K (B4)", rows, K))
     cols = ["inputs", "K", "rows", "old_median", "old_worst", "window_median", "window_worst",
-            "window_miss_rate", "window16_median", "window16_worst", "window16_miss_rate"]
+            "window_miss_rate", "window16_median", "window16_worst", "window16_miss_rate",
+            "two_sided_median", "two_sided_worst", "two_sided_miss_rate"]
     _print_table(table, cols, args.json)
 
 

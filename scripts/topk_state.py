@@ -4,7 +4,7 @@
 For each selected layer row of ``bench.grid.targets_grid()`` this runs one eager step of the
 torch layer on the bench's inputs with ``kernels.topk.triton.launch_topk`` wrapped: the wrapper
 keeps a copy of the logits, lengths and histograms the layer's indexer hands to the top-k and
-the plan's per-row state (base, d0, need, done, total, n_out, n_cand, pairs). Then it re-runs
+the plan's per-row state (``kernels.topk.window.STATE_FIELDS``). Then it re-runs
 the top-k alone on that copy under the profiler (GPU time per kernel) and reports, per row
 (request x draft), the plan state and the logits' distribution: length, the top-k-th value,
 how many keys equal it, how many are > 0, == 0 and < 0, and the row max. Beside the copy's times: the launch's arguments
@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-STATE_FIELDS = ("base", "d0", "need", "done", "total", "n_out", "n_cand", "pairs")
+from kernels.topk.window import STATE_FIELDS, state_summary  # noqa: E402 (NumPy only)
 
 
 def _row_stats(logits, lens, topk: int, rows: int = 4) -> list[dict]:
@@ -88,7 +88,8 @@ def main(argv=None) -> int:
     def wrapped(logits, lengths, topk, out, scratch, **kw):
         if passthrough[0]:
             return orig(logits, lengths, topk, out, scratch, **kw)
-        state = torch.full((logits.shape[0], 8), -7, dtype=torch.int32, device=logits.device)
+        state = torch.full((logits.shape[0], ktopk.STATE_WORDS.value), -7, dtype=torch.int32,
+                           device=logits.device)
         # inputs copied *before* the call (the top-k may write its histogram argument)
         pre = dict(logits=logits.clone(), lengths=lengths.clone(),
                    kw={k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in kw.items()})
@@ -133,8 +134,9 @@ def main(argv=None) -> int:
                            config=str(c["kw"].get("config")),
                            split=c["kw"].get("hist") is not None and c["kw"].get("page_size") is not None,
                            state=[dict(zip(STATE_FIELDS, map(int, st[r]))) for r in range(min(4, R))],
-                           state_summary={f: [int(st[:, i].min()), int(st[:, i].max())]
-                                          for i, f in enumerate(STATE_FIELDS)},
+                           state_range={f: [int(st[:, i].min()), int(st[:, i].max())]
+                                        for i, f in enumerate(STATE_FIELDS)},
+                           state_summary=state_summary(st.numpy()),
                            rows=_row_stats(c["logits"], lens, c["topk"]))
                 out2 = torch.empty_like(c["out"])
                 scratch = torch.empty((R, c["scratch_cols"]), dtype=torch.int32, device="cuda")

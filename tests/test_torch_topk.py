@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from kernels import compare
-from kernels.topk.triton import TopkConfig, launch_topk
+from kernels.topk import window
+from kernels.topk.triton import STATE_FIELDS, STATE_WORDS, TopkConfig, launch_topk
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -133,29 +134,33 @@ def test_million_positions():
 
 
 # ---------------------------------------------------------------------------- windowed first digit
-# The first digit is a 1/8-binade window over the 32 binades below the row max
-# (kernels.topk.triton.window_bin); a threshold further down is a window miss (bin 0), and the
-# lower levels then descend the full key over bin 0. Both must give the exact set.
+# The first digit is 1/8 binade in two windows, the 16 binades below the row max and the 16 above
+# the row min, with one middle bin between them (kernels.topk.triton.window_bin; NumPy model
+# kernels.topk.window); a threshold in the middle bin is a window miss, and the lower levels then
+# descend the full key over that bin. Both must give the exact set.
 
 
 def _keys(x: np.ndarray) -> np.ndarray:
     """uint32 order keys (0 = NaN / -inf), as kernels.topk.triton.order_key."""
-    x = np.where(x == 0, np.float32(0), x.astype(np.float32))
-    u = x.view(np.uint32)
-    k = np.where(u >> 31 == 1, ~u, u | np.uint32(0x80000000)).astype(np.uint32)
-    return np.where(np.isnan(x) | (x == -np.inf), np.uint32(0), k)
+    return window.order_keys(x)
+
+
+def test_window_model_matches_the_kernels():
+    """kernels.topk.window (the NumPy model the tests and bench/topk_sim.py use) has the
+    kernels' constants, and its bins are monotone in the key for bases of both orders."""
+    from kernels.topk import triton as kt
+    assert (kt.HIST_BINS.value, kt.UPPER_LO.value, kt.MID_BIN.value, kt.WINDOW_SHIFT.value) == (
+        window.HIST_BINS, window.UPPER_LO, window.MID_BIN, window.WINDOW_SHIFT)
+    assert kt.STATE_FIELDS == window.STATE_FIELDS and len(kt.STATE_FIELDS) <= kt.STATE_WORDS.value
+    d = np.arange(4096)
+    for base, lbase in ((3000 - 255, 1000), (3000 - 255, 2900), (10 - 255, 0), (4095 - 255, 4000)):
+        b = window.digit_bins(d, base, lbase)
+        assert (np.diff(b) >= 0).all() and b.min() >= 0 and b.max() <= 255
 
 
 def _window_bucket(row: np.ndarray, K: int) -> int:
     """Threshold bin of the windowed first digit for one valid row (-1: every key taken)."""
-    k = _keys(row)
-    k = k[k != 0]
-    if k.size <= K:
-        return -1
-    base = (int(k.max()) >> 20) - 255
-    h = np.bincount(np.clip((k >> 20).astype(np.int64) - base, 0, 255), minlength=256)
-    ge = np.cumsum(h[::-1])[::-1]
-    return int(np.nonzero(ge >= K)[0].max())
+    return window.row_plan(row, K)["d0"]
 
 
 def _heavy_rows(seed, R, W):
@@ -177,10 +182,11 @@ def test_heavy_tailed(K):
 
 
 def test_window_miss_fallback():
-    """Thresholds below the window (bin 0): one +1e30 outlier above normal values, a few huge
-    values, a threshold among negatives (L < 2K of symmetric values), a +inf max, the threshold
-    just below the window's lower edge (bin 1 holds fewer than K), ties inside the missed
-    bucket (candidates as positions only: more than half the scratch row)."""
+    """Thresholds in the middle bin (window misses): one +1e30 outlier above normal values, a
+    few huge values, a +inf max, ties inside the missed bucket (candidates as positions only:
+    more than half the scratch row); and two rows the lower window catches: a threshold among
+    negatives (L < 2K of symmetric values: the one-sided window of 2026-12 missed it) and a
+    threshold 32 binades below the max at the row's smallest values."""
     K = 100
     W = 1500
     rng = np.random.default_rng(21)
@@ -189,21 +195,68 @@ def test_window_miss_fallback():
     x[1, [3, 900, 1400]] = [1e20, 3e25, 1e38]
     x[2] = rng.standard_normal(W)                                 # len 160: threshold negative
     x[3, 10] = np.inf                                             # +inf: window at +inf's bin
-    x[4] = np.float32(2.0) ** -32                                 # edge: max 1.0; 2^-32 in bin 0,
-    x[4, 100:150] = np.float32(1.25) * np.float32(2.0) ** -32     # 1.25 * 2^-32 in bin 1 (50 < K)
-    x[4, 1000] = 1.0
+    x[4] = np.float32(2.0) ** -32                                 # max 1.0; the min 2^-32 and
+    x[4, 100:150] = np.float32(1.25) * np.float32(2.0) ** -32     # 1.25 * 2^-32 in the lower
+    x[4, 1000] = 1.0                                              # window (bins 0 and 2)
     x[5] = np.round(x[5] * 2)                                     # ties in the missed bucket
     x[5, 0] = 1e30
     lens = [W, W, 160, W, W, W]
     buckets = [_window_bucket(x[r, :lens[r]], K) for r in range(6)]
-    assert buckets == [0] * 6, buckets                            # every row misses the window
+    M = window.MID_BIN
+    assert buckets == [M, M, buckets[2], M, 0, M] and buckets[2] < M, buckets
     _check(x, lens, K)
 
 
+def test_two_sided_window_edges():
+    """Thresholds at the edges of the two windows: the lower window's top bin (MID_BIN - 1) and
+    the first digit above it (the middle bin), the upper window's lowest bin (UPPER_LO),
+    overlapping windows (a row spanning under 32 binades: no middle bin), a negative threshold
+    in a row of mostly negative values with a positive max (the bench's B 64 N 2 row 33), all
+    rows exact."""
+    K = 64
+    W = 3000
+    rng = np.random.default_rng(29)
+    x = np.empty((5, W), np.float32)
+    one = np.float32(1.0)
+    # (digit + 8 a + b of 1.0 is 2^a * (1 + b / 8): 3 mantissa bits a digit)
+    # row 0: min 1.0 (digit m); K + 10 keys at digit m + 126 (bin 126), the rest 1.0; max far up
+    x[0] = one
+    x[0, 50:50 + K + 10] = np.float32(2.0 ** 15 * 1.75)           # m + 15 * 8 + 6
+    x[0, 7] = np.float32(2.0) ** 60
+    # row 1: the same one digit higher: the threshold's digit m + 127 is the middle bin
+    x[1] = one
+    x[1, 50:50 + K + 10] = np.float32(2.0 ** 15 * 1.875)          # m + 15 * 8 + 7
+    x[1, 7] = np.float32(2.0) ** 60
+    # row 2: max 2^20; K + 10 keys at its digit - 127 (bin UPPER_LO), the rest far below
+    x[2] = np.float32(2.0) ** -80
+    x[2, 0] = np.float32(2.0) ** 20
+    x[2, 100:100 + K + 10] = np.float32(2.0 ** 4 * 1.125)         # max digit - 16 * 8 + 1
+    # row 3: values within 4 binades: the windows overlap, no middle bin
+    x[3] = (1.0 + rng.random(W) * 15.0).astype(np.float32)
+    # row 4: mostly negative values, ~1% positive: the K-th largest is negative
+    x[4] = (rng.standard_normal(W) * 0.1 - 0.3).astype(np.float32)
+    plans = [window.row_plan(x[r], K) for r in range(5)]
+    d0 = [p["d0"] for p in plans]
+    assert d0[0] == window.MID_BIN - 1 and d0[1] == window.MID_BIN, d0
+    assert d0[2] == window.UPPER_LO and d0[3] > window.MID_BIN, d0
+    assert (x[4] > 0).sum() < K and d0[4] < window.MID_BIN, d0
+    _check(x, [W] * 5, K)
+    # the split path gives the same bits, its plan state the model's threshold bin
+    P, S = 16, 3
+    h = _split_hists(x, [W] * 5, 1, S, P, base_raise=2)
+    state = torch.full((5, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+    out = torch.full((5, K), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(torch.from_numpy(x).to(DEVICE), torch.tensor([W] * 5, dtype=torch.int32,
+                device=DEVICE), K, out, torch.empty((5, W), dtype=torch.int32, device=DEVICE),
+                hist=torch.from_numpy(h).to(DEVICE), page_size=P, state=state)
+    assert state[:, STATE_FIELDS.index("d0")].tolist() == d0
+    assert torch.equal(out, _run(x, [W] * 5, K))
+
+
 def test_running_max_rebase():
-    """Pass A's histogram with the max rising block after block (ascending rows: the window
-    moves at every block, lower bins merging into bin 0) and falling (no move), at blocks
-    smaller than the row."""
+    """Pass A's histogram with the max rising block after block (ascending rows: the upper window
+    moves at every block, its lower bins merging into the middle one) and the min falling
+    (descending rows: the lower window moves), at blocks smaller than the row."""
     K = 300
     W = 9000
     rng = np.random.default_rng(22)
@@ -252,14 +305,16 @@ def test_request_lengths_mtp_rule():
 
 def _split_hists(x, lens, n_drafts, S, P, base_raise=0):
     """NumPy model of the logits kernel's fused histograms: int32 hist_shape(B, S, N) with each
-    (request, split, draft) block's windowed histogram at its running-max base, raised by
-    ``base_raise`` bins (capped at the row's base: still a valid block, its window top above
-    its max) so that the plan's rebase shifts more blocks by other amounts."""
-    from kernels.topk.triton import HIST_ROW, hist_shape
+    (request, split, draft) block's windowed histogram at its exact bases, the upper base
+    raised and the lower one lowered by ``base_raise`` bins (capped at the row's bases: still a
+    valid block, its windows beyond its keys) so that the plan's rebase moves more blocks by
+    other amounts."""
+    from kernels.topk.triton import BASE_NONE, HIST_ROW, LBASE_NONE, hist_shape
     R, W = x.shape
     B = R // n_drafts
     h = np.zeros(hist_shape(B, S, n_drafts), np.int32)
-    h[..., 256] = -(1 << 20)
+    h[..., 256] = BASE_NONE.value
+    h[..., 257] = LBASE_NONE.value
     for b in range(B):
         n_pages = min(-(-max(lens[b * n_drafts:(b + 1) * n_drafts]) // P), W // P)
         per = -(-n_pages // S)
@@ -271,16 +326,18 @@ def _split_hists(x, lens, n_drafts, S, P, base_raise=0):
                 k = _keys(x[r, lo:hi])
                 keys[s] = k[k != 0]
                 if keys[s].size:
-                    bases[s] = (int(keys[s].max()) >> 20) - 255
-            row_base = max(bases.values(), default=0)
+                    bases[s] = window.window_bases(keys[s])
+            row_base = max((v[0] for v in bases.values()), default=0)
+            row_lbase = min((v[1] for v in bases.values()), default=0)
             for s, k in keys.items():
                 if s not in bases:
-                    h[b, s, i, 256] = -255 if s * per < n_pages else -(1 << 20)
+                    if s * per < n_pages:                  # the first tile's bases of no key
+                        h[b, s, i, 256:258] = [-255 + 32, 4095 - 32]
                     continue
-                base = min(bases[s] + base_raise, row_base)
-                h[b, s, i, :256] = np.bincount(np.clip((k >> 20).astype(np.int64) - base, 0, 255),
-                                               minlength=256)
-                h[b, s, i, 256] = base
+                base = min(bases[s][0] + base_raise, row_base)
+                lbase = max(bases[s][1] - base_raise, row_lbase)
+                h[b, s, i, :256] = window.histogram(k, base, lbase)
+                h[b, s, i, 256:258] = [base, lbase]
     assert h.shape[-1] == HIST_ROW.value
     return h
 
@@ -303,14 +360,17 @@ def test_split_plan_with_window_miss(S):
     ht = torch.from_numpy(h).to(DEVICE)
     scratch = torch.empty((4, W), dtype=torch.int32, device=DEVICE)
     split = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
-    state = torch.full((4, 8), -7, dtype=torch.int32, device=DEVICE)
+    state = torch.full((4, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(xt, lt, K, split, scratch, hist=ht, n_drafts=N, page_size=P, state=state)
     assert torch.equal(ht, torch.from_numpy(h).to(DEVICE))       # the histograms are only read
-    # the plan's state (base, d0, need, done, total, n_out, n_cand, pairs), as the caller's
-    # buffer receives it: every row's output count plus what its threshold bin still owes is K
-    for base, d0, need, done, total, n_out, n_cand, pairs in state.cpu().tolist():
-        assert pairs in (0, 1) and 0 <= need <= K and done in (0, 1) and n_cand >= 0
-        assert n_out + (0 if done else need) == (K if d0 >= 0 else total), (d0, need, done, n_out)
+    # the plan's state (STATE_FIELDS), as the caller's buffer receives it: every row's output
+    # count plus what its threshold bin still owes is K
+    for row in state.cpu().tolist():
+        st = dict(zip(STATE_FIELDS, row))
+        need, done, n_out, d0 = st["need"], st["done"], st["n_out"], st["d0"]
+        assert st["pairs"] in (0, 1) and 0 <= need <= K and done in (0, 1) and st["n_cand"] >= 0
+        assert n_out + (0 if done else need) == (K if d0 >= 0 else st["total"]), st
+        assert row[len(STATE_FIELDS):] == [0] * (STATE_WORDS.value - len(STATE_FIELDS))
     compare.assert_pass(compare.check_topk(split, _ref_rows(x, lens), K))
     fused = torch.full((4, K), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(xt, lt, K, fused, scratch, hist=ht, n_drafts=N)
@@ -343,3 +403,31 @@ def test_many_candidates_compacted(pairs):
         outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert sorted(outs[0][2].tolist()) == list(range(K))
+
+
+@pytest.mark.parametrize("S", [4, 20])
+def test_split_launches_and_state_summary(S):
+    """The split top-k launches two kernels up to SCATTER_PLAN_SPLITS splits a row (the scatter
+    plans itself, B >= 16-32 on the H200), four beyond (the plan kernels first); same bits
+    either way; kernels.topk.window.state_summary reads its state (no miss on normal rows)."""
+    from bench.indexer_sweep import _launches
+    from kernels.topk.triton import SCATTER_PLAN_SPLITS
+    K, P, W = 32, 16, 1024
+    _, x = _rows(31, 3, W)
+    lens = [W, W - 100, 500]
+    h = torch.from_numpy(_split_hists(x, lens, 1, S, P)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    out = torch.full((3, K), -7, dtype=torch.int32, device=DEVICE)
+    state = torch.full((3, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+    names = _launches(lambda: launch_topk(xt, lt, K, out, torch.empty((3, W), dtype=torch.int32,
+                                                                        device=DEVICE),
+                                          hist=h, page_size=P, state=state))
+    expect = ["_topk_scatter_kernel", "_radix_topk_kernel"]
+    if S > SCATTER_PLAN_SPLITS:
+        expect = ["_topk_plan_part_kernel", "_topk_plan_count_kernel"] + expect
+    assert names == expect
+    assert torch.equal(out, _run(x, lens, K))
+    summ = window.state_summary(state.cpu().numpy())
+    assert summ["rows"] == 3 and summ["misses"] == 0 and summ["taken_whole"] == 0
+    assert 0 < summ["n_cand_max"] == summ["visits_max"] <= W // 8

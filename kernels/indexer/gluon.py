@@ -10,8 +10,8 @@ Semantics, inputs, outputs and the histogram blocks are those of
 
 -inf where j is past the draft's length or its page entry is not a real page; the same grid
 ``(B, S)`` over page ranges, the same ``[B, S, NB, HIST_ROW]`` histogram blocks (256 windowed
-first-digit counts and the window base per draft, base from the first tile's max plus
-``HIST_HEAD`` bins, a recount at the final base when a later key rose above the window), so the
+first-digit counts and the two window bases per draft, from the first tile's max plus and min
+minus ``HIST_HEAD`` bins, a recount at the final bases when a later key left the windows), so the
 top-k (``kernels.topk.triton``) reads either kernel's output. e4m3 q and keys become fp16 (exact)
 and the dot accumulates in fp32, as the Triton kernel's ``fp8_upcast``.
 
@@ -49,7 +49,8 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, WINDOW_SHIFT
+from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE, MID_BIN, UPPER_LO,
+                                 WINDOW_SHIFT)
 
 # CTA-wide barrier: ``gl.thread_barrier`` in Triton 3.6 (the H200 image), ``gl.barrier`` later
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier
@@ -104,10 +105,19 @@ def _window_base(kmax):
 
 
 @gluon.jit
-def _window_bin(key, base):
-    """``kernels.topk.triton.window_bin``: ``clamp((key >> 20) - base, 0, 255)``."""
-    d = (key >> WINDOW_SHIFT).to(gl.int32) - base
-    return gl.minimum(gl.maximum(d, 0), HIST_BINS - 1)
+def _window_lbase(kmin):
+    """``kernels.topk.triton.window_lbase``: the lower base whose bin 0 holds ``kmin``."""
+    return (kmin >> WINDOW_SHIFT).to(gl.int32)
+
+
+@gluon.jit
+def _window_bin(key, base, lbase):
+    """``kernels.topk.triton.window_bin``: ``d - base`` in the upper window (``>= UPPER_LO``),
+    else ``clamp(d - lbase, 0, MID_BIN)``, ``d = key >> 20``."""
+    d = (key >> WINDOW_SHIFT).to(gl.int32)
+    u = d - base
+    low = gl.minimum(gl.maximum(d - lbase, 0), MID_BIN)
+    return gl.where(u >= UPPER_LO, gl.minimum(u, HIST_BINS - 1), low)
 
 
 @gluon.jit
@@ -168,31 +178,39 @@ def _head_sum(acc, w, LT: gl.constexpr):
 
 
 @gluon.jit
-def _draft_step(acc, w, sc, page_ok, j, len_d, pg_in, out_d, hist, hbase, kmax, first,
-                WRITE_HIST: gl.constexpr, HL: gl.constexpr, LT: gl.constexpr):
-    """One draft's epilogue of one step: logits stored, histogram and running key max updated."""
+def _draft_step(acc, w, sc, page_ok, j, len_d, pg_in, out_d, hist, hbase, lbase, kmax, kmin,
+                first, WRITE_HIST: gl.constexpr, HL: gl.constexpr, LT: gl.constexpr):
+    """One draft's epilogue of one step: logits stored, histogram and running key max / min
+    (of the qualifying keys) updated."""
     logit = _head_sum(acc, w, LT) * sc
     logit = gl.where((j < len_d) & page_ok, logit, float("-inf"))
     gl.store(out_d + j, logit, mask=pg_in)
     if WRITE_HIST:
         key = _order_key(logit, LT)
+        kq = gl.where(key != 0, key, ~gl.zeros_like(key))
         if first:
             hbase = _window_base(gl.max(key, axis=0)) + 32          # HIST_HEAD bins of headroom
+            lbase = _window_lbase(gl.min(kq, axis=0)) - 32
         kmax = gl.maximum(kmax, key)
-        hist += gl.histogram(_window_bin(key, hbase), HIST_BINS, mask=key != 0, layout=HL)
-    return hist, hbase, kmax
+        kmin = gl.minimum(kmin, kq)
+        hist += gl.histogram(_window_bin(key, hbase, lbase), HIST_BINS, mask=key != 0, layout=HL)
+    return hist, hbase, lbase, kmax, kmin
 
 
 @gluon.jit
-def _finish_hist(out_d, len_d, start, end, hist, hbase, kmax, hb, HL: gl.constexpr,
-                 LT: gl.constexpr):
-    """Recount this program's logits of one draft at the final base when a key rose above the
-    first tile's window (``kernels.indexer.triton._recount``), then store its histogram block."""
+def _finish_hist(out_d, len_d, start, end, hist, hbase, lbase, kmax, kmin, hb,
+                 HL: gl.constexpr, LT: gl.constexpr):
+    """Recount this program's logits of one draft at the final bases when a key rose above
+    the first tile's upper window or fell below its lower one
+    (``kernels.indexer.triton._recount``), then store its histogram block."""
     kmx = gl.max(kmax, axis=0)
+    kmn = gl.min(kmin, axis=0)
     fbase = hbase
+    flbase = lbase
     if kmx != 0:
         fbase = gl.maximum(hbase, _window_base(kmx))
-    if fbase > hbase:
+        flbase = gl.minimum(lbase, _window_lbase(kmn))
+    if (fbase > hbase) | (flbase < lbase):
         _barrier()                       # this CTA's logit stores are visible after it
         hist = gl.zeros([HIST_BINS], gl.int32, layout=HL)
         t = gl.arange(0, 128, layout=LT)
@@ -200,10 +218,13 @@ def _finish_hist(out_d, len_d, start, end, hist, hbase, kmax, hb, HL: gl.constex
             j = j0 + t
             x = gl.load(out_d + j, mask=(j < end * 64) & (j < len_d), other=float("-inf"))
             key = _order_key(x, LT)
-            hist += gl.histogram(_window_bin(key, fbase), HIST_BINS, mask=key != 0, layout=HL)
+            hist += gl.histogram(_window_bin(key, fbase, flbase), HIST_BINS, mask=key != 0,
+                                 layout=HL)
         hbase = fbase
+        lbase = flbase
     gl.store(hb + gl.arange(0, HIST_BINS, layout=HL), hist)
     gl.store(hb + HIST_BINS, hbase)
+    gl.store(hb + (HIST_BINS + 1), lbase)
 
 
 @gluon.jit
@@ -278,8 +299,12 @@ def _indexer_logits_gluon_kernel(
     h1 = h0
     base0 = split * 0 + BASE_NONE
     base1 = base0
+    lb0 = split * 0 + LBASE_NONE
+    lb1 = lb0
     km0 = gl.zeros([128], gl.uint32, layout=LT)
     km1 = km0
+    kn0 = ~gl.zeros([128], gl.uint32, layout=LT)
+    kn1 = kn0
 
     # prologue: steps 0 .. NSTAGE - 2 in flight, the entries of step NSTAGE - 1 in registers
     bt_row = bt_ptr + b * stride_bt
@@ -313,18 +338,20 @@ def _indexer_logits_gluon_kernel(
         first = pg0 == start
         # one draft at a time: one [128, 64] accumulator live (two spill at N 2)
         a0 = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(x0, x1, qd, 0, MMA),))
-        h0, base0, km0 = _draft_step(a0, w0, sc, page_ok, j, len0, pg_in, out0, h0, base0, km0,
-                                     first, WRITE_HIST, HL, LT)
+        h0, base0, lb0, km0, kn0 = _draft_step(a0, w0, sc, page_ok, j, len0, pg_in, out0, h0,
+                                               base0, lb0, km0, kn0, first, WRITE_HIST, HL, LT)
         if N == 2:
             a1 = warpgroup_mma_wait(num_outstanding=0, deps=(_scores(x0, x1, qd, 1, MMA),))
-            h1, base1, km1 = _draft_step(a1, w1, sc, page_ok, j, len1, pg_in, out1, h1, base1,
-                                         km1, first, WRITE_HIST, HL, LT)
+            h1, base1, lb1, km1, kn1 = _draft_step(a1, w1, sc, page_ok, j, len1, pg_in, out1,
+                                                   h1, base1, lb1, km1, kn1, first, WRITE_HIST,
+                                                   HL, LT)
     async_copy.wait_group(0)
     if WRITE_HIST:
         hb = hist_ptr + (b * num_splits + split) * (N * HIST_ROW)
-        _finish_hist(out0, len0, start, end, h0, base0, km0, hb, HL, LT)
+        _finish_hist(out0, len0, start, end, h0, base0, lb0, km0, kn0, hb, HL, LT)
         if N == 2:
-            _finish_hist(out1, len1, start, end, h1, base1, km1, hb + HIST_ROW, HL, LT)
+            _finish_hist(out1, len1, start, end, h1, base1, lb1, km1, kn1, hb + HIST_ROW, HL,
+                         LT)
 
 
 def launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist, splits: int):

@@ -9,8 +9,8 @@ Semantics, arguments (of :func:`launch`), outputs and numerics are those of
 
 -inf past the draft's length or on a page entry that is not a real page; the grid ``(B, S)`` over
 the same page ranges; the same ``[B, S, NB, HIST_ROW]`` histogram blocks (``hist="first"``: the
-window base from the first 128-token tile of the program's range plus ``HIST_HEAD`` bins, a
-recount at the final base when a later key rose above the window). Each logit is the same fp32
+two window bases from the first 128-token tile of the program's range, its max plus and its
+min minus ``HIST_HEAD`` bins, a recount at the final bases when a later key left the windows). Each logit is the same fp32
 sum in the same order as ``gluon.py`` (the same wgmma k16 instructions over the same 64-dim
 chunks in the same order, the same ReLU / weight / head-sum reduction over the same accumulator
 layout), so the logits and the histogram blocks are bitwise ``gluon.py``'s.
@@ -45,9 +45,9 @@ CTAs per SM. Here the loads leave the consumers' chain:
 * **First tile, merge.** Step 0 (the first tile) is consumer 0's, which also loads q (the others
   wait on ``q_bar``): it sets the window bases and, with more consumers, publishes them (shared
   memory, ``base_bar``); the others wait for them before their first histogram. At the end each
-  other consumer hands its counts and its elementwise key max over (``done_bar``, one arrival
-  each, after its logit stores), consumer 0 adds them and finishes the block as ``gluon.py``
-  (recount at the final base if a key rose above the window, then the store). Integer counts:
+  other consumer hands its counts and its elementwise key max and min over (``done_bar``, one
+  arrival each, after its logit stores), consumer 0 adds them and finishes the block as
+  ``gluon.py`` (recount at the final bases if a key left the windows, then the store). Integer counts:
   the block is exactly ``gluon.py``'s whatever the order.
 * **Occupancy** (AOT, Triton 3.6.0, sm_90, N 1 / N 2). ``CONSUMERS = 2`` (default): 9 warps (12
   with the producer's warpgroup padded), ``maxnreg`` 168, setmaxnreg 240 / 240 / 24, 8 ring
@@ -74,7 +74,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_len, _draft_step, _entries,
                                    _finish_hist)
-from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW
+from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
 # (the H200 image), ``async_load`` (the same arguments) later
@@ -272,8 +272,12 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
     h1 = h0
     base0 = split * 0 + BASE_NONE
     base1 = base0
+    lb0 = split * 0 + LBASE_NONE
+    lb1 = lb0
     km0 = gl.zeros([128], gl.uint32, layout=LT)
     km1 = km0
+    kn0 = ~gl.zeros([128], gl.uint32, layout=LT)
+    kn1 = kn0
 
     for i in range(C, n_steps, CONSUMERS):
         slot = i % NSLOT
@@ -301,10 +305,12 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                         mbarrier.wait(base_bar, 0)
                         base0 = gl.max(xb.index(0).load(LT), axis=0)
                         base1 = gl.max(xb.index(1).load(LT), axis=0)
+                        lb0 = gl.max(xb.index(2).load(LT), axis=0)
+                        lb1 = gl.max(xb.index(3).load(LT), axis=0)
         if CONSUMERS == 3:               # 160 registers: the weights from L1 each step
             w0 = gl.load(w_ptr + b * stride_wb + hw)
-        h0, base0, km0 = _draft_step(acc, w0, s_sc, page_ok, j, len0, pg_in, out0, h0, base0, km0,
-                                     first, WRITE_HIST, HL, LT)
+        h0, base0, lb0, km0, kn0 = _draft_step(acc, w0, s_sc, page_ok, j, len0, pg_in, out0, h0,
+                                               base0, lb0, km0, kn0, first, WRITE_HIST, HL, LT)
         if N == 2:
             if CONVERT == 0:
                 acc = _scores_again(a0, a1, qd, 1, MMA)
@@ -313,40 +319,50 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if CONSUMERS == 3:
                 w1 = gl.load(w_ptr + b * stride_wb + stride_wn + hw)
-            h1, base1, km1 = _draft_step(acc, w1, s_sc, page_ok, j, len1, pg_in, out1, h1, base1,
-                                         km1, first, WRITE_HIST, HL, LT)
+            h1, base1, lb1, km1, kn1 = _draft_step(acc, w1, s_sc, page_ok, j, len1, pg_in, out1,
+                                                   h1, base1, lb1, km1, kn1, first, WRITE_HIST,
+                                                   HL, LT)
         if CONSUMERS > 1:
             if WRITE_HIST:
                 if C == 0:
                     if i == 0:           # publish step 0's bases to the other consumers
                         xb.index(0).store(gl.full([128], 0, gl.int32, layout=LT) + base0)
                         xb.index(1).store(gl.full([128], 0, gl.int32, layout=LT) + base1)
+                        xb.index(2).store(gl.full([128], 0, gl.int32, layout=LT) + lb0)
+                        xb.index(3).store(gl.full([128], 0, gl.int32, layout=LT) + lb1)
                         _barrier()
                         mbarrier.arrive(base_bar)
 
     if WRITE_HIST:
         if CONSUMERS > 1:
-            if C > 0:                    # hand the counts and key maxima to consumer 0
+            if C > 0:                    # hand the counts and key maxima / minima to consumer 0
+                XC: gl.constexpr = 2 * CONSUMERS - 2
                 xh.index(2 * C - 2).store(h0)
                 xk.index(2 * C - 2).store(km0)
+                xk.index(XC + 2 * C - 2).store(kn0)
                 if N == 2:
                     xh.index(2 * C - 1).store(h1)
                     xk.index(2 * C - 1).store(km1)
+                    xk.index(XC + 2 * C - 1).store(kn1)
                 _barrier()               # (also: this partition's logit stores before the arrive)
                 mbarrier.arrive(done_bar)
             else:
                 mbarrier.wait(done_bar, 0)          # every other consumer has arrived
+                XK: gl.constexpr = 2 * CONSUMERS - 2
                 for c in gl.static_range(1, CONSUMERS):
                     h0 += xh.index(2 * c - 2).load(HL)
                     km0 = gl.maximum(km0, xk.index(2 * c - 2).load(LT))
+                    kn0 = gl.minimum(kn0, xk.index(XK + 2 * c - 2).load(LT))
                     if N == 2:
                         h1 += xh.index(2 * c - 1).load(HL)
                         km1 = gl.maximum(km1, xk.index(2 * c - 1).load(LT))
+                        kn1 = gl.minimum(kn1, xk.index(XK + 2 * c - 1).load(LT))
         if C == 0:
             hb = hist_ptr + (b * num_splits + split) * (N * HIST_ROW)
-            _finish_hist(out0, len0, start, end, h0, base0, km0, hb, HL, LT)
+            _finish_hist(out0, len0, start, end, h0, base0, lb0, km0, kn0, hb, HL, LT)
             if N == 2:
-                _finish_hist(out1, len1, start, end, h1, base1, km1, hb + HIST_ROW, HL, LT)
+                _finish_hist(out1, len1, start, end, h1, base1, lb1, km1, kn1, hb + HIST_ROW, HL,
+                             LT)
 
 
 @gluon.jit
@@ -397,13 +413,14 @@ def _indexer_logits_gluon_ws_kernel(
     else:
         x0 = qd
         x1 = qd
-    # consumer 0 -> the others: q is in shared memory (q_bar), step 0's window bases (xb,
-    # base_bar); the others -> consumer 0: their counts and key maxima (xh, xk, done_bar: one
+    # consumer 0 -> the others: q is in shared memory (q_bar), step 0's window bases (xb: the
+    # upper bases of drafts 0 / 1, then the lower ones; base_bar); the others -> consumer 0:
+    # their counts and key maxima (xk [c]) and minima (xk [XC + c]) (xh, xk, done_bar: one
     # arrival each)
     XC: gl.constexpr = 2 * CONSUMERS - 2 if CONSUMERS > 1 else 1
-    xb = gl.allocate_shared_memory(gl.int32, [2, 128], FLAT)
+    xb = gl.allocate_shared_memory(gl.int32, [4, 128], FLAT)
     xh = gl.allocate_shared_memory(gl.int32, [XC, HIST_BINS], FLAT)
-    xk = gl.allocate_shared_memory(gl.uint32, [XC, 128], FLAT)
+    xk = gl.allocate_shared_memory(gl.uint32, [2 * XC, 128], FLAT)
     sync = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
     mbarrier.init(sync.index(0), count=1)
     mbarrier.init(sync.index(1), count=1)

@@ -53,10 +53,11 @@ Design (one program = one request b and one contiguous chunk of its pages; grid 
   written: ``indexer_logits`` pre-fills its output with -inf; the top-k never reads them.
 * Fused pass A of the radix top-k (``hist=``, used by ``indexer_topk``): the logits are in
   registers anyway, so each program also histograms the first digit of their order keys
-  (``kernels.topk.triton.window_hist_add``: 1/8-binade bins in a window below the running max,
-  shifted when a tile raises the max) per draft with ``tl.histogram`` and writes one
-  ``[NB, HIST_ROW]`` int32 block (256 counts and the window base per draft) per (request,
-  split): the top-k then skips one full read of the row.
+  (``kernels.topk.triton.window_bin``: 1/8-binade bins in a window below the max and one above
+  the min of the keys, the bases from the first tile, recounted when a later key leaves them)
+  per draft with ``tl.histogram`` and writes one ``[NB, HIST_ROW]`` int32 block (256 counts
+  and the two window bases per draft) per (request, split): the top-k then skips one full read
+  of the row.
 * No atomics: every output element is written by exactly one program, so results are bitwise
   reproducible.
 * Padding: heads are padded to ``BLOCK_H = max(16, next_pow2(H_I))`` (dots need M >= 16),
@@ -78,8 +79,8 @@ import triton
 import triton.language as tl
 
 from kernels import layouts
-from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, order_key, window_base, window_bin,
-                                 window_hist_add)
+from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE, min_key, order_key,
+                                 window_base, window_bin, window_hist_add, window_lbase)
 
 
 @dataclass(frozen=True)
@@ -98,13 +99,14 @@ class IndexerLogitsConfig:
         L = 64K: 410 us against 539 us at one page per iteration).
       pages: pages scored per iteration (``pages * P`` token rows per dot; 2: 342 us against
         410 us at 1; 4 spills).
-      hist: window base of the fused first-digit histogram (``WRITE_HIST``).
-        ``"running"``: the running max, reduced over every tile (a CTA-wide max and a
-        conditional exact shift per tile). ``"first"``: the base is set once from the first
-        tile's max with ``HIST_HEAD`` bins of headroom; later tiles only take an elementwise
-        running max of their keys (no reduction); at the end, if a key rose above the window
-        (its top bin would have clamped), the program re-reads the logits it wrote and
-        recounts them at the final base (exact either way; the recount runs only then).
+      hist: window bases of the fused first-digit histogram (``WRITE_HIST``).
+        ``"running"``: the running max and min, reduced over every tile (CTA-wide reductions
+        and a conditional exact rebase per tile). ``"first"``: the bases are set once from the
+        first tile's max and min with ``HIST_HEAD`` bins of headroom; later tiles only take an
+        elementwise running max and min of their keys (no reduction); at the end, if a key
+        left a window (its end bin would have clamped), the program re-reads the logits it
+        wrote and recounts them at the final bases (exact either way; the recount runs only
+        then).
       prefetch: True: the hand pipeline (the next group's tile and scales carried in
         registers across the iteration); False: plain loads in the loop for Triton's
         pipeliner (cp.async of the K tile at ``num_stages >= 2``).
@@ -143,8 +145,10 @@ class IndexerLogitsConfig:
 
 
 # Headroom of the "first" histogram mode: the first tile's max lands HIST_HEAD bins (1/8 binade
-# each) below the window's top, so a later key up to 2^(HIST_HEAD / 8) times larger is still
-# counted without a recount; the window then reaches 32 - HIST_HEAD / 8 binades below that max.
+# each) below the upper window's top and its min HIST_HEAD bins above the lower window's bottom,
+# so a later key up to 2^(HIST_HEAD / 8) times larger (or, on the min's side, further down) is
+# still counted without a recount; each window then reaches 16 - HIST_HEAD / 8 binades past
+# that max / min (the bench's logits never recount at 32: bench/NOTES.md).
 HIST_HEAD = tl.constexpr(32)
 HIST_MODES = {"running": 0, "first": 1}
 
@@ -283,7 +287,9 @@ def _indexer_logits_kernel(
     HB: tl.constexpr = HIST_BINS
     hist = tl.zeros((NB * HB,), tl.int32)
     hbase = tl.full((NB,), BASE_NONE, tl.int32)                              # window bases
+    lbase = tl.full((NB,), LBASE_NONE, tl.int32)
     kmax = tl.zeros((NB, BLOCK_T), tl.uint32)               # HIST_MODE 1: elementwise key max
+    kmin = ~tl.zeros((NB, BLOCK_T), tl.uint32)              # and min (of qualifying keys)
     # Software pipeline by hand (PREFETCH): the K tile (and scales) of the next page group are
     # loaded while this one is scored, and the block-table entries one group further ahead, so
     # no iteration waits on a dependent chain of global loads (the tile feeds a conversion
@@ -367,32 +373,44 @@ def _indexer_logits_kernel(
             # counted). Bin = draft * HB + digit.
             key = order_key(logit)
             if HIST_MODE == 0:
-                # running max: every tile reduces its max; a raise shifts the histogram exactly
-                hist, hbase = window_hist_add(hist, hbase, key, NB, BLOCK_T)
+                # running max / min: every tile reduces its max and min; a move rebases the
+                # histogram exactly
+                hist, hbase, lbase = window_hist_add(hist, hbase, lbase, key, NB, BLOCK_T)
             else:
-                # base fixed by the first tile (HIST_HEAD bins of headroom); keys above the
-                # window clamp into the top bin and are caught by the elementwise max below
+                # bases fixed by the first tile (HIST_HEAD bins of headroom at either end); keys
+                # beyond a window clamp into its end bin and are caught by the elementwise max /
+                # min below
+                kq = min_key(key)
                 if pg0 == start:
                     hbase = window_base(tl.max(key, axis=1)) + HIST_HEAD
+                    lbase = window_lbase(tl.min(kq, axis=1)) - HIST_HEAD
                 kmax = tl.maximum(kmax, key)
-                bins = window_bin(key, hbase[:, None]) + i_out[:, None] * HB
+                kmin = tl.minimum(kmin, kq)
+                bins = window_bin(key, hbase[:, None], lbase[:, None]) + i_out[:, None] * HB
                 hist += tl.histogram(tl.reshape(bins, (NB * BLOCK_T,)), NB * HB,
                                      mask=tl.reshape(key != 0, (NB * BLOCK_T,)))
     if WRITE_HIST:
         if HIST_MODE == 1:
-            # A key above the first tile's window (clamped into the top bin) means the counts
-            # are not exact at this base: recount this program's logits (just written, read
-            # back from L2) at the base of the largest key. Only when it happened.
+            # A key above the first tile's upper window or below its lower one (clamped into
+            # an end bin) means the counts are not exact at these bases: recount this
+            # program's logits (just written, read back from L2) at the bases of the largest
+            # and smallest keys. Only when it happened.
             kmx = tl.max(kmax, axis=1)
+            kmn = tl.min(kmin, axis=1)
             fbase = tl.where(kmx != 0, tl.maximum(hbase, window_base(kmx)), hbase)
-            if tl.max(fbase - hbase, axis=0) > 0:
-                hist, hbase = _recount(out_row, lens, start, end, fbase, N, NB, P, BLOCK_T)
-        # Every program writes its block (zeros and BASE_NONE for an empty page range): no fill
-        # needed. Block (b, split, draft): HB counts, then the window base (HIST_ROW words).
+            flbase = tl.where(kmx != 0, tl.minimum(lbase, window_lbase(kmn)), lbase)
+            if tl.max((fbase - hbase) + (lbase - flbase), axis=0) > 0:
+                hist = _recount(out_row, lens, start, end, fbase, flbase, N, NB, P, BLOCK_T)
+                hbase = fbase
+                lbase = flbase
+        # Every program writes its block (zeros and BASE_NONE / LBASE_NONE for an empty page
+        # range): no fill needed. Block (b, split, draft): HB counts, then the window bases
+        # (HIST_ROW words).
         hb = hist_ptr + (b * num_splits + split) * (NB * HIST_ROW)
         hi = tl.arange(0, NB * HB)
         tl.store(hb + (hi // HB) * HIST_ROW + hi % HB, hist)
         tl.store(hb + i_out * HIST_ROW + HB, hbase)
+        tl.store(hb + i_out * HIST_ROW + HB + 1, lbase)
 
 
 @triton.jit
@@ -414,9 +432,9 @@ def _load_sc(ks_ptr, page, t_off, stride_sp, scale_off, ok, EVICT: tl.constexpr)
 
 
 @triton.jit
-def _recount(out_row, lens, start, end, base, N: tl.constexpr, NB: tl.constexpr,
+def _recount(out_row, lens, start, end, base, lbase, N: tl.constexpr, NB: tl.constexpr,
              P: tl.constexpr, BLOCK_T: tl.constexpr):
-    """Windowed histograms ``(hist [NB * 256], base [NB])`` at bases ``base`` of the logits this
+    """Windowed histograms ``hist [NB * 256]`` at bases ``(base, lbase)`` [NB] of the logits this
     program wrote at positions ``[start * P, end * P)`` of each draft row (``out_row`` [NB, 1]
     pointers), re-read from global memory after a CTA barrier (stores by other threads of this
     program are visible after it). Invalid positions hold -inf (key 0, not counted)."""
@@ -432,10 +450,10 @@ def _recount(out_row, lens, start, end, base, N: tl.constexpr, NB: tl.constexpr,
         m = (i_out[:, None] < N) & (j[None, :] < hi) & (j[None, :] < lens[:, None])
         x = tl.load(out_row + j[None, :], mask=m, other=float("-inf"))
         key = order_key(x)
-        bins = window_bin(key, base[:, None]) + i_out[:, None] * HB
+        bins = window_bin(key, base[:, None], lbase[:, None]) + i_out[:, None] * HB
         hist += tl.histogram(tl.reshape(bins, (NB * BLOCK_T,)), NB * HB,
                              mask=tl.reshape(key != 0, (NB * BLOCK_T,)))
-    return hist, base
+    return hist
 
 
 def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_lens, out, *,

@@ -13,17 +13,24 @@ Algorithm (no atomics, no sort):
    sign 1; -0.0 first becomes +0.0 so that the two zeros tie); NaN and -inf (and positions
    ``>= len``) get key 0, which no qualifying value has (the smallest, ``-FLT_MAX``, maps to
    ``0x00800000``), so "qualifies" is ``key != 0``.
-2. First digit: a **window below the row max** at 1/8 binade. ``key >> 20`` (sign, 8 exponent
-   bits and 3 mantissa bits: 4,096 monotone bins, 1/8 binade each, both signs) is taken relative
-   to ``base = (max_key >> 20) - 255``: ``bin = clamp((key >> 20) - base, 0, 255)``. Bins 1..255
-   are the 32 binades (of magnitude, on the max's side of zero) just below the row's largest
-   value, one bin per 1/8 binade; bin 0 holds everything further down. The mapping is monotone
-   in the key, so the selection stays exact whatever the base. The base comes from the data of
-   the same pass, not from the host or a guess: a histogram is accumulated against a running
-   base (the max seen so far) and, when a block raises the max, shifted down by the base's
-   increase, its lowest bins merging into bin 0 (exact: bin 0 is the clamp of every lower bin).
-   Partial histograms of one row (the logits kernel's splits) are brought to the row's base,
-   the largest of theirs, the same way and summed. Pass A's histogram and the count C of
+2. First digit: **two windows**, one below the row max and one above the row min, at 1/8
+   binade. The digit ``d = key >> 20`` (sign, 8 exponent bits and 3 mantissa bits: 4,096
+   monotone values, 1/8 binade each, both signs) is binned against two bases: ``base = (max_key
+   >> 20) - 255`` and ``lbase = min_key >> 20`` (of the qualifying keys): ``bin = d - base`` when
+   that is ``>= 128`` (bins 128..255: the 16 binades below the row's largest value, one digit
+   each), else ``clamp(d - lbase, 0, 127)`` (bins 0..126: the 16 binades above its smallest
+   value, one digit each; bin 127, the middle, every digit between the windows)
+   (:func:`window_bin`). The mapping is monotone in the key, so the selection stays exact
+   whatever the bases. The lower window catches thresholds a window below the max cannot reach:
+   a row whose K-th largest value is negative while its max is positive (fewer than K positive
+   values: short rows, rows of mostly negative scores; the key space between the smallest
+   positive and the smallest negative magnitudes spans ~250 binades). The bases come from the
+   data of the same pass, not from the host or a guess: a histogram is accumulated against a
+   running max and min and, when a block moves either, rebased (:func:`window_rebase`: every
+   new bin but the middle is one digit, read from the old bin of that digit; the middle is the
+   rest, exact since the old middle lies inside the new one). Partial histograms of one row
+   (the logits kernel's splits) are brought to the row's bases, the largest base and the
+   smallest lower base, the same way and summed. Pass A's histogram and the count C of
    qualifying positions give the threshold bin d: the largest bin whose suffix count reaches K.
    ``C <= K``: every qualifying position is taken.
 3. Pass B over the valid prefix: keys in bins above d go straight to the output (slots from a
@@ -33,15 +40,17 @@ Algorithm (no atomics, no sort):
    else as positions only (the levels then gather the logits).
 4. Lower levels over the candidates only, 8 bits of the full key per level at bit offsets
    24, 16, 8 and 0, restricted to the keys matching the chosen high bits ``(key & mask) ==
-   prefix``; a level whose bits the first digit already fixed is skipped. When d >= 1 the
-   bucket fixes ``key >> 20`` (12 bits): three levels remain (bits 19..0). When d = 0 (the
-   threshold lies more than 32 binades below the row max: a window miss) the bucket is "every
-   key below the window" and the descent runs over the full key from bit 31 (four levels): the
-   fallback, exact in every case, costs passes over that bucket. The descent stops early when
-   the chosen bucket is taken whole. Above ``COMPACT_MIN`` candidates a level also compacts
-   them, in place and in position order, to its chosen bucket (keys above it go to the output
-   then), so a miss or a wide tie costs two passes over the bucket and then passes over the
-   old digit's bucket size (~1-16K).
+   prefix``; a level whose bits the first digit already fixed is skipped. When d is a window
+   bin the bucket fixes ``key >> 20`` (12 bits): three levels remain (bits 19..0). When d is the
+   middle bin (a window miss: the threshold lies more than 16 binades below the max and above
+   the min) the bucket is "every key between the windows" and the descent runs over the full
+   key from bit 31 (four levels): the fallback, exact in every case, costs passes over that
+   bucket. The descent stops early when the chosen bucket is taken whole. Up to ``BLOCK``
+   candidates (the bench's rows: 0.1-1K) are read once and every level and the selection run
+   on them in registers; above ``COMPACT_MIN`` a level also compacts them, in place and in
+   position order, to its chosen bucket (keys above it go to the output then), so a miss or a
+   wide tie costs two passes over the bucket and then passes over the old digit's bucket size
+   (~1-16K).
 5. Selection over the candidates in position order: keys above the final bucket are taken,
    keys in it while their running rank is ``<= need``: exactly the SPEC tie rule.
 6. The tail ``[min(C, K), K)`` of the output row is filled with -1.
@@ -58,18 +67,22 @@ are integer counts (order independent), so results are bitwise reproducible. Row
 positions. Scratch: int32 ``[R, W]`` (4 bytes per table position), beside the float32 logits.
 
 Fused with the indexer (``hist=``): the logits kernel already holds every logit in registers,
-so it also builds pass A's windowed histogram per (request, split, draft) with its running base
-(:func:`window_hist_add`) and writes one ``HIST_ROW``-int32 block per draft (256 bins, then the
-base) instead of the top-k re-reading the row. Given the logits kernel's page size as well
-(``page_size=``), pass B runs split. The plan runs over groups of ``PLAN_GROUP`` splits, one
-program per (row, group): ``_topk_plan_part_kernel`` brings each group's histograms to the
-row's base (shifted loads, no register gather) and sums them; ``_topk_plan_count_kernel`` sums
-the groups' partials, picks the threshold bin, and counts each split's keys above the bin and
-in it (per split: the counts of the splits before it in its group; per group: its totals).
-Then ``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only
-from those offsets, and writes in ascending position order exactly as the one-program pass
-would.
-The per-row kernel then continues from the candidates (``FROM_PLAN``).
+so it also builds pass A's windowed histogram per (request, split, draft) with its bases
+(:func:`window_hist_add`, or the first tile's bases with headroom and a recount) and writes one
+``HIST_ROW``-int32 block per draft (256 bins, then the two bases) instead of the top-k
+re-reading the row. Given the logits kernel's page size as well (``page_size=``), pass B runs
+split: ``_topk_scatter_kernel`` runs ``R x S`` programs, each over its split's positions only
+from its output / candidate offsets, and writes in ascending position order exactly as the
+one-program pass would. Up to ``SCATTER_PLAN_SPLITS`` splits a row (B >= 16-32) each scatter
+program plans itself: it loads the row's S histogram blocks at the row's bases, picks the
+threshold bin and starts after the counts of the splits before it (split 0 writes the row's
+state): two launches in all. With more splits (B 1: 264-528) the plan runs over groups of
+``PLAN_GROUP`` splits, one program per (row, group): ``_topk_plan_part_kernel`` brings each
+group's histograms to the row's bases (indexed loads, no register gather) and sums them;
+``_topk_plan_count_kernel`` sums the groups' partials, picks the threshold bin, and counts each
+split's keys above the bin and in it (per split: the counts of the splits before it in its
+group; per group: its totals), which the scatter reads. The per-row kernel then continues from
+the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
 
@@ -78,17 +91,31 @@ from dataclasses import dataclass
 import triton
 import triton.language as tl
 
+from kernels.topk.window import STATE_FIELDS  # noqa: F401 (re-exported: launch_topk's state)
+
 
 # Bins of the first-digit histogram; the logits kernel (kernels/indexer/triton.py, fused pass A)
 # histograms with the same bin function (window_hist_add).
 HIST_BINS = tl.constexpr(256)
 # int32 words per (request, split, draft) histogram block: HIST_BINS counts, then the block's
-# window base (word HIST_BINS), then padding. Hist buffers are [B, S, next_pow2(N), HIST_ROW].
+# upper window base (word HIST_BINS) and lower window base (word HIST_BINS + 1), then padding.
+# Hist buffers are [B, S, next_pow2(N), HIST_ROW].
 HIST_ROW = tl.constexpr(264)
-# The first digit is key >> WINDOW_SHIFT (1/8 binade); the window is the top HIST_BINS of them.
+# The first digit of a key is key >> WINDOW_SHIFT (12 bits: sign, 8 exponent bits, 3 mantissa
+# bits; 1/8 binade).
 WINDOW_SHIFT = tl.constexpr(20)
-# Window base of a histogram that has seen no block yet (below every real base, >= -255).
+# Bins UPPER_LO..255: the upper window, one digit each, base + UPPER_LO .. base + 255 (the 16
+# binades below the largest key); bins 0..MID_BIN - 1: the lower window, one digit each,
+# lbase .. lbase + MID_BIN - 1 (the 16 binades above the smallest key); bin MID_BIN: every digit
+# between the two windows (window_bin).
+UPPER_LO = tl.constexpr(128)
+MID_BIN = tl.constexpr(127)
+# Window bases of a histogram that has seen no key yet (below / above every real base).
 BASE_NONE = tl.constexpr(-(1 << 20))
+LBASE_NONE = tl.constexpr(1 << 20)
+# Plan state words per row (launch_topk(state=...)): the fields of STATE_FIELDS (defined with
+# the NumPy model, kernels.topk.window), then zeros.
+STATE_WORDS = tl.constexpr(16)
 # Candidates above which a radix level compacts them to its bucket before the next level.
 COMPACT_MIN = tl.constexpr(8192)
 # The split top-k's plan runs over groups of PLAN_GROUP split histograms, one program per
@@ -160,46 +187,125 @@ def order_key(x):
 
 @triton.jit
 def window_base(kmax):
-    """Window base (int32) for the largest key ``kmax``: its 1/8-binade bin lands in the top bin."""
+    """Upper window base (int32) for the largest key ``kmax``: its digit lands in bin 255."""
     return (kmax >> WINDOW_SHIFT).to(tl.int32) - (HIST_BINS - 1)
 
 
 @triton.jit
-def window_bin(key, base):
-    """First digit of ``key`` (int32 in ``[0, 256)``): ``clamp((key >> 20) - base, 0, 255)``."""
-    d = (key >> WINDOW_SHIFT).to(tl.int32) - base
-    return tl.minimum(tl.maximum(d, 0), HIST_BINS - 1)
+def window_lbase(kmin):
+    """Lower window base (int32) for the smallest qualifying key ``kmin``: its digit lands in
+    bin 0."""
+    return (kmin >> WINDOW_SHIFT).to(tl.int32)
 
 
 @triton.jit
-def window_rebase(hist, shift):
-    """Histograms ``hist`` int32 ``[M, 256]`` taken at bases ``b``, brought to bases ``b + shift``
-    (``shift`` int32 ``[M]`` >= 0): bin i takes bin ``i + shift``, bin 0 the sum of bins
-    ``<= shift`` (the clamp of the new window), bins past the top are empty."""
+def min_key(key):
+    """``key`` with 0 (not qualifying) replaced by 0xFFFFFFFF, for a min over qualifying keys."""
+    return tl.where(key != 0, key, ~tl.zeros_like(key))
+
+
+@triton.jit
+def digit_bin(d, base, lbase):
+    """Bin (int32 in ``[0, 256)``) of the first digit ``d`` (int32, ``key >> 20``) under window
+    bases ``(base, lbase)``: ``d - base`` when that is ``>= UPPER_LO`` (the upper window; at most
+    255), else ``d - lbase`` when that is ``< MID_BIN`` (the lower window; at least 0), else
+    ``MID_BIN``. Monotone in ``d``: the selection stays exact whatever the bases; with ``base +
+    255 >= `` every key's digit ``>= lbase`` no bin but the middle one spans two digits."""
+    u = d - base
+    low = tl.minimum(tl.maximum(d - lbase, 0), MID_BIN)
+    return tl.where(u >= UPPER_LO, tl.minimum(u, HIST_BINS - 1), low)
+
+
+@triton.jit
+def window_bin(key, base, lbase):
+    """First digit bin of ``key`` (:func:`digit_bin` of ``key >> 20``)."""
+    return digit_bin((key >> WINDOW_SHIFT).to(tl.int32), base, lbase)
+
+
+@triton.jit
+def bin_digit(c, base, lbase):
+    """The digit of single-digit bin ``c`` under ``(base, lbase)`` (not meaningful for
+    ``MID_BIN``)."""
+    return tl.where(c >= UPPER_LO, base + c, lbase + c)
+
+
+@triton.jit
+def bin_key_range(d0, base, lbase):
+    """``(key_lo, key_hi)`` uint32: the qualifying keys of bin ``d0`` (any bin: a window digit,
+    the middle, the clamped end bins) are exactly ``key_lo <= key <= key_hi``; keys above
+    ``key_hi`` (up to +inf's key) are in higher bins. ``d0 = -1`` (every key taken): an empty
+    range below every qualifying key. Qualifying keys lie in ``[0x00800000, 0xFF800000]``
+    (-FLT_MAX .. +inf), so raw keys of NaN and -inf fall outside."""
+    lo = tl.where(d0 == MID_BIN, lbase + MID_BIN, bin_digit(d0, base, lbase))
+    hi = tl.where(d0 == MID_BIN, base + (UPPER_LO - 1), lo)
+    lo = tl.where(d0 == 0, 0, lo)                              # bin 0: every digit below lbase
+    hi = tl.where(d0 == HIST_BINS - 1, 4095, hi)               # bin 255: every digit above
+    lo = tl.minimum(tl.maximum(lo, 0), 4095).to(tl.uint32) << WINDOW_SHIFT
+    hi = (tl.minimum(tl.maximum(hi, 0), 4095).to(tl.uint32) << WINDOW_SHIFT) | 0xFFFFF
+    key_lo = tl.maximum(lo, tl.full((), 0x00800000, tl.uint32))
+    key_hi = tl.minimum(hi, tl.full((), 0xFF800000, tl.uint32))
+    none = d0 < 0
+    key_lo = tl.where(none, tl.full((), 0xFFFFFFFF, tl.uint32), key_lo)
+    key_hi = tl.where(none, tl.full((), 0x007FFFFF, tl.uint32), key_hi)
+    return key_lo, key_hi
+
+
+@triton.jit
+def raw_key(x):
+    """:func:`order_key` without the NaN / -inf masking (their keys fall outside every
+    :func:`bin_key_range`): -0.0 as +0.0, then the sign flip."""
+    x = tl.where(x == 0.0, 0.0, x)
+    u = x.to(tl.uint32, bitcast=True)
+    return tl.where((u >> 31) != 0, ~u, u | tl.full(u.shape, 0x80000000, tl.uint32))
+
+
+@triton.jit
+def rebase_index(c, base, lbase, b_old, l_old):
+    """For the bins ``c`` of a histogram at ``(base, lbase)``, the bin of the same digit in a
+    histogram taken at ``(b_old <= base, l_old >= lbase)`` and whether it holds that digit's
+    count: every bin but ``MID_BIN`` is one digit, found in the old histogram as one digit too
+    (its upper or lower window: the old middle lies inside the new one), or absent (above the
+    old top, below the old bottom: no key there; or a lower-window digit the new upper window
+    already holds). The new middle bin is the total minus the others."""
+    d = bin_digit(c, base, lbase)
+    ok = (c != MID_BIN) & ((c >= UPPER_LO) | (d < base + UPPER_LO))
+    ok = ok & (d >= l_old) & (d <= b_old + (HIST_BINS - 1))
+    return digit_bin(d, b_old, l_old), ok
+
+
+@triton.jit
+def window_rebase(hist, b_old, l_old, base, lbase):
+    """Histograms ``hist`` int32 ``[M, 256]`` taken at bases ``(b_old, l_old)`` (int32 ``[M]``),
+    brought to ``(base >= b_old, lbase <= l_old)``: exact, since each new bin is either one digit
+    (an old bin of one digit, or empty) or the middle, which only grows (total minus the rest)."""
     c = tl.arange(0, HIST_BINS)[None, :]
-    idx = c + shift[:, None]
-    g = tl.gather(hist, tl.minimum(idx, HIST_BINS - 1), axis=1)
-    g = tl.where(idx < HIST_BINS, g, 0)
-    low = tl.sum(tl.where(c <= shift[:, None], hist, 0), axis=1)
-    return tl.where(c == 0, low[:, None], g)
+    idx, ok = rebase_index(c, base[:, None], lbase[:, None], b_old[:, None], l_old[:, None])
+    g = tl.gather(hist, tl.where(ok, idx, 0), axis=1)
+    g = tl.where(ok, g, 0)
+    mid = tl.sum(hist, axis=1) - tl.sum(g, axis=1)
+    return tl.where(c == MID_BIN, mid[:, None], g)
 
 
 @triton.jit
-def window_hist_add(hist, base, key, NB: tl.constexpr, T: tl.constexpr):
+def window_hist_add(hist, base, lbase, key, NB: tl.constexpr, T: tl.constexpr):
     """Add the keys ``key`` uint32 ``[NB, T]`` (row n of ``key`` into histogram n; key 0 is not
     counted) to the windowed histograms ``hist`` int32 ``[NB * 256]`` (row n at ``n * 256``)
-    of running bases ``base`` int32 ``[NB]``; returns the new ``(hist, base)``. A block whose
-    max key lies above the window moves the base up and shifts the histogram first, so the
-    max is always inside the window and no count is ever clamped at the top."""
-    new_base = tl.maximum(base, window_base(tl.max(key, axis=1)))
-    shift = new_base - base
-    if tl.max(shift, axis=0) > 0:
-        h2 = window_rebase(tl.reshape(hist, (NB, HIST_BINS)), shift)
+    of running bases ``base``, ``lbase`` int32 ``[NB]``; returns the new ``(hist, base,
+    lbase)``. A block whose largest key lies above the upper window or whose smallest lies
+    below the lower one moves the bases and rebases the histogram first, so no count is ever
+    clamped at either end."""
+    kmax = tl.max(key, axis=1)
+    has = kmax != 0
+    new_base = tl.where(has, tl.maximum(base, window_base(kmax)), base)
+    new_lbase = tl.where(has, tl.minimum(lbase, window_lbase(tl.min(min_key(key), axis=1))), lbase)
+    if tl.max((new_base - base) + (lbase - new_lbase), axis=0) > 0:
+        h2 = window_rebase(tl.reshape(hist, (NB, HIST_BINS)), base, lbase, new_base, new_lbase)
         hist = tl.reshape(h2, (NB * HIST_BINS,))
-    bins = window_bin(key, new_base[:, None]) + tl.arange(0, NB)[:, None] * HIST_BINS
+    bins = (window_bin(key, new_base[:, None], new_lbase[:, None])
+            + tl.arange(0, NB)[:, None] * HIST_BINS)
     hist += tl.histogram(tl.reshape(bins, (NB * T,)), NB * HIST_BINS,
                          mask=tl.reshape(key != 0, (NB * T,)))
-    return hist, new_base
+    return hist, new_base, new_lbase
 
 
 @triton.jit
@@ -214,52 +320,48 @@ def _row_len(len_ptr, row, n_drafts, per_row, W):
 
 
 @triton.jit
-def _load_rebased(h_row, s, ms, split_stride, shift):
+def _load_rebased(h_row, s, ms, split_stride, base, lbase):
     """The histogram blocks of splits ``s`` (int32 ``[SB]``, mask ``ms``) at ``h_row + s *
-    split_stride``, brought to bases ``b + shift`` (as :func:`window_rebase`) by shifted loads:
-    bin i is read from the block's bin ``i + shift``, bin 0 is the sum of its bins ``<= shift``.
-    No register gather (``tl.gather`` of a ``[SB, 256]`` tile, with the per-split prefix store,
-    was 68 us of the B 1 L 128K top-k on the H200: 264 splits). Returns int32 ``[SB, 256]``."""
+    split_stride``, brought to the row's bases ``(base, lbase)`` (as :func:`window_rebase`) by
+    indexed loads: each single-digit bin is read from the block's bin of the same digit, the
+    middle bin is the block's total minus them. No register gather (``tl.gather`` of a
+    ``[SB, 256]`` tile, with the per-split prefix store, was 68 us of the B 1 L 128K top-k on
+    the H200: 264 splits). Returns int32 ``[SB, 256]``."""
     c = tl.arange(0, HIST_BINS)[None, :]
     blk = h_row + s.to(tl.int64)[:, None] * split_stride
-    idx = c + shift[:, None]
-    g = tl.load(blk + idx, mask=ms[:, None] & (idx < HIST_BINS), other=0)
-    h = tl.load(blk + c, mask=ms[:, None], other=0)
-    low = tl.sum(tl.where(c <= shift[:, None], h, 0), axis=1)
-    return tl.where(c == 0, low[:, None], g)
+    bs = tl.load(blk + HIST_BINS, mask=ms[:, None], other=BASE_NONE)            # [SB, 1]
+    ls = tl.load(blk + (HIST_BINS + 1), mask=ms[:, None], other=LBASE_NONE)
+    idx, ok = rebase_index(c, base, lbase, bs, ls)
+    g = tl.load(blk + idx, mask=ms[:, None] & ok, other=0)
+    tot = tl.sum(tl.load(blk + c, mask=ms[:, None], other=0), axis=1)
+    return tl.where(c == MID_BIN, (tot - tl.sum(g, axis=1))[:, None], g)
 
 
 @triton.jit
 def _row_base(h_row, split_stride, num_splits, SBASE: tl.constexpr):
-    """The row's window base: the largest of its ``num_splits`` split bases (word HIST_BINS of
-    each histogram block)."""
+    """The row's window bases: the largest of its ``num_splits`` split bases (word HIST_BINS of
+    each histogram block) and the smallest of their lower bases (word HIST_BINS + 1)."""
     base = tl.full((), BASE_NONE, tl.int32)
+    lbase = tl.full((), LBASE_NONE, tl.int32)
     for s0 in range(0, num_splits, SBASE):
         s = s0 + tl.arange(0, SBASE)
-        bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=s < num_splits,
-                     other=BASE_NONE)
+        at = h_row + s.to(tl.int64) * split_stride + HIST_BINS
+        bs = tl.load(at, mask=s < num_splits, other=BASE_NONE)
+        ls = tl.load(at + 1, mask=s < num_splits, other=LBASE_NONE)
         base = tl.maximum(base, tl.max(bs, axis=0))
-    return base
+        lbase = tl.minimum(lbase, tl.min(ls, axis=0))
+    return base, lbase
 
 
 @triton.jit
-def _split_shifts(h_row, s, ms, split_stride, base):
-    """Per split of ``s``: the shift ``base - b_s`` that brings its histogram to the row base."""
-    bs = tl.load(h_row + s.to(tl.int64) * split_stride + HIST_BINS, mask=ms, other=0)
-    return tl.where(ms, base - bs, 0)
-
-
-@triton.jit
-def _sum_split_hists(h_row, split_stride, num_splits, base, SB: tl.constexpr):
+def _sum_split_hists(h_row, split_stride, num_splits, base, lbase, SB: tl.constexpr):
     """Sum (int32 ``[256]``) of the ``num_splits`` histogram blocks at ``h_row + s *
-    split_stride`` (each 256 counts then its base), each brought to the row's ``base``."""
+    split_stride`` (each 256 counts then its bases), each brought to the row's bases."""
     sv = tl.arange(0, SB)
     hist = tl.zeros((HIST_BINS,), tl.int32)
     for s0 in range(0, num_splits, SB):
         s = s0 + sv
-        ms = s < num_splits
-        shift = _split_shifts(h_row, s, ms, split_stride, base)
-        hist += tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
+        hist += tl.sum(_load_rebased(h_row, s, s < num_splits, split_stride, base, lbase), axis=0)
     return hist
 
 
@@ -301,34 +403,39 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
 
 
 @triton.jit
-def _pass_b(x_row, o_row, c_row, lo, hi, base, d0, done, pairs, cap, n_out, n_cand,
+def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
             BLOCK: tl.constexpr):
-    """Pass B over positions ``[lo, hi)`` of one row: keys in bins above the threshold bin
-    ``d0`` go to the output at ``n_out, n_out + 1, ...``, keys in it too when the descent is
-    ``done``, else they are compacted into the candidate row at ``n_cand, ...`` (key at
-    ``c_row[c]`` and position at ``c_row[cap + c]`` when ``pairs``, else the position at
-    ``c_row[c]``); both in ascending position order. Returns the new ``(n_out, n_cand)``."""
+    """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
+    key_hi``, :func:`bin_key_range`) go to the output at ``n_out, n_out + 1, ...``, keys in it
+    (``key_lo <= key <= key_hi``) too when the descent is ``done``, else they are compacted
+    into the candidate row at ``n_cand, ...`` (key at ``c_row[c]`` and position at
+    ``c_row[cap + c]`` when ``pairs``, else the position at ``c_row[c]``); both in ascending
+    position order. One inclusive scan per block gives both slot sequences (output count in
+    the low 16 bits, candidate count in the high 16; BLOCK < 2^16) and one sum both totals.
+    Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
     zero = tl.zeros((BLOCK,), tl.int32)
     done_v = (zero + done) != 0                                      # [BLOCK] (see NOTE below)
     pairs_v = (zero + pairs) != 0
     pos_off = tl.where(pairs != 0, cap, 0)
+    pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
     for start in range(lo, hi, BLOCK):
         pos = start + offs
-        key = order_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
-        b = window_bin(key, base)
-        qual = key != 0
-        gt = qual & (b > d0)
-        eq = qual & (b == d0)
+        key = raw_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
+        gt = (key > key_hi) & (key <= pinf)                              # not NaN
+        eq = (key >= key_lo) & (key <= key_hi)
         direct = gt | (eq & done_v)
         keep = eq & (done_v == 0)
-        slot = tl.cumsum(direct.to(tl.int32), axis=0) + n_out - 1
-        tl.store(o_row + slot, pos.to(tl.int32), mask=direct)
-        cslot = tl.cumsum(keep.to(tl.int32), axis=0) + n_cand - 1
-        tl.store(c_row + pos_off + cslot, pos.to(tl.int32), mask=keep)
+        both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
+        cs = tl.cumsum(both, axis=0)
+        slot = (cs & 0xFFFF) + n_out - 1
+        tl.store(o_row + slot, pos, mask=direct)
+        cslot = (cs >> 16) + n_cand - 1
+        tl.store(c_row + pos_off + cslot, pos, mask=keep)
         tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=keep & pairs_v)
-        n_out += tl.sum(direct.to(tl.int32), axis=0)
-        n_cand += tl.sum(keep.to(tl.int32), axis=0)
+        tot = tl.sum(both, axis=0)
+        n_out += tot & 0xFFFF
+        n_cand += tot >> 16
     return n_out, n_cand
 
 
@@ -346,6 +453,22 @@ def _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, NEED_POS: tl.constexpr):
 
 
 @triton.jit
+def _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row):
+    """Selection over candidates ``(key, pos)`` (mask ``m``) in position order: keys above the
+    final bucket ``prefix`` (bits ``mask``) are taken, keys in it while their running rank
+    ``eq_seen + ...`` is ``<= need`` (the SPEC tie rule: smaller position wins). Writes them to
+    ``o_row`` from ``n_out``; returns the new ``(eq_seen, n_out)``."""
+    hi_bits = key & mask
+    gt = m & (hi_bits > prefix)
+    eq = m & (hi_bits == prefix)
+    eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) + eq_seen
+    sel = gt | (eq & (eq_rank <= need))
+    slot = tl.cumsum(sel.to(tl.int32), axis=0) + n_out - 1
+    tl.store(o_row + slot, pos, mask=sel)
+    return eq_seen + tl.sum(eq.to(tl.int32), axis=0), n_out + tl.sum(sel.to(tl.int32), axis=0)
+
+
+@triton.jit
 def _radix_topk_kernel(
     x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
     len_ptr,          # [R] int32 row lengths (per_row), or [B] request lengths (MTP rule)
@@ -355,7 +478,7 @@ def _radix_topk_kernel(
     W, topk,
     stride_x, stride_o, stride_c, cap,
     n_drafts, per_row, n_drafts_pow2, num_splits,
-    state_ptr,        # [R, 8] int32 plan (FROM_PLAN): base, d0, need, done, total, n_out, n_cand, pairs
+    state_ptr,        # [R, STATE_WORDS] int32 plan (FROM_PLAN; STATE_FIELDS); word 9 written here
     BLOCK: tl.constexpr, HAS_HIST: tl.constexpr, FROM_PLAN: tl.constexpr,
     PLAN_SB: tl.constexpr,
 ):
@@ -368,115 +491,137 @@ def _radix_topk_kernel(
     bins = tl.arange(0, 256)
 
     if FROM_PLAN:
-        # Passes A and B ran as the plan kernels + _topk_scatter_kernel (split over programs).
-        st = state_ptr + row * 8
+        # Passes A and B ran as the plan + _topk_scatter_kernel (split over programs).
+        st = state_ptr + row * STATE_WORDS
         base = tl.load(st + 0)
-        d0 = tl.load(st + 1)
-        need = tl.load(st + 2)
-        done = tl.load(st + 3)
-        total = tl.load(st + 4)
-        n_out = tl.load(st + 5)
-        n_cand = tl.load(st + 6)
-        pairs = tl.load(st + 7)
+        lbase = tl.load(st + 1)
+        d0 = tl.load(st + 2)
+        need = tl.load(st + 3)
+        done = tl.load(st + 4)
+        total = tl.load(st + 5)
+        n_out = tl.load(st + 6)
+        n_cand = tl.load(st + 7)
+        pairs = tl.load(st + 8)
     else:
         # Pass A: windowed histogram of the first digit, summed from the logits kernel's
         # per-split histograms (fused) or built by reading the whole prefix.
         if HAS_HIST:
-            h_row, split_stride, base = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
-                                                  num_splits, PLAN_SB)
-            hist = _sum_split_hists(h_row, split_stride, num_splits, base, PLAN_SB)
+            h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                         num_splits, PLAN_SB)
+            hist = _sum_split_hists(h_row, split_stride, num_splits, base, lbase, PLAN_SB)
         else:
             hist = tl.zeros((HIST_BINS,), tl.int32)
             base1 = tl.full((1,), BASE_NONE, tl.int32)
+            lbase1 = tl.full((1,), LBASE_NONE, tl.int32)
             for start in range(0, L, BLOCK):
                 o = start + offs
                 key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-                hist, base1 = window_hist_add(hist, base1, tl.reshape(key, (1, BLOCK)), 1, BLOCK)
+                hist, base1, lbase1 = window_hist_add(hist, base1, lbase1,
+                                                      tl.reshape(key, (1, BLOCK)), 1, BLOCK)
             base = tl.max(base1, axis=0)
+            lbase = tl.min(lbase1, axis=0)
         d0, need, done, total, n_eq = _first_digit(hist, topk)
         pairs = (n_eq <= cap).to(tl.int32)
         # Pass B (whole prefix): keys above the threshold bin go straight to the output; keys in
         # it go to the output too when the descent is over, else they are compacted (in
         # position order) into the scratch row for the lower digits.
-        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, base, d0, done, pairs, cap,
+        key_lo, key_hi = bin_key_range(d0, base, lbase)
+        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, key_lo, key_hi, done, pairs, cap,
                                 tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
         # The candidate row is read back below by other threads of this program: make every store
         # of pass B visible first (bar.sync orders global memory within the CTA).
         tl.debug_barrier()
 
-    # The level-0 bucket as high bits of the key: bin d0 >= 1 fixes key >> 20 = base + d0;
-    # bin 0 (window miss) fixes nothing (the candidates are exactly the keys below the window).
-    hit = d0 >= 1
-    prefix = tl.where(hit, (base + d0).to(tl.uint32) << WINDOW_SHIFT, tl.zeros((), tl.uint32))
+    # The level-0 bucket as high bits of the key: a single-digit bin (either window) fixes
+    # key >> 20; the middle bin (a window miss) fixes nothing: the candidates are exactly the
+    # keys between the windows, and the descent runs over the full key.
+    hit = (d0 >= 0) & (d0 != MID_BIN)
+    digit = bin_digit(d0, base, lbase)
+    prefix = tl.where(hit, digit.to(tl.uint32) << WINDOW_SHIFT, tl.zeros((), tl.uint32))
     mask = tl.where(hit, tl.full((), 0xFFF00000, tl.uint32), tl.zeros((), tl.uint32))
     zero = tl.zeros((BLOCK,), tl.int32)
     pairs_v = (zero + pairs) != 0
     pos_off = tl.where(pairs != 0, cap, 0)
+    visits = tl.zeros((), tl.int32)           # candidate reads (elements) of the passes below
+    n_sel = tl.minimum(total, topk)
 
-    # Lower digits over the compacted candidates only (empty when the descent is over).
-    for lvl in tl.static_range(0, 4):
-        SHIFT = 24 - 8 * lvl                                       # constexpr (static loop)
-        hist = tl.zeros((256,), tl.int32)
-        known = ((mask >> SHIFT) & 0xFF) == 0xFF                   # digit fixed by the first one
-        end = tl.where((done != 0) | known, 0, n_cand)
-        for start in range(0, end, BLOCK):
+    in_regs = n_cand < 0                      # (False) the candidates were handled in registers
+    if FROM_PLAN:                             # (the split path's cand_block: at most 4,096)
+        if n_cand <= BLOCK:
+            # The bench's rows (~0.1-1K candidates): read them once, descend and select in
+            # registers.
+            m = offs < n_cand
+            key, pos = _cand_keys(x_row, c_row, offs, m, pairs_v, pos_off, True)
+            visits += n_cand
+            for lvl in tl.static_range(0, 4):
+                SHIFT = 24 - 8 * lvl                               # constexpr (static loop)
+                open_ = ((mask >> SHIFT) & 0xFF) != 0xFF      # digit not fixed by the first one
+                if (done == 0) & open_:
+                    hist = tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256,
+                                        mask=m & ((key & mask) == prefix))
+                    prefix, mask, need, done = _descend(hist, SHIFT, bins, prefix, mask, need,
+                                                        done)
+            _, n_out = _select(key, pos, m, prefix, mask, need, tl.zeros((), tl.int32), n_out,
+                               o_row)
+            in_regs = n_cand >= 0
+    if in_regs == 0:
+        # Lower digits over the compacted candidates only (empty when the descent is over).
+        for lvl in tl.static_range(0, 4):
+            SHIFT = 24 - 8 * lvl                                   # constexpr (static loop)
+            open_ = ((mask >> SHIFT) & 0xFF) != 0xFF
+            if (done == 0) & open_:
+                hist = tl.zeros((256,), tl.int32)
+                for start in range(0, n_cand, BLOCK):
+                    o = start + offs
+                    m = o < n_cand
+                    key, _ = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, False)
+                    m = m & ((key & mask) == prefix)
+                    hist += tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256, mask=m)
+                visits += n_cand
+                prefix, mask, need, done = _descend(hist, SHIFT, bins, prefix, mask, need, done)
+                # Many candidates (a window miss, wide ties): compact them in place to the new
+                # bucket, in position order, writing the keys above it to the output now, so the
+                # next levels read only the bucket. The threshold is independent of BLOCK, and so
+                # is the output order.
+                if SHIFT > 0:
+                    if n_cand > COMPACT_MIN:
+                        kept = tl.zeros((), tl.int32)
+                        for start in range(0, n_cand, BLOCK):
+                            o = start + offs
+                            m = o < n_cand
+                            key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
+                            tl.debug_barrier()      # every thread has read its slots before stores
+                            hi_bits = key & mask
+                            gt = m & (hi_bits > prefix)
+                            eq = m & (hi_bits == prefix)
+                            slot = tl.cumsum(gt.to(tl.int32), axis=0) + n_out - 1
+                            tl.store(o_row + slot, pos, mask=gt)
+                            # in place: slot <= o
+                            cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1
+                            tl.store(c_row + pos_off + cslot, pos, mask=eq)
+                            tl.store(c_row + cslot, key.to(tl.int32, bitcast=True),
+                                     mask=eq & pairs_v)
+                            n_out += tl.sum(gt.to(tl.int32), axis=0)
+                            kept += tl.sum(eq.to(tl.int32), axis=0)
+                        tl.debug_barrier()          # the compacted row is read by other threads
+                        visits += n_cand
+                        n_cand = kept
+
+        # Selection over the candidates in position order.
+        eq_seen = tl.zeros((), tl.int32)
+        for start in range(0, n_cand, BLOCK):
             o = start + offs
             m = o < n_cand
-            key, _ = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, False)
-            m = m & ((key & mask) == prefix)
-            hist += tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256, mask=m)
-        skip = (done != 0) | known
-        p2, m2, n2, dn2 = _descend(hist, SHIFT, bins, prefix, mask, need, done)
-        prefix = tl.where(skip, prefix, p2)
-        mask = tl.where(skip, mask, m2)
-        need = tl.where(skip, need, n2)
-        done = tl.where(skip, done, dn2)
-        # Many candidates (a window miss, wide ties): compact them in place to the new bucket, in
-        # position order, writing the keys above it to the output now, so the next levels read
-        # only the bucket. The threshold is independent of BLOCK, and so is the output order.
-        end = tl.where(skip | (n_cand <= COMPACT_MIN), 0, n_cand)
-        if SHIFT > 0:
-            kept = tl.zeros((), tl.int32)
-            for start in range(0, end, BLOCK):
-                o = start + offs
-                m = o < n_cand
-                key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
-                tl.debug_barrier()              # every thread has read its slots before stores
-                hi_bits = key & mask
-                gt = m & (hi_bits > prefix)
-                eq = m & (hi_bits == prefix)
-                slot = tl.cumsum(gt.to(tl.int32), axis=0) + n_out - 1
-                tl.store(o_row + slot, pos, mask=gt)
-                cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1      # <= o: in place
-                tl.store(c_row + pos_off + cslot, pos, mask=eq)
-                tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=eq & pairs_v)
-                n_out += tl.sum(gt.to(tl.int32), axis=0)
-                kept += tl.sum(eq.to(tl.int32), axis=0)
-            tl.debug_barrier()                  # the compacted row is read by other threads
-            n_cand = tl.where(end > 0, kept, n_cand)
-
-    # Selection over the candidates in position order: the SPEC tie rule (smaller position wins)
-    # is the running rank within the threshold bucket.
-    eq_seen = tl.zeros((), tl.int32)
-    for start in range(0, n_cand, BLOCK):
-        o = start + offs
-        m = o < n_cand
-        key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
-        hi_bits = key & mask
-        gt = m & (hi_bits > prefix)
-        eq = m & (hi_bits == prefix)
-        eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) + eq_seen
-        sel = gt | (eq & (eq_rank <= need))
-        slot = tl.cumsum(sel.to(tl.int32), axis=0) + n_out - 1
-        tl.store(o_row + slot, pos, mask=sel)
-        eq_seen += tl.sum(eq.to(tl.int32), axis=0)
-        n_out += tl.sum(sel.to(tl.int32), axis=0)
+            key, pos = _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, True)
+            eq_seen, n_out = _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row)
+        visits += n_cand
 
     # -1 padding of [min(C, topk), topk).
-    n_sel = tl.minimum(total, topk)
     for start in range(n_sel, topk, BLOCK):
         o = start + offs
         tl.store(o_row + o, tl.full((BLOCK,), -1, tl.int32), mask=o < topk)
+    if FROM_PLAN:
+        tl.store(state_ptr + row * STATE_WORDS + 9, visits)
 
 
 # NOTE: scalar flags are broadcast through an int32 block before mixing with block masks: the
@@ -505,31 +650,61 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
 @triton.jit
 def _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE: tl.constexpr):
     """Row ``row = b * N + i``'s first split histogram, the stride between its splits and its
-    window base (the largest split base)."""
+    window bases (the largest split base, the smallest lower base)."""
     b = row // n_drafts
     i = row % n_drafts
     split_stride = n_drafts_pow2 * HIST_ROW
     h_row = hist_ptr + (b * num_splits * n_drafts_pow2 + i) * HIST_ROW
-    return h_row, split_stride, _row_base(h_row, split_stride, num_splits, SBASE)
+    base, lbase = _row_base(h_row, split_stride, num_splits, SBASE)
+    return h_row, split_stride, base, lbase
+
+
+@triton.jit
+def _split_counts(h, d0, done):
+    """Per split (rows of the rebased histograms ``h`` int32 ``[SB, 256]``): the keys it sends
+    to the output (above bin ``d0``, and in it when the descent is ``done``) and to the
+    candidates (in bin ``d0`` otherwise)."""
+    c = tl.arange(0, HIST_BINS)[None, :]
+    gt = tl.sum(tl.where(c > d0, h, 0), axis=1)
+    eq = tl.sum(tl.where(c == d0, h, 0), axis=1)
+    done_v = (tl.zeros_like(gt) + done) != 0
+    return tl.where(done_v, gt + eq, gt), tl.where(done_v, 0, eq)
+
+
+@triton.jit
+def _store_state(st, base, lbase, d0, need, done, total, n_eq, run, pairs):
+    """The row's plan state (STATE_FIELDS; words past them zero) at ``st``."""
+    c = tl.arange(0, HIST_BINS)
+    n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
+    w = tl.arange(0, STATE_WORDS)
+    v = tl.where(w == 0, base, 0)
+    v = tl.where(w == 1, lbase, v)
+    v = tl.where(w == 2, d0, v)
+    v = tl.where(w == 3, need, v)
+    v = tl.where(w == 4, done, v)
+    v = tl.where(w == 5, total, v)
+    v = tl.where(w == 6, n_gt + tl.where(done != 0, n_eq, 0), v)
+    v = tl.where(w == 7, tl.where(done != 0, 0, n_eq), v)
+    v = tl.where(w == 8, pairs, v)
+    tl.store(st + w, v)
 
 
 @triton.jit
 def _topk_plan_part_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
-    part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's base, summed
+    part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's bases, summed
     n_drafts, n_drafts_pow2, num_splits, num_groups,
     SBASE: tl.constexpr,
 ):
     """Split plan, step 1 (grid ``(R, G)``): the PLAN_GROUP split histograms of group ``g``
-    brought to the row's base (the largest split base) and summed."""
+    brought to the row's bases (the largest split base, the smallest lower base) and summed."""
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
-    h_row, split_stride, base = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE)
+    h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                 num_splits, SBASE)
     s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
-    ms = s < num_splits
-    shift = _split_shifts(h_row, s, ms, split_stride, base)
-    h = tl.sum(_load_rebased(h_row, s, ms, split_stride, shift), axis=0)
+    h = tl.sum(_load_rebased(h_row, s, s < num_splits, split_stride, base, lbase), axis=0)
     tl.store(part_ptr + (row * num_groups + g) * HIST_BINS + c, h)
 
 
@@ -537,7 +712,7 @@ def _topk_plan_part_kernel(
 def _topk_plan_count_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
     part_ptr,         # [R, G, 256] int32: the groups' summed histograms (step 1)
-    state_ptr,        # [R, 8] int32 out: base, d0, need, done, total, n_out, n_cand, pairs
+    state_ptr,        # [R, STATE_WORDS] int32 out: the plan state (STATE_FIELDS)
     cnt_ptr,          # [R, S, 2] int32 out: per split, the output / candidate slots of the
                       #   splits before it in its group (exclusive prefix within the group)
     tot_ptr,          # [R, G, 2] int32 out: per group, its output / candidate counts
@@ -553,7 +728,8 @@ def _topk_plan_count_kernel(
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
-    h_row, split_stride, base = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE)
+    h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                 num_splits, SBASE)
     run = tl.zeros((HIST_BINS,), tl.int32)
     for g0 in range(0, num_groups, GB):
         gv = g0 + tl.arange(0, GB)
@@ -563,25 +739,11 @@ def _topk_plan_count_kernel(
     d0, need, done, total, n_eq = _first_digit(run, topk)
     pairs = (n_eq <= cap).to(tl.int32)
     if g == 0:
-        n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
-        st = state_ptr + row * 8
-        tl.store(st + 0, base)
-        tl.store(st + 1, d0)
-        tl.store(st + 2, need)
-        tl.store(st + 3, done)
-        tl.store(st + 4, total)
-        tl.store(st + 5, n_gt + tl.where(done != 0, n_eq, 0))
-        tl.store(st + 6, tl.where(done != 0, 0, n_eq))
-        tl.store(st + 7, pairs)
+        _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total, n_eq,
+                     run, pairs)
     s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
     ms = s < num_splits
-    shift = _split_shifts(h_row, s, ms, split_stride, base)
-    h = _load_rebased(h_row, s, ms, split_stride, shift)
-    gt = tl.sum(tl.where(c[None, :] > d0, h, 0), axis=1)
-    eq = tl.sum(tl.where(c[None, :] == d0, h, 0), axis=1)
-    done_v = (tl.zeros((PLAN_GROUP,), tl.int32) + done) != 0
-    n_o = tl.where(done_v, gt + eq, gt)
-    n_c = tl.where(done_v, 0, eq)
+    n_o, n_c = _split_counts(_load_rebased(h_row, s, ms, split_stride, base, lbase), d0, done)
     dst = cnt_ptr + (row * num_splits + s.to(tl.int64)) * 2
     tl.store(dst, tl.cumsum(n_o, axis=0) - n_o, mask=ms)
     tl.store(dst + 1, tl.cumsum(n_c, axis=0) - n_c, mask=ms)
@@ -592,36 +754,70 @@ def _topk_plan_count_kernel(
 
 @triton.jit
 def _topk_scatter_kernel(
-    x_ptr, len_ptr, out_ptr, cand_ptr, state_ptr,
+    x_ptr, len_ptr, out_ptr, cand_ptr,
+    state_ptr,        # [R, STATE_WORDS] int32: the plan state (read; written here when PLAN)
     cnt_ptr,          # [R, S, 2] int32: split s's slots after the splits before it in its group
     tot_ptr,          # [R, G, 2] int32: per group, its output / candidate counts
-    W, P, stride_x, stride_o, stride_c, cap, n_drafts, per_row, num_splits, num_groups,
-    BLOCK: tl.constexpr, GB: tl.constexpr,
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms (PLAN)
+    W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
+    num_splits, num_groups,
+    BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
-    bin's keys into the candidate row, from the offsets of the plan
+    bin's keys into the candidate row, from its offsets: with ``PLAN`` (``S <= SP``, a power
+    of two) it plans itself: loads the row's S split histograms (rebased to the row's bases),
+    picks the threshold bin and starts after the counts of the splits before it (split 0
+    writes the row's state); else it reads them from the plan kernels
     (:func:`_topk_plan_count_kernel`): the totals of the groups before its group plus its own
     entry."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
-    st = state_ptr + row * 8
-    base = tl.load(st + 0)
-    d0 = tl.load(st + 1)
-    done = tl.load(st + 3)
-    pairs = tl.load(st + 7)
-    grp = s // PLAN_GROUP
-    off = cnt_ptr + (row * num_splits + s) * 2
-    n_out = tl.load(off)
-    n_cand = tl.load(off + 1)
-    for g0 in range(0, grp, GB):
-        gv = g0 + tl.arange(0, GB)
-        t = tot_ptr + (row * num_groups + gv.to(tl.int64)) * 2
-        n_out += tl.sum(tl.load(t, mask=gv < grp, other=0), axis=0)
-        n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
+    if PLAN:
+        h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                     num_splits, SP)
+        sv = tl.arange(0, SP)
+        h = _load_rebased(h_row, sv, sv < num_splits, split_stride, base, lbase)   # [SP, 256]
+        run = tl.sum(h, axis=0)
+        d0, need, done, total, n_eq = _first_digit(run, topk)
+        pairs = (n_eq <= cap).to(tl.int32)
+        n_o, n_c = _split_counts(h, d0, done)
+        n_out = tl.sum(tl.where(sv < s, n_o, 0), axis=0)
+        n_cand = tl.sum(tl.where(sv < s, n_c, 0), axis=0)
+        if s == 0:
+            _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
+                         n_eq, run, pairs)
+    else:
+        st = state_ptr + row * STATE_WORDS
+        base = tl.load(st + 0)
+        lbase = tl.load(st + 1)
+        d0 = tl.load(st + 2)
+        done = tl.load(st + 4)
+        pairs = tl.load(st + 8)
+        grp = s // PLAN_GROUP
+        off = cnt_ptr + (row * num_splits + s) * 2
+        n_out = tl.load(off)
+        n_cand = tl.load(off + 1)
+        for g0 in range(0, grp, GB):
+            gv = g0 + tl.arange(0, GB)
+            t = tot_ptr + (row * num_groups + gv.to(tl.int64)) * 2
+            n_out += tl.sum(tl.load(t, mask=gv < grp, other=0), axis=0)
+            n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
+    key_lo, key_hi = bin_key_range(d0, base, lbase)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
-            base, d0, done, pairs, cap, n_out, n_cand, BLOCK)
+            key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK)
+
+
+# The split pass B plans in its own programs (no plan kernels) up to this many splits a row:
+# each of the R x S programs then reads the row's S histogram blocks (S x 2 KB from L2).
+SCATTER_PLAN_SPLITS = 16
+
+
+def scatter_plan_blocks() -> tuple:
+    """The split tiles ``SP`` (powers of two, 2..SCATTER_PLAN_SPLITS) the planning scatter is
+    compiled for (``_p2(S, 2, SCATTER_PLAN_SPLITS)``)."""
+    return tuple(1 << e for e in range(1, SCATTER_PLAN_SPLITS.bit_length()))
 
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
@@ -648,12 +844,14 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
       page_size: P of the logits kernel's pages, with ``hist``: pass B then runs split over
         ``R x S`` programs, each over the positions of one logits split (the split histograms
         give every program its output offsets), instead of one program per row.
-      state: None, or an int32 ``[R, 8]`` buffer for the split plan's per-row state (base, d0,
-        need, done, total, n_out, n_cand, pairs; written with ``hist`` and ``page_size``), for
-        diagnostics (``scripts/topk_state.py``); None allocates it here.
+      state: None, or an int32 ``[R, STATE_WORDS]`` buffer for the split plan's per-row state
+        (:data:`STATE_FIELDS`: the window bases, the threshold bin ``d0`` (``MID_BIN``: a
+        window miss), need, done, total, n_out, n_cand, pairs, and ``visits``, the candidate
+        reads of the per-row kernel's passes; written with ``hist`` and ``page_size``), for
+        diagnostics and tests (``scripts/topk_state.py``); None allocates it here.
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
-        is narrower than W, or ``state`` is not a contiguous int32 ``[R, 8]`` tensor.
+        is narrower than W, or ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor.
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
@@ -679,23 +877,36 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     else:
         import torch
         if state is None:
-            state = torch.empty((R, 8), dtype=torch.int32, device=logits.device)
-        elif state.dtype != torch.int32 or tuple(state.shape) != (R, 8) or not state.is_contiguous():
-            raise ValueError(f"state: expected a contiguous int32 [{R}, 8] tensor, got "
-                             f"{state.dtype} {tuple(state.shape)}")
-        groups, sbase, gb = plan_blocks(num_splits)
-        part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32, device=logits.device)
-        cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
-        tot = torch.empty((R, groups, 2), dtype=torch.int32, device=logits.device)
-        _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
-                                            SBASE=sbase, num_warps=4)
-        _topk_plan_count_kernel[(R, groups)](hist, part, state, cnt, tot, topk, cap, n_drafts, nb,
-                                             num_splits, groups, SBASE=sbase, GB=gb, num_warps=4)
+            state = torch.empty((R, STATE_WORDS.value), dtype=torch.int32,
+                                device=logits.device)
+        elif (state.dtype != torch.int32 or tuple(state.shape) != (R, STATE_WORDS.value)
+              or not state.is_contiguous()):
+            raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
+                             f"tensor, got {state.dtype} {tuple(state.shape)}")
         sblock, swarps = scatter_config(W, page_size, num_splits)
-        _topk_scatter_kernel[(R, num_splits)](
-            logits, lengths, out, scratch, state, cnt, tot, W, page_size, logits.stride(0),
-            out.stride(0), scratch.stride(0), cap, n_drafts, per_row, num_splits, groups,
-            BLOCK=sblock, GB=gb, num_warps=swarps)
+        if num_splits <= SCATTER_PLAN_SPLITS:
+            sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
+            _topk_scatter_kernel[(R, num_splits)](
+                logits, lengths, out, scratch, state, state, state, hist, W, page_size,
+                logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
+                per_row, nb, num_splits, 1, BLOCK=sblock, GB=PLAN_MIN, PLAN=True, SP=sp,
+                num_warps=swarps)
+        else:
+            groups, sbase, gb = plan_blocks(num_splits)
+            part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
+                               device=logits.device)
+            cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
+            tot = torch.empty((R, groups, 2), dtype=torch.int32, device=logits.device)
+            _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
+                                                SBASE=sbase, num_warps=4)
+            _topk_plan_count_kernel[(R, groups)](hist, part, state, cnt, tot, topk, cap,
+                                                 n_drafts, nb, num_splits, groups, SBASE=sbase,
+                                                 GB=gb, num_warps=4)
+            _topk_scatter_kernel[(R, num_splits)](
+                logits, lengths, out, scratch, state, cnt, tot, hist, W, page_size,
+                logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
+                per_row, nb, num_splits, groups, BLOCK=sblock, GB=gb, PLAN=False, SP=PLAN_MIN,
+                num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -705,17 +916,18 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     return out
 
 
-# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. 4,096 at 8
-# warps needs 147 registers (sm_120, ptxas -v): 1 CTA per SM, B 64's 256 programs in two
-# waves; 2,048 at 8 warps needs 74 (3 CTAs per SM, one wave).
-SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 8))
+# (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. The loop's
+# SASS per position (AOT, Triton 3.6.0, sm_90) falls with positions per thread and rises with
+# warps (the scan's cross-warp part): 2,048 at 4 warps 2.28 warp-instructions a position, 128
+# registers (4 CTAs per SM); 2,048 at 8 warps 2.71, 4,096 at 8 warps 2.59 (150 registers).
+SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     """(BLOCK, num_warps) of the split pass B from the shape alone: the smallest block that
     covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration, capped at
-    2,048 positions (B 64, L 64K: 16K positions per split, 8 iterations; B 1, L 128K, 264
-    splits: 512 positions, one)."""
+    2,048 positions (B 64, L 64K: 8K positions per split with the Gluon logits kernel's 8
+    splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of 512)."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:

@@ -7,11 +7,12 @@ from __future__ import annotations
 def aot_specs(smem_class: str) -> list:
     """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
-    pass B (``FROM_PLAN``); the two plan kernels at every block pair ``plan_blocks`` returns and the scatter kernel at every
-    ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape)."""
+    pass B (``FROM_PLAN``); the two plan kernels at every block pair ``plan_blocks`` returns; the
+    scatter kernel at every ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape),
+    after the plan kernels and planning itself (every split tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.topk.triton import PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig
-    from kernels.topk.triton import plan_blocks
+    from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig,
+                                     plan_blocks, scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
@@ -44,15 +45,19 @@ def aot_specs(smem_class: str) -> list:
                                  "cnt_ptr": "*i32", "tot_ptr": "*i32", "topk": "i32", "cap": "i32",
                                  **common},
                                 dict(SBASE=sbase, GB=gb), 4, 1))
+    scatter_sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
+                   "state_ptr": "*i32", "cnt_ptr": "*i32", "tot_ptr": "*i32", "hist_ptr": "*i32",
+                   "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
+                   "stride_c": "i32", "cap": "i32", "topk": "i32", "n_drafts": "i32",
+                   "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32",
+                   "num_groups": "i32"}
     for blk, nw in SCATTER_CONFIGS:
-        for gb in sorted({p[1] for p in pairs}):
+        for gb in sorted({p[1] for p in pairs}):          # after the plan kernels
             specs.append(LaunchSpec(f"topk scatter block{blk} w{nw} GB{gb}", "kernels.topk.triton",
-                                    "_topk_scatter_kernel",
-                                    {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32",
-                                     "cand_ptr": "*i32", "state_ptr": "*i32", "cnt_ptr": "*i32",
-                                     "tot_ptr": "*i32", "W": "i32", "P": "i32", "stride_x": "i32",
-                                     "stride_o": "i32", "stride_c": "i32", "cap": "i32",
-                                     "n_drafts": "i32", "per_row": "i32", "num_splits": "i32",
-                                     "num_groups": "i32"},
-                                    dict(BLOCK=blk, GB=gb), nw, 1))
+                                    "_topk_scatter_kernel", scatter_sig,
+                                    dict(BLOCK=blk, GB=gb, PLAN=False, SP=PLAN_MIN), nw, 1))
+        for sp in scatter_plan_blocks():                  # planning in its own programs
+            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw} plan SP{sp}",
+                                    "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
+                                    dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp), nw, 1))
     return specs
