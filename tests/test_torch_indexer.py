@@ -62,6 +62,23 @@ _CORNERS_HERE = [c.name for c in cases.indexer_corner_cases(0, H_I=16, topk=64, 
 
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", _CORNERS_HERE)
+def _rising_tile_case(seed: int, N: int, P: int, K: int):
+    """Two requests (900 / 700 tokens) whose 7th page has its key scales x 4096: a later tile
+    rises above the first tile's histogram window (the recount). Returns ``(case, (q, w,
+    k_cache, block_table, context_lens), lens [B * N], float64 reference logits)``."""
+    case = cases.make_indexer_case(seed, B=2, N=N, H_I=64, D_I=128, P=P, lens=[900, 700],
+                                   topk=K, stale=False)
+    kc_np = case.k_cache.copy()
+    for b in range(2):                                    # the 7th page of each request
+        pg = int(case.block_table[b, 6])
+        kc_np.view(np.float32)[pg, P * 128 // 4: P * 128 // 4 + P] *= 4096.0
+    case = dataclasses.replace(case, k_cache=kc_np)
+    args = _args(case)
+    B, W = args[0].shape[0], args[3].shape[1] * P
+    lens = tix._draft_lengths(args[4], B, N, W).reshape(B * N)
+    return case, args, lens, case.reference_logits()
+
+
 def test_corner_cases(path, name):
     """SPEC corner cases: lengths 1, K-1, K, K+1, non-multiples of P, MTP N=3, 4 (both
     context_lens shapes), NaN keys, stale huge keys beyond L_b, K > L, a table much wider than
@@ -589,18 +606,7 @@ def test_gluon_logits_recount_when_a_later_tile_rises(N):
     from kernels.indexer.triton import IndexerLogitsConfig
 
     P, K = 64, 100
-    case = cases.make_indexer_case(670 + N, B=2, N=N, H_I=64, D_I=128, P=P, lens=[900, 700],
-                                   topk=K, stale=False)
-    kc_np = case.k_cache.copy()
-    for b in range(2):                                    # the 7th page of each request
-        pg = int(case.block_table[b, 6])
-        kc_np.view(np.float32)[pg, P * 128 // 4: P * 128 // 4 + P] *= 4096.0
-    case = dataclasses.replace(case, k_cache=kc_np)
-    q, w, kc, bt, cl = _args(case)
-    B = q.shape[0]
-    W = bt.shape[1] * P
-    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
-    ref = case.reference_logits()
+    case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(670 + N, N, P, K)
     outs = [_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=s, kernel=k),
                                P, K, lens)
             for s, k in ((1, "gluon"), (2, "gluon"), (2, "triton"))]
@@ -819,18 +825,7 @@ def test_gluon_ws_recount_when_a_later_tile_rises(N):
     from kernels.indexer.triton import IndexerLogitsConfig
 
     P, K = 64, 100
-    case = cases.make_indexer_case(780 + N, B=2, N=N, H_I=64, D_I=128, P=P, lens=[900, 700],
-                                   topk=K, stale=False)
-    kc_np = case.k_cache.copy()
-    for b in range(2):                                    # the 7th page of each request
-        pg = int(case.block_table[b, 6])
-        kc_np.view(np.float32)[pg, P * 128 // 4: P * 128 // 4 + P] *= 4096.0
-    case = dataclasses.replace(case, k_cache=kc_np)
-    q, w, kc, bt, cl = _args(case)
-    B = q.shape[0]
-    W = bt.shape[1] * P
-    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
-    ref = case.reference_logits()
+    case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(780 + N, N, P, K)
     outs = []
     for s, c in ((1, 2), (2, 2), (1, 1), (2, 3)):
         cfg = IndexerLogitsConfig(num_splits=s, kernel="gluon_ws", ws_consumers=c)

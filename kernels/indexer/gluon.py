@@ -198,6 +198,16 @@ def _draft_step(acc, w, sc, page_ok, j, len_d, pg_in, out_d, hist, hbase, lbase,
 
 
 @gluon.jit
+def _hist_init(split, HL: gl.constexpr, LT: gl.constexpr):
+    """One draft's histogram state before its first tile: ``(counts, upper base, lower base,
+    running key max, running key min)`` (no base yet; the max starts at 0, the key of nothing,
+    the min at the largest key)."""
+    return (gl.zeros([HIST_BINS], gl.int32, layout=HL), split * 0 + BASE_NONE,
+            split * 0 + LBASE_NONE, gl.zeros([128], gl.uint32, layout=LT),
+            ~gl.zeros([128], gl.uint32, layout=LT))
+
+
+@gluon.jit
 def _finish_hist(out_d, len_d, start, end, hist, hbase, lbase, kmax, kmin, hb,
                  HL: gl.constexpr, LT: gl.constexpr):
     """Recount this program's logits of one draft at the final bases when a key rose above
@@ -295,16 +305,8 @@ def _indexer_logits_gluon_kernel(
     t = gl.arange(0, 128, layout=LT)
     out0 = out_ptr + b * stride_ob
     out1 = out0 + stride_on
-    h0 = gl.zeros([HIST_BINS], gl.int32, layout=HL)
-    h1 = h0
-    base0 = split * 0 + BASE_NONE
-    base1 = base0
-    lb0 = split * 0 + LBASE_NONE
-    lb1 = lb0
-    km0 = gl.zeros([128], gl.uint32, layout=LT)
-    km1 = km0
-    kn0 = ~gl.zeros([128], gl.uint32, layout=LT)
-    kn1 = kn0
+    h0, base0, lb0, km0, kn0 = _hist_init(split, HL, LT)
+    h1, base1, lb1, km1, kn1 = h0, base0, lb0, km0, kn0
 
     # prologue: steps 0 .. NSTAGE - 2 in flight, the entries of step NSTAGE - 1 in registers
     bt_row = bt_ptr + b * stride_bt

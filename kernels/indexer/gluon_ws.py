@@ -73,8 +73,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_len, _draft_step, _entries,
-                                   _finish_hist)
-from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE
+                                   _finish_hist, _hist_init)
+from kernels.topk.triton import HIST_BINS, HIST_ROW
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
 # (the H200 image), ``async_load`` (the same arguments) later
@@ -268,16 +268,8 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
     bt_row = bt_ptr + b * stride_bt
     out0 = out_ptr + b * stride_ob
     out1 = out0 + stride_on
-    h0 = gl.zeros([HIST_BINS], gl.int32, layout=HL)
-    h1 = h0
-    base0 = split * 0 + BASE_NONE
-    base1 = base0
-    lb0 = split * 0 + LBASE_NONE
-    lb1 = lb0
-    km0 = gl.zeros([128], gl.uint32, layout=LT)
-    km1 = km0
-    kn0 = ~gl.zeros([128], gl.uint32, layout=LT)
-    kn1 = kn0
+    h0, base0, lb0, km0, kn0 = _hist_init(split, HL, LT)
+    h1, base1, lb1, km1, kn1 = h0, base0, lb0, km0, kn0
 
     for i in range(C, n_steps, CONSUMERS):
         slot = i % NSLOT

@@ -356,6 +356,45 @@ def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_
 
 
 @gluon.jit
+def _program(N):
+    """``(pid_h, pid_s, pid_bn, nbn, b, n)`` of a program of the grid ``(head_blocks, splits,
+    B * N)``: its head block, split, (request, draft) row and the row count, request and draft."""
+    pid_bn = gl.program_id(2)
+    return (gl.program_id(0), gl.program_id(1), pid_bn, gl.num_programs(2), pid_bn // N,
+            pid_bn % N)
+
+
+@gluon.jit
+def _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ: gl.constexpr):
+    """``(q_row, qmask)``: pointers to dims 0..63 of the program's 64 heads of q (``[64, 64]``;
+    chunk c is ``q_row + 64 c``) and the mask of the heads below H."""
+    hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
+    dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LDQ))
+    qmask = (hq < H)[:, None] & (dq[None, :] >= 0)
+    return q_ptr + b.to(gl.int64) * sq_b + n * sq_n + hq[:, None] * sq_h + dq[None, :], qmask
+
+
+@gluon.jit
+def _store_q_scaled(q_row, qmask, qn, qr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+                    LDQ: gl.constexpr, MROW: gl.constexpr):
+    """q into shared memory for the fp8 formats: per head a power of two 2^t that puts
+    max|q_nope| in [2^14, 2^15), the NC nope chunks as fp16 (``qn``), the rope chunk in its
+    dtype (``qr``); returns 2^-t per head in the accumulator's row layout (NaN heads as inf)."""
+    am = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, LDQ))
+    for c in gl.static_range(NC):
+        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
+        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
+    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
+    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)  # biased exponent of 2^t
+    q_sc = _pow2(qb)
+    for c in gl.static_range(NC):
+        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
+        qn.index(c).store((f * q_sc[:, None]).to(gl.float16))
+    qr.store(gl.load(q_row + NC * 64, mask=qmask, other=0.0).to(ROPE_DTYPE))
+    return gl.convert_layout(_pow2(254 - qb), MROW)
+
+
+@gluon.jit
 def _sparse_mla_gluon_kernel(
     q_ptr,            # [B, N, H, D_qk] bf16 / fp16, strides sq_*; last dim contiguous
     kv_ptr,           # the cache as uint8 bytes
@@ -393,12 +432,7 @@ def _sparse_mla_gluon_kernel(
     MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
-    pid_h = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    pid_bn = gl.program_id(2)
-    nbn = gl.num_programs(2)
-    b = pid_bn // N
-    n = pid_bn % N
+    pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
 
     qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
     qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
@@ -414,22 +448,8 @@ def _sparse_mla_gluon_kernel(
     xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
 
     # ---- q: per head a power of two 2^t that puts max|q_nope| in [2^14, 2^15), fp16 chunks
-    hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
-    dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LDQ))
-    qmask = (hq < H)[:, None] & (dq[None, :] >= 0)
-    q_row = q_ptr + b.to(gl.int64) * sq_b + n * sq_n + hq[:, None] * sq_h + dq[None, :]
-    am = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, LDQ))
-    for c in gl.static_range(NC):
-        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
-        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
-    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
-    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)  # biased exponent of 2^t
-    q_sc = _pow2(qb)
-    for c in gl.static_range(NC):
-        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
-        qn.index(c).store((f * q_sc[:, None]).to(gl.float16))
-    qr.store(gl.load(q_row + NC * 64, mask=qmask, other=0.0).to(ROPE_DTYPE))
-    q_inv = gl.convert_layout(_pow2(254 - qb), MROW)
+    q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
+    q_inv = _store_q_scaled(q_row, qmask, qn, qr, NC, ROPE_DTYPE, LDQ, MROW)
 
     k_len = K
     if HAS_TKL:

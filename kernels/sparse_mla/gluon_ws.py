@@ -77,8 +77,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from kernels.sparse_mla.gluon import (NEG, _block_unit, _epilogue, _issue_scores, _issue_values,
                                       _load_rope, _load_scales, _load_u8, _online_softmax,
-                                      _resolve, _row_base, _tile)
-from kernels.sparse_mla.triton import _exp_field, _page_entries, _pow2
+                                      _program, _q_rows, _resolve, _row_base, _store_q_scaled,
+                                      _tile)
+from kernels.sparse_mla.triton import _page_entries, _pow2
 
 # CTA-wide (in a partition: partition-wide) barrier: ``gl.thread_barrier`` in Triton 3.6,
 # ``gl.barrier`` later
@@ -226,30 +227,11 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
     MROW: gl.constexpr = gl.SliceLayout(1, MMA)
     MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
 
-    pid_h = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    pid_bn = gl.program_id(2)
-    nbn = gl.num_programs(2)
-    b = pid_bn // N
-    n = pid_bn % N
+    pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
 
     # ---- q (as gluon.py): per head 2^t putting max|q_nope| in [2^14, 2^15), fp16 chunks
-    hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
-    dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LDQ))
-    qmask = (hq < H)[:, None] & (dq[None, :] >= 0)
-    q_row = q_ptr + b.to(gl.int64) * sq_b + n * sq_n + hq[:, None] * sq_h + dq[None, :]
-    am = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, LDQ))
-    for c in gl.static_range(NC):
-        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
-        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
-    am = gl.where(am != am, float("inf"), am)
-    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)
-    q_sc = _pow2(qb)
-    for c in gl.static_range(NC):
-        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
-        qn.index(c).store((f * q_sc[:, None]).to(gl.float16))
-    qr.store(gl.load(q_row + NC * 64, mask=qmask, other=0.0).to(ROPE_DTYPE))
-    q_inv = gl.convert_layout(_pow2(254 - qb), MROW)
+    q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
+    q_inv = _store_q_scaled(q_row, qmask, qn, qr, NC, ROPE_DTYPE, LDQ, MROW)
     fence_async_shared()
     _barrier()
 
@@ -454,17 +436,9 @@ def _ws_latent_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_p
     MROW: gl.constexpr = gl.SliceLayout(1, MMA)
     MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
 
-    pid_h = gl.program_id(0)
-    pid_s = gl.program_id(1)
-    pid_bn = gl.program_id(2)
-    nbn = gl.num_programs(2)
-    b = pid_bn // N
-    n = pid_bn % N
+    pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
 
-    hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
-    dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LDQ))
-    qmask = (hq < H)[:, None] & (dq[None, :] >= 0)
-    q_row = q_ptr + b.to(gl.int64) * sq_b + n * sq_n + hq[:, None] * sq_h + dq[None, :]
+    q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
     for c in gl.static_range(9):
         qs.index(c).store(gl.load(q_row + c * 64, mask=qmask, other=0.0).to(DT))
     fence_async_shared()
