@@ -60,8 +60,6 @@ _CORNERS_HERE = [c.name for c in cases.indexer_corner_cases(0, H_I=16, topk=64, 
                  if c.name not in contract.TOPK_CORNERS]
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("name", _CORNERS_HERE)
 def _rising_tile_case(seed: int, N: int, P: int, K: int):
     """Two requests (900 / 700 tokens) whose 7th page has its key scales x 4096: a later tile
     rises above the first tile's histogram window (the recount). Returns ``(case, (q, w,
@@ -79,6 +77,8 @@ def _rising_tile_case(seed: int, N: int, P: int, K: int):
     return case, args, lens, case.reference_logits()
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("name", _CORNERS_HERE)
 def test_corner_cases(path, name):
     """SPEC corner cases: lengths 1, K-1, K, K+1, non-multiples of P, MTP N=3, 4 (both
     context_lens shapes), NaN keys, stale huge keys beyond L_b, K > L, a table much wider than
@@ -239,17 +239,10 @@ def _fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens):
     """The fused logits kernel (with its first-digit histogram) and the top-k after it, each
     checked against the reference (logits, every histogram block, the top-k set); returns the
     top-k indices [B * N, K]."""
-    from kernels.indexer.triton import launch_indexer_logits, logits_splits
-    from kernels.topk.triton import hist_shape, launch_topk
+    from kernels.topk.triton import launch_topk
     B, N = q.shape[:2]
     W = bt.shape[1] * P
-    dev = _common.device_info(q.device)
-    logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-    hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
-                       dtype=torch.int32, device=DEVICE)
-    launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
-                          logits, page_size=P, num_sms=dev.num_sms, config=cfg,
-                          fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
+    logits, hist = _logits_hist(q, w, kc, bt, cl, cfg, P, blocks_only=False)
     compare.assert_pass(compare.check_logits(logits, ref))
     _check_hist_blocks(hist, logits, cl, P, N, hist.shape[1])
     out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
@@ -725,11 +718,12 @@ def test_gluon_ws_never_runs_in_the_interpreter(monkeypatch):
     compare.assert_pass(compare.check_topk(got, case.reference_logits(), 32, sorted=True))
 
 
-def _logits_hist(q, w, kc, bt, cl, cfg, P):
+def _logits_hist(q, w, kc, bt, cl, cfg, P, blocks_only=True):
     """The fused logits kernel's output ``(logits [B, N, W] (pre-filled -inf), hist blocks
-    [B, S, NB, 257]``: the counts and the base of each block, without its padding words)."""
+    [B, S, NB, HIST_BINS + 2]``: the counts and the two window bases of each block, without its
+    padding words; the whole ``[B, S, NB, HIST_ROW]`` buffer with ``blocks_only=False``)."""
     from kernels.indexer.triton import launch_indexer_logits, logits_splits
-    from kernels.topk.triton import hist_shape
+    from kernels.topk.triton import HIST_BINS, hist_shape
     B, N = q.shape[:2]
     W = bt.shape[1] * P
     dev = _common.device_info(q.device)
@@ -739,7 +733,7 @@ def _logits_hist(q, w, kc, bt, cl, cfg, P):
     launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
                           logits, page_size=P, num_sms=dev.num_sms, config=cfg,
                           fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
-    return logits, hist[..., :257]
+    return logits, (hist[..., :HIST_BINS.value + 2] if blocks_only else hist)
 
 
 def _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P):

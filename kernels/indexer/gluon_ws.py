@@ -70,10 +70,10 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                              warpgroup_mma, warpgroup_mma_wait)
+                                                              warpgroup_mma_wait)
 
 from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_len, _draft_step, _entries,
-                                   _finish_hist, _hist_init)
+                                   _finish_hist, _hist_init, _scores)
 from kernels.topk.triton import HIST_BINS, HIST_ROW
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
@@ -189,26 +189,7 @@ def _scores_regs(v0, v1, qd, d: gl.constexpr, AOP: gl.constexpr, MMA: gl.constex
     """Issue (async) ``S = K . q_d^T`` with K as wgmma's register A operand: ``(a0, a1, acc)``."""
     a0 = v0.load(AOP).to(gl.float16)
     a1 = v1.load(AOP).to(gl.float16)
-    acc = gl.zeros([128, 64], gl.float32, layout=MMA)
-    acc = warpgroup_mma(a0, qd.index(2 * d).permute((1, 0)), acc, use_acc=False, is_async=True)
-    acc = warpgroup_mma(a1, qd.index(2 * d + 1).permute((1, 0)), acc, is_async=True)
-    return a0, a1, acc
-
-
-@gluon.jit
-def _scores_again(a0, a1, qd, d: gl.constexpr, MMA: gl.constexpr):
-    """The second draft's ``S`` from the same register A operand."""
-    acc = gl.zeros([128, 64], gl.float32, layout=MMA)
-    acc = warpgroup_mma(a0, qd.index(2 * d).permute((1, 0)), acc, use_acc=False, is_async=True)
-    return warpgroup_mma(a1, qd.index(2 * d + 1).permute((1, 0)), acc, is_async=True)
-
-
-@gluon.jit
-def _scores_smem(x0, x1, qd, d: gl.constexpr, MMA: gl.constexpr):
-    """Issue (async) ``S = K . q_d^T`` with the fp16 keys in shared memory (``gluon.py``)."""
-    acc = gl.zeros([128, 64], gl.float32, layout=MMA)
-    acc = warpgroup_mma(x0, qd.index(2 * d).permute((1, 0)), acc, use_acc=False, is_async=True)
-    return warpgroup_mma(x1, qd.index(2 * d + 1).permute((1, 0)), acc, is_async=True)
+    return a0, a1, _scores(a0, a1, qd, d, MMA)
 
 
 @gluon.jit
@@ -288,7 +269,7 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
             x0.store(v0.index(slot).load(LD).to(gl.float16))
             x1.store(v1.index(slot).load(LD).to(gl.float16))
             _release(empty.index(slot))  # (its fence also orders the stores before the dots)
-            acc = _scores_smem(x0, x1, qd, 0, MMA)
+            acc = _scores(x0, x1, qd, 0, MMA)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         if CONSUMERS > 1:
             if WRITE_HIST:
@@ -305,9 +286,9 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                                                base0, lb0, km0, kn0, first, WRITE_HIST, HL, LT)
         if N == 2:
             if CONVERT == 0:
-                acc = _scores_again(a0, a1, qd, 1, MMA)
+                acc = _scores(a0, a1, qd, 1, MMA)
             else:
-                acc = _scores_smem(x0, x1, qd, 1, MMA)
+                acc = _scores(x0, x1, qd, 1, MMA)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
             if CONSUMERS == 3:
                 w1 = gl.load(w_ptr + b * stride_wb + stride_wn + hw)

@@ -365,6 +365,17 @@ def _program(N):
 
 
 @gluon.jit
+def _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL: gl.constexpr):
+    """``[start, end)``: split ``pid_s``'s share of request b's top-k list (``chunk`` entries a
+    split), cut at ``topk_length[b]`` clamped to ``[0, K]`` (HAS_TKL)."""
+    k_len = K
+    if HAS_TKL:
+        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
+    start = pid_s * chunk
+    return start, gl.minimum(start + chunk, k_len)
+
+
+@gluon.jit
 def _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ: gl.constexpr):
     """``(q_row, qmask)``: pointers to dims 0..63 of the program's 64 heads of q (``[64, 64]``;
     chunk c is ``q_row + 64 c``) and the mask of the heads below H."""
@@ -451,11 +462,7 @@ def _sparse_mla_gluon_kernel(
     q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
     q_inv = _store_q_scaled(q_row, qmask, qn, qr, NC, ROPE_DTYPE, LDQ, MROW)
 
-    k_len = K
-    if HAS_TKL:
-        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
-    start = pid_s * chunk
-    end = gl.minimum(start + chunk, k_len)
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
 
     m_i = gl.full([64], NEG, gl.float32, layout=MROW)
     l_i = gl.zeros([64], gl.float32, layout=MROW)

@@ -76,9 +76,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from kernels.sparse_mla.gluon import (NEG, _block_unit, _epilogue, _issue_scores, _issue_values,
-                                      _load_rope, _load_scales, _load_u8, _online_softmax,
-                                      _program, _q_rows, _resolve, _row_base, _store_q_scaled,
-                                      _tile)
+                                      _list_range, _load_rope, _load_scales, _load_u8,
+                                      _online_softmax, _program, _q_rows, _resolve, _row_base,
+                                      _store_q_scaled, _tile)
 from kernels.sparse_mla.triton import _page_entries, _pow2
 
 # CTA-wide (in a partition: partition-wide) barrier: ``gl.thread_barrier`` in Triton 3.6,
@@ -143,11 +143,7 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     pid_bn = gl.program_id(2)
     b = pid_bn // N
     n = pid_bn % N
-    k_len = K
-    if HAS_TKL:
-        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
-    start = pid_s * chunk
-    end = gl.minimum(start + chunk, k_len)
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
 
     idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(gl.int64) * sbt_b
@@ -235,11 +231,7 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
     fence_async_shared()
     _barrier()
 
-    k_len = K
-    if HAS_TKL:
-        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
-    start = pid_s * chunk
-    end = gl.minimum(start + chunk, k_len)
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
 
     m_i = gl.full([64], NEG, gl.float32, layout=MROW)
     l_i = gl.zeros([64], gl.float32, layout=MROW)
@@ -323,11 +315,7 @@ def _ws_latent_producer(kv_ptr, idx_ptr, bt_ptr, tkl_ptr,
     pid_bn = gl.program_id(2)
     b = pid_bn // N
     n = pid_bn % N
-    k_len = K
-    if HAS_TKL:
-        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
-    start = pid_s * chunk
-    end = gl.minimum(start + chunk, k_len)
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
 
     idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(gl.int64) * sbt_b
@@ -444,11 +432,7 @@ def _ws_latent_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_p
     fence_async_shared()
     _barrier()
 
-    k_len = K
-    if HAS_TKL:
-        k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
-    start = pid_s * chunk
-    end = gl.minimum(start + chunk, k_len)
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
 
     m_i = gl.full([64], NEG, gl.float32, layout=MROW)
     l_i = gl.zeros([64], gl.float32, layout=MROW)
