@@ -12,6 +12,10 @@
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
+#   sweep:idxws     bench.indexer_sweep --ws: the warp-specialised logits kernel's variants against
+#                   today's Gluon kernel (checks + logits timed alone; SWEEP_ROW_TIMEOUT per row)
+#   check:NAME      bench.gluon_check --kernels CHECK_KERNELS (default the latent WS pair), each
+#                   kernel in a child under WS_TIMEOUT s, JSON $OUT/gluon_check_NAME.json
 #   sweep:linear    bench.linear_sweep: every layer projection GEMM (both presets, B 1 / 64), torch's
 #                   GEMMs against the Triton few-token GEMM's configs and split counts, CUDA-graph
 #                   timed (LINEAR_SWEEP_ARGS: extra flags, e.g. "--preset DSV32" or "--heuristic-only")
@@ -69,10 +73,18 @@ for step in "$@"; do
       if [ "$what" = linear ]; then
         timeout "$secs" python3 -m bench.linear_sweep --out "$OUT/sweep_linear.json" \
           --budget-s $((secs - 60)) ${LINEAR_SWEEP_ARGS:-} > "$log" 2>&1
+      elif [ "$what" = idxws ]; then
+        timeout "$secs" python3 -m bench.indexer_sweep --ws --row-timeout "${SWEEP_ROW_TIMEOUT:-60}" \
+          --out "$OUT/sweep_idxws.json" > "$log" 2>&1
       else
         mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
         timeout "$secs" python3 -m "bench.$mod" --out "$OUT/sweep_$what.json" > "$log" 2>&1
       fi ;;
+    check)
+      # the warp-specialised latent kernel (kernels/sparse_mla/gluon_ws.py, KV_FORMAT 0): every
+      # kernel variant in a child under WS_TIMEOUT (a hung mbarrier protocol costs that, not the call)
+      timeout "$secs" python3 -m bench.gluon_check --kernels "${CHECK_KERNELS:-gluon_ws_latent,gluon_ws_latent_safe}" \
+        --ws-timeout "${WS_TIMEOUT:-80}" --out "$OUT/gluon_check_$what.json" > "$log" 2>&1 ;;
     profile)
       timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} \
         --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
