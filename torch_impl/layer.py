@@ -37,9 +37,11 @@ from torch_impl import linear as tlinear
 from torch_impl.sparse_mla import sparse_mla_decode
 from torch_impl.step import window_split
 
+# prepare_x / prepare_q / rope_out are the layer's own fused steps (dsa::prep_x / prep_q /
+# rope_out): their inputs are the layer's intermediates, validated by DSADecodeLayer, so they are
+# not part of the public surface
 __all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets",
-           "write_new_tokens", "prepare_x", "prepare_q", "rope_out", "FUSED_PREP_ENV",
-           "fused_prep_default"]
+           "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
