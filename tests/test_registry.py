@@ -113,10 +113,9 @@ def test_plan_without_a_table_is_the_default_order_and_the_heuristics(table_dir)
     m1 = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, H=64, K=640, d_qk=512,
                                                                     kv_format="fp8_model1"))
     assert m1.config == configs.SPARSE_MLA_GLUON.to_dict()
+    # a 16-bit latent cache: the warp-specialised Gluon kernel too (measured 2026-12-05)
     latent = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, kv_format="latent"))
-    assert latent.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=64,
-                                                         topk=2048).to_dict()
-    assert "kernel" not in latent.config                  # the default: the Triton kernel
+    assert latent.config == configs.SPARSE_MLA_GLUON_WS.to_dict()
     assert p.config_for("torch") == {}
     p = REGISTRY.plan("sparse_mla_decode", "jax", H200, **MLA, operand_bytes=4)
     assert p.config == configs.PALLAS_SPARSE_MLA_FP32.to_dict()
@@ -192,14 +191,21 @@ def test_accept_checks_indexer_fields_against_the_search_space():
 
 
 def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
-    lat = dict(MLA, kv_format="latent")          # no Gluon kernel for a latent cache
+    # a latent cache with fp32 q: no Gluon kernel (16-bit operands only); the heuristic is the
+    # Triton 16 x 16 tile, 4 warps, 1 stage, prefetch, and a table naming the head tile alone is
+    # filled in from it
+    lat = dict(MLA, kv_format="latent", operand_bytes=4)
     heur = REGISTRY.heuristic("sparse_mla_decode", "torch", "triton", H200, **lat)
+    assert "kernel" not in heur
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **lat) == heur
-    # the heuristic here is 64 x 32, 8 warps, 2 stages, no prefetch: one stage of it is in the space
-    part = {"block_h": 64, "block_k": 32, "num_stages": 1}
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **lat) == {**heur, **part}
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"block_h": 16}, **lat) is None
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"block_h": 16},
+                           **lat) == {**heur, "block_h": 16}
+    part = {"block_h": 64, "block_k": 32, "num_stages": 1}        # not in the fp32 space
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **lat) is None
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"tile": 1}, **lat) is None
+    # a 16-bit latent cache: the warp-specialised Gluon kernel, kept by {}
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {},
+                           **dict(MLA, kv_format="latent")) == configs.SPARSE_MLA_GLUON_WS.to_dict()
     # fp8 on sm_90: the heuristic is the (warp-specialised) Gluon kernel; {} keeps it, a config
     # without "kernel" names a Triton tile (the field selects the kernel, it is not filled in)
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **MLA) == \
@@ -207,7 +213,7 @@ def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **MLA) == \
         configs.SparseMLAConfig(64, 32, 8, 1).to_dict()
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"kernel": "gluon"},
-                           **lat) is None
+                           **lat) is None                     # fp32 q: no Gluon kernel
 
 
 def test_write_table_merges_old_null_configs_as_empty(table_dir):

@@ -129,8 +129,11 @@ SPARSE_MLA_GLUON_WS = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_s
 # (kv_format, D_qk) pairs the warp-specialised kernel is built for
 GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512), ("latent", 576))
 # formats whose heuristic picks it (measured faster than the one-partition Gluon kernel on the
-# H200: fp8_ds_mla at every target row; fp8_model1 slower, 62.8 vs 57.3 us)
-GLUON_WS_PICKED = ("fp8_ds_mla",)
+# H200: fp8_ds_mla at every target row; fp8_model1 slower, 62.8 vs 57.3 us; 16-bit latent caches
+# against the Triton 64 x 32 tile, 2026-12-05: B 64 H 128 126.8 vs 592.0 us, H 64 78.3 vs 313.2,
+# B 16 45.3 vs 110.0, B 128 258.3 vs 1175.6, B 1 14.8 vs 14.6,
+# bench/results/gluon_check_latent_h200_20261205.json)
+GLUON_WS_PICKED = ("fp8_ds_mla", "latent")
 
 
 def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:

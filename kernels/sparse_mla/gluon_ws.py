@@ -100,14 +100,18 @@ LATENT_PRODUCER_REGS = 40
 # launch, so bench.gluon_check can time both): 0 = every producer thread's
 # ``cp.async.mbarrier.arrive.noinc`` (the barrier completes when the copies land) plus one
 # release arrive for the row-validity words; 1 = ``cp.async.wait_group 0`` + fence + partition
-# barrier + one arrive (the protocol of the fp8 producer, proven on the H200)
-LATENT_SIGNAL = 0
+# barrier + one arrive (the protocol of the fp8 producer, proven on the H200). Measured on the
+# H200 (bench/results/gluon_check_latent_h200_20261205.json, 75/75 reference checks each): the
+# pair (1, P_SMEM 0) 126.8 us at V3.2 B 64 H 128, 258.3 at B 128, the pair (0, P_SMEM 1) 128.6
+# and 263.3, equal within 2 % elsewhere; the default is the first (the proven protocol, and no
+# write into a slot the other warpgroup reads)
+LATENT_SIGNAL = 1
 # how the latent consumer brings P (each warpgroup computed the scores of 32 of the 64 rows) into
 # the value dots' register layout (constexpr ``P_SMEM``, read at each launch): 1 = stmatrix into
 # shared memory (p_hi an 8 KB tile of its own, p_lo the slot's rope chunk, dead by then), one
 # barrier, ldmatrix; 0 = ``gl.convert_layout`` through the compiler's 4 KB scratch (two rounds a
 # part, 8 barriers a block; what the fp8 consumer does)
-LATENT_P_SMEM = 1
+LATENT_P_SMEM = 0
 
 
 def launch_constexprs(kv_format: str) -> dict:
