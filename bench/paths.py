@@ -270,9 +270,39 @@ _HLO_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)
 _HLO_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)="
                         r"\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)")
 _HLO_DOT_OPS = ("dot_general", "einsum", "matmul")
+_HLO_PARAM_SHAPE = re.compile(r":\s*([a-z][a-z0-9]*)\[([0-9,]*)\]")
+_HLO_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
+               "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2", "uint8": "u8", "int8": "s8",
+               "int32": "s32", "int64": "s64"}
 
 
-def jax_projection_kernels(hlo_text: str) -> set[str]:
+def _numel(dims: str) -> int:
+    n = 1
+    for d in filter(None, dims.split(",")):
+        n *= int(d)
+    return n
+
+
+def hlo_weight_keys(arrays, min_elements: int = 1 << 16) -> set[tuple[str, int]]:
+    """``(HLO dtype name, element count)`` of every array in ``arrays`` (anything with
+    ``dtype`` and ``shape``, e.g. the leaves of a layer's nnx state) of two or more dimensions
+    and at least ``min_elements`` elements (norm vectors and the sink are no keys): the keys :func:`jax_projection_kernels` matches fusion
+    parameters against (a reshaped or bitcast weight keeps its count)."""
+    out = set()
+    for a in arrays:
+        shape, dt = getattr(a, "shape", None), getattr(a, "dtype", None)
+        if shape is None or dt is None:
+            continue
+        n = 1
+        for d in shape:
+            n *= int(d)
+        name = _HLO_DTYPES.get(str(dt))
+        if name is not None and n >= min_elements and len(shape) >= 2:
+            out.add((name, n))
+    return out
+
+
+def jax_projection_kernels(hlo_text: str, weight_shapes=()) -> set[str]:
     """Kernel names of the dots in an optimised HLO module (``jax.jit(f).lower(...).compile()
     .as_text()``): every instruction that is a ``dot`` / ``convolution``, a GEMM custom call, or
     a fusion whose computation holds one or a ``multiply`` / ``reduce`` with a dot's metadata
@@ -282,13 +312,28 @@ def jax_projection_kernels(hlo_text: str) -> set[str]:
     dot's metadata (bitcasts / converts carrying it into a consumer fusion do not count). Names are
     sanitised as XLA:GPU names its kernels (``.`` and ``-`` -> ``_``). The jax layer's phases
     count these as projections, as the torch layer counts every ``mm`` / ``bmm`` / ``addmm``
-    (the Hadamard rotation included)."""
+    (the Hadamard rotation included).
+
+    ``weight_shapes``: ``(dtype, shape)`` of the layer's weight arrays (:func:`hlo_weight_keys`).
+    A kernel-level fusion whose computation takes an array of a weight's HLO dtype and element
+    count (>= 2^16 elements) counts as well, whatever its metadata: on the H200 (2026-12-05,
+    ``bench_h200_targets_jax_20261205.json``) the metadata rule alone named no kernel of the
+    jax layer step (``hlo_projection_kernels`` empty, V4 B 1 projections at 144 % of copy
+    bandwidth: XLA:GPU's GEMV fusions did not carry a dot's ``op_name``). Fusions list their
+    parameters' shapes in the called computation's header (``%fused_computation (param_0:
+    bf16[512,256], ...)``), not at the call site, so the rule reads the headers."""
+    wkeys = {(str(d), int(n)) for d, n in weight_shapes}
     comps: dict[str, list[tuple[str, str, str]]] = {}
+    reads_weight: dict[str, bool] = {}
     cur = None
     for line in hlo_text.splitlines():
         m = _HLO_COMP.match(line)
         if m and "=" not in line.split("{")[0]:
             cur = comps.setdefault(m.group(1), [])
+            if wkeys:
+                head = line.split("->")[0]
+                reads_weight[m.group(1)] = any(
+                    (d, _numel(dims)) in wkeys for d, dims in _HLO_PARAM_SHAPE.findall(head))
             continue
         if cur is None:
             continue
@@ -342,7 +387,8 @@ def jax_projection_kernels(hlo_text: str) -> set[str]:
             if op == "fusion":
                 m = _HLO_CALLS.search(line)
                 called = m.group(1).split(",") if m else []
-                hit = any(comp_dotlike(c.strip().lstrip("%")) for c in called)
+                hit = any(comp_dotlike(c.strip().lstrip("%"))
+                          or reads_weight.get(c.strip().lstrip("%"), False) for c in called)
             else:
                 hit = op in ("dot", "convolution") or (op == "custom-call" and dotlike_line(op, line))
             if hit:
@@ -434,7 +480,8 @@ def jax_layer_phases(calls, reps: int = 5) -> dict:
     proj = set()
     hlo = getattr(calls[0], "hlo_text", None) if calls else None
     if hlo is not None:
-        proj = jax_projection_kernels(hlo())
+        wk = getattr(calls[0], "weight_keys", None)
+        proj = jax_projection_kernels(hlo(), wk() if wk is not None else ())
     kern = _jax_device_kernels(calls, reps)
     out = jax_phase_totals(kern, reps * len(calls), proj)
     out["hlo_projection_kernels"] = sorted({n for n, _ in kern if n in proj})
@@ -670,6 +717,12 @@ class _DonatingLayerCall:
         """The step's optimised HLO (an ahead-of-time compile of the same jitted function for
         the same argument shapes; nothing is donated by lowering)."""
         return self.f.lower(self.state, self.x, self.kv, self.kc, self.bt, self.cl).compile().as_text()
+
+    def weight_keys(self) -> set[tuple[str, int]]:
+        """:func:`hlo_weight_keys` of the layer's state (its weights; the caches and the step's
+        inputs are arguments of their own, not in the state)."""
+        import jax
+        return hlo_weight_keys(jax.tree_util.tree_leaves(self.state))
 
     def __call__(self) -> dict:
         res = self.f(self.state, self.x, self.kv, self.kc, self.bt, self.cl)

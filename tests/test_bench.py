@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 
 import pytest
@@ -451,6 +452,28 @@ def test_jax_projection_kernels_from_the_optimised_hlo():
     assert (t["projections"], t["sparse_mla"], t["indexer"], t["other_kernels"]) == (10.0, 5.0, 3.0, 3.0)
     t = paths.jax_phase_totals(k, n_calls=1)                    # by name only: a GEMV is glue
     assert (t["projections"], t["other_kernels"]) == (0.0, 13.0)
+
+
+def test_jax_projection_kernels_by_weight_operands():
+    """A GEMV fusion whose multiply / reduce carry no dot metadata (the H200 module of
+    2026-12-05: the metadata rule named no kernel) counts as a projection when its computation
+    takes an array of a weight's dtype and element count (a reshaped weight too), and only
+    then; a norm fusion over an activation does not; arrays under 2^16 elements are no keys."""
+    hlo = _GPU_HLO.replace(
+        ', metadata={op_name="jit(step)/jit(main)/DSADecodeLayer/dot_general" source_file="layer.py"}',
+        "").replace(', to_apply=%add, metadata={op_name="jit(step)/jit(main)/DSADecodeLayer/dot_general"}',
+                    ", to_apply=%add").replace(
+        ', kind=kInput, calls=%fused_reduce, metadata={op_name="jit(step)/jit(main)/DSADecodeLayer/dot_general"}',
+        ", kind=kInput, calls=%fused_reduce")
+    assert "input_reduce_fusion_8" not in paths.jax_projection_kernels(hlo)
+    w = np.zeros((2240 * 7168,), ml_dtypes.bfloat16).reshape(7168, 2240)   # same count, reshaped
+    keys = paths.hlo_weight_keys([w, np.zeros((4, 4), np.float32)])
+    assert keys == {("bf16", 2240 * 7168)}
+    proj = paths.jax_projection_kernels(hlo, keys)
+    assert proj == {"input_reduce_fusion_8", "cublas_gemm_1", "gemm_fusion_dot_7"}, proj
+    assert "input_reduce_fusion" not in proj                  # the norm: reads no weight
+    assert paths.jax_projection_kernels(hlo, {("f32", 2240 * 7168)}) == {"cublas_gemm_1",
+                                                                        "gemm_fusion_dot_7"}
 
 
 def test_jax_projection_kernels_of_a_compiled_module():
