@@ -195,7 +195,9 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
     GPU time of the kernels launched inside its ops (:data:`LAYER_PHASE_OPS`; a GEMM inside a DSA
     op counts for that op), ``other_kernels`` the GPU time of every other kernel (the glue's:
     norms, rope, quantizers, cache writes, casts). Returns ``{"projections", "indexer",
-    "sparse_mla", "other_kernels", "kernels_per_step"}`` (every GPU kernel / memcpy record per call)."""
+    "sparse_mla", "other_kernels", "kernels_per_step", "top_kernels_us"}`` (every GPU kernel /
+    memcpy record per call; the twelve kernels of most GPU time per call by name, phases' and
+    glue's alike: where the glue is, since a kernel is not linked to its op here)."""
     import torch
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -211,12 +213,15 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
     phase_of = {name: ph for ph, names in LAYER_PHASE_OPS.items() for name in names}
     tot = {"projections": 0.0, "indexer": 0.0, "sparse_mla": 0.0}
     all_us, all_n = 0.0, 0
+    by_name: dict[str, float] = {}
     for e in prof.events():
         if getattr(e, "device_type", None) == DeviceType.CUDA:      # a kernel / memcpy record
             if getattr(e, "is_user_annotation", False):   # a range's GPU-timeline span, not a kernel
                 continue
-            all_us += _device_us(e) or float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+            us = _device_us(e) or float(getattr(e, "self_device_time_total", 0.0) or 0.0)
+            all_us += us
             all_n += 1
+            by_name[e.name] = by_name.get(e.name, 0.0) + us
             continue
         ph = phase_of.get(e.name)
         if ph is None:
@@ -229,8 +234,10 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
             tot[ph] += _device_us(e)
     n = reps * len(calls)
     main = sum(tot.values())
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {**{k: v / n for k, v in tot.items()}, "other_kernels": max(0.0, all_us - main) / n,
-            "kernels_per_step": all_n / n}
+            "kernels_per_step": all_n / n,
+            "top_kernels_us": {k[:80]: round(v / n, 2) for k, v in top}}
 
 
 # Decode-layer phases of a JAX step from the profiler's device trace (jax.profiler, perfetto

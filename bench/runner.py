@@ -391,6 +391,8 @@ def _layer_phases(calls, step_us: float, backend: str = "torch", machine=None,
            "torch.profiler GPU time of the kernels inside each phase's ops (eager calls, mean "
            "per call)")
     extra = {"glue_top_kernels_us": ph["other_top"]} if "other_top" in ph else {}
+    if "top_kernels_us" in ph:
+        extra["top_kernels_us"] = ph["top_kernels_us"]
     if "hlo_projection_kernels" in ph:
         extra["hlo_projection_kernels"] = ph["hlo_projection_kernels"]
     copy_bw = getattr(machine, "copy_bytes_per_s", None)
