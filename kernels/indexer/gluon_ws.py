@@ -395,9 +395,16 @@ def _indexer_logits_gluon_ws_kernel(
     xh = gl.allocate_shared_memory(gl.int32, [XC, HIST_BINS], FLAT)
     xk = gl.allocate_shared_memory(gl.uint32, [2 * XC, 128], FLAT)
     sync = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(sync.index(0), count=1)
-    mbarrier.init(sync.index(1), count=1)
-    mbarrier.init(sync.index(2), count=CONSUMERS - 1 if CONSUMERS > 1 else 1)
+    if CONSUMERS > 1:
+        # One consumer never touches these barriers after this point, and the compiler then
+        # reuses their bytes as the consumer's scratch (the histogram's shared atomics, the
+        # logits' layout change: Triton 3.6.0, sm_90, offset 100,864 at N 1). Initialised and
+        # never invalidated, they would be live mbarrier objects overwritten by plain stores
+        # (undefined in PTX: a barrier's memory is repurposed only after mbarrier.inval), so
+        # with one consumer they are not initialised at all.
+        mbarrier.init(sync.index(0), count=1)
+        mbarrier.init(sync.index(1), count=1)
+        mbarrier.init(sync.index(2), count=CONSUMERS - 1)
     fence_async_shared()             # the barriers initialised before any TMA completes on them
 
     C0: gl.constexpr = 0
