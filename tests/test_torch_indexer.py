@@ -700,6 +700,70 @@ def test_gluon_ws_ring_slots():
     assert all(ring_slots(c, v, n) >= 2 for c in (1, 2, 3) for v in (0, 1) for n in (1, 2))
 
 
+def test_gluon_ws_guard_refuses_one_consumer_with_two_ctas_an_sm(monkeypatch):
+    """``gluon_ws.unverified``: one consumer with more programs than SMs (two CTAs an SM, the
+    class that faulted on the H200) is refused by the launcher before any launch, with a
+    NotImplementedError naming the shape and the config; one consumer within one CTA an SM, and
+    two or three consumers at any grid, launch; ``ALLOW_UNVERIFIED`` lifts the guard."""
+    from kernels.indexer import gluon_ws
+    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits
+    assert gluon_ws.unverified(64, 8, 132, 1) and gluon_ws.unverified(16, 33, 132, 1)
+    assert gluon_ws.unverified(16, 8, 132, 1) is None and gluon_ws.unverified(64, 8, 132, 2) is None
+    assert gluon_ws.unverified(64, 4, 132, 3) is None and gluon_ws.unverified(4, 3, 132, 1) is None
+    launched = []
+    monkeypatch.setattr(gluon_ws, "launch", lambda *a, **k: launched.append(k) or a[6])
+    case = cases.make_indexer_case(691, B=4, N=1, H_I=64, D_I=128, P=64, lens=[300, 70, 5, 64],
+                                   topk=8)
+    q, w, kc, bt, cl = _args(case)
+    out = torch.full((4, 1, bt.shape[1] * 64), float("-inf"), device=DEVICE)
+
+    def run(consumers, splits, num_sms):
+        cfg = IndexerLogitsConfig(num_splits=splits, kernel="gluon_ws", ws_consumers=consumers)
+        return launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32),
+                                     bt, cl, out, page_size=64, num_sms=num_sms, config=cfg)
+    with pytest.raises(NotImplementedError, match=r"'gluon_ws' \(B=4, N=1, table \d+ pages, 3 "
+                                                  r"splits, 8 SMs, ws_consumers=1, "
+                                                  r"ws_convert='regs'\).*two CTAs on an SM"):
+        run(1, 3, 8)
+    assert not launched
+    run(1, 3, 12)                                   # 12 programs on 12 SMs: one CTA an SM
+    run(2, 3, 8)
+    run(3, 3, 8)
+    monkeypatch.setattr(gluon_ws, "ALLOW_UNVERIFIED", True)
+    run(1, 3, 8)
+    assert [k["consumers"] for k in launched] == [1, 2, 3, 1]
+
+
+def test_gluon_ws_address_model():
+    """``kernels.indexer.gluon_ws_model`` (the kernel's index arithmetic in NumPy): at every
+    bench shape and for every ``--ws`` variant of the sweep (the faulting B 64 L 64K row's
+    included) each block-table read, TMA box, logits / recount / histogram / q / weight access
+    lies inside its allocation, the int32 expressions fit, every ring slot is below NSLOT and
+    both descriptors meet cuTensorMapEncodeTiled's limits and cover exactly the cache; the
+    ranges are tight (the last logit, block word and TMA row are reached); short and empty
+    page ranges (lengths 0, 1, 65, past the table) stay inside too."""
+    from bench.indexer_sweep import SHAPES, VARIANTS, WS_VARIANTS
+    from kernels.indexer import gluon_ws_model as m
+    for sname, (_, B, N, L, tab) in SHAPES.items():
+        for name in WS_VARIANTS[1:]:
+            v = VARIANTS[name]
+            r = m.check_variant((B, N, L, tab), v.get("ws_consumers", 2),
+                                v.get("ws_convert", "regs"), v.get("num_splits"))
+            assert r["ok"] and r["tma_bytes_vs_cache"], (sname, name, r)
+            if sname == "v32_b64_l64k":
+                assert r["logits_store"]["hi"] == r["logits_store"]["size"] - 1
+                assert r["hist_store"]["hi"] == r["hist_store"]["size"] - 6 - 1   # 6 pad words
+                assert r["tma_kv_rows"]["hi"] == r["tma_kv_rows"]["size"] - 2 - 1  # 2 scale rows
+    kv = m.tma_descriptor_checks(65536)["kv"]
+    assert kv["global_dim"] == [128, 4325376] and kv["strides"] == [128]
+    assert kv["ok"]["bytes_covered"] == 553648128          # the "stride" Triton's error text prints
+    bt = np.array([[3, 0, -1, 7, 1, 2, 5, 4, 6, 8]] * 5)
+    for S in (1, 3, 7, 64):
+        for c, ns in ((1, 5), (2, 8), (3, 6)):
+            r = m.address_ranges(bt, np.array([[0], [1], [65], [640], [2000]]), 9, S, c, ns, 1)
+            assert all(d["ok"] for d in r.values() if isinstance(d, dict) and "ok" in d), r
+
+
 @pytest.mark.skipif(CUDA, reason="the interpreter's fallback (on a GPU the Gluon kernel runs)")
 def test_gluon_ws_never_runs_in_the_interpreter(monkeypatch):
     """A config naming ``kernel="gluon_ws"`` through the binding on the CPU runs the Triton
