@@ -879,19 +879,31 @@ def test_gluon_ws_recount_when_a_later_tile_rises(N):
     (scales x 4096) land above the first tile's window (set by consumer 0 from step 0 and
     used by the other consumers); consumer 0 recounts the logits every consumer wrote at the
     final base; blocks exact, the SPEC set, bitwise the Triton kernel's, at 1 and 2 splits and
-    1-3 consumers."""
+    1-3 consumers; one config repeated gives the same bits."""
     from kernels.indexer.triton import IndexerLogitsConfig
 
     P, K = 64, 100
     case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(780 + N, N, P, K)
+    runs = [(1, 2), (2, 2), (1, 1), (2, 3), (2, 2)]
     outs = []
-    for s, c in ((1, 2), (2, 2), (1, 1), (2, 3)):
+    for s, c in runs:
         cfg = IndexerLogitsConfig(num_splits=s, kernel="gluon_ws", ws_consumers=c)
         outs.append(_fused_logits_topk(q, w, kc, bt, cl, ref, cfg, P, K, lens))
         _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P)
+    runs.append((2, "triton"))
     outs.append(_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=2), P, K,
                                    lens))
-    assert all(torch.equal(o, outs[0]) for o in outs)
+    # The output order is unspecified unless sorted=True (docs/SPEC.md): the split top-k writes
+    # the keys above the threshold bin, then the bin's selection, each in position order, and
+    # that partition follows the window bases of the split histograms, so configs with other
+    # split counts (other bases) may order the same set differently (they did on the H200).
+    # Across configs: the same set per row; bit for bit: one config run twice, and configs with
+    # the same split count (the same logits and blocks, asserted above, so the same plan).
+    assert all(torch.equal(o.sort(-1).values, outs[0].sort(-1).values) for o in outs)
+    assert torch.equal(outs[1], outs[4])                       # (2 splits, 2 consumers) twice
+    for (s, _), o in zip(runs, outs):
+        same = [p for (s2, _), p in zip(runs, outs) if s2 == s]
+        assert all(torch.equal(o, p) for p in same), s
 
 
 @gluon_only
