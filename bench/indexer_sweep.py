@@ -1,7 +1,7 @@
 """Variant sweep of the Triton indexer: the logits kernel alone and the top-k alone (GPU).
 
     python -m bench.indexer_sweep --out sweep.json [--ws] [--variant NAME ...] [--shape NAME ...]
-                                  [--row-timeout S]
+                                  [--row-timeout S] [--isolate] [--unguarded]
     python -m bench.indexer_sweep --aot [--ws] [--variant NAME ...]   # CPU: compile counts only
     python -m bench.indexer_sweep --dry-run --out /tmp/s.json    # CPU interpreter, tiny shapes
 
@@ -31,6 +31,13 @@ variants only; times are the interpreter's wall time, meaningless): the plumbing
 a GPU call. ``--aot`` compiles each variant's logits kernel for sm_90 on the CPU instead
 (registers, spills, shared memory, SASS per loop and, for ``gluon_ws``, per partition loop;
 ``kernels._triton_aot``).
+``--ws`` (or ``--isolate``) runs every (shape, variant) row in its own child process
+(:func:`_sweep_isolated`, as ``bench.gluon_check``'s ``--ws-timeout`` children): a kernel that
+faults (a CUDA error is sticky: every later call of its process fails) or hangs costs only its
+own row, which records the child's exit and stderr tail as its ``error``; the checks against the
+first variant read that variant's results from a file its child wrote. ``--unguarded`` lets the
+children launch the ``gluon_ws`` configs the launcher refuses
+(``kernels.indexer.gluon_ws.unverified``: one consumer with two CTAs an SM), to test them.
 Rows go to ``--out`` as JSON (and one line each on stdout); bench/NOTES.md has the analysis.
 """
 from __future__ import annotations
@@ -39,7 +46,9 @@ import argparse
 import dataclasses
 import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
 
 # name -> IndexerLogitsConfig fields (num_splits / num_warps None = the launcher's heuristic)
@@ -229,7 +238,13 @@ def _launches(fn) -> list:
 
 
 def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
-           dry: bool = False) -> tuple[list, dict]:
+           dry: bool = False, base_files: dict | None = None,
+           first_name: str | None = None) -> tuple[list, dict]:
+    """The rows of ``shapes`` x ``names`` in this process. ``base_files``: shape name -> a path
+    holding the first successful variant's results (the base of the checks): read when it
+    exists (an isolated child's row is checked against an earlier child's variant), written when
+    this process's variant becomes the base. ``first_name``: the sweep's first variant (its row
+    also times the top-k at each ``cand_block``), default ``names[0]``."""
     import torch
 
     from bench.grid import Shape
@@ -261,7 +276,10 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
         W = bt.shape[1] * P
         kv, ks = s["k_cache"].view(torch.float8_e4m3fn), s["k_cache"].view(torch.float32)
         base = None
-        for vi, name in enumerate(names):
+        base_file = (base_files or {}).get(sname)
+        if base_file and os.path.exists(base_file):
+            base = tuple(t.to(device) for t in torch.load(base_file))
+        for name in names:
             if dry and VARIANTS[name].get("kernel", "triton") != "triton":
                 continue                          # Gluon kernels do not interpret
             cfg = kx.IndexerLogitsConfig(**VARIANTS[name])
@@ -309,6 +327,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 fin = torch.isfinite(valid)
                 if base is None:
                     base = (valid.clone(), fin, first.sort(-1).values, blocks.clone())
+                    if base_file:
+                        torch.save(tuple(t.cpu() for t in base), base_file)
                 row["same_inf_pattern"] = bool(torch.equal(fin, base[1]))
                 ref = base[0][fin]
                 row["max_rel_diff_vs_first"] = float(
@@ -323,7 +343,7 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 row["num_splits"] = splits
                 row["logits_us"] = timer(lg, flush=True)        # K pages from HBM, as served
                 row["topk_us"] = timer(tk)
-                if vi == 0:
+                if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {
                         str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))
                         for cb in CAND_BLOCKS}
@@ -342,6 +362,121 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
     return rows, meta
 
 
+# seconds an isolated child may take beyond --row-timeout: interpreter start, the inputs (the
+# B 64 L 64K cache: 553 MB generated on the GPU) and the base variant's results read back
+CHILD_SLACK_S = 240.0
+
+
+def _row_head(sname: str, name: str, dry: bool = False) -> dict:
+    """The keys a row starts with (:func:`_sweep`), from the shape table alone (no GPU)."""
+    from bench.grid import Shape
+    from kernels.indexer.triton import IndexerLogitsConfig
+    if dry:
+        preset, B, N, L, tab, topk = DRY_SHAPES[sname]
+    else:
+        (preset, B, N, L, tab), topk = SHAPES[sname], None
+    shape = Shape("indexer_topk", preset, B, N, 1, L, table_len=tab, topk=topk)
+    cfg = IndexerLogitsConfig(**VARIANTS[name])
+    return dict(shape=sname, preset=preset, B=B, N=N, L=L,
+                table_len=shape.table_positions // shape.P * shape.P, topk=shape.K_topk,
+                variant=name, config=dict(cfg.__dict__))
+
+
+def _child_cmd(sname: str, name: str, doc_path: str, base_file: str, row_timeout: float,
+               first_name: str, dry: bool, unguarded: bool) -> list:
+    """The command line of the child process of one (shape, variant) row."""
+    cmd = [sys.executable, "-m", "bench.indexer_sweep", "--child", doc_path, "--shape", sname,
+           "--variant", name, "--base-file", base_file, "--first-variant", first_name,
+           "--row-timeout", str(row_timeout), "--out", os.devnull]
+    return cmd + (["--dry-run"] if dry else []) + (["--unguarded"] if unguarded else [])
+
+
+def _sweep_isolated(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
+                    dry: bool = False, unguarded: bool = False) -> tuple[list, dict]:
+    """:func:`_sweep`'s rows, each (shape, variant) in its own child process, one after the
+    other: a child that faults, fails or hangs (killed after ``row_timeout`` +
+    :data:`CHILD_SLACK_S` seconds; its own watchdog ends a hung row at ``row_timeout``) leaves
+    a row with its ``error`` (exit status and stderr tail) and the sweep goes on. The first
+    variant whose child succeeds writes its results to a per-shape file that the later children
+    check against (as :func:`_sweep` in one process). Returns ``(rows, meta)``; ``meta`` is the
+    children's device description, plus ``"hung"`` naming the rows that hung."""
+    table = DRY_SHAPES if dry else SHAPES
+    rows: list = []
+    meta: dict = {}
+    env = dict(os.environ)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in [env.get("PYTHONPATH")] if p])
+    with tempfile.TemporaryDirectory(prefix="indexer_sweep_") as tmp:
+        for sname in shapes:
+            if sname not in table:
+                continue
+            base_file = os.path.join(tmp, f"base_{sname}.pt")
+            for name in names:
+                if dry and VARIANTS[name].get("kernel", "triton") != "triton":
+                    continue                          # Gluon kernels do not interpret
+                doc_path = os.path.join(tmp, f"{sname}_{name}.json")
+                cmd = _child_cmd(sname, name, doc_path, base_file, row_timeout, names[0], dry,
+                                 unguarded)
+                t0 = time.time()
+                limit = row_timeout + CHILD_SLACK_S if row_timeout > 0 else None
+                why = None
+                try:
+                    proc = subprocess.run(cmd, timeout=limit, capture_output=True, text=True,
+                                          env=env)
+                    rc, err = proc.returncode, proc.stderr
+                except subprocess.TimeoutExpired as e:
+                    rc, err = None, (e.stderr.decode(errors="replace")
+                                     if isinstance(e.stderr, bytes) else (e.stderr or ""))
+                    why = f"killed after {limit:.0f} s (a hang?)"
+                doc = {}
+                if os.path.exists(doc_path):
+                    try:
+                        with open(doc_path) as f:
+                            doc = json.load(f)
+                    except json.JSONDecodeError:
+                        doc = {}
+                for k, v in doc.get("meta", {}).items():
+                    if k == "hung":
+                        why = why or v
+                    else:
+                        meta.setdefault(k, v)
+                got = [r for r in doc.get("rows", []) if r.get("variant") == name]
+                if got:
+                    row = got[-1]
+                else:
+                    row = _row_head(sname, name, dry)
+                    tail = " ".join((err or "").strip().splitlines()[-6:])[-600:]
+                    row["error"] = (f"child process: {why or f'exit status {rc}'}; "
+                                    f"{tail}")[:800]
+                    row["wall_s"] = round(time.time() - t0, 1)
+                if why:
+                    meta["hung"] = "; ".join(x for x in (meta.get("hung"), f"{sname} {name}: {why}")
+                                             if x)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+                save(rows, meta)
+    return rows, meta
+
+
+def _child(args) -> None:
+    """One isolated row (``--child DOC``): :func:`_sweep` of one shape and one variant, its rows
+    and meta written to DOC after every change (a watchdog's exit still leaves them)."""
+    if args.unguarded:
+        from kernels.indexer import gluon_ws
+        gluon_ws.ALLOW_UNVERIFIED = True
+
+    def save(rows, meta, done=False):
+        with open(args.child + ".tmp", "w") as f:
+            json.dump(dict(meta=meta, rows=rows), f)
+        os.replace(args.child + ".tmp", args.child)
+
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    rows, meta = _sweep(args.shape, args.variant, save, args.row_timeout, dry=args.dry_run,
+                        base_files={args.shape[0]: args.base_file}, first_name=args.first_variant)
+    save(rows, meta)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="indexer_sweep.json")
@@ -349,7 +484,8 @@ def main(argv=None) -> None:
                     help="logits variants (default: DEFAULT_VARIANTS, 'default' first)")
     ap.add_argument("--row-timeout", type=float, default=0,
                     help="seconds a (shape, variant) row may take before the sweep saves what it "
-                         "has, names the row and exits 124 (a hung kernel); 0: no limit")
+                         "has, names the row and exits 124 (a hung kernel; isolated rows: the "
+                         "row's child exits, the sweep goes on); 0: no limit")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), default=None,
                     help="shapes (default: all four)")
     ap.add_argument("--ws", action="store_true",
@@ -359,7 +495,18 @@ def main(argv=None) -> None:
                     help="compile each variant for sm_90 on the CPU (no GPU) instead of timing")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU interpreter at DRY_SHAPES (Triton variants): plumbing only")
+    ap.add_argument("--isolate", action="store_true",
+                    help="each (shape, variant) row in its own child process (default with --ws)")
+    ap.add_argument("--unguarded", action="store_true",
+                    help="let the gluon_ws configs the launcher refuses run (isolated children: "
+                         "to test them)")
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--base-file", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--first-variant", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.child:
+        _child(args)
+        return
     names = list(WS_VARIANTS) if args.ws else []
     names += [n for n in args.variant or () if n not in names]
     names = names or list(DEFAULT_VARIANTS)
@@ -381,8 +528,16 @@ def main(argv=None) -> None:
     else:
         if args.dry_run:
             os.environ.setdefault("TRITON_INTERPRET", "1")
-        rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout,
-                            dry=args.dry_run)
+        if args.ws or args.isolate:
+            rows, meta = _sweep_isolated(args.shape or list(SHAPES), names, save,
+                                         args.row_timeout, dry=args.dry_run,
+                                         unguarded=args.unguarded)
+        else:
+            if args.unguarded:
+                from kernels.indexer import gluon_ws
+                gluon_ws.ALLOW_UNVERIFIED = True
+            rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout,
+                                dry=args.dry_run)
     save(rows, meta, done=True)
     print(f"json: {args.out}")
 

@@ -914,3 +914,48 @@ def test_indexer_sweep_row_timeout_saves_and_exits(tmp_path):
     assert proc.returncode == 124, proc.stderr[-2000:]
     doc = json.loads(out.read_text())
     assert doc["hung"].startswith("b gluon_ws: no result after") and len(doc["rows"]) == 1
+
+
+def test_indexer_sweep_ws_isolates_each_row(tmp_path, monkeypatch):
+    """``--ws`` runs each (shape, variant) row in its own child process: a child that faults
+    (exit status, CUDA's message on stderr) or hangs (killed after ``--row-timeout`` plus the
+    slack) leaves an error row with the row's usual keys and the sweep goes on with the next
+    variant; the children's rows and device description reach the same JSON document as
+    before (rows, variants, shapes, partial, command), ``hung`` naming the hung row."""
+    import sys
+    from bench import indexer_sweep as sw
+    code = ("import json, sys, time\n"
+            "doc, name = sys.argv[1], sys.argv[2]\n"
+            "if name == 'gluon_ws_c1':\n"
+            "    sys.stderr.write('torch.AcceleratorError: CUDA error: an illegal memory access "
+            "was encountered\\n'); sys.exit(1)\n"
+            "if name == 'gluon_ws_c3':\n"
+            "    time.sleep(60)\n"
+            "row = dict(shape='v32_b64_l64k', variant=name, logits_us=1.0, error=None)\n"
+            "json.dump(dict(meta=dict(gpu='fake'), rows=[row]), open(doc, 'w'))\n")
+    calls = []
+
+    def fake_cmd(sname, name, doc_path, base_file, row_timeout, first, dry, unguarded):
+        calls.append((name, first, os.path.basename(base_file), unguarded))
+        return [sys.executable, "-c", code, doc_path, name]
+
+    monkeypatch.setattr(sw, "_child_cmd", fake_cmd)
+    monkeypatch.setattr(sw, "CHILD_SLACK_S", 1.0)
+    out = tmp_path / "sweep.json"
+    sw.main(["--ws", "--shape", "v32_b64_l64k", "--row-timeout", "1", "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert {"date", "command", "elapsed_s", "partial", "variants", "shapes", "rows"} <= set(doc)
+    assert doc["partial"] is False and doc["gpu"] == "fake"
+    assert [r["variant"] for r in doc["rows"]] == list(sw.WS_VARIANTS)
+    assert [c[0] for c in calls] == list(sw.WS_VARIANTS)
+    assert {c[1] for c in calls} == {"gluon"} and {c[2] for c in calls} == {"base_v32_b64_l64k.pt"}
+    by = {r["variant"]: r for r in doc["rows"]}
+    c1, c3 = by["gluon_ws_c1"], by["gluon_ws_c3"]
+    for r in (c1, c3):
+        assert {"shape", "preset", "B", "N", "L", "table_len", "topk", "config", "error",
+                "wall_s"} <= set(r)
+        assert (r["B"], r["L"], r["table_len"], r["topk"]) == (64, 65536, 65536, 2048)
+    assert c1["config"]["ws_consumers"] == 1
+    assert "exit status 1" in c1["error"] and "illegal memory access" in c1["error"]
+    assert "killed after" in c3["error"] and "gluon_ws_c3" in doc["hung"]
+    assert all(by[n]["error"] is None for n in ("gluon", "gluon_ws", "gluon_ws_smem", "gluon_ws_s8"))

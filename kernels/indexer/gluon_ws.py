@@ -58,6 +58,11 @@ CTAs per SM. Here the loads leave the consumers' chain:
   160 registers a consumer, weights reloaded each step (spills: 76 B at N 1, 232 B at N 2),
   producer 32. Counts and predictions:
   bench/NOTES.md ("Warp-specialised logits kernel").
+* **Refused** (:func:`unverified`): ``CONSUMERS = 1`` with more programs than SMs (two CTAs an
+  SM) raised an illegal memory access on the H200 at B 64 L 64K (8 splits); the launcher
+  raises NotImplementedError there until a GPU run shows it exact
+  (docs/logs/gluon_ws_c1_fault_20261205.md; the address arithmetic is in range:
+  ``kernels.indexer.gluon_ws_model``).
 
 Built for what ``gluon.py`` is (``kernels.indexer.gluon.eligible``: fp8_indexer, ``H_I = 64``,
 ``D_I = 128``, ``P = 64``, ``N`` in ``{1, 2}``, sm_90) and for a cache TMA can address
@@ -100,6 +105,29 @@ SCALE_WORDS = PAGE_BYTES.value // 4        # 2,112 float32 words a page
 SPLITS_PER_SM = {3: 2, 2: 2, 1: 4}
 SMEM_PER_SM = 233472      # sm_90: 228 KB a multiprocessor, 227 KB (232,448 B) a block
 SMEM_PER_BLOCK = 232448
+# Launches :func:`unverified` names are refused by the launcher unless this is set (the sweep's
+# isolated children with ``--unguarded``, the GPU test that runs them in a child process).
+ALLOW_UNVERIFIED = False
+
+
+def unverified(batch: int, splits: int, num_sms: int, consumers: int) -> str | None:
+    """Why the launcher refuses a launch of this kernel, or None.
+
+    One consumer (``ws_consumers=1``: 101,980 B of shared memory and 8 x 128 registers a CTA,
+    so two CTAs an SM) with more programs than SMs (``batch * splits > num_sms``), i.e. two
+    CTAs resident on one SM: at B 64, L 64K, 8 splits (512 CTAs on 132 SMs) the H200 raised an
+    illegal memory access in the first such row (bench/results/indexer_sweep_ws_h200_20261205.json,
+    2026-12-05), while every grid the GPU tests launched (at most 30 CTAs, one an SM) was exact.
+    The kernel's address arithmetic is in range there (``kernels.indexer.gluon_ws_model``), the
+    cause is not established (docs/logs/gluon_ws_c1_fault_20261205.md); refused until a GPU run
+    shows the class exact (``python -m bench.indexer_sweep --ws --unguarded``, the test
+    ``test_gluon_ws_c1_two_ctas_an_sm_unguarded``). Two or three consumers (one CTA an SM) are
+    not refused (two: exact and repeatable at B 64 L 64K on the H200)."""
+    if consumers == 1 and batch * splits > num_sms:
+        return (f"ws_consumers=1 with {batch * splits} programs ({batch} requests x {splits} "
+                f"splits) on {num_sms} SMs puts two CTAs on an SM, where this config faulted on "
+                f"the H200 (illegal memory access, B 64 L 64K, 8 splits) and is not verified")
+    return None
 
 
 def ring_slots(consumers: int, convert: int, n: int) -> int:
@@ -395,9 +423,16 @@ def _indexer_logits_gluon_ws_kernel(
     xh = gl.allocate_shared_memory(gl.int32, [XC, HIST_BINS], FLAT)
     xk = gl.allocate_shared_memory(gl.uint32, [2 * XC, 128], FLAT)
     sync = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(sync.index(0), count=1)
-    mbarrier.init(sync.index(1), count=1)
-    mbarrier.init(sync.index(2), count=CONSUMERS - 1 if CONSUMERS > 1 else 1)
+    if CONSUMERS > 1:
+        # One consumer never touches these barriers after this point, and the compiler then
+        # reuses their bytes as the consumer's scratch (the histogram's shared atomics, the
+        # logits' layout change: Triton 3.6.0, sm_90, offset 100,864 at N 1). Initialised and
+        # never invalidated, they would be live mbarrier objects overwritten by plain stores
+        # (undefined in PTX: a barrier's memory is repurposed only after mbarrier.inval), so
+        # with one consumer they are not initialised at all.
+        mbarrier.init(sync.index(0), count=1)
+        mbarrier.init(sync.index(1), count=1)
+        mbarrier.init(sync.index(2), count=CONSUMERS - 1)
     fence_async_shared()             # the barriers initialised before any TMA completes on them
 
     C0: gl.constexpr = 0

@@ -120,7 +120,9 @@ class IndexerLogitsConfig:
         ``"triton"`` where a Gluon kernel cannot run. Never the heuristic's choice for
         ``"gluon_ws"`` until measured (bench/NOTES.md, "Warp-specialised logits kernel").
       ws_consumers: ``"gluon_ws"``: consumer warpgroups a CTA (1: two CTAs per SM; 2: one CTA,
-        ping-pong; 3: one CTA, 160 registers each).
+        ping-pong; 3: one CTA, 160 registers each). 1 with more programs than SMs (two CTAs
+        an SM) is refused with NotImplementedError (``kernels.indexer.gluon_ws.unverified``:
+        it faulted on the H200).
       ws_convert: ``"gluon_ws"``: ``"regs"`` (e4m3 rows straight into wgmma's register A
         operand) or ``"smem"`` (fp16 rows through shared memory, as ``"gluon"``).
     """
@@ -513,6 +515,13 @@ def launch_indexer_logits(q, weights, k_vals, k_scales, block_table, context_len
     if cfg.kernel == "gluon_ws":     # the caller resolved it (resolve_kernel): eligible here
         from kernels.indexer import gluon_ws
         if gluon_ws.tma_ok(k_vals):
+            why = gluon_ws.unverified(B, splits, num_sms, cfg.ws_consumers)
+            if why and not gluon_ws.ALLOW_UNVERIFIED:
+                raise NotImplementedError(
+                    f"indexer logits kernel 'gluon_ws' (B={B}, N={N}, table {max_pages} pages, "
+                    f"{splits} splits, {num_sms} SMs, ws_consumers={cfg.ws_consumers}, "
+                    f"ws_convert={cfg.ws_convert!r}): {why}; use ws_consumers=2 or "
+                    f"kernel='gluon'")
             return gluon_ws.launch(q, weights, k_vals, k_scales, block_table, context_lens, out,
                                    hist, splits, consumers=cfg.ws_consumers,
                                    convert=gluon_ws.CONVERTS[cfg.ws_convert])
