@@ -78,7 +78,8 @@ def check_sm_scale(sm_scale, *, static: bool = False):
       ``sm_scale`` unchanged, or ``float(sm_scale)`` when ``static``.
     Raises:
       TypeError: not a real scalar (a string, None, a bool, a complex or a non-0-d array), or
-        traced while ``static``. ValueError: a concrete NaN or +-inf.
+        traced while ``static``. ValueError: a concrete NaN or +-inf, or a value that overflows
+        float32 (``kernels.scalars.check_real``: the kernels apply the scale in float32).
     """
     if isinstance(sm_scale, (bool, np.bool_, int, float, np.integer, np.floating)):
         value = check_real("sm_scale", sm_scale)     # the rule of both stacks (kernels.scalars)

@@ -251,7 +251,8 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
     Raises:
       TypeError / ValueError: wrong dtype, rank or shape of an argument, unknown kv_format or
         path, bad d_v (not an int, outside [1, D_qk], not 512 with ``"fp8_ds_mla"``), an
-        sm_scale that is not a real scalar (TypeError) or is a concrete NaN / inf (ValueError)
+        sm_scale that is not a real scalar (TypeError) or is a concrete NaN / inf or overflows
+        float32, e.g. ``1e39`` (ValueError)
         (the message names the argument, the expectation and what came).
       NotImplementedError: ``path="pallas"`` on a GPU / shape it cannot run (names the GPU, its
         compute capability and what is supported) or with ``jax_enable_x64`` on, raised before
