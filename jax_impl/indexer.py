@@ -67,7 +67,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, names=("
         P = page_bytes // (D + 4)
     else:
         check_array(qn, q, dtypes=_FLOAT_DTYPES)
-        check_array("k_cache", k_cache, ndim=3, shape=(None, None, D))
+        check_array("k_cache", k_cache, ndim=3, shape=("num_pages", "P", D))
         if jnp.dtype(k_cache.dtype) != jnp.dtype(q.dtype):
             raise TypeError(f"k_cache: dense cache must have {qn}'s dtype {jnp.dtype(q.dtype).name}, "
                             f"got {jnp.dtype(k_cache.dtype).name}")
@@ -77,7 +77,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, names=("
     if min(B, N, H, D, P) == 0:
         raise ValueError(f"{qn} / k_cache: empty dimension ({qn} {tuple(q.shape)}, k_cache {tuple(k_cache.shape)})")
     check_array(wn, weights, dtypes=(jnp.float32,), shape=(B, N, H))
-    check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
+    check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, "max_pages"))
     if int(block_table.shape[1]) == 0:
         raise ValueError(f"block_table: expected shape ({B}, max_pages) with max_pages >= 1, got "
                          f"{tuple(block_table.shape)}")
