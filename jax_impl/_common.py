@@ -44,6 +44,15 @@ def format_shape(want: Sequence[int | str | None]) -> str:
     return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
 
 
+def reject_torch(name: str, a) -> None:
+    """TypeError naming ``name`` when ``a`` is a torch.Tensor: it has ``.shape`` and ``.dtype``
+    too, but ``jnp.dtype(torch.float32)`` fails later with an error naming no argument."""
+    if type(a).__module__.split(".")[0] == "torch":
+        raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got a torch.Tensor "
+                        f"(convert with jax.dlpack.from_dlpack(t) or jnp.asarray(t.cpu().numpy()), "
+                        f"or call torch_impl, which has the same functions)")
+
+
 def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | None = None,
                 shape: Sequence[int | str | None] | None = None):
     """Raise TypeError / ValueError naming ``name``, what was expected and what came.
@@ -51,12 +60,7 @@ def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | Non
     ``shape``: an int per dimension it must equal; None or a label (``"num_pages"``, ``"K"``)
     where any size goes, printed as ``*`` or the label, unquoted (``(2, 1, K)``), as
     ``torch_impl._common.check_tensor`` prints them."""
-    if type(a).__module__.split(".")[0] == "torch":
-        # a torch.Tensor has .shape and .dtype too, but jnp.dtype(torch.float32) fails later
-        # with an error naming no argument
-        raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got a torch.Tensor "
-                        f"(convert with jax.dlpack.from_dlpack(t) or jnp.asarray(t.cpu().numpy()), "
-                        f"or call torch_impl, which has the same functions)")
+    reject_torch(name, a)
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got {type(a).__name__}")
     if dtypes is not None and jnp.dtype(a.dtype) not in [jnp.dtype(d) for d in dtypes]:
