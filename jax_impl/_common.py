@@ -38,15 +38,29 @@ def require_32bit_indices(op: str) -> None:
             f"kernel); use path='xla' or disable x64 (jax.config.update('jax_enable_x64', False))")
 
 
-def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | None = None,
-                shape: Sequence[int | None] | None = None):
-    """Raise TypeError / ValueError naming ``name``, what was expected and what came."""
+def format_shape(want: Sequence[int | str | None]) -> str:
+    """An expected shape as the error messages print it: ``(2, 1, K)``, ``(16,)``; None as ``*``."""
+    dims = ["*" if w is None else str(w) for w in want]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def reject_torch(name: str, a) -> None:
+    """TypeError naming ``name`` when ``a`` is a torch.Tensor: it has ``.shape`` and ``.dtype``
+    too, but ``jnp.dtype(torch.float32)`` fails later with an error naming no argument."""
     if type(a).__module__.split(".")[0] == "torch":
-        # a torch.Tensor has .shape and .dtype too, but jnp.dtype(torch.float32) fails later
-        # with an error naming no argument
         raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got a torch.Tensor "
                         f"(convert with jax.dlpack.from_dlpack(t) or jnp.asarray(t.cpu().numpy()), "
                         f"or call torch_impl, which has the same functions)")
+
+
+def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | None = None,
+                shape: Sequence[int | str | None] | None = None):
+    """Raise TypeError / ValueError naming ``name``, what was expected and what came.
+
+    ``shape``: an int per dimension it must equal; None or a label (``"num_pages"``, ``"K"``)
+    where any size goes, printed as ``*`` or the label, unquoted (``(2, 1, K)``), as
+    ``torch_impl._common.check_tensor`` prints them."""
+    reject_torch(name, a)
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got {type(a).__name__}")
     if dtypes is not None and jnp.dtype(a.dtype) not in [jnp.dtype(d) for d in dtypes]:
@@ -55,9 +69,9 @@ def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | Non
         raise ValueError(f"{name}: expected rank {ndim}, got shape {tuple(a.shape)}")
     if shape is not None:
         want = tuple(shape)
-        if len(want) != len(a.shape) or any(w is not None and w != s for w, s in zip(want, a.shape)):
-            pretty = tuple("*" if w is None else w for w in want)
-            raise ValueError(f"{name}: expected shape {pretty}, got {tuple(a.shape)}")
+        if len(want) != len(a.shape) or any(not (w is None or isinstance(w, str)) and w != s
+                                             for w, s in zip(want, a.shape)):
+            raise ValueError(f"{name}: expected shape {format_shape(want)}, got {tuple(a.shape)}")
 
 
 def check_sm_scale(sm_scale, *, static: bool = False):
@@ -78,7 +92,8 @@ def check_sm_scale(sm_scale, *, static: bool = False):
       ``sm_scale`` unchanged, or ``float(sm_scale)`` when ``static``.
     Raises:
       TypeError: not a real scalar (a string, None, a bool, a complex or a non-0-d array), or
-        traced while ``static``. ValueError: a concrete NaN or +-inf.
+        traced while ``static``. ValueError: a concrete NaN or +-inf, or a value that overflows
+        float32 (``kernels.scalars.check_real``: the kernels apply the scale in float32).
     """
     if isinstance(sm_scale, (bool, np.bool_, int, float, np.integer, np.floating)):
         value = check_real("sm_scale", sm_scale)     # the rule of both stacks (kernels.scalars)

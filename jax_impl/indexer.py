@@ -47,14 +47,18 @@ _XLA_CHUNK = 4096            # positions per iteration of the XLA path (rounded 
 
 # ============================================================================ validation
 
-def _validate(q, weights, k_cache, block_table, context_lens, k_format):
-    """Check every argument against SPEC; returns ``(B, N, H_I, D_I, P, num_pages)``."""
+def _validate(q, weights, k_cache, block_table, context_lens, k_format, names=("q", "weights")):
+    """Check every argument against SPEC; returns ``(B, N, H_I, D_I, P, num_pages)``.
+
+    ``names``: what the errors call ``q`` and ``weights`` (the composed steps pass
+    ``("idx_q", "idx_weights")``, their own argument names)."""
+    qn, wn = names
     if k_format not in K_FORMATS:
         raise ValueError(f"k_format: expected one of {K_FORMATS}, got {k_format!r}")
-    check_array("q", q, ndim=4)
+    check_array(qn, q, ndim=4)
     B, N, H, D = (int(d) for d in q.shape)
     if k_format == "fp8_indexer":
-        check_array("q", q, dtypes=(jnp.float8_e4m3fn,))
+        check_array(qn, q, dtypes=(jnp.float8_e4m3fn,))
         check_array("k_cache", k_cache, ndim=2, dtypes=(jnp.uint8,))
         page_bytes = int(k_cache.shape[1])
         if page_bytes == 0 or page_bytes % (D + 4):
@@ -62,18 +66,18 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format):
                              f"got {page_bytes} bytes per page (shape {tuple(k_cache.shape)})")
         P = page_bytes // (D + 4)
     else:
-        check_array("q", q, dtypes=_FLOAT_DTYPES)
-        check_array("k_cache", k_cache, ndim=3, shape=(None, None, D))
+        check_array(qn, q, dtypes=_FLOAT_DTYPES)
+        check_array("k_cache", k_cache, ndim=3, shape=("num_pages", "P", D))
         if jnp.dtype(k_cache.dtype) != jnp.dtype(q.dtype):
-            raise TypeError(f"k_cache: dense cache must have q's dtype {jnp.dtype(q.dtype).name}, "
+            raise TypeError(f"k_cache: dense cache must have {qn}'s dtype {jnp.dtype(q.dtype).name}, "
                             f"got {jnp.dtype(k_cache.dtype).name}")
         P = int(k_cache.shape[1])
     if int(k_cache.shape[0]) < 1:
         raise ValueError(f"k_cache: expected at least one page, got shape {tuple(k_cache.shape)}")
     if min(B, N, H, D, P) == 0:
-        raise ValueError(f"q / k_cache: empty dimension (q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)})")
-    check_array("weights", weights, dtypes=(jnp.float32,), shape=(B, N, H))
-    check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, None))
+        raise ValueError(f"{qn} / k_cache: empty dimension ({qn} {tuple(q.shape)}, k_cache {tuple(k_cache.shape)})")
+    check_array(wn, weights, dtypes=(jnp.float32,), shape=(B, N, H))
+    check_array("block_table", block_table, ndim=2, dtypes=(jnp.int32,), shape=(B, "max_pages"))
     if int(block_table.shape[1]) == 0:
         raise ValueError(f"block_table: expected shape ({B}, max_pages) with max_pages >= 1, got "
                          f"{tuple(block_table.shape)}")

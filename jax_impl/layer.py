@@ -23,7 +23,7 @@ import numpy as np
 from flax import nnx
 
 from jax_impl import formats as jformats
-from jax_impl._common import JAX_PATHS
+from jax_impl._common import JAX_PATHS, check_int, reject_torch
 from jax_impl.indexer import indexer_topk
 from jax_impl.sparse_mla import sparse_mla_decode
 from jax_impl.step import window_split
@@ -223,11 +223,14 @@ class DSADecodeLayer(nnx.Module):
       dtype: activation / linear-weight dtype (float32, float16, bfloat16); norms, rope, indexer
         weights and softmax statistics stay float32.
       path: op path, ``"auto"``, ``"pallas"`` or ``"xla"``.
+      seed: the seed of the random weights drawn when ``weights`` is None: an int >= 0 (a
+        Python int or NumPy integer scalar, not a bool).
     Raises:
       TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
-        (or None), a weight that is not a real float array (``weights['name']``).
+        (or None), a weight that is not a real float array (``weights['name']``); ``seed`` not
+        an int.
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
-        of the wrong shape (``weights['name']: expected shape ..., got ...``).
+        of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0.
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -244,6 +247,7 @@ class DSADecodeLayer(nnx.Module):
             raise TypeError(f"dtype: expected float32, float16 or bfloat16, got {dtype}")
         if path not in JAX_PATHS:
             raise ValueError(f"path: expected one of {JAX_PATHS}, got {path!r}")
+        seed = check_int("seed", seed, minimum=0)
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, jnp.dtype(dtype), path
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
@@ -297,6 +301,11 @@ class DSADecodeLayer(nnx.Module):
     def _validate(self, x, kv_cache, k_cache, block_table, context_lens):
         """Types, dtypes, shapes and layouts (static: works on tracers)."""
         cfg = self.cfg
+        # a torch.Tensor first (it has .shape and .dtype too, but JAX cannot read its dtype):
+        # the ops' own named TypeError instead of one from inside JAX
+        for name, t in (("x", x), ("kv_cache", kv_cache), ("k_cache", k_cache),
+                        ("block_table", block_table), ("context_lens", context_lens)):
+            reject_torch(name, t)
         if not hasattr(x, "shape") or not jnp.issubdtype(x.dtype, jnp.floating):
             raise TypeError(f"x: expected a floating-point jax.Array, got {getattr(x, 'dtype', type(x).__name__)}")
         if x.ndim != 3 or x.shape[-1] != cfg.hidden or min(x.shape) < 1:
@@ -400,8 +409,9 @@ class DSADecodeLayer(nnx.Module):
           ``(out, kv_cache, k_cache)``: out ``[B, N, hidden]`` in ``self.dtype`` (this rank's
           row-parallel partial when ``tp_size > 1``) and the updated caches.
         Raises:
-          TypeError: an argument of the wrong type or dtype (named: ``x`` not a float array,
-            ``block_table`` / ``context_lens`` not int32, a cache not an array).
+          TypeError: an argument of the wrong type or dtype (named: an argument that is not a
+            jax.Array or NumPy array, e.g. a torch.Tensor; ``x`` not a float array,
+            ``block_table`` / ``context_lens`` not int32).
           ValueError: a wrong shape or layout (named); ``k_cache`` with another page count than
             ``kv_cache``; ``context_lens`` outside ``[N, max_pages * P]``; a new token's page
             entry outside ``[0, num_pages)`` (``block_table``). The last two are value checks,

@@ -37,13 +37,13 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
     if min(B, N, H) < 1:
         raise ValueError(f"q: expected B, N, H >= 1, got shape {tuple(q.shape)}")
     if kv_format == "latent":
-        check_array("kv_cache", kv_cache, ndim=3, dtypes=_FLOATS, shape=(None, None, d_qk))
+        check_array("kv_cache", kv_cache, ndim=3, dtypes=_FLOATS, shape=("num_pages", "P", d_qk))
         num_pages, page_size = kv_cache.shape[:2]
     elif kv_format == "fp8_ds_mla":
         if d_qk != nf.DS_MLA_NOPE + nf.DS_MLA_ROPE:
             raise ValueError(f"q: kv_format 'fp8_ds_mla' needs D_qk = 576, got shape {tuple(q.shape)}")
         check_array("kv_cache", kv_cache, ndim=3, dtypes=(jnp.uint8,),
-                    shape=(None, None, nf.DS_MLA_BYTES))
+                    shape=("num_pages", "P", nf.DS_MLA_BYTES))
         num_pages, page_size = kv_cache.shape[:2]
     else:
         if d_qk != nf.MODEL1_NOPE + nf.MODEL1_ROPE:
@@ -53,7 +53,7 @@ def _validate(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_
         page_size = nf.model1_page_size(kv_cache.shape[1])      # ValueError names kv_cache
     if num_pages < 1 or page_size < 1:
         raise ValueError(f"kv_cache: expected at least one page of one slot, got {tuple(kv_cache.shape)}")
-    check_array("indices", indices, ndim=3, dtypes=(jnp.int32,), shape=(B, N, None))
+    check_array("indices", indices, ndim=3, dtypes=(jnp.int32,), shape=(B, N, "K >= 1"))
     if indices.shape[2] < 1:
         raise ValueError(f"indices: expected K >= 1 entries per row, got shape {tuple(indices.shape)}")
     if isinstance(d_v, (bool, np.bool_)) or not isinstance(d_v, (int, np.integer)):
@@ -251,7 +251,8 @@ def sparse_mla_decode(q, kv_cache, indices, sm_scale, *, kv_format="latent", d_v
     Raises:
       TypeError / ValueError: wrong dtype, rank or shape of an argument, unknown kv_format or
         path, bad d_v (not an int, outside [1, D_qk], not 512 with ``"fp8_ds_mla"``), an
-        sm_scale that is not a real scalar (TypeError) or is a concrete NaN / inf (ValueError)
+        sm_scale that is not a real scalar (TypeError) or is a concrete NaN / inf or overflows
+        float32, e.g. ``1e39`` (ValueError)
         (the message names the argument, the expectation and what came).
       NotImplementedError: ``path="pallas"`` on a GPU / shape it cannot run (names the GPU, its
         compute capability and what is supported) or with ``jax_enable_x64`` on, raised before

@@ -24,10 +24,49 @@ import numpy as np
 from kernels import formats as np_formats
 
 from jax_impl._common import check_array, check_int, check_sm_scale
-from jax_impl.indexer import indexer_topk
+from jax_impl.indexer import _check_topk, _validate as _idx_validate, indexer_topk
 from jax_impl.sparse_mla import _validate as _mla_validate, sparse_mla_decode
 
 __all__ = ["dsa_decode_step", "window_split"]
+
+
+def validate_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens,
+                  sm_scale, topk, *, kv_format, d_v, attn_sink, k_format, path, window=0):
+    """Every argument of a composed step (:func:`dsa_decode_step`,
+    :func:`jax_impl.tp.dsa_decode_step_tp`), checked before either op runs (or is traced) and
+    named as the step names it (``idx_q`` / ``idx_weights``, not the indexer's ``q`` /
+    ``weights``): the scalars (``sm_scale``, ``topk``, ``window``), ``q`` and ``idx_q`` as
+    rank-4 arrays of the same ``B`` and ``N``, the indexer's arguments, the attention's
+    arguments (with the indices the indexer will return), and the caches' shared page pool.
+    Shapes and dtypes only (static: works on tracers), except that a concrete 0-d array
+    ``sm_scale`` is read back to check it.
+
+    Returns:
+      ``(int(topk), int(window))``.
+    Raises:
+      TypeError / ValueError: the bad argument named (ValueError naming both ``q`` and ``idx_q``
+        when their B or N differ; naming ``k_cache`` when its page count or page size differs
+        from ``kv_cache``'s).
+    """
+    check_sm_scale(sm_scale)
+    topk = check_int("topk", topk, minimum=1)
+    window = check_int("window", window, minimum=0)
+    check_array("q", q, ndim=4)
+    check_array("idx_q", idx_q, ndim=4)
+    if tuple(q.shape[:2]) != tuple(idx_q.shape[:2]):
+        raise ValueError(f"q, idx_q: expected the same B and N (q [B, N, H, D_qk], idx_q "
+                         f"[B, N, H_I, D_I]), got q {tuple(q.shape)} and idx_q {tuple(idx_q.shape)}")
+    B, N = (int(d) for d in idx_q.shape[:2])
+    _idx_validate(idx_q, idx_weights, k_cache, block_table, context_lens, k_format,
+                  names=("idx_q", "idx_weights"))
+    _check_topk(topk, True, B, N)
+    # the attention's arguments with a stand-in of the indices the indexer returns (a
+    # zero-stride NumPy view, no memory)
+    _mla_validate(q, kv_cache, np.broadcast_to(np.int32(0), (B, N, topk + window)), sm_scale,
+                  kv_format, d_v, block_table, None, attn_sink, path)
+    np_formats.check_shared_page_pool(tuple(kv_cache.shape), kv_format, tuple(k_cache.shape),
+                                      k_format, idx_q.shape[-1])
+    return topk, window
 
 
 def window_split(context_lens, N: int, window: int):
@@ -97,31 +136,23 @@ def dsa_decode_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, conte
         indexer logit (ties to the smaller position), -1 padding last, then the window positions in ascending order.
 
     Raises:
-      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``,
-        ``topk`` and ``window`` are checked first (before the indexer runs): TypeError for a
-        wrong type, ValueError for a NaN / inf scale, ``topk`` < 1 or ``window`` < 0; then
-        ValueError naming ``k_cache`` when its page count or page size differs from
-        ``kv_cache``'s (one block table addresses both; ``kernels.formats.check_shared_page_pool``),
-        and the attention's own arguments (``q``, ``kv_cache``, ``block_table``, ``attn_sink``,
-        ``kv_format``, ``d_v``, ``path``), before either op runs.
+      TypeError / ValueError: a bad argument, named as this function names it, all checked
+        before either op runs (:func:`validate_step`): ``sm_scale`` / ``topk`` / ``window`` of
+        the wrong type, a concrete NaN / inf ``sm_scale`` (or one that overflows float32),
+        ``topk`` < 1, ``window`` < 0; a wrong type, dtype or shape of ``q``, ``kv_cache``,
+        ``idx_q``, ``idx_weights``, ``k_cache``, ``block_table``, ``context_lens`` or
+        ``attn_sink``, an unknown ``kv_format`` / ``k_format`` / ``path``, a bad ``d_v``;
+        ``q`` and ``idx_q`` of different B or N (ValueError naming both); ``k_cache`` whose
+        page count or page size differs from ``kv_cache``'s (one block table addresses both;
+        ``kernels.formats.check_shared_page_pool``).
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
-    check_sm_scale(sm_scale)
-    topk = check_int("topk", topk, minimum=1)
-    window = check_int("window", window, minimum=0)
-    shapes = [getattr(t, "shape", None) for t in (kv_cache, k_cache, idx_q)]
-    if all(sh is not None for sh in shapes):
-        np_formats.check_shared_page_pool(tuple(shapes[0]), kv_format, tuple(shapes[1]), k_format,
-                                          shapes[2][-1] if len(shapes[2]) else 0)
-    # the attention's arguments before the indexer runs (its indices are a stand-in of the
-    # shape the indexer returns: a zero-stride NumPy view, no memory)
-    check_array("q", q, ndim=4)
-    _mla_validate(q, kv_cache, np.broadcast_to(np.int32(0), (q.shape[0], q.shape[1], topk + window)),
-                  sm_scale, kv_format, d_v, block_table, None, attn_sink, path)
+    topk, window = validate_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table,
+                                 context_lens, sm_scale, topk, kv_format=kv_format, d_v=d_v,
+                                 attn_sink=attn_sink, k_format=k_format, path=path, window=window)
     if window:
-        check_array("context_lens", context_lens, dtypes=(jnp.int32,))
         idx_lens, win = window_split(context_lens, q.shape[1], window)
         top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,
                            k_format=k_format, sorted=True, path=path)

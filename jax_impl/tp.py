@@ -51,6 +51,7 @@ from kernels import formats as np_formats
 from jax_impl._common import JAX_PATHS, check_array, check_int, check_sm_scale
 from jax_impl.indexer import canonical_scores, indexer_topk, topk_candidates
 from jax_impl.sparse_mla import sparse_mla_decode
+from jax_impl.step import validate_step
 
 __all__ = ["INDEXER_MODES", "heads_per_rank", "make_tp_mesh", "shard_block_table", "sequence_sharded_topk",
            "merge_candidates", "dsa_decode_step_tp"]
@@ -277,9 +278,11 @@ def dsa_decode_step_tp(mesh: Mesh, q, kv_cache, idx_q, idx_weights, k_cache, blo
         concrete 0-d float array; never a bool, never traced: the scale is compiled in);
         ``topk`` or ``d_v`` not an int (Python or NumPy integer, not bool); ``mesh`` not a Mesh.
       ValueError: ``H`` not divisible by the axis size (names heads and tp), ``sm_scale`` NaN or
-        inf, ``topk`` < 1, unknown ``indexer_mode`` / ``axis_name`` / ``kv_format`` /
-        ``k_format`` / ``path``, or a bad argument (named) from the ops. All of these are
-        raised before anything is traced or compiled.
+        inf (or overflowing float32), ``topk`` < 1, unknown ``indexer_mode`` / ``axis_name`` /
+        ``kv_format`` / ``k_format`` / ``path``, or a bad array argument, named as this
+        function names it (``idx_q`` / ``idx_weights``; ``q`` and ``idx_q`` of different B or
+        N name both; :func:`jax_impl.step.validate_step`). All of these are raised before
+        anything is traced or compiled.
       NotImplementedError: the named ``path`` cannot run here.
     """
     if indexer_mode not in INDEXER_MODES:
@@ -300,11 +303,12 @@ def dsa_decode_step_tp(mesh: Mesh, q, kv_cache, idx_q, idx_weights, k_cache, blo
     sm_scale = check_sm_scale(sm_scale, static=True)
     topk = check_int("topk", topk, minimum=1)
     d_v = check_int("d_v", d_v, minimum=1)
-    check_array("q", q, ndim=4)
+    # every array as dsa_decode_step checks it, under this function's names, before tracing
+    validate_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens, sm_scale,
+                  topk, kv_format=kv_format, d_v=d_v, attn_sink=attn_sink, k_format=k_format,
+                  path=path)
     tp = int(mesh.shape[axis_name])
     heads_per_rank(int(q.shape[2]), tp)
-    if attn_sink is not None:
-        check_array("attn_sink", attn_sink, shape=(q.shape[2],), dtypes=(jnp.float32,))
     fn = _build(mesh, axis_name, sm_scale, topk, kv_format, d_v, k_format, indexer_mode, path,
                 attn_sink is not None)
     args = (q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens)

@@ -46,19 +46,35 @@ def topk_maximum(B: int, N: int) -> int:
     return INT32_MAX // max(1, B * N)
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+_FLOAT32_OVERFLOW = 2.0 ** 128 - 2.0 ** 103
+"""The smallest magnitude that rounds to inf in float32 (FLOAT32_MAX + half an ulp, the tie
+rounding to even, i.e. up)."""
+
+
 def check_real(name: str, value) -> float:
-    """``float(value)`` of a finite real scalar. Zero and negative values are accepted (the SPEC
-    formulas using ``sm_scale`` are defined for them).
+    """``float(value)`` of a finite real scalar that stays finite in float32 (every scale this
+    checks, ``sm_scale``, ``alpha``, ``softmax_scale``, is applied in float32 by the kernels:
+    a Python float such as ``1e39`` would become inf there and every output NaN). Zero and
+    negative values are accepted (the SPEC formulas using ``sm_scale`` are defined for them);
+    magnitudes below float32's range round to 0 or a subnormal, as in any float32 product.
 
     Raises:
       TypeError: not a Python int / float or NumPy integer / floating scalar, or a bool (a
         string, None, a complex, a tensor ...).
-      ValueError: NaN or +-inf.
+      ValueError: NaN or +-inf, or a magnitude that rounds to inf in float32 (above
+        ``FLOAT32_MAX`` = 3.4028235e38 by more than half an ulp).
     """
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name}: expected a real number (a Python int / float or a NumPy integer "
                         f"or floating scalar, not a bool), got {type(value).__name__}")
-    out = float(value)
+    want = f"a value finite in float32 (|{name}| <= {FLOAT32_MAX:.8g}; the kernels apply it in float32)"
+    try:
+        out = float(value)
+    except OverflowError:               # a Python int past float64's range
+        raise ValueError(f"{name}: expected {want}, got an int of {int(value).bit_length()} bits") from None
     if not math.isfinite(out):
         raise ValueError(f"{name}: expected a finite value, got {out!r}")
+    if abs(out) >= _FLOAT32_OVERFLOW:   # plain float arithmetic: traceable by Dynamo (alpha)
+        raise ValueError(f"{name}: expected {want}, got {out!r}")
     return out

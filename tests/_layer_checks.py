@@ -251,3 +251,12 @@ BAD_TP_SIZE = [
     (3, ValueError, r"^tp_size: expected a positive divisor of .*num_heads=4, got 3"),
     (0, ValueError, r"^tp_size: expected an int >= 1, got 0"),
 ]
+
+# (seed, exception, message regex): the layers' seed of the random weights, the kernels.scalars
+# rule (it used to reach NumPy's SeedSequence, whose error does not name seed: trial 2026-12-05).
+BAD_SEED = [
+    ("a", TypeError, r"^seed: expected an int .*got str"),
+    (1.5, TypeError, r"^seed: expected an int .*got float"),
+    (True, TypeError, r"^seed: expected an int .*got bool"),
+    (-1, ValueError, r"^seed: expected an int >= 0, got -1"),
+]

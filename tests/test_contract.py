@@ -183,3 +183,29 @@ def test_targets_are_the_registrys():
         assert [p for _, p in got if p != AUTO] == list(REGISTRY.all_paths()), op
     for b, p in want:
         assert runners.runner(b, p).key == f"{b}/{p}"
+
+
+# ============================================================================ the scale rule
+
+@targets
+def test_sm_scale_that_overflows_float32_is_refused(backend, path):
+    """``sm_scale`` finite as a Python float but inf in float32 (the kernels apply it in float32)
+    is a ValueError naming sm_scale on every path, before launch; it used to return all-NaN
+    output silently (newcomer trial 2026-12-05, D3). float32's largest value is accepted."""
+    c = mla_corner_cases("fp8_ds_mla")["mtp_N4"]
+    if backend == "torch":
+        from torch_impl import sparse_mla_decode
+        from torch_impl._common import as_tensor as conv
+    else:
+        import jax.numpy as jnp
+        from jax_impl import sparse_mla_decode
+        conv = jnp.asarray
+    args = (conv(c.q), conv(c.kv_cache), conv(c.indices))
+    for bad in (1e39, -1e39, np.float64(3.5e38), 10 ** 40):
+        with pytest.raises(ValueError, match=r"^sm_scale: expected a value finite in float32"):
+            sparse_mla_decode(*args, bad, kv_format="fp8_ds_mla", path=path)
+    if backend == "jax":                           # a concrete 0-d float64 array
+        with pytest.raises(ValueError, match=r"^sm_scale: expected a value finite in float32"):
+            sparse_mla_decode(*args, np.array(1e39), kv_format="fp8_ds_mla", path=path)
+    from kernels.scalars import FLOAT32_MAX, check_real
+    assert check_real("sm_scale", FLOAT32_MAX) == FLOAT32_MAX

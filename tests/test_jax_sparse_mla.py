@@ -290,6 +290,21 @@ def test_bad_kwargs(kwargs, exc, match):
         sparse_mla_decode(q, kv, idx, 0.1, **kwargs)
 
 
+def test_shape_errors_print_the_wildcard_as_torch_does():
+    """Expected shapes print their free dimensions unquoted, as torch_impl does: ``(1, 1, K >= 1)``
+    and ``(num_pages, P, 576)``, not ``(1, 1, '*')`` (trial 2026-12-05, D6)."""
+    q, kv, idx = _good()
+    with pytest.raises(ValueError, match=r"^indices: expected shape \(1, 1, K >= 1\), got \(2, 1, 16\)$"):
+        sparse_mla_decode(q, kv, jnp.concatenate([idx, idx]), 0.1)
+    with pytest.raises(ValueError, match=r"^kv_cache: expected shape \(num_pages, P, 576\), got "):
+        sparse_mla_decode(q, kv[..., :512], idx, 0.1)
+    from jax_impl._common import check_array
+    with pytest.raises(ValueError, match=r"^a: expected shape \(\*, 3\), got \(2, 2\)$"):
+        check_array("a", np.zeros((2, 2)), shape=(None, 3))
+    with pytest.raises(ValueError, match=r"^a: expected shape \(3,\), got \(2,\)$"):
+        check_array("a", np.zeros(2), shape=(3,))
+
+
 def test_bad_sm_scale():
     q, kv, idx = _good()
     import torch

@@ -160,6 +160,27 @@ def test_bad_tp_rank_is_named(tp_rank, exc, match):
         DSADecodeLayer(V32, None, tp_rank=tp_rank, tp_size=2)
 
 
+@pytest.mark.parametrize("seed,exc,match", checks.BAD_SEED)
+def test_bad_seed_is_named(seed, exc, match):
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, None, seed=seed)
+
+
+@pytest.mark.parametrize("arg", ["x", "kv_cache", "k_cache", "block_table", "context_lens"])
+def test_torch_tensor_input_is_named(bad_input_layer, arg):
+    """A torch.Tensor argument gets the jax ops' named TypeError; it used to raise ``Cannot
+    interpret 'torch.float32' as a data type`` from inside JAX (trial 2026-12-05)."""
+    torch = pytest.importorskip("torch")
+    from torch_impl._common import as_tensor
+    case, layer = bad_input_layer
+    args = {k: jnp.asarray(v) if isinstance(v, np.ndarray) else v
+            for k, v in checks.layer_inputs(case).items()}
+    args[arg] = as_tensor(np.asarray(args[arg]))
+    assert isinstance(args[arg], torch.Tensor)
+    with pytest.raises(TypeError, match=rf"^{arg}: expected a jax.Array or a NumPy array, got a torch.Tensor"):
+        layer(**args)
+
+
 @pytest.mark.parametrize("name", list(checks.BAD_WEIGHTS))
 def test_bad_weights_are_named(name):
     edit, exc, match = checks.BAD_WEIGHTS[name]

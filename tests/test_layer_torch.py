@@ -217,6 +217,53 @@ def test_bad_tp_rank_is_named(tp_rank, exc, match):
         DSADecodeLayer(V32, None, tp_rank=tp_rank, tp_size=2)
 
 
+@pytest.mark.parametrize("seed,exc,match", checks.BAD_SEED)
+def test_bad_seed_is_named(seed, exc, match):
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, None, seed=seed)
+
+
+@pytest.mark.parametrize("fused_prep", ["no", 0, 1, "False"])
+def test_fused_prep_must_be_a_bool(fused_prep):
+    """``fused_prep="no"`` used to be taken as True (``bool("no")``; trial 2026-12-05)."""
+    with pytest.raises(TypeError, match=r"^fused_prep: expected a bool or None, got "):
+        DSADecodeLayer(V32, None, fused_prep=fused_prep)
+    assert DSADecodeLayer(V32, None, fused_prep=np.bool_(False)).fused_prep is False
+
+
+@pytest.mark.parametrize("device,exc,match", [
+    ("nodevice", ValueError, r"^device: expected a device string such as 'cpu' or 'cuda:0', got 'nodevice'"),
+    (1.0, TypeError, r"^device: expected a torch.device, a device string .*got float"),
+    (True, TypeError, r"^device: expected a torch.device, a device string .*got bool"),
+    ("cuda:99", ValueError, r"^device: expected (a device this torch can use|a CUDA index in)"),
+] + ([] if CUDA else [("cuda", ValueError, r"^device: expected a device this torch can use, got 'cuda'")]))
+def test_bad_device_is_named(device, exc, match):
+    """A device torch cannot parse or use here is named: ``device="cuda"`` on a CPU-only torch
+    used to raise torch's bare ``AssertionError: Torch not compiled with CUDA enabled``."""
+    with pytest.raises(exc, match=match):
+        DSADecodeLayer(V32, None, device=device)
+
+
+def test_x_requiring_grad_gives_the_no_grad_output():
+    """An inference layer: ``x`` from an upstream module outside ``no_grad`` (requires grad) used
+    to crash inside the layer (``bmm(): functions with out=... arguments don't support automatic
+    differentiation``; trial 2026-12-05). The step runs under ``torch.no_grad()``: the output
+    equals the one of ``x.detach()`` bit for bit and does not require grad."""
+    case = _case("dsv32_fp8_ds_mla")
+    for fused in (True, False):
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                               path="torch", fused_prep=fused)
+        x, kv, kc, bt, cl = _inputs(case)
+        lin = torch.nn.Linear(x.shape[-1], x.shape[-1], device=DEVICE)
+        xg = lin(x)
+        assert xg.requires_grad
+        want, kv_w, kc_w = layer(xg.detach(), kv.clone(), kc.clone(), bt, cl)
+        got, kv_g, kc_g = layer(xg, kv.clone(), kc.clone(), bt, cl)
+        assert not got.requires_grad
+        assert torch.equal(got, want) and torch.equal(kv_g, kv_w) and torch.equal(kc_g, kc_w)
+        assert torch.is_grad_enabled()                 # the caller's grad mode is left as it was
+
+
 @pytest.mark.parametrize("name", list(checks.BAD_WEIGHTS))
 def test_bad_weights_are_named(name):
     edit, exc, match = checks.BAD_WEIGHTS[name]

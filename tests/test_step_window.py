@@ -1,6 +1,7 @@
 """The argument checks of ``dsa_decode_step`` in both bindings: ``window`` (the V4-Flash sliding
-window) and the shared page pool of the two caches, refused before either op runs. Its values,
-with the window, on every path: tests/test_contract.py."""
+window), the shared page pool of the two caches, and every argument under the step's own name
+(``idx_q``, ``idx_weights``; q and idx_q of different B / N), refused before either op runs. Its
+values, with the window, on every path: tests/test_contract.py."""
 import numpy as np
 import pytest
 
@@ -101,3 +102,77 @@ def test_step_checks_the_attention_arguments_before_the_indexer(backend, monkeyp
         step(conv(m.q), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
              conv(i.block_table), conv(i.context_lens), m.sm_scale, TOPK, kv_format=m.kv_format,
              d_v=10_000, path="auto")
+
+
+def _step_args(c, conv, **over):
+    """The step's positional arguments by its own names, with ``over`` replacing some."""
+    m, i = c.mla, c.indexer
+    a = dict(q=m.q, kv_cache=m.kv_cache, idx_q=i.q, idx_weights=i.weights, k_cache=i.k_cache,
+             block_table=i.block_table, context_lens=i.context_lens)
+    a.update(over)
+    names = ("q", "kv_cache", "idx_q", "idx_weights", "k_cache", "block_table", "context_lens")
+    return [conv(a[n]) for n in names]
+
+
+def _bad_step_inputs(c):
+    """(what, argument overrides, exception, pattern): each names the step's own argument."""
+    m, i = c.mla, c.indexer
+    q2 = np.concatenate([m.q, m.q], axis=1)                    # N = 4 against idx_q's N = 2
+    return [
+        ("idx_q float32", dict(idx_q=i.q.astype(np.float32)), TypeError, r"^idx_q: expected dtype"),
+        ("idx_q rank 3", dict(idx_q=i.q[0]), ValueError, r"^idx_q: expected rank 4"),
+        ("idx_q None", dict(idx_q=None), TypeError, r"^idx_q: expected"),
+        ("idx_weights float16", dict(idx_weights=i.weights.astype(np.float16)), TypeError,
+         r"^idx_weights: expected dtype"),
+        ("idx_weights wrong H_I", dict(idx_weights=i.weights[..., :3]), ValueError,
+         r"^idx_weights: expected shape \(2, 2, 8\)"),
+        ("q N 4, idx_q N 2", dict(q=q2), ValueError, r"^q, idx_q: expected the same B and N"),
+        ("idx_q B 1", dict(idx_q=i.q[:1]), ValueError, r"^q, idx_q: expected the same B and N"),
+        ("q B 1", dict(q=m.q[:1]), ValueError, r"^q, idx_q: expected the same B and N"),
+    ]
+
+
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_step_errors_name_the_steps_own_arguments(backend, monkeypatch):
+    """A bad ``idx_q`` / ``idx_weights``, or ``q`` and ``idx_q`` of different B or N, is refused
+    under the step's own argument names (not the indexer's ``q`` / ``weights`` or the attention's
+    ``indices``) before either op runs (newcomer trial 2026-12-05, D2): both ops are replaced by
+    functions that fail the test if called."""
+    c = _case()
+    step, conv = _step(backend)
+    mod = __import__("torch_impl.step" if backend == "torch" else "jax_impl.step", fromlist=["x"])
+
+    def no_op(*a, **k):
+        raise AssertionError("an op ran before the step's arguments were checked")
+
+    monkeypatch.setattr(mod, "indexer_topk", no_op)
+    monkeypatch.setattr(mod, "sparse_mla_decode", no_op)
+    m = c.mla
+    for what, over, exc, pattern in _bad_step_inputs(c):
+        with pytest.raises(exc, match=pattern):
+            step(*_step_args(c, conv, **over), m.sm_scale, TOPK, kv_format=m.kv_format,
+                 d_v=m.d_v, attn_sink=conv(m.attn_sink), path="auto")
+
+
+def test_step_tp_errors_name_the_steps_own_arguments(monkeypatch):
+    """torch ``dsa_decode_step_tp`` (replicated indexer: no process group needed to reach the
+    checks) names its own arguments too, before either op runs; ``idx_q=None`` used to say
+    ``q: expected a torch.Tensor, got NoneType`` (trial D2)."""
+    ti = pytest.importorskip("torch_impl")
+    from torch_impl import tp as ttp
+    from torch_impl._common import as_tensor
+    c = _case()
+
+    def no_op(*a, **k):
+        raise AssertionError("an op ran before the step's arguments were checked")
+
+    monkeypatch.setattr(ttp, "indexer_topk", no_op)
+    monkeypatch.setattr(ttp, "sparse_mla_decode", no_op)
+    m = c.mla
+    for what, over, exc, pattern in _bad_step_inputs(c):
+        with pytest.raises(exc, match=pattern):
+            ti.dsa_decode_step_tp(*_step_args(c, as_tensor, **over), m.sm_scale, TOPK,
+                                  kv_format=m.kv_format, d_v=m.d_v,
+                                  attn_sink=as_tensor(m.attn_sink), path="auto")
+    with pytest.raises(TypeError, match=r"^idx_q: expected a torch.Tensor, got NoneType"):
+        ti.dsa_decode_step_tp(as_tensor(m.q), None, None, None, None, None, None, 0.1, TOPK)

@@ -44,22 +44,24 @@ _TORCH_CHUNK_ELEMS = 1 << 25
 # ============================================================================ validation
 
 def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk=None,
-              sorted_=False):
+              sorted_=False, names=("q", "weights")):
     """SPEC "Bad input": TypeError / ValueError naming the argument, expected and received.
 
-    Returns the page size P.
+    ``names``: what the errors call ``q`` and ``weights`` (the composed steps pass
+    ``("idx_q", "idx_weights")``, their own argument names). Returns the page size P.
     """
+    qn, wn = names
     if k_format not in np_formats.K_FORMATS:
         raise ValueError(f"k_format: expected one of {np_formats.K_FORMATS}, got {k_format!r}")
     if path not in _common.TORCH_PATHS:
         raise ValueError(f"path: expected one of {_common.TORCH_PATHS}, got {path!r}")
     q_dtypes = (torch.float8_e4m3fn,) if k_format == "fp8_indexer" else _DENSE_DTYPES
-    _common.check_tensor("q", q, ndim=4, dtypes=q_dtypes)
+    _common.check_tensor(qn, q, ndim=4, dtypes=q_dtypes)
     B, N, H, D = q.shape
     dev = q.device
     if min(B, N, H, D) < 1:
-        raise ValueError(f"q: expected non-empty [B, N, H_I, D_I], got shape {tuple(q.shape)}")
-    _common.check_tensor("weights", weights, dtypes=(torch.float32,), shape=(B, N, H), device=dev)
+        raise ValueError(f"{qn}: expected non-empty [B, N, H_I, D_I], got shape {tuple(q.shape)}")
+    _common.check_tensor(wn, weights, dtypes=(torch.float32,), shape=(B, N, H), device=dev)
     if k_format == "fp8_indexer":
         _common.check_tensor("k_cache", k_cache, ndim=2, dtypes=(torch.uint8,), device=dev)
         page_bytes = k_cache.shape[1]
@@ -81,7 +83,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
         if k_cache.shape[0] < 1:
             raise ValueError(f"k_cache: expected at least one page, got shape {tuple(k_cache.shape)}")
         if k_cache.shape[2] != D or k_cache.shape[1] < 1:
-            raise ValueError(f"k_cache: expected 'dense' shape (num_pages, P, {D}) matching q's "
+            raise ValueError(f"k_cache: expected 'dense' shape (num_pages, P, {D}) matching {qn}'s "
                              f"D_I, got {tuple(k_cache.shape)}")
         if k_cache.stride(2) != 1:
             raise ValueError(f"k_cache: expected the last dim contiguous (stride 1), got strides "

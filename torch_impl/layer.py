@@ -29,6 +29,7 @@ from torch import nn
 from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
+from kernels.scalars import check_int
 from torch_impl import formats as tformats
 from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
@@ -632,8 +633,44 @@ def rope_out(attn, rope_freqs, context_lens, N: int, *, path: str = "auto"):
     """
     return torch.ops.dsa.rope_out(attn, rope_freqs, context_lens, int(N), path)
 
+def _check_device(device) -> torch.device | None:
+    """The layer's ``device`` argument as a ``torch.device`` this torch can allocate on (None
+    stays None: torch's default device). TypeError for a type that is no device, ValueError
+    naming ``device`` for a string torch cannot parse or a device it cannot use (``"cuda"`` on
+    a CPU-only torch or without a visible GPU, a CUDA index past the device count), instead of
+    torch's bare AssertionError / RuntimeError from the first allocation."""
+    if device is None:
+        return None
+    if isinstance(device, bool) or not isinstance(device, (str, int, torch.device)):
+        raise TypeError(f"device: expected a torch.device, a device string ('cpu', 'cuda:0') or "
+                        f"an int, got {type(device).__name__}")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise ValueError(f"device: expected a device string such as 'cpu' or 'cuda:0', got "
+                         f"{device!r} ({e})") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = ("this torch is built without CUDA" if torch.version.cuda is None
+                   else "torch.cuda.is_available() is False")
+            raise ValueError(f"device: expected a device this torch can use, got {device!r}: "
+                             f"{why} (torch {torch.__version__}); use device='cpu'")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"device: expected a CUDA index in [0, {torch.cuda.device_count()}), "
+                             f"got {device!r}")
+    try:
+        torch.empty(0, device=dev)
+    except (AssertionError, RuntimeError) as e:
+        raise ValueError(f"device: expected a device this torch can use, got {device!r} "
+                         f"({type(e).__name__}: {e})") from None
+    return dev
+
+
 class DSADecodeLayer(nn.Module):
     """DeepSeek sparse-attention decode layer (V3.2 MLA or V4-Flash), one tensor-parallel rank.
+
+    Inference only: the weights are buffers and :meth:`forward` runs under ``torch.no_grad()``
+    (an ``x`` that requires grad is accepted; the output does not require grad).
 
     Args:
       cfg: :class:`kernels.layer_reference.LayerConfig` (``DSV32_LAYER``, ``DSV4_FLASH_LAYER`` or
@@ -653,7 +690,8 @@ class DSADecodeLayer(nn.Module):
         weights, the indexer weights and the softmax statistics stay float32. Where DeepSeek
         rounds to bf16 the layer rounds to ``dtype`` too: V4's head-normed q before its rope,
         and the indexer's q / k before the Hadamard rotation (docs/SEMANTICS.md).
-      device: where the weights live.
+      device: where the weights live: a ``torch.device``, a device string or an int; None
+        (default) torch's default device.
       path: op path for ``indexer_topk`` / ``sparse_mla_decode`` and the fused preparation
         (``"auto"``, ``"triton"``, ``"torch"``).
       fused_prep: run the step's preparation (norms, rope, the indexer's Hadamard rotation and
@@ -661,7 +699,7 @@ class DSADecodeLayer(nn.Module):
         ``dsa::prep_q`` (:func:`prepare_x`, :func:`prepare_q`), and V4's inverse rope on the
         attention output as ``dsa::rope_out`` (:func:`rope_out`), one Triton launch each on the
         ``triton`` path, instead of the composite torch ops; None reads
-        ``DSA_LAYER_FUSED_PREP`` (:func:`fused_prep_default`: on unless ``0``).
+        ``DSA_LAYER_FUSED_PREP`` (:func:`fused_prep_default`: on unless ``0``). A bool or None.
       linear: which projections (:data:`LAYER_GEMMS`) run the Triton few-token GEMM
         (``torch_impl.linear``, ``dsa::linear`` with ``path="triton"``) instead of torch's
         ``mm`` / ``bmm`` / ``addmm``: ``"torch"`` (none), ``"triton"`` (all), ``"auto"``
@@ -670,11 +708,16 @@ class DSADecodeLayer(nn.Module):
         ``"torch"``. A step of more than 64 tokens (B * N) runs torch's GEMMs whatever the
         switch (the kernel's limit). Both compute each output element as a float32 sum rounded
         once to its dtype; the summation order differs.
+      seed: the seed of the random weights drawn when ``weights`` is None: an int >= 0 (a
+        Python int or NumPy integer scalar, not a bool).
     Raises:
       TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
-        (or None), a weight that is not a real float array (``weights['name']``).
+        (or None), a weight that is not a real float array (``weights['name']``);
+        ``fused_prep`` not a bool or None; ``seed`` not an int; ``device`` of a type that is
+        no device.
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
-        of the wrong shape (``weights['name']: expected shape ..., got ...``).
+        of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
+        a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -693,6 +736,11 @@ class DSADecodeLayer(nn.Module):
             raise TypeError(f"dtype: expected one of {_FLOAT}, got {dtype}")
         if path not in TORCH_PATHS:
             raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
+        if fused_prep is not None and not isinstance(fused_prep, (bool, np.bool_)):
+            raise TypeError(f"fused_prep: expected a bool or None, got {type(fused_prep).__name__} "
+                            f"{fused_prep!r}")
+        seed = check_int("seed", seed, minimum=0)
+        device = _check_device(device)
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
         self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
@@ -1019,7 +1067,18 @@ class DSADecodeLayer(nn.Module):
         custom op, one fused Triton kernel per cache, or with ``fused_prep`` part of the
         ``dsa::prep_x`` custom op), so one call captures in a CUDA graph and
         ``torch.compile(layer, fullgraph=True)`` has no graph break (docs/SEMANTICS.md).
+
+        Autograd: an inference layer (its weights are buffers). The step runs under
+        ``torch.no_grad()``, whatever the caller's grad mode: an ``x`` that requires grad (the
+        output of an upstream module outside ``no_grad``) is accepted, gives the same output as
+        ``x.detach()``, and no gradient flows through the layer (``out.requires_grad`` is False).
         """
+        with torch.no_grad():
+            return self._forward(x, kv_cache, k_cache, block_table, context_lens,
+                                 return_intermediates)
+
+    def _forward(self, x, kv_cache, k_cache, block_table, context_lens, return_intermediates):
+        """:meth:`forward`'s body (under ``torch.no_grad()``)."""
         self._validate(x, kv_cache, k_cache, block_table, context_lens)
         cfg, dt, dev = self.cfg, self.dtype, x.device
         B, N, _ = x.shape

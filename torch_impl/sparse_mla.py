@@ -402,7 +402,9 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
         positions of request b. An entry is ignored (never dereferenced) when negative (-1 is
         the usual padding), ``>= num_slots``, or with a block table ``>= max_pages * P`` or on a
         negative page entry. Duplicated valid entries count once per occurrence.
-      sm_scale: softmax scale multiplying ``q . k`` (natural-log domain).
+      sm_scale: softmax scale multiplying ``q . k`` (natural-log domain): a Python int / float
+        or NumPy integer / floating scalar, never a bool, finite and finite in float32
+        (``kernels.scalars.check_real``).
       kv_format: ``"latent"``, ``"fp8_ds_mla"`` or ``"fp8_model1"``.
       d_v: value width, the first ``d_v`` latent dims (512 in both models).
       block_table: int32 ``[B, max_pages]`` or None: slot of position j is
@@ -423,7 +425,9 @@ def sparse_mla_decode(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Te
     Raises:
       TypeError / ValueError: wrong type, dtype, rank, shape, device or layout (names the
         argument, what was expected and what came), e.g. an fp8 page stride that is not a
-        multiple of 16 or smaller than a page.
+        multiple of 16 or smaller than a page; an ``sm_scale`` that is not a real scalar
+        (TypeError), or is NaN / inf or overflows float32, e.g. ``1e39`` (ValueError; checked
+        eagerly, not under torch.compile).
       NotImplementedError: the named path cannot run here (GPU arch, CPU without
         ``TRITON_INTERPRET=1``, unsupported (D_qk, d_v)); names the GPU and what is supported.
     """

@@ -24,7 +24,7 @@ import torch
 from kernels import formats as np_formats
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
-from torch_impl.indexer import indexer_topk
+from torch_impl.indexer import _validate as _idx_validate, indexer_topk
 from torch_impl.sparse_mla import _validate as _mla_validate, sparse_mla_decode
 
 __all__ = ["dsa_decode_step", "window_split"]
@@ -37,9 +37,45 @@ def check_step_scalars(sm_scale, topk) -> tuple[float, int]:
 
     Raises:
       TypeError: sm_scale or topk of the wrong type (names it, the accepted types, what came).
-      ValueError: sm_scale NaN or inf; topk < 1.
+      ValueError: sm_scale NaN or inf, or overflowing float32; topk < 1.
     """
     return check_real("sm_scale", sm_scale), check_int("topk", topk, minimum=1)
+
+
+def validate_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens,
+                  sm_scale, topk, *, kv_format, d_v, attn_sink, k_format, path, window=0):
+    """Every argument of a composed step (:func:`dsa_decode_step`,
+    :func:`torch_impl.tp.dsa_decode_step_tp`), checked before either op runs and named as the
+    step names it (``idx_q`` / ``idx_weights``, not the indexer's ``q`` / ``weights``): the
+    scalars (:func:`check_step_scalars`, ``window``), ``q`` and ``idx_q`` as rank-4 tensors of
+    the same ``B`` and ``N``, the indexer's arguments, the attention's arguments (with the
+    indices the indexer will return), and the caches' shared page pool. Shapes, dtypes and
+    devices only: no tensor value is read.
+
+    Returns:
+      ``(float(sm_scale), int(topk), int(window))``.
+    Raises:
+      TypeError / ValueError: the bad argument named (ValueError naming both ``q`` and ``idx_q``
+        when their B or N differ; naming ``k_cache`` when its page count or page size differs
+        from ``kv_cache``'s).
+    """
+    sm_scale, topk = check_step_scalars(sm_scale, topk)
+    window = check_int("window", window, minimum=0)
+    _common.check_tensor("q", q, ndim=4)
+    _common.check_tensor("idx_q", idx_q, ndim=4)
+    if tuple(q.shape[:2]) != tuple(idx_q.shape[:2]):
+        raise ValueError(f"q, idx_q: expected the same B and N (q [B, N, H, D_qk], idx_q "
+                         f"[B, N, H_I, D_I]), got q {tuple(q.shape)} and idx_q {tuple(idx_q.shape)}")
+    _idx_validate(idx_q, idx_weights, k_cache, block_table, context_lens, k_format, path, topk,
+                  True, names=("idx_q", "idx_weights"))
+    # the attention's arguments with a stand-in of the indices the indexer returns (a stride-0
+    # view: no memory, nothing launched)
+    _mla_validate(q, kv_cache, torch.empty(1, dtype=torch.int32, device=q.device).expand(
+        q.shape[0], q.shape[1], topk + window), sm_scale, kv_format, d_v, block_table, None,
+        attn_sink, path)
+    np_formats.check_shared_page_pool(tuple(kv_cache.shape), kv_format, tuple(k_cache.shape),
+                                      k_format, idx_q.shape[-1])
+    return sm_scale, topk, window
 
 
 def window_split(context_lens: torch.Tensor, N: int, window: int):
@@ -118,30 +154,24 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
         qualifying positions), then the window positions in ascending order.
 
     Raises:
-      TypeError / ValueError: bad argument (named) from either op's validation; ``sm_scale``,
-        ``topk`` and ``window`` are checked first, before the indexer runs
-        (:func:`check_step_scalars`); ``k_cache`` whose page count or page size differs from
-        ``kv_cache``'s (one block table addresses both;
-        ``kernels.formats.check_shared_page_pool``) and the attention's own arguments (``q``,
-        ``kv_cache``, ``block_table``, ``attn_sink``, ``kv_format``, ``d_v``, ``path``), before
-        either op runs.
+      TypeError / ValueError: a bad argument, named as this function names it, all checked
+        before either op runs (:func:`validate_step`): ``sm_scale`` / ``topk`` / ``window`` of
+        the wrong type, a NaN / inf ``sm_scale`` (or one that overflows float32), ``topk`` < 1,
+        ``window`` < 0; a wrong type, dtype, shape or device of ``q``, ``kv_cache``, ``idx_q``,
+        ``idx_weights``, ``k_cache``, ``block_table``, ``context_lens`` or ``attn_sink``, an
+        unknown ``kv_format`` / ``k_format`` / ``path``, a bad ``d_v``; ``q`` and ``idx_q`` of
+        different B or N (ValueError naming both); ``k_cache`` whose page count or page size
+        differs from ``kv_cache``'s (one block table addresses both;
+        ``kernels.formats.check_shared_page_pool``).
       NotImplementedError: the named ``path`` cannot run on this device / shape.
 
     Semantics: docs/SPEC.md operations A and B; DeepSeek-V3.2-Exp ``inference/model.py``.
     """
-    sm_scale, topk = check_step_scalars(sm_scale, topk)
-    window = check_int("window", window, minimum=0)
-    if all(isinstance(t, torch.Tensor) for t in (kv_cache, k_cache, idx_q)):
-        np_formats.check_shared_page_pool(tuple(kv_cache.shape), kv_format, tuple(k_cache.shape),
-                                          k_format, idx_q.shape[-1] if idx_q.dim() else 0)
-    # the attention's arguments before the indexer runs (its indices are a stand-in of the
-    # shape the indexer returns: a stride-0 view, no memory, nothing launched)
-    _common.check_tensor("q", q, ndim=4)
-    _mla_validate(q, kv_cache, torch.empty(1, dtype=torch.int32, device=q.device).expand(
-        q.shape[0], q.shape[1], topk + window), sm_scale, kv_format, d_v, block_table, None,
-        attn_sink, path)
+    sm_scale, topk, window = validate_step(
+        q, kv_cache, idx_q, idx_weights, k_cache, block_table, context_lens, sm_scale, topk,
+        kv_format=kv_format, d_v=d_v, attn_sink=attn_sink, k_format=k_format, path=path,
+        window=window)
     if window:
-        _common.check_tensor("context_lens", context_lens, dtypes=(torch.int32,))
         idx_lens, win = window_split(context_lens, q.shape[1], window)
         top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,
                            k_format=k_format, sorted=True, path=path)

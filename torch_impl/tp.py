@@ -60,7 +60,7 @@ from torch_impl import _common
 from torch_impl.indexer import indexer_logits, indexer_topk
 from torch_impl.sparse_mla import sparse_mla_decode
 from kernels.scalars import check_int
-from torch_impl.step import check_step_scalars
+from torch_impl.step import validate_step
 
 __all__ = ["INDEXER_MODES", "heads_per_rank", "head_split", "shard_heads", "gather_heads",
            "shard_block_table", "sequence_sharded_topk", "dsa_decode_step_tp", "pack_candidates",
@@ -438,16 +438,19 @@ def dsa_decode_step_tp(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Ten
       replicated (descending logit, ties to the smaller position, -1 last) and identical in both
       modes, so out / lse are bitwise identical in both modes too.
     Raises:
-      TypeError: ``sm_scale`` not a real scalar (Python int / float or NumPy integer / floating
-        scalar, not bool) or ``topk`` not an int (Python or NumPy integer, not bool).
-      ValueError: unknown ``indexer_mode``, ``sm_scale`` NaN / inf, ``topk`` < 1, or a bad
-        argument (named) from the ops. The scalar and mode checks run before any collective.
+      TypeError / ValueError: unknown ``indexer_mode`` (ValueError), then every argument as
+        :func:`torch_impl.step.dsa_decode_step` checks it (:func:`torch_impl.step.validate_step`,
+        named as this function names it: ``idx_q`` / ``idx_weights``, ``q`` and ``idx_q`` of
+        different B or N, a NaN / inf or float32-overflowing ``sm_scale``, ``topk`` < 1, ...).
+        All of these run before either op and before any collective.
       RuntimeError: ``"sequence"`` without an initialised torch.distributed.
       NotImplementedError: the named ``path`` cannot run here.
     """
     if indexer_mode not in INDEXER_MODES:
         raise ValueError(f"indexer_mode: expected one of {INDEXER_MODES}, got {indexer_mode!r}")
-    sm_scale, topk = check_step_scalars(sm_scale, topk)
+    sm_scale, topk, _ = validate_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table,
+                                      context_lens, sm_scale, topk, kv_format=kv_format, d_v=d_v,
+                                      attn_sink=attn_sink, k_format=k_format, path=path)
     if indexer_mode == "replicated":
         indices = indexer_topk(idx_q, idx_weights, k_cache, block_table, context_lens, topk,
                                k_format=k_format, sorted=True, path=path)
