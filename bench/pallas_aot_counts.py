@@ -91,9 +91,62 @@ def _sass_instrs(sass: str):
     return out
 
 
-def sass_loops(sass: str):
+_REG = re.compile(r"\bR(\d+)\b")
+_NO_DEST = {"STG", "STS", "STL", "BAR", "BRA", "EXIT", "RET", "ISETP", "FSETP", "DSETP", "NOP",
+            "RED", "ATOM", "WARPSYNC", "BSYNC", "BSSY", "MEMBAR", "DEPBAR", "PLOP3"}
+
+
+def _regs(operands: str, width: int = 1) -> set[int]:
+    out = set()
+    for m in _REG.finditer(operands):
+        out.update(range(int(m.group(1)), int(m.group(1)) + width))
+    return out
+
+
+def loop_model(body, load_latency: int = 300, short_latency: int = 30) -> tuple[list, int]:
+    """A latency model of one loop body (``[(address, opcode, operands)]``) per warp: the
+    distance in instructions from each global load (``LDG``) to the first instruction that
+    reads its data (wrapping into the next iteration), and the cycles of one iteration in
+    steady state when one instruction issues per cycle in order, a global load's data arrives
+    ``load_latency`` cycles after it issues, shared-memory loads and shuffles after
+    ``short_latency``, everything else at once (so: a lower bound, which counts only the
+    waits on loads; the third of three iterations is reported, so data a previous iteration
+    loaded counts as such)."""
+    n = len(body)
+
+    def dest_and_srcs(op, rest):
+        width = 4 if ".128" in rest else 2 if ".64" in rest else 1
+        head, _, tail = rest.partition(",")
+        if op in _NO_DEST or not tail:
+            return set(), _regs(rest)
+        return _regs(head, width if op in ("LDG", "LDS", "LDL") else 1), _regs(tail)
+
+    parsed = [(op,) + dest_and_srcs(op, rest) for _, op, rest in body]
+    dist = []
+    for k, (op, dst, _) in enumerate(parsed):
+        if op == "LDG":
+            d = None
+            for j in list(range(k + 1, n)) + list(range(k)):
+                if parsed[j][2] & dst:
+                    d = j - k if j > k else n - k + j
+                    break
+            dist.append(d)
+    ready, t, start = {}, 0, 0
+    for it in range(3):
+        start = t
+        for op, dst, srcs in parsed:
+            t = max([t + 1] + [ready.get(r, 0) for r in srcs])
+            lat = (load_latency if op == "LDG" else
+                   short_latency if op in ("LDS", "SHFL", "LDL") else 0)
+            for r in dst:
+                ready[r] = t + lat
+    return dist, t - start
+
+
+def sass_loops(sass: str, load_latency: int = 300):
     """Every loop of a SASS listing, in address order: ``(start, length, {opcode: count},
-    {memory / shuffle / barrier opcode with its modifiers: count})``, a loop being the range
+    {memory / shuffle / barrier opcode with its modifiers: count}, load-to-use distances,
+    modelled cycles per iteration)`` (:func:`loop_model`), a loop being the range
     ``[target, branch]`` of a backward ``BRA``."""
     instrs = _sass_instrs(sass)
     out = []
@@ -107,7 +160,8 @@ def sass_loops(sass: str):
             mem = collections.Counter(
                 o + (r.split()[0] if r.startswith(".") else "") for _, o, r in body
                 if o in ("LDG", "STG", "LDGSTS", "LDL", "STL", "LDS", "STS", "SHFL", "BAR"))
-            out.append((tgt, i + 1 - j, ops, mem))
+            dist, cycles = loop_model(body, load_latency)
+            out.append((tgt, i + 1 - j, ops, mem, dist, cycles))
     return sorted(out, key=lambda t: t[0])
 
 
@@ -188,20 +242,22 @@ def _cuobjdump_sass(cubin: bytes) -> str:
     return sass
 
 
-def _loop_lines(sass: str) -> list[str]:
+def _loop_lines(sass: str, load_latency: int) -> list[str]:
     return [f"    loop @{start:#x}: {n} SASS; "
             + ", ".join(f"{op} {c}" for op, c in ops.most_common(6)) + "; "
             + ", ".join(f"{op} {c}" for op, c in sorted(mem.items()))
-            for start, n, ops, mem in sass_loops(sass)]
+            + f"; load-to-use {dist}; ~{cycles} cycles/iteration at {load_latency}-cycle loads"
+            for start, n, ops, mem, dist, cycles in sass_loops(sass, load_latency)]
 
 
 def topk_report(cc: int = 90, *, B: int = 1, W: int = 131072, K: int = 2048,
                 module: str | None = None, loops: bool = False,
-                warps: int | None = None) -> list[str]:
+                warps: int | None = None, load_latency: int = 300) -> list[str]:
     """The four Pallas top-k kernels (``kernels.indexer.pallas.launch_topk_select``: prune,
     count, compact, select) lowered for one row set of width W, compiled for ``sm_<cc>``: shared
     memory, ``BAR.SYNC`` and spill instructions in the whole kernel, and the SASS of its largest
-    loop (``loops``: of every loop, with its loads' widths, shuffles and barriers). ``module``:
+    loop (``loops``: of every loop, with its loads' widths, shuffles and barriers, and
+    :func:`loop_model`'s load-to-use distances and cycles at ``load_latency``). ``module``:
     a file holding another version of ``kernels/indexer/pallas.py``; ``warps``: compile with
     this many warps instead of ``topk_num_warps`` (the lowering does not depend on it)."""
     import jax
@@ -229,7 +285,7 @@ def topk_report(cc: int = 90, *, B: int = 1, W: int = 131072, K: int = 2048,
                    f"{k.metadata.shared}; BAR.SYNC {bars}; STL/LDL {spill}; largest loop {n} SASS: "
                    + ", ".join(f"{op} {c}" for op, c in main.most_common(8)))
         if loops:
-            out += _loop_lines(sass)
+            out += _loop_lines(sass, load_latency)
     return out
 
 
@@ -280,13 +336,16 @@ def main(argv=None):
     ap.add_argument("--topk", action="store_true", help="the indexer's Pallas top-k kernels instead")
     ap.add_argument("--loops", action="store_true", help="--topk: every loop of each kernel")
     ap.add_argument("--topk-warps", type=int, help="--topk: compile with this many warps")
+    ap.add_argument("--load-latency", type=int, default=300,
+                    help="--loops: global-load latency (cycles) of the loop model")
     ap.add_argument("--logits", action="store_true",
                     help="the indexer's Pallas logits kernel without / with its group-max epilogue")
     ap.add_argument("--module", help="--topk / --logits: a file holding another version of "
                                      "kernels/indexer/pallas.py (git show REV:...)")
     a = ap.parse_args(argv)
     if a.topk or a.logits:
-        lines = (topk_report(a.cc, module=a.module, loops=a.loops, warps=a.topk_warps)
+        lines = (topk_report(a.cc, module=a.module, loops=a.loops, warps=a.topk_warps,
+                             load_latency=a.load_latency)
                  if a.topk else []) + (logits_report(a.cc, module=a.module) if a.logits else [])
         for line in lines:
             print(line, flush=True)
