@@ -288,6 +288,54 @@ def test_topk_prune_fits_every_length():
     np.testing.assert_array_equal(np.sort(np.asarray(got)[:, :, :topk], -1), np.sort(want, -1))
 
 
+def test_topk_prune_every_merge_width_exact():
+    """The prune kernel's three copies (``R`` = 1, 2, 4 emitted maxima per pruning group, each
+    read with contiguous loads) against the NumPy twin ``bench.topk_sim.pallas_candidates``
+    (keys at or above the K-th largest group max rounded down to 1/128 binade): every row's
+    candidate count is the twin's exactly, and the selection is the exact SPEC set. Rows at
+    K = 32 with ``block`` 128 (chunks of 128 groups, so the long rows run several iterations
+    of the prefetching loop): R = 1 (L 301, 508), R = 2 (509, 1018: an odd number of emitted
+    maxima, so the last pair is half outside the row), R = 4 (1021, 9990: ``L`` and the
+    emitted count not multiples of 4; 16384 with a few huge outliers, so the prune's windowed
+    first pass misses and the full radix passes run), a row with fewer than K groups (no
+    prune) and a row of exact ties and special values. The group maxima past each row's
+    ``ceil(L / 4)`` hold the largest key (as garbage would): the kernel must not count them."""
+    from bench.topk_sim import pallas_candidates
+    rng = np.random.default_rng(11)
+    topk, W = 32, 16384
+    lens = np.array([[301, 508, 509, 1018, 100], [1021, 9990, 16384, 16384, 0]], np.int32)
+    B, R = lens.shape
+    x = rng.standard_normal((B, R, W)).astype(np.float32)
+    x[1, 2, rng.choice(W, 5, replace=False)] = np.float32(3e12)   # the prune's window misses
+    x[1, 3] = _tie_logits(rng, 1, 1, W)[0, 0]                      # ties, NaN, +-inf, -0.0
+    x[0, 3, 1018:] = np.float32(1e38)                              # past len: never read
+    cfg = pk.PallasIndexerConfig(block=128, topk_splits=4)
+    gm, key = _group_max(x, lens)
+    gmw = pk.group_max_width(W, cfg.block)
+    gm = np.pad(gm, ((0, 0), (0, 0), (0, gmw - gm.shape[-1])), constant_values=pk.SENTINEL)
+    n4 = -(-lens // pk.GROUP)
+    gm = np.where(np.arange(gmw)[None, None] < n4[..., None], gm, np.int32(2 ** 31 - 1))
+    merge = [[pk.prune_merge(int(n), topk) for n in row] for row in n4]
+    assert merge == [[1, 1, 2, 2, 1], [4, 4, 4, 4, 1]], merge
+    # the outlier row: its K-th largest 16-position maximum lies far below the row's maximum
+    g16 = np.where(np.arange(W) < lens[1, 2], key[1, 2], pk.SENTINEL).reshape(-1, 16).max(-1)
+    assert _window_hits([g16], topk) == [False]
+    got, counts, cap = jax.jit(lambda a, g, l: pk.launch_topk_select(
+        a, g, l, topk, num_rows=R, cfg=cfg, return_candidates=True))(
+        jnp.asarray(x), jnp.asarray(gm), jnp.asarray(lens))
+    counts = np.asarray(counts)
+    for b in range(B):
+        for r in range(R):
+            L = int(lens[b, r])
+            u = ((key[b, r, :L].astype(np.int64) & 0xFFFFFFFF) ^ 0x80000000).astype(np.uint32)
+            want = pallas_candidates(u, topk, pk.GROUP * merge[b][r])
+            assert counts[b, r] == want, (L, merge[b][r], int(counts[b, r]), want)
+    assert counts[1, 3] > cap           # the tie row overflows: selected from the whole row
+    masked = np.where(np.arange(W)[None, None] < lens[..., None], x, -np.inf)
+    want = reference.topk_from_logits(masked, topk)
+    np.testing.assert_array_equal(np.sort(np.asarray(got)[:, :, :topk], -1), np.sort(want, -1))
+
+
 @pytest.mark.skipif(not ON_GPU, reason="compiled top-k kernels (scatter stores lowered to Triton) need CUDA")
 @pytest.mark.parametrize("splits,candidates", [(None, None), (1, None), (64, None), (8, 2048)])
 def test_topk_kernels_gpu_compiled(splits, candidates):

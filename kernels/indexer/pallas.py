@@ -105,6 +105,13 @@ Top-k, four kernels (:func:`launch_topk_select`), exact selection:
   2026-12-05) pruned nothing below ``L = 16 K`` (fewer than K groups) and little just above it:
   every row of 8K-40K positions at K = 2048 overflowed the capacity and was selected from the
   whole row by one program (the jax decode layer at L 32K: 668 us of indexer at B 1).
+  Identities of groups do not matter (only counts of group maxima ``>=`` thresholds), so the
+  kernel holds one copy of its passes per ``R`` (``pl.when`` on the runtime ``R``, R static
+  inside) and reads the emitted maxima with contiguous loads: a ``[BLOCK, R]`` tile per chunk,
+  one 4R-byte load and an in-register max per group (:func:`_group_source`), the next
+  iteration's loads in flight while one counts (:func:`_fold_chunks`). With ``R`` a runtime
+  value (2026-12-05) every pass gathered ``[BLOCK, 4]`` words one by one (4 scalar loads and
+  8 shuffles per group; V4-Flash B 1 L 1M 334 -> 709 us on the H200, ``bench/NOTES.md``).
 * ``_topk_count_kernel`` (grid ``(B, N, S)``): split s of the row (a contiguous range of
   ``ceil(chunks / S)`` chunks) counts its keys ``>= tau`` and its qualifying keys (deferred,
   one reduction per program).
@@ -128,8 +135,8 @@ Top-k, four kernels (:func:`launch_topk_select`), exact selection:
   radix passes; 16 compare-adds per group per pass); count and compact read the row's logits
   once each (2 x 4 B x L), split over S programs (``default_topk_splits``: about eight per SM
   over all rows); the select kernel reads the ~2-3K candidates 7 times and emits. Every
-  counting loop issues the loads of 4 chunks before their compares. Integer counting only, no
-  atomics: bitwise reproducible.
+  counting loop issues the loads of 4 chunks together (the prune's a loop iteration ahead).
+  Integer counting only, no atomics: bitwise reproducible.
 * The scratch and counts are extra outputs of the calls (Pallas-Triton has no scratch
   buffers); the kernels of one top-k are ordered by their data dependencies, so no barrier is
   needed between the compaction's writes and the select's reads.
@@ -163,6 +170,7 @@ from kernels._pallas_call import interpret_default, triton_call
 SENTINEL = -(2 ** 31)          # INT32_MIN: key of NaN, -inf and positions past the valid length
 _SLOTS = 16                    # output slots filled per one-hot compaction step
 _UNROLL = 4                    # chunks whose loads one iteration of a counting pass issues together
+_PREFETCH = 1                  # iterations ahead whose loads the prune's counting loops issue
 GROUP = 4                      # positions per group maximum the logits kernel emits (top-k pruning)
 PRUNE_MERGE = (4, 2, 1)        # group maxima the prune kernel may merge into one group (prune_merge)
 
@@ -450,6 +458,46 @@ def window_lower(top, digit, nbins: int):
     return jnp.where(digit == 0, jnp.int32(SENTINEL), lax.shift_left(hi, jnp.int32(WINDOW_SHIFT)))
 
 
+def _fold_chunks(src, n_chunks, step, init):
+    """``step(acc, key)`` folded over the keys (``[BLOCK]``) of chunks ``[0, n_chunks)`` of a
+    source, :data:`_UNROLL` chunks per loop iteration, their loads issued together.
+
+    A plain source (``src(c) -> (key, pos)``) is read inside the iteration; chunks past
+    ``n_chunks`` (up to ``_UNROLL - 1``) read as SENTINEL (every source masks positions past
+    its length). A source with ``load(c, on)`` / ``finish(c, raw)`` attributes
+    (:func:`_group_source`) is software-pipelined: iteration c issues the loads of iteration
+    ``c + _PREFETCH`` and folds the chunks whose loads iteration ``c - _PREFETCH`` issued.
+    sm_90 AOT (ptxas of the CPU's Triton 3.9), R = 4: loaded and reduced in the same
+    iteration, the SASS placed each 16-byte load next to its first use and had two of the
+    eight in flight (four load latencies exposed per iteration); at ``_PREFETCH = 1`` it
+    issues all eight back to back (at the end of the body, so about one latency is exposed
+    per iteration), 168 registers, no spill; at 2 (a whole iteration of cover) 255 registers
+    and spills inside the loops. Chunks at and past ``n_chunks`` are masked off by ``on`` (no
+    memory transaction) and read as SENTINEL. SENTINEL keys only count towards a threshold of
+    SENTINEL, whose count the radix select never uses as a count above the threshold."""
+    n_it = (n_chunks + (_UNROLL - 1)) // _UNROLL
+    load = getattr(src, "load", None)
+    if load is None:
+        def body(c, acc):
+            keys = [src(c * _UNROLL + j)[0] for j in range(_UNROLL)]   # loads in flight together
+            for key in keys:
+                acc = step(acc, key)
+            return acc
+        return lax.fori_loop(0, n_it, body, init)
+
+    def issue(c):
+        return [load(c * _UNROLL + j, c * _UNROLL + j < n_chunks) for j in range(_UNROLL)]
+
+    def body(c, carry):
+        acc, ahead = carry                          # ahead[d]: the loads of iteration c + d
+        nxt = issue(c + _PREFETCH)                  # in flight while the next iteration counts
+        for j, r in enumerate(ahead[0]):
+            acc = step(acc, src.finish(c * _UNROLL + j, r))
+        return acc, ahead[1:] + [nxt]
+
+    return lax.fori_loop(0, n_it, body, (init, [issue(d) for d in range(_PREFETCH)]))[0]
+
+
 def _count_ge(src, n_chunks, cands, *, BLOCK: int):
     """For the thresholds ``cands`` (a list of int32 scalars), the number of keys ``>=`` each over
     chunks ``[0, n_chunks)``: an int32 ``[len(cands)]`` vector. Deferred counts: one
@@ -458,26 +506,19 @@ def _count_ge(src, n_chunks, cands, *, BLOCK: int):
     loop, as one 2-D reduction (sixteen 1-D ones before 2026-12-05: 163 barriers in the prune
     kernel, 605 in the select kernel, by the sm_90 AOT compile).
 
-    Each iteration issues the loads of :data:`_UNROLL` chunks back to back, then their compares:
-    at B = 1 the prune and select kernels are one program per row, so one dependent load per
-    iteration left every pass latency-bound. Chunks past ``n_chunks`` (up to ``_UNROLL - 1``)
-    read as SENTINEL (every source masks positions past its length, and a masked load reads
-    nothing); SENTINEL keys only count towards a threshold of SENTINEL, whose count the radix
-    select never uses as a count above the threshold."""
+    The loop is :func:`_fold_chunks`: :data:`_UNROLL` chunks per iteration, their loads issued
+    together (at B = 1 the prune and select kernels are one program per row, so one dependent
+    load per iteration left every pass latency-bound), and a step ahead for the prune's group
+    maxima."""
     nb = len(cands)
     lane = lax.broadcasted_iota(jnp.int32, (nb,), 0)
     cvec = jnp.zeros((nb,), jnp.int32)
     for d, t in enumerate(cands):
         cvec = jnp.where(lane == d, t, cvec)
 
-    def body(c, acc):
-        keys = [src(c * _UNROLL + j)[0] for j in range(_UNROLL)]       # loads in flight together
-        for key in keys:
-            acc = acc + (key[:, None] >= cvec[None, :]).astype(jnp.int32)
-        return acc
-
-    acc = lax.fori_loop(0, (n_chunks + (_UNROLL - 1)) // _UNROLL, body,
-                        jnp.zeros((BLOCK, nb), jnp.int32))
+    acc = _fold_chunks(src, n_chunks,
+                       lambda acc, key: acc + (key[:, None] >= cvec[None, :]).astype(jnp.int32),
+                       jnp.zeros((BLOCK, nb), jnp.int32))
     return jnp.sum(acc, axis=0)
 
 
@@ -603,6 +644,50 @@ def prune_merge(n4, k):
     return r
 
 
+def _group_source(bm_ref, b, i, n4, *, R: int, BLOCK: int):
+    """The pruning groups of one row, ``R`` (static) consecutive emitted maxima each, as a
+    source: chunk c = groups ``[c * BLOCK, (c + 1) * BLOCK)`` = emitted maxima
+    ``[c * BLOCK * R, (c + 1) * BLOCK * R)``, one *contiguous* load.
+
+    ``R > 1``: a ``[BLOCK, R]`` load (row = one group, R consecutive words, the row's start a
+    multiple of R), so the compiler sees runs of R contiguous, aligned words and issues one
+    ``R * 4``-byte load per group; the group max is a reduction along the row, in registers.
+    The load's mask is per group (``gi * R < n4``: constant along the row, which keeps the load
+    vectorised); maxima at and past ``n4`` inside the row's last group are then replaced by
+    SENTINEL (a ``where``), so a group holds exactly the maxima of the row's positions, as
+    before: a group with no qualifying key is SENTINEL. ``R = 1`` takes the same form,
+    ``[BLOCK, 1]`` (a 1-D ``[BLOCK]`` load reached the ``[BLOCK, 16]`` compares through a
+    layout conversion in shared memory: 8 barriers per loop iteration at sm_90).
+    ``load(c, on)``: the raw ``[BLOCK, R]`` tile (``on`` False: masked off whole);
+    ``finish(c, x)``: its group maxima ``[BLOCK]``.
+
+    Chunks past the group count (the counting loops' ``_UNROLL`` padding) are masked off whole
+    and their address is clamped to the row's last chunk (a scalar clamp: the offsets stay
+    contiguous), which :func:`group_max_width` keeps inside the buffer
+    (``BM_W`` a multiple of ``BLOCK * max(PRUNE_MERGE)``)."""
+    sent = jnp.int32(SENTINEL)
+    last = bm_ref.shape[-1] // (BLOCK * R) - 1          # last whole chunk of the buffer
+    offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
+    row = lax.broadcasted_iota(jnp.int32, (BLOCK, 1), 0)
+    col = lax.broadcasted_iota(jnp.int32, (BLOCK, R), 1)
+
+    def load(c, on=True):
+        first = (c * BLOCK + row) * R                                   # [BLOCK, 1] group starts
+        e = (jnp.minimum(c, last) * BLOCK + row) * R + col              # [BLOCK, R] contiguous
+        live = jnp.broadcast_to((first < n4) & on, (BLOCK, R))          # per group, not per word
+        return plgpu.load(bm_ref.at[b, i, e], mask=live, other=sent)
+
+    def finish(c, x):
+        if R > 1:               # maxima at and past n4 in the row's last group: SENTINEL
+            x = jnp.where((c * BLOCK + row) * R + col < n4, x, sent)
+        return jnp.max(x, axis=1)
+
+    def src(c):
+        return finish(c, load(c)), c * BLOCK + offs
+    src.load, src.finish = load, finish
+    return src
+
+
 def _topk_prune_kernel(
     lens_ref,   # [B, NP] int32 valid length per draft
     bm_ref,     # [B, NP, BM_W] int32 max order key per group of GROUP positions
@@ -612,33 +697,31 @@ def _topk_prune_kernel(
     b = pl.program_id(0)
     i = pl.program_id(1)
     L = lens_ref[b, i]
-    sent = jnp.int32(SENTINEL)
-    offs = lax.broadcasted_iota(jnp.int32, (BLOCK,), 0)
     n4 = (L + (GROUP - 1)) // GROUP                 # emitted group maxima of the row
     R = prune_merge(n4, K)                          # merged per pruning group (runtime)
+    # One copy of the row's passes per merge width, each with R static, so that every pass
+    # reads the emitted maxima with contiguous loads whatever R is (a runtime R made them a
+    # 4-wide gather: scalar loads, 4x the load instructions per group, and the group max a
+    # cross-lane shuffle reduction). Exactly one branch runs per row.
+    for r in PRUNE_MERGE:
+        pl.when(R == r)(lambda r=r: _prune_row(bm_ref, st_ref, b, i, n4, R=r, K=K, BLOCK=BLOCK,
+                                                RADIX_BITS=RADIX_BITS))
+
+
+def _prune_row(bm_ref, st_ref, b, i, n4, *, R: int, K: int, BLOCK: int, RADIX_BITS: int):
+    """The prune of row ``(b, i)`` over groups of ``R`` (static) emitted maxima (module
+    docstring): their count and the row's max key (one deferred pass), then tau."""
+    sent = jnp.int32(SENTINEL)
     n_groups = (n4 + (R - 1)) // R
     n_gchunks = (n_groups + (BLOCK - 1)) // BLOCK
-    MR = max(PRUNE_MERGE)
-    col = lax.broadcasted_iota(jnp.int32, (BLOCK, MR), 1)
+    group_src = _group_source(bm_ref, b, i, n4, R=R, BLOCK=BLOCK)
 
-    def group_src(c):
-        # pruning group gi = the max of emitted maxima [gi * R, gi * R + R): one [BLOCK, MR]
-        # gather (lanes >= R masked off), reduced along the short axis in registers
-        gi = c * BLOCK + offs
-        e = gi[:, None] * R + col                                               # [BLOCK, MR]
-        ok = (col < R) & (e < n4)
-        key = plgpu.load(bm_ref.at[b, i, jnp.where(ok, e, 0)], mask=ok, other=sent)
-        return jnp.max(key, axis=1), gi
-
-    def scan(c, carry):         # qualifying groups and the max key, reduced once after the loop
+    def scan(carry, key):       # qualifying groups and the max key, reduced once after the loop
         n, mx = carry
-        keys = [group_src(c * _UNROLL + j)[0] for j in range(_UNROLL)]   # loads in flight together
-        for key in keys:
-            n, mx = n + (key != sent).astype(jnp.int32), jnp.maximum(mx, key)
-        return n, mx
+        return n + (key != sent).astype(jnp.int32), jnp.maximum(mx, key)
 
-    n, mx = lax.fori_loop(0, (n_gchunks + (_UNROLL - 1)) // _UNROLL, scan,
-                          (jnp.zeros((BLOCK,), jnp.int32), jnp.full((BLOCK,), SENTINEL, jnp.int32)))
+    n, mx = _fold_chunks(group_src, n_gchunks, scan,
+                         (jnp.zeros((BLOCK,), jnp.int32), jnp.full((BLOCK,), SENTINEL, jnp.int32)))
     n_vgroups, row_max = jnp.sum(n), jnp.max(mx)
     # If at least K groups hold a qualifying key, the K-th largest group max tau is a lower bound
     # of the K-th largest key (K groups each hold a key >= tau): only keys >= tau can be selected.
@@ -784,8 +867,10 @@ def padded_width(width: int, page_size: int, block: int) -> int:
 
 def group_max_width(w_pad: int, block: int) -> int:
     """Width of the group-maximum rows (one per :data:`GROUP` positions): ``W_pad / GROUP``
-    rounded up to ``block``."""
-    return _cdiv(w_pad // GROUP, block) * block
+    rounded up to ``block * max(PRUNE_MERGE)``, so that the prune kernel's chunks of
+    ``block * R`` maxima (:func:`_group_source`) are each wholly inside the row."""
+    m = block * max(PRUNE_MERGE)
+    return _cdiv(w_pad // GROUP, m) * m
 
 
 def candidate_capacity(topk: int, cfg: PallasIndexerConfig, w_pad: int | None = None) -> int:
