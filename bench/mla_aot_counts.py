@@ -108,10 +108,13 @@ def rows_in_flight(cfg, loop: dict | None) -> int:
 # Calibration of the issue model (ncu, H200, 2026-12-05, docs/logs/ncu_mla_triton_*): at 2
 # resident warps per scheduler the small-head tile issued 0.31 (H16) / 0.29 (V4 H8)
 # instructions per cycle per scheduler: ~0.15 per warp (6.2-6.5 cycles between a warp's
-# instructions, latency-bound). The model keeps that per-warp rate and caps a scheduler at
-# IPC_MAX (shared-memory, MMA and LSU pipes; a range: 0.5 .. 0.8).
+# instructions, latency-bound). The model keeps that per-warp rate and caps a scheduler at an
+# issue rate of ``ipc_max`` (shared-memory, MMA and LSU pipes); a loop without loads in flight
+# across iterations (no hand pipeline, no async copies) may also wait ``exposed`` cycles of
+# memory latency per iteration that other warps do not hide. The two ends of a prediction:
+# (ipc_max, exposed) = (0.8, 0) and (0.5, 1200) (~0.6 us at 1.98 GHz, a loaded HBM round trip).
 WARP_IPC = 0.15
-IPC_MAX = (0.5, 0.8)
+MODEL_ENDS = ((0.8, 0), (0.5, 1200))
 
 
 def plan(B: int, H: int, K: int, cfg, splits: int, ctas_per_sm: int, num_sms: int) -> dict:
@@ -127,17 +130,20 @@ def plan(B: int, H: int, K: int, cfg, splits: int, ctas_per_sm: int, num_sms: in
 
 
 def model_cycles(B: int, H: int, K: int, cfg, splits: int, row: dict, num_sms: int,
-                 ipc_max: float, prologue: int) -> float:
-    """Cycles of one launch by the issue model: the CTAs run in waves of ``ctas`` per SM; in a
-    wave of c CTAs per SM each warp issues at ``min(WARP_IPC, 4 ipc_max / (c warps))`` and
-    executes ``iters x loop + prologue`` instructions."""
+                 ipc_max: float, exposed: float = 0, prologue: int = 1300) -> float:
+    """Cycles of one launch by the issue model: the CTAs run in waves of ``row["ctas"]`` per SM;
+    in a wave of c CTAs per SM each warp issues at ``min(WARP_IPC, 4 ipc_max / (c warps))`` and
+    executes ``iters x loop + prologue`` instructions, plus ``exposed`` cycles per iteration
+    when nothing is in flight across iterations (:func:`rows_in_flight` lookahead 0)."""
     p = plan(B, H, K, cfg, splits, row["ctas"], num_sms)
     per_warp = p["iters"] * row["loop"]["total"] + prologue
+    ahead = int(cfg.prefetch) + (cfg.num_stages - 1 if row["loop"].get("LDGSTS", 0) else 0)
+    wait = p["iters"] * exposed if ahead == 0 else 0.0
     left, cyc = p["ctas"], 0.0
     while left > 0:
         c = min(row["ctas"], math.ceil(left / num_sms))
         rate = min(WARP_IPC, 4 * ipc_max / (c * cfg.num_warps))
-        cyc += per_warp / rate
+        cyc += per_warp / rate + wait
         left -= c * num_sms
     return cyc
 
@@ -145,20 +151,107 @@ def model_cycles(B: int, H: int, K: int, cfg, splits: int, row: dict, num_sms: i
 def predict(shape: tuple, cfg, splits: int, row: dict, base: tuple, num_sms: int = 132,
             floor_us: float | None = None, prologue: int = 1300) -> tuple[float, float]:
     """(low, high) microseconds of ``cfg`` at ``splits`` for ``shape`` = (B, H, K) by
-    :func:`model_cycles`, scaled to the measured time of the baseline launch ``base`` =
-    (cfg, splits, row, measured_us) of the same shape; the low end is held at
+    :func:`model_cycles` at the two ends of :data:`MODEL_ENDS`, scaled to the measured time of
+    a baseline launch ``base`` = ((B, H, K), cfg, splits, count row, measured us) of the same
+    format (same shape, or another one: the model is per warp); the low end is held at
     ``floor_us / 0.8`` (a gather of 584-656-byte rows does not beat ~80 % of the copy rate)."""
-    B, H, K = shape
-    bcfg, bsplits, brow, bus = base
+    bshape, bcfg, bsplits, brow, bus = base
     out = []
-    for ipc in IPC_MAX:
-        mine = model_cycles(B, H, K, cfg, splits, row, num_sms, ipc, prologue)
-        theirs = model_cycles(B, H, K, bcfg, bsplits, brow, num_sms, ipc, prologue)
+    for ipc, exposed in MODEL_ENDS:
+        mine = model_cycles(*shape, cfg, splits, row, num_sms, ipc, exposed, prologue)
+        theirs = model_cycles(*bshape, bcfg, bsplits, brow, num_sms, ipc, exposed, prologue)
         out.append(bus * mine / theirs)
     lo, hi = min(out), max(out)
     if floor_us:
         lo, hi = max(lo, floor_us / 0.8), max(hi, floor_us / 0.8)
     return lo, hi
+
+
+# The rows ``--report`` predicts ((B, H, K), format, measured us, floor us): the baseline is the
+# tile the binding runs today at the small heads (16 x 32, 4 warps, 2 stages, no hand pipeline;
+# the launcher's split count), timed by the bench on the H200
+# (bench/results/bench_h200_targets_torch_20261205.json). V4 H64 runs the Gluon kernel today
+# (49.4 us) and V3.2 H32 is no bench row: their Triton tiles are predicted from the V4 H8 /
+# V3.2 H16 baseline of their format (the model is per warp, so another H is another grid).
+REPORT_SHAPES = {
+    "v32_h16": ((64, 16, 2048), "fp8_ds_mla", 99.8, 20.6),
+    "v4_h8": ((64, 8, 640), "fp8_model1", 42.7, 5.8),
+    "v4_h64": ((64, 64, 640), "fp8_model1", None, 7.5),
+    "v32_h32": ((64, 32, 2048), "fp8_ds_mla", None, None),
+}
+BASE_CFG = dict(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False)
+
+
+def launcher_splits(B: int, H: int, K: int, cfg, ctas_per_sm: int, num_sms: int = 132) -> int:
+    """The split count ``configs.sparse_mla_num_splits`` gives at ``ctas_per_sm``."""
+    from kernels.sparse_mla import configs
+    return configs.sparse_mla_num_splits(B * -(-H // cfg.block_h), K, cfg.block_k, num_sms,
+                                         ctas_per_sm=ctas_per_sm)
+
+
+def report(path: str, cc: int = 90, top: int = 40) -> dict:
+    """Per :data:`REPORT_SHAPES` row: every spill-free count on ``sm_<cc>`` with its residency,
+    rows in flight per SM, loop instructions per useful (row, head), the split count that fills
+    the counted CTA slots (and twice it) and the predicted range (:func:`predict`, against the
+    baseline tile at the launcher's split count today). Printed, and returned by shape."""
+    from kernels.sparse_mla import configs
+    rows = json.loads(Path(path).read_text())["rows"]
+    by = {_key(r["format"], r["config"], r["cc"]): r for r in rows}
+    out = {}
+    for name, ((B, H, K), fmt, base_us, floor) in REPORT_SHAPES.items():
+        brow = by.get(_key(fmt, BASE_CFG, cc))
+        if brow is None:
+            continue
+        bcfg = configs.SparseMLAConfig(**BASE_CFG)
+        # the launcher sizes today's split count assuming 255 registers
+        bsplit = launcher_splits(B, H, K, bcfg, configs.sparse_mla_ctas_per_sm(bcfg, 232_448))
+        base = ((B, H, K), bcfg, bsplit, brow, base_us)
+        if base_us is None:             # predicted from the V4 H8 / V3.2 H16 row of its format
+            other = "v4_h8" if fmt == "fp8_model1" else "v32_h16"
+            (B2, H2, K2), _, ref_us, _ = REPORT_SHAPES[other]
+            base = ((B2, H2, K2), bcfg, launcher_splits(B2, H2, K2, bcfg, 2), brow, ref_us)
+        lines = []
+        for r in rows:
+            if r["format"] != fmt or r["cc"] != cc or r.get("error") or r["spill_store_bytes"] \
+                    or not r.get("ctas") or r["config"]["block_h"] > max(16, H):
+                continue
+            cfg = configs.SparseMLAConfig(**r["config"])
+            if cfg.prefetch and cfg.num_stages > 1:     # the hand pipeline ignores num_stages
+                continue
+            s1 = launcher_splits(B, H, K, cfg, r["ctas"])
+            for s in sorted({s1, 2 * s1}):
+                lo, hi = predict((B, H, K), cfg, s, r, base, LIMITS[cc][4], floor)
+                p = plan(B, H, K, cfg, s, r["ctas"], LIMITS[cc][4])
+                lines.append({
+                    "config": r["config"], "registers": r["registers"], "shared": r["shared"],
+                    "ctas_per_sm": r["ctas"], "warps_per_sm": r["warps"], "limit": r["limit"],
+                    "loop": r["loop"]["total"], "LDGSTS": r["loop"].get("LDGSTS", 0),
+                    "instr_per_row_head": round(r["loop"]["total"] * cfg.num_warps
+                                                / (cfg.block_k * min(H, cfg.block_h)), 1),
+                    "kb_in_flight_per_sm": round(r["ctas"] * rows_in_flight(cfg, r["loop"])
+                                                 * ROW_BYTES[fmt] / 1024, 1),
+                    "splits": p["splits"], "ctas": p["ctas"], "waves": round(p["waves"], 2),
+                    "iters": p["iters"], "pred_us": (round(lo, 1), round(hi, 1)),
+                    "sm120_fits": _fits_120(by, fmt, r["config"])})
+        lines.sort(key=lambda d: sum(d["pred_us"]))
+        out[name] = {"shape": {"B": B, "H": H, "K": K, "format": fmt}, "baseline_us": base_us,
+                     "baseline_splits": bsplit, "rows": lines}
+        print(f"## {name}: B {B} H {H} K {K} {fmt}; baseline 16x32w4s2 x{bsplit} splits "
+              f"{base_us} us (floor {floor})")
+        for d in lines[:top]:
+            c = d["config"]
+            print(f"  {c['block_h']}x{c['block_k']} w{c['num_warps']} s{c['num_stages']} "
+                  f"pf{int(c['prefetch'])} S{d['splits']:3d}: regs {d['registers']} smem "
+                  f"{d['shared']} ctas/SM {d['ctas_per_sm']} warps/SM {d['warps_per_sm']} "
+                  f"KB/SM {d['kb_in_flight_per_sm']} loop {d['loop']} instr/row-head "
+                  f"{d['instr_per_row_head']} waves {d['waves']} -> {d['pred_us']} us"
+                  f"{'' if d['sm120_fits'] else ' (not sm_120)'}")
+    return out
+
+
+def _fits_120(by: dict, fmt: str, cfg: dict) -> bool:
+    r = by.get(_key(fmt, cfg, 120))
+    return bool(r and not r.get("error") and r["shared"] <= LIMITS[120][1])
 
 
 def _key(fmt: str, cfg: dict, cc: int) -> tuple:
@@ -195,7 +288,15 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--chunk", type=int, default=16, help="launches per compile batch (JSON after each)")
     ap.add_argument("--resume", action="store_true", help="keep the rows already in --json")
+    ap.add_argument("--report", default=None,
+                    help="no compile: the per-shape tables and predictions from this counts JSON")
     args = ap.parse_args(argv)
+    if args.report:
+        rep = report(args.report)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(rep, f, indent=1)
+        return 0
     from kernels import _triton_aot as aot
     tp = args.triton if args.triton and Path(args.triton, "triton").exists() else None
     # a fresh Triton cache: a cached compile skips ptxas, whose log gives the registers
