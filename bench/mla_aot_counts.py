@@ -176,7 +176,7 @@ def predict(shape: tuple, cfg, splits: int, row: dict, base: tuple, num_sms: int
 REPORT_SHAPES = {
     "v32_h16": ((64, 16, 2048), "fp8_ds_mla", 99.8, 20.6),
     "v4_h8": ((64, 8, 640), "fp8_model1", 42.7, 5.8),
-    "v4_h64": ((64, 64, 640), "fp8_model1", None, 7.5),
+    "v4_h64": ((64, 64, 640), "fp8_model1", None, 7.8),
     "v32_h32": ((64, 32, 2048), "fp8_ds_mla", None, None),
 }
 BASE_CFG = dict(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False)
