@@ -28,7 +28,8 @@ that faults (CUDA errors are sticky) or hangs is recorded as an error row and a 
 resumes with the next one. ``--no-isolate`` runs everything in this process. ``--dry-run``
 runs the same variants in the CPU interpreter on tiny shapes (fp16 q; variants that the
 interpreter would run identically, i.e. differing only in warps / stages, share one row).
-Rows stream to stdout as JSON lines; ``--out`` gets the document after every shape.
+Rows stream to stdout as JSON lines; ``--out`` is rewritten after every row (``partial`` until
+the end), with a per-shape ``summary`` (baseline, fastest variant, speed-up).
 """
 from __future__ import annotations
 
@@ -526,12 +527,11 @@ def main(argv=None) -> int:
                 dev, shape, extra, [1.0], only_extra=True)[1:]
         else:
             variants = space_variants(dev, shape, extra, args.splits_scale, args.only_extra)
-        got: dict[int, dict] = {}
-
         def on_row(i, rec, key=key, variants=variants):
             rec = {"shape_key": key, **rec, "variant_spec": variants[i]}
-            got[i] = rec
+            rows.append(rec)
             print(json.dumps(rec), flush=True)
+            save(partial=True)          # a run cut off by its time limit keeps every row so far
 
         if args.no_isolate:
             def emit(rec):
@@ -549,8 +549,6 @@ def main(argv=None) -> int:
                                 setup_timeout=args.setup_timeout, max_gb=args.max_gb, on_row=on_row)
             if info:
                 meta.setdefault("child", {k: v for k, v in info.items() if k != "kind"})
-        rows += [got[i] for i in sorted(got)]
-        save(partial=True)
     save(partial=False)
     bad = [r for r in rows if str(r.get("status", "")).startswith(("error", "FAILED"))]
     print(json.dumps(summarize(rows), indent=1))
