@@ -12,6 +12,11 @@
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
+#   sweep:mlasmall  bench.mla_sweep --small-heads: the occupancy-first small-head tiles (bench/NOTES.md
+#                   "Small heads") on the V3.2 H16, V4 H8 and V4 H64 rows against the binding's own
+#                   choice; checked against the reference, CUDA-graph timed over rotated input sets,
+#                   each shape's variants in a child process (SWEEP_VARIANT_TIMEOUT s a variant,
+#                   default 90; a faulting variant is a row), JSON $OUT/sweep_mlasmall.json
 #   sweep:idxws     bench.indexer_sweep --ws: the warp-specialised logits kernel's variants against
 #                   today's Gluon kernel (checks + logits timed alone; SWEEP_ROW_TIMEOUT per row)
 #   check:NAME      bench.gluon_check --kernels CHECK_KERNELS (default the latent WS pair), each
@@ -73,6 +78,9 @@ for step in "$@"; do
       if [ "$what" = linear ]; then
         timeout "$secs" python3 -m bench.linear_sweep --out "$OUT/sweep_linear.json" \
           --budget-s $((secs - 60)) ${LINEAR_SWEEP_ARGS:-} > "$log" 2>&1
+      elif [ "$what" = mlasmall ]; then
+        timeout "$secs" python3 -m bench.mla_sweep --small-heads --budget-s $((secs - 40)) \
+          --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" --out "$OUT/sweep_mlasmall.json" > "$log" 2>&1
       elif [ "$what" = idxws ]; then
         timeout "$secs" python3 -m bench.indexer_sweep --ws --row-timeout "${SWEEP_ROW_TIMEOUT:-60}" \
           --out "$OUT/sweep_idxws.json" > "$log" 2>&1

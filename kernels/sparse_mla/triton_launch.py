@@ -19,7 +19,7 @@ from kernels.sparse_mla import configs
 
 __all__ = ["TRITON_SHAPES", "AOT_VARIANTS", "Source", "aot_specs", "combine_constexprs",
            "dot_dtype", "fp8_bytes", "launch", "launch_sources", "page_used_bytes", "rope_dtype",
-           "split_constexprs"]
+           "split_constexprs", "split_spec"]
 
 # (D_qk, d_v) pairs the Triton kernels are built and compile-checked for.
 TRITON_SHAPES = ((576, 512), (512, 512))
@@ -91,6 +91,38 @@ AOT_VARIANTS = (
 GLUON_WS_LATENT_EXTRA = ((torch.float16, False), (torch.bfloat16, True))
 
 
+def split_spec(kv_format: str, d_qk: int, q_dtype: torch.dtype, final: bool,
+               cfg: configs.SparseMLAConfig, *, has_bt: bool, has_tkl: bool = True,
+               has_sink: bool = True):
+    """The ``kernels._triton_aot.LaunchSpec`` of one launch of ``_sparse_mla_split_kernel``
+    (a Triton config): ``kv_format`` at ``d_qk`` with q of ``q_dtype`` (the cache's dtype for
+    ``latent``), ``final`` (the single-split epilogue) and the feature flags as the launcher
+    would pass them (:func:`aot_specs` compiles them on; ``bench.mla_aot_counts`` as the
+    bench's rows launch them)."""
+    from kernels._triton_aot import LaunchSpec
+    kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
+    kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
+    dot = dot_dtype(q_dtype, kv_dtype, kv_format)
+    sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
+           "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
+           "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
+           "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
+           "qk_scale_log2": "fp32"}
+    for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "stride_page",
+                 "stride_tok", "N", "H", "K", "num_slots", "num_pages",
+                 "max_pages", "page_size", "page_bytes", "chunk"):
+        sig[name] = "i32"
+    cx = split_constexprs(kv_format, d_qk, 512, cfg, dot, rope_dtype(q_dtype, dot, kv_format),
+                          has_bt=has_bt, has_tkl=has_tkl, has_sink=has_sink, final=final)
+    flags = "" if (has_tkl and has_sink) else f" tkl={int(has_tkl)} sink={int(has_sink)}"
+    label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
+             f"{'final' if final else 'partial'} {'block table' if has_bt else 'slots'}{flags} "
+             f"{cfg}")
+    return LaunchSpec(label, "kernels.sparse_mla.triton", "_sparse_mla_split_kernel", sig, cx,
+                      cfg.num_warps, cfg.num_stages, ("DOT_DTYPE", "ROPE_DTYPE"),
+                      ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok", "page_bytes"))
+
+
 def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     """Launches of the triton path on a GPU of ``smem_class`` (``kernels.sparse_mla.configs``) as
     ``kernels._triton_aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
@@ -100,7 +132,6 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     specs = []
     for kv_format, d_qk, q_dtype, final in variants:
         kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
-        kv_ptr = _TL_PTR[q_dtype] if kv_format == "latent" else "*u8"
         dot = dot_dtype(q_dtype, kv_dtype, kv_format)
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
             if cfg.kernel == "gluon":
@@ -111,26 +142,8 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                 if (kv_format, d_qk) in configs.GLUON_WS_FORMATS and dot != "float32":
                     specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages, "gluon_ws"))
                 continue
-            sig = {"q_ptr": _TL_PTR[q_dtype], "kv_ptr": kv_ptr, "kv16_ptr": "*i16",
-                   "kv32_ptr": "*fp32", "idx_ptr": "*i32", "bt_ptr": "*i32",
-                   "tkl_ptr": "*i32", "sink_ptr": "*fp32", "po_ptr": "*fp32",
-                   "pl_ptr": "*fp32", "out_ptr": _TL_PTR[q_dtype], "lse_ptr": "*fp32",
-                   "qk_scale_log2": "fp32"}
-            for name in ("sq_b", "sq_n", "sq_h", "si_b", "si_n", "sbt_b", "stride_page",
-                         "stride_tok", "N", "H", "K", "num_slots", "num_pages",
-                         "max_pages", "page_size", "page_bytes", "chunk"):
-                sig[name] = "i32"
             for has_bt in (True, False):
-                cx = split_constexprs(kv_format, d_qk, 512, cfg, dot,
-                                      rope_dtype(q_dtype, dot, kv_format), has_bt=has_bt,
-                                      has_tkl=True, has_sink=True, final=final)
-                label = (f"split {kv_format} D{d_qk} q={str(q_dtype)[6:]} "
-                         f"{'final' if final else 'partial'} {'block table' if has_bt else 'slots'} "
-                         f"{cfg}")
-                specs.append(LaunchSpec(label, mod, "_sparse_mla_split_kernel", sig, cx,
-                                        cfg.num_warps, cfg.num_stages, ("DOT_DTYPE", "ROPE_DTYPE"),
-                                        ("sq_b", "sq_n", "sq_h", "stride_page", "stride_tok",
-                                         "page_bytes")))
+                specs.append(split_spec(kv_format, d_qk, q_dtype, final, cfg, has_bt=has_bt))
     if configs.SPARSE_MLA_GLUON_WS in configs.SPARSE_MLA_SPACE.get((smem_class, 2), ()):
         # the latent WS kernel's other launches: fp16 q with an fp16 cache, the final epilogue
         nbuf = configs.SPARSE_MLA_GLUON_WS.num_stages

@@ -1,0 +1,119 @@
+"""bench.mla_sweep: the small-head variant space (tied to its AOT counts), the dry run in the
+interpreter (every variant checked against the reference) and the child-process isolation (a
+variant that crashes or hangs is a row; the next variant still runs)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bench import mla_aot_counts as counts
+from bench import mla_sweep as sw
+from kernels import hardware
+from kernels.sparse_mla import configs
+
+ROOT = Path(__file__).resolve().parents[1]
+COUNTS = ROOT / "bench" / "results" / "mla_aot_counts_small_heads_20261205.json"
+H200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132,
+                           smem_per_block=hardware.smem_limit((9, 0)))
+interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                                 reason="the dry run is the CPU interpreter's plumbing check")
+
+
+def _count_rows():
+    rows = json.loads(COUNTS.read_text())["rows"]
+    return {(r["format"], r["cc"], tuple(sorted(r["config"].items()))): r for r in rows}
+
+
+def test_small_head_variants_come_from_the_counts():
+    """Every ``--small-heads`` Triton variant has a committed sm_90 count (the format its shape
+    runs) without spills that fits the H200, its ``ctas_per_sm`` is that count's residency, its
+    split count the launcher's rule at that residency, and it compiled for sm_120 too; the
+    Gluon variants are members of the H200's space; names are unique per shape."""
+    shapes = sw.small_head_shapes()
+    assert set(sw.SMALL_HEAD_VARIANTS) == set(shapes)
+    got = _count_rows()
+    for key, variants in sw.SMALL_HEAD_VARIANTS.items():
+        shape = shapes[key]
+        assert variants, key
+        names = [v["name"] for v in variants]
+        assert len(set(names)) == len(names) and "baseline" not in names, key
+        for v in variants:
+            cfg = configs.SparseMLAConfig(**v["config"])
+            if cfg.kernel != "triton":          # a Gluon kernel of the space (no Triton count)
+                assert cfg in configs.SPARSE_MLA_SPACE[("large", 2)] and v["ctas_per_sm"] is None
+                continue
+            assert cfg.block_h in (16, 32) and cfg.block_k in (16, 32, 64)
+            row = got[(shape.kv_format, 90, tuple(sorted(cfg.to_dict().items())))]
+            assert not row.get("error") and row["spill_store_bytes"] == 0, (key, v["name"], row)
+            assert row["ctas"] >= 1 and v["ctas_per_sm"] == row["ctas"], (key, v["name"])
+            # the split count the launcher's rule gives at the counted residency (times scale)
+            rows = shape.B * -(-shape.H // cfg.block_h)
+            fill = configs.sparse_mla_num_splits(rows, shape.K, cfg.block_k, H200.num_sms,
+                                                 ctas_per_sm=row["ctas"])
+            assert sw.resolve_splits(v, shape, cfg, H200) == max(1, round(fill * v["scale"]))
+            # every Triton variant also compiles for sm_120 (fit or not: bench/NOTES.md says which)
+            r120 = got[(shape.kv_format, 120, tuple(sorted(cfg.to_dict().items())))]
+            assert not r120.get("error") and r120["shared"] > 0, (key, v["name"])
+
+
+def test_occupancy_and_model_by_hand():
+    """Residency: today's H16 tile (254 registers, 105,984 B, 4 warps) is 2 CTAs per SM on the
+    H200 (registers and shared memory both), none on sm_120; 128 registers and 40 KB at 4
+    warps: 4 CTAs (registers), 16 warps. The issue model's time scales with the loop length
+    and with resident warps only up to the issue cap."""
+    assert counts.occupancy(254, 105_984, 4, 90) == {"ctas": 2, "warps": 8, "limit": "registers+shared"}
+    assert counts.occupancy(254, 105_984, 4, 120)["ctas"] == 0
+    assert counts.occupancy(128, 40_000, 4, 90)["ctas"] == 4
+    cfg = configs.SparseMLAConfig(16, 32, 4, 2, prefetch=False)
+    row = {"ctas": 2, "loop": {"total": 1500}}
+    p = counts.plan(64, 16, 2048, cfg, 4, 2, 132)
+    assert p == {"splits": 4, "ctas": 256, "waves": 256 / 264, "iters": 16, "head_fill": 1.0}
+    base = ((64, 16, 2048), cfg, 4, row, 100.0)
+    lo, hi = counts.predict((64, 16, 2048), cfg, 4, row, base)
+    assert lo == pytest.approx(100.0) and hi == pytest.approx(100.0)
+    fast = {"ctas": 4, "loop": {"total": 1500}}       # twice the warps, same loop
+    lo, hi = counts.predict((64, 16, 2048), cfg, 8, fast, base)
+    assert 50.0 <= lo <= hi <= 100.0
+
+
+@interpreter
+def test_dry_run_small_heads(tmp_path):
+    """``--small-heads --dry-run`` on the tiny V3.2 H16 and V4-Flash H8 shapes, in this process:
+    every variant runs (or shares the interpreter program of an earlier one) and passes the
+    reference check; the JSON has the rows and the summary."""
+    out = tmp_path / "s.json"
+    rc = sw.main(["--small-heads", "--dry-run", "--no-isolate", "--shapes", "v32_h16", "v4_h8",
+                  "--out", str(out)])
+    doc = json.loads(out.read_text())
+    assert rc == 0 and doc["dry_run"] and not doc["partial"]
+    for key in ("v32_h16", "v4_h8"):
+        rows = [r for r in doc["rows"] if r["shape_key"] == key]
+        assert len(rows) == 1 + len(sw.SMALL_HEAD_VARIANTS[key]), key
+        assert rows[0]["variant"] == "baseline"
+        for r in rows:
+            if r["status"].startswith("same interpreter program"):
+                continue
+            assert r["status"] == "ok" and r["check"]["passed"] and r["median_us"] > 0, r
+            assert r["splits"] >= 1 and r["config"]["block_h"] >= 16
+
+
+@interpreter
+def test_isolated_children_survive_a_crash_and_a_hang(monkeypatch):
+    """``run_isolated`` (each shape's variants in a child): a variant that kills its process and
+    one that hangs past ``variant_timeout`` are error rows naming the cause; the variant after
+    them runs in a fresh child and passes its reference check."""
+    monkeypatch.setenv("MLA_SWEEP_FAULT", "crashes:crash,hangs:hang")
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    cfg = dict(block_h=16, block_k=32, num_warps=4, num_stages=2, prefetch=False)
+    variants = [dict(sw.BASELINE, name=n, config=cfg) for n in ("crashes", "hangs", "runs")]
+    got = {}
+    info = sw.run_isolated(sw.small_head_shapes(dry=True)["v32_h16"], variants, dry=True, seed=0,
+                           deadline=None, variant_timeout=12, setup_timeout=120, max_gb=1,
+                           on_row=lambda i, rec: got.setdefault(i, rec))
+    assert sorted(got) == [0, 1, 2] and info["gpu"] == "CPU interpreter"
+    assert "exit status 7" in got[0]["status"]
+    assert "no result after 12 s" in got[1]["status"]
+    assert got[2]["status"] == "ok" and got[2]["check"]["passed"], got[2]
