@@ -18,38 +18,31 @@ import shutil
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 from kernels import _triton_aot as aot
 from kernels.linear import triton as klinear
 
-# (smem class, cc, shared memory per SM, max warps per SM, max programs per SM)
-TARGETS = (("large", 90, 233_472, 64, 32), ("small", 120, 102_400, 48, 24))
+# (smem class, cc); the per-SM limits are kernels._triton_aot.LIMITS
+TARGETS = (("large", 90), ("small", 120))
 LOOP_OPS = ("LDGSTS", "HGMMA", "HMMA", "LDSM", "FFMA", "LDS", "BAR")
 
 
-def programs_per_sm(res: dict, smem_per_sm: int, max_warps: int, max_ctas: int) -> int:
-    """Resident programs per SM by shared memory (+1 KiB reserved per block), registers
-    (64 K per SM, allocated per warp in units of 256) and warps."""
-    warps = res["num_warps"]
-    regs = res["registers"] or 255
-    per_warp = -(-regs * 32 // 256) * 256
-    return max(0, min(smem_per_sm // (res["shared"] + 1024), 65_536 // (per_warp * warps),
-                      max_warps // warps, max_ctas))
+def programs_per_sm(res: dict, cc: int) -> int:
+    """Resident programs per SM (:func:`kernels._triton_aot.occupancy`: shared memory + the
+    1 KiB reserved per block, registers allocated per warp in units of 256, warps, CTAs)."""
+    return aot.occupancy(res["registers"], res["shared"], res["num_warps"], cc)["ctas"]
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write every result here")
-    ap.add_argument("--triton", default=str(Path(__file__).resolve().parents[1] / ".venv" / "triton-gpu-image"),
-                    help="folder holding the Triton to compile with (default: the GPU image's, "
-                         "unpacked by the Makefile); '' for the installed one")
+    aot.add_triton_arg(ap)
     args = ap.parse_args(argv)
-    tp = args.triton if args.triton and Path(args.triton, "triton").exists() else None
+    tp = aot.triton_dir(args.triton)
     # a fresh Triton cache: a cached compile skips ptxas, whose log gives the registers
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="linear-aot-cache-")
     rows = []
-    for cls, cc, smem_sm, max_warps, max_ctas in TARGETS:
+    for cls, cc in TARGETS:
         specs = klinear.aot_specs(cls)
         t = time.time()
         res = aot.compile_specs(specs, (cc,), sass=True, triton_path=tp)
@@ -57,7 +50,7 @@ def main(argv=None):
         for spec, r in zip(specs, res):
             row = {k: v for k, v in r.items() if k != "sass"}
             if "error" not in r:
-                row["programs_per_sm"] = programs_per_sm(r, smem_sm, max_warps, max_ctas)
+                row["programs_per_sm"] = programs_per_sm(r, cc)
                 if "unsplit" in spec.label and "x=bf16 w=bf16 " in spec.label or "x=fp32 w=fp32" in spec.label:
                     ce = spec.constexprs
                     wb = 4 if ce["IEEE_FP32"] else 2

@@ -28,33 +28,13 @@ import tempfile
 import time
 from pathlib import Path
 
-# Per-SM limits: (shared bytes per SM, shared bytes per block, max warps, max CTAs, SMs).
-# H200 (sm_90): 228 KiB per SM of which 227 KiB per block; 64 warps (2048 threads), 32 CTAs,
-# 132 SMs. sm_120 (RTX PRO 6000 / 5090 class): 100 KiB per SM, 99 KiB per block, 48 warps
-# (1536 threads), 24 CTAs; 188 SMs (RTX PRO 6000). The driver reserves 1 KiB per block.
-LIMITS = {90: (233_472, 232_448, 64, 32, 132), 120: (102_400, 101_376, 48, 24, 188)}
-REGISTERS_PER_SM = 65_536
-RESERVED_SMEM = 1024
+from kernels import _triton_aot as aot
+from kernels._triton_aot import LIMITS, occupancy  # noqa: F401 (occupancy: the tests read it here)
+
 # bytes a row of each format occupies (data + scales + rope), read per gathered entry
 ROW_BYTES = {"fp8_ds_mla": 656, "fp8_model1": 584}
 FORMATS = (("fp8_ds_mla", 576, False), ("fp8_model1", 512, True))   # (format, D_qk, sink)
 LOOP_OPS = ("HMMA", "LDG", "LDGSTS", "LDSM", "STS", "LDS", "LDL", "STL", "BAR", "F2FP", "MUFU")
-
-
-def occupancy(regs: int | None, shared: int, num_warps: int, cc: int) -> dict:
-    """Resident CTAs per SM of one compiled launch on ``sm_<cc>`` (registers allocated per warp
-    in units of 256, shared memory plus the 1 KiB the driver reserves per block), with the
-    limiting resource. 0 when the block's shared memory exceeds the per-block limit."""
-    smem_sm, smem_blk, max_warps, max_ctas, _ = LIMITS[cc]
-    if shared > smem_blk:
-        return {"ctas": 0, "warps": 0, "limit": "shared per block"}
-    per_warp = -(-(regs or 255) * 32 // 256) * 256
-    lim = {"registers": REGISTERS_PER_SM // (per_warp * num_warps),
-           "shared": smem_sm // (shared + RESERVED_SMEM),
-           "warps": max_warps // num_warps, "ctas": max_ctas}
-    n = min(lim.values())
-    return {"ctas": n, "warps": n * num_warps,
-            "limit": "+".join(k for k, v in lim.items() if v == n)}
 
 
 def configs_grid(block_h, block_k, warps, stages, prefetch) -> list:
@@ -275,9 +255,7 @@ def _print(row: dict) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="write every result here")
-    ap.add_argument("--triton", default=str(Path(__file__).resolve().parents[1] / ".venv" / "triton-gpu-image"),
-                    help="folder holding the Triton to compile with (default: the GPU image's, "
-                         "unpacked by the Makefile); '' for the installed one")
+    aot.add_triton_arg(ap)
     ap.add_argument("--block-h", type=int, nargs="+", default=[16, 32])
     ap.add_argument("--block-k", type=int, nargs="+", default=[16, 32, 64])
     ap.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
@@ -297,8 +275,7 @@ def main(argv=None):
             with open(args.json, "w") as f:
                 json.dump(rep, f, indent=1)
         return 0
-    from kernels import _triton_aot as aot
-    tp = args.triton if args.triton and Path(args.triton, "triton").exists() else None
+    tp = aot.triton_dir(args.triton)
     # a fresh Triton cache: a cached compile skips ptxas, whose log gives the registers
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mla-aot-cache-")
     cfgs = configs_grid(args.block_h, args.block_k, args.warps, args.stages, args.prefetch)

@@ -48,6 +48,45 @@ class LaunchSpec:
     options: dict = field(default_factory=dict)    # extra triton.compile options (maxnreg, ...)
 
 
+# Per-SM limits: (shared bytes per SM, shared bytes per block, max warps, max CTAs, SMs).
+# H200 (sm_90): 228 KiB per SM of which 227 KiB per block; 64 warps (2048 threads), 32 CTAs,
+# 132 SMs. sm_120 (RTX PRO 6000 / 5090 class): 100 KiB per SM, 99 KiB per block, 48 warps
+# (1536 threads), 24 CTAs; 188 SMs (RTX PRO 6000). The driver reserves 1 KiB per block.
+LIMITS = {90: (233_472, 232_448, 64, 32, 132), 120: (102_400, 101_376, 48, 24, 188)}
+REGISTERS_PER_SM = 65_536
+RESERVED_SMEM = 1024
+
+
+def occupancy(regs: int | None, shared: int, num_warps: int, cc: int) -> dict:
+    """Resident CTAs per SM of one compiled launch on ``sm_<cc>`` (registers allocated per warp
+    in units of 256, shared memory plus the 1 KiB the driver reserves per block), with the
+    limiting resource. 0 when the block's shared memory exceeds the per-block limit."""
+    smem_sm, smem_blk, max_warps, max_ctas, _ = LIMITS[cc]
+    if shared > smem_blk:
+        return {"ctas": 0, "warps": 0, "limit": "shared per block"}
+    per_warp = -(-(regs or 255) * 32 // 256) * 256
+    lim = {"registers": REGISTERS_PER_SM // (per_warp * num_warps),
+           "shared": smem_sm // (shared + RESERVED_SMEM),
+           "warps": max_warps // num_warps, "ctas": max_ctas}
+    n = min(lim.values())
+    return {"ctas": n, "warps": n * num_warps,
+            "limit": "+".join(k for k, v in lim.items() if v == n)}
+
+
+def add_triton_arg(ap) -> None:
+    """The counting tools' ``--triton`` option: the folder holding the Triton to compile with
+    (default the GPU image's, which the Makefile unpacks into ``.venv/triton-gpu-image``; ''
+    for the installed one). :func:`triton_dir` reads it back."""
+    ap.add_argument("--triton", default=str(_ROOT / ".venv" / "triton-gpu-image"),
+                    help="folder holding the Triton to compile with (default: the GPU image's, "
+                         "unpacked by the Makefile); '' for the installed one")
+
+
+def triton_dir(value: str | None) -> str | None:
+    """``--triton``'s folder when it holds a ``triton`` package, else None (the installed one)."""
+    return value if value and Path(value, "triton").exists() else None
+
+
 def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
     """Compile ``spec`` for ``sm_<cc>`` in this process (must not be interpreting).
 

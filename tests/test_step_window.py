@@ -76,6 +76,15 @@ def test_step_refuses_caches_of_different_page_pools(backend):
                  kv_format=m.kv_format, d_v=m.d_v, attn_sink=conv(m.attn_sink), path="auto")
 
 
+def _forbid(monkeypatch, module, *ops):
+    """Replace ``module``'s ``ops`` by a function that fails the test if called: the step must
+    refuse its arguments before any op runs."""
+    def forbidden(*a, **k):
+        raise AssertionError("an op ran before the step's arguments were checked")
+    for op in ops:
+        monkeypatch.setattr(module, op, forbidden)
+
+
 @pytest.mark.parametrize("backend", ["torch", "jax"])
 def test_step_checks_the_attention_arguments_before_the_indexer(backend, monkeypatch):
     """A bad q, attn_sink or d_v is refused (named) before the indexer runs: the indexer is
@@ -84,11 +93,7 @@ def test_step_checks_the_attention_arguments_before_the_indexer(backend, monkeyp
     c = _case()
     step, conv = _step(backend)
     mod = __import__("torch_impl.step" if backend == "torch" else "jax_impl.step", fromlist=["x"])
-
-    def no_indexer(*a, **k):
-        raise AssertionError("the indexer ran before the attention's arguments were checked")
-
-    monkeypatch.setattr(mod, "indexer_topk", no_indexer)
+    _forbid(monkeypatch, mod, "indexer_topk")
     m, i = c.mla, c.indexer
     with pytest.raises(ValueError, match="q: expected rank 4|q: expected"):
         step(conv(m.q[0]), conv(m.kv_cache), conv(i.q), conv(i.weights), conv(i.k_cache),
@@ -141,12 +146,7 @@ def test_step_errors_name_the_steps_own_arguments(backend, monkeypatch):
     c = _case()
     step, conv = _step(backend)
     mod = __import__("torch_impl.step" if backend == "torch" else "jax_impl.step", fromlist=["x"])
-
-    def no_op(*a, **k):
-        raise AssertionError("an op ran before the step's arguments were checked")
-
-    monkeypatch.setattr(mod, "indexer_topk", no_op)
-    monkeypatch.setattr(mod, "sparse_mla_decode", no_op)
+    _forbid(monkeypatch, mod, "indexer_topk", "sparse_mla_decode")
     m = c.mla
     for what, over, exc, pattern in _bad_step_inputs(c):
         with pytest.raises(exc, match=pattern):
@@ -162,12 +162,7 @@ def test_step_tp_errors_name_the_steps_own_arguments(monkeypatch):
     from torch_impl import tp as ttp
     from torch_impl._common import as_tensor
     c = _case()
-
-    def no_op(*a, **k):
-        raise AssertionError("an op ran before the step's arguments were checked")
-
-    monkeypatch.setattr(ttp, "indexer_topk", no_op)
-    monkeypatch.setattr(ttp, "sparse_mla_decode", no_op)
+    _forbid(monkeypatch, ttp, "indexer_topk", "sparse_mla_decode")
     m = c.mla
     for what, over, exc, pattern in _bad_step_inputs(c):
         with pytest.raises(exc, match=pattern):
