@@ -735,7 +735,7 @@ def test_gluon_ws_guard_refuses_one_consumer_with_two_ctas_an_sm(monkeypatch):
 
 
 def test_gluon_ws_address_model():
-    """``kernels.indexer.gluon_ws_model`` (the kernel's index arithmetic in NumPy): at every
+    """``bench.gluon_ws_model`` (the kernel's index arithmetic in NumPy): at every
     bench shape and for every ``--ws`` variant of the sweep (the faulting B 64 L 64K row's
     included) each block-table read, TMA box, logits / recount / histogram / q / weight access
     lies inside its allocation, the int32 expressions fit, every ring slot is below NSLOT and
@@ -743,7 +743,7 @@ def test_gluon_ws_address_model():
     ranges are tight (the last logit, block word and TMA row are reached); short and empty
     page ranges (lengths 0, 1, 65, past the table) stay inside too."""
     from bench.indexer_sweep import SHAPES, VARIANTS, WS_VARIANTS
-    from kernels.indexer import gluon_ws_model as m
+    from bench import gluon_ws_model as m
     for sname, (_, B, N, L, tab) in SHAPES.items():
         for name in WS_VARIANTS[1:]:
             v = VARIANTS[name]

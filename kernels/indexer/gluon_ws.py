@@ -62,7 +62,7 @@ CTAs per SM. Here the loads leave the consumers' chain:
   SM) raised an illegal memory access on the H200 at B 64 L 64K (8 splits); the launcher
   raises NotImplementedError there until a GPU run shows it exact
   (docs/logs/gluon_ws_c1_fault_20261205.md; the address arithmetic is in range:
-  ``kernels.indexer.gluon_ws_model``).
+  ``bench.gluon_ws_model``).
 
 Built for what ``gluon.py`` is (``kernels.indexer.gluon.eligible``: fp8_indexer, ``H_I = 64``,
 ``D_I = 128``, ``P = 64``, ``N`` in ``{1, 2}``, sm_90) and for a cache TMA can address
@@ -118,7 +118,7 @@ def unverified(batch: int, splits: int, num_sms: int, consumers: int) -> str | N
     CTAs resident on one SM: at B 64, L 64K, 8 splits (512 CTAs on 132 SMs) the H200 raised an
     illegal memory access in the first such row (bench/results/indexer_sweep_ws_h200_20261205.json,
     2026-12-05), while every grid the GPU tests launched (at most 30 CTAs, one an SM) was exact.
-    The kernel's address arithmetic is in range there (``kernels.indexer.gluon_ws_model``), the
+    The kernel's address arithmetic is in range there (``bench.gluon_ws_model``), the
     cause is not established (docs/logs/gluon_ws_c1_fault_20261205.md); refused until a GPU run
     shows the class exact (``python -m bench.indexer_sweep --ws --unguarded``, the test
     ``test_gluon_ws_c1_two_ctas_an_sm_unguarded``). Two or three consumers (one CTA an SM) are

@@ -1,7 +1,7 @@
 """NumPy model of the index arithmetic of ``kernels.indexer.gluon_ws`` (the warp-specialised
 TMA logits kernel): every global address range a launch can touch, against its allocations.
 
-    python -m kernels.indexer.gluon_ws_model            # the sweep's shapes x the --ws variants
+    python -m bench.gluon_ws_model            # the sweep's shapes x the --ws variants
 
 For one launch (``gluon_ws.launch`` with ``consumers`` / ``convert`` / ``splits``; the ring slot
 count from ``gluon_ws.ring_slots``) and one block table, :func:`address_ranges` evaluates, for
