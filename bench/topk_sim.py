@@ -162,36 +162,20 @@ def _logits_rows(q, w, k, sc):
 
 def bench_logits(preset: str, B: int, L: int, seed: int = 0) -> np.ndarray:
     """[B, L] float32 logits of the benchmark's generator (bench.inputs, torch on the CPU)."""
-    import torch
     from bench.grid import Shape
     from bench.inputs import make_inputs
     shape = Shape("indexer_topk", preset, B, 1, 1, L)
     s = make_inputs(shape, rotations=1, device="cpu", q_dtype="bfloat16",
                     latent_dtype="bfloat16", seed=seed).sets[0]
-    P, D = shape.P, shape.p.index_head_dim
-    kc = s["k_cache"]
-    vals = kc[:, : P * D].contiguous().view(torch.float8_e4m3fn).float().view(-1, P, D)
-    scales = kc[:, P * D:].contiguous().view(torch.float32).view(-1, P)
-    q = s["iq"].float()
-    w = s["iw"].float()
-    n = -(-L // P)
-    rows = []
-    for b in range(B):
-        pages = s["block_table"][b, :n].long()
-        k = vals[pages].reshape(-1, D)[:L]
-        sc = scales[pages].reshape(-1)[:L]
-        rows.append(_logits_rows(q[b], w[b], k, sc)[0])
-    return np.stack(rows)
+    return np.stack([_logits_rows(q, w, k, sc)[0] for q, w, k, sc in _request_inputs(shape, s)])
 
 
-def shape_logits(shape, seed: int = 0):
-    """Per (request, draft) float32 logit rows of a bench shape's inputs (``bench.inputs``, CPU
-    generator), each its valid prefix under the MTP rule, in chunks of 128K positions."""
+def _request_inputs(shape, s):
+    """Per request of input set ``s`` of ``shape``: float32 ``(q [N, H, D], w [N, H], k [L, D],
+    scales [L])``, the keys and scales of its first L positions read through its block table
+    from the fp8_indexer cache (e4m3 values, then the page's float32 scales)."""
     import torch
-    from bench.inputs import make_inputs
-    s = make_inputs(shape, rotations=1, device="cpu", q_dtype="float32", latent_dtype="float32",
-                    seed=seed).sets[0]
-    P, D, L, N = shape.P, shape.p.index_head_dim, shape.L, shape.N
+    P, D, L = shape.P, shape.p.index_head_dim, shape.L
     kc = s["k_cache"]
     vals = kc[:, : P * D].contiguous().view(torch.float8_e4m3fn).float().view(-1, P, D)
     scales = kc[:, P * D:].contiguous().view(torch.float32).view(-1, P)
@@ -200,9 +184,18 @@ def shape_logits(shape, seed: int = 0):
     n = -(-L // P)
     for b in range(shape.B):
         pages = s["block_table"][b, :n].long()
-        k = vals[pages].reshape(-1, D)[:L]
-        sc = scales[pages].reshape(-1)[:L]
-        rows = np.concatenate([_logits_rows(q[b], w[b], k[c:c + (1 << 17)], sc[c:c + (1 << 17)])
+        yield q[b], w[b], vals[pages].reshape(-1, D)[:L], scales[pages].reshape(-1)[:L]
+
+
+def shape_logits(shape, seed: int = 0):
+    """Per (request, draft) float32 logit rows of a bench shape's inputs (``bench.inputs``, CPU
+    generator), each its valid prefix under the MTP rule, in chunks of 128K positions."""
+    from bench.inputs import make_inputs
+    s = make_inputs(shape, rotations=1, device="cpu", q_dtype="float32", latent_dtype="float32",
+                    seed=seed).sets[0]
+    L, N = shape.L, shape.N
+    for q, w, k, sc in _request_inputs(shape, s):
+        rows = np.concatenate([_logits_rows(q, w, k[c:c + (1 << 17)], sc[c:c + (1 << 17)])
                                for c in range(0, L, 1 << 17)], axis=1)
         for i in range(N):
             yield rows[i, : L - (N - 1 - i)]
