@@ -292,9 +292,9 @@ def test_mtp_row_with_a_negative_threshold_is_planned_like_the_others(hist_mode)
     the fused logits kernel and the split top-k: every row's plan finds its threshold in a
     window (no miss), every row's candidates and candidate reads stay a small fraction of its
     length, and the selection is the SPEC set."""
-    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits, logits_splits
+    from kernels.indexer.triton import IndexerLogitsConfig
     from kernels.topk import window
-    from kernels.topk.triton import STATE_FIELDS, STATE_WORDS, hist_shape, launch_topk
+    from kernels.topk.triton import STATE_FIELDS, STATE_WORDS, launch_topk
 
     P, K = 16, 64
     case = cases.make_indexer_case(690, B=2, N=2, H_I=16, P=P, lens=[1200, 1000], topk=K)
@@ -307,14 +307,8 @@ def test_mtp_row_with_a_negative_threshold_is_planned_like_the_others(hist_mode)
     q, w_, kc, bt, cl = _args(case)
     B, N = q.shape[:2]
     W = bt.shape[1] * P
-    dev = _common.device_info(q.device)
     cfg = IndexerLogitsConfig(num_splits=3, hist=hist_mode)
-    logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-    hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
-                       dtype=torch.int32, device=DEVICE)
-    launch_indexer_logits(q, w_, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
-                          logits, page_size=P, num_sms=dev.num_sms, config=cfg,
-                          fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)
+    logits, hist = _logits_hist(q, w_, kc, bt, cl, cfg, P, blocks_only=False)
     out = torch.empty((B * N, K), dtype=torch.int32, device=DEVICE)
     state = torch.full((B * N, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(logits.view(B * N, W), cl, K, out, torch.empty((B * N, W), dtype=torch.int32,
@@ -335,8 +329,7 @@ def test_fused_histogram_recount_when_a_later_tile_rises(hist_mode):
     final bases; the blocks are exact, the bases the largest and smallest keys', the top-k the
     SPEC set at 1 and 2 splits (the same set; the order of the output, the plan's partition,
     may differ with the bases) and the same bits when repeated."""
-    from kernels.indexer.triton import IndexerLogitsConfig, launch_indexer_logits, logits_splits
-    from kernels.topk.triton import hist_shape, launch_topk
+    from kernels.indexer.triton import IndexerLogitsConfig
 
     P, K = 16, 24
     case = cases.make_indexer_case(652, B=2, N=2, H_I=16, P=P, lens=[260, 150], topk=K,
@@ -348,11 +341,9 @@ def test_fused_histogram_recount_when_a_later_tile_rises(hist_mode):
         kc_np.view(np.float32)[pg, P * D // 4: P * D // 4 + P] *= 4096.0
     case = dataclasses.replace(case, k_cache=kc_np)
     q, w, kc, bt, cl = _args(case)
-    kf = kc.view(torch.float32)
     ref = case.reference_logits()
     B, N = q.shape[:2]
     W = bt.shape[1] * P
-    dev = _common.device_info(q.device)
     lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
     outs = []
     for splits in (1, 2, 2):
