@@ -40,7 +40,7 @@ INT32 = 2 ** 31
 
 
 def program_ranges(lens: np.ndarray, max_pages: int, splits: int):
-    """``(start, end)`` int64 ``[B, S]``: each program's page range (``gluon_ws._range``);
+    """``(start, end)`` int64 ``[B, S]``: each program's page range (``kernels.indexer.gluon._range``);
     ``lens`` ``[B, N]`` the drafts' lengths (already clamped at 0)."""
     n_pages = np.minimum((lens.max(axis=1) + 63) // 64, max_pages)              # [B]
     per = (n_pages + splits - 1) // splits

@@ -131,6 +131,22 @@ def _draft_len(cl_ptr, b, i: gl.constexpr, N: gl.constexpr, CL_PER_DRAFT: gl.con
 
 
 @gluon.jit
+def _range(cl_ptr, b, split, num_splits, max_pages, N: gl.constexpr, CL_PER_DRAFT: gl.constexpr):
+    """``(len0, len1, start, end)``: the drafts' lengths and the program's page range
+    ``[start, end)`` (the request's pages up to its longer draft, capped by the table, cut into
+    ``num_splits`` contiguous ranges)."""
+    len0 = _draft_len(cl_ptr, b, 0, N, CL_PER_DRAFT)
+    len1 = len0
+    if N == 2:
+        len1 = _draft_len(cl_ptr, b, 1, N, CL_PER_DRAFT)
+    n_pages = gl.minimum((gl.maximum(len0, len1) + 63) // 64, max_pages)
+    per = (n_pages + num_splits - 1) // num_splits
+    start = split * per
+    end = gl.minimum(start + per, n_pages)
+    return len0, len1, start, end
+
+
+@gluon.jit
 def _entries(bt_row, pg0, end, num_pages, L: gl.constexpr):
     """Page of each of a step's 128 token rows (pages ``pg0``, ``pg0 + 1``) in layout ``L``, int32,
     -1 where the page is past ``end`` or its entry is not a real page."""
@@ -268,14 +284,7 @@ def _indexer_logits_gluon_kernel(
     split = gl.program_id(1)
     num_splits = gl.num_programs(1)
 
-    len0 = _draft_len(cl_ptr, b, 0, N, CL_PER_DRAFT)
-    len1 = len0
-    if N == 2:
-        len1 = _draft_len(cl_ptr, b, 1, N, CL_PER_DRAFT)
-    n_pages = gl.minimum((gl.maximum(len0, len1) + 63) // 64, max_pages)
-    per = (n_pages + num_splits - 1) // num_splits
-    start = split * per
-    end = gl.minimum(start + per, n_pages)
+    len0, len1, start, end = _range(cl_ptr, b, split, num_splits, max_pages, N, CL_PER_DRAFT)
 
     # q once: fp16 [64 heads, 64 dims] chunks, index 2 * draft + chunk
     qd = gl.allocate_shared_memory(gl.float16, [2 * N, 64, 64], SH)

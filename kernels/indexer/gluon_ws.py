@@ -77,8 +77,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma_wait)
 
-from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_len, _draft_step, _entries,
-                                   _finish_hist, _hist_init, _scores)
+from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_step, _entries,
+                                   _finish_hist, _hist_init, _range, _scores)
 from kernels.topk.triton import HIST_BINS, HIST_ROW
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
@@ -154,21 +154,6 @@ def layouts():
     the 64-byte swizzle, ``[64]`` float32 unswizzled."""
     return (gl.NVMMASharedLayout(swizzle_byte_width=64, element_bitwidth=8, rank=2),
             gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
-
-
-@gluon.jit
-def _range(cl_ptr, b, split, num_splits, max_pages, N: gl.constexpr, CL_PER_DRAFT: gl.constexpr):
-    """``(len0, len1, start, end)``: the drafts' lengths and the program's page range
-    ``[start, end)``, as ``gluon.py``."""
-    len0 = _draft_len(cl_ptr, b, 0, N, CL_PER_DRAFT)
-    len1 = len0
-    if N == 2:
-        len1 = _draft_len(cl_ptr, b, 1, N, CL_PER_DRAFT)
-    n_pages = gl.minimum((gl.maximum(len0, len1) + 63) // 64, max_pages)
-    per = (n_pages + num_splits - 1) // num_splits
-    start = split * per
-    end = gl.minimum(start + per, n_pages)
-    return len0, len1, start, end
 
 
 @gluon.jit
