@@ -1,16 +1,18 @@
-"""Check and time the Gluon sparse-MLA kernels (``kernel="gluon"`` and the warp-specialised
-``kernel="gluon_ws"``) against the float64 reference and the Triton tile the heuristic ran
-before them on an sm_90 GPU (GPU only).
+"""Check and time the Gluon sparse-MLA kernels (``kernel="gluon"``, the warp-specialised
+``kernel="gluon_ws"`` and the few-heads ``kernel="gluon_sh"``) against the float64 reference
+and the Triton tile the heuristic ran before them on an sm_90 GPU (GPU only).
 
     python -m bench.gluon_check --out gluon.json [--no-time] [--no-check]
-        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe] [--ws-timeout 900]
+        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe,gluon_sh] [--ws-timeout 900]
 
 Kernels (``--kernels``): ``gluon`` and ``gluon_ws`` on the fp8 formats; ``gluon_ws_latent`` the
 warp-specialised kernel on a 16-bit latent cache with its defaults (``gluon_ws.LATENT_SIGNAL``
 0: the slot signalled by cp.async mbarrier arrivals; ``LATENT_P_SMEM`` 1: P to the value dots
 through shared memory), ``gluon_ws_latent_safe`` with the conservative pair (1: wait_group +
 fence + barrier + arrive, the fp8 producer's protocol; 0: P by ``convert_layout``, as the fp8
-consumer), ``gluon_ws_latent_s1`` / ``gluon_ws_latent_pconv`` the two mixed pairs.
+consumer), ``gluon_ws_latent_s1`` / ``gluon_ws_latent_pconv`` the two mixed pairs;
+``gluon_sh`` the few-heads kernel (rows on wgmma M; every config of its space) on the fp8 formats
+at H 5..32 (checks) and the few-heads shapes (timing: B 64 H 16 / 32, B 1 H 16, V4 H 8 / 16).
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -23,7 +25,8 @@ call, so launch overhead is excluded) of each Gluon config and of the heuristic'
 631 us bench row, the A/B comparison) at the issue's target shapes of the requested kernels'
 formats (bench.mla_sweep's inputs).
 
-The WS kernels run in child processes (the same module with ``--kernels <one>``), one each,
+The WS kernels and ``gluon_sh`` (:data:`ISOLATED`) run in child processes (the same module with
+``--kernels <one>``), one each,
 under ``--ws-timeout`` seconds, their rows streamed to a file, so a compile error, a mismatch,
 an illegal address or a hang (an mbarrier that never completes) costs that kernel's rows only:
 every case is recorded (``passed`` / ``error``) and the other kernels' results are written
@@ -65,7 +68,20 @@ KERNELS = {
                            {"LATENT_SIGNAL": 1, "LATENT_P_SMEM": 1}),
     "gluon_ws_latent_pconv": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
                               {"LATENT_SIGNAL": 0, "LATENT_P_SMEM": 0}),
+    # the few-heads kernel (rows on wgmma M): every config of the space
+    "gluon_sh": ((configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
+                  configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32), FP8, {}),
 }
+# kernels run in a child process each (a fault or a hang costs only their rows): the
+# warp-specialised ones and the few-heads kernel until the GPU has checked it
+ISOLATED = ("gluon_ws", "gluon_ws_latent", "gluon_ws_latent_safe", "gluon_ws_latent_s1",
+            "gluon_ws_latent_pconv", "gluon_sh")
+
+
+def _heads_ok(kernel: str, H: int) -> bool:
+    """Whether ``kernel`` is timed at a shape of H heads: the few-heads kernel at H <= 32, the
+    64-head-tile kernels at H >= 64."""
+    return H <= 32 if kernel == "gluon_sh" else H >= 64
 KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
 
 
@@ -139,10 +155,17 @@ def _specs(kernel: str) -> list[tuple]:
     random cases."""
     specs = []
     fmts = [(f, 512 if f == "fp8_model1" else 576) for f in KERNELS[kernel][1]]
+    shapes = ((64, 100, 3, 2), (128, 640, 2, 1), (24, 64, 2, 2), (64, 2048, 1, 1))
+    if kernel == "gluon_sh":      # its head range: below, across and at its head blocks
+        shapes = ((16, 100, 3, 2), (8, 640, 2, 1), (24, 64, 2, 2), (32, 2048, 1, 1),
+                  (5, 300, 2, 1))
     for fmt, dqk in fmts:
         for qd in ("bfloat16", "float16"):
-            for H, K, B, N in ((64, 100, 3, 2), (128, 640, 2, 1), (24, 64, 2, 2), (64, 2048, 1, 1)):
+            for H, K, B, N in shapes:
                 specs.append((fmt, dqk, qd, H, K, B, N, True, 64, False))
+    if kernel == "gluon_sh":            # plain slots, no topk_length, no sink
+        for fmt, dqk in fmts:
+            specs.append((fmt, dqk, "bfloat16", 16, 640, 2, 1, False, 64, False))
     if kernel.startswith("gluon_ws"):   # plain slots, no topk_length, no sink (the other constexprs)
         for fmt, dqk in fmts:
             specs.append((fmt, dqk, "bfloat16", 128, 640, 2, 1, False, 64, False))
@@ -172,7 +195,8 @@ def check(kernel: str) -> list[dict]:
                     f"x{cfg.num_stages}", case, ref, cfg, splits, kernel, padded))
     fmt = KERNELS[kernel][1][0]
     for qd in (("bfloat16", "float16") if fmt == "latent" else ("bfloat16",)):
-        for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=64, K=64, kv_format=fmt,
+        for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=16 if kernel == "gluon_sh"
+                                                          else 64, K=64, kv_format=fmt,
                                                           q_dtype=qd, kv_dtype=qd)):
             ref = corner.reference()
             for cfg in cfgs:
@@ -194,6 +218,12 @@ SHAPES = [  # (preset, B, H, K, kv_format, d_qk, N)
     ("DSV32", 16, 128, 2048, "latent", 576, 1),
     ("DSV32", 1, 128, 2048, "latent", 576, 1),
     ("DSV32", 128, 128, 2048, "latent", 576, 1),
+    # few heads (TP 8 of 128 / 64 heads; the few-heads kernel's rows)
+    ("DSV32", 64, 16, 2048, "fp8_ds_mla", 576, 1),
+    ("DSV32", 64, 32, 2048, "fp8_ds_mla", 576, 1),
+    ("DSV32", 1, 16, 2048, "fp8_ds_mla", 576, 1),
+    ("DSV4_FLASH", 64, 8, 640, "fp8_model1", 512, 1),
+    ("DSV4_FLASH", 64, 16, 640, "fp8_model1", 512, 1),
 ]
 
 
@@ -215,7 +245,8 @@ def _slice_reference(q, kv, idx, fmt, sm_scale):
     return sel, ref
 
 
-def timing(kernels: list[str], with_heuristic: bool = True, formats=None) -> tuple[list, list]:
+def timing(kernels: list[str], with_heuristic: bool = True, formats=None,
+           timed_kernels=None) -> tuple[list, list]:
     """CUDA-graph medians of the heuristic's Triton config (timed when ``with_heuristic``, else
     only run as the reference of the max-abs-diff) and of every config of ``kernels``, at the
     shapes of ``formats`` (default: the kernels' formats). Every output timed is first checked
@@ -223,16 +254,18 @@ def timing(kernels: list[str], with_heuristic: bool = True, formats=None) -> tup
     ``check`` row each, fp8_model1 excepted). Returns (timing rows, check rows)."""
     dev = _common.device_info(torch.device("cuda"))
     formats = set(formats or (f for k in kernels for f in KERNELS[k][1]))
+    timed_kernels = list(timed_kernels or kernels)   # shapes: those of these kernels' heads
     rows, checks = [], []
     for preset, B, H, K, fmt, dqk, N in SHAPES:
-        if fmt not in formats:
+        if fmt not in formats or not any(_heads_ok(k, H) for k in timed_kernels):
             continue
         q, kv, idx = _inputs(B, H, K, dqk, fmt)
         heur = configs.sparse_mla_heuristic(H, dev.smem_per_block, rows=B * N, topk=K)  # Triton
         ref = None
         ref64 = _slice_reference(q, kv, idx, fmt, dqk ** -0.5)
         todo = [(heur, "triton", with_heuristic)] + [
-            (c, k, True) for k in kernels if fmt in KERNELS[k][1] for c in KERNEL_CONFIGS[k]]
+            (c, k, True) for k in kernels if fmt in KERNELS[k][1] and _heads_ok(k, H)
+            for c in KERNEL_CONFIGS[k]]
         for cfg, kernel, timed in todo:
             if kernel != "triton":
                 _use(kernel)
@@ -328,7 +361,7 @@ def main() -> None:
     ap.add_argument("--kernels", default="gluon,gluon_ws",
                     help=f"comma-separated kernels to check and time ({', '.join(KERNELS)})")
     ap.add_argument("--ws-timeout", type=float, default=900.0,
-                    help="seconds each isolated gluon_ws* child may run")
+                    help="seconds each isolated child (ISOLATED: gluon_ws*, gluon_sh) may run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -337,7 +370,7 @@ def main() -> None:
     unknown = [k for k in kernels if k not in KERNELS]
     if unknown:
         ap.error(f"argument --kernels: expected names from {list(KERNELS)}, got {unknown}")
-    isolated = [] if args.child else [k for k in kernels if k.startswith("gluon_ws")]
+    isolated = [] if args.child else [k for k in kernels if k in ISOLATED]
     local = [k for k in kernels if k not in isolated]
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
            "triton": triton.__version__, "kernels": kernels, "command": " ".join(sys.argv)}
@@ -355,7 +388,7 @@ def main() -> None:
         # the parent times the Triton tiles of every requested kernel's formats (and its local
         # kernels); a child times only its own kernel
         t, c = timing(local, with_heuristic=not args.child,
-                      formats=[f for k in kernels for f in KERNELS[k][1]])
+                      formats=[f for k in kernels for f in KERNELS[k][1]], timed_kernels=kernels)
         res["timing"] += t
         res["check"] += c
         dump()

@@ -41,6 +41,8 @@ import sys
 import tempfile
 import time
 
+from kernels.sparse_mla import configs
+
 MLA = "sparse_mla_decode"
 
 
@@ -145,9 +147,22 @@ _SMALL = [
     _v("16x32w4s3", 16, 32, 4, 3, 0, ctas=2),
     _v("16x32w4s2_x2", 16, 32, 4, 2, 0, ctas=2, scale=2.0),
 ]
+
+
+def _sh(cfg, scale=1.0) -> dict:
+    """A few-heads Gluon variant (kernels/sparse_mla/gluon_small.py; bench/NOTES.md "Small heads:
+    rows on wgmma M"): the launcher's split count (its residency rule matches the AOT counts:
+    2 CTAs an SM at 4 warps, 1 at 8) times ``scale``."""
+    d = cfg.to_dict()
+    return {"name": f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}" + (f"_x{scale:g}" if scale != 1 else ""),
+            "config": d, "splits": None, "ctas_per_sm": None, "scale": scale}
+
+
 SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
-    "v32_h16": _SMALL,
-    "v4_h8": _SMALL,
+    "v32_h16": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH16), _sh(configs.SPARSE_MLA_GLUON_SH16, 2.0),
+                         _sh(configs.SPARSE_MLA_GLUON_SH16W8), _sh(configs.SPARSE_MLA_GLUON_SH8)],
+    "v4_h8": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH8), _sh(configs.SPARSE_MLA_GLUON_SH8, 2.0),
+                       _sh(configs.SPARSE_MLA_GLUON_SH16)],
     # V4 H 64 runs the one-partition Gluon kernel today: the best-predicted Triton tiles (one
     # split: the final epilogue, no combine), today's 32 x 32 default (88 us on 2026-12-02),
     # the 16-warp tile, and the warp-specialised Gluon kernel (62.8 us on 2026-12-02)
@@ -202,6 +217,8 @@ def dry_key(v: dict):
     c = v["config"]
     if c is None:
         return ("baseline",)
+    if c.get("kernel", "triton") != "triton":   # the binding's Triton substitute (no Gluon here)
+        return ("gluon substitute", v.get("splits"), v.get("ctas_per_sm"), v.get("scale", 1.0))
     return (c["block_h"], c["block_k"], c.get("prefetch", True), v.get("splits"),
             v.get("ctas_per_sm"), v.get("scale", 1.0))
 

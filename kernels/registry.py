@@ -62,9 +62,9 @@ def _operand_bytes(shape: Mapping) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
-                                 gluon: bool, gluon_ws: bool) -> dict:
+                                 gluon: bool, gluon_ws: bool, gluon_sh: bool = False) -> dict:
     return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
-                                        gluon=gluon, gluon_ws=gluon_ws).to_dict()
+                                        gluon=gluon, gluon_ws=gluon_ws, gluon_sh=gluon_sh).to_dict()
 
 
 def _mla_triton_heuristic(dev, shape):
@@ -73,8 +73,10 @@ def _mla_triton_heuristic(dev, shape):
     gluon = configs.gluon_eligible(dev, fmt, d_qk, width)
     # the warp-specialised kernel where it measured faster: fp8_ds_mla (configs.GLUON_WS_PICKED)
     ws = configs.gluon_ws_eligible(dev, fmt, d_qk, width) and fmt in configs.GLUON_WS_PICKED
+    # the few-heads kernel where it is picked for the format (configs.GLUON_SH_PICKED)
+    sh = configs.kernel_eligible("gluon_sh", dev, fmt, d_qk, width) and fmt in configs.GLUON_SH_PICKED
     return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, width,
-                                        rows, shape.get("K"), gluon, ws)
+                                        rows, shape.get("K"), gluon, ws, sh)
 
 
 @functools.lru_cache(maxsize=None)

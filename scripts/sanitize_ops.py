@@ -207,6 +207,27 @@ def torch_mla_strided_native(kv_format="fp8_ds_mla", logical=False, H=16):
     return run
 
 
+def torch_mla_few_heads(kv_format, logical, H=16, strided=False):
+    """The few-heads Gluon kernel (kernels/sparse_mla/gluon_small.py; sm_90 only: elsewhere the
+    binding runs its Triton substitute) with 2 splits, adversarial indices / block table and,
+    ``strided``, padded pages read in place. Config by H (``configs.gluon_sh_config``)."""
+    def run():
+        torch, dev, qd = _torch_env()
+        from kernels.sparse_mla import configs
+        from torch_impl import sparse_mla as tsm
+        c = _mla_case(f"few heads {kv_format}", 61 + logical + H + len(kv_format),
+                      kv_format=kv_format, q_dtype=qd, logical=logical, H=H, K=200)
+        kv = (_padded_pages(c, dev, 656 if kv_format == "fp8_ds_mla" else 576) if strided
+              else _t(c.kv_cache, dev))
+        out, lse = tsm._triton_impl(_t(c.q, dev), kv, _t(c.indices, dev), c.sm_scale, kv_format,
+                                    c.d_v, _t(c.block_table, dev), _t(c.topk_length, dev),
+                                    _t(c.attn_sink, dev), config=configs.gluon_sh_config(H),
+                                    num_splits=2)
+        ro, rl = c.reference()
+        return _check_mla(out, lse, ro, rl, qd)
+    return run
+
+
 def _fm_lse(lse):
     """FlashMLA lse [b, h, s_q] (+inf empty) -> native orientation [b, s_q, h] (-inf empty)."""
     import numpy as np
@@ -371,6 +392,12 @@ def cases_for(stack: str) -> list:
             ("mla_strided_pages_fp8_model1", torch_mla_strided_native("fp8_model1")),
             ("mla_h64_strided_table_fp8_ds_mla", torch_mla_strided_native("fp8_ds_mla", True, 64)),
             ("mla_h64_strided_slots_fp8_model1", torch_mla_strided_native("fp8_model1", False, 64)),
+            ("mla_few_heads_h16_slots_fp8_ds_mla", torch_mla_few_heads("fp8_ds_mla", False)),
+            ("mla_few_heads_h16_table_fp8_model1", torch_mla_few_heads("fp8_model1", True)),
+            ("mla_few_heads_h8_strided_table_fp8_ds_mla",
+             torch_mla_few_heads("fp8_ds_mla", True, H=8, strided=True)),
+            ("mla_few_heads_h24_strided_slots_fp8_model1",
+             torch_mla_few_heads("fp8_model1", False, H=24, strided=True)),
             ("compat_v32_strided_pages", torch_compat_v32_strided()),
             ("compat_model1_two_caches", torch_compat_two_caches()),
             ("idx_pages_past_table", torch_indexer(1, False)),

@@ -856,6 +856,109 @@ def test_gluon_ws_latent_corners(i):
     _check(case, *_call(case, "triton"))
 
 
+_SH_CONFIGS = (configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
+               configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32)
+_SH_IDS = [f"h{c.block_h}w{c.num_warps}" for c in _SH_CONFIGS]
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("cfg", _SH_CONFIGS, ids=_SH_IDS)
+@pytest.mark.parametrize("kv_format,d_qk", FP8_FORMATS, ids=[f[0] for f in FP8_FORMATS])
+@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("H,feats", [(8, True), (24, True), (16, False)],
+                         ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots"])
+def test_gluon_sh(cfg, kv_format, d_qk, q_dtype, splits, H, feats):
+    """The few-heads Gluon kernel (rows on wgmma M, heads on N; kernels/sparse_mla/gluon_small.py)
+    on both fp8 formats against the float64 reference: each config of the space, bf16 and fp16
+    q, 1 and 3 splits (final epilogue / partials + combine), H below, across and at the head
+    block (H 24: a partial second block at 16 heads), every invalid-entry kind, plain slots or a
+    block table with topk_length and a sink; the call must run the Gluon kernel."""
+    case = cases.make_mla_case(80 + H + splits, B=3, N=2, H=H, K=300, P=64, d_qk=d_qk,
+                               kv_format=kv_format, q_dtype=q_dtype, invalid="mix", logical=feats,
+                               topk_length=feats, attn_sink=feats)
+    dev = _common.device_info(torch.device(DEVICE))
+    q, kv = _t(case.q), _t(case.kv_cache)
+    assert tsm._triton_config(dev, q, kv, kv_format, case.indices.shape[2], cfg) == cfg
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = tsm._triton_impl(q, kv, _t(case.indices), case.sm_scale, kv_format, 512,
+                                kw["block_table"], kw["topk_length"], kw["attn_sink"], config=cfg,
+                                num_splits=splits)
+    _check(case, out, lse)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("kv_format,d_qk", FP8_FORMATS, ids=[f[0] for f in FP8_FORMATS])
+def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
+    """The few-heads kernel (16 heads, 4 warps) reads padded fp8 pages in place (bitwise the
+    contiguous cache's result; the 0xFF padding is NaN if read) and gives every SPEC corner case
+    of the format (H 16, bf16 q) within tolerance of the float64 reference."""
+    cfg = configs.SPARSE_MLA_GLUON_SH16
+    case = cases.make_mla_case(14, B=2, N=2, H=16, K=200, P=16, d_qk=d_qk, kv_format=kv_format,
+                               q_dtype="bfloat16", logical=True, invalid="mix", topk_length=True,
+                               attn_sink=True)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    args = (_t(case.indices), case.sm_scale, kv_format, 512, kw["block_table"], kw["topk_length"],
+            kw["attn_sink"])
+    want = tsm._triton_impl(_t(case.q), _t(case.kv_cache), *args, config=cfg, num_splits=2)
+    view = _padded_pages(_t(case.kv_cache), kv_format, 656 if kv_format == "fp8_ds_mla" else 48, 1)
+    got = tsm._triton_impl(_t(case.q), view, *args, config=cfg, num_splits=2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    _check(case, *got)
+    for corner in _corners(kv_format, d_qk, "bfloat16"):
+        kw = {k: _t(v) for k, v in corner.kwargs().items()}
+        _check(corner, *tsm._triton_impl(
+            _t(corner.q), _t(corner.kv_cache), _t(corner.indices), corner.sm_scale, kv_format,
+            512, kw["block_table"], kw["topk_length"], kw["attn_sink"], config=cfg, num_splits=2))
+
+
+def test_gluon_sh_rules():
+    """Where the few-heads kernel runs and what replaces it: exactly sm_90 with 16-bit q on an
+    fp8 cache (not latent, not fp32 q, not sm_120 or the interpreter); elsewhere the binding
+    runs the heuristic's Triton tile for the call's heads (never the 64-head tile); the
+    heuristic picks it only when told (``gluon_sh``: the registry passes it for the formats of
+    ``configs.GLUON_SH_PICKED``), by heads: 8 -> 8-head blocks, 9..16 -> 16, 17..32 -> 32,
+    more heads -> not this kernel."""
+    from kernels import hardware
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
+    sm120 = hardware.DeviceInfo(name="NVIDIA RTX PRO 6000", cc=(12, 0), num_sms=188,
+                                smem_per_block=101_376)
+    for fmt, d_qk in FP8_FORMATS:
+        assert configs.kernel_eligible("gluon_sh", h200, fmt, d_qk, 2)
+        assert not configs.kernel_eligible("gluon_sh", h200, fmt, d_qk, 4)
+        for dev in (sm120, hardware.CPU_INTERPRETER):
+            assert not configs.kernel_eligible("gluon_sh", dev, fmt, d_qk, 2)
+    assert not configs.kernel_eligible("gluon_sh", h200, "latent", 576, 2)
+    for cfg in _SH_CONFIGS:
+        assert cfg in configs.sparse_mla_space(configs.LARGE_SMEM)
+        assert cfg not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    kv = torch.zeros((1, 64, 656), dtype=torch.uint8)
+    q16 = torch.zeros((2, 1, 16, 576), dtype=torch.float16)
+    assert tsm._triton_config(h200, q16, kv, "fp8_ds_mla", 2048, configs.SPARSE_MLA_GLUON_SH16) \
+        == configs.SPARSE_MLA_GLUON_SH16
+    sub = tsm._triton_config(hardware.CPU_INTERPRETER, q16, kv, "fp8_ds_mla", 2048,
+                             configs.SPARSE_MLA_GLUON_SH16)
+    assert sub == configs.sparse_mla_heuristic(16, hardware.CPU_INTERPRETER.smem_per_block, 2,
+                                               rows=2, topk=2048)
+    assert sub.kernel == "triton" and sub.block_h == 16
+    sub32 = tsm._triton_config(h200, q16.float(), kv, "fp8_ds_mla", 2048,
+                               configs.SPARSE_MLA_GLUON_SH16)             # fp32 dots
+    assert sub32.kernel == "triton" and sub32 in configs.sparse_mla_space(h200.smem_per_block, 4)
+    pick = lambda H: configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
+                                                  gluon=True, gluon_ws=True, gluon_sh=True)
+    assert [pick(H) for H in (1, 8, 9, 16, 17, 32)] == [
+        configs.SPARSE_MLA_GLUON_SH8] * 2 + [configs.SPARSE_MLA_GLUON_SH16] * 2 + [
+        configs.SPARSE_MLA_GLUON_SH32] * 2
+    assert pick(64) == configs.SPARSE_MLA_GLUON_WS
+    assert configs.sparse_mla_heuristic(16, configs.LARGE_SMEM, rows=64, topk=2048, gluon=True,
+                                        gluon_ws=True) == configs.SPARSE_MLA_N16   # not told
+    assert configs.sparse_mla_heuristic(16, configs.SMALL_SMEM, gluon_sh=True).kernel == "triton"
+
+
 # ============================================================================ combine
 
 def test_combine_matches_float64_merge():

@@ -166,6 +166,62 @@ def test_gluon_ws_specs_listed_for_sm90_only():
         assert s.constexprs["P_SMEM"] == (gluon_ws.LATENT_P_SMEM if latent else 0)
 
 
+def test_gluon_sh_specs_listed_for_sm90_only():
+    """The few-heads Gluon kernel (sm_90 only) is in the large class's AOT specs for each of its
+    configs (8, 16 and 32 heads on wgmma N), both fp8 formats, partial and final, with and
+    without a block table; never in the small class's (sm_120), never for a latent cache."""
+    large = [s for s in _sparse_mla.aot_specs("large") if s.kernel == "_sparse_mla_gluon_sh_kernel"]
+    small = [s for s in _sparse_mla.aot_specs("small") if s.kernel == "_sparse_mla_gluon_sh_kernel"]
+    assert not small
+    labels = {s.label for s in large}
+    for cfg in (configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
+                configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32):
+        tag = f"gluon_sh h{cfg.block_h} w{cfg.num_warps} x1"
+        for fmt in ("fp8_ds_mla", "fp8_model1"):
+            for bt in ("block table", "slots"):
+                assert f"{tag} {fmt} q=bfloat16 partial {bt}" in labels
+        assert f"{tag} fp8_ds_mla q=bfloat16 final slots" in labels
+    assert not [s for s in large if s.constexprs["KV_FORMAT"] == 0]
+    assert all(s.constexprs["HN"] in (8, 16, 32) and s.num_warps in (4, 8) for s in large)
+
+
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_sh_compiles_without_spills_in_its_loop(tmp_path, monkeypatch):
+    """The few-heads Gluon kernel for sm_90 with the GPU image's Triton, every config of the
+    space, both fp8 formats, bf16 and fp16 q, partial and final: it fits the H200's shared
+    memory; its block loop (the largest loop) holds no spill traffic (LDL / STL) and its wgmmas
+    (k 16 each; fp8_ds_mla: 32 nope + 4 rope score, 32 value = 68; fp8_model1: 28 + 4 score,
+    28 nope value + 4 rope value, 4 more for bf16 p's residual = 64 / 68); the 4-warp configs
+    keep 2 CTAs
+    an SM (registers and shared memory), as the split plan assumes
+    (``configs.sparse_mla_ctas_per_sm``). Counts of 2026-12-05 in bench/NOTES.md."""
+    specs = []
+    for cfg in (configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
+                configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32):
+        for fmt in ("fp8_ds_mla", "fp8_model1"):
+            for q_dtype, final in ((torch.bfloat16, False), (torch.float16, False),
+                                   (torch.bfloat16, True)):
+                specs.extend(_sparse_mla._gluon_specs(fmt, q_dtype, final, 1, "gluon_sh", cfg))
+    path = _gpu_image_triton()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))   # a cached compile skips ptxas -v
+    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=path)
+    _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
+    for spec, r in zip(specs, results):
+        loop = r["sass"]["loops"][-1] if r["sass"]["loops"] else r["sass"]["loop"]
+        ops = loop["ops"]
+        assert not ops.get("LDL") and not ops.get("STL"), (r["label"], ops)
+        model1_fp16 = "fp8_model1" in r["label"] and "float16" in r["label"] and "bfloat16" not in r["label"]
+        assert ops.get("HGMMA") == (64 if model1_fp16 else 68), (r["label"], ops.get("HGMMA"))
+        if spec.num_warps == 4:
+            occ = _aot.occupancy(r["registers"], r["shared"], 4, 90)
+            assert occ["ctas"] >= 2, (r["label"], occ)
+        cfg = configs.SparseMLAConfig(block_h=spec.constexprs["HN"], block_k=64,
+                                      num_warps=spec.num_warps, num_stages=1, kernel="gluon_sh")
+        assert configs.sparse_mla_ctas_per_sm(cfg, hardware.smem_limit(TARGETS[90])) <= \
+            max(1, _aot.occupancy(r["registers"], r["shared"], spec.num_warps, 90)["ctas"]), r["label"]
+
+
 def test_indexer_gluon_specs_listed_for_sm90_only():
     """The Gluon logits kernels (sm_90 only) are in the large class's indexer AOT specs (so the
     sm90-marked compile test above compiles them): the one-partition kernel and the

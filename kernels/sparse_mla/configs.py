@@ -54,7 +54,9 @@ class SparseMLAConfig:
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
         (a three-deep software pipeline by hand: rows, page entries, indices); without it each
         iteration issues its own block's loads back to back and waits for them.
-      kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"gluon"``
+      kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"gluon_sh"``
+        (kernels/sparse_mla/gluon_small.py: sm_90 only, fp8 caches with 16-bit q, rows on wgmma
+        M and ``block_h`` in (8, 16, 32) heads on N; ``block_k`` 64, one X buffer), ``"gluon"``
         (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
         fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it) or
         ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised, for the fp8
@@ -172,12 +174,45 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
             and (kv_format, d_qk) in built)
 
 
-# (kv_format, D_qk) pairs each Gluon kernel is built for
-GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS}
+# (kv_format, D_qk) pairs each Gluon kernel is built for; "gluon_sh" (kernels/sparse_mla/
+# gluon_small.py: rows on wgmma M, block_h in gluon_small.HEAD_BLOCKS heads on N, 4 or 8 warps)
+# takes the fp8 formats as "gluon" does
+GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS,
+                        "gluon_sh": GLUON_FORMATS}
 
 
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                     prefetch=True, kernel="gluon")
+
+# The few-heads Gluon kernel (kernels/sparse_mla/gluon_small.py; sm_90 only: wgmma): 64 gathered
+# rows on wgmma M, block_h heads on N (8, 16 or 32), one X buffer. AOT compile reports, Triton
+# 3.6.0, sm_90, bf16 q, partial outputs, fp8_ds_mla / fp8_model1 (registers, shared bytes ->
+# CTAs per SM on the H200; bench/NOTES.md "Small heads: rows on wgmma M"):
+#   h8  w4: 247 / 242 registers, 84,352 / 77,184 B   -> 2 CTAs (8 warps)
+#   h16 w4: 255 / 255 (12 B spilled), 94,720 / 88,576 B -> 2 CTAs (8 warps)
+#   h16 w8: 158 / 162 registers, same shared bytes     -> 1 CTA (registers)
+#   h32 w8: 219 / 220 registers, 115,456 / 111,360 B   -> 1 CTA
+# The main loop of h16 w4 is 1,318 SASS instructions a warp per 64-row block: 5.1 per (row,
+# head), against 11.8 for the Triton 16 x 32 tile it would replace.
+SPARSE_MLA_GLUON_SH8 = SparseMLAConfig(block_h=8, block_k=64, num_warps=4, num_stages=1,
+                                       prefetch=True, kernel="gluon_sh")
+SPARSE_MLA_GLUON_SH16 = SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=1,
+                                        prefetch=True, kernel="gluon_sh")
+SPARSE_MLA_GLUON_SH16W8 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, num_stages=1,
+                                          prefetch=True, kernel="gluon_sh")
+SPARSE_MLA_GLUON_SH32 = SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num_stages=1,
+                                        prefetch=True, kernel="gluon_sh")
+# formats whose heuristic picks it: none until the H200 has checked and timed it
+# (bench.gluon_check --kernels gluon_sh, bench.mla_sweep --small-heads)
+GLUON_SH_PICKED: tuple = ()
+
+
+def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
+    """The few-heads Gluon config for ``num_heads`` (H <= 32 is its range; more heads run in
+    blocks of 32): the smallest head block that holds them, 2 CTAs an SM up to 16 heads."""
+    if num_heads <= 8:
+        return SPARSE_MLA_GLUON_SH8
+    return SPARSE_MLA_GLUON_SH16 if num_heads <= 16 else SPARSE_MLA_GLUON_SH32
 
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     # sm_120 (99 KiB): 64-head tiles and two-stage 16-head tiles need > 101,376 B.
@@ -204,6 +239,10 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SPARSE_MLA_GLUON,
         SPARSE_MLA_GLUON2,
         SPARSE_MLA_GLUON_WS,
+        SPARSE_MLA_GLUON_SH8,
+        SPARSE_MLA_GLUON_SH16,
+        SPARSE_MLA_GLUON_SH16W8,
+        SPARSE_MLA_GLUON_SH32,
     ),
     ("large", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
@@ -256,7 +295,8 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
                          rows: int | None = None, topk: int | None = None,
-                         gluon: bool = False, gluon_ws: bool = False) -> SparseMLAConfig:
+                         gluon: bool = False, gluon_ws: bool = False,
+                         gluon_sh: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
@@ -272,11 +312,15 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     on the H200 (bench/results/gluon_check_ws_h200_20261202.json, do_bench_cudagraph, same run
     as the Gluon timings) fp8_ds_mla B 64 H 128 143.9 vs 157.6 us, H 64 100.6 vs 107.8, B 16
     H 128 68.8 vs 72.9, B 1 28.7 vs 30.1, B 128 281.3 vs 306.0; fp8_model1 B 64 H 64 K 640
-    62.8 vs 57.3 (slower: not picked).
+    62.8 vs 57.3 (slower: not picked). ``gluon_sh`` (the caller's statement that the few-heads
+    Gluon kernel can run the call and is picked for its format, :data:`GLUON_SH_PICKED`) picks
+    :func:`gluon_sh_config` for H <= 32.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
+    if gluon_sh and num_heads <= 32 and gluon_sh_config(num_heads) in space:
+        return gluon_sh_config(num_heads)
     if gluon_ws and num_heads >= 64 and SPARSE_MLA_GLUON_WS in space:
         return SPARSE_MLA_GLUON_WS
     if gluon and num_heads >= 64 and SPARSE_MLA_GLUON in space:

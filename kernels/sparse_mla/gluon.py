@@ -376,10 +376,10 @@ def _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL: gl.constexpr):
 
 
 @gluon.jit
-def _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ: gl.constexpr):
-    """``(q_row, qmask)``: pointers to dims 0..63 of the program's 64 heads of q (``[64, 64]``;
-    chunk c is ``q_row + 64 c``) and the mask of the heads below H."""
-    hq = pid_h * 64 + gl.arange(0, 64, layout=gl.SliceLayout(1, LDQ))
+def _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ: gl.constexpr, HB: gl.constexpr = 64):
+    """``(q_row, qmask)``: pointers to dims 0..63 of the program's ``HB`` heads of q (``[HB,
+    64]``; chunk c is ``q_row + 64 c``) and the mask of the heads below H."""
+    hq = pid_h * HB + gl.arange(0, HB, layout=gl.SliceLayout(1, LDQ))
     dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LDQ))
     qmask = (hq < H)[:, None] & (dq[None, :] >= 0)
     return q_ptr + b.to(gl.int64) * sq_b + n * sq_n + hq[:, None] * sq_h + dq[None, :], qmask
@@ -387,11 +387,12 @@ def _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ: gl.constexpr):
 
 @gluon.jit
 def _store_q_scaled(q_row, qmask, qn, qr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr,
-                    LDQ: gl.constexpr, MROW: gl.constexpr):
+                    LDQ: gl.constexpr, MROW: gl.constexpr, HB: gl.constexpr = 64):
     """q into shared memory for the fp8 formats: per head a power of two 2^t that puts
     max|q_nope| in [2^14, 2^15), the NC nope chunks as fp16 (``qn``), the rope chunk in its
-    dtype (``qr``); returns 2^-t per head in the accumulator's row layout (NaN heads as inf)."""
-    am = gl.zeros([64], gl.float32, layout=gl.SliceLayout(1, LDQ))
+    dtype (``qr``); returns 2^-t per head (``HB`` heads) in the layout ``MROW`` (the
+    accumulator's head axis; NaN heads as inf)."""
+    am = gl.zeros([HB], gl.float32, layout=gl.SliceLayout(1, LDQ))
     for c in gl.static_range(NC):
         f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
         am = gl.maximum(am, gl.max(gl.abs(f), axis=1))

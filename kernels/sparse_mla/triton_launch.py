@@ -142,6 +142,11 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
                 if (kv_format, d_qk) in configs.GLUON_WS_FORMATS and dot != "float32":
                     specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages, "gluon_ws"))
                 continue
+            if cfg.kernel == "gluon_sh":
+                if kv_format != "latent" and dot != "float32":
+                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages,
+                                              "gluon_sh", cfg))
+                continue
             for has_bt in (True, False):
                 specs.append(split_spec(kv_format, d_qk, q_dtype, final, cfg, has_bt=has_bt))
     if configs.SPARSE_MLA_GLUON_WS in configs.SPARSE_MLA_SPACE.get((smem_class, 2), ()):
@@ -172,20 +177,25 @@ def _gluon_sig(q_dtype: torch.dtype) -> dict:
     return sig
 
 
-def _gluon_kernel(kernel: str, kv_format: str) -> tuple:
-    """``(module, kernel function name, extra constexprs)`` of a Gluon config's ``kernel`` for a
-    cache of ``kv_format``: ``"gluon"`` (``gluon.py``) or ``"gluon_ws"`` (``gluon_ws.py``, which
-    adds its partition register budget, barrier arrival count and, for latent, the full-slot
-    protocol: ``gluon_ws.launch_constexprs``). Launches use the module's ``NUM_WARPS``."""
+def _gluon_kernel(kernel: str, kv_format: str, cfg: configs.SparseMLAConfig | None = None) -> tuple:
+    """``(module, kernel function name, extra constexprs, num_warps)`` of a Gluon config's
+    ``kernel`` for a cache of ``kv_format``: ``"gluon"`` (``gluon.py``), ``"gluon_ws"``
+    (``gluon_ws.py``, which adds its partition register budget, barrier arrival count and, for
+    latent, the full-slot protocol: ``gluon_ws.launch_constexprs``), both launched with the
+    module's ``NUM_WARPS``; or ``"gluon_sh"`` (``gluon_small.py``: ``cfg.block_h`` heads on
+    wgmma N, ``cfg.num_warps`` warps)."""
     if kernel == "gluon":
         from kernels.sparse_mla import gluon as mod
-        return mod, "_sparse_mla_gluon_kernel", {}
+        return mod, "_sparse_mla_gluon_kernel", {}, mod.NUM_WARPS
+    if kernel == "gluon_sh":
+        from kernels.sparse_mla import gluon_small as mod
+        return mod, "_sparse_mla_gluon_sh_kernel", {"HN": cfg.block_h}, cfg.num_warps
     from kernels.sparse_mla import gluon_ws as mod
-    return mod, "_sparse_mla_gluon_ws_kernel", mod.launch_constexprs(kv_format)
+    return mod, "_sparse_mla_gluon_ws_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
 
 
 def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1,
-                 kernel: str = "gluon") -> list:
+                 kernel: str = "gluon", cfg: configs.SparseMLAConfig | None = None) -> list:
     """Launches of a Gluon kernel (sm_90) for one variant, with and without a block table:
     ``kernel`` ``"gluon"`` (``gluon.py``; ``nbuf`` X buffers) or ``"gluon_ws"`` (the
     warp-specialised ``gluon_ws.py``; ``nbuf`` ring slots, ``num_warps`` the consumer's: the
@@ -194,7 +204,7 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     pointers, as the launcher passes it."""
     from kernels._triton_aot import LaunchSpec
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
-    mod, fn, extra = _gluon_kernel(kernel, kv_format)
+    mod, fn, extra, num_warps = _gluon_kernel(kernel, kv_format, cfg)
     sig = _gluon_sig(q_dtype)
     kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
     if kv_format == "latent":
@@ -205,8 +215,9 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
                   FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, **extra)
         out.append(LaunchSpec(
-            f"{kernel} x{nbuf} {kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
-            f"{'block table' if has_bt else 'slots'}", mod.__name__, fn, sig, cx, mod.NUM_WARPS,
+            f"{kernel}{f' h{cfg.block_h} w{num_warps}' if kernel == 'gluon_sh' else ''} x{nbuf} "
+            f"{kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
+            f"{'block table' if has_bt else 'slots'}", mod.__name__, fn, sig, cx, num_warps,
             nbuf, ("ROPE_DTYPE",), ("sq_b", "sq_n", "sq_h", "page_bytes")))
     return out
 
@@ -327,8 +338,8 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
     cx["DOT_DTYPE"] = getattr(tl, dot_name)
     cx["ROPE_DTYPE"] = getattr(tl, rope_name)
     grid = (cdiv(H, cfg.block_h), splits, B * N)
-    if cfg.kernel in ("gluon", "gluon_ws"):   # the caller checked configs.kernel_eligible
-        mod, fn, extra = _gluon_kernel(cfg.kernel, kv_format)  # both take the same arguments
+    if cfg.kernel in configs.GLUON_KERNEL_FORMATS:   # the caller checked configs.kernel_eligible
+        mod, fn, extra, num_warps = _gluon_kernel(cfg.kernel, kv_format, cfg)  # same arguments
         if kv_format == "latent":   # gluon_ws only: rows packed, 16-byte aligned (the caller
             # checked configs.gluon_ws_latent_layout_ok); the cache for all three pointers
             kv32 = kv
@@ -350,7 +361,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
             KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=cx["ROPE_DTYPE"],
-            NBUF=cfg.num_stages, **extra, num_warps=mod.NUM_WARPS,
+            NBUF=cfg.num_stages, **extra, num_warps=num_warps,
         )
     else:
         tk._sparse_mla_split_kernel[grid](
