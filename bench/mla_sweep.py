@@ -174,6 +174,8 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
         {"name": "gluon_ws", "config": dict(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                             prefetch=True, kernel="gluon_ws"),
          "splits": None, "ctas_per_sm": None, "scale": 1.0},
+        # four 16-head blocks a request at 2 CTAs an SM (rows re-gathered from L2 per block)
+        _sh(configs.SPARSE_MLA_GLUON_SH16),
     ],
 }
 

@@ -35,7 +35,7 @@ _NO_LAUNCH = {"view", "_unsafe_view", "slice", "select", "transpose", "t", "perm
               "_reshape_alias", "lift_fresh", "empty", "empty_strided", "scalar_tensor"}
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addmm_"}
 _DSA = {"cache_write", "indexer_topk", "sparse_mla_decode"}
-_FUSED = {"prep_x", "prep_q", "rope_out"}
+_FUSED = {"prep_x", "prep_q", "rope_out", "window_split"}
 
 
 def _fused_bytes(name, args, outs, nbytes):

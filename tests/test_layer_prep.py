@@ -345,6 +345,35 @@ def test_prep_ops_pass_opcheck(path):
                                                            path))
 
 
+@pytest.mark.parametrize("two_d", [False, True], ids=["lens_1d", "lens_2d_strided"])
+@pytest.mark.parametrize("N,window", [(1, 128), (2, 128), (3, 5), (2, 0), (1, 1500)])
+def test_window_split_kernel_matches_composite_and_numpy(two_d, N, window):
+    """``dsa::window_split`` (V4's indexer lengths and window positions in one launch) on the
+    Triton kernel equals the nine-launch composite and a NumPy model bit for bit: 1-D context
+    lengths (the MTP rule, draft i at ``L_b - (N - 1 - i)``) and 2-D per-draft lengths given as
+    a strided view, lengths 0 / below N / below the window / at it / far above it / near
+    int32's top (computed in int64: nothing wraps), windows of 0, 5, 128 and 1,500 (two
+    iterations of the kernel's 1,024-position block); ``opcheck`` of the op on both paths."""
+    from torch_impl.step import window_split
+    L = np.array([0, 1, window, window + 1, 7, 40_000, 2**31 - 1 - N, 3], dtype=np.int64)
+    if two_d:
+        full = np.stack([L - (N - 1 - i) for i in range(N)] * 2, axis=1).astype(np.int32)
+        cl = torch.tensor(full, device=DEVICE)[:, ::2]         # [B, N], stride 2 along the drafts
+        per = full[:, ::2].astype(np.int64)
+    else:
+        cl = torch.tensor(L.astype(np.int32), device=DEVICE)
+        per = L[:, None] - (N - 1 - np.arange(N))[None, :]
+    want_lens = np.maximum(per - window, 0).astype(np.int32)
+    want_win = np.maximum(per[..., None] - window + np.arange(window), -1).astype(np.int32)
+    got = {p: window_split(cl, N, window, path=p) for p in ("triton", "torch")}
+    for p, (lens, win) in got.items():
+        assert lens.dtype == win.dtype == torch.int32, p
+        np.testing.assert_array_equal(lens.cpu().numpy(), want_lens, err_msg=p)
+        np.testing.assert_array_equal(win.cpu().numpy(), want_win, err_msg=p)
+    for p in ("triton", "torch"):
+        torch.library.opcheck(torch.ops.dsa.window_split.default, (cl, N, window, p))
+
+
 def test_prep_bf16_in_the_interpreter_is_not_implemented():
     """bf16 operands in the CPU interpreter: the named Triton path raises NotImplementedError
     before launch; ``auto`` falls through to the composite ops."""

@@ -1100,13 +1100,14 @@ class DSADecodeLayer(nn.Module):
                                                           context_lens, rope)
 
         if cfg.window:
-            idx_lens, win = window_split(context_lens, N, cfg.window)
+            idx_lens, win = window_split(context_lens, N, cfg.window, path=self.path)
             top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
             indices = torch.cat([top, win], dim=-1)
         else:
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
             # the drafts' lengths, only reported
-            idx_lens = window_split(context_lens, N, 0)[0] if return_intermediates else None
+            idx_lens = (window_split(context_lens, N, 0, path=self.path)[0]
+                        if return_intermediates else None)
 
         sink = self.w("attn_sink") if cfg.attn_sink else None
         attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,

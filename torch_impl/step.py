@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from kernels import formats as np_formats
+from kernels.ops import BACKEND_PATHS
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
 from torch_impl.indexer import _validate as _idx_validate, indexer_topk
@@ -78,18 +79,12 @@ def validate_step(q, kv_cache, idx_q, idx_weights, k_cache, block_table, context
     return sm_scale, topk, window
 
 
-def window_split(context_lens: torch.Tensor, N: int, window: int):
-    """The V4 sliding window of a step: ``(indexer lengths, window positions)``.
-
-    ``context_lens`` int32 ``[B]`` (L_b, counting the N new tokens: draft i's valid length is
-    ``L_b - (N - 1 - i)``) or ``[B, N]`` (per-draft valid lengths). Returns int32
-    ``[B, N]`` lengths ``max(len_i - window, 0)`` for the indexer and int32 ``[B, N, window]``
-    positions ``len_i - window + w`` (-1 where negative). Device ops only (no host sync), in
-    int64 (nothing wraps) and without clamping ``len_i`` at 0 first: for ``window >= 0``,
-    ``max(max(len, 0) - window, 0) = max(len - window, 0)``, and a position of a negative
-    ``len`` is negative either way (-1), so the clamp of the integer positions at -1 is the
-    ``where``. Nine small launches for a 1-D ``context_lens`` (four for ``window = 0``).
-    """
+def _torch_window_split(context_lens: torch.Tensor, N: int, window: int):
+    """Composite twin of ``kernels.layer_prep.triton._window_split_kernel`` (nine small
+    launches for a 1-D ``context_lens``, four for ``window = 0``): in int64 (nothing wraps) and
+    without clamping ``len_i`` at 0 first: for ``window >= 0``, ``max(max(len, 0) - window, 0) =
+    max(len - window, 0)``, and a position of a negative ``len`` is negative either way (-1), so
+    the clamp of the integer positions at -1 is the ``where``."""
     dev = context_lens.device
     if context_lens.dim() == 1:
         cl = context_lens[:, None] + torch.arange(1 - N, 1, device=dev)      # int64 [B, N]
@@ -98,6 +93,54 @@ def window_split(context_lens: torch.Tensor, N: int, window: int):
     lens = torch.clamp(cl - window if window else cl, min=0).to(torch.int32)
     j = (cl[..., None] + torch.arange(-window, 0, device=dev)).clamp_(min=-1)
     return lens, j.to(torch.int32)
+
+
+def _triton_window_split(context_lens: torch.Tensor, N: int, window: int):
+    """One launch of ``_window_split_kernel`` (grid ``(B * N,)``, one warp a program)."""
+    from kernels.layer_prep import triton as tlp
+    _common.device_info(context_lens.device)        # NotImplementedError where Triton cannot run
+    B = context_lens.shape[0]
+    lens = torch.empty((B, N), dtype=torch.int32, device=context_lens.device)
+    win = torch.empty((B, N, window), dtype=torch.int32, device=context_lens.device)
+    if B * N == 0:
+        return lens, win
+    two_d = context_lens.dim() == 2
+    tlp._window_split_kernel[(B * N,)](
+        context_lens, lens, win, N, window, context_lens.stride(0),
+        context_lens.stride(1) if two_d else 0, CL_2D=two_d,
+        BLOCK_W=tlp.window_block(window), num_warps=1)
+    return lens, win
+
+
+@torch.library.custom_op("dsa::window_split", mutates_args=())
+def _window_split_op(context_lens: torch.Tensor, N: int, window: int,
+                     path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The V4 sliding window of a step (:func:`window_split`)."""
+    impls = {"triton": lambda: _triton_window_split(context_lens, N, window),
+             "torch": lambda: _torch_window_split(context_lens, N, window)}
+    return _common.run_path("window_split", path, impls, BACKEND_PATHS["torch"])
+
+
+@_window_split_op.register_fake
+def _(context_lens, N, window, path):
+    B = context_lens.shape[0]
+    return (context_lens.new_empty((B, N), dtype=torch.int32),
+            context_lens.new_empty((B, N, window), dtype=torch.int32))
+
+
+def window_split(context_lens: torch.Tensor, N: int, window: int, *, path: str = "auto"):
+    """The V4 sliding window of a step: ``(indexer lengths, window positions)``, one launch
+    (``dsa::window_split``: ``kernels/layer_prep/triton.py`` ``_window_split_kernel``; ``path``
+    ``"torch"`` runs the nine-launch composite, ``"auto"`` the kernel where Triton runs).
+
+    ``context_lens`` int32 ``[B]`` (L_b, counting the N new tokens: draft i's valid length is
+    ``L_b - (N - 1 - i)``) or ``[B, N]`` (per-draft valid lengths, any strides). Returns int32
+    ``[B, N]`` lengths ``max(len_i - window, 0)`` for the indexer and int32 ``[B, N, window]``
+    positions ``len_i - window + w`` (-1 where negative), computed in int64. Device ops only (no
+    host sync), so it captures in a CUDA graph and compiles with ``fullgraph=True``. The caller
+    validated ``context_lens`` (dtype, shape, device) and ``window >= 0``.
+    """
+    return torch.ops.dsa.window_split(context_lens, int(N), int(window), path)
 
 
 def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor,
@@ -172,7 +215,7 @@ def dsa_decode_step(q: torch.Tensor, kv_cache: torch.Tensor, idx_q: torch.Tensor
         kv_format=kv_format, d_v=d_v, attn_sink=attn_sink, k_format=k_format, path=path,
         window=window)
     if window:
-        idx_lens, win = window_split(context_lens, q.shape[1], window)
+        idx_lens, win = window_split(context_lens, q.shape[1], window, path=path)
         top = indexer_topk(idx_q, idx_weights, k_cache, block_table, idx_lens, topk,
                            k_format=k_format, sorted=True, path=path)
         indices = torch.cat([top, win], dim=-1)

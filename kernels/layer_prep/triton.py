@@ -16,6 +16,9 @@ out; T = B * N new tokens, token ``t = b * N + i`` at position ``pos = L_b - N +
     _rope_out_kernel (V4-Flash; grid (T, H / BLOCK_H))  o = attn, last r dims inverse-roped
     output projections
 
+V4-Flash's window (indexer lengths and window positions before the indexer) is one more launch,
+``_window_split_kernel`` (grid (T,)), shared with ``torch_impl.step.dsa_decode_step``.
+
 ``_prep_x_kernel`` programs, by ``program_id(1)`` (one token each, ``program_id(0)``):
 
 0. ``qr[t] = dt(xq[t] * rsqrt(mean(xq[t]^2) + eps) * q_norm)``: DeepSeek ``MLA.q_norm``
@@ -527,6 +530,36 @@ def supported(*, index_head_dim: int, rope: int, latent_nope: int | None = None,
     return None
 
 
+@triton.jit
+def _window_split_kernel(cl_ptr,     # int32 [B] (L_b, the MTP rule) or [B, N] (per-draft lengths)
+                         lens_ptr,   # int32 [B * N] out: max(len_i - W, 0), the indexer's lengths
+                         win_ptr,    # int32 [B * N, W] out: len_i - W + w, -1 where negative
+                         N, W, cl_sb, cl_sn,
+                         CL_2D: tl.constexpr, BLOCK_W: tl.constexpr):
+    """The V4 sliding window of one step in one launch (``torch_impl.step.window_split``), one
+    program per (request, draft) row ``t = b * N + i``: the draft's valid length ``len_i``
+    (``L_b - (N - 1 - i)``, or ``cl[b, i]``) in int64, then its indexer length and its window
+    positions. Replaces nine small torch launches (arange, add, sub, clamp, casts)."""
+    t = tl.program_id(0)
+    b = t // N
+    i = t - b * N
+    if CL_2D:
+        ln = tl.load(cl_ptr + b.to(tl.int64) * cl_sb + i * cl_sn).to(tl.int64)
+    else:
+        ln = tl.load(cl_ptr + b.to(tl.int64) * cl_sb).to(tl.int64) - (N - 1 - i)
+    tl.store(lens_ptr + t, tl.maximum(ln - W, 0).to(tl.int32))
+    for w0 in range(0, W, BLOCK_W):
+        w = w0 + tl.arange(0, BLOCK_W)
+        tl.store(win_ptr + t.to(tl.int64) * W + w, tl.maximum(ln - W + w, -1).to(tl.int32),
+                 mask=w < W)
+
+
+def window_block(window: int) -> int:
+    """Window positions per loop iteration of :func:`_window_split_kernel`: the window rounded
+    up to a power of two, at least 16, at most 1,024 (V4-Flash's 128: one iteration)."""
+    return min(1024, max(16, 1 << max(0, int(window) - 1).bit_length()))
+
+
 def rope_out_block_h(heads: int) -> int:
     """Heads per program of :func:`_rope_out_kernel` for a rank of ``heads`` heads (every V4-Flash
     rank has 8 or more)."""
@@ -537,10 +570,11 @@ def rope_out_block_h(heads: int) -> int:
 # ================================================================================== AOT specs
 
 def aot_specs(smem_class: str) -> list:
-    """Every launch of the three kernels :func:`torch_impl.layer` can make at the real dimensions
+    """Every launch of the four kernels :func:`torch_impl.layer` can make at the real dimensions
     (``kernels.layer_config``: V3.2 and V4-Flash, P = 64, D_I 128, rope 64; every TP head count
     of the presets; fp32 / fp16 / bf16 layers; each latent layout, the ``latent`` cache in the
-    layer's dtype; both scale formats), with :func:`prep_q_heuristic`'s configs, for
+    layer's dtype; both scale formats; V4's window split for 1-D and 2-D lengths), with
+    :func:`prep_q_heuristic`'s configs, for
     ``tests/test_triton_compile.py``. ``smem_class`` does not change the choice (the float32
     Hadamard operands, the largest, fit 99 KiB)."""
     from kernels import formats as nf
@@ -600,6 +634,15 @@ def aot_specs(smem_class: str) -> list:
                                    "idxw_ptr": "*fp32", "freqs_ptr": "*fp64", "cl_ptr": "*i32", **qints,
                                    "eps": "fp32"},
                         constexprs=ce, num_warps=qc.num_warps, num_stages=1))
+                if ue8m0 and dt == "bf16" and cfg.window:
+                    for cl_2d in (False, True):
+                        specs.append(LaunchSpec(
+                            label=f"window_split {cfg.name} cl_2d={cl_2d}",
+                            module="kernels.layer_prep.triton", kernel="_window_split_kernel",
+                            signature={"cl_ptr": "*i32", "lens_ptr": "*i32", "win_ptr": "*i32",
+                                       "N": "i32", "W": "i32", "cl_sb": "i32", "cl_sn": "i32"},
+                            constexprs=dict(CL_2D=cl_2d, BLOCK_W=window_block(cfg.window)),
+                            num_warps=1, num_stages=1))
                 if ue8m0 and cfg.inverse_rope_out:
                     for bh in sorted({rope_out_block_h(h) for h in heads}):
                         specs.append(LaunchSpec(
