@@ -320,20 +320,21 @@ def _issue_values(o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, 
 @gluon.jit
 def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
               sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL: gl.constexpr,
-              HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, MMA: gl.constexpr):
-    """Both Gluon kernels' epilogue: normalise the eight 64-dim accumulator chunks (the nope
-    chunks carry the running unit ``2^ub``; fp8_model1's rope chunk, part of V, does not), then
-    write the final output with the sink and the natural-log LSE (``FINAL``) or the fp32
-    partial and its log2 LSE, as the Triton kernel does."""
+              HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, MMA: gl.constexpr,
+              HB: gl.constexpr = 64):
+    """The Gluon kernels' epilogue: normalise the eight 64-dim accumulator chunks ``[HB heads,
+    64]`` in layout ``MMA`` (the nope chunks carry the running unit ``2^ub``; fp8_model1's rope
+    chunk, part of V, does not), then write the final output with the sink and the natural-log
+    LSE (``FINAL``) or the fp32 partial and its log2 LSE, as the Triton kernel does."""
     MROW: gl.constexpr = gl.SliceLayout(1, MMA)
-    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
+    heads = pid_h * HB + gl.arange(0, HB, layout=MROW)
     h_ok = heads < H
     has = l_i != 0.0
     l_safe = gl.where(has, l_i, 1.0)
     inv_l = 1.0 / l_safe
     inv_n = inv_l * _pow2(ub_i)
     lse2 = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
+    sink_f = gl.full([HB], 1.0, gl.float32, layout=MROW)
     if FINAL:
         lse = lse2 * 0.6931471805599453
         if HAS_SINK:
@@ -373,6 +374,60 @@ def _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL: gl.constexpr):
         k_len = gl.maximum(gl.minimum(gl.load(tkl_ptr + b), K), 0)
     start = pid_s * chunk
     return start, gl.minimum(start + chunk, k_len)
+
+
+@gluon.jit
+def _alloc_x(DT: gl.constexpr, RT: gl.constexpr, NBUF: gl.constexpr, SH: gl.constexpr):
+    """X: ``NBUF`` slots of one row block, one buffer a 64-dim chunk (the barrier analysis
+    treats views of one buffer as overlapping): eight ``[NBUF, 64, 64]`` of ``DT`` and the rope
+    chunk's of ``RT``, in the shared layout ``SH``."""
+    return (gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(DT, [NBUF, 64, 64], SH),
+            gl.allocate_shared_memory(RT, [NBUF, 64, 64], SH))
+
+
+@gluon.jit
+def _views(x0, x1, x2, x3, x4, x5, x6, x7, xr, buf):
+    """The X chunk buffers' views of slot ``buf``."""
+    return (x0.index(buf), x1.index(buf), x2.index(buf), x3.index(buf), x4.index(buf),
+            x5.index(buf), x6.index(buf), x7.index(buf), xr.index(buf))
+
+
+@gluon.jit
+def _pipeline_start(idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size,
+                    HAS_BT: gl.constexpr):
+    """Fill the three-deep pipeline of the 64-row blocks (``ar`` = arange(64) in the row
+    layout): the indices of blocks 0, 1 and 2 loaded, the slots of blocks 0 and 1 resolved.
+    Returns ``(i2, pg, of, ok, pg_nx, of_nx, ok_nx)``."""
+    in0 = start + ar < end
+    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
+    in1 = start + 64 + ar < end
+    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
+    in2 = start + 128 + ar < end
+    i2 = gl.load(idx_row + start + 128 + ar, mask=in2, other=-1)
+    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
+                          num_slots, num_pages, max_pages, page_size, HAS_BT)
+    pg_nx, of_nx, ok_nx = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size,
+                                                     HAS_BT),
+                                   in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    return i2, pg, of, ok, pg_nx, of_nx, ok_nx
+
+
+@gluon.jit
+def _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size, HAS_BT: gl.constexpr):
+    """In the loop at block ``k0``: the page entries of block +2 (its indices ``i2``) and the
+    indices of block +3, in flight during this block's work. Returns ``(in2, e2, i3)``."""
+    in2 = k0 + 128 + ar < end
+    e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
+    in3 = k0 + 192 + ar < end
+    i3 = gl.load(idx_row + k0 + 192 + ar, mask=in3, other=-1)
+    return in2, e2, i3
 
 
 @gluon.jit
@@ -449,15 +504,7 @@ def _sparse_mla_gluon_kernel(
     qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
     qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
     # X: one buffer a chunk (the barrier analysis treats views of one buffer as overlapping)
-    x0 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x1 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x2 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x3 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x4 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x5 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x6 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x7 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
+    x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
 
     # ---- q: per head a power of two 2^t that puts max|q_nope| in [2^14, 2^15), fp16 chunks
     q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
@@ -469,29 +516,13 @@ def _sparse_mla_gluon_kernel(
     l_i = gl.zeros([64], gl.float32, layout=MROW)
     ub_i = pid_h * 0 + 1
     zero = gl.zeros([64, 64], gl.float32, layout=MMA)
-    o0 = zero
-    o1 = zero
-    o2 = zero
-    o3 = zero
-    o4 = zero
-    o5 = zero
-    o6 = zero
-    o7 = zero
+    o0, o1, o2, o3, o4, o5, o6, o7 = zero, zero, zero, zero, zero, zero, zero, zero
 
     idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(gl.int64) * sbt_b
     ar = gl.arange(0, 64, layout=ROW)
-    in0 = start + ar < end
-    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
-    in1 = start + 64 + ar < end
-    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
-    in2 = start + 128 + ar < end
-    i2 = gl.load(idx_row + start + 128 + ar, mask=in2, other=-1)
-    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
-                          num_slots, num_pages, max_pages, page_size, HAS_BT)
-    pg_nx, of_nx, ok_nx = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size,
-                                                     HAS_BT),
-                                   in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    i2, pg, of, ok, pg_nx, of_nx, ok_nx = _pipeline_start(
+        idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size, HAS_BT)
     r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
         kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes, KV_FORMAT, NC, LD, LD16)
     ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
@@ -504,15 +535,7 @@ def _sparse_mla_gluon_kernel(
         # this block's X and (NBUF 2) the other buffer, which the next block is stored into
         buf = ((k0 - start) // 64) % NBUF
         nxt = (buf + 1) % NBUF
-        y0 = x0.index(buf)
-        y1 = x1.index(buf)
-        y2 = x2.index(buf)
-        y3 = x3.index(buf)
-        y4 = x4.index(buf)
-        y5 = x5.index(buf)
-        y6 = x6.index(buf)
-        y7 = x7.index(buf)
-        yr = xr.index(buf)
+        y0, y1, y2, y3, y4, y5, y6, y7, yr = _views(x0, x1, x2, x3, x4, x5, x6, x7, xr, buf)
         # X holds this block (in units 2^(ub - 127)). Issue the next block's rows (slots resolved
         # last iteration), its successor's page entries and the indices after that: all in
         # flight during this block's dots, consumed at the end of the iteration.
@@ -521,10 +544,8 @@ def _sparse_mla_gluon_kernel(
         r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
             kv_ptr, kv16_ptr, kv32_ptr, pg_nx, of_nx, ok, page_size, page_bytes, KV_FORMAT, NC,
             LD, LD16)
-        in2 = k0 + 128 + ar < end
-        e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
-        in3 = k0 + 192 + ar < end
-        i3 = gl.load(idx_row + k0 + 192 + ar, mask=in3, other=-1)
+        in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
+                                      HAS_BT)
 
         # scores: nope dots in units (q_inv * 2^ub), the rope dot in true units
         s, r = _issue_scores(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, NC, MMA)

@@ -47,9 +47,10 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _barrier, _block_unit, _issue_rows, _list_range,
-                                      _program, _q_rows, _resolve, _store_q_scaled, _tile)
-from kernels.sparse_mla.triton import _finite_sink, _page_entries, _pow2
+from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _block_unit, _epilogue, _issue_rows,
+                                      _list_range, _pipeline_ahead, _pipeline_start, _program,
+                                      _q_rows, _resolve, _store_q_scaled, _tile, _views)
+from kernels.sparse_mla.triton import _pow2
 
 HEAD_BLOCKS = (8, 16, 32)      # HN: wgmma N per program (N / warpgroups must be a multiple of 8)
 
@@ -161,62 +162,10 @@ def _values_t(o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, y4, 
 
 
 @gluon.jit
-def _store_out_t(o, inv, has, sink_f, C: gl.constexpr, heads, h_ok, pid_s, pid_bn, H, nbn,
-                 po_ptr, out_ptr, FINAL: gl.constexpr, OUT: gl.constexpr):
-    """Write dims [64 C, 64 C + 64) of the normalised output (FINAL, times the sink factor) or
-    of the fp32 partial from ``O^T_c`` [64 dims, HN heads], through the store layout ``OUT``
-    (consecutive dims in a thread: 16-byte stores)."""
-    val = gl.where(has[None, :], gl.convert_layout(o, OUT) * inv[None, :], 0.0)
-    dv = gl.arange(0, 64, layout=gl.SliceLayout(1, OUT)) + C * 64
-    m = h_ok[None, :] & (dv[:, None] >= 0)
-    if FINAL:
-        orow = pid_bn.to(gl.int64) * H + heads
-        gl.store(out_ptr + orow[None, :] * 512 + dv[:, None],
-                 (val * sink_f[None, :]).to(out_ptr.dtype.element_ty), mask=m)
-    else:
-        prow = (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads
-        gl.store(po_ptr + prow[None, :] * 512 + dv[:, None], val, mask=m)
-
-
-@gluon.jit
-def _epilogue_t(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
-                sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL: gl.constexpr,
-                HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, HN: gl.constexpr,
-                OUT: gl.constexpr):
-    """``gluon._epilogue`` with the heads on axis 1: normalise the eight ``O^T`` chunks (the
-    nope chunks carry the running unit ``2^ub``; fp8_model1's rope chunk does not), then write
-    the final output with the sink and the natural-log LSE (``FINAL``) or the fp32 partial and
-    its log2 LSE."""
-    HCOL: gl.constexpr = gl.SliceLayout(0, OUT)
-    heads = pid_h * HN + gl.arange(0, HN, layout=HCOL)
-    h_ok = heads < H
-    m_i = gl.convert_layout(m_i, HCOL)
-    l_i = gl.convert_layout(l_i, HCOL)
-    has = l_i != 0.0
-    l_safe = gl.where(has, l_i, 1.0)
-    inv_l = 1.0 / l_safe
-    inv_n = inv_l * _pow2(ub_i)
-    lse2 = gl.where(has, m_i + gl.log2(l_safe), float("-inf"))
-    sink_f = gl.full([HN], 1.0, gl.float32, layout=HCOL)
-    if FINAL:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = _finite_sink(gl.load(sink_ptr + heads, mask=h_ok, other=0.0))
-            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
-        gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
-    else:
-        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
-    _store_out_t(o0, inv_n, has, sink_f, 0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    _store_out_t(o1, inv_n, has, sink_f, 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    _store_out_t(o2, inv_n, has, sink_f, 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    _store_out_t(o3, inv_n, has, sink_f, 3, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    _store_out_t(o4, inv_n, has, sink_f, 4, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    _store_out_t(o5, inv_n, has, sink_f, 5, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    _store_out_t(o6, inv_n, has, sink_f, 6, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    if ROPE_IN_V:
-        _store_out_t(o7, inv_l, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
-    else:
-        _store_out_t(o7, inv_n, has, sink_f, 7, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, OUT)
+def _heads_first(o, OUT: gl.constexpr):
+    """``O^T_c`` [64 dims, HN heads] as ``[HN, 64]`` in the store layout ``OUT`` (4 consecutive
+    dims a thread: 16-byte stores), the orientation of ``gluon._epilogue``."""
+    return gl.convert_layout(gl.permute(o, (1, 0)), OUT)
 
 
 @gluon.jit
@@ -250,7 +199,7 @@ def _sparse_mla_gluon_sh_kernel(
 
     # Register layouts: LD gathers a [64 rows, 64 B] chunk as 16-byte vectors; MMA is the wgmma
     # accumulator [64 rows or dims, HN heads], the warpgroups side by side along the heads;
-    # OUT stores O^T with 4 consecutive dims a thread.
+    # OUT stores the output heads-first ([HN, 64]) with 4 consecutive dims a thread.
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [NW, 1], [1, 0])
     LD16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [NW, 1], [1, 0])
     LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [NW, 1], [1, 0])
@@ -259,7 +208,7 @@ def _sparse_mla_gluon_sh_kernel(
                                                   instr_shape=[16, HN // WG, 16])
     MROW: gl.constexpr = gl.SliceLayout(1, MMA)
     MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
-    OUT: gl.constexpr = gl.BlockedLayout([4, 1], [16, 2], [1, NW], [0, 1])
+    OUT: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [NW, 1], [1, 0])
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
 
     pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
@@ -270,15 +219,7 @@ def _sparse_mla_gluon_sh_kernel(
     pth = gl.allocate_shared_memory(ROPE_DTYPE, [HN, 64], SH)     # model1 rope values: P^T, hi
     ptl = gl.allocate_shared_memory(ROPE_DTYPE, [HN, 64], SH)     # ... and its residual (bf16)
     # X: one buffer a chunk (the barrier analysis treats views of one buffer as overlapping)
-    x0 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x1 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x2 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x3 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x4 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x5 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x6 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    x7 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-    xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
+    x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
     zs = gl.allocate_shared_memory(gl.int32, [64], gl.SwizzledSharedLayout(1, 1, 1, [0]))
     zs.store(gl.zeros([64], gl.int32, layout=ROW))      # zeros for _pinned
 
@@ -292,29 +233,13 @@ def _sparse_mla_gluon_sh_kernel(
     l_i = gl.zeros([HN], gl.float32, layout=MCOL)
     ub_i = pid_h * 0 + 1
     zero = gl.zeros([64, HN], gl.float32, layout=MMA)
-    o0 = zero
-    o1 = zero
-    o2 = zero
-    o3 = zero
-    o4 = zero
-    o5 = zero
-    o6 = zero
-    o7 = zero
+    o0, o1, o2, o3, o4, o5, o6, o7 = zero, zero, zero, zero, zero, zero, zero, zero
 
     idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
     bt_row = bt_ptr + b.to(gl.int64) * sbt_b
     ar = gl.arange(0, 64, layout=ROW)
-    in0 = start + ar < end
-    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
-    in1 = start + 64 + ar < end
-    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
-    in2 = start + 128 + ar < end
-    i2 = gl.load(idx_row + start + 128 + ar, mask=in2, other=-1)
-    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
-                          num_slots, num_pages, max_pages, page_size, HAS_BT)
-    pg_nx, of_nx, ok_nx = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size,
-                                                     HAS_BT),
-                                   in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    i2, pg, of, ok, pg_nx, of_nx, ok_nx = _pipeline_start(
+        idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size, HAS_BT)
     r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
         kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes, KV_FORMAT, NC, LD, LD16)
     ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
@@ -332,15 +257,7 @@ def _sparse_mla_gluon_sh_kernel(
         else:
             buf = oz
         nxt = (buf + 1) % NBUF
-        y0 = x0.index(buf)
-        y1 = x1.index(buf)
-        y2 = x2.index(buf)
-        y3 = x3.index(buf)
-        y4 = x4.index(buf)
-        y5 = x5.index(buf)
-        y6 = x6.index(buf)
-        y7 = x7.index(buf)
-        yr = xr.index(buf)
+        y0, y1, y2, y3, y4, y5, y6, y7, yr = _views(x0, x1, x2, x3, x4, x5, x6, x7, xr, buf)
         # X holds this block (in units 2^(ub - 127)). Issue the next block's rows (slots resolved
         # last iteration), its successor's page entries and the indices after that: all in
         # flight during this block's dots, consumed at the end of the iteration.
@@ -349,10 +266,8 @@ def _sparse_mla_gluon_sh_kernel(
         r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3 = _issue_rows(
             kv_ptr, kv16_ptr, kv32_ptr, pg_nx, of_nx, ok, page_size, page_bytes, KV_FORMAT, NC,
             LD, LD16)
-        in2 = k0 + 128 + ar < end
-        e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
-        in3 = k0 + 192 + ar < end
-        i3 = gl.load(idx_row + k0 + 192 + ar, mask=in3, other=-1)
+        in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
+                                      HAS_BT)
 
         s, r = _scores_t(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, oz, NC, HN, MMA)
         okr = gl.convert_layout(ok_cur, MROW)
@@ -378,6 +293,10 @@ def _sparse_mla_gluon_sh_kernel(
                                        HAS_BT)
         i2 = i3
 
-    # ---- epilogue
-    _epilogue_t(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
-                sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, HN, OUT)
+    # ---- epilogue: gluon.py's, on the chunks turned heads-first
+    HL: gl.constexpr = gl.SliceLayout(1, OUT)
+    _epilogue(_heads_first(o0, OUT), _heads_first(o1, OUT), _heads_first(o2, OUT),
+              _heads_first(o3, OUT), _heads_first(o4, OUT), _heads_first(o5, OUT),
+              _heads_first(o6, OUT), _heads_first(o7, OUT), gl.convert_layout(m_i, HL),
+              gl.convert_layout(l_i, HL), ub_i, pid_h, pid_s, pid_bn, H, nbn, sink_ptr, lse_ptr,
+              pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT, HN)

@@ -75,10 +75,10 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _block_unit, _epilogue, _issue_scores, _issue_values,
-                                      _list_range, _load_rope, _load_scales, _load_u8,
-                                      _online_softmax, _program, _q_rows, _resolve, _row_base,
-                                      _store_q_scaled, _tile)
+from kernels.sparse_mla.gluon import (NEG, _alloc_x, _block_unit, _epilogue, _issue_scores,
+                                      _issue_values, _list_range, _load_rope, _load_scales,
+                                      _load_u8, _online_softmax, _program, _q_rows, _resolve,
+                                      _row_base, _store_q_scaled, _tile)
 from kernels.sparse_mla.triton import _page_entries, _pow2
 
 # CTA-wide (in a partition: partition-wide) barrier: ``gl.thread_barrier`` in Triton 3.6,
@@ -241,14 +241,7 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
     l_i = gl.zeros([64], gl.float32, layout=MROW)
     ub_i = gl.full([64], 1, gl.int32, layout=MROW)
     zero = gl.zeros([64, 64], gl.float32, layout=MMA)
-    o0 = zero
-    o1 = zero
-    o2 = zero
-    o3 = zero
-    o4 = zero
-    o5 = zero
-    o6 = zero
-    o7 = zero
+    o0, o1, o2, o3, o4, o5, o6, o7 = zero, zero, zero, zero, zero, zero, zero, zero
 
     for k0 in range(start, end, 64):
         j = (k0 - start) // 64
@@ -441,14 +434,7 @@ def _ws_latent_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_p
     m_i = gl.full([64], NEG, gl.float32, layout=MROW)
     l_i = gl.zeros([64], gl.float32, layout=MROW)
     zero = gl.zeros([64, 64], gl.float32, layout=MMA)
-    o0 = zero
-    o1 = zero
-    o2 = zero
-    o3 = zero
-    o4 = zero
-    o5 = zero
-    o6 = zero
-    o7 = zero
+    o0, o1, o2, o3, o4, o5, o6, o7 = zero, zero, zero, zero, zero, zero, zero, zero
 
     for k0 in range(start, end, 64):
         j = (k0 - start) // 64
@@ -573,15 +559,7 @@ def _sparse_mla_gluon_ws_kernel(
             ps = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)    # p_hi, 8 KB
         else:
             ps = qs                                                      # unused
-        x0 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x1 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x2 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x3 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x4 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x5 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x6 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        x7 = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
-        xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
+        x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(ROPE_DTYPE, ROPE_DTYPE, NBUF, SH)
         ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
         full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -607,15 +585,7 @@ def _sparse_mla_gluon_ws_kernel(
         NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
         qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
         qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
-        x0 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x1 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x2 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x3 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x4 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x5 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x6 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        x7 = gl.allocate_shared_memory(gl.float16, [NBUF, 64, 64], SH)
-        xr = gl.allocate_shared_memory(ROPE_DTYPE, [NBUF, 64, 64], SH)
+        x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
         ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
         ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
         full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
