@@ -957,6 +957,14 @@ def test_gluon_sh_rules():
     assert configs.sparse_mla_heuristic(16, configs.LARGE_SMEM, rows=64, topk=2048, gluon=True,
                                         gluon_ws=True) == configs.SPARSE_MLA_N16   # not told
     assert configs.sparse_mla_heuristic(16, configs.SMALL_SMEM, gluon_sh=True).kernel == "triton"
+    # the split plan's residency equals the AOT counts' (tests/test_triton_compile.py): 2 CTAs an
+    # SM at 4 warps, 1 at 8; B 64 H 16 K 2048 -> 4 splits (256 CTAs, 8 blocks each) at 16 heads
+    # a program; V4 B 64 H 8 K 640 -> 4 at 8 heads (bench/NOTES.md "Small heads: rows on wgmma M")
+    ctas = {cfg: configs.sparse_mla_ctas_per_sm(cfg, configs.LARGE_SMEM) for cfg in _SH_CONFIGS}
+    assert [ctas[c] for c in _SH_CONFIGS] == [2, 2, 1, 1]
+    sh16, sh8 = configs.SPARSE_MLA_GLUON_SH16, configs.SPARSE_MLA_GLUON_SH8
+    assert configs.sparse_mla_num_splits(64, 2048, 64, 132, ctas_per_sm=ctas[sh16]) == 4
+    assert configs.sparse_mla_num_splits(64, 640, 64, 132, ctas_per_sm=ctas[sh8]) == 4
 
 
 # ============================================================================ combine
