@@ -46,8 +46,8 @@ class SparseMLAConfig:
     """Compile-time shape of the split-K sparse MLA decode kernel (kernels/sparse_mla/triton.py).
 
     Attributes:
-      block_h: query heads per program (power of two >= 16, the tl.dot minimum; heads beyond H
-        are masked). Each head block gathers its selected rows itself (from L2 when the head
+      block_h: query heads per program (power of two >= 16, the tl.dot minimum; 8 also for
+        ``kernel="gluon_sh"``, whose heads are wgmma's N; heads beyond H are masked). Each head block gathers its selected rows itself (from L2 when the head
         blocks of one request run together).
       block_k: top-k entries gathered per loop iteration (power of two >= 16).
       num_warps, num_stages: Triton launch options.
