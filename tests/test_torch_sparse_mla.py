@@ -864,6 +864,30 @@ _SH_IDS = [f"h{c.block_h}w{c.num_warps}" for c in _SH_CONFIGS]
 @gpu_only
 @sm90_only
 @pytest.mark.gpu
+@pytest.mark.parametrize("HN", [8, 16, 32])
+def test_gluon_sh_orientations(HN):
+    """The two wgmma orientations of the few-heads kernel alone (tests/_gluon_probe.py): ``X .
+    q^T`` (X K-major in shared memory) and ``X^T . P`` (the same X as an MN-major operand, P^T
+    stored from registers through ``gl.permute``) against torch's fp32 products of the same
+    fp16 values. fp16 products are exact in fp32, so only the summation order differs."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _gluon_probe import _orientation_probe_kernel
+    g = torch.Generator(device=DEVICE).manual_seed(HN)
+    x = torch.randn((64, 64), generator=g, device=DEVICE).half()
+    q = torch.randn((HN, 64), generator=g, device=DEVICE).half()
+    p = torch.rand((64, HN), generator=g, device=DEVICE).half()
+    s = torch.empty((64, HN), dtype=torch.float32, device=DEVICE)
+    o = torch.empty((64, HN), dtype=torch.float32, device=DEVICE)
+    _orientation_probe_kernel[(1,)](x, q, p, s, o, HN=HN, num_warps=4)
+    torch.testing.assert_close(s, x.float() @ q.float().T, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(o, x.float().T @ p.float(), rtol=1e-5, atol=1e-4)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("cfg", _SH_CONFIGS, ids=_SH_IDS)
 @pytest.mark.parametrize("kv_format,d_qk", FP8_FORMATS, ids=[f[0] for f in FP8_FORMATS])
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
