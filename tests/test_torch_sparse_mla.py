@@ -885,21 +885,27 @@ def test_gluon_sh_orientations(HN):
     torch.testing.assert_close(o, x.float().T @ p.float(), rtol=1e-5, atol=1e-4)
 
 
+# (config, q dtype): every config with bf16 q, the 16-head one also with fp16 q (fp16 rope values:
+# no residual dot), so a GPU run compiles 40 variants, not 64
+_SH_CASES = [(c, "bfloat16") for c in _SH_CONFIGS] + [(configs.SPARSE_MLA_GLUON_SH16, "float16")]
+
+
 @gpu_only
 @sm90_only
 @pytest.mark.gpu
-@pytest.mark.parametrize("cfg", _SH_CONFIGS, ids=_SH_IDS)
+@pytest.mark.parametrize("cfg,q_dtype", _SH_CASES,
+                         ids=[f"{i}-{q[:4]}" for i, (_, q) in zip(_SH_IDS + [_SH_IDS[1]], _SH_CASES)])
 @pytest.mark.parametrize("kv_format,d_qk", FP8_FORMATS, ids=[f[0] for f in FP8_FORMATS])
-@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("H,feats", [(8, True), (24, True), (16, False)],
                          ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots"])
-def test_gluon_sh(cfg, kv_format, d_qk, q_dtype, splits, H, feats):
+def test_gluon_sh(cfg, q_dtype, kv_format, d_qk, splits, H, feats):
     """The few-heads Gluon kernel (rows on wgmma M, heads on N; kernels/sparse_mla/gluon_small.py)
-    on both fp8 formats against the float64 reference: each config of the space, bf16 and fp16
-    q, 1 and 3 splits (final epilogue / partials + combine), H below, across and at the head
-    block (H 24: a partial second block at 16 heads), every invalid-entry kind, plain slots or a
-    block table with topk_length and a sink; the call must run the Gluon kernel."""
+    on both fp8 formats against the float64 reference: each config of the space with bf16 q (the
+    16-head one with fp16 q too), 1 and 3 splits (final epilogue / partials + combine), H below,
+    across and at the head block (H 24: a partial second block at 16 heads), every invalid-entry
+    kind, plain slots or a block table with topk_length and a sink; the call must run the Gluon
+    kernel."""
     case = cases.make_mla_case(80 + H + splits, B=3, N=2, H=H, K=300, P=64, d_qk=d_qk,
                                kv_format=kv_format, q_dtype=q_dtype, invalid="mix", logical=feats,
                                topk_length=feats, attn_sink=feats)
