@@ -17,6 +17,9 @@
 #                   choice; checked against the reference, CUDA-graph timed over rotated input sets,
 #                   each shape's variants in a child process (SWEEP_VARIANT_TIMEOUT s a variant,
 #                   default 90; a faulting variant is a row), JSON $OUT/sweep_mlasmall.json
+#   sweep:pallasmla bench.pallas_mla_sweep: every Pallas sparse-MLA config at the fp8 target rows,
+#                   checked and timed with the bench's JAX timer (PALLAS_SWEEP_ARGS: e.g. "--rows
+#                   v32_b16_n1_h128 --scales 1,2"), JSON $OUT/sweep_pallasmla.json
 #   sweep:idxws     bench.indexer_sweep --ws: the warp-specialised logits kernel's variants against
 #                   today's Gluon kernel (checks + logits timed alone; SWEEP_ROW_TIMEOUT per row)
 #   check:NAME      bench.gluon_check --kernels CHECK_KERNELS (default the latent WS pair), each
@@ -81,6 +84,9 @@ for step in "$@"; do
       elif [ "$what" = mlasmall ]; then
         timeout "$secs" python3 -m bench.mla_sweep --small-heads --budget-s $((secs - 40)) \
           --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" --out "$OUT/sweep_mlasmall.json" > "$log" 2>&1
+      elif [ "$what" = pallasmla ]; then
+        timeout "$secs" python3 -m bench.pallas_mla_sweep --budget-s $((secs - 60)) ${PALLAS_SWEEP_ARGS:-} \
+          --out "$OUT/sweep_pallasmla.json" > "$log" 2>&1
       elif [ "$what" = idxws ]; then
         timeout "$secs" python3 -m bench.indexer_sweep --ws --row-timeout "${SWEEP_ROW_TIMEOUT:-60}" \
           --out "$OUT/sweep_idxws.json" > "$log" 2>&1

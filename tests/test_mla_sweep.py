@@ -117,3 +117,22 @@ def test_isolated_children_survive_a_crash_and_a_hang(monkeypatch):
     assert "exit status 7" in got[0]["status"]
     assert "no result after 12 s" in got[1]["status"]
     assert got[2]["status"] == "ok" and got[2]["check"]["passed"], got[2]
+
+
+@interpreter
+def test_pallas_mla_sweep_dry_run(tmp_path):
+    """``bench.pallas_mla_sweep --dry-run`` on the tiny V4-Flash H 8 row in the Pallas
+    interpreter: the heuristic's choice first, then every config of the CPU's Pallas space, each
+    checked against the float64 reference (all pass) and timed; the summary names the fastest."""
+    import json as _json
+    from bench import pallas_mla_sweep as ps
+    out = tmp_path / "p.json"
+    assert ps.main(["--dry-run", "--rows", "v4_h8", "--out", str(out)]) == 0
+    doc = _json.loads(out.read_text())
+    assert doc["dry_run"] and not doc["partial"]
+    rows = doc["rows"]
+    assert rows[0]["variant"] == "heuristic" and len(rows) == len(ps.variants(hardware.CPU_INTERPRETER))
+    assert all(r["status"] == "ok" and r["check"]["passed"] for r in rows), rows
+    s = doc["summary"]["v4_h8"]
+    assert s["best"] in {r["variant"] for r in rows} and s["baseline_us"] > 0
+
