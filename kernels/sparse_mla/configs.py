@@ -163,10 +163,10 @@ def gluon_ws_latent_layout_ok(page_stride: int, row_stride: int, num_pages: int,
 def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
                     operand_bytes: int) -> bool:
     """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
-    Gluon kernels (``"gluon"``, ``"gluon_ws"``) on exactly sm_90 (wgmma; the WS kernel also
-    setmaxnreg) outside the interpreter, with 16-bit dot operands, for the (kv_format, D_qk)
-    pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"``: fp8 only, ``"gluon_ws"``:
-    fp8 and latent)."""
+    Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``) on exactly sm_90 (wgmma; the WS
+    kernel also setmaxnreg) outside the interpreter, with 16-bit dot operands, for the
+    (kv_format, D_qk) pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"`` and
+    ``"gluon_sh"``: fp8 only, ``"gluon_ws"``: fp8 and latent)."""
     built = GLUON_KERNEL_FORMATS.get(kernel)
     if built is None:
         return True

@@ -197,7 +197,8 @@ def _gluon_kernel(kernel: str, kv_format: str, cfg: configs.SparseMLAConfig | No
 def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 1,
                  kernel: str = "gluon", cfg: configs.SparseMLAConfig | None = None) -> list:
     """Launches of a Gluon kernel (sm_90) for one variant, with and without a block table:
-    ``kernel`` ``"gluon"`` (``gluon.py``; ``nbuf`` X buffers) or ``"gluon_ws"`` (the
+    ``kernel`` ``"gluon"`` (``gluon.py``; ``nbuf`` X buffers), ``"gluon_sh"`` (the few-heads
+    ``gluon_small.py`` of ``cfg``: its heads and warps; ``nbuf`` X buffers) or ``"gluon_ws"`` (the
     warp-specialised ``gluon_ws.py``; ``nbuf`` ring slots, ``num_warps`` the consumer's: the
     producer's warps come on top). ``nbuf`` is the config's ``num_stages``. A latent cache has
     q's dtype (the only latent calls a Gluon kernel runs) and is passed for all three cache
