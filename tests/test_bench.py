@@ -959,3 +959,36 @@ def test_indexer_sweep_ws_isolates_each_row(tmp_path, monkeypatch):
     assert "exit status 1" in c1["error"] and "illegal memory access" in c1["error"]
     assert "killed after" in c3["error"] and "gluon_ws_c3" in doc["hung"]
     assert all(by[n]["error"] is None for n in ("gluon", "gluon_ws", "gluon_ws_smem", "gluon_ws_s8"))
+
+
+def test_targets_report_on_the_committed_results(tmp_path):
+    """``bench.targets`` on the committed 2026-12-05 H200 targets files (torch and jax), against
+    the 2026-12-04 sparse-MLA file: every absolute target row is found, the statuses follow the
+    numbers (B 64 H 128 146.7 us > 125: missed; H 64 94.6 <= 100: met; the latent row 125.5 <=
+    130: met, 631.2 before), the relative and ratio targets are computed from the two files' rows
+    (N 2 / N 1 = 1.87 > 1.6; Pallas B 64 H 128 3.13x > 1.25x), and the layer ratios are read off
+    both stacks' rows (V4 B 1 torch glue 21.7 % > 15 %; V3.2 B 64 5.9 %: met)."""
+    import json as _json
+    from bench import targets
+    res = Path(__file__).resolve().parents[1] / "bench" / "results"
+    out = tmp_path / "t.json"
+    assert targets.main([str(res / "bench_h200_targets_torch_20261205.json"),
+                         str(res / "bench_h200_targets_jax_20261205.json"), "--against",
+                         str(res / "bench_h200_targets_mla_20261204.json"), "--json", str(out)]) == 0
+    lines = _json.loads(out.read_text())["lines"]
+    absolute = [ln for ln in lines if ln["metric"] == "median_us"]
+    assert len(absolute) == len(targets.ABSOLUTE) and all(ln["status"] != "absent" for ln in absolute)
+    by = {(ln["target"], ln["stack"], ln["metric"]): ln for ln in lines}
+    h128 = by[("mla DSV32 B64 N1 H128 L32768 fp8_ds_mla", "torch/triton", "median_us")]
+    assert h128["status"] == "missed" and h128["value"] == pytest.approx(146.7, abs=0.05)
+    assert by[("mla DSV32 B64 N1 H64 L32768 fp8_ds_mla", "torch/triton", "median_us")]["status"] == "met"
+    lat = by[("mla DSV32 B64 N1 H128 L32768 latent", "torch/triton", "median_us")]
+    assert lat["status"] == "met" and lat["before"] == pytest.approx(631.2, abs=0.05)
+    n2 = [ln for ln in lines if ln["metric"] == "ratio" and "N2" in ln["target"]][0]
+    assert n2["status"] == "missed" and n2["value"] == pytest.approx(1.87, abs=0.01)
+    pal = by[("mla DSV32 B64 N1 H128 L32768 fp8_ds_mla", "jax/pallas", "/ torch/triton")]
+    assert pal["status"] == "missed" and pal["value"] == pytest.approx(3.13, abs=0.01)
+    glue = {ln["target"].split(" (")[0]: ln for ln in lines
+            if ln["metric"] == "glue_frac" and ln["stack"] == "torch/triton"}
+    assert glue["layer DSV4_FLASH B1 N1 fp8_model1"]["status"] == "missed"
+    assert glue["layer DSV32 B64 N1 fp8_ds_mla"]["status"] == "met"
