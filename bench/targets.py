@@ -18,8 +18,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from bench.grid import K4, K32, K64, K128, M1
+from kernels.ops import KERNEL_PATHS
+
 MLA, IDX, LAYER_OP = "sparse_mla_decode", "indexer_topk", "dsa_decode_layer"
-K32, K64, K128, K4, M1 = 32768, 65536, 131072, 4096, 1 << 20
+TRITON = ("torch", KERNEL_PATHS["torch"])      # (backend, path) of the targets' absolute rows
+PALLAS = ("jax", KERNEL_PATHS["jax"])
 
 
 @dataclass(frozen=True)
@@ -108,9 +112,9 @@ def load(paths) -> dict:
 def evaluate(rows: dict, before: dict | None = None) -> list[dict]:
     """One line per target: ``{issue, target, stack, metric, value, bound, kind, status,
     before}`` (status ``met`` / ``missed`` / ``absent``)."""
-    tri = rows.get(("torch", "triton"), {})
-    pal = rows.get(("jax", "pallas"), {})
-    old_tri = (before or {}).get(("torch", "triton"), {})
+    tri = rows.get(TRITON, {})
+    pal = rows.get(PALLAS, {})
+    old_tri = (before or {}).get(TRITON, {})
     lines = []
 
     def add(issue, target, stack, metric, value, bound, kind, old=None):
