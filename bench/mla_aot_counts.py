@@ -7,7 +7,7 @@ the SASS of the main loop (per warp per iteration: instructions, global loads, a
 
     PYTHONPATH=<triton 3.6.0>:. python -m bench.mla_aot_counts [--json out.json] [--quick]
         [--block-h 16 32] [--block-k 16 32 64] [--warps 2 4 8] [--stages 1 2 3] [--prefetch 0 1]
-        [--formats fp8_ds_mla fp8_model1] [--cc 90 120]
+        [--formats fp8_ds_mla fp8_model1] [--cc 90 120] [--kernels triton triton_rows]
 
 The tables in bench/NOTES.md ("Small heads: occupancy-first variant space") come from
 ``bench/results/mla_aot_counts_small_heads_20261205.json`` (this tool, the full grid);
@@ -37,10 +37,13 @@ FORMATS = (("fp8_ds_mla", 576, False), ("fp8_model1", 512, True))   # (format, D
 LOOP_OPS = ("HMMA", "LDG", "LDGSTS", "LDSM", "STS", "LDS", "LDL", "STL", "BAR", "F2FP", "MUFU")
 
 
-def configs_grid(block_h, block_k, warps, stages, prefetch) -> list:
+def configs_grid(block_h, block_k, warps, stages, prefetch, kernels=("triton",)) -> list:
+    """Every combination, for each Triton ``kernel``: ``"triton"`` (heads on the dots' M axis)
+    or ``"triton_rows"`` (the split kernel's ``ROWS_M``: the gathered rows on M)."""
     from kernels.sparse_mla.configs import SparseMLAConfig
-    return [SparseMLAConfig(h, k, w, s, prefetch=bool(p))
-            for h, k, w, s, p in itertools.product(block_h, block_k, warps, stages, prefetch)]
+    return [SparseMLAConfig(h, k, w, s, prefetch=bool(p), kernel=kern)
+            for kern, h, k, w, s, p in itertools.product(kernels, block_h, block_k, warps, stages,
+                                                          prefetch)]
 
 
 def specs_for(cfgs, formats=("fp8_ds_mla", "fp8_model1")) -> list:
@@ -262,6 +265,8 @@ def main(argv=None):
     ap.add_argument("--stages", type=int, nargs="+", default=[1, 2, 3])
     ap.add_argument("--prefetch", type=int, nargs="+", default=[0, 1])
     ap.add_argument("--formats", nargs="+", default=["fp8_ds_mla", "fp8_model1"])
+    ap.add_argument("--kernels", nargs="+", default=["triton"], choices=["triton", "triton_rows"],
+                    help="the split kernel's orientation(s): heads on M, or rows on M")
     ap.add_argument("--cc", type=int, nargs="+", default=[90, 120])
     ap.add_argument("--workers", type=int, default=None)
     ap.add_argument("--chunk", type=int, default=16, help="launches per compile batch (JSON after each)")
@@ -278,7 +283,8 @@ def main(argv=None):
     tp = aot.triton_dir(args.triton)
     # a fresh Triton cache: a cached compile skips ptxas, whose log gives the registers
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="mla-aot-cache-")
-    cfgs = configs_grid(args.block_h, args.block_k, args.warps, args.stages, args.prefetch)
+    cfgs = configs_grid(args.block_h, args.block_k, args.warps, args.stages, args.prefetch,
+                        tuple(args.kernels))
     todo = specs_for(cfgs, tuple(args.formats))
     rows, done = [], set()
     if args.resume and args.json and Path(args.json).exists():

@@ -946,6 +946,31 @@ def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
             512, kw["block_table"], kw["topk_length"], kw["attn_sink"], config=cfg, num_splits=2))
 
 
+@pytest.mark.parametrize("kv_format,d_qk", FORMATS, ids=[f[0] for f in FORMATS])
+@pytest.mark.parametrize("H,feats,splits,block_k", [(8, True, 3, 64), (24, False, 1, 32)],
+                         ids=["H8-bt_tkl_sink-3splits-k64", "H24-slots-1split-k32"])
+def test_rows_on_m_orientation(kv_format, d_qk, H, feats, splits, block_k):
+    """The split kernel's ``ROWS_M`` orientation (config ``kernel="triton_rows"``: the gathered
+    rows on the dots' M axis, the heads on N, the softmax along axis 0, the accumulators
+    ``[64, heads]`` transposed for the stores: the few-heads Gluon kernel's algorithm in plain
+    Triton, so it also runs in the interpreter) against the float64 reference, every format,
+    a partial head block and one of several, 1 and 3 splits. Not in any config space (its AOT
+    counts are no better than the heads-on-M tile's: bench/NOTES.md); on a GPU it tells a
+    failure of the few-heads kernel's algorithm from one of its Gluon mechanics."""
+    cfg = configs.SparseMLAConfig(16, block_k, 4, 1, prefetch=True, kernel="triton_rows")
+    qd = "bfloat16" if CUDA else "float16"
+    case = cases.make_mla_case(90 + H + splits, B=2, N=2, H=H, K=100,
+                               P=61 if kv_format == "latent" else 64, d_qk=d_qk,
+                               kv_format=kv_format, q_dtype=qd,
+                               kv_dtype=qd if kv_format == "latent" else "float32", invalid="mix",
+                               logical=feats, topk_length=feats, attn_sink=feats)
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
+                                kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
+                                kw["attn_sink"], config=cfg, num_splits=splits)
+    _check(case, out, lse)
+
+
 def test_gluon_sh_rules():
     """Where the few-heads kernel runs and what replaces it: exactly sm_90 with 16-bit q on an
     fp8 cache (not latent, not fp32 q, not sm_120 or the interpreter); elsewhere the binding

@@ -54,7 +54,9 @@ class SparseMLAConfig:
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
         (a three-deep software pipeline by hand: rows, page entries, indices); without it each
         iteration issues its own block's loads back to back and waits for them.
-      kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"gluon_sh"``
+      kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"triton_rows"`` (the same kernel
+        with the gathered rows on the dots' M axis, ``ROWS_M``; in no space: a test and count
+        variant), ``"gluon_sh"``
         (kernels/sparse_mla/gluon_small.py: sm_90 only, fp8 caches with 16-bit q, rows on wgmma
         M and ``block_h`` in (8, 16, 32) heads on N; ``block_k`` 64, one X buffer), ``"gluon"``
         (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is

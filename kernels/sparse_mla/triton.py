@@ -97,15 +97,6 @@ def _finite_sink(sink):
 
 
 @triton.jit
-def _dot(a, b, DOT_FP32: tl.constexpr):
-    """``a @ b`` with fp32 accumulation; IEEE fp32 products when the operands are fp32."""
-    if DOT_FP32:
-        return tl.dot(a, b, input_precision="ieee")
-    else:
-        return tl.dot(a, b)
-
-
-@triton.jit
 def _bf16_bits_to_f32(bits):
     """bf16 stored as int16 bits -> float32 (exact; bf16 is the top half of a float32). Bit
     arithmetic rather than a bf16 cast, which the CPU interpreter does not evaluate."""
@@ -284,27 +275,63 @@ def _resolve(raw, ent, in_list, num_slots, num_pages, max_pages, page_size, HAS_
 
 
 @triton.jit
-def _qk(s, q_c, x_c, DOT_FP32: tl.constexpr):
-    """``s + q_c . x_c^T`` over one chunk: ``[BLOCK_H, BLOCK_K]`` fp32 (accumulated in the dot)."""
-    if DOT_FP32:
-        return tl.dot(q_c, tl.trans(x_c), s, input_precision="ieee")
+def _heads(v, ROWS_M: tl.constexpr):
+    """A per-head vector ``[BLOCK_H]`` broadcast over the score / accumulator tile: heads on
+    axis 0 (``[BLOCK_H, *]``), or on axis 1 with ``ROWS_M`` (``[*, BLOCK_H]``)."""
+    if ROWS_M:
+        return v[None, :]
     else:
-        return tl.dot(q_c, tl.trans(x_c), s)
+        return v[:, None]
 
 
 @triton.jit
-def _pv(acc_c, alpha, p, x_c, P_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr):
-    """``acc_c * alpha + p . x_c`` over one chunk of D_v, p ``[BLOCK_H, BLOCK_K]`` fp32 rounded to
-    ``x_c``'s dtype. P_SPLIT (bf16 values): a second dot with p's bf16 rounding residual, so p
-    keeps 16 bits (bf16 alone keeps 8: a flat softmax over K rows then missed the SPEC bound by
-    up to 1.3x on the H200). fp16 p keeps 11 bits and needs no residual."""
-    acc_c = acc_c * alpha[:, None]
-    p_hi = p.to(x_c.dtype)
+def _rows(v, ROWS_M: tl.constexpr):
+    """A per-row vector ``[BLOCK_K]`` broadcast over the score tile (rows on axis 1, or on axis 0
+    with ``ROWS_M``)."""
+    if ROWS_M:
+        return v[:, None]
+    else:
+        return v[None, :]
+
+
+@triton.jit
+def _dot_acc(a, b, acc, DOT_FP32: tl.constexpr):
+    """``acc + a . b`` with fp32 accumulation; IEEE fp32 products when the operands are fp32."""
     if DOT_FP32:
-        return tl.dot(p_hi, x_c, acc_c, input_precision="ieee")
-    acc_c = tl.dot(p_hi, x_c, acc_c)
-    if P_SPLIT:
-        acc_c = tl.dot((p - p_hi.to(tl.float32)).to(x_c.dtype), x_c, acc_c)
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def _qk(s, q_c, x_c, DOT_FP32: tl.constexpr, ROWS_M: tl.constexpr = False):
+    """``s + q_c . x_c^T`` over one chunk: ``[BLOCK_H, BLOCK_K]`` fp32 (accumulated in the dot);
+    ``ROWS_M``: the transposed product ``s + x_c . q_c^T``, ``[BLOCK_K, BLOCK_H]``."""
+    if ROWS_M:
+        return _dot_acc(x_c, tl.trans(q_c), s, DOT_FP32)
+    else:
+        return _dot_acc(q_c, tl.trans(x_c), s, DOT_FP32)
+
+
+@triton.jit
+def _pv(acc_c, alpha, p, x_c, P_SPLIT: tl.constexpr, DOT_FP32: tl.constexpr,
+        ROWS_M: tl.constexpr = False):
+    """``acc_c * alpha + p . x_c`` over one chunk of D_v, p ``[BLOCK_H, BLOCK_K]`` fp32 rounded to
+    ``x_c``'s dtype (``ROWS_M``: the transposed ``acc_c`` ``[64, BLOCK_H]`` plus ``x_c^T . p``
+    with p ``[BLOCK_K, BLOCK_H]``). P_SPLIT (bf16 values): a second dot with p's bf16 rounding
+    residual, so p keeps 16 bits (bf16 alone keeps 8: a flat softmax over K rows then missed the
+    SPEC bound by up to 1.3x on the H200). fp16 p keeps 11 bits and needs no residual."""
+    acc_c = acc_c * _heads(alpha, ROWS_M)
+    p_hi = p.to(x_c.dtype)
+    if ROWS_M:
+        x_t = tl.trans(x_c)
+        acc_c = _dot_acc(x_t, p_hi, acc_c, DOT_FP32)
+        if P_SPLIT and not DOT_FP32:
+            acc_c = tl.dot(x_t, (p - p_hi.to(tl.float32)).to(x_c.dtype), acc_c)
+    else:
+        acc_c = _dot_acc(p_hi, x_c, acc_c, DOT_FP32)
+        if P_SPLIT and not DOT_FP32:
+            acc_c = tl.dot((p - p_hi.to(tl.float32)).to(x_c.dtype), x_c, acc_c)
     return acc_c
 
 
@@ -344,7 +371,11 @@ def _sparse_mla_split_kernel(
     BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr, PREFETCH: tl.constexpr,
     HAS_BT: tl.constexpr, HAS_TKL: tl.constexpr, HAS_SINK: tl.constexpr, FINAL: tl.constexpr,
     DOT_DTYPE: tl.constexpr, ROPE_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr,
+    ROWS_M: tl.constexpr = False,
 ):
+    # ROWS_M (config kernel "triton_rows"): the transposed products, the BLOCK_K gathered rows on
+    # the dots' M axis and the heads on N (scores [BLOCK_K, BLOCK_H], accumulators [64,
+    # BLOCK_H]: kernels/sparse_mla/gluon_small.py's orientation); the same values
     tl.static_assert(D_V == 512, "D_v must be 512 (8 chunks of 64)")
     tl.static_assert((D_QK == 576) | (D_QK == 512), "D_qk must be 576 or 512")
     TAIL: tl.constexpr = D_QK == 576                 # a 9th chunk (rope dims 512..575) in q.k only
@@ -430,14 +461,12 @@ def _sparse_mla_split_kernel(
     # any row block of this program needed so far (it only grows, so rescaling the accumulators
     # never overflows); 1 until the first block with valid rows.
     ub_i = pid_h * 0 + 1
-    a0 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a1 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a2 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a3 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a4 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a5 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a6 = tl.zeros([BLOCK_H, CH], tl.float32)
-    a7 = tl.zeros([BLOCK_H, CH], tl.float32)
+    HAX: tl.constexpr = 0 if ROWS_M else 1          # the score tile's row (top-k entry) axis
+    if ROWS_M:
+        zero = tl.zeros([CH, BLOCK_H], tl.float32)
+    else:
+        zero = tl.zeros([BLOCK_H, CH], tl.float32)
+    a0, a1, a2, a3, a4, a5, a6, a7 = zero, zero, zero, zero, zero, zero, zero, zero
     # Software pipeline by hand (PREFETCH), three deep: while block i is computed, the rows of
     # block i + 1 are in flight (their slots known), the block-table entries of block i + 2 and
     # the indices of block i + 3, so no iteration stalls on a dependent chain of gathers. The
@@ -502,32 +531,35 @@ def _sparse_mla_split_kernel(
             x8 = _chunk_val(r8, 8, KV_FORMAT, ROPE_DTYPE if SHIFTED else DOT_DTYPE)
 
         # scores: the nope dots, unshifted (tile and per-head q scales), then the rope dot
-        s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
-        s = _qk(s, q0, x0, DOT_FP32)
-        s = _qk(s, q1, x1, DOT_FP32)
-        s = _qk(s, q2, x2, DOT_FP32)
-        s = _qk(s, q3, x3, DOT_FP32)
-        s = _qk(s, q4, x4, DOT_FP32)
-        s = _qk(s, q5, x5, DOT_FP32)
-        s = _qk(s, q6, x6, DOT_FP32)
+        if ROWS_M:
+            s = tl.zeros([BLOCK_K, BLOCK_H], tl.float32)
+        else:
+            s = tl.zeros([BLOCK_H, BLOCK_K], tl.float32)
+        s = _qk(s, q0, x0, DOT_FP32, ROWS_M)
+        s = _qk(s, q1, x1, DOT_FP32, ROWS_M)
+        s = _qk(s, q2, x2, DOT_FP32, ROWS_M)
+        s = _qk(s, q3, x3, DOT_FP32, ROWS_M)
+        s = _qk(s, q4, x4, DOT_FP32, ROWS_M)
+        s = _qk(s, q5, x5, DOT_FP32, ROWS_M)
+        s = _qk(s, q6, x6, DOT_FP32, ROWS_M)
         if SHIFTED:
             if ROPE_C == 8:
-                s = _qk(s, q7, x7, DOT_FP32)
-                s = s * (q_inv * _pow2(ub))[:, None]
-                s = _qk(s, q8, x8, DOT_FP32)
+                s = _qk(s, q7, x7, DOT_FP32, ROWS_M)
+                s = s * _heads(q_inv * _pow2(ub), ROWS_M)
+                s = _qk(s, q8, x8, DOT_FP32, ROWS_M)
             else:
-                s = s * (q_inv * _pow2(ub))[:, None]
-                s = _qk(s, q7, x7, DOT_FP32)
+                s = s * _heads(q_inv * _pow2(ub), ROWS_M)
+                s = _qk(s, q7, x7, DOT_FP32, ROWS_M)
         else:
-            s = _qk(s, q7, x7, DOT_FP32)
+            s = _qk(s, q7, x7, DOT_FP32, ROWS_M)
             if TAIL:
-                s = _qk(s, q8, x8, DOT_FP32)
+                s = _qk(s, q8, x8, DOT_FP32, ROWS_M)
         # online softmax in the exp2 domain; invalid entries get p = 0 (never NaN)
-        s = tl.where(ok_cur[None, :], s * qk_scale_log2, NEG_SENTINEL)
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        s = tl.where(_rows(ok_cur, ROWS_M), s * qk_scale_log2, NEG_SENTINEL)
+        m_new = tl.maximum(m_i, tl.max(s, axis=HAX))
         alpha = tl.exp2(m_i - m_new)
-        p = tl.where(ok_cur[None, :], tl.exp2(s - m_new[:, None]), 0.0)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
+        p = tl.where(_rows(ok_cur, ROWS_M), tl.exp2(s - _heads(m_new, ROWS_M)), 0.0)
+        l_i = l_i * alpha + tl.sum(p, axis=HAX)
         m_i = m_new
         an = alpha
         if SHIFTED:
@@ -536,17 +568,17 @@ def _sparse_mla_split_kernel(
             ub_i = ub
 
         # acc += p . v over the 8 chunks of D_v (the value tile is the first 512 latent dims)
-        a0 = _pv(a0, an, p, x0, P_SPLIT, DOT_FP32)
-        a1 = _pv(a1, an, p, x1, P_SPLIT, DOT_FP32)
-        a2 = _pv(a2, an, p, x2, P_SPLIT, DOT_FP32)
-        a3 = _pv(a3, an, p, x3, P_SPLIT, DOT_FP32)
-        a4 = _pv(a4, an, p, x4, P_SPLIT, DOT_FP32)
-        a5 = _pv(a5, an, p, x5, P_SPLIT, DOT_FP32)
-        a6 = _pv(a6, an, p, x6, P_SPLIT, DOT_FP32)
+        a0 = _pv(a0, an, p, x0, P_SPLIT, DOT_FP32, ROWS_M)
+        a1 = _pv(a1, an, p, x1, P_SPLIT, DOT_FP32, ROWS_M)
+        a2 = _pv(a2, an, p, x2, P_SPLIT, DOT_FP32, ROWS_M)
+        a3 = _pv(a3, an, p, x3, P_SPLIT, DOT_FP32, ROWS_M)
+        a4 = _pv(a4, an, p, x4, P_SPLIT, DOT_FP32, ROWS_M)
+        a5 = _pv(a5, an, p, x5, P_SPLIT, DOT_FP32, ROWS_M)
+        a6 = _pv(a6, an, p, x6, P_SPLIT, DOT_FP32, ROWS_M)
         if SHIFTED and (ROPE_C == 7):
-            a7 = _pv(a7, alpha, p, x7, R_SPLIT, DOT_FP32)      # bf16 rope values, true units
+            a7 = _pv(a7, alpha, p, x7, R_SPLIT, DOT_FP32, ROWS_M)  # bf16 rope values, true units
         else:
-            a7 = _pv(a7, an, p, x7, P_SPLIT, DOT_FP32)
+            a7 = _pv(a7, an, p, x7, P_SPLIT, DOT_FP32, ROWS_M)
         if PREFETCH:        # rotate the pipeline
             r0, r1, r2, r3, r4, r5, r6, r7, r8 = n0, n1, n2, n3, n4, n5, n6, n7, n8
             c0, c1, c2, c3, c4, c5, c6, c7 = d0, d1, d2, d3, d4, d5, d6, d7
@@ -572,6 +604,9 @@ def _sparse_mla_split_kernel(
     else:
         tl.store(pl_ptr + (pid_s.to(tl.int64) * tl.num_programs(2) + pid_bn) * H + heads, lse2,
                  mask=h_ok)
+    if ROWS_M:                                   # the accumulators heads-first for the stores
+        a0, a1, a2, a3 = tl.trans(a0), tl.trans(a1), tl.trans(a2), tl.trans(a3)
+        a4, a5, a6, a7 = tl.trans(a4), tl.trans(a5), tl.trans(a6), tl.trans(a7)
     _store_chunk(a0, inv_n, has, 0, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
     _store_chunk(a1, inv_n, has, 1, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)
     _store_chunk(a2, inv_n, has, 2, heads, h_ok, pid_s, pid_bn, H, sink_f, po_ptr, out_ptr, FINAL)

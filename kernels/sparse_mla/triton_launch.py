@@ -60,7 +60,7 @@ def split_constexprs(kv_format: str, d_qk: int, d_v: int, cfg: configs.SparseMLA
         KV_FORMAT=KV_FORMAT_CODES[kv_format], D_QK=d_qk, D_V=d_v,
         BLOCK_H=cfg.block_h, BLOCK_K=cfg.block_k, PREFETCH=cfg.prefetch, HAS_BT=has_bt, HAS_TKL=has_tkl,
         HAS_SINK=has_sink, FINAL=final, DOT_DTYPE=dot_name, ROPE_DTYPE=rope_name,
-        DOT_FP32=dot_name == "float32")
+        DOT_FP32=dot_name == "float32", ROWS_M=cfg.kernel == "triton_rows")
 
 
 def combine_constexprs(d_v: int, has_sink: bool, num_splits: int) -> dict:
