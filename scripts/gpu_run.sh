@@ -5,7 +5,8 @@
 #   scripts/gpu_run.sh bench:targets:330 tests:layer:120 sweep:mla:120
 #
 # Steps (NAME:WHAT:SECONDS):
-#   bench:targets   python -m bench --targets (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
+#   bench:targets   python -m bench --targets, then bench.targets on its JSON ($OUT/targets_status.*:
+#                   every issue target met / missed) (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
 #                   all ops, e.g. "indexer_topk"; BENCH_BACKENDS, default both), JSON + log. The jax
 #                   layer rows' phases need a process in which torch.profiler has not run (CUPTI
 #                   takes one subscriber): BENCH_BACKENDS=jax in a second invocation
@@ -73,7 +74,14 @@ for step in "$@"; do
       for b in ${BENCH_BACKENDS:-}; do paths+=(--backend "$b"); done
       extra=(); [ "$what" = quick ] && extra=(--write-dispatch --dispatch-dir "$OUT")
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
-        --no-progress --no-plot --out "$OUT" > "$log" 2>&1 ;;
+        --no-progress --no-plot --out "$OUT" > "$log" 2>&1
+      rc_b=$?
+      if [ "$what" = targets ]; then   # the issues' targets on what this call measured (bench.targets)
+        newest=$(ls -t "$OUT"/bench_*_targets_*.json 2>/dev/null | head -1)
+        [ -n "$newest" ] && python3 -m bench.targets "$newest" --json "$OUT/targets_status.json" \
+          > "$OUT/targets_status.txt" 2>&1 && grep -E '^issue [0-9]+:' "$OUT/targets_status.txt" >> "$log"
+      fi
+      (exit $rc_b) ;;
     tests)
       timeout "$secs" python3 -m pytest -v -rfE -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
@@ -129,7 +137,7 @@ for step in "$@"; do
     *) echo "unknown step $step" > "$log"; false ;;
   esac
   rc=$?
-  SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:|^== ' "$log" | tail -2 | tr '\n' ' ')")
+  SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:|^== |^issue [0-9]+:' "$log" | tail -4 | tr '\n' ' ')")
 done
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$OUT/summary.txt"
 if [ -n "${GPU_RUN_TAR:-}" ]; then
