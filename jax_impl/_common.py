@@ -9,7 +9,7 @@ import numpy as np
 
 from kernels import hardware
 from kernels.registry import REGISTRY, Plan, run_path  # noqa: F401 - run_path re-exported
-from kernels.scalars import check_int, check_real  # noqa: F401 - re-exported
+from kernels.scalars import check_int, check_real, check_shape  # noqa: F401 - re-exported
 
 JAX_PATHS = REGISTRY.path_choices("jax")
 
@@ -38,12 +38,6 @@ def require_32bit_indices(op: str) -> None:
             f"kernel); use path='xla' or disable x64 (jax.config.update('jax_enable_x64', False))")
 
 
-def format_shape(want: Sequence[int | str | None]) -> str:
-    """An expected shape as the error messages print it: ``(2, 1, K)``, ``(16,)``; None as ``*``."""
-    dims = ["*" if w is None else str(w) for w in want]
-    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
-
-
 def reject_torch(name: str, a) -> None:
     """TypeError naming ``name`` when ``a`` is a torch.Tensor: it has ``.shape`` and ``.dtype``
     too, but ``jnp.dtype(torch.float32)`` fails later with an error naming no argument."""
@@ -58,8 +52,8 @@ def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | Non
     """Raise TypeError / ValueError naming ``name``, what was expected and what came.
 
     ``shape``: an int per dimension it must equal; None or a label (``"num_pages"``, ``"K"``)
-    where any size goes, printed as ``*`` or the label, unquoted (``(2, 1, K)``), as
-    ``torch_impl._common.check_tensor`` prints them."""
+    where any size goes, printed as ``*`` or the label, unquoted (``(2, 1, K)``;
+    ``kernels.scalars.check_shape``, the rule of both stacks)."""
     reject_torch(name, a)
     if not hasattr(a, "shape") or not hasattr(a, "dtype"):
         raise TypeError(f"{name}: expected a jax.Array or a NumPy array, got {type(a).__name__}")
@@ -68,10 +62,7 @@ def check_array(name: str, a, *, ndim: int | None = None, dtypes: Sequence | Non
     if ndim is not None and len(a.shape) != ndim:
         raise ValueError(f"{name}: expected rank {ndim}, got shape {tuple(a.shape)}")
     if shape is not None:
-        want = tuple(shape)
-        if len(want) != len(a.shape) or any(not (w is None or isinstance(w, str)) and w != s
-                                             for w, s in zip(want, a.shape)):
-            raise ValueError(f"{name}: expected shape {format_shape(want)}, got {tuple(a.shape)}")
+        check_shape(name, a.shape, shape)
 
 
 def check_sm_scale(sm_scale, *, static: bool = False):

@@ -1,4 +1,5 @@
-"""The scalar-argument rule of both stacks (framework-free: Python, NumPy).
+"""The scalar-argument rule of both stacks (framework-free: Python, NumPy), and the shape
+rule of their array checks (:func:`check_shape`).
 
 Integer arguments (``topk``, ``d_v``, ``tp``, head counts) accept a Python int or a NumPy integer
 scalar (``np.int64(64)``, what indexing a NumPy config array gives); real arguments
@@ -13,7 +14,7 @@ import math
 
 import numpy as np
 
-__all__ = ["check_int", "check_real"]
+__all__ = ["check_int", "check_real", "check_shape"]
 
 
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
@@ -78,3 +79,20 @@ def check_real(name: str, value) -> float:
     if abs(out) >= _FLOAT32_OVERFLOW:   # plain float arithmetic: traceable by Dynamo (alpha)
         raise ValueError(f"{name}: expected {want}, got {out!r}")
     return out
+
+
+def format_shape(want) -> str:
+    """An expected shape as the error messages print it: ``(2, 1, K)``, ``(16,)``; None as ``*``."""
+    dims = ["*" if w is None else str(w) for w in want]
+    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
+
+
+def check_shape(name: str, got, want) -> None:
+    """ValueError naming ``name`` unless the shape ``got`` matches ``want``: an int per dimension
+    it must equal; None or a label (``"num_pages"``, ``"K"``) where any size goes, printed as
+    ``*`` or the label, unquoted (``(2, 1, K)``). The rule of ``torch_impl._common.check_tensor``
+    and ``jax_impl._common.check_array``."""
+    want, got = tuple(want), tuple(got)
+    if len(want) != len(got) or any(not (w is None or isinstance(w, str)) and w != s
+                                    for w, s in zip(want, got)):
+        raise ValueError(f"{name}: expected shape {format_shape(want)}, got {got}")

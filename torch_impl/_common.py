@@ -10,6 +10,7 @@ import torch
 
 from kernels import hardware
 from kernels.registry import REGISTRY, Plan, run_path  # noqa: F401 - run_path re-exported
+from kernels.scalars import check_shape
 
 TORCH_PATHS = REGISTRY.path_choices("torch")
 
@@ -59,18 +60,13 @@ def capturing() -> bool:
     return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
-def format_shape(want: Sequence[int | str | None]) -> str:
-    """An expected shape as the error messages print it: ``(2, 1, K)``, ``(16,)``; None as ``*``."""
-    dims = ["*" if w is None else str(w) for w in want]
-    return f"({dims[0]},)" if len(dims) == 1 else f"({', '.join(dims)})"
-
-
 def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torch.dtype] | None = None,
                  shape: Sequence[int | str | None] | None = None, device: torch.device | None = None):
     """Raise TypeError / ValueError naming ``name``, what was expected and what came.
 
     ``shape``: an int per dimension it must equal; None or a label (``"num_pages"``) where any
-    size goes, printed as ``*`` or the label, unquoted (``(2, 1, K)``)."""
+    size goes, printed as ``*`` or the label, unquoted (``(2, 1, K)``;
+    ``kernels.scalars.check_shape``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if dtypes is not None and t.dtype not in dtypes:
@@ -78,10 +74,7 @@ def check_tensor(name: str, t, *, ndim: int | None = None, dtypes: Sequence[torc
     if ndim is not None and t.dim() != ndim:
         raise ValueError(f"{name}: expected rank {ndim}, got shape {tuple(t.shape)}")
     if shape is not None:
-        want = tuple(shape)
-        if len(want) != t.dim() or any(not (w is None or isinstance(w, str)) and w != s
-                                          for w, s in zip(want, t.shape)):
-            raise ValueError(f"{name}: expected shape {format_shape(want)}, got {tuple(t.shape)}")
+        check_shape(name, t.shape, shape)
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected a tensor on {device}, got {t.device}")
 
