@@ -134,18 +134,11 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
         kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
         dot = dot_dtype(q_dtype, kv_dtype, kv_format)
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
-            if cfg.kernel == "gluon":
-                if kv_format != "latent" and dot != "float32":
-                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages))
-                continue
-            if cfg.kernel == "gluon_ws":
-                if (kv_format, d_qk) in configs.GLUON_WS_FORMATS and dot != "float32":
-                    specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages, "gluon_ws"))
-                continue
-            if cfg.kernel == "gluon_sh":
-                if kv_format != "latent" and dot != "float32":
+            built = configs.GLUON_KERNEL_FORMATS.get(cfg.kernel)
+            if built is not None:      # a Gluon kernel: its formats, 16-bit dots only
+                if (kv_format, d_qk) in built and dot != "float32":
                     specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages,
-                                              "gluon_sh", cfg))
+                                              cfg.kernel, cfg))
                 continue
             for has_bt in (True, False):
                 specs.append(split_spec(kv_format, d_qk, q_dtype, final, cfg, has_bt=has_bt))
