@@ -456,14 +456,15 @@ def _parse_config(c: str):
     return configs.SparseMLAConfig(h, k, w, st, prefetch=bool(pf[0]) if pf else True)
 
 
-def summarize(rows: list[dict]) -> dict:
-    """Per shape: the baseline's time and config, the fastest passing variant, its speed-up."""
+def summarize(rows: list[dict], baseline: str = "baseline") -> dict:
+    """Per shape (``shape_key``): the baseline's (the variant named ``baseline``) time and
+    config, the fastest passing variant, its speed-up. Also ``bench.pallas_mla_sweep``'s."""
     out = {}
     for r in rows:
         d = out.setdefault(r.get("shape_key", "?"), {"baseline_us": None, "best": None})
         if r.get("median_us") is None:
             continue
-        if r.get("variant") == "baseline":
+        if r.get("variant") == baseline:
             d["baseline_us"] = round(r["median_us"], 2)
             d["baseline_config"] = r.get("config")
             d["baseline_splits"] = r.get("splits")

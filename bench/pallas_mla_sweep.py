@@ -18,7 +18,7 @@ over the rotated sets). A variant that raises is an error row; ``--budget-s`` st
 after that many seconds. ``--dry-run``: tiny shapes (``bench.mla_sweep.small_head_shapes(dry=True)``)
 in the Pallas interpreter on the CPU, fp16 q (plumbing and checks only; timings meaningless).
 The JSON (rewritten after every row) has the rows and, per shape, the baseline, the fastest
-variant and its speed-up.
+variant and its speed-up (``bench.mla_sweep.summarize``).
 """
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def run_shape(name, shape, vs, emit, *, dry: bool, deadline: float | None) -> li
     q0, kv0, idx0, bt0, sink0 = sets[0]
     P, num_pages = jsm._validate(q0, kv0, idx0, scale, fmt, d_v, bt0, None, sink0, "pallas")
     B, N, H, K = shape.B, shape.N, shape.H, shape.K
-    base = {"shape": name, "label": shape.label(), "preset": shape.preset, "B": B, "N": N, "H": H,
+    base = {"shape_key": name, "label": shape.label(), "preset": shape.preset, "B": B, "N": N, "H": H,
             "K": K, "kv_format": fmt, "rotations": R}
     rows = []
     for v in vs:
@@ -111,22 +111,6 @@ def run_shape(name, shape, vs, emit, *, dry: bool, deadline: float | None) -> li
         row["wall_s"] = round(time.time() - t1, 1)
         rows.append(emit(row))
     return rows
-
-
-def summarize(rows: list[dict]) -> dict:
-    """Per shape: the baseline's median, the fastest passing variant and the speed-up."""
-    out = {}
-    for name in dict.fromkeys(r["shape"] for r in rows):
-        ok = [r for r in rows if r["shape"] == name and r["status"] == "ok"]
-        base = next((r for r in ok if r["variant"] == "heuristic"), None)
-        best = min(ok, key=lambda r: r["median_us"], default=None)
-        out[name] = {"baseline_us": base and base["median_us"],
-                     "baseline_config": base and base["config"],
-                     "best": best and best["variant"], "best_us": best and best["median_us"],
-                     "best_config": best and best["config"], "best_splits": best and best["splits"],
-                     "speedup": (base["median_us"] / best["median_us"]
-                                 if base and best and best["median_us"] else None)}
-    return out
 
 
 def main(argv=None) -> int:
@@ -178,7 +162,7 @@ def main(argv=None) -> int:
     for name, shape in shapes.items():
         run_shape(name, shape, vs, emit, dry=args.dry_run, deadline=deadline)
     doc["partial"] = False
-    doc["summary"] = summarize(doc["rows"])
+    doc["summary"] = mla_sweep.summarize(doc["rows"], baseline="heuristic")
     with open(args.out, "w") as f:
         json.dump(doc, f, indent=1)
     print(json.dumps(doc["summary"], indent=1))

@@ -134,5 +134,5 @@ def test_pallas_mla_sweep_dry_run(tmp_path):
     assert rows[0]["variant"] == "heuristic" and len(rows) == len(ps.variants(hardware.CPU_INTERPRETER))
     assert all(r["status"] == "ok" and r["check"]["passed"] for r in rows), rows
     s = doc["summary"]["v4_h8"]
-    assert s["best"] in {r["variant"] for r in rows} and s["baseline_us"] > 0
+    assert s["best"]["variant"] in {r["variant"] for r in rows} and s["baseline_us"] > 0
 
