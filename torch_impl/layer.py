@@ -633,6 +633,7 @@ def rope_out(attn, rope_freqs, context_lens, N: int, *, path: str = "auto"):
     """
     return torch.ops.dsa.rope_out(attn, rope_freqs, context_lens, int(N), path)
 
+
 def _check_device(device) -> torch.device | None:
     """The layer's ``device`` argument as a ``torch.device`` this torch can allocate on (None
     stays None: torch's default device). TypeError for a type that is no device, ValueError

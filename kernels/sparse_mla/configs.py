@@ -47,8 +47,9 @@ class SparseMLAConfig:
 
     Attributes:
       block_h: query heads per program (power of two >= 16, the tl.dot minimum; 8 also for
-        ``kernel="gluon_sh"``, whose heads are wgmma's N; heads beyond H are masked). Each head block gathers its selected rows itself (from L2 when the head
-        blocks of one request run together).
+        ``kernel="gluon_sh"``, whose heads are wgmma's N; heads beyond H are masked). Each head
+        block gathers its selected rows itself (from L2 when the head blocks of one request run
+        together).
       block_k: top-k entries gathered per loop iteration (power of two >= 16).
       num_warps, num_stages: Triton launch options.
       prefetch: the loop keeps the next row block's loads in flight while it computes this one
@@ -177,8 +178,8 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
 
 
 # (kv_format, D_qk) pairs each Gluon kernel is built for; "gluon_sh" (kernels/sparse_mla/
-# gluon_small.py: rows on wgmma M, block_h in gluon_small.HEAD_BLOCKS heads on N, 4 or 8 warps)
-# takes the fp8 formats as "gluon" does
+# gluon_small.py: rows on wgmma M, block_h heads on N with block_h / warpgroups a multiple of
+# 8, 4 or 8 warps) takes the fp8 formats as "gluon" does
 GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS,
                         "gluon_sh": GLUON_FORMATS}
 
@@ -215,6 +216,7 @@ def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
     if num_heads <= 8:
         return SPARSE_MLA_GLUON_SH8
     return SPARSE_MLA_GLUON_SH16 if num_heads <= 16 else SPARSE_MLA_GLUON_SH32
+
 
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
     # sm_120 (99 KiB): 64-head tiles and two-stage 16-head tiles need > 101,376 B.

@@ -52,9 +52,6 @@ from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _block_unit, _epi
                                       _q_rows, _resolve, _store_q_scaled, _tile, _views)
 from kernels.sparse_mla.triton import _pow2
 
-HEAD_BLOCKS = (8, 16, 32)      # HN: wgmma N per program (N / warpgroups must be a multiple of 8)
-
-
 @gluon.jit
 def _pinned(r, z):
     """``r`` (e4m3 bytes) XOR ``z`` (zeros read from shared memory after a barrier), 4 bytes an
