@@ -33,6 +33,7 @@ compositions (``dsa_decode_step``, ``dsa_decode_layer``) ``{op: config}`` of the
 from __future__ import annotations
 
 import functools
+import math
 import re
 
 from bench.inputs import Inputs
@@ -284,25 +285,22 @@ _HLO_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64"
 
 
 def _numel(dims: str) -> int:
-    n = 1
-    for d in filter(None, dims.split(",")):
-        n *= int(d)
-    return n
+    """Elements of an HLO shape's dimension list (``"512,256"``; ``""`` a scalar)."""
+    return math.prod(int(d) for d in filter(None, dims.split(",")))
 
 
 def hlo_weight_keys(arrays, min_elements: int = 1 << 16) -> set[tuple[str, int]]:
     """``(HLO dtype name, element count)`` of every array in ``arrays`` (anything with
     ``dtype`` and ``shape``, e.g. the leaves of a layer's nnx state) of two or more dimensions
-    and at least ``min_elements`` elements (norm vectors and the sink are no keys): the keys :func:`jax_projection_kernels` matches fusion
-    parameters against (a reshaped or bitcast weight keeps its count)."""
+    and at least ``min_elements`` elements (norm vectors and the sink are no keys): the keys
+    :func:`jax_projection_kernels` matches fusion parameters against (a reshaped or bitcast
+    weight keeps its count)."""
     out = set()
     for a in arrays:
         shape, dt = getattr(a, "shape", None), getattr(a, "dtype", None)
         if shape is None or dt is None:
             continue
-        n = 1
-        for d in shape:
-            n *= int(d)
+        n = math.prod(int(d) for d in shape)
         name = _HLO_DTYPES.get(str(dt))
         if name is not None and n >= min_elements and len(shape) >= 2:
             out.add((name, n))
