@@ -84,7 +84,7 @@ def _shape(preset, B, N, tp, L, **kw):
 
 
 def default_shapes() -> dict:
-    K32 = 32768
+    from bench.grid import K32
     return {"v32_h128": _shape("DSV32", 64, 1, 1, K32), "v32_h16": _shape("DSV32", 64, 1, 8, K32),
             "v4_h64": _shape("DSV4_FLASH", 64, 1, 1, K32)}
 
@@ -106,7 +106,7 @@ def small_head_shapes(dry: bool = False) -> dict:
         return {"v32_h16": _shape("DSV32", 2, 1, 8, 256, topk=64, window=0),
                 "v4_h8": _shape("DSV4_FLASH", 2, 1, 8, 256, topk=48, window=16),
                 "v4_h64": _shape("DSV4_FLASH", 1, 1, 1, 256, topk=48, window=16)}
-    K32 = 32768
+    from bench.grid import K32
     return {"v32_h16": _shape("DSV32", 64, 1, 8, K32), "v4_h8": _shape("DSV4_FLASH", 64, 1, 8, K32),
             "v4_h64": _shape("DSV4_FLASH", 64, 1, 1, K32)}
 
@@ -171,8 +171,7 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
         _v("32x32w8s1p", 32, 32, 8, 1, 1, ctas=1),
         _v("16x32w8s1", 16, 32, 8, 1, 0, ctas=2),
         _v("16x32w8s1_x2", 16, 32, 8, 1, 0, ctas=2, scale=2.0),
-        {"name": "gluon_ws", "config": dict(block_h=64, block_k=64, num_warps=8, num_stages=2,
-                                            prefetch=True, kernel="gluon_ws"),
+        {"name": "gluon_ws", "config": configs.SPARSE_MLA_GLUON_WS.to_dict(),
          "splits": None, "ctas_per_sm": None, "scale": 1.0},
         # four 16-head blocks a request at 2 CTAs an SM (rows re-gathered from L2 per block)
         _sh(configs.SPARSE_MLA_GLUON_SH16),
