@@ -74,8 +74,7 @@ KERNELS = {
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernel until the GPU has checked it
-ISOLATED = ("gluon_ws", "gluon_ws_latent", "gluon_ws_latent_safe", "gluon_ws_latent_s1",
-            "gluon_ws_latent_pconv", "gluon_sh")
+ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + ("gluon_sh",)
 
 
 def _heads_ok(kernel: str, H: int) -> bool:
