@@ -149,11 +149,15 @@ _INDEXER_WS_FIELDS = ("ws_consumers", "ws_convert")
 def _triton_indexer_heuristic(op):
     def rule(dev, shape):
         # the Gluon logits kernel on sm_90, where it measured faster at every bench shape
-        # (bench/NOTES.md "Gluon logits kernel"); the launcher runs the Triton kernel for calls
-        # it is not built for (kernels.indexer.triton.resolve_kernel)
-        from kernels.indexer import gluon
+        # (bench/NOTES.md "Gluon logits kernel"), its warp-specialised variant once
+        # kernels.indexer.gluon_ws.PICKED says so; the launcher runs the Triton kernel for calls
+        # they are not built for (kernels.indexer.triton.resolve_kernel) and gluon.py where TMA
+        # cannot address the cache
+        from kernels.indexer import gluon, gluon_ws
         d = _triton_indexer_default(op)
-        return {**d, "kernel": "gluon"} if gluon.device_ok(dev) else d
+        if not gluon.device_ok(dev):
+            return d
+        return {**d, "kernel": "gluon_ws" if gluon_ws.PICKED else "gluon"}
     return rule
 
 

@@ -146,6 +146,19 @@ def test_indexer_heuristics_are_the_launchers_defaults():
     assert REGISTRY.heuristic("indexer_topk", "jax", "pallas", H200, **TOPK) == pl.PallasIndexerConfig().to_dict()
 
 
+def test_indexer_heuristic_names_the_ws_logits_kernel_once_picked(monkeypatch):
+    pytest.importorskip("triton")
+    from kernels.indexer import gluon_ws
+    from kernels.indexer.triton import IndexerLogitsConfig
+    logits = {k: v for k, v in asdict(IndexerLogitsConfig()).items()
+              if k not in ("kernel", "ws_consumers", "ws_convert")}
+    monkeypatch.setattr(gluon_ws, "PICKED", True)
+    assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {
+        **logits, "kernel": "gluon_ws"}
+    sm120 = dataclasses.replace(H200, name="RTX PRO 6000", cc=(12, 0), num_sms=188)
+    assert REGISTRY.heuristic("indexer_logits", "torch", "triton", sm120, **TOPK) == logits
+
+
 def test_plan_follows_the_table_and_applies_its_config_when_in_the_space(table_dir):
     mla_b = REGISTRY.bucket("sparse_mla_decode", **MLA)
     other = configs.SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=1).to_dict()

@@ -105,6 +105,10 @@ SCALE_WORDS = PAGE_BYTES.value // 4        # 2,112 float32 words a page
 SPLITS_PER_SM = {3: 2, 2: 2, 1: 4}
 SMEM_PER_SM = 233472      # sm_90: 228 KB a multiprocessor, 227 KB (232,448 B) a block
 SMEM_PER_BLOCK = 232448
+# Whether the registry's sm_90 heuristic picks this kernel (its default ``CONSUMERS``, ``CONVERT``)
+# over ``gluon.py``: only after the GPU tests and ``bench.indexer_sweep --ws`` show it exact and
+# faster at every bench shape (bench/NOTES.md "Warp-specialised logits kernel").
+PICKED = False
 # Launches :func:`unverified` names are refused by the launcher unless this is set (the sweep's
 # isolated children with ``--unguarded``, the GPU test that runs them in a child process).
 ALLOW_UNVERIFIED = False
