@@ -192,10 +192,10 @@ def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, 
     q = q if q.stride(-1) == 1 else q.contiguous()
     weights = weights if weights.stride(-1) == 1 else weights.contiguous()
     block_table = block_table if block_table.stride(-1) == 1 else block_table.contiguous()
-    # Clamp to the table's capacity (+N for the MTP offset) on the device: lengths near 2^31
-    # overflowed the kernel's int32 page arithmetic (out-of-bounds stores in the top-k).
-    W = block_table.shape[1] * P
-    context_lens = context_lens.clamp(0, W + q.shape[1]).contiguous()
+    # The kernels clamp each length to the table's capacity (+N for the MTP offset) themselves
+    # (kernels.indexer.triton.draft_lengths): lengths near 2^31 overflowed their int32 page
+    # arithmetic; no torch op runs in front of the launch.
+    context_lens = context_lens if context_lens.is_contiguous() else context_lens.contiguous()
     if k_format == "fp8_indexer":
         k_vals, k_scales = k_cache.view(torch.float8_e4m3fn), k_cache.view(torch.float32)
     else:

@@ -121,12 +121,13 @@ def _window_bin(key, base, lbase):
 
 
 @gluon.jit
-def _draft_len(cl_ptr, b, i: gl.constexpr, N: gl.constexpr, CL_PER_DRAFT: gl.constexpr):
-    """Valid-prefix length of draft ``i`` of request b (``draft_lengths`` of the Triton kernel)."""
+def _draft_len(cl_ptr, b, cap, i: gl.constexpr, N: gl.constexpr, CL_PER_DRAFT: gl.constexpr):
+    """Valid-prefix length of draft ``i`` of request b (``draft_lengths`` of the Triton kernel:
+    the loaded length clamped to ``[0, cap]``, ``cap`` the table's positions plus N, first)."""
     if CL_PER_DRAFT:
-        n = gl.load(cl_ptr + b * N + i)
+        n = gl.minimum(gl.maximum(gl.load(cl_ptr + b * N + i), 0), cap)
     else:
-        n = gl.load(cl_ptr + b) - (N - 1 - i)
+        n = gl.minimum(gl.maximum(gl.load(cl_ptr + b), 0), cap) - (N - 1 - i)
     return gl.maximum(n, 0)
 
 
@@ -135,10 +136,11 @@ def _range(cl_ptr, b, split, num_splits, max_pages, N: gl.constexpr, CL_PER_DRAF
     """``(len0, len1, start, end)``: the drafts' lengths and the program's page range
     ``[start, end)`` (the request's pages up to its longer draft, capped by the table, cut into
     ``num_splits`` contiguous ranges)."""
-    len0 = _draft_len(cl_ptr, b, 0, N, CL_PER_DRAFT)
+    cap = max_pages * 64 + N
+    len0 = _draft_len(cl_ptr, b, cap, 0, N, CL_PER_DRAFT)
     len1 = len0
     if N == 2:
-        len1 = _draft_len(cl_ptr, b, 1, N, CL_PER_DRAFT)
+        len1 = _draft_len(cl_ptr, b, cap, 1, N, CL_PER_DRAFT)
     n_pages = gl.minimum((gl.maximum(len0, len1) + 63) // 64, max_pages)
     per = (n_pages + num_splits - 1) // num_splits
     start = split * per

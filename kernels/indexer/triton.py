@@ -206,17 +206,23 @@ def resolve_kernel(config: IndexerLogitsConfig, dev, k_format: str, n: int, h: i
 
 
 @triton.jit
-def draft_lengths(cl_ptr, b, N: tl.constexpr, NB: tl.constexpr, CL_PER_DRAFT: tl.constexpr):
+def draft_lengths(cl_ptr, b, max_pages, P, N: tl.constexpr, NB: tl.constexpr,
+                  CL_PER_DRAFT: tl.constexpr):
     """Valid-prefix length of each draft of request b, int32 ``[NB]`` (0 for padded drafts).
 
     ``CL_PER_DRAFT``: context_lens is ``[B, N]`` (taken as given) else ``[B]`` (MTP mask
-    ``L_b - (N - 1 - i)``). Negative lengths clamp to 0.
+    ``L_b - (N - 1 - i)``). Each loaded length is first clamped to ``[0, max_pages * P + N]``
+    (the table's capacity plus the MTP offset: a length near 2^31 would overflow the int32 page
+    arithmetic), here rather than by a torch op in front of the launch; negative draft lengths
+    clamp to 0.
     """
     i = tl.arange(0, NB)
+    cap = max_pages * P + N
     if CL_PER_DRAFT:
         lens = tl.load(cl_ptr + b * N + i, mask=i < N, other=0)
+        lens = tl.minimum(tl.maximum(lens, 0), cap)
     else:
-        lens = tl.load(cl_ptr + b) - (N - 1 - i)
+        lens = tl.minimum(tl.maximum(tl.load(cl_ptr + b), 0), cap) - (N - 1 - i)
     lens = tl.maximum(lens, 0)
     return tl.where(i < N, lens, 0)
 
@@ -249,7 +255,7 @@ def _indexer_logits_kernel(
     split = tl.program_id(1)
     num_splits = tl.num_programs(1)
 
-    lens = draft_lengths(cl_ptr, b, N, NB, CL_PER_DRAFT)                  # [NB]
+    lens = draft_lengths(cl_ptr, b, max_pages, P, N, NB, CL_PER_DRAFT)    # [NB]
     n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), max_pages)
     per = tl.cdiv(n_pages, num_splits)
     start = split * per
