@@ -490,6 +490,8 @@ def main(argv=None) -> int:
     ap.add_argument("--small-heads", action="store_true",
                     help="SMALL_HEAD_VARIANTS on the V3.2 H16, V4 H8 and V4 H64 rows")
     ap.add_argument("--shapes", nargs="+", default=None, help="only these shape keys")
+    ap.add_argument("--variants", nargs="+", default=None,
+                    help="only these variant names (the baseline always runs)")
     ap.add_argument("--dry-run", action="store_true",
                     help="CPU interpreter, tiny shapes, fp16 q (plumbing and checks only)")
     ap.add_argument("--no-isolate", action="store_true", help="run every variant in this process")
@@ -546,6 +548,8 @@ def main(argv=None) -> int:
                 dev, shape, extra, [1.0], only_extra=True)[1:]
         else:
             variants = space_variants(dev, shape, extra, args.splits_scale, args.only_extra)
+        if args.variants:
+            variants = [v for i, v in enumerate(variants) if i == 0 or v["name"] in args.variants]
         def on_row(i, rec, key=key, variants=variants):
             rec = {"shape_key": key, **rec, "variant_spec": variants[i]}
             rows.append(rec)

@@ -403,7 +403,7 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
 
 
 @triton.jit
-def _pass_b(x_row, o_row, c_row, lo, hi, W, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
+def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
             BLOCK: tl.constexpr):
     """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
     key_hi``, :func:`bin_key_range`) go to the output at ``n_out, n_out + 1, ...``, keys in it
@@ -412,11 +412,6 @@ def _pass_b(x_row, o_row, c_row, lo, hi, W, key_lo, key_hi, done, pairs, cap, n_
     ``c_row[cap + c]`` when ``pairs``, else the position at ``c_row[c]``); both in ascending
     position order. One inclusive scan per block gives both slot sequences (output count in
     the low 16 bits, candidate count in the high 16; BLOCK < 2^16) and one sum both totals.
-    The loads run to ``hi`` rounded up to 16 positions (at most ``W``, the row's width; keys
-    past ``hi`` are then masked to -inf): with ``lo`` and ``W`` multiples of 16 every thread's
-    positions come as 16-byte loads and the scans run over 4 contiguous keys a thread (the
-    one-position mask made them scalar loads and one warp scan a key), and each block's loads
-    are issued one block ahead (bench/NOTES.md "Top-k pass B: vector loads, one block ahead").
     Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
     zero = tl.zeros((BLOCK,), tl.int32)
@@ -424,14 +419,9 @@ def _pass_b(x_row, o_row, c_row, lo, hi, W, key_lo, key_hi, done, pairs, cap, n_
     pairs_v = (zero + pairs) != 0
     pos_off = tl.where(pairs != 0, cap, 0)
     pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
-    hi_ld = tl.minimum((hi + 15) // 16 * 16, W)
-    x_next = tl.load(x_row + lo + offs, mask=lo + offs < hi_ld, other=float("-inf"))
     for start in range(lo, hi, BLOCK):
         pos = start + offs
-        x = x_next                  # loaded one block ahead: the next block's loads are in
-        nxt = pos + BLOCK           # flight while this one is scanned and stored
-        x_next = tl.load(x_row + nxt, mask=nxt < hi_ld, other=float("-inf"))
-        key = raw_key(tl.where(pos < hi, x, float("-inf")))
+        key = raw_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
         gt = (key > key_hi) & (key <= pinf)                              # not NaN
         eq = (key >= key_lo) & (key <= key_hi)
         direct = gt | (eq & done_v)
@@ -536,7 +526,7 @@ def _radix_topk_kernel(
         # it go to the output too when the descent is over, else they are compacted (in
         # position order) into the scratch row for the lower digits.
         key_lo, key_hi = bin_key_range(d0, base, lbase)
-        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, W, key_lo, key_hi, done, pairs, cap,
+        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, key_lo, key_hi, done, pairs, cap,
                                 tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
         # The candidate row is read back below by other threads of this program: make every store
         # of pass B visible first (bar.sync orders global memory within the CTA).
@@ -642,8 +632,7 @@ def _radix_topk_kernel(
 def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
     """Positions ``[lo, hi)`` of row ``row`` covered by logits split ``s`` (the page range the
     logits kernel gives that split: ``n_pages = ceil(max_i len[b, i] / P)`` over the drafts of
-    request ``b``, ``ceil(n_pages / S)`` pages per split), ``hi`` clipped to the row's valid
-    prefix (empty, ``hi <= lo``, for a split past it); ``lo`` stays a multiple of ``P``."""
+    request ``b``, ``ceil(n_pages / S)`` pages per split), clipped to the row's valid prefix."""
     b = row // n_drafts
     dr = tl.arange(0, 4)            # N <= 4 drafts per request
     src = tl.where(per_row != 0, b * n_drafts + dr, b)
@@ -653,7 +642,7 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
     n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), W // P).to(tl.int32)
     per = tl.cdiv(n_pages, num_splits)
     L = _row_len(len_ptr, row, n_drafts, per_row, W)
-    lo = s * per * P                # a multiple of P; past L the range is empty (hi < lo)
+    lo = tl.minimum(s * per * P, L)
     hi = tl.minimum(lo + per * P, L)
     return lo, hi
 
@@ -817,7 +806,7 @@ def _topk_scatter_kernel(
             n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
-            W, key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK)
+            key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK)
 
 
 # The split pass B plans in its own programs (no plan kernels) up to this many splits a row:
