@@ -18,11 +18,14 @@
 #                   choice; checked against the reference, CUDA-graph timed over rotated input sets,
 #                   each shape's variants in a child process (SWEEP_VARIANT_TIMEOUT s a variant,
 #                   default 90; a faulting variant is a row), JSON $OUT/sweep_mlasmall.json
+#                   (MLA_SWEEP_ARGS: e.g. "--shapes v4_h8 --variants gluon_sh_h8w4")
 #   sweep:pallasmla bench.pallas_mla_sweep: every Pallas sparse-MLA config at the fp8 target rows,
 #                   checked and timed with the bench's JAX timer (PALLAS_SWEEP_ARGS: e.g. "--rows
 #                   v32_b16_n1_h128 --scales 1,2"), JSON $OUT/sweep_pallasmla.json
 #   sweep:idxws     bench.indexer_sweep --ws: the warp-specialised logits kernel's variants against
-#                   today's Gluon kernel (checks + logits timed alone; SWEEP_ROW_TIMEOUT per row)
+#                   today's Gluon kernel (checks + logits timed alone; SWEEP_ROW_TIMEOUT per row;
+#                   IDX_SWEEP_ARGS replaces --ws, e.g. "--isolate --shape v32_b64_n2_l64k
+#                   --variant gluon --variant gluon_ws")
 #   check:NAME      bench.gluon_check --kernels CHECK_KERNELS (default the latent WS pair), each
 #                   kernel in a child under WS_TIMEOUT s, JSON $OUT/gluon_check_NAME.json
 #   sweep:linear    bench.linear_sweep: every layer projection GEMM (both presets, B 1 / 64), torch's
@@ -91,13 +94,14 @@ for step in "$@"; do
           --budget-s $((secs - 60)) ${LINEAR_SWEEP_ARGS:-} > "$log" 2>&1
       elif [ "$what" = mlasmall ]; then
         timeout "$secs" python3 -m bench.mla_sweep --small-heads --budget-s $((secs - 40)) \
-          --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" --out "$OUT/sweep_mlasmall.json" > "$log" 2>&1
+          --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" ${MLA_SWEEP_ARGS:-} \
+          --out "$OUT/sweep_mlasmall.json" > "$log" 2>&1
       elif [ "$what" = pallasmla ]; then
         timeout "$secs" python3 -m bench.pallas_mla_sweep --budget-s $((secs - 60)) ${PALLAS_SWEEP_ARGS:-} \
           --out "$OUT/sweep_pallasmla.json" > "$log" 2>&1
       elif [ "$what" = idxws ]; then
-        timeout "$secs" python3 -m bench.indexer_sweep --ws --row-timeout "${SWEEP_ROW_TIMEOUT:-60}" \
-          --out "$OUT/sweep_idxws.json" > "$log" 2>&1
+        timeout "$secs" python3 -m bench.indexer_sweep ${IDX_SWEEP_ARGS:---ws} \
+          --row-timeout "${SWEEP_ROW_TIMEOUT:-60}" --out "$OUT/sweep_idxws.json" > "$log" 2>&1
       else
         mod=$([ "$what" = idx ] && echo indexer_sweep || echo mla_sweep)
         timeout "$secs" python3 -m "bench.$mod" --out "$OUT/sweep_$what.json" > "$log" 2>&1
