@@ -43,6 +43,16 @@ def _call(case: cases.MLACase, path: str = "triton", q=None, **over):
     return sparse_mla_decode(q, _t(case.kv_cache), _t(case.indices), case.sm_scale, path=path, **kw)
 
 
+def _impl(case: cases.MLACase, config, num_splits: int, kv=None):
+    """``(out, lse)`` of the Triton binding's launcher (``tsm._triton_impl``, no dispatch) on
+    ``case``'s tensors with this config and split count; ``kv``: another view of its cache."""
+    kw = {k: _t(v) for k, v in case.kwargs().items()}
+    return tsm._triton_impl(_t(case.q), _t(case.kv_cache) if kv is None else kv, _t(case.indices),
+                            case.sm_scale, kw["kv_format"], kw["d_v"], kw["block_table"],
+                            kw["topk_length"], kw["attn_sink"], config=config,
+                            num_splits=num_splits)
+
+
 def _check(case: cases.MLACase, out, lse):
     ro, rl = case.reference()
     assert out.dtype == _common.as_tensor(case.q).dtype and lse.dtype == torch.float32
@@ -147,11 +157,7 @@ def test_every_config(cfg, width, splits):
                                    d_qk=d_qk, kv_format=kv_format, invalid="mix", logical=True,
                                    topk_length=True, attn_sink=True, q_dtype=q_dtype,
                                    kv_dtype=q_dtype if kv_format == "latent" else "float32")
-        kw = {k: _t(v) for k, v in case.kwargs().items()}
-        out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
-                                    kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
-                                    kw["attn_sink"], config=cfg, num_splits=splits)
-        _check(case, out, lse)
+        _check(case, *_impl(case, cfg, splits))
 
 
 def test_logical_to_slots_matches_the_in_kernel_block_table():
@@ -293,9 +299,7 @@ def test_fp8_strided_pages_launch_passes_the_page_stride(monkeypatch):
     for kv_format, d_qk in FP8_FORMATS:
         case = cases.make_mla_case(15, B=1, H=16, K=64, P=16, d_qk=d_qk, kv_format=kv_format)
         view = _padded_pages(_t(case.kv_cache), kv_format, 32, 1)
-        out = tsm._triton_impl(_t(case.q), view, _t(case.indices), case.sm_scale, kv_format, 512,
-                               None, None, None, num_splits=2)
-        _check(case, *out)
+        _check(case, *_impl(case, None, 2, kv=view))
     assert seen and all(same and pb == s0 for same, pb, s0 in seen)
 
 
@@ -771,10 +775,7 @@ def test_gluon_ws_latent_config_runs_the_triton_tile_elsewhere(monkeypatch):
     qd = "bfloat16" if CUDA else "float16"
     case = cases.make_mla_case(21, B=1, N=1, H=64, K=40, P=16, kv_format="latent", q_dtype=qd,
                                kv_dtype=qd, logical=True, invalid="mix", attn_sink=True)
-    kw = {k: _t(v) for k, v in case.kwargs().items()}
-    out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
-                                "latent", 512, kw["block_table"], kw["topk_length"],
-                                kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS, num_splits=2)
+    out, lse = _impl(case, configs.SPARSE_MLA_GLUON_WS, 2)
     assert ran == [configs.SPARSE_MLA_W64]
     _check(case, out, lse)
 
@@ -813,11 +814,7 @@ def test_gluon_ws_latent(H, splits, q_dtype, layout, variant, monkeypatch):
     dev = _common.device_info(torch.device(DEVICE))
     ws = configs.SPARSE_MLA_GLUON_WS
     assert tsm._triton_config(dev, _t(case.q), kv, "latent", case.indices.shape[2], None) == ws
-    kw = {k: _t(v) for k, v in case.kwargs().items()}
-    out, lse = tsm._triton_impl(_t(case.q), kv, _t(case.indices), case.sm_scale, "latent", 512,
-                                kw["block_table"], kw["topk_length"], kw["attn_sink"], config=ws,
-                                num_splits=splits)
-    _check(case, out, lse)
+    _check(case, *_impl(case, ws, splits, kv=kv))
 
 
 @gpu_only
@@ -833,11 +830,7 @@ def test_gluon_ws_latent_mixed_variants(variant, monkeypatch):
     case = cases.make_mla_case(61, B=3, N=2, H=128, K=300, P=64, kv_format="latent",
                                q_dtype="bfloat16", kv_dtype="bfloat16", invalid="mix",
                                logical=True, topk_length=True, attn_sink=True)
-    kw = {k: _t(v) for k, v in case.kwargs().items()}
-    _check(case, *tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
-                                   "latent", 512, kw["block_table"], kw["topk_length"],
-                                   kw["attn_sink"], config=configs.SPARSE_MLA_GLUON_WS,
-                                   num_splits=3))
+    _check(case, *_impl(case, configs.SPARSE_MLA_GLUON_WS, 3))
 
 
 @gpu_only
@@ -912,11 +905,7 @@ def test_gluon_sh(cfg, q_dtype, kv_format, d_qk, splits, H, feats):
     dev = _common.device_info(torch.device(DEVICE))
     q, kv = _t(case.q), _t(case.kv_cache)
     assert tsm._triton_config(dev, q, kv, kv_format, case.indices.shape[2], cfg) == cfg
-    kw = {k: _t(v) for k, v in case.kwargs().items()}
-    out, lse = tsm._triton_impl(q, kv, _t(case.indices), case.sm_scale, kv_format, 512,
-                                kw["block_table"], kw["topk_length"], kw["attn_sink"], config=cfg,
-                                num_splits=splits)
-    _check(case, out, lse)
+    _check(case, *_impl(case, cfg, splits, kv=kv))
 
 
 @gpu_only
@@ -931,19 +920,13 @@ def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
     case = cases.make_mla_case(14, B=2, N=2, H=16, K=200, P=16, d_qk=d_qk, kv_format=kv_format,
                                q_dtype="bfloat16", logical=True, invalid="mix", topk_length=True,
                                attn_sink=True)
-    kw = {k: _t(v) for k, v in case.kwargs().items()}
-    args = (_t(case.indices), case.sm_scale, kv_format, 512, kw["block_table"], kw["topk_length"],
-            kw["attn_sink"])
-    want = tsm._triton_impl(_t(case.q), _t(case.kv_cache), *args, config=cfg, num_splits=2)
+    want = _impl(case, cfg, 2)
     view = _padded_pages(_t(case.kv_cache), kv_format, 656 if kv_format == "fp8_ds_mla" else 48, 1)
-    got = tsm._triton_impl(_t(case.q), view, *args, config=cfg, num_splits=2)
+    got = _impl(case, cfg, 2, kv=view)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     _check(case, *got)
     for corner in _corners(kv_format, d_qk, "bfloat16"):
-        kw = {k: _t(v) for k, v in corner.kwargs().items()}
-        _check(corner, *tsm._triton_impl(
-            _t(corner.q), _t(corner.kv_cache), _t(corner.indices), corner.sm_scale, kv_format,
-            512, kw["block_table"], kw["topk_length"], kw["attn_sink"], config=cfg, num_splits=2))
+        _check(corner, *_impl(corner, cfg, 2))
 
 
 @pytest.mark.parametrize("kv_format,d_qk", FORMATS, ids=[f[0] for f in FORMATS])
@@ -964,11 +947,7 @@ def test_rows_on_m_orientation(kv_format, d_qk, H, feats, splits, block_k):
                                kv_format=kv_format, q_dtype=qd,
                                kv_dtype=qd if kv_format == "latent" else "float32", invalid="mix",
                                logical=feats, topk_length=feats, attn_sink=feats)
-    kw = {k: _t(v) for k, v in case.kwargs().items()}
-    out, lse = tsm._triton_impl(_t(case.q), _t(case.kv_cache), _t(case.indices), case.sm_scale,
-                                kw["kv_format"], kw["d_v"], kw["block_table"], kw["topk_length"],
-                                kw["attn_sink"], config=cfg, num_splits=splits)
-    _check(case, out, lse)
+    _check(case, *_impl(case, cfg, splits))
 
 
 def test_gluon_sh_rules():
