@@ -195,7 +195,7 @@ def _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, 
     # The kernels clamp each length to the table's capacity (+N for the MTP offset) themselves
     # (kernels.indexer.triton.draft_lengths): lengths near 2^31 overflowed their int32 page
     # arithmetic; no torch op runs in front of the launch.
-    context_lens = context_lens if context_lens.is_contiguous() else context_lens.contiguous()
+    context_lens = context_lens.contiguous()
     if k_format == "fp8_indexer":
         k_vals, k_scales = k_cache.view(torch.float8_e4m3fn), k_cache.view(torch.float32)
     else:
@@ -266,7 +266,7 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
                        logits, hist)
     # The top-k kernels compute each row's length from context_lens themselves ([B, N]: per
     # row; [B]: the MTP rule), clamped to [0, W]: no torch op in front of their launches.
-    lens = context_lens if context_lens.is_contiguous() else context_lens.contiguous()
+    lens = context_lens.contiguous()
     out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
     with _phase(PHASE_TOPK):
