@@ -43,6 +43,9 @@
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
 #   sanitize:all    both, as two invocations (two logs); a memcheck error or a FAIL line: rc != 0
 # The last lines printed are a one-line summary per step (the device tool returns the tail).
+#   picks:picks     scripts/apply_picks.py on this call's sweep_mlasmall / sweep_idxws JSON (else an
+#                   earlier call's on this machine, kept in /tmp/dsa_state): sets the switches the
+#                   sweeps support in the device's copy of the tree, for the steps after it
 # GPU_RUN_TAR=1: at the end, everything under $OUT but summary.txt is packed into $OUT/out.tgz (the
 # device tool brings back a few files only).
 set -u
@@ -85,6 +88,13 @@ for step in "$@"; do
           > "$OUT/targets_status.txt" 2>&1 && grep -E '^issue [0-9]+:' "$OUT/targets_status.txt" >> "$log"
       fi
       (exit $rc_b) ;;
+    picks)
+      # scripts/apply_picks.py on this call's sweeps or an earlier call's on the same machine
+      # (/tmp/dsa_state), so a bench later in the call or in the next call measures the picks
+      d=/tmp/dsa_state; [ -f "$OUT/sweep_mlasmall.json" ] || [ -f "$OUT/sweep_idxws.json" ] && d="$OUT"
+      a=(); [ -f "$d/sweep_mlasmall.json" ] && a+=(--mla "$d/sweep_mlasmall.json")
+      [ -f "$d/sweep_idxws.json" ] && a+=(--idx "$d/sweep_idxws.json" --idx bench/results/indexer_sweep_ws_h200_20261205b.json)
+      timeout "$secs" python3 scripts/apply_picks.py "${a[@]}" > "$log" 2>&1 && cat "$log" ;;
     tests)
       timeout "$secs" python3 -m pytest -v -rfE -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;
@@ -144,6 +154,7 @@ for step in "$@"; do
   SUMMARY+=("$step rc=$rc $(( $(date +%s) - t0 ))s: $(grep -E 'passed|failed|ERROR SUMMARY|rows failed|json:|^== |^issue [0-9]+:' "$log" | tail -4 | tr '\n' ' ')")
 done
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$OUT/summary.txt"
+mkdir -p /tmp/dsa_state && cp "$OUT"/sweep_*.json /tmp/dsa_state/ 2>/dev/null   # for a later call's picks step
 if [ -n "${GPU_RUN_TAR:-}" ]; then
   (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name out.tgz -print0 \
      | tar czf out.tgz --null -T - --remove-files)
