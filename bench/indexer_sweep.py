@@ -14,8 +14,9 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 
 * ``logits_us``: the logits kernel with its fused first-digit histogram;
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
-  candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` (first variant only; the
-  others use the default);
+  candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
+  launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
+  the indices differ from the default's) (first variant only; the others use the default);
 
 and checks each variant's logits against the first variant's (max relative difference over
 finite logits, and whether they are bitwise equal; the -inf pattern must match), its
@@ -251,7 +252,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
     from bench.inputs import make_inputs
     from kernels.indexer import triton as kx
     from kernels.topk import window
-    from kernels.topk.triton import HIST_BINS, STATE_WORDS, TopkConfig, hist_shape, launch_topk
+    from kernels.topk.triton import (HIST_BINS, SCATTER_SPACE, STATE_WORDS, TopkConfig,
+                                     hist_shape, launch_topk)
     from torch_impl import _common
 
     import triton
@@ -300,9 +302,9 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                                              num_sms=dev.num_sms, config=cfg, hist=hist,
                                              fp8_upcast=True, fp8_nan_fix=dry)
 
-                def tk(tcfg=None, st=None):
+                def tk(tcfg=None, st=None, scatter=None):
                     launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=hist,
-                                n_drafts=N, page_size=P, state=st)
+                                n_drafts=N, page_size=P, state=st, scatter=scatter)
 
                 def sync():
                     if not dry:
@@ -347,6 +349,14 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                     row["topk_us_by_cand_block"] = {
                         str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))
                         for cb in CAND_BLOCKS}
+                    # the split pass B's (BLOCK, warps), each checked against the first run
+                    by_sc = {}
+                    for sc in SCATTER_SPACE:
+                        tk(scatter=sc)
+                        sync()
+                        by_sc[f"{sc[0]}w{sc[1]}"] = (timer(lambda sc=sc: tk(scatter=sc))
+                                                     if torch.equal(first, idx) else "MISMATCH")
+                    row["topk_us_by_scatter"] = by_sc
                 row["error"] = None
             except Exception as e:  # noqa: BLE001 - recorded per variant
                 row["error"] = f"{type(e).__name__}: {e}"[:400]

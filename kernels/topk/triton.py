@@ -821,7 +821,8 @@ def scatter_plan_blocks() -> tuple:
 
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
-                hist=None, n_drafts: int = 1, page_size: int | None = None, state=None):
+                hist=None, n_drafts: int = 1, page_size: int | None = None, state=None,
+                scatter: tuple | None = None):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
@@ -849,9 +850,12 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         window miss), need, done, total, n_out, n_cand, pairs, and ``visits``, the candidate
         reads of the per-row kernel's passes; written with ``hist`` and ``page_size``), for
         diagnostics and tests (``scripts/topk_state.py``); None allocates it here.
+      scatter: None (:func:`scatter_config` picks by shape), or the split pass B's
+        ``(BLOCK, num_warps)``, one of :data:`SCATTER_SPACE` (``bench.indexer_sweep`` times them).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
-        is narrower than W, or ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor.
+        is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
+        ``scatter`` is not in :data:`SCATTER_SPACE`.
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
@@ -866,6 +870,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                          f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
     if scratch.shape[1] < W:
         raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
+    if scatter is not None and tuple(scatter) not in SCATTER_SPACE:
+        raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE}, got {scatter!r}")
     cap = scratch.shape[1] // 2
     if hist is not None:
         num_splits, nb = hist.shape[1], hist.shape[2]
@@ -883,7 +889,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
               or not state.is_contiguous()):
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
-        sblock, swarps = scatter_config(W, page_size, num_splits)
+        sblock, swarps = scatter or scatter_config(W, page_size, num_splits)
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
             _topk_scatter_kernel[(R, num_splits)](
@@ -921,6 +927,10 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
 # warps (the scan's cross-warp part): 2,048 at 4 warps 2.28 warp-instructions a position, 128
 # registers (4 CTAs per SM); 2,048 at 8 warps 2.71, 4,096 at 8 warps 2.59 (150 registers).
 SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
+# Every (BLOCK, num_warps) ``launch_topk(scatter=...)`` accepts: the heuristic's and two-warp
+# programs (AOT, sm_90: 1,024 at 2 warps 1.98 warp-instructions a position at 128 registers,
+# 512 at 2 warps 2.09 at 80; 1,024 at 4 warps 2.25 at 80, i.e. 6 CTAs an SM instead of 4).
+SCATTER_SPACE = SCATTER_CONFIGS + ((512, 2), (1024, 2))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:

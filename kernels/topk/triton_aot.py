@@ -8,10 +8,11 @@ def aot_specs(smem_class: str) -> list:
     """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
     pass B (``FROM_PLAN``); the two plan kernels at every block pair ``plan_blocks`` returns; the
-    scatter kernel at every ``SCATTER_CONFIGS`` entry (``scatter_config`` picks one by shape),
+    scatter kernel at every ``SCATTER_SPACE`` entry (``scatter_config`` picks one by shape,
+    ``launch_topk(scatter=...)`` any),
     after the plan kernels and planning itself (every split tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_CONFIGS, TopkConfig,
+    from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_SPACE, TopkConfig,
                                      plan_blocks, scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
@@ -54,7 +55,7 @@ def aot_specs(smem_class: str) -> list:
     # the indexer's launches: W a multiple of the page size, P 64, strides multiples of 16 (the
     # JIT specialises them so; pass B's 16-byte loads depend on it)
     div = ("W", "P", "stride_x", "stride_o", "stride_c")
-    for blk, nw in SCATTER_CONFIGS:
+    for blk, nw in SCATTER_SPACE:
         for gb in sorted({p[1] for p in pairs}):          # after the plan kernels
             specs.append(LaunchSpec(f"topk scatter block{blk} w{nw} GB{gb}", "kernels.topk.triton",
                                     "_topk_scatter_kernel", scatter_sig,
