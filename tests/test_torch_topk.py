@@ -431,3 +431,33 @@ def test_split_launches_and_state_summary(S):
     summ = window.state_summary(state.cpu().numpy())
     assert summ["rows"] == 3 and summ["misses"] == 0 and summ["taken_whole"] == 0
     assert 0 < summ["n_cand_max"] == summ["visits_max"] <= W // 8
+
+
+@pytest.mark.parametrize("S", [3, 20])
+def test_every_scatter_launch_same_bits(S):
+    """Every split pass B launch ``launch_topk(scatter=...)`` accepts (SCATTER_SPACE: 512-2,048
+    positions an iteration, 2 or 4 warps) gives the exact set and the same bits as the shape's
+    own pick, planning itself (S 3) or after the plan kernels (S 20), on a tied row and a row
+    with a window miss; anything else is refused before launch."""
+    from kernels.topk.triton import SCATTER_SPACE
+    K, P, W = 48, 16, 2400
+    x = _heavy_rows(33, 4, W)[1:]                                 # lognormal, |t|, all negative
+    x[1] = np.round(x[1])                                         # ties
+    x[2, 11] = 1e30                                               # window miss
+    lens = [W, W - 37, 1500]
+    h = torch.from_numpy(_split_hists(x, lens, 1, S, P)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+    def run(scatter):
+        out = torch.full((3, K), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(xt, lt, K, out, torch.empty((3, W), dtype=torch.int32, device=DEVICE),
+                    hist=h, page_size=P, scatter=scatter)
+        return out
+    base = run(None)
+    compare.assert_pass(compare.check_topk(base, _ref_rows(x, lens), K))
+    for sc in SCATTER_SPACE:
+        assert torch.equal(run(sc), base), sc
+    for bad in ((4096, 8), (1024, 3), (1000, 4)):
+        with pytest.raises(ValueError, match="scatter: expected None or one of"):
+            run(bad)
