@@ -13,6 +13,13 @@ It edits two switches in place and prints each decision with the numbers behind 
   and the same top-k set as ``gluon``, repeatable, and a logits time no more than 2 % above
   ``gluon``'s.
 
+With ``--dispatch kernels/dispatch/sm_90.json`` it also rewrites that table's torch/triton
+entries the picks concern, since a table entry's config shadows the heuristic
+(``kernels.registry.Registry.plan``): sparse-MLA entries of a picked format with
+``H <= configs.GLUON_SH_PICKED_MAX_HEADS`` get ``configs.gluon_sh_config(H)``; indexer_topk entries
+get ``kernel="gluon_ws"`` when it is picked. Each rewritten entry keeps its old ``median_us`` and
+says so in ``"edited"``; the table's ``"edits"`` list records the command and the evidence.
+
 Used inside one device call (sweep, then this, then the bench on the picks), so the bench measures
 the picks without a second machine start; the same command here applies them to the checkout.
 """
@@ -78,6 +85,42 @@ def idx_pick(paths: list[pathlib.Path]) -> tuple[bool, list[str]]:
     return good and seen > 0, why
 
 
+def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None, why: list[str],
+               dry: bool) -> list[str]:
+    """Rewrite the dispatch table's entries the picks concern (module docstring)."""
+    import datetime
+    sys.path.insert(0, str(ROOT))
+    from kernels.sparse_mla import configs
+
+    table = json.loads(path.read_text())
+    today = datetime.date.today().isoformat()
+    done = []
+    for e in table["entries"]:
+        if e["backend"] != "torch" or e["path"] != "triton":
+            continue
+        b = e["bucket"]
+        if (e["op"] == "sparse_mla_decode" and sh_formats and b.get("kv_format") in sh_formats
+                and b["H"] <= configs.GLUON_SH_PICKED_MAX_HEADS):
+            new = configs.gluon_sh_config(b["H"]).to_dict()
+        elif e["op"] == "indexer_topk" and ws is not None:
+            new = {**e["config"], "kernel": "gluon_ws" if ws else "gluon"}
+        else:
+            continue
+        if new == e["config"]:
+            continue
+        e["config"] = new
+        e["edited"] = (f"{today}: config set by scripts/apply_picks.py (the sweep's pick); "
+                       f"median_us is the previous config's")
+        done.append(f"{e['op']} {b} -> {new.get('kernel')}")
+    if done:
+        table.setdefault("edits", []).append({
+            "date": today, "command": "python scripts/apply_picks.py " + " ".join(sys.argv[1:]),
+            "entries": done, "evidence": why})
+        if not dry:
+            path.write_text(json.dumps(table, indent=1) + "\n")
+    return done
+
+
 def set_line(path: pathlib.Path, pattern: str, new: str, dry: bool) -> None:
     text = path.read_text()
     out, n = re.subn(pattern, new, text, count=1, flags=re.M)
@@ -91,10 +134,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mla", type=pathlib.Path, default=None)
     ap.add_argument("--idx", type=pathlib.Path, action="append", default=[])
+    ap.add_argument("--dispatch", type=pathlib.Path, default=None,
+                    help="a dispatch table whose torch/triton entries to bring to the picks")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
+    fmts, pick, evidence = None, None, []
     if a.mla is not None and a.mla.exists():
         fmts, why = mla_picks(a.mla)
+        evidence += why
         print("\n".join(why))
         val = repr(tuple(sorted(fmts)))
         print(f"GLUON_SH_PICKED = {val}")
@@ -103,10 +150,14 @@ def main(argv=None) -> int:
     idx = [p for p in a.idx if p.exists()]
     if idx:
         pick, why = idx_pick(idx)
+        evidence += why
         print("\n".join(why))
         print(f"gluon_ws.PICKED = {pick}")
         set_line(ROOT / "kernels/indexer/gluon_ws.py", r"^PICKED = (True|False)$",
                  f"PICKED = {pick}", a.dry_run)
+    if a.dispatch is not None:
+        for line in edit_table(a.dispatch, fmts, pick, evidence, a.dry_run):
+            print(f"{a.dispatch}: {line}")
     return 0
 
 

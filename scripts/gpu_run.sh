@@ -93,8 +93,8 @@ for step in "$@"; do
       # (/tmp/dsa_state), so a bench later in the call or in the next call measures the picks
       d=/tmp/dsa_state; [ -f "$OUT/sweep_mlasmall.json" ] || [ -f "$OUT/sweep_idxws.json" ] && d="$OUT"
       a=(); [ -f "$d/sweep_mlasmall.json" ] && a+=(--mla "$d/sweep_mlasmall.json")
-      [ -f "$d/sweep_idxws.json" ] && a+=(--idx "$d/sweep_idxws.json" --idx bench/results/indexer_sweep_ws_h200_20261205b.json)
-      timeout "$secs" python3 scripts/apply_picks.py "${a[@]}" > "$log" 2>&1 && cat "$log" ;;
+      [ -f "$d/sweep_idxws.json" ] && a+=(--idx "$d/sweep_idxws.json" --idx bench/results/indexer_sweep_ws_h200_20261205b.json --idx bench/results/indexer_sweep_ws_h200_20261205c.json)
+      timeout "$secs" python3 scripts/apply_picks.py "${a[@]}" --dispatch kernels/dispatch/sm_90.json > "$log" 2>&1 && cat "$log" ;;
     tests)
       timeout "$secs" python3 -m pytest -v -rfE -p no:cacheprovider --tb=short --durations=15 -m "not slow" \
         $(group "$what") ${PYTEST_K:+-k "$PYTEST_K"} > "$log" 2>&1 ;;

@@ -132,21 +132,23 @@ def test_indexer_heuristics_are_the_launchers_defaults():
     from kernels.indexer.triton import IndexerLogitsConfig
     from kernels.topk.triton import TopkConfig
     # the default kernel ("triton") is a selector: omitted from the config dict, as the
-    # warp-specialised kernel's variant fields (never the heuristic's kernel); on sm_90 the
-    # heuristic names the Gluon logits kernel
+    # warp-specialised kernel's variant fields; on sm_90 the heuristic names the
+    # warp-specialised Gluon logits kernel (kernels.indexer.gluon_ws.PICKED, measured 2026-12-05)
     logits = {k: v for k, v in asdict(IndexerLogitsConfig()).items()
               if k not in ("kernel", "ws_consumers", "ws_convert")}
     sm120 = dataclasses.replace(H200, name="RTX PRO 6000", cc=(12, 0), num_sms=188)
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", sm120, **TOPK) == logits
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {
-        **logits, "kernel": "gluon"}
+        **logits, "kernel": "gluon_ws"}
     assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK) == {
-        **logits, "kernel": "gluon", **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}
+        **logits, "kernel": "gluon_ws", **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}
     pl = pytest.importorskip("kernels.indexer.pallas")
     assert REGISTRY.heuristic("indexer_topk", "jax", "pallas", H200, **TOPK) == pl.PallasIndexerConfig().to_dict()
 
 
-def test_indexer_heuristic_names_the_ws_logits_kernel_once_picked(monkeypatch):
+def test_indexer_heuristic_follows_the_ws_logits_kernel_switch(monkeypatch):
+    """kernels.indexer.gluon_ws.PICKED (True since the 2026-12-05 sweep) picks between the
+    warp-specialised and the one-partition Gluon logits kernel on sm_90; never on sm_120."""
     pytest.importorskip("triton")
     from kernels.indexer import gluon_ws
     from kernels.indexer.triton import IndexerLogitsConfig
@@ -155,6 +157,9 @@ def test_indexer_heuristic_names_the_ws_logits_kernel_once_picked(monkeypatch):
     monkeypatch.setattr(gluon_ws, "PICKED", True)
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {
         **logits, "kernel": "gluon_ws"}
+    monkeypatch.setattr(gluon_ws, "PICKED", False)
+    assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {
+        **logits, "kernel": "gluon"}
     sm120 = dataclasses.replace(H200, name="RTX PRO 6000", cc=(12, 0), num_sms=188)
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", sm120, **TOPK) == logits
 
@@ -194,8 +199,10 @@ def test_accept_checks_indexer_fields_against_the_search_space():
     ok = REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"pages": 1, "topk_block": 2048}, **TOPK)
     # a table config that does not name the kernel selector runs the default (Triton) kernel
     assert ok == {**{k: v for k, v in base.items() if k != "kernel"}, "pages": 1, "topk_block": 2048}
-    assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"kernel": "gluon"},
+    assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"kernel": "gluon_ws"},
                            **TOPK) == base
+    assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"kernel": "gluon"},
+                           **TOPK) == {**base, "kernel": "gluon"}
     assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"pages": 3}, **TOPK) is None
     assert REGISTRY.accept("indexer_topk", "torch", "triton", H200, {"bogus": 1}, **TOPK) is None
     assert REGISTRY.accept("indexer_topk", "torch", "torch", H200, {}, **TOPK) == {}

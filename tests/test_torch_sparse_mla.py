@@ -955,8 +955,9 @@ def test_gluon_sh_rules():
     fp8 cache (not latent, not fp32 q, not sm_120 or the interpreter); elsewhere the binding
     runs the heuristic's Triton tile for the call's heads (never the 64-head tile); the
     heuristic picks it only when told (``gluon_sh``: the registry passes it for the formats of
-    ``configs.GLUON_SH_PICKED``), by heads: 8 -> 8-head blocks, 9..16 -> 16, 17..32 -> 32,
-    more heads -> not this kernel."""
+    ``configs.GLUON_SH_PICKED``, both fp8 formats since the 2026-12-05 sweep), by heads: 8 ->
+    8-head blocks, 9..16 -> 16; 17..32 (the 32-head config, not timed) and more heads -> not
+    this kernel; the registry plans it for the picked formats on the H200."""
     from kernels import hardware
     h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
     sm120 = hardware.DeviceInfo(name="NVIDIA RTX PRO 6000", cc=(12, 0), num_sms=188,
@@ -984,10 +985,19 @@ def test_gluon_sh_rules():
     assert sub32.kernel == "triton" and sub32 in configs.sparse_mla_space(h200.smem_per_block, 4)
     pick = lambda H: configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=2048,
                                                   gluon=True, gluon_ws=True, gluon_sh=True)
-    assert [pick(H) for H in (1, 8, 9, 16, 17, 32)] == [
-        configs.SPARSE_MLA_GLUON_SH8] * 2 + [configs.SPARSE_MLA_GLUON_SH16] * 2 + [
-        configs.SPARSE_MLA_GLUON_SH32] * 2
+    assert configs.GLUON_SH_PICKED_MAX_HEADS == 16
+    assert [pick(H) for H in (1, 8, 9, 16)] == [
+        configs.SPARSE_MLA_GLUON_SH8] * 2 + [configs.SPARSE_MLA_GLUON_SH16] * 2
+    assert all(pick(H).kernel == "triton" for H in (17, 32))
+    assert configs.gluon_sh_config(17) == configs.gluon_sh_config(32) == configs.SPARSE_MLA_GLUON_SH32
     assert pick(64) == configs.SPARSE_MLA_GLUON_WS
+    from kernels.registry import REGISTRY
+    assert set(configs.GLUON_SH_PICKED) == {"fp8_ds_mla", "fp8_model1"}
+    for fmt, d_qk, H, want in (("fp8_ds_mla", 576, 16, configs.SPARSE_MLA_GLUON_SH16),
+                               ("fp8_model1", 512, 8, configs.SPARSE_MLA_GLUON_SH8)):
+        shape = dict(B=64, N=1, H=H, K=2048, d_qk=d_qk, kv_format=fmt)
+        assert REGISTRY.heuristic("sparse_mla_decode", "torch", "triton", h200, **shape) == \
+            want.to_dict()
     assert configs.sparse_mla_heuristic(16, configs.LARGE_SMEM, rows=64, topk=2048, gluon=True,
                                         gluon_ws=True) == configs.SPARSE_MLA_N16   # not told
     assert configs.sparse_mla_heuristic(16, configs.SMALL_SMEM, gluon_sh=True).kernel == "triton"

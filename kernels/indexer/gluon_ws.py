@@ -108,7 +108,7 @@ SMEM_PER_BLOCK = 232448
 # Whether the registry's sm_90 heuristic picks this kernel (its default ``CONSUMERS``, ``CONVERT``)
 # over ``gluon.py``: only after the GPU tests and ``bench.indexer_sweep --ws`` show it exact and
 # faster at every bench shape (bench/NOTES.md "Warp-specialised logits kernel").
-PICKED = False
+PICKED = True
 # Launches :func:`unverified` names are refused by the launcher unless this is set (the sweep's
 # isolated children with ``--unguarded``, the GPU test that runs them in a child process).
 ALLOW_UNVERIFIED = False

@@ -205,9 +205,13 @@ SPARSE_MLA_GLUON_SH16W8 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, n
                                           prefetch=True, kernel="gluon_sh")
 SPARSE_MLA_GLUON_SH32 = SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num_stages=1,
                                         prefetch=True, kernel="gluon_sh")
-# formats whose heuristic picks it: none until the H200 has checked and timed it
-# (bench.gluon_check --kernels gluon_sh, bench.mla_sweep --small-heads)
-GLUON_SH_PICKED: tuple = ()
+# formats whose heuristic picks it, up to GLUON_SH_PICKED_MAX_HEADS heads: H200, 2026-12-05
+# (`bench.mla_sweep --small-heads`, bench/results/mla_sweep_small_heads_h200_20261205.json,
+# CUDA-graph timed, checked against the reference): V3.2 B 64 H 16 fp8_ds_mla 66.2 us against
+# 99.5 for the Triton 16 x 32 tile; V4-Flash B 64 H 8 fp8_model1 28.9 against 42.7. The 32-head
+# config (H 17..32) has not been timed: those calls keep the Triton tiles.
+GLUON_SH_PICKED: tuple = ('fp8_ds_mla', 'fp8_model1')
+GLUON_SH_PICKED_MAX_HEADS = 16
 
 
 def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
@@ -318,12 +322,14 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     H 128 68.8 vs 72.9, B 1 28.7 vs 30.1, B 128 281.3 vs 306.0; fp8_model1 B 64 H 64 K 640
     62.8 vs 57.3 (slower: not picked). ``gluon_sh`` (the caller's statement that the few-heads
     Gluon kernel can run the call and is picked for its format, :data:`GLUON_SH_PICKED`) picks
-    :func:`gluon_sh_config` for H <= 32.
+    :func:`gluon_sh_config` for H <= :data:`GLUON_SH_PICKED_MAX_HEADS` (16): on the H200
+    (2026-12-05, bench.mla_sweep --small-heads) B 64 H 16 fp8_ds_mla 66.2 vs 99.5 us, V4 B 64
+    H 8 fp8_model1 28.9 vs 42.7.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
-    if gluon_sh and num_heads <= 32 and gluon_sh_config(num_heads) in space:
+    if gluon_sh and num_heads <= GLUON_SH_PICKED_MAX_HEADS and gluon_sh_config(num_heads) in space:
         return gluon_sh_config(num_heads)
     if gluon_ws and num_heads >= 64 and SPARSE_MLA_GLUON_WS in space:
         return SPARSE_MLA_GLUON_WS
@@ -413,6 +419,9 @@ PALLAS_W64 = SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=3, 
 PALLAS_N16 = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=3, prefetch=False)
 PALLAS_W32 = SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=3, prefetch=False)
 
+# 16 x 32, 4 warps, one stage, hand-pipelined loads: the few-heads / few-requests default
+PALLAS_N16P = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1)
+
 PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
     "small": (
         SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
@@ -465,9 +474,13 @@ def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_byt
                                 kv_format: str | None = None) -> SparseMLAConfig:
     """Default Pallas config. fp32 operands: :data:`PALLAS_SPARSE_MLA_FP32`. The fp16 fast
     path (``kv_format`` an fp8 format) on the large class, given ``rows`` (B x N) and ``topk``:
-    the Triton twin's rule with the Pallas tiles (64-head tiles for >= 64 heads, >= 32 requests
-    and K >= 1024; 16-head tiles for <= 32 heads or < 32 requests; 32-head tiles otherwise; all
-    three stages, no carried tiles). Otherwise the Triton twin's :data:`SPARSE_MLA_DEFAULT`
+    64-head tiles (:data:`PALLAS_W64`, three stages) for >= 64 heads, >= 16 requests and
+    K >= 1024; 16-head tiles with hand-pipelined loads (:data:`PALLAS_N16P`, one stage) for
+    <= 32 heads or fewer requests; 32-head tiles otherwise. Set from `bench.pallas_mla_sweep`
+    on the H200 (2026-12-05, bench/results/pallas_mla_sweep_h200_20261205.json, the bench's
+    JAX timer): B 16 H 128 W64 139.0 us against 272.9 for the 16-head tiles the rule picked
+    before (rows < 32); B 64 H 16 N16P 138.5 against 164.6 for the three-stage 16-head tile,
+    B 1 H 128 31.6 against 33.8. Otherwise the Triton twin's :data:`SPARSE_MLA_DEFAULT`
     (32 x 32, 8 warps, hand-pipelined loads) when it is in the Pallas space, else the space's
     first member."""
     if operand_bytes >= 4:
@@ -475,10 +488,10 @@ def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_byt
     space = PALLAS_SPARSE_MLA_SPACE[smem_class(smem_per_block)]
     if (kv_format in ("fp8_ds_mla", "fp8_model1") and rows is not None and topk is not None
             and PALLAS_W64 in space):
-        if num_heads >= 64 and rows >= 32 and topk >= 1024:
+        if num_heads >= 64 and rows >= 16 and topk >= 1024:
             return PALLAS_W64
-        if num_heads <= 32 or rows < 32:
-            return PALLAS_N16
+        if num_heads <= 32 or rows < 16:
+            return PALLAS_N16P
         return PALLAS_W32
     return SPARSE_MLA_DEFAULT if SPARSE_MLA_DEFAULT in space else space[0]
 

@@ -102,9 +102,9 @@ Work is a grid ``(head_blocks, splits, B * N)``:
   ``SparseMLAConfig``, without a D_v split). Shared memory is about the q tiles plus one block
   of converted row chunks, ``(BLOCK_H + BLOCK_K) x D_qk x 2`` bytes for bf16 operands (``32 x
   32``: 73,728 B, so it fits the 99 KiB class; ``64 x 32``: 110,720 B does not); fp32 dots use
-  ``PALLAS_SPARSE_MLA_FP32``. The fast path's tiles on sm_90 (``PALLAS_W64`` 64 x 32, 8 warps;
-  ``PALLAS_N16`` 16 x 32, 4 warps; ``PALLAS_W32``; three pipeline stages, no carried tiles) are
-  chosen by the Triton twin's rule (``kernels.configs.pallas_sparse_mla_heuristic``); their
+  ``PALLAS_SPARSE_MLA_FP32``. The fast path's tiles on sm_90 (``PALLAS_W64`` 64 x 32, 8 warps,
+  three pipeline stages; ``PALLAS_N16P`` 16 x 32, 4 warps, hand-pipelined loads; ``PALLAS_W32``)
+  are chosen by ``kernels.configs.pallas_sparse_mla_heuristic`` from the H200 sweep; their
   registers, spills and SASS per iteration are in bench/NOTES.md ("Sparse MLA, Pallas",
   ``python -m bench.pallas_aot_counts``). Shared memory of every entry is measured by lowering
   for CUDA and compiling the Triton IR for sm_90 and sm_120 without a GPU
