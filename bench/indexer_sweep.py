@@ -354,8 +354,9 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                     for sc in SCATTER_SPACE:
                         tk(scatter=sc)
                         sync()
-                        by_sc[f"{sc[0]}w{sc[1]}"] = (timer(lambda sc=sc: tk(scatter=sc))
-                                                     if torch.equal(first, idx) else "MISMATCH")
+                        by_sc[f"{sc[0]}w{sc[1]}" + ("v" if sc[2] else "")] = (
+                            timer(lambda sc=sc: tk(scatter=sc))
+                            if torch.equal(first, idx) else "MISMATCH")
                     row["topk_us_by_scatter"] = by_sc
                 row["error"] = None
             except Exception as e:  # noqa: BLE001 - recorded per variant

@@ -160,7 +160,7 @@ def _cuobjdump() -> str:
 
 
 # opcodes whose full mnemonics :func:`block_loops` lists (memory, synchronisation, tensor)
-_DETAIL_OPS = ("LDG", "LDGSTS", "STS", "LDS", "STSM", "LDSM", "F2FP", "HGMMA", "LDL", "STL", "BAR",
+_DETAIL_OPS = ("LDG", "STG", "LDGSTS", "STS", "LDS", "STSM", "LDSM", "F2FP", "HGMMA", "LDL", "STL", "BAR",
                "SYNCS", "ARRIVES")
 
 

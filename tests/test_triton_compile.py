@@ -272,6 +272,28 @@ def test_gluon_ws_logits_kernel_occupancy():
             assert not any(lp["ops"].get(op) for lp in consumers for op in ("LDL", "STL")), spec.label
 
 
+def test_vec_pass_b_stores_stay_scalar():
+    """The split pass B's ``VEC`` layout (kernels/topk/triton.py ``_pass_b``): its slot tensors
+    carry a contiguity hint that is not true of them, which is safe only while every store is
+    predicated per key and so emitted one key at a time. Compiled for sm_90 and sm_120 with the
+    GPU image's Triton: the block loop stores with scalar ``STG.E`` only, loads with
+    ``LDG.E.128``, and converts no layout through shared memory beyond the scan's (the default
+    launch's 5 barriers a block)."""
+    from kernels.topk.triton_aot import aot_specs
+    specs = [s for s in aot_specs("large") if s.kernel == "_topk_scatter_kernel"
+             and s.constexprs.get("VEC") and "plan SP8" in s.label]
+    assert specs
+    results = _aot.compile_specs(specs, (90, 120), sass=True, triton_path=_gpu_image_triton())
+    for r in results:
+        assert "error" not in r, r.get("error")
+        loop = max(r["sass"]["loops"], key=lambda lp: lp["total"])
+        mem = loop["memory_sync"]
+        stores = {k: v for k, v in mem.items() if k.startswith("STG")}
+        assert set(stores) == {"STG.E"}, (r["label"], r["cc"], stores)
+        assert any(k.startswith("LDG.E.128") for k in mem), (r["label"], r["cc"], mem)
+        assert sum(v for k, v in mem.items() if k.startswith("BAR")) <= 5, (r["label"], mem)
+
+
 @pytest.mark.slow
 @pytest.mark.sm90
 def test_gluon_ws_latent_compiles_without_spills(tmp_path, monkeypatch):

@@ -404,7 +404,7 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
 
 @triton.jit
 def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
-            BLOCK: tl.constexpr):
+            BLOCK: tl.constexpr, W=0, VEC: tl.constexpr = False):
     """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
     key_hi``, :func:`bin_key_range`) go to the output at ``n_out, n_out + 1, ...``, keys in it
     (``key_lo <= key <= key_hi``) too when the descent is ``done``, else they are compacted
@@ -412,6 +412,18 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
     ``c_row[cap + c]`` when ``pairs``, else the position at ``c_row[c]``); both in ascending
     position order. One inclusive scan per block gives both slot sequences (output count in
     the low 16 bits, candidate count in the high 16; BLOCK < 2^16) and one sum both totals.
+
+    ``VEC`` (the split pass B with ``lo`` a multiple of 16 and ``W`` the row's width, a
+    multiple of 16): the loads run to ``hi`` rounded up to 16 positions (at most ``W``; keys at
+    or past ``hi`` are masked to -inf after the load), so each thread's keys come as 16-byte
+    loads, 4 contiguous keys a thread, and the scan runs over those runs instead of one warp scan
+    a key. The three scattered stores keep that layout: their slot tensors carry a
+    ``multiple_of`` / ``max_contiguous`` hint of 4, which only steers Triton's coalescing pass
+    (without it the stores get a one-key-a-thread layout and every block converts its slots
+    through shared memory); the hint is not true of the slots, and it is safe because every
+    store is masked by a per-key predicate (constancy 1), which caps the store's vector width at
+    one key, so each key is stored at its own address (bench/NOTES.md "Top-k pass B: one layout
+    for loads, scan and stores"; the AOT count checks that no vector store is emitted).
     Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
     zero = tl.zeros((BLOCK,), tl.int32)
@@ -419,19 +431,35 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
     pairs_v = (zero + pairs) != 0
     pos_off = tl.where(pairs != 0, cap, 0)
     pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
+    if VEC:
+        hi_ld = tl.minimum((hi + 15) // 16 * 16, W)
+    else:
+        hi_ld = hi
     for start in range(lo, hi, BLOCK):
         pos = start + offs
-        key = raw_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
+        if VEC:
+            x = tl.load(x_row + pos, mask=pos < hi_ld, other=float("-inf"))
+            key = raw_key(tl.where(pos < hi, x, float("-inf")))
+        else:
+            key = raw_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
         gt = (key > key_hi) & (key <= pinf)                              # not NaN
         eq = (key >= key_lo) & (key <= key_hi)
         direct = gt | (eq & done_v)
         keep = eq & (done_v == 0)
         both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
         cs = tl.cumsum(both, axis=0)
-        slot = (cs & 0xFFFF) + n_out - 1
-        tl.store(o_row + slot, pos, mask=direct)
-        cslot = (cs >> 16) + n_cand - 1
-        tl.store(c_row + pos_off + cslot, pos, mask=keep)
+        if VEC:                     # layout hints only (see the docstring): stores stay scalar
+            slot = tl.max_contiguous(tl.multiple_of((cs & 0xFFFF) + n_out - 1, 4), 4)
+            cslot = (cs >> 16) + n_cand - 1
+            pslot = tl.max_contiguous(tl.multiple_of(cslot + pos_off, 4), 4)
+            cslot = tl.max_contiguous(tl.multiple_of(cslot, 4), 4)
+            tl.store(o_row + slot, pos, mask=direct)
+            tl.store(c_row + pslot, pos, mask=keep)
+        else:
+            slot = (cs & 0xFFFF) + n_out - 1
+            tl.store(o_row + slot, pos, mask=direct)
+            cslot = (cs >> 16) + n_cand - 1
+            tl.store(c_row + pos_off + cslot, pos, mask=keep)
         tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=keep & pairs_v)
         tot = tl.sum(both, axis=0)
         n_out += tot & 0xFFFF
@@ -629,10 +657,13 @@ def _radix_topk_kernel(
 
 
 @triton.jit
-def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
+def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P,
+                 ALIGNED: tl.constexpr = False):
     """Positions ``[lo, hi)`` of row ``row`` covered by logits split ``s`` (the page range the
     logits kernel gives that split: ``n_pages = ceil(max_i len[b, i] / P)`` over the drafts of
-    request ``b``, ``ceil(n_pages / S)`` pages per split), clipped to the row's valid prefix."""
+    request ``b``, ``ceil(n_pages / S)`` pages per split), clipped to the row's valid prefix;
+    with ``ALIGNED`` only ``hi`` is (an empty range, ``hi <= lo``, for a split past it), so
+    ``lo`` stays a multiple of ``P`` that the compiler can see (pass B's ``VEC`` loads)."""
     b = row // n_drafts
     dr = tl.arange(0, 4)            # N <= 4 drafts per request
     src = tl.where(per_row != 0, b * n_drafts + dr, b)
@@ -642,7 +673,10 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P):
     n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), W // P).to(tl.int32)
     per = tl.cdiv(n_pages, num_splits)
     L = _row_len(len_ptr, row, n_drafts, per_row, W)
-    lo = tl.minimum(s * per * P, L)
+    if ALIGNED:
+        lo = s * per * P
+    else:
+        lo = tl.minimum(s * per * P, L)
     hi = tl.minimum(lo + per * P, L)
     return lo, hi
 
@@ -762,6 +796,7 @@ def _topk_scatter_kernel(
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
     num_splits, num_groups,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
+    VEC: tl.constexpr = False,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
@@ -773,7 +808,7 @@ def _topk_scatter_kernel(
     entry."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
-    lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P)
+    lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, VEC)
     if PLAN:
         h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
                                                      num_splits, SP)
@@ -806,7 +841,7 @@ def _topk_scatter_kernel(
             n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
-            key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK)
+            key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
 
 
 # The split pass B plans in its own programs (no plan kernels) up to this many splits a row:
@@ -851,7 +886,9 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         reads of the per-row kernel's passes; written with ``hist`` and ``page_size``), for
         diagnostics and tests (``scripts/topk_state.py``); None allocates it here.
       scatter: None (:func:`scatter_config` picks by shape), or the split pass B's
-        ``(BLOCK, num_warps)``, one of :data:`SCATTER_SPACE` (``bench.indexer_sweep`` times them).
+        ``(BLOCK, num_warps, vec)``, one of :data:`SCATTER_SPACE` (``bench.indexer_sweep`` times
+        them; ``vec``: :func:`_pass_b`'s ``VEC`` loads and layout, which need ``W`` and the page
+        size to be multiples of 16, else the launch falls back to the scalar loads).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
@@ -889,14 +926,15 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
               or not state.is_contiguous()):
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
-        sblock, swarps = scatter or scatter_config(W, page_size, num_splits)
+        sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
+        svec = bool(svec) and W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
             _topk_scatter_kernel[(R, num_splits)](
                 logits, lengths, out, scratch, state, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, 1, BLOCK=sblock, GB=PLAN_MIN, PLAN=True, SP=sp,
-                num_warps=swarps)
+                VEC=svec, num_warps=swarps)
         else:
             groups, sbase, gb = plan_blocks(num_splits)
             part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
@@ -912,7 +950,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                 logits, lengths, out, scratch, state, cnt, tot, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, groups, BLOCK=sblock, GB=gb, PLAN=False, SP=PLAN_MIN,
-                num_warps=swarps)
+                VEC=svec, num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -927,19 +965,22 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
 # warps (the scan's cross-warp part): 2,048 at 4 warps 2.28 warp-instructions a position, 128
 # registers (4 CTAs per SM); 2,048 at 8 warps 2.71, 4,096 at 8 warps 2.59 (150 registers).
 SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
-# Every (BLOCK, num_warps) ``launch_topk(scatter=...)`` accepts: the heuristic's and two-warp
+# Every (BLOCK, num_warps, vec) ``launch_topk(scatter=...)`` accepts: the heuristic's, two-warp
 # programs (AOT, sm_90: 1,024 at 2 warps 1.98 warp-instructions a position at 128 registers,
-# 512 at 2 warps 2.09 at 80; 1,024 at 4 warps 2.25 at 80, i.e. 6 CTAs an SM instead of 4).
-SCATTER_SPACE = SCATTER_CONFIGS + ((512, 2), (1024, 2))
+# 512 at 2 warps 2.09 at 80; 1,024 at 4 warps 2.25 at 80, i.e. 6 CTAs an SM instead of 4;
+# H200 2026-12-05: within 5 % of the heuristic at B 64 L 64K, up to 15 % faster at N 2 and V4
+# 4K in 1M), and the ``VEC`` layout (:func:`_pass_b`) at 1,024 and 2,048 positions, 4 warps.
+SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
+                 + ((512, 2, False), (1024, 2, False), (1024, 4, True), (2048, 4, True)))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
-    """(BLOCK, num_warps) of the split pass B from the shape alone: the smallest block that
+    """(BLOCK, num_warps, vec=False) of the split pass B from the shape alone: the smallest block that
     covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration, capped at
     2,048 positions (B 64, L 64K: 8K positions per split with the Gluon logits kernel's 8
     splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of 512)."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:
-            return blk, nw
-    return SCATTER_CONFIGS[-1]
+            return blk, nw, False
+    return SCATTER_CONFIGS[-1] + (False,)

@@ -55,15 +55,16 @@ def aot_specs(smem_class: str) -> list:
     # the indexer's launches: W a multiple of the page size, P 64, strides multiples of 16 (the
     # JIT specialises them so; pass B's 16-byte loads depend on it)
     div = ("W", "P", "stride_x", "stride_o", "stride_c")
-    for blk, nw in SCATTER_SPACE:
+    for blk, nw, vec in SCATTER_SPACE:
+        v = " vec" if vec else ""
         for gb in sorted({p[1] for p in pairs}):          # after the plan kernels
-            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw} GB{gb}", "kernels.topk.triton",
-                                    "_topk_scatter_kernel", scatter_sig,
-                                    dict(BLOCK=blk, GB=gb, PLAN=False, SP=PLAN_MIN), nw, 1,
-                                    divisible=div))
-        for sp in scatter_plan_blocks():                  # planning in its own programs
-            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw} plan SP{sp}",
+            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} GB{gb}",
                                     "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
-                                    dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp), nw, 1,
+                                    dict(BLOCK=blk, GB=gb, PLAN=False, SP=PLAN_MIN, VEC=vec),
+                                    nw, 1, divisible=div))
+        for sp in scatter_plan_blocks():                  # planning in its own programs
+            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} plan SP{sp}",
+                                    "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
+                                    dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp, VEC=vec), nw, 1,
                                     divisible=div))
     return specs
