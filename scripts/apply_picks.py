@@ -5,7 +5,8 @@
 It edits two switches in place and prints each decision with the numbers behind it:
 
 - ``kernels/sparse_mla/configs.py`` ``GLUON_SH_PICKED``: a cache format joins when, on every
-  small-heads sweep shape of that format, the few-heads Gluon variant the heuristic would launch
+  small-heads sweep shape of that format with at most ``configs.GLUON_SH_PICKED_MAX_HEADS``
+  heads, the few-heads Gluon variant the heuristic would launch
   (``configs.gluon_sh_config(H)``, default split count) passed its reference check and its median
   is at least 3 % below the baseline's (the binding's own choice) in the same run.
 - ``kernels/indexer/gluon_ws.py`` ``PICKED``: set when, in every given indexer sweep file, every
@@ -49,6 +50,10 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str], list[str]]:
         base = vs.get("baseline")
         any_row = next(iter(vs.values()))
         fmt = any_row.get("kv_format") or MLA_FORMAT.get(any_row.get("preset"), "?")
+        if int(any_row["H"]) > configs.GLUON_SH_PICKED_MAX_HEADS:
+            why.append(f"mla {key} ({fmt}): H {any_row['H']} > {configs.GLUON_SH_PICKED_MAX_HEADS}, "
+                       f"not the few-heads kernel's range: not counted")
+            continue
         cfg = configs.gluon_sh_config(int(any_row["H"]))
         name = f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}"
         sh = vs.get(name)
