@@ -630,7 +630,8 @@ def test_gluon_ws_config_selection():
     Gluon kernels are built for (fp8_indexer, H_I 64, D_I 128, P 64, N 1-2) and becomes the
     Triton kernel elsewhere: the CPU interpreter, sm_120, other shapes; unknown ``ws_*`` values
     raise naming the field; the split count follows the consumer count (two waves of the CTAs
-    an SM holds); the heuristic never names it."""
+    an SM holds); the sm_90 heuristic names it (``gluon_ws.PICKED``, since the 2026-12-05
+    sweep) with its default variant fields."""
     from kernels import hardware
     from kernels.indexer.triton import IndexerLogitsConfig, logits_splits, resolve_kernel
     from kernels.registry import REGISTRY
@@ -656,7 +657,7 @@ def test_gluon_ws_config_selection():
     shape = dict(B=64, N=1, L=65536, topk=2048)
     for op in ("indexer_logits", "indexer_topk"):
         heur = REGISTRY.heuristic(op, "torch", "triton", h200, **shape)
-        assert heur["kernel"] == "gluon" and not {"ws_consumers", "ws_convert"} & set(heur)
+        assert heur["kernel"] == "gluon_ws" and not {"ws_consumers", "ws_convert"} & set(heur)
         assert "gluon_ws" in REGISTRY.space(op, "torch", "triton", h200, **shape)["kernel"]
     # a table entry may name the kernel and its variant fields (absent ones: the defaults)
     acc = REGISTRY.accept("indexer_topk", "torch", "triton", h200,
