@@ -458,6 +458,6 @@ def test_every_scatter_launch_same_bits(S):
     compare.assert_pass(compare.check_topk(base, _ref_rows(x, lens), K))
     for sc in SCATTER_SPACE:
         assert torch.equal(run(sc), base), sc
-    for bad in ((4096, 8), (1024, 3), (1000, 4)):
+    for bad in ((4096, 8), (1024, 3), (1000, 4), (2048, 4), 2048, "2048w4"):
         with pytest.raises(ValueError, match="scatter: expected None or one of"):
             run(bad)

@@ -907,7 +907,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                          f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
     if scratch.shape[1] < W:
         raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
-    if scatter is not None and tuple(scatter) not in SCATTER_SPACE:
+    if scatter is not None and (not isinstance(scatter, (tuple, list))
+                                or tuple(scatter) not in SCATTER_SPACE):
         raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE}, got {scatter!r}")
     cap = scratch.shape[1] // 2
     if hist is not None:
@@ -975,9 +976,9 @@ SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
-    """(BLOCK, num_warps, vec=False) of the split pass B from the shape alone: the smallest block that
-    covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration, capped at
-    2,048 positions (B 64, L 64K: 8K positions per split with the Gluon logits kernel's 8
+    """(BLOCK, num_warps, vec=False) of the split pass B from the shape alone: the smallest
+    block that covers a split's largest page range (``ceil(W / P / S)`` pages) in one
+    iteration, capped at 2,048 positions (B 64, L 64K: 8K positions per split with the Gluon logits kernel's 8
     splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of 512)."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
