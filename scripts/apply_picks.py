@@ -1,6 +1,7 @@
 """Apply the kernel picks a GPU sweep supports, by the rules of bench/NOTES.md, to this tree.
 
-    python scripts/apply_picks.py [--dry-run] [--mla sweep_mlasmall.json] [--idx sweep_idxws.json ...]
+    python scripts/apply_picks.py [--dry-run] [--mla sweep_mlasmall.json]
+                                  [--idx sweep_idxws.json ...] [--dispatch TABLE]
 
 It edits two switches in place and prints each decision with the numbers behind it:
 
@@ -51,8 +52,9 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str], list[str]]:
         any_row = next(iter(vs.values()))
         fmt = any_row.get("kv_format") or MLA_FORMAT.get(any_row.get("preset"), "?")
         if int(any_row["H"]) > configs.GLUON_SH_PICKED_MAX_HEADS:
-            why.append(f"mla {key} ({fmt}): H {any_row['H']} > {configs.GLUON_SH_PICKED_MAX_HEADS}, "
-                       f"not the few-heads kernel's range: not counted")
+            why.append(f"mla {key} ({fmt}): H {any_row['H']} > "
+                       f"{configs.GLUON_SH_PICKED_MAX_HEADS}, not the few-heads kernel's range: "
+                       f"not counted")
             continue
         cfg = configs.gluon_sh_config(int(any_row["H"]))
         name = f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}"
@@ -83,7 +85,8 @@ def idx_pick(paths: list[pathlib.Path]) -> tuple[bool, list[str]]:
                     and w.get("bitwise_logits_vs_first") and w.get("same_topk_set")
                     and w.get("repeatable") and w["logits_us"] <= 1.02 * g["logits_us"])
             why.append(f"idx {p.name} {key}: gluon {g['logits_us']:.1f} us, gluon_ws "
-                       f"{w and w.get('logits_us')} us, exact {w and w.get('bitwise_logits_vs_first')}"
+                       f"{w and w.get('logits_us')} us, exact "
+                       f"{w and w.get('bitwise_logits_vs_first')}"
                        f"/{w and w.get('same_topk_set')}, error {w and w.get('error')} -> "
                        f"{'ok' if fine else 'NO'}")
             good = good and fine

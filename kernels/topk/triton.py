@@ -978,8 +978,9 @@ SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     """(BLOCK, num_warps, vec=False) of the split pass B from the shape alone: the smallest
     block that covers a split's largest page range (``ceil(W / P / S)`` pages) in one
-    iteration, capped at 2,048 positions (B 64, L 64K: 8K positions per split with the Gluon logits kernel's 8
-    splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of 512)."""
+    iteration, capped at 2,048 positions (B 64, L 64K: 8K positions per split with the Gluon
+    logits kernel's 8 splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of
+    512)."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:
