@@ -37,11 +37,29 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 MLA_FORMAT = {"DSV32": "fp8_ds_mla", "DSV4_FLASH": "fp8_model1"}
 
 
-def mla_picks(path: pathlib.Path) -> tuple[set[str], list[str]]:
+class BadInput(Exception):
+    """A sweep or table file this script cannot read (the message names it)."""
+
+
+def load_rows(path: pathlib.Path) -> list[dict]:
+    """The ``rows`` list of a sweep JSON file; :class:`BadInput` naming the file otherwise."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{path}: cannot read a JSON sweep file ({type(e).__name__}: {e})") from e
+    rows = data.get("rows") if isinstance(data, dict) else None
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        raise BadInput(f"{path}: expected a JSON object with a 'rows' list of objects")
+    return rows
+
+
+def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
+    """The formats to pick and the evidence lines; None when no row of the file counts (then
+    the switch stays as it is)."""
     sys.path.insert(0, str(ROOT))
     from kernels.sparse_mla import configs
 
-    rows = json.loads(path.read_text())["rows"]
+    rows = load_rows(path)
     by_shape: dict[str, dict[str, dict]] = {}
     for r in rows:
         by_shape.setdefault(r.get("shape_key", r.get("shape", "?")), {})[r.get("variant")] = r
@@ -65,13 +83,17 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str], list[str]]:
                    f"[{base and base.get('status')}], {name} {sh and sh.get('median_us')} us "
                    f"[{sh and sh.get('status')}] -> {'pick' if good else 'keep'}")
         ok[fmt] = ok.get(fmt, True) and good
+    if not ok:
+        return None, why + [f"mla {path.name}: no shape of the few-heads range: no evidence"]
     return {f for f, g in ok.items() if g}, why
 
 
-def idx_pick(paths: list[pathlib.Path]) -> tuple[bool, list[str]]:
+def idx_pick(paths: list[pathlib.Path]) -> tuple[bool | None, list[str]]:
+    """Whether to pick the WS logits kernel, and the evidence lines; None when no shape of the
+    files has a ``gluon`` row (then the switch stays as it is)."""
     why, good, seen = [], True, 0
     for p in paths:
-        rows = json.loads(p.read_text())["rows"]
+        rows = load_rows(p)
         by_shape: dict[str, dict[str, dict]] = {}
         for r in rows:
             by_shape.setdefault(r["shape"], {})[r["variant"]] = r
@@ -90,20 +112,27 @@ def idx_pick(paths: list[pathlib.Path]) -> tuple[bool, list[str]]:
                        f"/{w and w.get('same_topk_set')}, error {w and w.get('error')} -> "
                        f"{'ok' if fine else 'NO'}")
             good = good and fine
-    return good and seen > 0, why
+    if not seen:
+        return None, why + ["idx: no shape with a gluon row: no evidence"]
+    return good, why
 
 
-def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None, why: list[str],
-               dry: bool) -> list[str]:
-    """Rewrite the dispatch table's entries the picks concern (module docstring)."""
+def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
+               why: list[str]) -> tuple[str | None, list[str]]:
+    """The dispatch table's text with the entries the picks concern rewritten (module
+    docstring), or None when nothing changes, and one line per rewritten entry."""
     import datetime
     sys.path.insert(0, str(ROOT))
     from kernels.sparse_mla import configs
 
-    table = json.loads(path.read_text())
+    try:
+        table = json.loads(path.read_text())
+        entries = table["entries"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"{path}: cannot read a dispatch table ({type(e).__name__}: {e})") from e
     today = datetime.date.today().isoformat()
     done = []
-    for e in table["entries"]:
+    for e in entries:
         if e["backend"] != "torch" or e["path"] != "triton":
             continue
         b = e["bucket"]
@@ -120,22 +149,21 @@ def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
         e["edited"] = (f"{today}: config set by scripts/apply_picks.py (the sweep's pick); "
                        f"median_us is the previous config's")
         done.append(f"{e['op']} {b} -> {new.get('kernel')}")
-    if done:
-        table.setdefault("edits", []).append({
-            "date": today, "command": "python scripts/apply_picks.py " + " ".join(sys.argv[1:]),
-            "entries": done, "evidence": why})
-        if not dry:
-            path.write_text(json.dumps(table, indent=1) + "\n")
-    return done
+    if not done:
+        return None, done
+    table.setdefault("edits", []).append({
+        "date": today, "command": "python scripts/apply_picks.py " + " ".join(sys.argv[1:]),
+        "entries": done, "evidence": why})
+    return json.dumps(table, indent=1) + "\n", done
 
 
-def set_line(path: pathlib.Path, pattern: str, new: str, dry: bool) -> None:
+def set_line(path: pathlib.Path, pattern: str, new: str) -> str:
+    """``path``'s text with the one line matching ``pattern`` replaced by ``new``."""
     text = path.read_text()
     out, n = re.subn(pattern, new, text, count=1, flags=re.M)
     if n != 1:
-        raise SystemExit(f"{path}: no line matches {pattern!r}")
-    if not dry:
-        path.write_text(out)
+        raise BadInput(f"{path}: no line matches {pattern!r}")
+    return out
 
 
 def main(argv=None) -> int:
@@ -146,26 +174,57 @@ def main(argv=None) -> int:
                     help="a dispatch table whose torch/triton entries to bring to the picks")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    fmts, pick, evidence = None, None, []
-    if a.mla is not None and a.mla.exists():
-        fmts, why = mla_picks(a.mla)
-        evidence += why
-        print("\n".join(why))
-        val = repr(tuple(sorted(fmts)))
-        print(f"GLUON_SH_PICKED = {val}")
-        set_line(ROOT / "kernels/sparse_mla/configs.py", r"^GLUON_SH_PICKED: tuple = .*$",
-                 f"GLUON_SH_PICKED: tuple = {val}", a.dry_run)
-    idx = [p for p in a.idx if p.exists()]
-    if idx:
-        pick, why = idx_pick(idx)
-        evidence += why
-        print("\n".join(why))
-        print(f"gluon_ws.PICKED = {pick}")
-        set_line(ROOT / "kernels/indexer/gluon_ws.py", r"^PICKED = (True|False)$",
-                 f"PICKED = {pick}", a.dry_run)
-    if a.dispatch is not None:
-        for line in edit_table(a.dispatch, fmts, pick, evidence, a.dry_run):
-            print(f"{a.dispatch}: {line}")
+    fmts, pick, evidence, writes = None, None, [], {}
+    try:                                 # every decision first; nothing is written on an error
+        for f in [a.mla, *a.idx, a.dispatch]:
+            if f is not None and not f.is_file():
+                raise BadInput(f"{f}: no such file")
+        if a.mla is not None:
+            try:
+                fmts, why = mla_picks(a.mla)
+            except (KeyError, TypeError, ValueError) as e:
+                raise BadInput(f"{a.mla}: a row lacks a field or has a bad value "
+                               f"({type(e).__name__}: {e})") from e
+            evidence += why
+            print("\n".join(why))
+            if fmts is None:
+                print("GLUON_SH_PICKED unchanged (no evidence)")
+            else:
+                val = repr(tuple(sorted(fmts)))
+                print(f"GLUON_SH_PICKED = {val}")
+                path = ROOT / "kernels/sparse_mla/configs.py"
+                writes[path] = set_line(path, r"^GLUON_SH_PICKED: tuple = .*$",
+                                        f"GLUON_SH_PICKED: tuple = {val}")
+        if a.idx:
+            try:
+                pick, why = idx_pick(a.idx)
+            except (KeyError, TypeError, ValueError) as e:
+                raise BadInput(f"{' '.join(map(str, a.idx))}: a row lacks a field or has a bad "
+                               f"value ({type(e).__name__}: {e})") from e
+            evidence += why
+            print("\n".join(why))
+            if pick is None:
+                print("gluon_ws.PICKED unchanged (no evidence)")
+            else:
+                print(f"gluon_ws.PICKED = {pick}")
+                path = ROOT / "kernels/indexer/gluon_ws.py"
+                writes[path] = set_line(path, r"^PICKED = (True|False)$", f"PICKED = {pick}")
+        if a.dispatch is not None:
+            try:
+                text, done = edit_table(a.dispatch, fmts, pick, evidence)
+            except (KeyError, TypeError) as e:
+                raise BadInput(f"{a.dispatch}: an entry lacks a field "
+                               f"({type(e).__name__}: {e})") from e
+            for line in done:
+                print(f"{a.dispatch}: {line}")
+            if text is not None:
+                writes[a.dispatch] = text
+    except BadInput as e:
+        print(f"apply_picks: {e}; nothing written", file=sys.stderr)
+        return 2
+    if not a.dry_run:
+        for path, text in writes.items():
+            path.write_text(text)
     return 0
 
 

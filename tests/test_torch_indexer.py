@@ -471,6 +471,8 @@ def test_bad_options():
         indexer_topk(*args, 0)
     with pytest.raises(TypeError, match="topk"):
         indexer_topk(*args, 16.0)
+    with pytest.raises(TypeError, match="^topk: expected an int"):
+        indexer_topk(*args, None)
     B, N = args[0].shape[:2]   # B * N * topk must fit the output's int32 offsets (not an OOM)
     with pytest.raises(ValueError, match=rf"^topk: expected an int <= {(2**31 - 1) // (B * N)} "):
         indexer_topk(*args, (2**31 - 1) // (B * N) + 1)

@@ -458,6 +458,9 @@ def test_every_scatter_launch_same_bits(S):
     compare.assert_pass(compare.check_topk(base, _ref_rows(x, lens), K))
     for sc in SCATTER_SPACE:
         assert torch.equal(run(sc), base), sc
-    for bad in ((4096, 8), (1024, 3), (1000, 4), (2048, 4), 2048, "2048w4"):
+    assert torch.equal(run(list(SCATTER_SPACE[0])), base)         # a list is a tuple
+    for bad in ((4096, 8), (1024, 3), (1000, 4), (2048, 4), 2048, 1.5, "2048w4",
+                (2048, 4, 0), (2048.0, 4, False), (np.int64(2048), 4, False),
+                np.array([2048, 4, 0]), torch.tensor([2048, 4, 0]), {2048: 0, 4: 0, False: 0}):
         with pytest.raises(ValueError, match="scatter: expected None or one of"):
             run(bad)

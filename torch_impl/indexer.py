@@ -489,6 +489,8 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
       when ``sorted=True``).
     {raises}
     """
+    if topk is None:                 # _validate reads None as "no top-k" (indexer_logits)
+        check_int("topk", topk)      # raises TypeError naming topk
     _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, sorted)
     return torch.ops.dsa.indexer_topk(q, weights, k_cache, block_table, context_lens, int(topk),
                                       k_format, bool(sorted), path)

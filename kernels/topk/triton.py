@@ -886,9 +886,11 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         reads of the per-row kernel's passes; written with ``hist`` and ``page_size``), for
         diagnostics and tests (``scripts/topk_state.py``); None allocates it here.
       scatter: None (:func:`scatter_config` picks by shape), or the split pass B's
-        ``(BLOCK, num_warps, vec)``, one of :data:`SCATTER_SPACE` (``bench.indexer_sweep`` times
-        them; ``vec``: :func:`_pass_b`'s ``VEC`` loads and layout, which need ``W`` and the page
-        size to be multiples of 16, else the launch falls back to the scalar loads).
+        ``(BLOCK, num_warps, vec)`` (a tuple or list of int, int, bool), one of
+        :data:`SCATTER_SPACE` (``bench.indexer_sweep`` times them; ``vec``: :func:`_pass_b`'s
+        ``VEC`` loads and layout, which need ``W``, the page size and the logits' row stride to
+        be multiples of 16, else the launch falls back to the scalar loads). Only the split
+        pass B (``hist`` and ``page_size`` given) has this launch; elsewhere it is unused.
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
@@ -907,9 +909,15 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                          f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
     if scratch.shape[1] < W:
         raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
-    if scatter is not None and (not isinstance(scatter, (tuple, list))
-                                or tuple(scatter) not in SCATTER_SPACE):
-        raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE}, got {scatter!r}")
+    if scatter is not None:
+        sc = tuple(scatter) if type(scatter) in (tuple, list) else None
+        # exact Python types: equal values of other types (1024.0, NumPy scalars, arrays)
+        # would pass `in` and then fail inside the launch
+        if (sc is None or len(sc) != 3 or tuple(map(type, sc)) != (int, int, bool)
+                or sc not in SCATTER_SPACE):
+            raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE} (a tuple of "
+                             f"int, int, bool), got {scatter!r}")
+        scatter = sc
     cap = scratch.shape[1] // 2
     if hist is not None:
         num_splits, nb = hist.shape[1], hist.shape[2]
