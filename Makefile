@@ -12,7 +12,7 @@ PY := $(VENV)/bin/python
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
 # Without a GPU the tests are CPU-bound interpreter runs: spread them over the cores (pytest-xdist;
-# 2 on the CI machine: 18.5 -> 11 min, measured 2026-11-30). On a GPU machine they share one GPU,
+# 2 on the CI machine: 18.5 -> 11 min, measured 2026-11-30; tests/TEST_TIME.md has the later runs). On a GPU machine they share one GPU,
 # so they run in one process. --maxschedchunk=2: tests are dealt two at a time in collection
 # order (tests/conftest.py puts the slow ones first), so the workers finish together.
 XDIST := $(if $(HAS_GPU),,-n auto --maxprocesses=4 --maxschedchunk=2)
