@@ -166,6 +166,27 @@ def set_line(path: pathlib.Path, pattern: str, new: str) -> str:
     return out
 
 
+def _decide(rule, source: str, evidence: list, writes: dict, name: str, rel: str, pattern: str,
+            line) -> object:
+    """Run one decision ``rule`` (returning ``(value or None, evidence lines)``), print it, and
+    queue the switch's new line (``line(value)`` at ``pattern`` in ``rel``) unless the value is
+    None (no evidence). Returns the value."""
+    try:
+        value, why = rule()
+    except (KeyError, TypeError, ValueError) as e:
+        raise BadInput(f"{source}: a row lacks a field or has a bad value "
+                       f"({type(e).__name__}: {e})") from e
+    evidence += why
+    print("\n".join(why))
+    if value is None:
+        print(f"{name} unchanged (no evidence)")
+        return None
+    new = line(value)
+    print(f"{name} = {new.split(' = ', 1)[1]}")
+    writes[ROOT / rel] = set_line(ROOT / rel, pattern, new)
+    return value
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mla", type=pathlib.Path, default=None)
@@ -180,35 +201,14 @@ def main(argv=None) -> int:
             if f is not None and not f.is_file():
                 raise BadInput(f"{f}: no such file")
         if a.mla is not None:
-            try:
-                fmts, why = mla_picks(a.mla)
-            except (KeyError, TypeError, ValueError) as e:
-                raise BadInput(f"{a.mla}: a row lacks a field or has a bad value "
-                               f"({type(e).__name__}: {e})") from e
-            evidence += why
-            print("\n".join(why))
-            if fmts is None:
-                print("GLUON_SH_PICKED unchanged (no evidence)")
-            else:
-                val = repr(tuple(sorted(fmts)))
-                print(f"GLUON_SH_PICKED = {val}")
-                path = ROOT / "kernels/sparse_mla/configs.py"
-                writes[path] = set_line(path, r"^GLUON_SH_PICKED: tuple = .*$",
-                                        f"GLUON_SH_PICKED: tuple = {val}")
+            fmts = _decide(lambda: mla_picks(a.mla), str(a.mla), evidence, writes,
+                           "GLUON_SH_PICKED", "kernels/sparse_mla/configs.py",
+                           r"^GLUON_SH_PICKED: tuple = .*$",
+                           lambda v: f"GLUON_SH_PICKED: tuple = {repr(tuple(sorted(v)))}")
         if a.idx:
-            try:
-                pick, why = idx_pick(a.idx)
-            except (KeyError, TypeError, ValueError) as e:
-                raise BadInput(f"{' '.join(map(str, a.idx))}: a row lacks a field or has a bad "
-                               f"value ({type(e).__name__}: {e})") from e
-            evidence += why
-            print("\n".join(why))
-            if pick is None:
-                print("gluon_ws.PICKED unchanged (no evidence)")
-            else:
-                print(f"gluon_ws.PICKED = {pick}")
-                path = ROOT / "kernels/indexer/gluon_ws.py"
-                writes[path] = set_line(path, r"^PICKED = (True|False)$", f"PICKED = {pick}")
+            pick = _decide(lambda: idx_pick(a.idx), " ".join(map(str, a.idx)), evidence, writes,
+                           "gluon_ws.PICKED", "kernels/indexer/gluon_ws.py",
+                           r"^PICKED = (True|False)$", lambda v: f"PICKED = {v}")
         if a.dispatch is not None:
             try:
                 text, done = edit_table(a.dispatch, fmts, pick, evidence)
