@@ -43,12 +43,16 @@ _TORCH_CHUNK_ELEMS = 1 << 25
 
 # ============================================================================ validation
 
-def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk=None,
+_NO_TOPK = object()     # _validate's topk when the call has none (indexer_logits)
+
+
+def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk=_NO_TOPK,
               sorted_=False, names=("q", "weights")):
     """SPEC "Bad input": TypeError / ValueError naming the argument, expected and received.
 
     ``names``: what the errors call ``q`` and ``weights`` (the composed steps pass
-    ``("idx_q", "idx_weights")``, their own argument names). Returns the page size P.
+    ``("idx_q", "idx_weights")``, their own argument names). ``topk``: checked whenever given
+    (None too: a TypeError naming it). Returns the page size P.
     """
     qn, wn = names
     if k_format not in np_formats.K_FORMATS:
@@ -97,7 +101,7 @@ def _validate(q, weights, k_cache, block_table, context_lens, k_format, path, to
     if tuple(context_lens.shape) not in ((B,), (B, N)):
         raise ValueError(f"context_lens: expected shape ({B},) or ({B}, {N}), got "
                          f"{tuple(context_lens.shape)}")
-    if topk is not None:
+    if topk is not _NO_TOPK:
         check_int("topk", topk, minimum=1, maximum=topk_maximum(B, N),
                   why=f"B * N * topk < 2^31 with B={B}, N={N}: int32 offsets of the output")
     if not isinstance(sorted_, (bool, np.bool_)):
@@ -489,8 +493,6 @@ def indexer_topk(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
       when ``sorted=True``).
     {raises}
     """
-    if topk is None:                 # _validate reads None as "no top-k" (indexer_logits)
-        check_int("topk", topk)      # raises TypeError naming topk
     _validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, sorted)
     return torch.ops.dsa.indexer_topk(q, weights, k_cache, block_table, context_lens, int(topk),
                                       k_format, bool(sorted), path)
