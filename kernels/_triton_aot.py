@@ -160,8 +160,8 @@ def _cuobjdump() -> str:
 
 
 # opcodes whose full mnemonics :func:`block_loops` lists (memory, synchronisation, tensor)
-_DETAIL_OPS = ("LDG", "STG", "LDGSTS", "STS", "LDS", "STSM", "LDSM", "F2FP", "HGMMA", "LDL", "STL", "BAR",
-               "SYNCS", "ARRIVES")
+_DETAIL_OPS = ("LDG", "STG", "LDGSTS", "STS", "LDS", "STSM", "LDSM", "F2FP", "HGMMA", "LDL", "STL",
+               "BAR", "SYNCS", "ARRIVES")
 
 
 def block_loops(sass: str) -> list[dict]:

@@ -28,13 +28,15 @@ the picks without a second machine start; the same command here applies them to 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import pathlib
 import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MLA_FORMAT = {"DSV32": "fp8_ds_mla", "DSV4_FLASH": "fp8_model1"}
+sys.path.insert(0, str(ROOT))
+from kernels.sparse_mla import configs  # noqa: E402 - after the repo root is importable
 
 
 class BadInput(Exception):
@@ -56,9 +58,6 @@ def load_rows(path: pathlib.Path) -> list[dict]:
 def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
     """The formats to pick and the evidence lines; None when no row of the file counts (then
     the switch stays as it is)."""
-    sys.path.insert(0, str(ROOT))
-    from kernels.sparse_mla import configs
-
     rows = load_rows(path)
     by_shape: dict[str, dict[str, dict]] = {}
     for r in rows:
@@ -68,7 +67,7 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
     for key, vs in sorted(by_shape.items()):
         base = vs.get("baseline")
         any_row = next(iter(vs.values()))
-        fmt = any_row.get("kv_format") or MLA_FORMAT.get(any_row.get("preset"), "?")
+        fmt = any_row["kv_format"]
         if int(any_row["H"]) > configs.GLUON_SH_PICKED_MAX_HEADS:
             why.append(f"mla {key} ({fmt}): H {any_row['H']} > "
                        f"{configs.GLUON_SH_PICKED_MAX_HEADS}, not the few-heads kernel's range: "
@@ -121,10 +120,6 @@ def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
                why: list[str]) -> tuple[str | None, list[str]]:
     """The dispatch table's text with the entries the picks concern rewritten (module
     docstring), or None when nothing changes, and one line per rewritten entry."""
-    import datetime
-    sys.path.insert(0, str(ROOT))
-    from kernels.sparse_mla import configs
-
     try:
         table = json.loads(path.read_text())
         entries = table["entries"]

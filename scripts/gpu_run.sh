@@ -43,10 +43,11 @@
 #                   API; torch's caching allocator off so every tensor is its own allocation)
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
 #   sanitize:all    both, as two invocations (two logs); a memcheck error or a FAIL line: rc != 0
-# The last lines printed are a one-line summary per step (the device tool returns the tail).
 #   picks:picks     scripts/apply_picks.py on this call's sweep_mlasmall / sweep_idxws JSON (else an
 #                   earlier call's on this machine, kept in /tmp/dsa_state): sets the switches the
-#                   sweeps support in the device's copy of the tree, for the steps after it
+#                   sweeps support (and the sm_90 dispatch entries) in the device's copy of the
+#                   tree, for the steps after it
+# The last lines printed are a one-line summary per step (the device tool returns the tail).
 # GPU_RUN_TAR=1: at the end, everything under $OUT but summary.txt is packed into $OUT/out.tgz (the
 # device tool brings back a few files only).
 set -u

@@ -424,12 +424,12 @@ PALLAS_N16P = SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1)
 
 PALLAS_SPARSE_MLA_SPACE: dict[str, tuple[SparseMLAConfig, ...]] = {
     "small": (
-        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        PALLAS_N16P,
         SparseMLAConfig(block_h=32, block_k=16, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
     ),
     "large": (
-        SparseMLAConfig(block_h=16, block_k=32, num_warps=4, num_stages=1),
+        PALLAS_N16P,
         SparseMLAConfig(block_h=32, block_k=32, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=1),
         SparseMLAConfig(block_h=64, block_k=32, num_warps=8, num_stages=2),
