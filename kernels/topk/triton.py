@@ -455,7 +455,7 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
             cslot = tl.max_contiguous(tl.multiple_of(cslot, 4), 4)
             tl.store(o_row + slot, pos, mask=direct)
             tl.store(c_row + pslot, pos, mask=keep)
-        else:
+        else:                       # the scalar path as it was (same SASS as before VEC)
             slot = (cs & 0xFFFF) + n_out - 1
             tl.store(o_row + slot, pos, mask=direct)
             cslot = (cs >> 16) + n_cand - 1
