@@ -38,7 +38,8 @@
 #   ncu:OP          Nsight Compute on one kernel (NCU_KERNEL: name regex, required) of the torch rows
 #                   of OP (PROFILE_K: a label substring): --set full report $OUT/ncu_OP.ncu-rep, its
 #                   details page as text and its SASS source page (per-instruction stall samples)
-#                   as CSV (NCU_SKIP launches skipped first, default 3)
+#                   as CSV (NCU_SKIP launches skipped first, default 3). ncu:OP:SECS:REGEX:LABEL
+#                   names the kernel and the label in the step itself (several ncu steps a call)
 #   sanitize:torch  compute-sanitizer memcheck over scripts/sanitize_ops.py (Triton kernels, compat
 #                   API; torch's caching allocator off so every tensor is its own allocation)
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
@@ -71,7 +72,7 @@ group() {
   esac
 }
 for step in "$@"; do
-  IFS=: read -r kind what secs <<< "$step"
+  IFS=: read -r kind what secs nk pk <<< "$step"
   secs=${secs:-300}
   log="$OUT/${kind}_${what//\//_}.log"
   t0=$(date +%s)
@@ -127,10 +128,11 @@ for step in "$@"; do
       timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} \
         --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
     ncu)
-      rep="$OUT/ncu_$what"
-      timeout "$secs" ncu --set full --import-source yes --kernel-name "regex:${NCU_KERNEL:?NCU_KERNEL}" \
+      nk=${nk:-${NCU_KERNEL:?NCU_KERNEL}}; pk=${pk:-${PROFILE_K:-}}
+      rep="$OUT/ncu_${what}_${nk//[^A-Za-z0-9_]/}"
+      timeout "$secs" ncu --set full --import-source yes --kernel-name "regex:$nk" \
           --launch-skip "${NCU_SKIP:-3}" --launch-count 1 -f -o "$rep" \
-        python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} --plain --reps 3 \
+        python3 scripts/profile_kernels.py --op "$what" ${pk:+-k "$pk"} --plain --reps 3 \
           > "$log" 2>&1 \
         && ncu -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 \
         && ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1 ;;
