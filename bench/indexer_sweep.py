@@ -75,6 +75,7 @@ VARIANTS = {
     "gluon_ws": dict(kernel="gluon_ws"),
     "gluon_ws_s2": dict(kernel="gluon_ws", num_splits=2),      # B 64: one wave
     "gluon_ws_s8": dict(kernel="gluon_ws", num_splits=8),      # B 64: four waves
+    "gluon_ws_s132": dict(kernel="gluon_ws", num_splits=132),  # B 1: one wave (default 264: two)
     "gluon_ws_c1": dict(kernel="gluon_ws", ws_consumers=1),    # 2 CTAs / SM of one consumer
     "gluon_ws_c3": dict(kernel="gluon_ws", ws_consumers=3),    # 3 consumers at 160 registers
     "gluon_ws_smem": dict(kernel="gluon_ws", ws_convert="smem"),  # fp16 rows via shared memory

@@ -397,10 +397,16 @@ class Registry:
         chosen = entry.get("path") if entry else None
         if path == AUTO and chosen in order:
             order = (chosen,) + tuple(p for p in order if p != chosen)
+        # An entry of another bucket (the nearest in log2 B / L) decides the path only: its
+        # config was chosen for its own B / L (the heuristics depend on them: the Pallas tiles
+        # on B x N, the split counts on B and L), so the call's config is the heuristic's at
+        # its own shape. (H200, 2026-12-05: B 16 H 128 ran the B 8 entry's 16-head Pallas tiles,
+        # 247 us, where the heuristic's 64-head tiles took 139 in the sweep.)
+        exact = entry is not None and dispatch.matches(entry["bucket"], bkt)
         cfgs = {}
         for p in order:
             cfg = None
-            if chosen == p:
+            if chosen == p and exact:
                 cfg = self.accept(op, backend, p, dev, entry.get("config"), **shape)
             cfgs[p] = cfg if cfg is not None else self.heuristic(op, backend, p, dev, **shape)
         return Plan(op, backend, bkt, tuple(order), MappingProxyType(cfgs), entry)

@@ -34,7 +34,8 @@
 #   parity:full     python -m parity --full --jobs 6 (JSON report; PARITY_JOBS, PARITY_ARGS: e.g.
 #                   "--op sparse_mla_decode,dsa_decode_layer")
 #   profile:OP      scripts/profile_kernels.py --op OP: per-kernel GPU time of the torch rows of
-#                   OP in the targets grid (PROFILE_K: a label substring), JSON + log
+#                   OP in the targets grid (PROFILE_K: a label substring, or profile:OP:SECS:LABEL
+#                   for this step alone), JSON + log
 #   ncu:OP          Nsight Compute on one kernel (NCU_KERNEL: name regex, required) of the torch rows
 #                   of OP (PROFILE_K: a label substring): --set full report $OUT/ncu_OP.ncu-rep, its
 #                   details page as text and its SASS source page (per-instruction stall samples)
@@ -125,7 +126,8 @@ for step in "$@"; do
       timeout "$secs" python3 -m bench.gluon_check --kernels "${CHECK_KERNELS:-gluon_ws_latent,gluon_ws_latent_safe}" \
         --ws-timeout "${WS_TIMEOUT:-80}" --out "$OUT/gluon_check_$what.json" > "$log" 2>&1 ;;
     profile)
-      timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${PROFILE_K:+-k "$PROFILE_K"} \
+      pk=${nk:-${PROFILE_K:-}}     # profile:OP:SECS:LABEL names the label in the step itself
+      timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${pk:+-k "$pk"} \
         --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
     ncu)
       nk=${nk:-${NCU_KERNEL:?NCU_KERNEL}}; pk=${pk:-${PROFILE_K:-}}

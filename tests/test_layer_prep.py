@@ -391,6 +391,50 @@ def test_prep_bf16_in_the_interpreter_is_not_implemented():
     assert _run_q(st, "auto")[1].dtype == torch.float8_e4m3fn
 
 
+def test_kernels_rotate_by_the_given_hadamard():
+    """Both kernels rotate by the ``hadamard`` argument (loaded, not generated): with the
+    Sylvester matrix's columns permuted and some negated (another +-1 matrix, still orthogonal)
+    the Triton outputs match the composite's with the same matrix (``idx_q`` and the indexer
+    keys within one e4m3 step, as the main tests) and differ from the ones with the Sylvester
+    matrix."""
+    st = _stage("v4_model1_fp16_N2")
+    D_I = st.cfg.index_head_dim
+    rng = np.random.default_rng(7)
+    sign = np.sign(lref.hadamard_matrix(D_I))[:, rng.permutation(D_I)] * rng.choice([-1.0, 1.0], D_I)
+    base_q = _run_q(st, "triton")[1]
+    base_kc = _run_x(st, "triton")[3]
+    st.x["hadamard"] = torch.tensor(sign, dtype=st.x["iq"].dtype, device=DEVICE)
+    _, idx_q, idx_w = _run_q(st, "triton")
+    _, idx_q_c, idx_w_c = _run_q(st, "torch")
+    w = _np(st.x["w_raw"])
+    scale, scale_c = _np(idx_w) / w, _np(idx_w_c) / w
+    sub = float(scale.max()) * 2.0 ** -9
+    compare.assert_pass(compare.check_close(
+        "idx_q vs composite (permuted matrix)", _np(idx_q.float()) * scale[..., None],
+        _np(idx_q_c.float()) * scale_c[..., None], abs_tol=sub, rel_tol=E4M3_REL))
+    assert not torch.equal(idx_q.view(torch.uint8), base_q.view(torch.uint8))
+    kc, kc_c = _run_x(st, "triton")[3], _run_x(st, "torch")[3]
+    _, k = _rows(st, st.x["kv_cache"], kc)
+    _, k_c = _rows(st, st.x["kv_cache"], kc_c)
+    ok = st.slots[st.slots >= 0]
+    compare.assert_pass(compare.check_close("indexer keys vs composite (permuted matrix)", k[ok], k_c[ok],
+                                            abs_tol=float(np.abs(k_c[ok]).max()) * 2.0 ** -16,
+                                            rel_tol=E4M3_REL))
+    assert not torch.equal(kc, base_kc)
+
+
+@pytest.mark.parametrize("shape", [(64, 64), (128, 64), (128,)])
+def test_bad_hadamard_shape_is_named(shape):
+    st = _stage("v4_model1_fp16_N2")
+    st.x["hadamard"] = torch.ones(shape, dtype=st.x["iq"].dtype, device=DEVICE)
+    D_I = st.cfg.index_head_dim
+    want = rf"^hadamard: expected the \[{D_I}, {D_I}\] \+-1 matrix \(D_I = {D_I}\), got Tensor of shape"
+    with pytest.raises(ValueError, match=want):
+        _run_q(st, "triton")
+    with pytest.raises(ValueError, match=want):
+        _run_x(st, "torch")
+
+
 def test_prep_q_configs_are_compiled():
     """The launcher's config (:func:`prep_q_heuristic`) is a member of ``PREP_Q_SPACE`` for every
     preset, TP size and dtype, and each one the real dimensions reach is in the AOT specs that

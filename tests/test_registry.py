@@ -193,6 +193,23 @@ def test_plan_follows_the_table_and_applies_its_config_when_in_the_space(table_d
     assert p.config_for("triton") == REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK)
 
 
+def test_a_nearest_entry_decides_the_path_and_the_heuristic_the_config(table_dir):
+    """An entry of another B bucket (the nearest in log2 B) puts its path first, but its config
+    is not run: the heuristic's config at the call's own shape is (it depends on B x N: the
+    Pallas head tiles at B 16 against B 8, H200 2026-12-05)."""
+    pytest.importorskip("triton")
+    b8 = dict(MLA, B=8)
+    n16p = configs.PALLAS_N16P.to_dict()
+    assert REGISTRY.heuristic("sparse_mla_decode", "jax", "pallas", H200, **b8) == n16p
+    _write([{"op": "sparse_mla_decode", "backend": "jax", "bucket": REGISTRY.bucket("sparse_mla_decode", **b8),
+             "path": "pallas", "config": n16p}], table_dir)
+    assert REGISTRY.plan("sparse_mla_decode", "jax", H200, **b8).config == n16p          # exact: the entry's
+    p = REGISTRY.plan("sparse_mla_decode", "jax", H200, **dict(MLA, B=16))              # nearest: B 8
+    assert p.entry is not None and p.path == "pallas"
+    assert p.config == configs.PALLAS_W64.to_dict() != n16p
+    assert p.config == REGISTRY.heuristic("sparse_mla_decode", "jax", "pallas", H200, **dict(MLA, B=16))
+
+
 def test_accept_checks_indexer_fields_against_the_search_space():
     pytest.importorskip("triton")
     base = REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK)

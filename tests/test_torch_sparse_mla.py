@@ -193,6 +193,15 @@ def test_heuristic_stays_in_space():
         block_h=32, block_k=32, num_warps=8, num_stages=1, prefetch=True)
     assert configs.pallas_sparse_mla_heuristic(128, configs.SMALL_SMEM) in configs.PALLAS_SPARSE_MLA_SPACE["small"]
     assert configs.sparse_mla_from_dict({"block_h": 64, "block_k": 999}, configs.SMALL_SMEM) is None
+    # the Pallas fp16 fast path's rule on the large class (the H200 rows that set it: the
+    # heuristic's docstring): 64-head tiles from 16 requests, N16P for few heads / requests,
+    # fp8_model1's few heads the three-stage 16-head tiles
+    ph = lambda H, B, K, fmt: configs.pallas_sparse_mla_heuristic(  # noqa: E731
+        H, configs.LARGE_SMEM, rows=B, topk=K, kv_format=fmt)
+    assert ph(128, 16, 2048, "fp8_ds_mla") == ph(128, 64, 2048, "fp8_ds_mla") == configs.PALLAS_W64
+    assert ph(128, 8, 2048, "fp8_ds_mla") == ph(16, 64, 2048, "fp8_ds_mla") == configs.PALLAS_N16P
+    assert ph(8, 64, 512, "fp8_model1") == ph(32, 64, 512, "fp8_model1") == configs.PALLAS_N16
+    assert ph(64, 64, 512, "fp8_model1") == configs.PALLAS_W32
     # waves x (iterations + 1 of prologue) + 1 for the combine: 64 rows fill 128 of 132 slots at
     # S = 2 (1 x 33 + 1); 1024 rows are 8 waves at S = 1; one row of 2 blocks: S = 1 (3 vs 3 on a
     # tie at S = 2 -> the smaller); B 1 H 128 (4 rows of 64 blocks) -> S = 32 (1 x (2 + 1) + 1)

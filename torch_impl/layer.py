@@ -341,6 +341,14 @@ def _rope_cos_sin(context_lens: torch.Tensor, N: int, freqs: torch.Tensor):
     return torch.cos(ang).float(), torch.sin(ang).float()
 
 
+def _check_hadamard(hadamard: torch.Tensor, d_i: int) -> None:
+    """ValueError unless ``hadamard`` is a ``[d_i, d_i]`` tensor (the kernels read it whole)."""
+    shape = tuple(getattr(hadamard, "shape", ()))
+    if shape != (d_i, d_i):
+        raise ValueError(f"hadamard: expected the [{d_i}, {d_i}] +-1 matrix (D_I = {d_i}), got "
+                         f"{type(hadamard).__name__} of shape {shape}")
+
+
 def _hadamard_rows(rows: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
     """``rows [M, D] @ sign * D^-0.5`` in ``rows``' dtype (float32 accumulation; the scale as
     the GEMM's alpha, so the product is rounded once)."""
@@ -405,7 +413,7 @@ def _triton_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_fre
     B, max_pages = block_table.shape
     tlp._prep_x_kernel[(T, tlp.X_ROLES)](
         xq, xkv, xk, x, qr, x32, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
-        kv_cache.view(torch.uint16) if bf16 else kv_cache, k_cache, block_table, context_lens,
+        hadamard.to(xq.dtype).contiguous(), kv_cache.view(torch.uint16) if bf16 else kv_cache, k_cache, block_table, context_lens,
         N, max_pages, kv_cache.shape[0], block_table.stride(0), xq.stride(0), xkv.stride(0),
         xk.stride(0), x.stride(0), x.shape[1], eps, **ce, num_warps=tlp.X_NUM_WARPS)
     return qr, x32
@@ -448,7 +456,8 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
       x: ``[T, hidden]`` dt, the layer input.
       q_norm: ``[q_lora]``, kv_norm: ``[C]`` (V3.2) or ``[D_qk]`` (V4), k_norm_w / k_norm_b:
         ``[D_I]``, all float32. rope_freqs: ``[r / 2]`` float64. hadamard: ``[D_I, D_I]`` the
-        +-1 Sylvester matrix (read by the torch impl only; the kernel generates it).
+        +-1 Sylvester matrix (the layer's ``hadamard_sign``; any float dtype, +-1 being exact in
+        each; both paths read it).
       kv_cache, k_cache, block_table, context_lens, N, kv_format, page_size, scale_fmt: as
         :func:`write_new_tokens` (the latent rows go to ``kv_cache`` in ``kv_format``, the
         indexer keys to ``k_cache`` as ``fp8_indexer`` with ``scale_fmt``), written in place;
@@ -458,7 +467,10 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
       path: ``"auto"``, ``"triton"`` (one kernel launch) or ``"torch"`` (the composite ops).
     Returns:
       ``(qr, x32)``: ``[T, q_lora]`` dt, ``rmsnorm(xq) * q_norm``; ``[T, hidden]`` float32, x.
+    Raises:
+      ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``xk.shape[1]``).
     """
+    _check_hadamard(hadamard, xk.shape[1])
     return torch.ops.dsa.prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
                                 hadamard, kv_cache, k_cache, block_table, context_lens, int(N),
                                 kv_format, int(page_size), scale_fmt, float(eps), bool(norm_rope), path)
@@ -519,7 +531,8 @@ def _triton_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, h
     lat = q_lat if absorbed else q
     grid = (T, ce["NUM_HI"] + -(-heads // cfg.block_hm))
     tlp._prep_q_kernel[grid](
-        iq, w_raw, q, lat, q_mla, idx_q.view(torch.uint8), idx_w, rope_freqs, context_lens,
+        iq, w_raw, q, lat, q_mla, idx_q.view(torch.uint8), idx_w, rope_freqs,
+        hadamard.to(dt).contiguous(), context_lens,
         N, heads, iq.stride(0), w_raw.stride(0), q.stride(0), q.shape[1] // heads,
         lat.stride(0) if absorbed else 0, eps, **ce, num_warps=cfg.num_warps)
     return q_mla, idx_q, idx_w
@@ -559,7 +572,7 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
       q: the ``wq_b`` projection, ``[T, H * (qk_nope + r)]`` (V3.2) or ``[T, H * D_qk]`` (V4), dt.
       q_lat: V3.2 ``[H, T, C]`` dt, q_nope through ``wkv_b``'s key half (the absorption bmm,
         contiguous); V4 None.
-      hadamard: ``[D_I, D_I]`` +-1 Sylvester matrix (torch impl only). rope_freqs: ``[r / 2]``
+      hadamard: ``[D_I, D_I]`` +-1 Sylvester matrix (as :func:`prepare_x`). rope_freqs: ``[r / 2]``
         float64. context_lens: ``[B]`` int32 (positions ``L_b - N + i``). N: new tokens per
         request.
       heads, index_heads, d_qk, qk_nope: H, H_I, D_qk, V3.2's per-head nope width (0 for V4).
@@ -569,7 +582,10 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
     Returns:
       ``(q_mla, idx_q, idx_w)``: ``[T, H, D_qk]`` dt (the sparse-MLA query), ``[T, H_I, D_I]``
       float8_e4m3fn, ``[T, H_I]`` float32 (the indexer's q and head weights, scale folded in).
+    Raises:
+      ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``iq.shape[1] / index_heads``).
     """
+    _check_hadamard(hadamard, iq.shape[1] // int(index_heads))
     return torch.ops.dsa.prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, int(N),
                                 int(heads), int(index_heads), int(d_qk), int(qk_nope), scale_fmt,
                                 float(eps), bool(absorbed), bool(q_head_norm), path)

@@ -24,8 +24,10 @@ stores and finds entries (it imports ``kernels.ops`` only, the registry imports 
 Lookup (:func:`lookup`) matches an entry when every key of the entry's bucket is present in the
 query bucket with the same value (extra query keys are ignored). When no entry matches exactly,
 the entry whose power-of-two keys (``B``, ``L``) are nearest in log2 distance, all other keys
-equal, is used (so a B=16 call uses the B=8 or B=32 measurement rather than no measurement). A
-missing file, GPU or bucket returns None and the caller uses its heuristic.
+equal, is used (so a B=16 call uses the B=8 or B=32 measurement rather than no measurement);
+the registry takes only the path from such an entry and the config from the path's heuristic
+at the call's own shape (``kernels.registry.Registry.plan``). A missing file, GPU or bucket
+returns None and the caller uses its heuristic.
 
 The directory is this package's folder, or ``$DSA_DISPATCH_DIR`` when set (tests use it;
 ``python -m bench --dispatch-dir`` only says where the writer writes). A table is read once per
@@ -93,7 +95,9 @@ def load_table(arch: str) -> dict | None:
     return table
 
 
-def _matches(entry_bkt: dict, query: dict, ignore=()) -> bool:
+def matches(entry_bkt: dict, query: dict, ignore=()) -> bool:
+    """Whether an entry's bucket ``entry_bkt`` matches the query bucket: every key of the
+    entry's is in ``query`` with the same value (keys in ``ignore`` excepted)."""
     return all(k in ignore or (k in query and query[k] == v) for k, v in entry_bkt.items())
 
 
@@ -122,11 +126,11 @@ def lookup(op: str, backend: str, arch: str, bkt: dict, *, nearest: bool = True)
     cands = [e for e in table.get("entries", ())
              if e.get("op") == op and e.get("backend") == backend and isinstance(e.get("bucket"), dict)]
     for e in cands:
-        if _matches(e["bucket"], bkt):
+        if matches(e["bucket"], bkt):
             return e
     if not nearest:
         return None
-    near = [e for e in cands if _matches(e["bucket"], bkt, ignore=POW2_KEYS)]
+    near = [e for e in cands if matches(e["bucket"], bkt, ignore=POW2_KEYS)]
     if not near:
         return None
     return min(near, key=lambda e: _distance(e["bucket"], bkt))

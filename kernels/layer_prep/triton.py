@@ -66,9 +66,12 @@ one dt ulp, and a quantised byte by one e4m3 step, from the composite's (tests c
 SPEC / layer tolerances, and bit for bit where the math is order-free: bytes of unmapped tokens,
 the copied ``q_lat``). cos / sin are computed in the kernels from the position and the layer's
 float64 ``rope_freqs`` exactly as the composite does: float64 angle, float64 cos / sin, one
-rounding to float32. The Hadamard matrix is generated in registers (``H[i, j] =
-(-1)^popcount(i & j)``, Sylvester's order, the layer's ``hadamard_sign``) in dt, where +-1 is
-exact; its scale ``D_I^-0.5`` multiplies the float32 accumulator, as the composite's GEMM alpha.
+rounding to float32. The Hadamard matrix is the caller's ``hadamard`` (the layer's
+``hadamard_sign``: ``[D_I, D_I]`` +-1 in dt, Sylvester's order), loaded by every program that
+rotates (an L2-resident 32 KiB in bf16; generating it in registers, ``(-1)^popcount(i & j)``,
+took ~1,400 of an indexer program's ~3,300 instructions a warp at 4 warps, in a kernel whose
+programs run one warp per scheduler: bench/NOTES.md "Layer prep: latency"); its scale
+``D_I^-0.5`` multiplies the float32 accumulator, as the composite's GEMM alpha.
 The e4m3 / scale encoders are those of ``kernels/cache_write/triton.py`` (integer RNE, IEEE
 divisions, NumPy's power-of-two rule).
 
@@ -115,21 +118,28 @@ class PrepQConfig:
     num_warps: int = 4
 
 
-PREP_Q_SPACE = tuple(PrepQConfig(hi, hm, 4) for hi in (16, 32) for hm in (8, 16))
+PREP_Q_SPACE = tuple(PrepQConfig(hi, hm, 4) for hi in (16, 32) for hm in (4, 8, 16))
 """Every :class:`PrepQConfig` the launcher may run (what :func:`prep_q_heuristic` returns);
-``tests/test_triton_compile.py`` compiles each one the real dimensions reach (:func:`aot_specs`).
-Not measured on a GPU yet: a sweep would widen it (and the fit check with it)."""
+``tests/test_triton_compile.py`` compiles each one the real dimensions reach (:func:`aot_specs`)."""
 
 
 def prep_q_heuristic(index_heads: int, heads: int, dtype_bytes: int) -> PrepQConfig:
-    """The default :class:`PrepQConfig` (a member of :data:`PREP_Q_SPACE`): 32 indexer heads per
-    program, 16 when H_I <= 16 or with float32 operands (the IEEE Hadamard dot's [block_hi, 128]
-    and [128, 128] float32 operands: 72 KiB of shared memory at 16); 16 MLA heads per program, 8
-    when the rank has fewer than 16. One token is spread over H_I / 32 + H / 16 programs (V3.2:
-    2 + 8, V4-Flash: 2 + 4 at TP 1), so B = 1 still runs on several SMs."""
-    hi = 16 if dtype_bytes == 4 or index_heads <= 16 else 32
-    hm = 16 if heads >= 16 else 8
-    return PrepQConfig(hi, hm, 4)
+    """The default :class:`PrepQConfig` (a member of :data:`PREP_Q_SPACE`): 16 indexer heads and
+    4 MLA heads per program, so one token is spread over H_I / 16 + H / 4 programs (V3.2: 4 +
+    32, V4-Flash: 4 + 16 at TP 1).
+
+    Why small programs: the kernel is latency-bound at every batch the layer runs. Nsight
+    Compute on the H200 (2026-12-05, V4-Flash B 1, the earlier 32 + 16 heads: 6 programs of 4
+    warps) measured 14.6 us with 7.8 cycles per issued instruction and one warp per scheduler:
+    each warp's instruction count times the latency of its dependent chain is the time (the
+    MLA programs' ~1,600 instructions a warp, the indexer programs' ~3,300), and B 64 took the
+    same 12.7 us as B 1 in the layer bench (384 programs: one wave). A quarter of the heads a
+    program leaves the MLA programs ~1/4 of their per-head instructions, half the indexer heads
+    and the Hadamard matrix loaded instead of generated (:func:`_rotate_hadamard`) ~1/3 of the
+    indexer programs' (counts: bench/NOTES.md "Layer prep: latency"). float32 operands keep 16
+    indexer heads (the IEEE dot's operands: 72 KiB of shared memory)."""
+    del index_heads, heads, dtype_bytes
+    return PrepQConfig(16, 4, 4)
 
 
 # ================================================================================== helpers
@@ -164,23 +174,13 @@ def _round(x, DT: tl.constexpr):
 
 
 @triton.jit
-def _hadamard_sign(D: tl.constexpr, DT: tl.constexpr):
-    """``[D, D]`` Sylvester Hadamard signs ``(-1)^popcount(i & j)`` in ``DT`` (D <= 2^16)."""
+def _rotate_hadamard(a, had_ptr, DT: tl.constexpr, D: tl.constexpr):
+    """``dt(a @ H * D^-0.5)`` as float32 for ``a`` ``[M, D]`` in ``DT`` (M >= 16): ``H`` the
+    contiguous ``[D, D]`` +-1 matrix at ``had_ptr`` (any float dtype: +-1 is exact in each) in
+    ``DT``, float32 accumulation (IEEE products for float32 operands), the scale on the
+    accumulator, one rounding to ``DT``."""
     i = tl.arange(0, D)
-    v = i[:, None] & i[None, :]
-    v = v ^ (v >> 8)
-    v = v ^ (v >> 4)
-    v = v ^ (v >> 2)
-    v = v ^ (v >> 1)
-    return (1 - 2 * (v & 1)).to(DT)
-
-
-@triton.jit
-def _rotate_hadamard(a, DT: tl.constexpr, D: tl.constexpr):
-    """``dt(a @ H * D^-0.5)`` as float32 for ``a`` ``[M, D]`` in ``DT`` (M >= 16): the +-1
-    matrix in ``DT``, float32 accumulation (IEEE products for float32 operands), the scale on
-    the accumulator, one rounding to ``DT``."""
-    h = _hadamard_sign(D, DT)
+    h = tl.load(had_ptr + i[:, None] * D + i[None, :]).to(DT)
     if DT == tl.float32:
         acc = tl.dot(a, h, input_precision="ieee")
     else:
@@ -264,8 +264,8 @@ def _x_latent(xkv_ptr, kv_norm_ptr, freqs_ptr, kv_cache_ptr, bt_ptr, cl_ptr, t, 
 
 
 @triton.jit
-def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, k_cache_ptr, bt_ptr, cl_ptr, t, t64,
-                 N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE: tl.constexpr,
+def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache_ptr, bt_ptr, cl_ptr, t,
+                 t64, N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE: tl.constexpr,
                  P: tl.constexpr, D_I: tl.constexpr, K_PAGE_BYTES: tl.constexpr,
                  UE8M0: tl.constexpr, DT: tl.constexpr):
     """The indexer key of token t (layer norm, non-interleaved rope, dt, Hadamard, dt)
@@ -286,7 +286,7 @@ def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, k_cache_ptr, bt_
     k = tl.where(roped, _rotate(y, yp, cos, sin, first), y).to(DT)
     rows = tl.arange(0, HADAMARD_M)
     a = tl.where(rows[:, None] == 0, k[None, :], tl.zeros([HADAMARD_M, D_I], DT))
-    kh = _rotate_hadamard(a, DT, D_I)                              # [16, D_I], row 0 the key
+    kh = _rotate_hadamard(a, had_ptr, DT, D_I)                     # [16, D_I], row 0 the key
     kh = tl.sum(tl.where(rows[:, None] == 0, kh, -0.0), 0)         # -0.0 + v == v for every v
     _store_indexer(k_cache_ptr, page, off, ok, kh, d, D_I, P, K_PAGE_BYTES, UE8M0)
 
@@ -303,6 +303,7 @@ def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt: the x projection's q columns
                    k_norm_w_ptr,  # [D_I] float32 (indexer.k_norm.weight)
                    k_norm_b_ptr,  # [D_I] float32 (indexer.k_norm.bias)
                    freqs_ptr,     # [ROPE / 2] float64 rope frequencies
+                   had_ptr,       # [D_I, D_I] +-1 (the layer's hadamard_sign), contiguous
                    kv_cache_ptr,  # latent cache, flat (FORMAT; bf16 latent as its uint16 view)
                    k_cache_ptr,   # fp8_indexer cache, flat uint8
                    bt_ptr,        # [B, max_pages] int32 block table
@@ -328,14 +329,14 @@ def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt: the x projection's q columns
                   num_pages, bt_stride, xkv_stride, eps, D_QK, NOPE, ROPE, NORM_ROPE, GROUPS, TILE,
                   FORMAT, P, KV_PAGE_BYTES, BF16_CACHE, DT)
     else:
-        _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, k_cache_ptr, bt_ptr, cl_ptr, t, t64,
-                     N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE, P, D_I, K_PAGE_BYTES,
-                     UE8M0, DT)
+        _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache_ptr, bt_ptr, cl_ptr, t,
+                     t64, N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE, P, D_I,
+                     K_PAGE_BYTES, UE8M0, DT)
 
 
 @triton.jit
-def _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, pos, hb, t64, iq_stride, w_stride,
-                   H_I: tl.constexpr, D_I: tl.constexpr, ROPE: tl.constexpr,
+def _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, had_ptr, pos, hb, t64, iq_stride,
+                   w_stride, H_I: tl.constexpr, D_I: tl.constexpr, ROPE: tl.constexpr,
                    BLOCK_HI: tl.constexpr, UE8M0: tl.constexpr, DT: tl.constexpr):
     """Indexer q heads ``[hb * BLOCK_HI, +BLOCK_HI)`` of one token: rope, dt, Hadamard, dt,
     per-head scale, e4m3 bytes into ``idx_q``, ``w * scale`` into ``idx_w``."""
@@ -348,7 +349,7 @@ def _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, pos, hb, t64, i
     xp = tl.load(rows + pd[None, :], mask=mh[:, None] & roped[None, :], other=0.0).to(tl.float32)
     cos, sin = _cos_sin(pos, freqs_ptr, fj, roped)
     a = tl.where(roped[None, :], _rotate(x, xp, cos[None, :], sin[None, :], first[None, :]), x)
-    y = _rotate_hadamard(a.to(DT), DT, D_I)                        # [BLOCK_HI, D_I]
+    y = _rotate_hadamard(a.to(DT), had_ptr, DT, D_I)               # [BLOCK_HI, D_I]
     s = _indexer_scale(_amax_rows(y, 1), UE8M0)                     # [BLOCK_HI]
     q = _e4m3_bits(tl.math.div_rn(y, s[:, None]))
     tl.store(idxq_ptr + t64 * (H_I * D_I) + h[:, None] * D_I + d[None, :], q.to(tl.uint8),
@@ -406,6 +407,7 @@ def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projectio
                    idxq_ptr,      # [T, H_I, D_I] uint8, written: e4m3 bytes of idx_q
                    idxw_ptr,      # [T, H_I] float32, written: idx_w
                    freqs_ptr,     # [ROPE / 2] float64
+                   had_ptr,       # [D_I, D_I] +-1 (the layer's hadamard_sign), contiguous
                    cl_ptr,        # [B] int32 context lengths
                    N, H, iq_stride, w_stride, qsrc_stride, qsrc_hstride, qlat_hstride, eps,
                    H_I: tl.constexpr, D_I: tl.constexpr, ROPE: tl.constexpr,
@@ -419,8 +421,8 @@ def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projectio
     DT: tl.constexpr = iq_ptr.dtype.element_ty
     pos = _position(cl_ptr, t, N)
     if blk < NUM_HI:
-        _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, pos, blk, t64, iq_stride, w_stride,
-                       H_I, D_I, ROPE, BLOCK_HI, UE8M0, DT)
+        _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, had_ptr, pos, blk, t64, iq_stride,
+                       w_stride, H_I, D_I, ROPE, BLOCK_HI, UE8M0, DT)
     else:
         _q_mla_heads(qsrc_ptr, qlat_ptr, qmla_ptr, freqs_ptr, pos, blk - NUM_HI, t64, H, qsrc_stride,
                      qsrc_hstride, qlat_hstride, eps, ROPE, ABSORBED, QK_NOPE, NOPE, D_QK, BLOCK_HM,
@@ -615,7 +617,7 @@ def aot_specs(smem_class: str) -> list:
                         signature={"xq_ptr": f"*{dt}", "xkv_ptr": f"*{dt}", "xk_ptr": f"*{dt}",
                                    "x_ptr": f"*{dt}", "qr_ptr": f"*{dt}", "x32_ptr": "*fp32",
                                    "q_norm_ptr": "*fp32", "kv_norm_ptr": "*fp32", "k_norm_w_ptr": "*fp32",
-                                   "k_norm_b_ptr": "*fp32", "freqs_ptr": "*fp64", "kv_cache_ptr": cache,
+                                   "k_norm_b_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}", "kv_cache_ptr": cache,
                                    "k_cache_ptr": "*u8", "bt_ptr": "*i32", "cl_ptr": "*i32", **xints,
                                    "eps": "fp32"},
                         constexprs=ce, num_warps=X_NUM_WARPS, num_stages=1))
@@ -631,7 +633,7 @@ def aot_specs(smem_class: str) -> list:
                         module="kernels.layer_prep.triton", kernel="_prep_q_kernel",
                         signature={"iq_ptr": f"*{dt}", "w_ptr": "*fp32", "qsrc_ptr": f"*{dt}",
                                    "qlat_ptr": f"*{dt}", "qmla_ptr": f"*{dt}", "idxq_ptr": "*u8",
-                                   "idxw_ptr": "*fp32", "freqs_ptr": "*fp64", "cl_ptr": "*i32", **qints,
+                                   "idxw_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}", "cl_ptr": "*i32", **qints,
                                    "eps": "fp32"},
                         constexprs=ce, num_warps=qc.num_warps, num_stages=1))
                 if ue8m0 and dt == "bf16" and cfg.window:

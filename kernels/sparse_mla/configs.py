@@ -476,11 +476,15 @@ def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_byt
     path (``kv_format`` an fp8 format) on the large class, given ``rows`` (B x N) and ``topk``:
     64-head tiles (:data:`PALLAS_W64`, three stages) for >= 64 heads, >= 16 requests and
     K >= 1024; 16-head tiles with hand-pipelined loads (:data:`PALLAS_N16P`, one stage) for
-    <= 32 heads or fewer requests; 32-head tiles otherwise. Set from `bench.pallas_mla_sweep`
+    <= 32 heads or fewer requests, except ``fp8_model1`` with <= 32 heads: the three-stage
+    16-head tiles (:data:`PALLAS_N16`); 32-head tiles otherwise. Set from `bench.pallas_mla_sweep`
     on the H200 (2026-12-05, bench/results/pallas_mla_sweep_h200_20261205.json, the bench's
     JAX timer): B 16 H 128 W64 139.0 us against 272.9 for the 16-head tiles the rule picked
     before (rows < 32); B 64 H 16 N16P 138.5 against 164.6 for the three-stage 16-head tile,
-    B 1 H 128 31.6 against 33.8. Otherwise the Triton twin's :data:`SPARSE_MLA_DEFAULT`
+    B 1 H 128 31.6 against 33.8. V4 B 64 H 8 (``fp8_model1``, K 512, not in that sweep): the
+    targets bench measured N16P at 103.5 us (bench_h200_targets_jax_20261205c.json) against
+    74.9 and 76.6 for :data:`PALLAS_N16` in the two earlier runs of the day, so that format keeps
+    N16 for few heads. Otherwise the Triton twin's :data:`SPARSE_MLA_DEFAULT`
     (32 x 32, 8 warps, hand-pipelined loads) when it is in the Pallas space, else the space's
     first member."""
     if operand_bytes >= 4:
@@ -490,6 +494,8 @@ def pallas_sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_byt
             and PALLAS_W64 in space):
         if num_heads >= 64 and rows >= 16 and topk >= 1024:
             return PALLAS_W64
+        if kv_format == "fp8_model1" and num_heads <= 32 and PALLAS_N16 in space:
+            return PALLAS_N16
         if num_heads <= 32 or rows < 16:
             return PALLAS_N16P
         return PALLAS_W32

@@ -984,13 +984,17 @@ SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
-    """(BLOCK, num_warps, vec=False) of the split pass B from the shape alone: the smallest
-    block that covers a split's largest page range (``ceil(W / P / S)`` pages) in one
-    iteration, capped at 2,048 positions (B 64, L 64K: 8K positions per split with the Gluon
-    logits kernel's 8 splits, 4 iterations; B 1, L 128K, 528 splits: 256 positions, one of
-    512)."""
+    """(BLOCK, num_warps, vec) of the split pass B from the shape alone: the smallest block
+    that covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration,
+    capped at 2,048 positions (B 64, L 64K: 16K positions per split with the WS logits
+    kernel's 4 splits, 8 iterations; B 1, L 128K, 264 splits: 512 positions, one iteration),
+    with :func:`_pass_b`'s ``VEC`` layout at 1,024 and 2,048 positions (the launch falls back
+    to scalar loads where W, P or the row stride is not a multiple of 16). H200, 2026-12-05
+    (bench/results/indexer_sweep_vec_h200_20261205.json, top-k time, indices bitwise equal):
+    2,048 VEC 29.7 us against 34.6 scalar at B 64 L 64K, 42.9 against 52.0 at N 2; 1,024 VEC
+    11.7 against 11.9 at V4 4K in a 1M table."""
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:
-            return blk, nw, False
-    return SCATTER_CONFIGS[-1] + (False,)
+            return blk, nw, blk >= 1024
+    return SCATTER_CONFIGS[-1] + (True,)
