@@ -413,7 +413,8 @@ def _triton_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_fre
     B, max_pages = block_table.shape
     tlp._prep_x_kernel[(T, tlp.X_ROLES)](
         xq, xkv, xk, x, qr, x32, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
-        hadamard.to(xq.dtype).contiguous(), kv_cache.view(torch.uint16) if bf16 else kv_cache, k_cache, block_table, context_lens,
+        hadamard.to(xq.dtype).contiguous(), kv_cache.view(torch.uint16) if bf16 else kv_cache,
+        k_cache, block_table, context_lens,
         N, max_pages, kv_cache.shape[0], block_table.stride(0), xq.stride(0), xkv.stride(0),
         xk.stride(0), x.stride(0), x.shape[1], eps, **ce, num_warps=tlp.X_NUM_WARPS)
     return qr, x32

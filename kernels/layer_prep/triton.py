@@ -264,8 +264,8 @@ def _x_latent(xkv_ptr, kv_norm_ptr, freqs_ptr, kv_cache_ptr, bt_ptr, cl_ptr, t, 
 
 
 @triton.jit
-def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache_ptr, bt_ptr, cl_ptr, t,
-                 t64, N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE: tl.constexpr,
+def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache_ptr, bt_ptr, cl_ptr,
+                 t, t64, N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE: tl.constexpr,
                  P: tl.constexpr, D_I: tl.constexpr, K_PAGE_BYTES: tl.constexpr,
                  UE8M0: tl.constexpr, DT: tl.constexpr):
     """The indexer key of token t (layer norm, non-interleaved rope, dt, Hadamard, dt)
@@ -329,8 +329,8 @@ def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt: the x projection's q columns
                   num_pages, bt_stride, xkv_stride, eps, D_QK, NOPE, ROPE, NORM_ROPE, GROUPS, TILE,
                   FORMAT, P, KV_PAGE_BYTES, BF16_CACHE, DT)
     else:
-        _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache_ptr, bt_ptr, cl_ptr, t,
-                     t64, N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE, P, D_I,
+        _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache_ptr, bt_ptr,
+                     cl_ptr, t, t64, N, max_pages, num_pages, bt_stride, xk_stride, eps, ROPE, P, D_I,
                      K_PAGE_BYTES, UE8M0, DT)
 
 
@@ -617,9 +617,9 @@ def aot_specs(smem_class: str) -> list:
                         signature={"xq_ptr": f"*{dt}", "xkv_ptr": f"*{dt}", "xk_ptr": f"*{dt}",
                                    "x_ptr": f"*{dt}", "qr_ptr": f"*{dt}", "x32_ptr": "*fp32",
                                    "q_norm_ptr": "*fp32", "kv_norm_ptr": "*fp32", "k_norm_w_ptr": "*fp32",
-                                   "k_norm_b_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}", "kv_cache_ptr": cache,
-                                   "k_cache_ptr": "*u8", "bt_ptr": "*i32", "cl_ptr": "*i32", **xints,
-                                   "eps": "fp32"},
+                                   "k_norm_b_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}",
+                                   "kv_cache_ptr": cache, "k_cache_ptr": "*u8", "bt_ptr": "*i32",
+                                   "cl_ptr": "*i32", **xints, "eps": "fp32"},
                         constexprs=ce, num_warps=X_NUM_WARPS, num_stages=1))
                 for qc in sorted({prep_q_heuristic(cfg.index_heads, h, nbytes) for h in heads},
                                  key=lambda c: (c.block_hi, c.block_hm)):
@@ -633,8 +633,8 @@ def aot_specs(smem_class: str) -> list:
                         module="kernels.layer_prep.triton", kernel="_prep_q_kernel",
                         signature={"iq_ptr": f"*{dt}", "w_ptr": "*fp32", "qsrc_ptr": f"*{dt}",
                                    "qlat_ptr": f"*{dt}", "qmla_ptr": f"*{dt}", "idxq_ptr": "*u8",
-                                   "idxw_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}", "cl_ptr": "*i32", **qints,
-                                   "eps": "fp32"},
+                                   "idxw_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}",
+                                   "cl_ptr": "*i32", **qints, "eps": "fp32"},
                         constexprs=ce, num_warps=qc.num_warps, num_stages=1))
                 if ue8m0 and dt == "bf16" and cfg.window:
                     for cl_2d in (False, True):
