@@ -8,6 +8,7 @@ read these names through ``kernels.registry.REGISTRY``. Standard library only.
 from __future__ import annotations
 
 import math
+import numbers
 from types import MappingProxyType
 
 AUTO = "auto"
@@ -47,6 +48,7 @@ def bucket(op: str, **dims) -> dict:
 
     Raises:
       ValueError: ``op`` not in :data:`OPS`, or a bucket key missing from ``dims``.
+      TypeError: ``B`` or ``L`` not an int (a NumPy integer counts as one).
     """
     if op not in OPS:
         raise ValueError(f"op: expected one of {OPS}, got {op!r}")
@@ -57,5 +59,9 @@ def bucket(op: str, **dims) -> dict:
     out = {}
     for k in sorted(keys):
         v = dims[k]
-        out[k] = pow2_bucket(v) if k in POW2_KEYS and isinstance(v, int) else v
+        if k in POW2_KEYS:
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+                raise TypeError(f"dims: {k}: expected an int, got {type(v).__name__} {v!r}")
+            v = pow2_bucket(int(v))
+        out[k] = v
     return out

@@ -66,6 +66,19 @@ def test_lookup_exact_extra_keys_nearest_and_missing(table_dir):
     assert dispatch.lookup("sparse_mla_decode", "torch", "sm_120", mk(64)) is None     # no table
 
 
+def test_nearest_ties_go_to_the_smaller_bucket_and_batch_must_be_an_int(table_dir):
+    mk = lambda B: dispatch.bucket("sparse_mla_decode", B=B, N=1, H=128, K=2048, d_qk=576,  # noqa: E731
+                                   kv_format="fp8_ds_mla")
+    _write("sm_90", [_entry("sparse_mla_decode", "torch", mk(128), "triton"),
+                     _entry("sparse_mla_decode", "torch", mk(2), "torch")], table_dir)
+    # B 16 is 3 binades from both: the smaller bucket, whatever the table's (text) order
+    assert dispatch.lookup("sparse_mla_decode", "torch", "sm_90", mk(16))["path"] == "torch"
+    assert mk(np.int64(33))["B"] == 64                        # a NumPy integer is an int
+    for bad in (33.0, 3.5, float("nan"), True, "17", None):
+        with pytest.raises(TypeError, match=r"^dims: B: expected an int, got "):
+            mk(bad)
+
+
 def test_write_table_merges_and_reloads(table_dir):
     b1 = dispatch.bucket("indexer_topk", B=64, N=1, L=65536, topk=2048)
     b2 = dispatch.bucket("indexer_topk", B=1, N=1, L=65536, topk=2048)

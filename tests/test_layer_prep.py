@@ -428,11 +428,39 @@ def test_bad_hadamard_shape_is_named(shape):
     st = _stage("v4_model1_fp16_N2")
     st.x["hadamard"] = torch.ones(shape, dtype=st.x["iq"].dtype, device=DEVICE)
     D_I = st.cfg.index_head_dim
-    want = rf"^hadamard: expected the \[{D_I}, {D_I}\] \+-1 matrix \(D_I = {D_I}\), got Tensor of shape"
+    want = rf"^hadamard: expected the \[{D_I}, {D_I}\] \+-1 matrix \(D_I = {D_I}\), got shape"
     with pytest.raises(ValueError, match=want):
         _run_q(st, "triton")
     with pytest.raises(ValueError, match=want):
         _run_x(st, "torch")
+
+
+def test_bad_hadamard_type_dtype_device_and_index_heads_are_named():
+    """Not a tensor, not floating point (a bool / int matrix would be cast silently), on another
+    device (a ``meta`` matrix returned uninitialised memory before this check), and an
+    ``index_heads`` that does not divide ``iq``'s width: each named before any launch."""
+    st = _stage("v4_model1_fp16_N2")
+    good = st.x["hadamard"]
+    st.x["hadamard"] = good.cpu().numpy()
+    with pytest.raises(TypeError, match=r"^hadamard: expected a torch.Tensor .*, got ndarray"):
+        _run_q(st, "triton")
+    for dt in (torch.bool, torch.int32):
+        st.x["hadamard"] = good.to(dt)
+        with pytest.raises(TypeError, match=rf"^hadamard: expected a floating-point dtype, got {dt}"):
+            _run_x(st, "triton")
+    st.x["hadamard"] = torch.ones(good.shape, device="meta")
+    with pytest.raises(ValueError, match=r"^hadamard: expected a tensor on .* \(the activations' device\), "
+                                         r"got meta"):
+        _run_q(st, "torch")
+    st.x["hadamard"] = good
+    a, cfg = st.x, st.cfg
+    for bad in (0, 3, -16, 2.0, True):
+        with pytest.raises(ValueError, match=rf"^index_heads: expected a positive int dividing iq's last "
+                                             rf"dim \({a['iq'].shape[-1]} = H_I \* D_I\), got {bad!r}"):
+            prepare_q(a["iq"], a["w_raw"], a["q"], a["q_lat"], a["hadamard"], a["rope_freqs"],
+                      a["context_lens"], st.N, heads=cfg.num_heads, index_heads=bad, d_qk=cfg.d_qk,
+                      qk_nope=0, scale_fmt=st.scale_fmt, eps=cfg.eps, absorbed=cfg.absorbed,
+                      q_head_norm=cfg.q_head_norm, path="triton")
 
 
 def test_prep_q_configs_are_compiled():

@@ -464,3 +464,12 @@ def test_every_scatter_launch_same_bits(S):
                 np.array([2048, 4, 0]), torch.tensor([2048, 4, 0]), {2048: 0, 4: 0, False: 0}):
         with pytest.raises(ValueError, match="scatter: expected None or one of"):
             run(bad)
+    # a tuple subclass of the right values is a tuple; a bad value is refused even when there
+    # is nothing to launch (topk 0)
+    import collections
+    Sc = collections.namedtuple("Sc", "block warps vec")
+    assert torch.equal(run(Sc(*SCATTER_SPACE[0])), base)
+    with pytest.raises(ValueError, match="scatter: expected None or one of"):
+        launch_topk(xt, lt, 0, torch.empty((3, 0), dtype=torch.int32, device=DEVICE),
+                    torch.empty((3, W), dtype=torch.int32, device=DEVICE), hist=h, page_size=P,
+                    scatter="garbage")

@@ -341,12 +341,26 @@ def _rope_cos_sin(context_lens: torch.Tensor, N: int, freqs: torch.Tensor):
     return torch.cos(ang).float(), torch.sin(ang).float()
 
 
-def _check_hadamard(hadamard: torch.Tensor, d_i: int) -> None:
-    """ValueError unless ``hadamard`` is a ``[d_i, d_i]`` tensor (the kernels read it whole)."""
-    shape = tuple(getattr(hadamard, "shape", ()))
-    if shape != (d_i, d_i):
+def _check_hadamard(hadamard, d_i: int, device: torch.device) -> None:
+    """The ``hadamard`` argument of :func:`prepare_x` / :func:`prepare_q`: a floating-point
+    ``[d_i, d_i]`` tensor on the activations' ``device`` (the kernels read it whole).
+
+    Raises:
+      TypeError: not a torch.Tensor, or not a floating-point dtype (an integer or bool matrix
+        would be cast silently: a 0 / 1 matrix is no rotation).
+      ValueError: another shape, or another device.
+    """
+    if not isinstance(hadamard, torch.Tensor):
+        raise TypeError(f"hadamard: expected a torch.Tensor (the [{d_i}, {d_i}] +-1 matrix), got "
+                        f"{type(hadamard).__name__}")
+    if not hadamard.dtype.is_floating_point:
+        raise TypeError(f"hadamard: expected a floating-point dtype, got {hadamard.dtype}")
+    if tuple(hadamard.shape) != (d_i, d_i):
         raise ValueError(f"hadamard: expected the [{d_i}, {d_i}] +-1 matrix (D_I = {d_i}), got "
-                         f"{type(hadamard).__name__} of shape {shape}")
+                         f"shape {tuple(hadamard.shape)}")
+    if hadamard.device != device:
+        raise ValueError(f"hadamard: expected a tensor on {device} (the activations' device), got "
+                         f"{hadamard.device}")
 
 
 def _hadamard_rows(rows: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
@@ -469,9 +483,10 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
     Returns:
       ``(qr, x32)``: ``[T, q_lora]`` dt, ``rmsnorm(xq) * q_norm``; ``[T, hidden]`` float32, x.
     Raises:
-      ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``xk.shape[1]``).
+      TypeError: ``hadamard`` is not a floating-point torch.Tensor.
+      ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``xk.shape[1]``) on ``xk``'s device.
     """
-    _check_hadamard(hadamard, xk.shape[1])
+    _check_hadamard(hadamard, xk.shape[1], xk.device)
     return torch.ops.dsa.prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
                                 hadamard, kv_cache, k_cache, block_table, context_lens, int(N),
                                 kv_format, int(page_size), scale_fmt, float(eps), bool(norm_rope), path)
@@ -584,9 +599,15 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
       ``(q_mla, idx_q, idx_w)``: ``[T, H, D_qk]`` dt (the sparse-MLA query), ``[T, H_I, D_I]``
       float8_e4m3fn, ``[T, H_I]`` float32 (the indexer's q and head weights, scale folded in).
     Raises:
-      ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``iq.shape[1] / index_heads``).
+      TypeError: ``hadamard`` is not a floating-point torch.Tensor.
+      ValueError: ``index_heads`` is not a positive int dividing ``iq.shape[-1]``; ``hadamard``
+        is not ``[D_I, D_I]`` (D_I = ``iq.shape[-1] / index_heads``) on ``iq``'s device.
     """
-    _check_hadamard(hadamard, iq.shape[1] // int(index_heads))
+    if (type(index_heads) is bool or not isinstance(index_heads, (int, np.integer)) or index_heads < 1
+            or iq.shape[-1] % int(index_heads)):
+        raise ValueError(f"index_heads: expected a positive int dividing iq's last dim "
+                         f"({iq.shape[-1]} = H_I * D_I), got {index_heads!r}")
+    _check_hadamard(hadamard, iq.shape[-1] // int(index_heads), iq.device)
     return torch.ops.dsa.prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, int(N),
                                 int(heads), int(index_heads), int(d_qk), int(qk_nope), scale_fmt,
                                 float(eps), bool(absorbed), bool(q_head_norm), path)

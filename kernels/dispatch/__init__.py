@@ -24,7 +24,8 @@ stores and finds entries (it imports ``kernels.ops`` only, the registry imports 
 Lookup (:func:`lookup`) matches an entry when every key of the entry's bucket is present in the
 query bucket with the same value (extra query keys are ignored). When no entry matches exactly,
 the entry whose power-of-two keys (``B``, ``L``) are nearest in log2 distance, all other keys
-equal, is used (so a B=16 call uses the B=8 or B=32 measurement rather than no measurement);
+equal, is used (so a B=16 call uses the B=8 or B=32 measurement rather than no measurement;
+on a tie the smaller bucket);
 the registry takes only the path from such an entry and the config from the path's heuristic
 at the call's own shape (``kernels.registry.Registry.plan``). A missing file, GPU or bucket
 returns None and the caller uses its heuristic.
@@ -133,7 +134,9 @@ def lookup(op: str, backend: str, arch: str, bkt: dict, *, nearest: bool = True)
     near = [e for e in cands if matches(e["bucket"], bkt, ignore=POW2_KEYS)]
     if not near:
         return None
-    return min(near, key=lambda e: _distance(e["bucket"], bkt))
+    # ties (B 16 between B 2 and B 128) go to the smaller bucket, whatever the table's order
+    return min(near, key=lambda e: (_distance(e["bucket"], bkt),
+                                    tuple(e["bucket"].get(k, 0) for k in POW2_KEYS)))
 
 
 def validate_table(table: dict) -> None:

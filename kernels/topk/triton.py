@@ -898,6 +898,15 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     """
     cfg = config or TopkConfig()
     R, W = logits.shape
+    if scatter is not None:
+        sc = tuple(scatter) if isinstance(scatter, (tuple, list)) else None
+        # exact Python types: equal values of other types (1024.0, NumPy scalars, arrays)
+        # would pass `in` and then fail inside the launch
+        if (sc is None or len(sc) != 3 or tuple(map(type, sc)) != (int, int, bool)
+                or sc not in SCATTER_SPACE):
+            raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE} (a tuple of "
+                             f"int, int, bool), got {scatter!r}")
+        scatter = sc
     if R == 0 or topk == 0:
         return out
     if lengths.numel() == R:
@@ -909,15 +918,6 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                          f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
     if scratch.shape[1] < W:
         raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
-    if scatter is not None:
-        sc = tuple(scatter) if type(scatter) in (tuple, list) else None
-        # exact Python types: equal values of other types (1024.0, NumPy scalars, arrays)
-        # would pass `in` and then fail inside the launch
-        if (sc is None or len(sc) != 3 or tuple(map(type, sc)) != (int, int, bool)
-                or sc not in SCATTER_SPACE):
-            raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE} (a tuple of "
-                             f"int, int, bool), got {scatter!r}")
-        scatter = sc
     cap = scratch.shape[1] // 2
     if hist is not None:
         num_splits, nb = hist.shape[1], hist.shape[2]
@@ -993,6 +993,9 @@ def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     (bench/results/indexer_sweep_vec_h200_20261205.json, top-k time, indices bitwise equal):
     2,048 VEC 29.7 us against 34.6 scalar at B 64 L 64K, 42.9 against 52.0 at N 2; 1,024 VEC
     11.7 against 11.9 at V4 4K in a 1M table."""
+    if W < 0 or page_size < 1:
+        raise ValueError(f"scatter_config: expected W >= 0 and page_size >= 1, got W={W}, "
+                         f"page_size={page_size}")
     per = -(-(W // page_size) // max(num_splits, 1)) * page_size
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:
