@@ -76,13 +76,13 @@ from its output / candidate offsets, and writes in ascending position order exac
 one-program pass would. Up to ``SCATTER_PLAN_SPLITS`` splits a row (B >= 16-32) each scatter
 program plans itself: it loads the row's S histogram blocks at the row's bases, picks the
 threshold bin and starts after the counts of the splits before it (split 0 writes the row's
-state): two launches in all. With more splits (B 1: 264-528) the plan runs over groups of
+state): two launches in all. With more splits (B 1: 264) the plan first runs over groups of
 ``PLAN_GROUP`` splits, one program per (row, group): ``_topk_plan_part_kernel`` brings each
-group's histograms to the row's bases (indexed loads, no register gather) and sums them;
-``_topk_plan_count_kernel`` sums the groups' partials, picks the threshold bin, and counts each
-split's keys above the bin and in it (per split: the counts of the splits before it in its
-group; per group: its totals), which the scatter reads. The per-row kernel then continues from
-the candidates (``FROM_PLAN``).
+group's histograms to the row's bases (indexed loads, no register gather) and sums them; then
+every scatter program sums the row's group partials, picks the threshold bin, and starts after
+the keys above the bin and in it of the groups before its group (counted from their partials)
+and of the splits before it in its group (their rebased histograms): three launches in all.
+The per-row kernel then continues from the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
 
@@ -122,10 +122,9 @@ COMPACT_MIN = tl.constexpr(8192)
 # (row, group): B 1 L 128K has 264 splits, i.e. 33 programs; one program per row over all 264
 # took 57-68 us on the H200 (ncu: one CTA, 10.8 cycles per issued instruction, 3.7 GB/s).
 PLAN_GROUP = tl.constexpr(8)
-# Split bases read per iteration and partial histograms summed per iteration: next_pow2 of the
-# count, at least PLAN_MIN, at most PLAN_BASES / PLAN_GROUPS (plan_blocks).
+# Split bases read per iteration by _topk_plan_part_kernel: next_pow2 of the count, at least
+# PLAN_MIN, at most PLAN_BASES (plan_blocks).
 PLAN_BASES = 1024
-PLAN_GROUPS = 32
 PLAN_MIN = 4
 # The per-row kernel's histogram chunk when it sums the split histograms itself (no plan).
 PLAN_SPLITS = 32
@@ -136,12 +135,11 @@ def _p2(n: int, lo: int, hi: int) -> int:
 
 
 def plan_blocks(num_splits: int) -> tuple:
-    """(groups, SBASE, GB) of the split plan for S splits: ``groups = ceil(S / PLAN_GROUP)``
-    programs per row, the split bases read SBASE at a time and the groups' partial histograms
-    summed GB at a time (B 64: S 4 -> 1 group, 4 bases; B 1 L 128K: S 264 -> 33 groups, 512
-    bases, 32 partials an iteration)."""
+    """(groups, SBASE) of the split plan's first step for S splits: ``groups = ceil(S /
+    PLAN_GROUP)`` programs of :func:`_topk_plan_part_kernel` per row, the split bases read
+    SBASE at a time (B 1 L 128K: S 264 -> 33 groups, 512 bases)."""
     groups = -(-max(num_splits, 1) // PLAN_GROUP.value)
-    return groups, _p2(num_splits, PLAN_MIN, PLAN_BASES), _p2(groups, PLAN_MIN, PLAN_GROUPS)
+    return groups, _p2(num_splits, PLAN_MIN, PLAN_BASES)
 
 
 def hist_shape(batch: int, num_splits: int, n_drafts: int) -> tuple:
@@ -743,56 +741,11 @@ def _topk_plan_part_kernel(
 
 
 @triton.jit
-def _topk_plan_count_kernel(
-    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
-    part_ptr,         # [R, G, 256] int32: the groups' summed histograms (step 1)
-    state_ptr,        # [R, STATE_WORDS] int32 out: the plan state (STATE_FIELDS)
-    cnt_ptr,          # [R, S, 2] int32 out: per split, the output / candidate slots of the
-                      #   splits before it in its group (exclusive prefix within the group)
-    tot_ptr,          # [R, G, 2] int32 out: per group, its output / candidate counts
-    topk, cap, n_drafts, n_drafts_pow2, num_splits, num_groups,
-    SBASE: tl.constexpr, GB: tl.constexpr,
-):
-    """Split plan, step 2 (grid ``(R, G)``): every program sums the row's G partial histograms
-    and chooses the threshold bin (group 0 writes the row's state), then counts, per split of
-    its group, the keys above the bin (and in it when the descent is over: output) and in it
-    (candidates). The scatter program of split s starts at the totals of the groups before
-    its group plus the counts of the splits before it in its group, so every row keeps
-    ascending position order whatever program writes it."""
-    row = tl.program_id(0).to(tl.int64)
-    g = tl.program_id(1)
-    c = tl.arange(0, HIST_BINS)
-    h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
-                                                 num_splits, SBASE)
-    run = tl.zeros((HIST_BINS,), tl.int32)
-    for g0 in range(0, num_groups, GB):
-        gv = g0 + tl.arange(0, GB)
-        mg = gv < num_groups
-        blk = part_ptr + (row * num_groups + gv.to(tl.int64))[:, None] * HIST_BINS + c[None, :]
-        run += tl.sum(tl.load(blk, mask=mg[:, None], other=0), axis=0)
-    d0, need, done, total, n_eq = _first_digit(run, topk)
-    pairs = (n_eq <= cap).to(tl.int32)
-    if g == 0:
-        _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total, n_eq,
-                     run, pairs)
-    s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
-    ms = s < num_splits
-    n_o, n_c = _split_counts(_load_rebased(h_row, s, ms, split_stride, base, lbase), d0, done)
-    dst = cnt_ptr + (row * num_splits + s.to(tl.int64)) * 2
-    tl.store(dst, tl.cumsum(n_o, axis=0) - n_o, mask=ms)
-    tl.store(dst + 1, tl.cumsum(n_c, axis=0) - n_c, mask=ms)
-    tot = tot_ptr + (row * num_groups + g) * 2
-    tl.store(tot, tl.sum(n_o, axis=0))
-    tl.store(tot + 1, tl.sum(n_c, axis=0))
-
-
-@triton.jit
 def _topk_scatter_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr,
-    state_ptr,        # [R, STATE_WORDS] int32: the plan state (read; written here when PLAN)
-    cnt_ptr,          # [R, S, 2] int32: split s's slots after the splits before it in its group
-    tot_ptr,          # [R, G, 2] int32: per group, its output / candidate counts
-    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms (PLAN)
+    state_ptr,        # [R, STATE_WORDS] int32 out: the plan state (written by split 0)
+    part_ptr,         # [R, G, 256] int32: the groups' histograms at the row's bases (not PLAN)
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
     num_splits, num_groups,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
@@ -800,12 +753,14 @@ def _topk_scatter_kernel(
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
-    bin's keys into the candidate row, from its offsets: with ``PLAN`` (``S <= SP``, a power
-    of two) it plans itself: loads the row's S split histograms (rebased to the row's bases),
-    picks the threshold bin and starts after the counts of the splits before it (split 0
-    writes the row's state); else it reads them from the plan kernels
-    (:func:`_topk_plan_count_kernel`): the totals of the groups before its group plus its own
-    entry."""
+    bin's keys into the candidate row, from its offsets. Every program plans (split 0 writes
+    the row's state): with ``PLAN`` (``S <= SP``, a power of two) from the row's S split
+    histograms (rebased to the row's bases), starting after the counts of the splits before
+    it; else from the G group partials of :func:`_topk_plan_part_kernel` (``GB`` at a time;
+    the row's bases read ``SP`` at a time): their sum gives the threshold bin, the partials of
+    the groups before its group and the rebased histograms of the splits before it in its
+    group give its offsets. Both give every program the same bin and the same offsets as one
+    plan over the row would (integer counts), so the output is bitwise the same."""
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, VEC)
@@ -824,21 +779,34 @@ def _topk_scatter_kernel(
             _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
                          n_eq, run, pairs)
     else:
-        st = state_ptr + row * STATE_WORDS
-        base = tl.load(st + 0)
-        lbase = tl.load(st + 1)
-        d0 = tl.load(st + 2)
-        done = tl.load(st + 4)
-        pairs = tl.load(st + 8)
+        h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                     num_splits, SP)
         grp = s // PLAN_GROUP
-        off = cnt_ptr + (row * num_splits + s) * 2
-        n_out = tl.load(off)
-        n_cand = tl.load(off + 1)
-        for g0 in range(0, grp, GB):
+        c = tl.arange(0, HIST_BINS)[None, :]
+        p_row = part_ptr + row * num_groups * HIST_BINS
+        run = tl.zeros((HIST_BINS,), tl.int32)
+        for g0 in range(0, num_groups, GB):
             gv = g0 + tl.arange(0, GB)
-            t = tot_ptr + (row * num_groups + gv.to(tl.int64)) * 2
-            n_out += tl.sum(tl.load(t, mask=gv < grp, other=0), axis=0)
-            n_cand += tl.sum(tl.load(t + 1, mask=gv < grp, other=0), axis=0)
+            run += tl.sum(tl.load(p_row + gv.to(tl.int64)[:, None] * HIST_BINS + c,
+                                  mask=(gv < num_groups)[:, None], other=0), axis=0)
+        d0, need, done, total, n_eq = _first_digit(run, topk)
+        pairs = (n_eq <= cap).to(tl.int32)
+        n_out = tl.zeros((), tl.int32)
+        n_cand = tl.zeros((), tl.int32)
+        for g0 in range(0, grp, GB):                   # the groups before this split's group
+            gv = g0 + tl.arange(0, GB)
+            g_o, g_c = _split_counts(tl.load(p_row + gv.to(tl.int64)[:, None] * HIST_BINS + c,
+                                             mask=(gv < grp)[:, None], other=0), d0, done)
+            n_out += tl.sum(g_o, axis=0)
+            n_cand += tl.sum(g_c, axis=0)
+        sg = grp * PLAN_GROUP + tl.arange(0, PLAN_GROUP)   # the splits before it in its group
+        s_o, s_c = _split_counts(_load_rebased(h_row, sg, sg < s, split_stride, base, lbase),
+                                 d0, done)
+        n_out += tl.sum(s_o, axis=0)
+        n_cand += tl.sum(s_c, axis=0)
+        if s == 0:
+            _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
+                         n_eq, run, pairs)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
@@ -847,6 +815,14 @@ def _topk_scatter_kernel(
 # The split pass B plans in its own programs (no plan kernels) up to this many splits a row:
 # each of the R x S programs then reads the row's S histogram blocks (S x 2 KB from L2).
 SCATTER_PLAN_SPLITS = 16
+# With more splits (after _topk_plan_part_kernel) each scatter program reads the row's split
+# bases SCATTER_PART_SBASE at a time and the group partials SCATTER_PART_GB at a time (one
+# compile for every split count; B 1 L 128K: 264 splits, 33 groups, three partial tiles). AOT
+# (Triton 3.6.0, sm_90): 16 partials a tile keep the scatter at 115 registers (512 x 4 warps;
+# 143 at 2,048 VEC), 4 CTAs an SM; 32 took 198-226 (2 CTAs an SM: B 1 N 2's 528 programs in two
+# waves), 8 111-128 with twice the dependent tile loads.
+SCATTER_PART_SBASE = PLAN_BASES
+SCATTER_PART_GB = 16
 
 
 def scatter_plan_blocks() -> tuple:
@@ -940,26 +916,21 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
             _topk_scatter_kernel[(R, num_splits)](
-                logits, lengths, out, scratch, state, state, state, hist, W, page_size,
+                logits, lengths, out, scratch, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, 1, BLOCK=sblock, GB=PLAN_MIN, PLAN=True, SP=sp,
                 VEC=svec, num_warps=swarps)
         else:
-            groups, sbase, gb = plan_blocks(num_splits)
+            groups, sbase = plan_blocks(num_splits)
             part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
                                device=logits.device)
-            cnt = torch.empty((R, num_splits, 2), dtype=torch.int32, device=logits.device)
-            tot = torch.empty((R, groups, 2), dtype=torch.int32, device=logits.device)
             _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
                                                 SBASE=sbase, num_warps=4)
-            _topk_plan_count_kernel[(R, groups)](hist, part, state, cnt, tot, topk, cap,
-                                                 n_drafts, nb, num_splits, groups, SBASE=sbase,
-                                                 GB=gb, num_warps=4)
             _topk_scatter_kernel[(R, num_splits)](
-                logits, lengths, out, scratch, state, cnt, tot, hist, W, page_size,
+                logits, lengths, out, scratch, state, part, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
-                per_row, nb, num_splits, groups, BLOCK=sblock, GB=gb, PLAN=False, SP=PLAN_MIN,
-                VEC=svec, num_warps=swarps)
+                per_row, nb, num_splits, groups, BLOCK=sblock, GB=SCATTER_PART_GB,
+                PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, num_warps=swarps)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,

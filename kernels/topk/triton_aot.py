@@ -7,13 +7,13 @@ from __future__ import annotations
 def aot_specs(smem_class: str) -> list:
     """Launches of the radix top-k kernels: the per-row kernel at every (block, num_warps) of
     ``TopkConfig.SEARCH_SPACE`` without a histogram, with the fused one, and finishing a split
-    pass B (``FROM_PLAN``); the two plan kernels at every block pair ``plan_blocks`` returns; the
-    scatter kernel at every ``SCATTER_SPACE`` entry (``scatter_config`` picks one by shape,
-    ``launch_topk(scatter=...)`` any),
-    after the plan kernels and planning itself (every split tile ``scatter_plan_blocks``)."""
+    pass B (``FROM_PLAN``); the plan's part kernel at every ``SBASE`` ``plan_blocks`` returns;
+    the scatter kernel at every ``SCATTER_SPACE`` entry (``scatter_config`` picks one by shape,
+    ``launch_topk(scatter=...)`` any), after the part kernel and planning itself (every split
+    tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_SPACE, TopkConfig,
-                                     plan_blocks, scatter_plan_blocks)
+    from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
+                                     SCATTER_SPACE, TopkConfig, plan_blocks, scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
@@ -32,22 +32,15 @@ def aot_specs(smem_class: str) -> list:
                                     "kernels.topk.triton", "_radix_topk_kernel", sig,
                                     dict(BLOCK=blk, HAS_HIST=True, FROM_PLAN=True,
                                          PLAN_SB=PLAN_SPLITS), nw, 1))
-    pairs = sorted({plan_blocks(1 << e)[1:] for e in range(0, 14)})   # (SBASE, GB), S 1..8K
+    sbases = sorted({plan_blocks(1 << e)[1] for e in range(0, 14)})   # S 1..8K
     common = {"n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32", "num_groups": "i32"}
-    for sbase in sorted({p[0] for p in pairs}):
+    for sbase in sbases:
         specs.append(LaunchSpec(f"topk plan part SBASE{sbase}", "kernels.topk.triton",
                                 "_topk_plan_part_kernel",
                                 {"hist_ptr": "*i32", "part_ptr": "*i32", **common},
                                 dict(SBASE=sbase), 4, 1))
-    for sbase, gb in pairs:
-        specs.append(LaunchSpec(f"topk plan count SBASE{sbase} GB{gb}", "kernels.topk.triton",
-                                "_topk_plan_count_kernel",
-                                {"hist_ptr": "*i32", "part_ptr": "*i32", "state_ptr": "*i32",
-                                 "cnt_ptr": "*i32", "tot_ptr": "*i32", "topk": "i32", "cap": "i32",
-                                 **common},
-                                dict(SBASE=sbase, GB=gb), 4, 1))
     scatter_sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
-                   "state_ptr": "*i32", "cnt_ptr": "*i32", "tot_ptr": "*i32", "hist_ptr": "*i32",
+                   "state_ptr": "*i32", "part_ptr": "*i32", "hist_ptr": "*i32",
                    "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
                    "stride_c": "i32", "cap": "i32", "topk": "i32", "n_drafts": "i32",
                    "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32",
@@ -57,11 +50,10 @@ def aot_specs(smem_class: str) -> list:
     div = ("W", "P", "stride_x", "stride_o", "stride_c")
     for blk, nw, vec in SCATTER_SPACE:
         v = " vec" if vec else ""
-        for gb in sorted({p[1] for p in pairs}):          # after the plan kernels
-            specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} GB{gb}",
-                                    "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
-                                    dict(BLOCK=blk, GB=gb, PLAN=False, SP=PLAN_MIN, VEC=vec),
-                                    nw, 1, divisible=div))
+        specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} parts",   # after the part kernel
+                                "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
+                                dict(BLOCK=blk, GB=SCATTER_PART_GB, PLAN=False,
+                                     SP=SCATTER_PART_SBASE, VEC=vec), nw, 1, divisible=div))
         for sp in scatter_plan_blocks():                  # planning in its own programs
             specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} plan SP{sp}",
                                     "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
