@@ -15,8 +15,8 @@ the custom op's fake implementation. ``indexer_topk`` materialises a ``[B, N, W]
 logits scratch buffer and a ``[B * N, W]`` int32 candidate buffer (both uninitialised; only
 valid prefixes are written and read): 8 bytes per table position per (request, draft), plus
 the fused first-digit histograms (``B x S x next_pow2(N) x 264`` int32, S = logits splits)
-and the top-k plan (64 bytes of state per row; with more than 16 splits a row, B <= 32 on the
-H200, also ~137 S bytes of group partials and split offsets). The top-k kernels compute each
+and the top-k plan (64 bytes of state per row; with more than 16 splits a row, B <= 8 on the
+H200 with the warp-specialised logits kernel, also ~128 S bytes of group partials). The top-k kernels compute each
 row's length from ``context_lens`` themselves: no torch op runs between the two kernels'
 launches.
 
