@@ -154,15 +154,29 @@ def _sh(cfg, scale=1.0) -> dict:
     rows on wgmma M"): the launcher's split count (its residency rule matches the AOT counts:
     2 CTAs an SM at 4 warps, 1 at 8) times ``scale``."""
     d = cfg.to_dict()
-    return {"name": f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}" + (f"_x{scale:g}" if scale != 1 else ""),
+    return {"name": f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}" + (f"r{cfg.maxnreg}" if cfg.maxnreg else "")
+            + (f"s{cfg.num_stages}" if cfg.num_stages != 1 else "")
+            + (f"_x{scale:g}" if scale != 1 else ""),
             "config": d, "splits": None, "ctas_per_sm": None, "scale": scale}
 
 
+# Two X buffers (NBUF 2: the next block converted into the other buffer while this block's value
+# dots run), one CTA an SM by shared memory (AOT, Triton 3.6.0, sm_90, bf16 q, partial:
+# fp8_ds_mla h16 w4 255 registers / 8 B spilled / 168,448 B, h16 w8 159 / 0 / 168,448, h8 w4
+# 249 / 0 / 158,080; fp8_model1 h8 w4 240 / 0 / 142,720); not in any space: sweep-only
+_SH_NBUF2 = {hw: configs.SparseMLAConfig(block_h=hw[0], block_k=64, num_warps=hw[1], num_stages=2,
+                                         prefetch=True, kernel="gluon_sh")
+             for hw in ((16, 4), (16, 8), (8, 4))}
+
 SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
     "v32_h16": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH16), _sh(configs.SPARSE_MLA_GLUON_SH16, 2.0),
-                         _sh(configs.SPARSE_MLA_GLUON_SH16W8), _sh(configs.SPARSE_MLA_GLUON_SH8)],
+                         _sh(configs.SPARSE_MLA_GLUON_SH16W8), _sh(configs.SPARSE_MLA_GLUON_SH8),
+                         _sh(configs.SPARSE_MLA_GLUON_SH16W8R128),
+                         _sh(configs.SPARSE_MLA_GLUON_SH16W8R128, 2.0),
+                         _sh(_SH_NBUF2[16, 4]), _sh(_SH_NBUF2[16, 8])],
     "v4_h8": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH8), _sh(configs.SPARSE_MLA_GLUON_SH8, 2.0),
-                       _sh(configs.SPARSE_MLA_GLUON_SH16)],
+                       _sh(configs.SPARSE_MLA_GLUON_SH16), _sh(_SH_NBUF2[8, 4]),
+                       _sh(_SH_NBUF2[8, 4], 2.0)],
     # V4 H 64 runs the one-partition Gluon kernel today: the best-predicted Triton tiles (one
     # split: the final epilogue, no combine), today's 32 x 32 default (88 us on 2026-12-02),
     # the 16-warp tile, and the warp-specialised Gluon kernel (62.8 us on 2026-12-02)
@@ -175,6 +189,8 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
          "splits": None, "ctas_per_sm": None, "scale": 1.0},
         # four 16-head blocks a request at 2 CTAs an SM (rows re-gathered from L2 per block)
         _sh(configs.SPARSE_MLA_GLUON_SH16),
+        _sh(configs.SPARSE_MLA_GLUON_SH16W8R128),
+        _sh(_SH_NBUF2[16, 8]),
     ],
 }
 

@@ -1018,6 +1018,16 @@ def test_gluon_sh_rules():
     sh16, sh8 = configs.SPARSE_MLA_GLUON_SH16, configs.SPARSE_MLA_GLUON_SH8
     assert configs.sparse_mla_num_splits(64, 2048, 64, 132, ctas_per_sm=ctas[sh16]) == 4
     assert configs.sparse_mla_num_splits(64, 640, 64, 132, ctas_per_sm=ctas[sh8]) == 4
+    # a register cap (ptxas .maxnreg) counts in the residency: 8 warps at 128 registers, 2 CTAs
+    # an SM, so B 64 H 16 K 2048 plans 4 splits as the 4-warp tile; the dict keeps the field
+    # only when set, and the dispatch-table round trip refuses it (a sweep-only config)
+    r128 = configs.SPARSE_MLA_GLUON_SH16W8R128
+    assert configs.sparse_mla_ctas_per_sm(r128, configs.LARGE_SMEM) == 2
+    assert configs.sparse_mla_num_splits(64, 2048, 64, 132, ctas_per_sm=2) == 4
+    assert r128.to_dict()["maxnreg"] == 128 and "maxnreg" not in sh16.to_dict()
+    assert configs.SparseMLAConfig(**r128.to_dict()) == r128
+    assert configs.sparse_mla_from_dict(r128.to_dict(), configs.LARGE_SMEM) is None
+    assert configs.sparse_mla_from_dict(sh16.to_dict(), configs.LARGE_SMEM) == sh16
 
 
 # ============================================================================ combine

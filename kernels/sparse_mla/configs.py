@@ -65,6 +65,9 @@ class SparseMLAConfig:
         ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised, for the fp8
         caches and 16-bit latent caches with q of their dtype; 8 consumer warps plus an 8-warp
         (fp8) or 4-warp (latent) producer, ``num_stages`` X slots).
+      maxnreg: registers a thread the compiler may use (ptxas ``.maxnreg``), or None for its own
+        choice; set only on ``"gluon_sh"`` configs, to reach more CTAs an SM (65,536 registers
+        an SM: 8 warps at <= 128 registers give 2 CTAs, at 158 one).
     """
 
     block_h: int = 16
@@ -73,13 +76,17 @@ class SparseMLAConfig:
     num_stages: int = 1
     prefetch: bool = True
     kernel: str = "triton"
+    maxnreg: int | None = None
 
     def to_dict(self) -> dict:
         """Plain dict (for dispatch JSON and result files); ``kernel`` only when it is not the
-        default ``"triton"`` (so tables written before the field existed still match)."""
+        default ``"triton"`` and ``maxnreg`` only when set (so tables written before the
+        fields existed still match)."""
         d = asdict(self)
         if d["kernel"] == "triton":
             del d["kernel"]
+        if d["maxnreg"] is None:
+            del d["maxnreg"]
         return d
 
 
@@ -205,6 +212,12 @@ SPARSE_MLA_GLUON_SH16W8 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, n
                                           prefetch=True, kernel="gluon_sh")
 SPARSE_MLA_GLUON_SH32 = SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num_stages=1,
                                         prefetch=True, kernel="gluon_sh")
+# Sweep-only (in no space yet): h16 w8 held to 128 registers (ptxas .maxnreg), 2 CTAs = 16 warps
+# an SM instead of 1 CTA (8 warps) at 158 registers. AOT (Triton 3.6.0, sm_90, bf16 q, partial):
+# fp8_ds_mla 64 B spilled, loop 897 SASS (14 LDL reloads, no STL) against 867; fp8_model1 80 B,
+# 914 (18 LDL) against 878. bench/NOTES.md "Few-heads kernel: 16 warps an SM".
+SPARSE_MLA_GLUON_SH16W8R128 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, num_stages=1,
+                                              prefetch=True, kernel="gluon_sh", maxnreg=128)
 # formats whose heuristic picks it, up to GLUON_SH_PICKED_MAX_HEADS heads: H200, 2026-12-05
 # (`bench.mla_sweep --small-heads`, bench/results/mla_sweep_small_heads_h200_20261205.json,
 # CUDA-graph timed, checked against the reference): V3.2 B 64 H 16 fp8_ds_mla 66.2 us against
@@ -265,10 +278,13 @@ SMEM_PER_SM = {"large": 233_472, "small": 102_400}
 
 
 def sparse_mla_ctas_per_sm(cfg: SparseMLAConfig, smem_per_block: int,
-                           registers: int = 255, smem: int | None = None) -> int:
-    """Resident CTAs per SM of ``cfg`` from its compile report: registers per thread (255 for
-    every config above but one: conservative) and shared bytes (default: the (block_h + block_k)
-    x 576 x 2 staging estimate, within 10 % of the reports above)."""
+                           registers: int | None = None, smem: int | None = None) -> int:
+    """Resident CTAs per SM of ``cfg`` from its compile report: registers per thread (default
+    ``cfg.maxnreg``, else 255: every config above but one, conservative) and shared bytes
+    (default: the (block_h + block_k) x 576 x 2 staging estimate, within 10 % of the reports
+    above)."""
+    if registers is None:
+        registers = cfg.maxnreg or 255
     if smem is None:
         smem = (cfg.block_h + cfg.block_k) * 576 * 2 * max(1, cfg.num_stages)
     by_regs = REGISTERS_PER_SM // (registers * 32 * cfg.num_warps)

@@ -209,10 +209,12 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
                   FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, **extra)
         out.append(LaunchSpec(
-            f"{kernel}{f' h{cfg.block_h} w{num_warps}' if kernel == 'gluon_sh' else ''} x{nbuf} "
+            f"{kernel}{f' h{cfg.block_h} w{num_warps}' if kernel == 'gluon_sh' else ''}"
+            f"{f' r{cfg.maxnreg}' if cfg is not None and cfg.maxnreg else ''} x{nbuf} "
             f"{kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
             f"{'block table' if has_bt else 'slots'}", mod.__name__, fn, sig, cx, num_warps,
-            nbuf, ("ROPE_DTYPE",), ("sq_b", "sq_n", "sq_h", "page_bytes")))
+            nbuf, ("ROPE_DTYPE",), ("sq_b", "sq_n", "sq_h", "page_bytes"),
+            {"maxnreg": cfg.maxnreg} if cfg is not None and cfg.maxnreg else {}))
     return out
 
 
@@ -356,6 +358,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=cx["ROPE_DTYPE"],
             NBUF=cfg.num_stages, **extra, num_warps=num_warps,
+            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
         )
     else:
         tk._sparse_mla_split_kernel[grid](
