@@ -656,6 +656,15 @@ def test_gluon_ws_config_selection():
     assert logits_splits(64, 1024, 132, dataclasses.replace(ws, ws_consumers=1)) == 8
     assert logits_splits(64, 1024, 132, dataclasses.replace(ws, num_splits=3)) == 3
     assert logits_splits(1, 100, 132, ws) == 100
+    # one wave where each split then holds <= ONE_WAVE_MAX_PAGES (16) pages: B 1 L 64K / 128K
+    # (1,024 / 2,048 pages: 7.8 / 15.5 a split at 132), not V4 B 1 L 1M (16,384 pages)
+    assert logits_splits(1, 1024, 132, ws) == 132
+    assert logits_splits(1, 2048, 132, ws) == 132
+    assert logits_splits(1, 2113, 132, ws) == 264
+    assert logits_splits(1, 16384, 132, ws) == 264
+    assert logits_splits(2, 1024, 132, ws) == 66
+    assert logits_splits(2, 2048, 132, ws) == 132
+    assert logits_splits(1, 1024, 132, dataclasses.replace(ws, ws_consumers=1)) == 264
     shape = dict(B=64, N=1, L=65536, topk=2048)
     for op in ("indexer_logits", "indexer_topk"):
         heur = REGISTRY.heuristic(op, "torch", "triton", h200, **shape)

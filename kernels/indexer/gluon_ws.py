@@ -103,6 +103,13 @@ SCALE_WORDS = PAGE_BYTES.value // 4        # 2,112 float32 words a page
 # Programs per SM the default split count aims at (kernels.indexer.triton.logits_splits):
 # two waves of the CTAs an SM holds, as gluon.py's SPLITS_PER_SM
 SPLITS_PER_SM = {3: 2, 2: 2, 1: 4}
+# ... except where one wave leaves each split at most ONE_WAVE_MAX_PAGES pages: then one wave
+# (the per-CTA start, ~2 us, is paid once, and the top-k merges half the partials). Measured
+# (bench/results/indexer_sweep_ws_h100_20261205.json, H100, isolated): B 1 L 128K (2,048
+# pages) at 132 splits (15.5 pages a split) 13.8 us of logits and 21.3 of top-k against 18.0
+# and 23.4 at 264; at B 64 L 64K one wave (2 splits, 512 pages a split) took 344.9 us
+# against 205.4 at 4 (indexer_sweep_ws_h200_20261205b.json): long splits stay at two waves.
+ONE_WAVE_MAX_PAGES = 16
 SMEM_PER_SM = 233472      # sm_90: 228 KB a multiprocessor, 227 KB (232,448 B) a block
 SMEM_PER_BLOCK = 232448
 # Whether the registry's sm_90 heuristic picks this kernel (its default ``CONSUMERS``, ``CONVERT``)

@@ -168,7 +168,8 @@ def logits_splits(batch: int, max_pages: int, num_sms: int,
     """Programs per request of the logits grid ``(B, S)`` for this call (shape-only): the
     config's count, else two programs an SM (the Triton kernel: one wave),
     ``kernels.indexer.gluon.SPLITS_PER_SM`` (the Gluon kernel: two waves, measured faster) or
-    ``kernels.indexer.gluon_ws.SPLITS_PER_SM`` (two waves of the CTAs an SM holds)."""
+    ``kernels.indexer.gluon_ws.SPLITS_PER_SM`` (two waves of the CTAs an SM holds; one wave
+    where each split then holds at most ``gluon_ws.ONE_WAVE_MAX_PAGES`` pages)."""
     cfg = config or IndexerLogitsConfig()
     per_sm = 2
     if cfg.kernel == "gluon":
@@ -177,6 +178,9 @@ def logits_splits(batch: int, max_pages: int, num_sms: int,
     elif cfg.kernel == "gluon_ws":
         from kernels.indexer import gluon_ws
         per_sm = gluon_ws.SPLITS_PER_SM[cfg.ws_consumers]
+        one_wave = default_num_splits(batch, max_pages, num_sms, per_sm // 2)
+        if max_pages <= one_wave * gluon_ws.ONE_WAVE_MAX_PAGES:
+            per_sm //= 2
     splits = cfg.num_splits or default_num_splits(batch, max_pages, num_sms, per_sm)
     return max(1, min(splits, max(max_pages, 1)))
 
