@@ -79,6 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the cases in N worker processes (one report, same rows and order as "
                         "one process; a line per finished case). On a GPU the workers share it; "
                         "compiling and the float64 reference are what the extra CPU cores speed up")
+    p.add_argument("--budget-s", type=positive_int, default=None, metavar="SECONDS",
+                   help="start no case after SECONDS (with --jobs: also stop the cases still "
+                        "running then); the report and --json hold the cases that finished, "
+                        "the JSON lists the others under not_run, and the exit status is 3 "
+                        "when some did not run and none failed")
     return p
 
 
@@ -177,17 +182,21 @@ def print_env(console, gpu: bool, selected) -> dict:
 # imports this module (spawned workers import their target by module name).
 
 def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
-              show: bool = True) -> list:
+              show: bool = True) -> tuple[list, list]:
     """``--jobs``: each case in one of ``jobs`` spawned worker processes (a one-case shard of
-    ``parity.jobs.run_shard``), a progress line per finished case, rows merged in case order."""
+    ``parity.jobs.run_shard``), a progress line per finished case, rows merged in case order.
+    Returns ``(rows, indices of the cases not run)``: with ``--budget-s`` the cases not finished
+    when it is spent (their workers are stopped)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     done = []
     t0 = time.perf_counter()
     sel = {k: getattr(args, k) for k in SELECTION_ARGS}
-    with cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn")) as pool:
-        futs = [pool.submit(run_shard, sel, ci, n_cases) for ci in range(n_cases)]
-        for f in cf.as_completed(futs):
+    pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
+    futs = {pool.submit(run_shard, sel, ci, n_cases): ci for ci in range(n_cases)}
+    timeout = None if args.budget_s is None else max(0.0, args.budget_s - (time.perf_counter() - t0))
+    try:
+        for f in cf.as_completed(futs, timeout=timeout):
             part = f.result()
             done.extend(part)
             if show:
@@ -195,7 +204,16 @@ def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
                     err_console.print(case_line(len(done), n_cases, case_rows,
                                                 time.perf_counter() - t0, " elapsed"),
                                       markup=False, highlight=False)
-    return [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
+        pool.shutdown()
+    except cf.TimeoutError:
+        # the budget is spent: drop the queued cases and stop the workers of the running ones
+        procs = list(getattr(pool, "_processes", {}).values())
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in procs:
+            proc.terminate()
+    finished = {ci for ci, _ in done}
+    rows = [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
+    return rows, [ci for ci in range(n_cases) if ci not in finished]
 
 
 def main(argv=None) -> int:
@@ -248,8 +266,23 @@ def main(argv=None) -> int:
                       f"mode {args.mode}, {where}, seed {args.seed}", highlight=False)
     t0 = time.perf_counter()
     show_bar = not args.no_progress and err_console.is_terminal
+    not_run: list = []
     if args.jobs > 1:
-        rows = _run_jobs(args, args.jobs, len(cases), err_console, show=not args.no_progress)
+        rows, not_run = _run_jobs(args, args.jobs, len(cases), err_console,
+                                  show=not args.no_progress)
+    elif args.budget_s is not None:
+        # one case at a time until the budget is spent (a case line each unless --no-progress)
+        log = None if args.no_progress else (lambda s: err_console.print(s, markup=False, highlight=False))
+        rows = []
+        for ci, pc in enumerate(cases):
+            if time.perf_counter() - t0 >= args.budget_s:
+                not_run = list(range(ci, len(cases)))
+                break
+            case_rows = run_suite([pc], selected, seed=args.seed, mode=args.mode,
+                                  repeat=sizes.repeat)
+            rows.extend(case_rows)
+            if log is not None:
+                log(case_line(ci + 1, len(cases), case_rows, time.perf_counter() - t0, " elapsed"))
     elif show_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
@@ -271,6 +304,10 @@ def main(argv=None) -> int:
                 r.rerun += " --strict"              # rerun what failed, under the same rule
     report.render(console, rows, [r.key for r in selected], seconds=seconds,
                   show_all=not args.failures_only)
+    if not_run:
+        err_console.print(f"--budget-s {args.budget_s}: {len(not_run)} of {len(cases)} cases did not "
+                          f"run (first: {cases[not_run[0]].name} [{cases[not_run[0]].op}])",
+                          style="yellow", markup=False, highlight=False)
     if args.json_path:
         info = report.machine_info(gpu)
         paths = {}
@@ -279,9 +316,14 @@ def main(argv=None) -> int:
             paths[r.key] = "available" if not why else f"unavailable: {why}"
         report.write_json(args.json_path, info=info, command=_command_line(argv), rows=rows,
                           extra={"mode": args.mode, "seed": args.seed, "interpret": not gpu,
-                                 "seconds": round(seconds, 2), "paths": paths})
+                                 "seconds": round(seconds, 2), "paths": paths,
+                                 "budget_s": args.budget_s,
+                                 "not_run": [{"case": cases[i].name, "op": cases[i].op}
+                                             for i in not_run]})
         console.print(f"wrote {args.json_path}", highlight=False)
-    return 1 if any(r.failed for r in rows) else 0
+    if any(r.failed for r in rows):
+        return 1
+    return 3 if not_run else 0
 
 
 if __name__ == "__main__":

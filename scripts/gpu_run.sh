@@ -31,7 +31,8 @@
 #   sweep:linear    bench.linear_sweep: every layer projection GEMM (both presets, B 1 / 64), torch's
 #                   GEMMs against the Triton few-token GEMM's configs and split counts, CUDA-graph
 #                   timed (LINEAR_SWEEP_ARGS: extra flags, e.g. "--preset DSV32" or "--heuristic-only")
-#   parity:full     python -m parity --full --jobs 6 (JSON report; PARITY_JOBS, PARITY_ARGS: e.g.
+#   parity:full     python -m parity --full --jobs 6 --budget-s SECONDS-45 (JSON report of the cases
+#                   that finished, the rest under not_run; PARITY_JOBS, PARITY_ARGS: e.g.
 #                   "--op sparse_mla_decode,dsa_decode_layer")
 #   profile:OP      scripts/profile_kernels.py --op OP: per-kernel GPU time of the torch rows of
 #                   OP in the targets grid (PROFILE_K: a label substring, or profile:OP:SECS:LABEL
@@ -139,8 +140,10 @@ for step in "$@"; do
         && ncu -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 \
         && ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1 ;;
     parity)
+      # --budget-s: the report and JSON of the cases that finished, written before the step's
+      # limit (a line per finished case in the log as they end)
       timeout "$secs" python3 -m parity "--$what" --jobs "${PARITY_JOBS:-6}" ${PARITY_ARGS:-} \
-        --no-progress --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
+        --budget-s $(( secs > 90 ? secs - 45 : secs / 2 )) --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
     sanitize)
       stacks=$([ "$what" = all ] && echo "torch jax" || echo "$what")
       rc_s=0; : > "$log"

@@ -14,6 +14,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -300,6 +301,31 @@ def test_exception_in_a_path_is_a_failure(registry, tmp_path):
     assert row["message"] == "RuntimeError: illegal memory access"
 
 
+def test_budget_reports_the_cases_that_ran_and_lists_the_rest(registry, tmp_path):
+    """``--budget-s``: no case starts after the budget; the report holds the cases that ran
+    (checked as usual), the JSON names the others under ``not_run``, exit status 3 (none
+    failed); a failure among the cases that ran still exits 1."""
+    import time as _time
+
+    def slow(op, c):
+        _time.sleep(1.2)                        # past the 1 s budget after the first case
+        return _ref_outputs(op, c)
+    registry(_fake("slow", slow))
+    rc, doc = _run(["-k", f"{MLA_CASE},{IDX_CASE}", "--budget-s", "1"], tmp_path)
+    assert rc == 3
+    ran = {(r["case"], r["op"]) for r in doc["rows"]}
+    assert ran == {(MLA_CASE, "sparse_mla_decode")}
+    assert all(r["status"] == "pass" for r in doc["rows"])
+    assert doc["budget_s"] == 1
+    assert doc["not_run"] == [{"case": IDX_CASE, "op": "indexer_logits"},
+                              {"case": IDX_CASE, "op": "indexer_topk"}]
+    registry(_raising("crash", RuntimeError("illegal memory access")))
+    rc, doc = _run(["-k", f"{MLA_CASE},{IDX_CASE}", "--budget-s", "1"], tmp_path)
+    assert rc == 1 and not doc["not_run"]      # the fake fails at once: every case ran
+    rc, doc = _run(["-k", MLA_CASE, "--budget-s", "100"], tmp_path)
+    assert rc == 1 and doc["not_run"] == []
+
+
 def test_usage_errors_exit_2(registry, capsys):
     registry(_fake("good", _ref_outputs))
     assert cli.main(["-k", "no/such/case", "--no-progress"]) == 2
@@ -478,3 +504,23 @@ def test_jobs_gives_the_rows_of_one_process(tmp_path):
 def shutil_which(name):
     import shutil
     return shutil.which(name)
+
+
+def test_jobs_budget_stops_the_workers_and_lists_what_did_not_run(tmp_path):
+    """``--jobs 2 --budget-s 1``: the spawned workers (each imports torch first, which takes
+    longer than the budget) are stopped when it is spent; the JSON is still written, every case
+    the run did not finish is under ``not_run`` and the exit status is 3."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
+               DSA_FORCE_INTERPRET="1")
+    out = tmp_path / "r.json"
+    t0 = time.perf_counter()
+    r = subprocess.run([sys.executable, "-m", "parity", "-k", "duplicates", "--backend", "torch",
+                        "--jobs", "2", "--budget-s", "1", "--json", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert time.perf_counter() - t0 < 120, "the workers were not stopped"
+    doc = json.loads(out.read_text())
+    assert r.returncode == 3, r.stderr[-2000:]
+    ran = {row["case"] for row in doc["rows"]}
+    missing = {x["case"] for x in doc["not_run"]}
+    assert len(ran | missing) == 3 and not ran & missing and missing
+    assert "did not run" in r.stderr
