@@ -27,11 +27,24 @@ def _count_rows():
     return {(r["format"], r["cc"], tuple(sorted(r["config"].items()))): r for r in rows}
 
 
+def test_sweep_only_gluon_configs_are_in_no_space():
+    """The sweep-only few-heads configs stay out of every space until a sweep picks one (so
+    neither a dispatch table nor the heuristic can choose them), and their split plan uses the
+    residency they were counted at: 2 CTAs an SM at 128 registers, 1 with two X buffers."""
+    for cfg in sw.SWEEP_ONLY_GLUON:
+        assert cfg.kernel == "gluon_sh"
+        assert all(cfg not in space for space in configs.SPARSE_MLA_SPACE.values()), cfg
+        assert configs.sparse_mla_from_dict(cfg.to_dict(), configs.LARGE_SMEM) is None
+        want = 2 if cfg.maxnreg == 128 else 1
+        assert configs.sparse_mla_ctas_per_sm(cfg, configs.LARGE_SMEM) == want, cfg
+
+
 def test_small_head_variants_come_from_the_counts():
     """Every ``--small-heads`` Triton variant has a committed sm_90 count (the format its shape
     runs) without spills that fits the H200, its ``ctas_per_sm`` is that count's residency, its
     split count the launcher's rule at that residency, and it compiled for sm_120 too; the
-    Gluon variants are members of the H200's space; names are unique per shape."""
+    Gluon variants are members of the H200's space or of the sweep-only configs (counted in
+    bench/NOTES.md, none in a space); names are unique per shape."""
     shapes = sw.small_head_shapes()
     assert set(sw.SMALL_HEAD_VARIANTS) == set(shapes)
     got = _count_rows()
@@ -43,7 +56,8 @@ def test_small_head_variants_come_from_the_counts():
         for v in variants:
             cfg = configs.SparseMLAConfig(**v["config"])
             if cfg.kernel != "triton":          # a Gluon kernel of the space (no Triton count)
-                assert cfg in configs.SPARSE_MLA_SPACE[("large", 2)] and v["ctas_per_sm"] is None
+                assert (cfg in configs.SPARSE_MLA_SPACE[("large", 2)]
+                        or cfg in sw.SWEEP_ONLY_GLUON) and v["ctas_per_sm"] is None, (key, v["name"])
                 continue
             assert cfg.block_h in (16, 32) and cfg.block_k in (16, 32, 64)
             row = got[(shape.kv_format, 90, tuple(sorted(cfg.to_dict().items())))]
