@@ -207,10 +207,13 @@ def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
         pool.shutdown()
     except cf.TimeoutError:
         # the budget is spent: drop the queued cases and stop the workers of the running ones
-        procs = list(getattr(pool, "_processes", {}).values())
+        procs = list((getattr(pool, "_processes", None) or {}).values())
         pool.shutdown(wait=False, cancel_futures=True)
         for proc in procs:
             proc.terminate()
+    except BaseException:
+        pool.shutdown(cancel_futures=True)   # a worker's exception: as the `with` block did
+        raise
     finished = {ci for ci, _ in done}
     rows = [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
     return rows, [ci for ci in range(n_cases) if ci not in finished]
