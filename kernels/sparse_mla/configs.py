@@ -215,7 +215,9 @@ SPARSE_MLA_GLUON_SH32 = SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num
 # Sweep-only (in no space yet): h16 w8 held to 128 registers (ptxas .maxnreg), 2 CTAs = 16 warps
 # an SM instead of 1 CTA (8 warps) at 158 registers. AOT (Triton 3.6.0, sm_90, bf16 q, partial):
 # fp8_ds_mla 64 B spilled, loop 897 SASS (14 LDL reloads, no STL) against 867; fp8_model1 80 B,
-# 914 (18 LDL) against 878. bench/NOTES.md "Few-heads kernel: 16 warps an SM".
+# 914 (18 LDL) against 878. Measured slower (H100, mla_sweep_small_heads_h100_20261205.json):
+# V3.2 B 64 H 16 85.3 us against 71.1 for h16 w4; bench/NOTES.md "Few-heads kernel at 16 warps
+# an SM: rejected".
 SPARSE_MLA_GLUON_SH16W8R128 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, num_stages=1,
                                               prefetch=True, kernel="gluon_sh", maxnreg=128)
 # formats whose heuristic picks it, up to GLUON_SH_PICKED_MAX_HEADS heads: H200, 2026-12-05
