@@ -51,8 +51,9 @@
 #                   sweeps support (and the sm_90 dispatch entries) in the device's copy of the
 #                   tree, for the steps after it
 # The last lines printed are a one-line summary per step (the device tool returns the tail).
-# GPU_RUN_TAR=1: at the end, everything under $OUT but summary.txt is packed into $OUT/out.tgz (the
-# device tool brings back a few files only).
+# At the end everything under $OUT but summary.txt is packed into $OUT/out.tgz (the device tool
+# brings back a few files only: on 2026-12-05 a call's sweep JSONs were left out); GPU_RUN_TAR=0
+# leaves the files as they are.
 set -u
 export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -164,7 +165,7 @@ for step in "$@"; do
 done
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$OUT/summary.txt"
 mkdir -p /tmp/dsa_state && cp "$OUT"/sweep_*.json /tmp/dsa_state/ 2>/dev/null   # for a later call's picks step
-if [ -n "${GPU_RUN_TAR:-}" ]; then
+if [ "${GPU_RUN_TAR:-1}" != 0 ]; then
   (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name out.tgz -print0 \
      | tar czf out.tgz --null -T - --remove-files)
 fi
