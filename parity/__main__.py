@@ -2,9 +2,10 @@
 against each other, on a grid of named cases (see parity/README.md).
 
 Exit status: 0 when every comparison passed (unavailable paths are not failures unless
-``--strict``), 1 when any failed, 2 on a usage error (bad flag, an empty ``--backend`` /
-``--path`` / ``--op`` / ``-k``, a ``--case`` name that is no case of the grid, no case matches
-the selection, a ``--json`` path that cannot be written: checked before any case runs).
+``--strict``), 1 when any failed, 3 when none failed but ``--budget-s`` left cases unrun, 2 on
+a usage error (bad flag, an empty ``--backend`` / ``--path`` / ``--op`` / ``-k``, a ``--case``
+name that is no case of the grid, no case matches the selection, a ``--json`` path that cannot
+be written: checked before any case runs).
 """
 from __future__ import annotations
 
@@ -186,15 +187,19 @@ def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
     """``--jobs``: each case in one of ``jobs`` spawned worker processes (a one-case shard of
     ``parity.jobs.run_shard``), a progress line per finished case, rows merged in case order.
     Returns ``(rows, indices of the cases not run)``: with ``--budget-s`` the cases not finished
-    when it is spent (their workers are stopped)."""
+    when it is spent (their workers are stopped; a case that ends in that instant is counted
+    as not run)."""
     import concurrent.futures as cf
     import multiprocessing as mp
+    import threading
     done = []
     t0 = time.perf_counter()
     sel = {k: getattr(args, k) for k in SELECTION_ARGS}
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
     futs = {pool.submit(run_shard, sel, ci, n_cases): ci for ci in range(n_cases)}
-    timeout = None if args.budget_s is None else max(0.0, args.budget_s - (time.perf_counter() - t0))
+    # (a wait longer than threading.TIMEOUT_MAX, ~292 years, overflows the platform's time_t)
+    timeout = (None if args.budget_s is None else
+               min(threading.TIMEOUT_MAX, max(0.0, args.budget_s - (time.perf_counter() - t0))))
     try:
         for f in cf.as_completed(futs, timeout=timeout):
             part = f.result()

@@ -144,7 +144,7 @@ for step in "$@"; do
       # --budget-s: the report and JSON of the cases that finished, written before the step's
       # limit (a line per finished case in the log as they end)
       timeout "$secs" python3 -m parity "--$what" --jobs "${PARITY_JOBS:-6}" ${PARITY_ARGS:-} \
-        --budget-s $(( secs > 90 ? secs - 45 : secs / 2 )) --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
+        --budget-s $(( secs > 90 ? secs - 45 : (secs > 1 ? secs / 2 : 1) )) --json "$OUT/parity_$what.json" > "$log" 2>&1 ;;
     sanitize)
       stacks=$([ "$what" = all ] && echo "torch jax" || echo "$what")
       rc_s=0; : > "$log"

@@ -524,3 +524,11 @@ def test_jobs_budget_stops_the_workers_and_lists_what_did_not_run(tmp_path):
     missing = {x["case"] for x in doc["not_run"]}
     assert len(ran | missing) == 3 and not ran & missing and missing
     assert "did not run" in r.stderr
+    # a budget past threading.TIMEOUT_MAX (the wait on the workers): every case runs, exit 0
+    r = subprocess.run([sys.executable, "-m", "parity", "-k", "duplicates", "--backend", "torch",
+                        "--path", "torch", "--jobs", "2", "--budget-s", str(10 ** 20),
+                        "--json", str(out)], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=300)
+    doc = json.loads(out.read_text())
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert doc["not_run"] == [] and len({row["case"] for row in doc["rows"]}) == 3
