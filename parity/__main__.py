@@ -183,12 +183,12 @@ def print_env(console, gpu: bool, selected) -> dict:
 # imports this module (spawned workers import their target by module name).
 
 def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
-              show: bool = True) -> tuple[list, list]:
+              show: bool = True, deadline: float | None = None) -> list:
     """``--jobs``: each case in one of ``jobs`` spawned worker processes (a one-case shard of
     ``parity.jobs.run_shard``), a progress line per finished case, rows merged in case order.
-    Returns ``(rows, indices of the cases not run)``: with ``--budget-s`` the cases not finished
-    when it is spent (their workers are stopped; a case that ends in that instant is counted
-    as not run)."""
+    With ``deadline`` (``--budget-s``; a ``time.perf_counter()`` value) the rows of the cases
+    finished by then (the workers of the others are stopped; a case that ends in that instant
+    is counted as not run)."""
     import concurrent.futures as cf
     import multiprocessing as mp
     import threading
@@ -196,10 +196,10 @@ def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
     t0 = time.perf_counter()
     sel = {k: getattr(args, k) for k in SELECTION_ARGS}
     pool = cf.ProcessPoolExecutor(max_workers=jobs, mp_context=mp.get_context("spawn"))
-    futs = {pool.submit(run_shard, sel, ci, n_cases): ci for ci in range(n_cases)}
+    futs = [pool.submit(run_shard, sel, ci, n_cases) for ci in range(n_cases)]
     # (a wait longer than threading.TIMEOUT_MAX, ~292 years, overflows the platform's time_t)
-    timeout = (None if args.budget_s is None else
-               min(threading.TIMEOUT_MAX, max(0.0, args.budget_s - (time.perf_counter() - t0))))
+    timeout = (None if deadline is None else
+               min(threading.TIMEOUT_MAX, max(0.0, deadline - time.perf_counter())))
     try:
         for f in cf.as_completed(futs, timeout=timeout):
             part = f.result()
@@ -219,9 +219,7 @@ def _run_jobs(args: argparse.Namespace, jobs: int, n_cases: int, err_console,
     except BaseException:
         pool.shutdown(cancel_futures=True)   # a worker's exception: as the `with` block did
         raise
-    finished = {ci for ci, _ in done}
-    rows = [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
-    return rows, [ci for ci in range(n_cases) if ci not in finished]
+    return [row for _, rows in sorted(done, key=lambda x: x[0]) for row in rows]
 
 
 def main(argv=None) -> int:
@@ -274,23 +272,10 @@ def main(argv=None) -> int:
                       f"mode {args.mode}, {where}, seed {args.seed}", highlight=False)
     t0 = time.perf_counter()
     show_bar = not args.no_progress and err_console.is_terminal
-    not_run: list = []
+    deadline = None if args.budget_s is None else t0 + args.budget_s
     if args.jobs > 1:
-        rows, not_run = _run_jobs(args, args.jobs, len(cases), err_console,
-                                  show=not args.no_progress)
-    elif args.budget_s is not None:
-        # one case at a time until the budget is spent (a case line each unless --no-progress)
-        log = None if args.no_progress else (lambda s: err_console.print(s, markup=False, highlight=False))
-        rows = []
-        for ci, pc in enumerate(cases):
-            if time.perf_counter() - t0 >= args.budget_s:
-                not_run = list(range(ci, len(cases)))
-                break
-            case_rows = run_suite([pc], selected, seed=args.seed, mode=args.mode,
-                                  repeat=sizes.repeat)
-            rows.extend(case_rows)
-            if log is not None:
-                log(case_line(ci + 1, len(cases), case_rows, time.perf_counter() - t0, " elapsed"))
+        rows = _run_jobs(args, args.jobs, len(cases), err_console, show=not args.no_progress,
+                         deadline=deadline)
     elif show_bar:
         from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn,
                                    TimeElapsedColumn, TimeRemainingColumn)
@@ -298,10 +283,13 @@ def main(argv=None) -> int:
                       TimeElapsedColumn(), TimeRemainingColumn(), console=err_console,
                       transient=True) as progress:
             rows = run_suite(cases, selected, seed=args.seed, mode=args.mode, repeat=sizes.repeat,
-                             progress=progress)
+                             progress=progress, deadline=deadline)
     else:
         log = None if args.no_progress else (lambda s: err_console.print(s, markup=False, highlight=False))
-        rows = run_suite(cases, selected, seed=args.seed, mode=args.mode, repeat=sizes.repeat, log=log)
+        rows = run_suite(cases, selected, seed=args.seed, mode=args.mode, repeat=sizes.repeat, log=log,
+                         deadline=deadline)
+    ran = {(r.case, r.op) for r in rows}     # every case that ran has a row per path
+    not_run = [i for i, c in enumerate(cases) if (c.name, c.op) not in ran]
     seconds = time.perf_counter() - t0
 
     if args.strict:

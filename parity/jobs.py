@@ -38,8 +38,11 @@ def case_line(k: int, n: int, case_rows, seconds: float, what: str = "") -> str:
             + (f", {na} unavailable" if na else "") + f" ({seconds:.1f} s{what})")
 
 
-def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=None, log=None):
-    """Run every case on every selected runner; returns the list of report.Row."""
+def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=None, log=None,
+              deadline: float | None = None):
+    """Run every case on every selected runner; returns the list of report.Row. ``deadline``
+    (a ``time.perf_counter()`` value): no case starts after it (the rows then hold the cases
+    that ran: every case that runs has a row per selected runner)."""
     from parity import cases as _pcases, checks, report
 
     rows: list[report.Row] = []
@@ -49,6 +52,8 @@ def run_suite(cases, selected, *, seed: int, mode: str, repeat: bool, progress=N
     task = progress.add_task("parity", total=len(cases) * max(1, len(selected))) if progress else None
 
     for ci, pc in enumerate(cases):
+        if deadline is not None and time.perf_counter() >= deadline:
+            break
         params = dict(pc.params)
         rerun = lambda ks: report.rerun_command(pc.name, pc.op, ks, seed, mode)  # noqa: E731
         t0 = time.perf_counter()
