@@ -764,9 +764,9 @@ def _topk_scatter_kernel(
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, VEC)
+    h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                 num_splits, SP)
     if PLAN:
-        h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
-                                                     num_splits, SP)
         sv = tl.arange(0, SP)
         h = _load_rebased(h_row, sv, sv < num_splits, split_stride, base, lbase)   # [SP, 256]
         run = tl.sum(h, axis=0)
@@ -779,8 +779,6 @@ def _topk_scatter_kernel(
             _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
                          n_eq, run, pairs)
     else:
-        h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
-                                                     num_splits, SP)
         grp = s // PLAN_GROUP
         c = tl.arange(0, HIST_BINS)[None, :]
         p_row = part_ptr + row * num_groups * HIST_BINS
