@@ -278,6 +278,7 @@ _HLO_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*.*?\s([a-z][\w\-]*)
 _HLO_CALLS = re.compile(r"(?:calls|to_apply|body|condition|branch_computations)="
                         r"\{?%?([\w.\-]+(?:,\s*%?[\w.\-]+)*)")
 _HLO_DOT_OPS = ("dot_general", "einsum", "matmul")
+_HLO_COMMENT = re.compile(r"/\*.*?\*/")
 _HLO_PARAM_SHAPE = re.compile(r":\s*([a-z][a-z0-9]*)\[([0-9,]*)\]")
 _HLO_DTYPES = {"bfloat16": "bf16", "float16": "f16", "float32": "f32", "float64": "f64",
                "float8_e4m3fn": "f8e4m3fn", "float8_e5m2": "f8e5m2", "uint8": "u8", "int8": "s8",
@@ -332,6 +333,10 @@ def jax_projection_kernels(hlo_text: str, weight_shapes=()) -> set[str]:
     reads_weight: dict[str, bool] = {}
     cur = None
     for line in hlo_text.splitlines():
+        # XLA numbers every fifth parameter / tuple element in a comment (``/*index=5*/``): its
+        # "=" made a header of six or more parameters (the layer step's ENTRY, a wide fusion)
+        # read as an instruction, so that computation's lines fell into the one before it
+        line = _HLO_COMMENT.sub("", line)
         m = _HLO_COMP.match(line)
         if m and "=" not in line.split("{")[0]:
             cur = comps.setdefault(m.group(1), [])

@@ -493,6 +493,41 @@ def test_jax_projection_kernels_of_a_compiled_module():
     assert len(proj) == 3 and all("dot" in n for n in proj), proj
 
 
+def test_jax_projection_kernels_with_six_or_more_parameters():
+    """A module of six or more parameters (the layer step's ENTRY takes 16): XLA numbers every
+    fifth one in a comment (``/*index=5*/``) inside the computation's header. Its "=" once made
+    the header read as an instruction, the ENTRY's dots fell into the computation printed before
+    it and no projection was found (the jax layer rows of 2026-12-05 on the H100 and the H200,
+    ``hlo_projection_kernels`` empty); every dot is found now, in the ENTRY and in a wide fusion's
+    header (the weight rule)."""
+    import jax
+    import jax.numpy as jnp
+
+    def f(x, w0, w1, w2, w3, w4, w5):
+        return [x @ w.T for w in (w0, w1, w2, w3, w4, w5)]
+    args = (jnp.ones((1, 256), jnp.bfloat16),) + tuple(
+        jnp.ones((64 + 16 * i, 256), jnp.bfloat16) for i in range(6))
+    text = jax.jit(f).lower(*args).compile().as_text()
+    assert "/*index=5*/" in text
+    proj = paths.jax_projection_kernels(text)
+    assert len(proj) == 6 and all("dot" in n for n in proj), proj
+    wide = """HloModule m
+
+%fused_gemv (p0: bf16[1,256], p1: f32[4], p2: f32[4], p3: f32[4], p4: f32[4], /*index=5*/p5: bf16[512,256]) -> f32[1,512] {
+  %p5 = bf16[512,256]{1,0} parameter(5)
+  ROOT %r = f32[1,512]{1,0} reduce(%p5), dimensions={1}
+}
+
+ENTRY %main (a: bf16[1,256], b: f32[4], c: f32[4], d: f32[4], e: f32[4], /*index=5*/w: bf16[512,256]) -> f32[1,512] {
+  %a = bf16[1,256]{1,0} parameter(0)
+  %w = bf16[512,256]{1,0} parameter(5)
+  ROOT %input_reduce_fusion.3 = f32[1,512]{1,0} fusion(%a, %a, %a, %a, %a, /*index=5*/%w), kind=kInput, calls=%fused_gemv
+}
+"""
+    assert paths.jax_projection_kernels(wide, {("bf16", 512 * 256)}) == {"input_reduce_fusion_3"}
+    assert paths.jax_projection_kernels(wide) == set()
+
+
 def test_jax_timer_groups_calls_per_dispatch():
     """bench.timing.time_jax: partials of one jitted function (the op rows) run in jitted groups
     of calls over distinct rotated sets, one dispatch per group (issue 16: B 1 rows measured
