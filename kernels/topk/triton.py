@@ -422,6 +422,9 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
     store is masked by a per-key predicate (constancy 1), which caps the store's vector width at
     one key, so each key is stored at its own address (bench/NOTES.md "Top-k pass B: one layout
     for loads, scan and stores"; the AOT count checks that no vector store is emitted).
+    Each block's loads are issued one iteration ahead (a register copy of the next block), so a
+    program's blocks are no longer one DRAM round trip each; the last prefetch is masked off
+    whole (no memory transaction).
     Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
     zero = tl.zeros((BLOCK,), tl.int32)
@@ -433,13 +436,17 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
         hi_ld = tl.minimum((hi + 15) // 16 * 16, W)
     else:
         hi_ld = hi
+    # the next block's loads are issued before this block's scan and stores (one block in
+    # flight: the loop was a chain of DRAM round trips, one a block)
+    x_next = tl.load(x_row + lo + offs, mask=lo + offs < hi_ld, other=float("-inf"))
     for start in range(lo, hi, BLOCK):
         pos = start + offs
+        x = x_next
+        x_next = tl.load(x_row + pos + BLOCK, mask=pos + BLOCK < hi_ld, other=float("-inf"))
         if VEC:
-            x = tl.load(x_row + pos, mask=pos < hi_ld, other=float("-inf"))
             key = raw_key(tl.where(pos < hi, x, float("-inf")))
         else:
-            key = raw_key(tl.load(x_row + pos, mask=pos < hi, other=float("-inf")))
+            key = raw_key(x)
         gt = (key > key_hi) & (key <= pinf)                              # not NaN
         eq = (key >= key_lo) & (key <= key_hi)
         direct = gt | (eq & done_v)
@@ -692,15 +699,15 @@ def _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2, num_splits, SBASE: tl.cons
 
 
 @triton.jit
-def _split_counts(h, d0, done):
-    """Per split (rows of the rebased histograms ``h`` int32 ``[SB, 256]``): the keys it sends
-    to the output (above bin ``d0``, and in it when the descent is ``done``) and to the
-    candidates (in bin ``d0`` otherwise)."""
-    c = tl.arange(0, HIST_BINS)[None, :]
-    gt = tl.sum(tl.where(c > d0, h, 0), axis=1)
-    eq = tl.sum(tl.where(c == d0, h, 0), axis=1)
-    done_v = (tl.zeros_like(gt) + done) != 0
-    return tl.where(done_v, gt + eq, gt), tl.where(done_v, 0, eq)
+def _prefix_counts(before, d0, done):
+    """The output offset and the candidate offset of a split (int32 scalars) from ``before``
+    (int32 ``[256]``: the summed histograms, at the row's bases, of the splits before it): its
+    keys above bin ``d0`` (and in it when the descent is ``done``) and in bin ``d0`` otherwise.
+    Counts add, so summing the histograms first gives each split's counts summed."""
+    c = tl.arange(0, HIST_BINS)
+    gt = tl.sum(tl.where(c > d0, before, 0), axis=0)
+    eq = tl.sum(tl.where(c == d0, before, 0), axis=0)
+    return tl.where(done != 0, gt + eq, gt), tl.where(done != 0, 0, eq)
 
 
 @triton.jit
@@ -770,38 +777,30 @@ def _topk_scatter_kernel(
         sv = tl.arange(0, SP)
         h = _load_rebased(h_row, sv, sv < num_splits, split_stride, base, lbase)   # [SP, 256]
         run = tl.sum(h, axis=0)
+        before = tl.sum(tl.where((sv < s)[:, None], h, 0), axis=0)   # the splits before s
         d0, need, done, total, n_eq = _first_digit(run, topk)
         pairs = (n_eq <= cap).to(tl.int32)
-        n_o, n_c = _split_counts(h, d0, done)
-        n_out = tl.sum(tl.where(sv < s, n_o, 0), axis=0)
-        n_cand = tl.sum(tl.where(sv < s, n_c, 0), axis=0)
+        n_out, n_cand = _prefix_counts(before, d0, done)
         if s == 0:
             _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
                          n_eq, run, pairs)
     else:
         grp = s // PLAN_GROUP
+        # the splits before s in its group, rebased (issued first: they need only the bases)
+        sg = grp * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
+        before = tl.sum(_load_rebased(h_row, sg, sg < s, split_stride, base, lbase), axis=0)
         c = tl.arange(0, HIST_BINS)[None, :]
         p_row = part_ptr + row * num_groups * HIST_BINS
         run = tl.zeros((HIST_BINS,), tl.int32)
-        for g0 in range(0, num_groups, GB):
+        for g0 in range(0, num_groups, GB):            # every group, and the groups before grp
             gv = g0 + tl.arange(0, GB)
-            run += tl.sum(tl.load(p_row + gv.to(tl.int64)[:, None] * HIST_BINS + c,
-                                  mask=(gv < num_groups)[:, None], other=0), axis=0)
+            t = tl.load(p_row + gv.to(tl.int64)[:, None] * HIST_BINS + c,
+                        mask=(gv < num_groups)[:, None], other=0)
+            run += tl.sum(t, axis=0)
+            before += tl.sum(tl.where((gv < grp)[:, None], t, 0), axis=0)
         d0, need, done, total, n_eq = _first_digit(run, topk)
         pairs = (n_eq <= cap).to(tl.int32)
-        n_out = tl.zeros((), tl.int32)
-        n_cand = tl.zeros((), tl.int32)
-        for g0 in range(0, grp, GB):                   # the groups before this split's group
-            gv = g0 + tl.arange(0, GB)
-            g_o, g_c = _split_counts(tl.load(p_row + gv.to(tl.int64)[:, None] * HIST_BINS + c,
-                                             mask=(gv < grp)[:, None], other=0), d0, done)
-            n_out += tl.sum(g_o, axis=0)
-            n_cand += tl.sum(g_c, axis=0)
-        sg = grp * PLAN_GROUP + tl.arange(0, PLAN_GROUP)   # the splits before it in its group
-        s_o, s_c = _split_counts(_load_rebased(h_row, sg, sg < s, split_stride, base, lbase),
-                                 d0, done)
-        n_out += tl.sum(s_o, axis=0)
-        n_cand += tl.sum(s_c, axis=0)
+        n_out, n_cand = _prefix_counts(before, d0, done)
         if s == 0:
             _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
                          n_eq, run, pairs)
@@ -815,10 +814,12 @@ def _topk_scatter_kernel(
 SCATTER_PLAN_SPLITS = 16
 # With more splits (after _topk_plan_part_kernel) each scatter program reads the row's split
 # bases SCATTER_PART_SBASE at a time and the group partials SCATTER_PART_GB at a time (one
-# compile for every split count; B 1 L 128K: 264 splits, 33 groups, three partial tiles). AOT
-# (Triton 3.6.0, sm_90): 16 partials a tile keep the scatter at 115 registers (512 x 4 warps;
-# 143 at 2,048 VEC), 4 CTAs an SM; 32 took 198-226 (2 CTAs an SM: B 1 N 2's 528 programs in two
-# waves), 8 111-128 with twice the dependent tile loads.
+# compile for every split count; B 1 L 128K at one wave: 132 splits, 17 groups, two partial
+# tiles). AOT (Triton 3.6.0, sm_90): 16 partials a tile kept the scatter at 115 registers (512 x
+# 4 warps; 143 at 2,048 VEC), 4 CTAs an SM; 32 took 198-226 (2 CTAs an SM: B 1 N 2's 528
+# programs in two waves), 8 111-128 with twice the dependent tile loads. Since the partials are
+# read once (the histogram of the groups before summed in the same loop): 90 registers at 1,024
+# VEC, 126 at 2,048 VEC.
 SCATTER_PART_SBASE = PLAN_BASES
 SCATTER_PART_GB = 16
 
