@@ -214,8 +214,15 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
             f"{kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
             f"{'block table' if has_bt else 'slots'}", mod.__name__, fn, sig, cx, num_warps,
             nbuf, ("ROPE_DTYPE",), ("sq_b", "sq_n", "sq_h", "page_bytes"),
-            {"maxnreg": cfg.maxnreg} if cfg is not None and cfg.maxnreg else {}))
+            launch_options(cfg)))
     return out
+
+
+def launch_options(cfg) -> dict:
+    """The compile options a config adds to its launch beyond warps and stages (``maxnreg``:
+    ptxas ``.maxnreg``; :attr:`configs.SparseMLAConfig.maxnreg`), for the launch and its AOT
+    spec alike; ``{}`` for None or a config without one."""
+    return {"maxnreg": cfg.maxnreg} if cfg is not None and cfg.maxnreg else {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -358,7 +365,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
             HAS_SINK=cx["HAS_SINK"], FINAL=final,
             ROPE_DTYPE=cx["ROPE_DTYPE"],
             NBUF=cfg.num_stages, **extra, num_warps=num_warps,
-            **({"maxnreg": cfg.maxnreg} if cfg.maxnreg else {}),
+            **launch_options(cfg),
         )
     else:
         tk._sparse_mla_split_kernel[grid](
