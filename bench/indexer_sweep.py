@@ -5,8 +5,9 @@
     python -m bench.indexer_sweep --aot [--ws] [--variant NAME ...]   # CPU: compile counts only
     python -m bench.indexer_sweep --dry-run --out /tmp/s.json    # CPU interpreter, tiny shapes
 
-For each shape of :data:`SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a 1M table,
-V3.2 B 64 N 2 L 64K; ``bench.inputs``, one input set, pages scattered) and each logits variant of
+For each shape of :data:`DEFAULT_SHAPES` (V3.2 B 64 L 64K, B 1 L 128K, V4-Flash B 64 L 4K in a
+1M table, V3.2 B 64 N 2 L 64K; ``--shape`` also V3.2 B 64 L 128K and V4-Flash B 8 L 1M, the rest
+of :data:`SHAPES`; ``bench.inputs``, one input set, pages scattered) and each logits variant of
 :data:`VARIANTS` (``kernels.indexer.triton.IndexerLogitsConfig`` fields), times with CUDA
 events over a CUDA graph of 20 launches (median of 10 replays) with one input set for all
 calls; the logits timing flushes L2 before each launch and subtracts the flush, the top-k
@@ -93,7 +94,14 @@ SHAPES = {
     "v32_b1_l128k": ("DSV32", 1, 1, 131072, None),
     "v4_b64_4k_in_1m": ("DSV4_FLASH", 64, 1, 4096, 1 << 20),
     "v32_b64_n2_l64k": ("DSV32", 64, 2, 65536, None),
+    # by --shape only (not in DEFAULT_SHAPES): the rows whose slowest request has more
+    # threshold-bin candidates than the default cand_block (bench.topk_sim, CPU: up to 1,648 at
+    # B 64 L 128K against 1,024), so topk_us_by_cand_block says whether a wider block pays
+    "v32_b64_l128k": ("DSV32", 64, 1, 131072, None),
+    "v4_b8_1m": ("DSV4_FLASH", 8, 1, 1 << 20, None),
 }
+# the shapes a sweep without --shape runs
+DEFAULT_SHAPES = ("v32_b64_l64k", "v32_b1_l128k", "v4_b64_4k_in_1m", "v32_b64_n2_l64k")
 # --dry-run (CPU interpreter): the same relations at a fraction of the size (K / L = 1 / 32 as at
 # V3.2 L 64K; B 64's 4 or 8 splits a request; N 2 with the MTP lengths)
 DRY_SHAPES = {
@@ -499,7 +507,7 @@ def main(argv=None) -> None:
                          "has, names the row and exits 124 (a hung kernel; isolated rows: the "
                          "row's child exits, the sweep goes on); 0: no limit")
     ap.add_argument("--shape", action="append", choices=sorted(SHAPES), default=None,
-                    help="shapes (default: all four)")
+                    help="shapes (default: DEFAULT_SHAPES, the first four)")
     ap.add_argument("--ws", action="store_true",
                     help="the warp-specialised kernel's variants (WS_VARIANTS, 'gluon' first) "
                          "before any --variant")
@@ -541,14 +549,14 @@ def main(argv=None) -> None:
         if args.dry_run:
             os.environ.setdefault("TRITON_INTERPRET", "1")
         if args.ws or args.isolate:
-            rows, meta = _sweep_isolated(args.shape or list(SHAPES), names, save,
+            rows, meta = _sweep_isolated(args.shape or list(DEFAULT_SHAPES), names, save,
                                          args.row_timeout, dry=args.dry_run,
                                          unguarded=args.unguarded)
         else:
             if args.unguarded:
                 from kernels.indexer import gluon_ws
                 gluon_ws.ALLOW_UNVERIFIED = True
-            rows, meta = _sweep(args.shape or list(SHAPES), names, save, args.row_timeout,
+            rows, meta = _sweep(args.shape or list(DEFAULT_SHAPES), names, save, args.row_timeout,
                                 dry=args.dry_run)
     save(rows, meta, done=True)
     print(f"json: {args.out}")
