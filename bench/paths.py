@@ -461,11 +461,17 @@ def jax_indexer_phase_totals(kernels, n_calls: int) -> dict:
     """``{"logits_us", "topk_us"}`` per call from device kernels by name: the Pallas logits kernel
     (``indexer_logits``) and the Pallas top-k kernels (``indexer_topk_*``: prune, count, compact,
     select); XLA's own small kernels around them (the lengths' pad, the -1 pad) are in neither,
-    as the torch rows count only their named kernels."""
+    as the torch rows count only their named kernels. ``topk_kernels_us``: each top-k kernel's
+    time per call by name (which of the four a B 1 row waits on; the torch rows get theirs from
+    ``scripts/profile_kernels.py``)."""
     logits = sum(us for name, us in kernels if "indexer_logits" in name.lower())
-    topk = sum(us for name, us in kernels if "indexer_topk" in name.lower())
+    by_name: dict[str, float] = {}
+    for name, us in kernels:
+        if "indexer_topk" in name.lower():
+            by_name[name[:80]] = by_name.get(name[:80], 0.0) + us
     n = max(1, n_calls)
-    return {"logits_us": logits / n, "topk_us": topk / n}
+    return {"logits_us": logits / n, "topk_us": sum(by_name.values()) / n,
+            "topk_kernels_us": {k: round(v / n, 3) for k, v in sorted(by_name.items())}}
 
 
 def jax_indexer_phases(calls, reps: int = 5) -> dict:

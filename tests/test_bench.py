@@ -562,7 +562,9 @@ def test_jax_indexer_phases_by_kernel_name():
     k = [("indexer_logits", 30.0), ("indexer_topk_prune", 4.0), ("indexer_topk_count", 2.0),
          ("indexer_topk_compact", 3.0), ("indexer_topk_select", 7.0), ("loop_pad_fusion", 1.0)]
     t = paths.jax_indexer_phase_totals(k, n_calls=2)
-    assert t == {"logits_us": 15.0, "topk_us": 8.0}
+    assert t == {"logits_us": 15.0, "topk_us": 8.0,
+                 "topk_kernels_us": {"indexer_topk_compact": 1.5, "indexer_topk_count": 1.0,
+                                     "indexer_topk_prune": 2.0, "indexer_topk_select": 3.5}}
 
 
 def test_layer_phases_ratios_and_an_empty_profile(monkeypatch):
