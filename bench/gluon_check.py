@@ -1,9 +1,11 @@
 """Check and time the Gluon sparse-MLA kernels (``kernel="gluon"``, the warp-specialised
-``kernel="gluon_ws"`` and the few-heads ``kernel="gluon_sh"``) against the float64 reference
+``kernel="gluon_ws"``, the few-heads ``kernel="gluon_sh"`` and its warp-specialised twin
+``kernel="gluon_shws"``) against the float64 reference
 and the Triton tile the heuristic ran before them on an sm_90 GPU (GPU only).
 
     python -m bench.gluon_check --out gluon.json [--no-time] [--no-check]
-        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe,gluon_sh] [--ws-timeout 900]
+        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe,gluon_sh,gluon_shws]
+        [--ws-timeout 900]
 
 Kernels (``--kernels``): ``gluon`` and ``gluon_ws`` on the fp8 formats; ``gluon_ws_latent`` the
 warp-specialised kernel on a 16-bit latent cache with its defaults (``gluon_ws.LATENT_SIGNAL``
@@ -12,7 +14,9 @@ through shared memory), ``gluon_ws_latent_safe`` with the conservative pair (1: 
 fence + barrier + arrive, the fp8 producer's protocol; 0: P by ``convert_layout``, as the fp8
 consumer), ``gluon_ws_latent_s1`` / ``gluon_ws_latent_pconv`` the two mixed pairs;
 ``gluon_sh`` the few-heads kernel (rows on wgmma M; every config of its space) on the fp8 formats
-at H 5..32 (checks) and the few-heads shapes (timing: B 64 H 16 / 32, B 1 H 16, V4 H 8 / 16).
+at H 5..32 (checks) and the few-heads shapes (timing: B 64 H 16 / 32, B 1 H 16, V4 H 8 / 16);
+``gluon_shws`` the same cases and shapes for the warp-specialised few-heads kernel (its 8- and
+16-head sweep configs).
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -25,7 +29,7 @@ call, so launch overhead is excluded) of each Gluon config and of the heuristic'
 631 us bench row, the A/B comparison) at the issue's target shapes of the requested kernels'
 formats (bench.mla_sweep's inputs).
 
-The WS kernels and ``gluon_sh`` (:data:`ISOLATED`) run in child processes (the same module with
+The WS kernels, ``gluon_sh`` and ``gluon_shws`` (:data:`ISOLATED`) run in child processes (the same module with
 ``--kernels <one>``), one each,
 under ``--ws-timeout`` seconds, their rows streamed to a file, so a compile error, a mismatch,
 an illegal address or a hang (an mbarrier that never completes) costs that kernel's rows only:
@@ -71,16 +75,19 @@ KERNELS = {
     # the few-heads kernel (rows on wgmma M): every config of the space
     "gluon_sh": ((configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
                   configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32), FP8, {}),
+    # its warp-specialised twin (kernels/sparse_mla/gluon_small_ws.py; sweep-only, 8 / 16 heads)
+    "gluon_shws": ((configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16), FP8, {}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernel until the GPU has checked it
-ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + ("gluon_sh",)
+ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + ("gluon_sh", "gluon_shws")
+FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
 
 
 def _heads_ok(kernel: str, H: int) -> bool:
     """Whether ``kernel`` is timed at a shape of H heads: the few-heads kernel at H <= 32, the
     64-head-tile kernels at H >= 64."""
-    return H <= 32 if kernel == "gluon_sh" else H >= 64
+    return H <= 32 if kernel in FEW_HEADS else H >= 64
 KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
 
 
@@ -155,14 +162,14 @@ def _specs(kernel: str) -> list[tuple]:
     specs = []
     fmts = [(f, 512 if f == "fp8_model1" else 576) for f in KERNELS[kernel][1]]
     shapes = ((64, 100, 3, 2), (128, 640, 2, 1), (24, 64, 2, 2), (64, 2048, 1, 1))
-    if kernel == "gluon_sh":      # its head range: below, across and at its head blocks
+    if kernel in FEW_HEADS:      # its head range: below, across and at its head blocks
         shapes = ((16, 100, 3, 2), (8, 640, 2, 1), (24, 64, 2, 2), (32, 2048, 1, 1),
                   (5, 300, 2, 1))
     for fmt, dqk in fmts:
         for qd in ("bfloat16", "float16"):
             for H, K, B, N in shapes:
                 specs.append((fmt, dqk, qd, H, K, B, N, True, 64, False))
-    if kernel == "gluon_sh":            # plain slots, no topk_length, no sink
+    if kernel in FEW_HEADS:            # plain slots, no topk_length, no sink
         for fmt, dqk in fmts:
             specs.append((fmt, dqk, "bfloat16", 16, 640, 2, 1, False, 64, False))
     if kernel.startswith("gluon_ws"):   # plain slots, no topk_length, no sink (the other constexprs)
@@ -194,7 +201,7 @@ def check(kernel: str) -> list[dict]:
                     f"x{cfg.num_stages}", case, ref, cfg, splits, kernel, padded))
     fmt = KERNELS[kernel][1][0]
     for qd in (("bfloat16", "float16") if fmt == "latent" else ("bfloat16",)):
-        for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=16 if kernel == "gluon_sh"
+        for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=16 if kernel in FEW_HEADS
                                                           else 64, K=64, kv_format=fmt,
                                                           q_dtype=qd, kv_dtype=qd)):
             ref = corner.reference()

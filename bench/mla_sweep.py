@@ -168,18 +168,30 @@ _SH_NBUF2 = {hw: configs.SparseMLAConfig(block_h=hw[0], block_k=64, num_warps=hw
                                          prefetch=True, kernel="gluon_sh")
              for hw in ((16, 4), (16, 8), (8, 4))}
 # the few-heads configs the sweep runs outside every space (the AOT counts above and in
-# configs.py; bench/NOTES.md "Few-heads kernel at 16 warps an SM")
-SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values())
+# configs.py; bench/NOTES.md "Few-heads kernel at 16 warps an SM", "Warp-specialised few-heads
+# kernel")
+SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values(),
+                    configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16)
+
+
+def _shws(cfg, scale=1.0) -> dict:
+    """The warp-specialised few-heads variant (kernels/sparse_mla/gluon_small_ws.py) of ``cfg``'s
+    heads at the launcher's split count (one CTA an SM) times ``scale``."""
+    return {"name": f"gluon_shws_h{cfg.block_h}" + (f"_x{scale:g}" if scale != 1 else ""),
+            "config": cfg.to_dict(), "splits": None, "ctas_per_sm": None, "scale": scale}
 
 SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
     "v32_h16": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH16), _sh(configs.SPARSE_MLA_GLUON_SH16, 2.0),
                          _sh(configs.SPARSE_MLA_GLUON_SH16W8), _sh(configs.SPARSE_MLA_GLUON_SH8),
                          _sh(configs.SPARSE_MLA_GLUON_SH16W8R128),
                          _sh(configs.SPARSE_MLA_GLUON_SH16W8R128, 2.0),
-                         _sh(_SH_NBUF2[16, 4]), _sh(_SH_NBUF2[16, 8])],
+                         _sh(_SH_NBUF2[16, 4]), _sh(_SH_NBUF2[16, 8]),
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16),
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, 2.0)],
     "v4_h8": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH8), _sh(configs.SPARSE_MLA_GLUON_SH8, 2.0),
                        _sh(configs.SPARSE_MLA_GLUON_SH16), _sh(_SH_NBUF2[8, 4]),
-                       _sh(_SH_NBUF2[8, 4], 2.0)],
+                       _sh(_SH_NBUF2[8, 4], 2.0), _shws(configs.SPARSE_MLA_GLUON_SHWS8),
+                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, 2.0)],
     # V4 H 64 runs the one-partition Gluon kernel today: the best-predicted Triton tiles (one
     # split: the final epilogue, no combine), today's 32 x 32 default (88 us on 2026-12-02),
     # the 16-warp tile, and the warp-specialised Gluon kernel (62.8 us on 2026-12-02)
@@ -194,6 +206,7 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
         _sh(configs.SPARSE_MLA_GLUON_SH16),
         _sh(configs.SPARSE_MLA_GLUON_SH16W8R128),
         _sh(_SH_NBUF2[16, 8]),
+        _shws(configs.SPARSE_MLA_GLUON_SHWS16),
     ],
 }
 

@@ -30,9 +30,10 @@ def _count_rows():
 def test_sweep_only_gluon_configs_are_in_no_space():
     """The sweep-only few-heads configs stay out of every space until a sweep picks one (so
     neither a dispatch table nor the heuristic can choose them), and their split plan uses the
-    residency they were counted at: 2 CTAs an SM at 128 registers, 1 with two X buffers."""
+    residency they were counted at: 2 CTAs an SM at 128 registers, 1 with two X buffers (the
+    warp-specialised ``gluon_shws``: two X slots, ~165-208 KB of shared memory, one CTA)."""
     for cfg in sw.SWEEP_ONLY_GLUON:
-        assert cfg.kernel == "gluon_sh"
+        assert cfg.kernel in ("gluon_sh", "gluon_shws")
         assert all(cfg not in space for space in configs.SPARSE_MLA_SPACE.values()), cfg
         assert configs.sparse_mla_from_dict(cfg.to_dict(), configs.LARGE_SMEM) is None
         want = 2 if cfg.maxnreg == 128 else 1

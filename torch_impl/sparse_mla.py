@@ -170,7 +170,8 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
     choice, a Gluon config replaced by a Triton tile where its kernel cannot run
     (``configs.kernel_eligible``; for the warp-specialised kernel on a latent cache also
     ``configs.gluon_ws_latent_layout_ok``: rows packed and 16-byte aligned): the 64-head tile,
-    or for the few-heads kernel (``"gluon_sh"``) the heuristic's Triton tile for the call."""
+    or for the few-heads kernels (``"gluon_sh"``, ``"gluon_shws"``) the heuristic's Triton tile
+    for the call."""
     B, N, H, D = q.shape
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
@@ -184,7 +185,7 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
         # width's space; fp32 operands stage twice the bytes (the 64-head tile needs 242,688 B
         # on sm_90 then): the heuristic's fp32 tile
         space = configs.sparse_mla_space(dev.smem_per_block, width)
-        if cfg.kernel == "gluon_sh":
+        if cfg.kernel in ("gluon_sh", "gluon_shws"):
             cfg = configs.sparse_mla_heuristic(H, dev.smem_per_block, width, rows=B * N, topk=K)
         else:
             cfg = (configs.SPARSE_MLA_W64 if configs.SPARSE_MLA_W64 in space

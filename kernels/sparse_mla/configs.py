@@ -57,7 +57,9 @@ class SparseMLAConfig:
         iteration issues its own block's loads back to back and waits for them.
       kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"triton_rows"`` (the same kernel
         with the gathered rows on the dots' M axis, ``ROWS_M``; in no space: a test and count
-        variant), ``"gluon_sh"``
+        variant), ``"gluon_shws"`` (kernels/sparse_mla/gluon_small_ws.py: ``"gluon_sh"``'s
+        math, warp-specialised, ``block_h`` 8 or 16, ``num_stages`` X slots; sweep-only),
+        ``"gluon_sh"``
         (kernels/sparse_mla/gluon_small.py: sm_90 only, fp8 caches with 16-bit q, rows on wgmma
         M and ``block_h`` in (8, 16, 32) heads on N; ``block_k`` 64, one X buffer), ``"gluon"``
         (kernels/sparse_mla/gluon.py: sm_90 only, fp8 caches with 16-bit q; its tile is
@@ -173,7 +175,7 @@ def gluon_ws_latent_layout_ok(page_stride: int, row_stride: int, num_pages: int,
 def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
                     operand_bytes: int) -> bool:
     """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
-    Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``) on exactly sm_90 (wgmma; the WS
+    Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``, ``"gluon_shws"``) on exactly sm_90 (wgmma; the WS
     kernel also setmaxnreg) outside the interpreter, with 16-bit dot operands, for the
     (kv_format, D_qk) pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"`` and
     ``"gluon_sh"``: fp8 only, ``"gluon_ws"``: fp8 and latent)."""
@@ -188,7 +190,7 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
 # gluon_small.py: rows on wgmma M, block_h heads on N with block_h / warpgroups a multiple of
 # 8, 4 or 8 warps) takes the fp8 formats as "gluon" does
 GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS,
-                        "gluon_sh": GLUON_FORMATS}
+                        "gluon_sh": GLUON_FORMATS, "gluon_shws": GLUON_FORMATS}
 
 
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
@@ -220,6 +222,14 @@ SPARSE_MLA_GLUON_SH32 = SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num
 # an SM: rejected".
 SPARSE_MLA_GLUON_SH16W8R128 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, num_stages=1,
                                               prefetch=True, kernel="gluon_sh", maxnreg=128)
+# Sweep-only (in no space): the warp-specialised few-heads kernel (kernels/sparse_mla/
+# gluon_small_ws.py): an 8-warp producer converts row blocks into ``num_stages`` X slots, two
+# 4-warp consumers take alternate blocks and merge at the end; num_warps is consumer 0's (16
+# warps in all), one CTA an SM (shared memory). Not yet run on a GPU.
+SPARSE_MLA_GLUON_SHWS8 = SparseMLAConfig(block_h=8, block_k=64, num_warps=4, num_stages=2,
+                                         prefetch=True, kernel="gluon_shws")
+SPARSE_MLA_GLUON_SHWS16 = SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=2,
+                                          prefetch=True, kernel="gluon_shws")
 # formats whose heuristic picks it, up to GLUON_SH_PICKED_MAX_HEADS heads: H200, 2026-12-05
 # (`bench.mla_sweep --small-heads`, bench/results/mla_sweep_small_heads_h200_20261205.json,
 # CUDA-graph timed, checked against the reference): V3.2 B 64 H 16 fp8_ds_mla 66.2 us against

@@ -176,13 +176,19 @@ def _gluon_kernel(kernel: str, kv_format: str, cfg: configs.SparseMLAConfig | No
     (``gluon_ws.py``, which adds its partition register budget, barrier arrival count and, for
     latent, the full-slot protocol: ``gluon_ws.launch_constexprs``), both launched with the
     module's ``NUM_WARPS``; or ``"gluon_sh"`` (``gluon_small.py``: ``cfg.block_h`` heads on
-    wgmma N, ``cfg.num_warps`` warps)."""
+    wgmma N, ``cfg.num_warps`` warps) and ``"gluon_shws"`` (``gluon_small_ws.py``: the same
+    heads, warp-specialised, launched with consumer 0's ``NUM_WARPS``, its other partitions on
+    top)."""
     if kernel == "gluon":
         from kernels.sparse_mla import gluon as mod
         return mod, "_sparse_mla_gluon_kernel", {}, mod.NUM_WARPS
     if kernel == "gluon_sh":
         from kernels.sparse_mla import gluon_small as mod
         return mod, "_sparse_mla_gluon_sh_kernel", {"HN": cfg.block_h}, cfg.num_warps
+    if kernel == "gluon_shws":
+        from kernels.sparse_mla import gluon_small_ws as mod
+        return (mod, "_sparse_mla_gluon_shws_kernel", {"HN": cfg.block_h, **mod.launch_constexprs()},
+                mod.NUM_WARPS)
     from kernels.sparse_mla import gluon_ws as mod
     return mod, "_sparse_mla_gluon_ws_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
 
@@ -209,7 +215,7 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
         cx = dict(KV_FORMAT=KV_FORMAT_CODES[kv_format], HAS_BT=has_bt, HAS_TKL=True, HAS_SINK=True,
                   FINAL=final, ROPE_DTYPE=rope, NBUF=nbuf, **extra)
         out.append(LaunchSpec(
-            f"{kernel}{f' h{cfg.block_h} w{num_warps}' if kernel == 'gluon_sh' else ''}"
+            f"{kernel}{f' h{cfg.block_h} w{num_warps}' if kernel in ('gluon_sh', 'gluon_shws') else ''}"
             f"{f' r{cfg.maxnreg}' if cfg is not None and cfg.maxnreg else ''} x{nbuf} "
             f"{kv_format} q={str(q_dtype)[6:]} {'final' if final else 'partial'} "
             f"{'block table' if has_bt else 'slots'}", mod.__name__, fn, sig, cx, num_warps,

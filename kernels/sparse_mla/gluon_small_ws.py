@@ -1,0 +1,278 @@
+"""Sparse MLA decode for few heads (H <= 16 a program) on sm_90 in Gluon, warp-specialised: one
+producer converts row blocks, two consumer warpgroups take alternate blocks.
+
+Semantics, arguments and outputs are those of ``kernels.sparse_mla.gluon_small`` (the same kernel
+signature, so the launcher, the split count rule and the Triton combine are shared): fp8 caches
+(``fp8_ds_mla``, ``fp8_model1``), 16-bit q, rows on wgmma M and ``HN`` heads on N, each 64-row
+block dequantized once into fp16 in the program's running power-of-two unit (the same unit
+sequence: the largest valid scale exponent of each block minus 6, never decreasing), q nope
+scaled per head by a power of two into fp16, the rope dot in the rope's dtype, fp16 p
+(``fp8_model1``'s rope values: p in the rope's dtype plus its bf16 residual); split-K partials
+(normalised fp32 out, log2-domain LSE) or, with one split, the final output.
+
+Why (bench/NOTES.md, "What the next GPU session measures first", item 5): the one-partition
+few-heads kernel runs its block chain (gather, conversion, score dots, softmax, value dots) in
+one warpgroup, two CTAs an SM; neither 16 warps an SM (seventh session) nor a second X buffer at
+one CTA an SM (eighth) overlapped the conversion with the dots. Here the conversion leaves the
+consumers' chain and two consumers' chains overlap each other:
+
+* **Work.** One program: ``HN`` heads of one (request, draft) over one split of its top-k list,
+  grid ``(ceil(H / HN), splits, B * N)``, as ``gluon_small.py``. 16 warps in three partitions
+  (``gl.warp_specialize``): consumer 0 (the default partition, 4 warps), consumer 1 (a worker
+  partition, 4 warps, ``CONSUMER_REGS``) and the producer (a worker partition of 8 warps,
+  ``PRODUCER_REGS``).
+* **Producer.** ``gluon_ws._ws_producer`` unchanged (the heads do not enter it): per 64-row block
+  the slots resolved two blocks ahead, the block's loads issued before it waits on
+  ``empty[slot]``, the unit, the conversion into one X slot of an ``NBUF``-deep ring with the
+  row validity and the unit beside it, ``fence_async_shared``, a partition barrier,
+  ``mbarrier.arrive(full[slot])``.
+* **Consumers.** Block j of the split goes to consumer ``j % 2`` (slot ``j % NBUF``). Consumer 0
+  stores q once into shared memory (fp16 nope chunks scaled per head by a power of two, the
+  rope chunk in its dtype), fences it to the async proxy and arrives on ``qbar``; consumer 1
+  computes the same per-head scales from q (``_q_scale``) and waits on ``qbar``. Then per block:
+  ``mbarrier.wait(full)``, ``S^T = X . q^T`` (``gluon_small._scores_t``), the online softmax along
+  the rows per head with its own m, l and unit (``_softmax_t``), P^T into its own shared buffer
+  and ``O^T_c += X_c^T . P^T`` (``_values_t``), the wait on the value dots, a partition barrier,
+  ``mbarrier.arrive(empty)``. Each holds its own fp32 O^T: 512 x HN / 128 = 64 registers a
+  thread at HN 16.
+* **Merge.** Consumer 1 stores O^T (8 chunks), m, l and its unit into shared memory, then a
+  partition barrier and ``mbarrier.arrive(done)``; consumer 0 waits on ``done`` and merges as the
+  split-K combine merges splits: ``m = max(m0, m1)``, ``a_c = 2^(m_c - m)``, the nope chunks
+  brought from each consumer's unit to the larger one (``2^(ub_c - ub)``), ``l = a0 l0 + a1 l1``,
+  then ``gluon_small``'s epilogue. A consumer that got no block contributes m = -1e30, l = 0,
+  O = 0 (``a_c`` = 0). ``done`` and ``qbar`` are invalidated after their one phase (their bytes
+  may become the epilogue's scratch). Same numerics as two splits of interleaved blocks: within SPEC tolerance,
+  not bitwise ``gluon_small.py``'s.
+* **Shared memory** (``NBUF`` 2; AOT, Triton 3.6.0): X 2 x 73,728 B + q + P^T (fp16, rope hi /
+  lo, one each a consumer) + the merge's O^T (32,768 B at HN 16) + row words and barriers:
+  208,424 B at HN 16 (fp8_ds_mla), 163,144-178,504 at HN 8: one CTA an SM. Registers
+  (setmaxnreg): consumers 184, producer 72 (16 warps x 128); no spill in any consumer loop.
+
+Only sm_90 (wgmma, setmaxnreg), never in the CPU interpreter (Gluon kernels do not interpret).
+The launcher runs it for a config whose ``kernel`` is ``"gluon_shws"``; no config of any space
+has that kernel: it is a sweep variant (``bench.mla_sweep``) until a GPU run shows it exact and
+faster.
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                              warpgroup_mma_wait)
+
+from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _epilogue, _list_range, _program,
+                                      _q_rows, _store_q_scaled, _views)
+from kernels.sparse_mla.gluon_small import _heads_first, _scores_t, _softmax_t, _values_t
+from kernels.sparse_mla.gluon_ws import PRODUCER_WARPS, _ws_producer
+from kernels.sparse_mla.triton import _exp_field, _pow2
+
+NUM_WARPS = 4            # consumer 0 (the default partition): one warpgroup
+CONSUMER_WARPS = gl.constexpr(4)
+PRODUCER_REGS = 72       # the producer's setmaxnreg: no spill in its loop (gluon_ws.py's 56: 11 LDL; 64: 6)
+CONSUMER_REGS = 184      # consumer 1's: 16 warps x 128 = 4 x 184 + 4 x 184 + 8 x 72
+
+
+def launch_constexprs() -> dict:
+    """The constexprs beyond the shared Gluon ones the launcher and the AOT specs pass."""
+    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS)
+
+
+@gluon.jit
+def _q_scale(q_row, qmask, NC: gl.constexpr, LDQ: gl.constexpr, MCOL: gl.constexpr,
+             HN: gl.constexpr):
+    """The per-head 2^-t of ``gluon._store_q_scaled`` (the same loads and arithmetic, nothing
+    stored), in the accumulator's head layout ``MCOL``."""
+    am = gl.zeros([HN], gl.float32, layout=gl.SliceLayout(1, LDQ))
+    for c in gl.static_range(NC):
+        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
+        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
+    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
+    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)  # biased exponent of 2^t
+    return gl.convert_layout(_pow2(254 - qb), MCOL)
+
+
+@gluon.jit
+def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                   qn, qr, pt, pth, ptl, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s,
+                   full, empty, mo, ml, ubm, done, qbar,
+                   sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                   KV_FORMAT: gl.constexpr, HAS_TKL: gl.constexpr, HAS_SINK: gl.constexpr,
+                   FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
+                   HN: gl.constexpr, C: gl.constexpr):
+    """Consumer ``C`` (0: the default partition, which merges and stores; 1: a worker that hands
+    its state to consumer 0): blocks ``C, C + 2, ...`` of the program's split."""
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    ROPE_IN_V: gl.constexpr = KV_FORMAT == 2
+    R_SPLIT: gl.constexpr = ROPE_DTYPE == gl.bfloat16
+    LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, HN, 16])
+    MROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
+    OUT: gl.constexpr = gl.BlockedLayout([1, 4], [2, 16], [4, 1], [1, 0])
+
+    pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
+
+    # ---- q^T: consumer 0 stores it (fence, partition barrier, arrive on qbar: the producer's
+    # protocol for X); consumer 1 computes the same per-head scales and waits for the store
+    q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ, HN)
+    if C == 0:
+        q_inv = _store_q_scaled(q_row, qmask, qn, qr.index(0), NC, ROPE_DTYPE, LDQ, MCOL, HN)
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(qbar)
+    else:
+        q_inv = _q_scale(q_row, qmask, NC, LDQ, MCOL, HN)
+        mbarrier.wait(qbar, 0)
+        _barrier()                  # every consumer-1 thread is past its wait, then
+        mbarrier.invalidate(qbar)   # never used again (its bytes may become scratch)
+
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
+
+    m_i = gl.full([HN], NEG, gl.float32, layout=MCOL)
+    l_i = gl.zeros([HN], gl.float32, layout=MCOL)
+    ub_i = pid_h * 0 + 1
+    zero = gl.zeros([64, HN], gl.float32, layout=MMA)
+    o0, o1, o2, o3, o4, o5, o6, o7 = zero, zero, zero, zero, zero, zero, zero, zero
+    pc = pt.index(C)
+    phc = pth.index(C)
+    plc = ptl.index(C)
+
+    for k0 in range(start + C * 64, end, 128):
+        j = (k0 - start) // 64
+        buf = j % NBUF
+        phase = (j // NBUF) & 1
+        # 0, but not provably so: the q descriptors are built in the loop (gluon_small.py)
+        oz = (k0 >> 31) & 1
+        mbarrier.wait(full.index(buf), phase)            # the producer has filled this slot
+        y0, y1, y2, y3, y4, y5, y6, y7, yr = _views(x0, x1, x2, x3, x4, x5, x6, x7, xr, buf)
+        s, r = _scores_t(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, oz, NC, HN, MMA)
+        okr = ok_s.index(buf).load(MROW) != 0
+        ub = gl.max(ub_s.index(buf).load(MROW), axis=0)  # the block's unit (one value a row)
+        p, alpha, an, m_i, l_i = _softmax_t(s, r, okr, q_inv, ub, ub_i, m_i, l_i, qk_scale_log2)
+        ub_i = ub
+        o0, o1, o2, o3, o4, o5, o6, o7 = _values_t(
+            o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, y4, y5, y6, y7, yr,
+            pc, phc, plc, ROPE_IN_V, R_SPLIT, ROPE_DTYPE)
+        o0, o1, o2, o3, o4, o5, o6, o7 = warpgroup_mma_wait(
+            num_outstanding=0, deps=(o0, o1, o2, o3, o4, o5, o6, o7))
+        _barrier()              # every warp's dots have read the slot (one arriving thread)
+        mbarrier.arrive(empty.index(buf))                # the slot may be refilled
+
+    if C == 1:
+        # ---- hand the state to consumer 0 (generic stores and loads: no proxy fence)
+        mo.index(0).store(o0)
+        mo.index(1).store(o1)
+        mo.index(2).store(o2)
+        mo.index(3).store(o3)
+        mo.index(4).store(o4)
+        mo.index(5).store(o5)
+        mo.index(6).store(o6)
+        mo.index(7).store(o7)
+        ml.index(0).store(m_i)
+        ml.index(1).store(l_i)
+        ubm.store(gl.full([HN], 0, gl.int32, layout=MCOL) + ub_i)
+        _barrier()              # every consumer-1 thread has stored
+        mbarrier.arrive(done)
+    else:
+        # ---- merge consumer 1's state (as the combine merges splits), then the epilogue
+        mbarrier.wait(done, 0)
+        _barrier()                  # every consumer-0 thread is past its wait, then
+        mbarrier.invalidate(done)   # its bytes may become the epilogue's scratch (PTX: after inval)
+        m1 = ml.index(0).load(MCOL)
+        l1 = ml.index(1).load(MCOL)
+        ub1 = gl.max(ubm.load(MCOL), axis=0)
+        m = gl.maximum(m_i, m1)
+        a0 = gl.exp2(m_i - m)
+        a1 = gl.exp2(m1 - m)
+        ub = gl.maximum(ub_i, ub1)
+        f0 = a0 * _pow2(gl.maximum(ub_i - ub + 127, 1))    # nope chunks: to the larger unit
+        f1 = a1 * _pow2(gl.maximum(ub1 - ub + 127, 1))
+        o0 = o0 * f0[None, :] + mo.index(0).load(MMA) * f1[None, :]
+        o1 = o1 * f0[None, :] + mo.index(1).load(MMA) * f1[None, :]
+        o2 = o2 * f0[None, :] + mo.index(2).load(MMA) * f1[None, :]
+        o3 = o3 * f0[None, :] + mo.index(3).load(MMA) * f1[None, :]
+        o4 = o4 * f0[None, :] + mo.index(4).load(MMA) * f1[None, :]
+        o5 = o5 * f0[None, :] + mo.index(5).load(MMA) * f1[None, :]
+        o6 = o6 * f0[None, :] + mo.index(6).load(MMA) * f1[None, :]
+        if ROPE_IN_V:           # model1's rope values are in true units (gluon_small._values_t)
+            o7 = o7 * a0[None, :] + mo.index(7).load(MMA) * a1[None, :]
+        else:
+            o7 = o7 * f0[None, :] + mo.index(7).load(MMA) * f1[None, :]
+        l_i = l_i * a0 + l1 * a1
+        HL: gl.constexpr = gl.SliceLayout(1, OUT)
+        _epilogue(_heads_first(o0, OUT), _heads_first(o1, OUT), _heads_first(o2, OUT),
+                  _heads_first(o3, OUT), _heads_first(o4, OUT), _heads_first(o5, OUT),
+                  _heads_first(o6, OUT), _heads_first(o7, OUT), gl.convert_layout(m, HL),
+                  gl.convert_layout(l_i, HL), ub, pid_h, pid_s, pid_bn, H, nbn, sink_ptr,
+                  lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT, HN)
+
+
+@gluon.jit
+def _sparse_mla_gluon_shws_kernel(
+    q_ptr,            # [B, N, H, D_qk] bf16 / fp16, strides sq_*; last dim contiguous
+    kv_ptr,           # the cache as uint8 bytes
+    kv16_ptr,         # the same bytes as int16 (bf16 rope bits)
+    kv32_ptr,         # the same bytes as int32 (ds_mla scales as float32 bits; model1 ue8m0 words)
+    idx_ptr,          # [B, N, K] int32 slots (or logical positions with HAS_BT), strides si_*
+    bt_ptr,           # [B, max_pages] int32 block table (HAS_BT)
+    tkl_ptr,          # [B] int32 topk_length (HAS_TKL)
+    sink_ptr,         # [H] float32 attention sink (HAS_SINK, FINAL only)
+    po_ptr,           # [S, B*N, H, 512] float32 partial out (not FINAL)
+    pl_ptr,           # [S, B*N, H] float32 partial LSE, log2 domain (not FINAL)
+    out_ptr,          # [B, N, H, 512] q dtype (FINAL)
+    lse_ptr,          # [B, N, H] float32 natural-log LSE (FINAL)
+    sq_b, sq_n, sq_h, si_b, si_n, sbt_b,
+    N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
+    KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
+    HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+    NBUF: gl.constexpr = 2, HN: gl.constexpr = 16, PRODUCER_REGS: gl.constexpr = 56,
+    CONSUMER_REGS: gl.constexpr = 200,
+):
+    """Same arguments as ``gluon_small._sparse_mla_gluon_sh_kernel`` (``NBUF``: X slots in the
+    ring, at least 2; ``HN``: heads a program, 8 or 16; the partitions' register budgets)."""
+    gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
+    gl.static_assert(NBUF >= 2, "two consumers: at least two X slots")
+    gl.static_assert((HN == 8) | (HN == 16), "8 or 16 heads a program")
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+
+    qn = gl.allocate_shared_memory(gl.float16, [NC, HN, 64], SH)
+    qr = gl.allocate_shared_memory(ROPE_DTYPE, [1, HN, 64], SH)
+    pt = gl.allocate_shared_memory(gl.float16, [2, HN, 64], SH)     # P^T, one a consumer
+    pth = gl.allocate_shared_memory(ROPE_DTYPE, [2, HN, 64], SH)    # model1 rope values: hi
+    ptl = gl.allocate_shared_memory(ROPE_DTYPE, [2, HN, 64], SH)    # ... and the residual
+    x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
+    ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
+    ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
+    mo = gl.allocate_shared_memory(gl.float32, [8, 64, HN], FLAT)   # consumer 1's O^T
+    ml = gl.allocate_shared_memory(gl.float32, [2, HN], META)       # ... its m and l
+    ubm = gl.allocate_shared_memory(gl.int32, [HN], META)           # ... its unit
+    full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    qbar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NBUF):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=1)
+    mbarrier.init(done, count=1)
+    mbarrier.init(qbar, count=1)
+
+    gl.warp_specialize(
+        [(_shws_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                           qn, qr, pt, pth, ptl, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s,
+                           full, empty, mo, ml, ubm, done, qbar,
+                           sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                           KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 0)),
+         (_shws_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                           qn, qr, pt, pth, ptl, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s,
+                           full, empty, mo, ml, ubm, done, qbar,
+                           sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                           KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 1)),
+         (_ws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                         x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                         page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF))],
+        [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
