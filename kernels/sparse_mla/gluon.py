@@ -441,18 +441,26 @@ def _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ: gl.constexpr, HB: gl.c
 
 
 @gluon.jit
+def _q_exponent(q_row, qmask, NC: gl.constexpr, LDQ: gl.constexpr, HB: gl.constexpr = 64):
+    """Per head (``HB``, layout ``SliceLayout(1, LDQ)``) the biased exponent of the power of
+    two 2^t that puts max|q_nope| over the ``NC`` nope chunks in [2^14, 2^15) (NaN heads as
+    inf), clamped to [1, 253]."""
+    am = gl.zeros([HB], gl.float32, layout=gl.SliceLayout(1, LDQ))
+    for c in gl.static_range(NC):
+        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
+        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
+    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
+    return gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)
+
+
+@gluon.jit
 def _store_q_scaled(q_row, qmask, qn, qr, NC: gl.constexpr, ROPE_DTYPE: gl.constexpr,
                     LDQ: gl.constexpr, MROW: gl.constexpr, HB: gl.constexpr = 64):
     """q into shared memory for the fp8 formats: per head a power of two 2^t that puts
     max|q_nope| in [2^14, 2^15), the NC nope chunks as fp16 (``qn``), the rope chunk in its
     dtype (``qr``); returns 2^-t per head (``HB`` heads) in the layout ``MROW`` (the
     accumulator's head axis; NaN heads as inf)."""
-    am = gl.zeros([HB], gl.float32, layout=gl.SliceLayout(1, LDQ))
-    for c in gl.static_range(NC):
-        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
-        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
-    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
-    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)  # biased exponent of 2^t
+    qb = _q_exponent(q_row, qmask, NC, LDQ, HB)
     q_sc = _pow2(qb)
     for c in gl.static_range(NC):
         f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)

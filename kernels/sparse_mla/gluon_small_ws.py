@@ -61,10 +61,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _epilogue, _list_range, _program,
-                                      _q_rows, _store_q_scaled, _views)
+                                      _q_exponent, _q_rows, _store_q_scaled, _views)
 from kernels.sparse_mla.gluon_small import _heads_first, _scores_t, _softmax_t, _values_t
 from kernels.sparse_mla.gluon_ws import PRODUCER_WARPS, _ws_producer
-from kernels.sparse_mla.triton import _exp_field, _pow2
+from kernels.sparse_mla.triton import _pow2
 
 NUM_WARPS = 4            # consumer 0 (the default partition): one warpgroup
 CONSUMER_WARPS = gl.constexpr(4)
@@ -80,15 +80,9 @@ def launch_constexprs() -> dict:
 @gluon.jit
 def _q_scale(q_row, qmask, NC: gl.constexpr, LDQ: gl.constexpr, MCOL: gl.constexpr,
              HN: gl.constexpr):
-    """The per-head 2^-t of ``gluon._store_q_scaled`` (the same loads and arithmetic, nothing
-    stored), in the accumulator's head layout ``MCOL``."""
-    am = gl.zeros([HN], gl.float32, layout=gl.SliceLayout(1, LDQ))
-    for c in gl.static_range(NC):
-        f = gl.load(q_row + c * 64, mask=qmask, other=0.0).to(gl.float32)
-        am = gl.maximum(am, gl.max(gl.abs(f), axis=1))
-    am = gl.where(am != am, float("inf"), am)                  # NaN head: like inf
-    qb = gl.minimum(gl.maximum(268 - _exp_field(am), 1), 253)  # biased exponent of 2^t
-    return gl.convert_layout(_pow2(254 - qb), MCOL)
+    """The per-head 2^-t of ``gluon._store_q_scaled`` (the same exponent, nothing stored), in
+    the accumulator's head layout ``MCOL``."""
+    return gl.convert_layout(_pow2(254 - _q_exponent(q_row, qmask, NC, LDQ, HN)), MCOL)
 
 
 @gluon.jit
