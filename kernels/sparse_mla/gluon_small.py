@@ -159,6 +159,22 @@ def _values_t(o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, y4, 
 
 
 @gluon.jit
+def _epilogue_t(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
+                sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL: gl.constexpr,
+                HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, OUT: gl.constexpr,
+                HN: gl.constexpr):
+    """``gluon._epilogue`` of the ``O^T_c`` chunks (``[64 dims, HN heads]``) turned heads-first
+    in the store layout ``OUT``, with the per-head ``m_i`` / ``l_i`` (the accumulator's column
+    layout) and the unit ``ub_i``."""
+    HL: gl.constexpr = gl.SliceLayout(1, OUT)
+    _epilogue(_heads_first(o0, OUT), _heads_first(o1, OUT), _heads_first(o2, OUT),
+              _heads_first(o3, OUT), _heads_first(o4, OUT), _heads_first(o5, OUT),
+              _heads_first(o6, OUT), _heads_first(o7, OUT), gl.convert_layout(m_i, HL),
+              gl.convert_layout(l_i, HL), ub_i, pid_h, pid_s, pid_bn, H, nbn, sink_ptr, lse_ptr,
+              pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT, HN)
+
+
+@gluon.jit
 def _heads_first(o, OUT: gl.constexpr):
     """``O^T_c`` [64 dims, HN heads] as ``[HN, 64]`` in the store layout ``OUT`` (4 consecutive
     dims a thread: 16-byte stores), the orientation of ``gluon._epilogue``."""
@@ -291,9 +307,5 @@ def _sparse_mla_gluon_sh_kernel(
         i2 = i3
 
     # ---- epilogue: gluon.py's, on the chunks turned heads-first
-    HL: gl.constexpr = gl.SliceLayout(1, OUT)
-    _epilogue(_heads_first(o0, OUT), _heads_first(o1, OUT), _heads_first(o2, OUT),
-              _heads_first(o3, OUT), _heads_first(o4, OUT), _heads_first(o5, OUT),
-              _heads_first(o6, OUT), _heads_first(o7, OUT), gl.convert_layout(m_i, HL),
-              gl.convert_layout(l_i, HL), ub_i, pid_h, pid_s, pid_bn, H, nbn, sink_ptr, lse_ptr,
-              pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT, HN)
+    _epilogue_t(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
+                sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT, HN)

@@ -60,9 +60,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _epilogue, _list_range, _program,
-                                      _q_exponent, _q_rows, _store_q_scaled, _views)
-from kernels.sparse_mla.gluon_small import _heads_first, _scores_t, _softmax_t, _values_t
+from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _list_range, _program, _q_exponent,
+                                      _q_rows, _store_q_scaled, _views)
+from kernels.sparse_mla.gluon_small import _epilogue_t, _scores_t, _softmax_t, _values_t
 from kernels.sparse_mla.gluon_ws import PRODUCER_WARPS, _ws_producer
 from kernels.sparse_mla.triton import _pow2
 
@@ -194,12 +194,9 @@ def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         else:
             o7 = o7 * f0[None, :] + mo.index(7).load(MMA) * f1[None, :]
         l_i = l_i * a0 + l1 * a1
-        HL: gl.constexpr = gl.SliceLayout(1, OUT)
-        _epilogue(_heads_first(o0, OUT), _heads_first(o1, OUT), _heads_first(o2, OUT),
-                  _heads_first(o3, OUT), _heads_first(o4, OUT), _heads_first(o5, OUT),
-                  _heads_first(o6, OUT), _heads_first(o7, OUT), gl.convert_layout(m, HL),
-                  gl.convert_layout(l_i, HL), ub, pid_h, pid_s, pid_bn, H, nbn, sink_ptr,
-                  lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT, HN)
+        _epilogue_t(o0, o1, o2, o3, o4, o5, o6, o7, m, l_i, ub, pid_h, pid_s, pid_bn, H, nbn,
+                    sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT,
+                    HN)
 
 
 @gluon.jit
