@@ -367,7 +367,8 @@ def main() -> None:
     ap.add_argument("--kernels", default="gluon,gluon_ws",
                     help=f"comma-separated kernels to check and time ({', '.join(KERNELS)})")
     ap.add_argument("--ws-timeout", type=float, default=900.0,
-                    help="seconds each isolated child (ISOLATED: gluon_ws*, gluon_sh) may run")
+                    help="seconds each isolated child (ISOLATED: gluon_ws*, gluon_sh, "
+                         "gluon_shws) may run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

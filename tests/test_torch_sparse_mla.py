@@ -945,14 +945,15 @@ def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
                          ids=["h8", "h16"])
 @pytest.mark.parametrize("kv_format,d_qk", FP8_FORMATS, ids=[f[0] for f in FP8_FORMATS])
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("H,feats,K", [(8, True, 300), (24, True, 300), (16, False, 40)],
-                         ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots-one-block"])
+@pytest.mark.parametrize("H,feats,K", [(8, True, 300), (24, True, 300), (16, False, 96)],
+                         ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots-K96"])
 def test_gluon_shws(cfg, kv_format, d_qk, splits, H, feats, K):
     """The warp-specialised few-heads kernel (kernels/sparse_mla/gluon_small_ws.py, sweep-only)
     on both fp8 formats against the float64 reference, bf16 q: both configs, 1 and 3 splits, H
     below, across and at the head block, every invalid-entry kind, plain slots or a block table
-    with topk_length and a sink, and splits of one block (K 40: consumer 1 gets none and merges
-    an empty state); the call must run the Gluon kernel. Not yet run on a GPU (2026-12-05)."""
+    with topk_length and a sink; K 96 in one split (two blocks: one a consumer) and in "3"
+    splits (the plan makes two of one block each: consumer 1 gets none and hands over an empty
+    state); the call must run the Gluon kernel. Not yet run on a GPU (2026-12-05)."""
     case = cases.make_mla_case(90 + H + splits, B=3, N=2, H=H, K=K, P=64, d_qk=d_qk,
                                kv_format=kv_format, q_dtype="bfloat16", invalid="mix",
                                logical=feats, topk_length=feats, attn_sink=feats)

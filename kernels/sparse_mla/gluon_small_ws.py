@@ -40,9 +40,9 @@ consumers' chain and two consumers' chains overlap each other:
   split-K combine merges splits: ``m = max(m0, m1)``, ``a_c = 2^(m_c - m)``, the nope chunks
   brought from each consumer's unit to the larger one (``2^(ub_c - ub)``), ``l = a0 l0 + a1 l1``,
   then ``gluon_small``'s epilogue. A consumer that got no block contributes m = -1e30, l = 0,
-  O = 0 (``a_c`` = 0). ``done`` and ``qbar`` are invalidated after their one phase (their bytes
-  may become the epilogue's scratch). Same numerics as two splits of interleaved blocks: within SPEC tolerance,
-  not bitwise ``gluon_small.py``'s.
+  O = 0 (``a_c`` = 0). ``done`` and ``qbar`` are invalidated after their one phase, once a
+  partition barrier shows every waiting thread past its wait. Same numerics as two splits of interleaved blocks: within
+  SPEC tolerance, not bitwise ``gluon_small.py``'s.
 * **Shared memory** (``NBUF`` 2; AOT, Triton 3.6.0): X 2 x 73,728 B + q + P^T (fp16, rope hi /
   lo, one each a consumer) + the merge's O^T (32,768 B at HN 16) + row words and barriers:
   208,424 B at HN 16 (fp8_ds_mla), 163,144-178,504 at HN 8: one CTA an SM. Registers
@@ -68,7 +68,8 @@ from kernels.sparse_mla.triton import _pow2
 
 NUM_WARPS = 4            # consumer 0 (the default partition): one warpgroup
 CONSUMER_WARPS = gl.constexpr(4)
-PRODUCER_REGS = 72       # the producer's setmaxnreg: no spill in its loop (gluon_ws.py's 56: 11 LDL; 64: 6)
+# the producer's setmaxnreg: no spill in its loop (at gluon_ws.py's 56 it reloaded 14 words, at 64 six)
+PRODUCER_REGS = 72
 CONSUMER_REGS = 184      # consumer 1's: 16 warps x 128 = 4 x 184 + 4 x 184 + 8 x 72
 
 
@@ -119,7 +120,7 @@ def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         q_inv = _q_scale(q_row, qmask, NC, LDQ, MCOL, HN)
         mbarrier.wait(qbar, 0)
         _barrier()                  # every consumer-1 thread is past its wait, then
-        mbarrier.invalidate(qbar)   # never used again (its bytes may become scratch)
+        mbarrier.invalidate(qbar)   # never used again
 
     start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
 
@@ -172,7 +173,7 @@ def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         # ---- merge consumer 1's state (as the combine merges splits), then the epilogue
         mbarrier.wait(done, 0)
         _barrier()                  # every consumer-0 thread is past its wait, then
-        mbarrier.invalidate(done)   # its bytes may become the epilogue's scratch (PTX: after inval)
+        mbarrier.invalidate(done)   # never used again
         m1 = ml.index(0).load(MCOL)
         l1 = ml.index(1).load(MCOL)
         ub1 = gl.max(ubm.load(MCOL), axis=0)
