@@ -80,8 +80,8 @@ KERNELS = {
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernel until the GPU has checked it
-ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + ("gluon_sh", "gluon_shws")
 FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
+ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS
 
 
 def _heads_ok(kernel: str, H: int) -> bool:

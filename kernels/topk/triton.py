@@ -778,12 +778,6 @@ def _topk_scatter_kernel(
         h = _load_rebased(h_row, sv, sv < num_splits, split_stride, base, lbase)   # [SP, 256]
         run = tl.sum(h, axis=0)
         before = tl.sum(tl.where((sv < s)[:, None], h, 0), axis=0)   # the splits before s
-        d0, need, done, total, n_eq = _first_digit(run, topk)
-        pairs = (n_eq <= cap).to(tl.int32)
-        n_out, n_cand = _prefix_counts(before, d0, done)
-        if s == 0:
-            _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
-                         n_eq, run, pairs)
     else:
         grp = s // PLAN_GROUP
         # the splits before s in its group, rebased (issued first: they need only the bases)
@@ -798,12 +792,14 @@ def _topk_scatter_kernel(
                         mask=(gv < num_groups)[:, None], other=0)
             run += tl.sum(t, axis=0)
             before += tl.sum(tl.where((gv < grp)[:, None], t, 0), axis=0)
-        d0, need, done, total, n_eq = _first_digit(run, topk)
-        pairs = (n_eq <= cap).to(tl.int32)
-        n_out, n_cand = _prefix_counts(before, d0, done)
-        if s == 0:
-            _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total,
-                         n_eq, run, pairs)
+    # the row's histogram ``run`` and the splits-before histogram ``before``, both at the row's
+    # bases, whichever way they were summed
+    d0, need, done, total, n_eq = _first_digit(run, topk)
+    pairs = (n_eq <= cap).to(tl.int32)
+    n_out, n_cand = _prefix_counts(before, d0, done)
+    if s == 0:
+        _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total, n_eq,
+                     run, pairs)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
