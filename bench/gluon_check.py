@@ -380,7 +380,8 @@ def main() -> None:
     isolated = [] if args.child else [k for k in kernels if k in ISOLATED]
     local = [k for k in kernels if k not in isolated]
     res = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "triton": triton.__version__, "kernels": kernels, "command": " ".join(sys.argv)}
+           "triton": triton.__version__, "kernels": kernels, "command": " ".join(sys.argv),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     res["check"], res["timing"], res["isolated"] = [], [], []
 
     def dump():                   # after every stage: a cut-off run keeps what it measured

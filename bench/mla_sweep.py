@@ -169,9 +169,9 @@ _SH_NBUF2 = {hw: configs.SparseMLAConfig(block_h=hw[0], block_k=64, num_warps=hw
              for hw in ((16, 4), (16, 8), (8, 4))}
 # the few-heads configs the sweep runs outside every space (the AOT counts above and in
 # configs.py; bench/NOTES.md "Few-heads kernel at 16 warps an SM", "Warp-specialised few-heads
-# kernel")
+# kernel"; the 8-head warp-specialised config joined the sm_90 space on 2026-12-05)
 SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values(),
-                    configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16)
+                    configs.SPARSE_MLA_GLUON_SHWS16)
 
 
 def _shws(cfg, scale=1.0) -> dict:

@@ -62,9 +62,11 @@ def _operand_bytes(shape: Mapping) -> int:
 
 @functools.lru_cache(maxsize=None)
 def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
-                                 gluon: bool, gluon_ws: bool, gluon_sh: bool = False) -> dict:
+                                 gluon: bool, gluon_ws: bool, gluon_sh: bool = False,
+                                 gluon_shws: bool = False) -> dict:
     return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
-                                        gluon=gluon, gluon_ws=gluon_ws, gluon_sh=gluon_sh).to_dict()
+                                        gluon=gluon, gluon_ws=gluon_ws, gluon_sh=gluon_sh,
+                                        gluon_shws=gluon_shws).to_dict()
 
 
 def _mla_triton_heuristic(dev, shape):
@@ -75,8 +77,11 @@ def _mla_triton_heuristic(dev, shape):
     ws = configs.gluon_ws_eligible(dev, fmt, d_qk, width) and fmt in configs.GLUON_WS_PICKED
     # the few-heads kernel where it is picked for the format (configs.GLUON_SH_PICKED)
     sh = configs.kernel_eligible("gluon_sh", dev, fmt, d_qk, width) and fmt in configs.GLUON_SH_PICKED
+    # and its warp-specialised variant where that is picked (configs.GLUON_SHWS_PICKED)
+    shws = (sh and configs.kernel_eligible("gluon_shws", dev, fmt, d_qk, width)
+            and fmt in configs.GLUON_SHWS_PICKED)
     return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, width,
-                                        rows, shape.get("K"), gluon, ws, sh)
+                                        rows, shape.get("K"), gluon, ws, sh, shws)
 
 
 @functools.lru_cache(maxsize=None)
@@ -146,6 +151,29 @@ def _triton_indexer_space_cached(op: str) -> dict:
 _INDEXER_WS_FIELDS = ("ws_consumers", "ws_convert")
 
 
+# The top-k's candidate block after a split pass B for top-k 2048 where a row may keep more than
+# 1,024 candidates (the threshold bin's keys; they grow with L, and a launch waits on its fullest
+# row): 2,048, one loop iteration a level where 1,024 took two; rows of fewer candidates pay for
+# the wider block. Applied at top-k >= 2048 with B x N >= 8 rows or L >= 128K. H200
+# (topk_us by cand_block 1,024 -> 2,048, bench/results/indexer_sweep_*_h200_2026120{2,5}*.json):
+# B 64 L 64K (n_cand_max 1,129) 34.5 -> 33.8, 31.8 -> 31.0, 39.9 -> 38.7; B 64 N 2 L 64K 51.9 ->
+# 48.4, 58.2 -> 53.6; B 64 L 128K (1,426) 46.8 -> 42.4; B 1 L 128K (1,040) 22.8 -> 19.8, 25.4 ->
+# 22.4; targets bench 2026-12-05 (ninth session, both runs on one H200): B 64 L 64K 35.9 -> 29.5,
+# L 128K 53.6 -> 43.9, N 2 49.6 -> 40.6, B 1 L 128K 17.6 -> 17.0, but B 1 L 64K 15.1 -> 16.7
+# (one run: that row keeps 1,024). Top-k 512 rows keep 1,024 (V4 B 64 4K in 1M 12.8 vs 14.8,
+# V4 B 8 1M 43.5 vs 45.8). Not measured on sm_120 (the same loop; its SEARCH_SPACE compiles
+# there).
+TOPK_WIDE_CAND_BLOCK = 2048
+
+
+def _wide_cand_block(shape) -> bool:
+    """Whether an indexer_topk call of ``shape`` (registry fields: B, N, L, topk) gets
+    :data:`TOPK_WIDE_CAND_BLOCK` (the rule above)."""
+    rows = int(shape.get("B", 1)) * int(shape.get("N", 1))
+    return (int(shape.get("topk", 0)) >= TOPK_WIDE_CAND_BLOCK
+            and (rows >= 8 or int(shape.get("L", 0)) >= 131_072))
+
+
 def _triton_indexer_heuristic(op):
     def rule(dev, shape):
         # the Gluon logits kernel on sm_90, where it measured faster at every bench shape
@@ -155,6 +183,8 @@ def _triton_indexer_heuristic(op):
         # cannot address the cache
         from kernels.indexer import gluon, gluon_ws
         d = _triton_indexer_default(op)
+        if op == "indexer_topk" and _wide_cand_block(shape):
+            d = {**d, "topk_cand_block": TOPK_WIDE_CAND_BLOCK}
         if not gluon.device_ok(dev):
             return d
         return {**d, "kernel": "gluon_ws" if gluon_ws.PICKED else "gluon"}

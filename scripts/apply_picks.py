@@ -9,7 +9,14 @@ It edits two switches in place and prints each decision with the numbers behind 
   small-heads sweep shape of that format with at most ``configs.GLUON_SH_PICKED_MAX_HEADS``
   heads, the few-heads Gluon variant the heuristic would launch
   (``configs.gluon_sh_config(H)``, default split count) passed its reference check and its median
-  is at least 3 % below the baseline's (the binding's own choice) in the same run.
+  is at least 3 % below the baseline's (the binding's own choice) in the same run. Where the
+  baseline already runs a few-heads kernel (the format is picked), the format stays picked when
+  that variant passed its check (the comparison is then with itself).
+- ``configs.GLUON_SHWS_PICKED``: a format (of the picked ones) joins when, on every sweep shape of
+  that format with at most ``configs.GLUON_SHWS_PICKED_MAX_HEADS`` heads, the warp-specialised
+  8-head variant (``gluon_shws_h8``, default split count) passed its check and its median is at
+  least 3 % below both the baseline's and the one-partition variant's; where the baseline already
+  runs it, the format stays when the variant passed its check.
 - ``kernels/indexer/gluon_ws.py`` ``PICKED``: set when, in every given indexer sweep file, every
   shape that has a ``gluon`` row also has a ``gluon_ws`` row with no error, bitwise the same logits
   and the same top-k set as ``gluon``, repeatable, and a logits time no more than 2 % above
@@ -18,7 +25,8 @@ It edits two switches in place and prints each decision with the numbers behind 
 With ``--dispatch kernels/dispatch/sm_90.json`` it also rewrites that table's torch/triton
 entries the picks concern, since a table entry's config shadows the heuristic
 (``kernels.registry.Registry.plan``): sparse-MLA entries of a picked format with
-``H <= configs.GLUON_SH_PICKED_MAX_HEADS`` get ``configs.gluon_sh_config(H)``; indexer_topk entries
+``H <= configs.GLUON_SH_PICKED_MAX_HEADS`` get ``configs.few_heads_config(H, format)`` (the
+warp-specialised 8-head config for the formats of ``GLUON_SHWS_PICKED``); indexer_topk entries
 get ``kernel="gluon_ws"`` when it is picked. Each rewritten entry keeps its old ``median_us`` and
 says so in ``"edited"``; the table's ``"edits"`` list records the command and the evidence.
 
@@ -76,14 +84,56 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
         cfg = configs.gluon_sh_config(int(any_row["H"]))
         name = f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}"
         sh = vs.get(name)
-        good = (base is not None and sh is not None and base.get("status") == "ok"
-                and sh.get("status") == "ok" and sh["median_us"] < 0.97 * base["median_us"])
+        base_kernel = ((base or {}).get("config") or {}).get("kernel")
+        if base_kernel in ("gluon_sh", "gluon_shws"):         # already picked: keep if it passed
+            good = (base.get("status") == "ok" and sh is not None and sh.get("status") == "ok")
+        else:
+            good = (base is not None and sh is not None and base.get("status") == "ok"
+                    and sh.get("status") == "ok" and sh["median_us"] < 0.97 * base["median_us"])
         why.append(f"mla {key} ({fmt}): baseline {base and base.get('median_us')} us "
-                   f"[{base and base.get('status')}], {name} {sh and sh.get('median_us')} us "
-                   f"[{sh and sh.get('status')}] -> {'pick' if good else 'keep'}")
+                   f"[{base and base.get('status')}, {base_kernel}], {name} "
+                   f"{sh and sh.get('median_us')} us [{sh and sh.get('status')}] -> "
+                   f"{'pick' if good else 'keep'}")
         ok[fmt] = ok.get(fmt, True) and good
     if not ok:
         return None, why + [f"mla {path.name}: no shape of the few-heads range: no evidence"]
+    return {f for f, g in ok.items() if g}, why
+
+
+def mla_shws_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
+    """The formats whose few-heads calls of up to ``configs.GLUON_SHWS_PICKED_MAX_HEADS`` heads
+    run the warp-specialised kernel, and the evidence lines; None when no row of the file is in
+    that range (then the switch stays as it is)."""
+    by_shape: dict[str, dict[str, dict]] = {}
+    for r in load_rows(path):
+        by_shape.setdefault(r.get("shape_key", r.get("shape", "?")), {})[r.get("variant")] = r
+    ok: dict[str, bool] = {}
+    why = []
+    for key, vs in sorted(by_shape.items()):
+        any_row = next(iter(vs.values()))
+        fmt, H = any_row["kv_format"], int(any_row["H"])
+        if H > configs.GLUON_SHWS_PICKED_MAX_HEADS:
+            continue
+        cfg = configs.SPARSE_MLA_GLUON_SHWS8
+        ws = vs.get(f"gluon_shws_h{cfg.block_h}")
+        sh_cfg = configs.gluon_sh_config(H)
+        others = [vs.get("baseline"), vs.get(f"gluon_sh_h{sh_cfg.block_h}w{sh_cfg.num_warps}")]
+        base_kernel = ((others[0] or {}).get("config") or {}).get("kernel")
+        passed = ws is not None and ws.get("status") == "ok"
+        if base_kernel == "gluon_shws":                       # already picked: keep if it passed
+            good = passed
+        else:
+            good = passed and all(o is not None and o.get("status") == "ok"
+                                  and ws["median_us"] < 0.97 * o["median_us"] for o in others)
+        why.append(f"mla {key} ({fmt}): gluon_shws_h{cfg.block_h} {ws and ws.get('median_us')} us "
+                   f"[{ws and ws.get('status')}] against "
+                   + ", ".join(f"{o and o.get('variant')} {o and o.get('median_us')} us"
+                               for o in others)
+                   + f" (baseline runs {base_kernel}) -> {'pick' if good else 'keep'}")
+        ok[fmt] = ok.get(fmt, True) and good
+    if not ok:
+        return None, why + [f"mla {path.name}: no shape of the warp-specialised few-heads range: "
+                            f"no evidence"]
     return {f for f, g in ok.items() if g}, why
 
 
@@ -117,7 +167,7 @@ def idx_pick(paths: list[pathlib.Path]) -> tuple[bool | None, list[str]]:
 
 
 def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
-               why: list[str]) -> tuple[str | None, list[str]]:
+               why: list[str], shws_formats: set[str] | None = None) -> tuple[str | None, list[str]]:
     """The dispatch table's text with the entries the picks concern rewritten (module
     docstring), or None when nothing changes, and one line per rewritten entry."""
     try:
@@ -133,7 +183,8 @@ def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
         b = e["bucket"]
         if (e["op"] == "sparse_mla_decode" and sh_formats and b.get("kv_format") in sh_formats
                 and b["H"] <= configs.GLUON_SH_PICKED_MAX_HEADS):
-            new = configs.gluon_sh_config(b["H"]).to_dict()
+            shws = configs.GLUON_SHWS_PICKED if shws_formats is None else tuple(shws_formats)
+            new = configs.few_heads_config(b["H"], b["kv_format"], shws).to_dict()
         elif e["op"] == "indexer_topk" and ws is not None:
             new = {**e["config"], "kernel": "gluon_ws" if ws else "gluon"}
         else:
@@ -152,9 +203,10 @@ def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
     return json.dumps(table, indent=1) + "\n", done
 
 
-def set_line(path: pathlib.Path, pattern: str, new: str) -> str:
-    """``path``'s text with the one line matching ``pattern`` replaced by ``new``."""
-    text = path.read_text()
+def set_line(path: pathlib.Path, pattern: str, new: str, text: str | None = None) -> str:
+    """``path``'s text (or ``text``: an earlier decision's edit of it) with the one line
+    matching ``pattern`` replaced by ``new``."""
+    text = path.read_text() if text is None else text
     out, n = re.subn(pattern, new, text, count=1, flags=re.M)
     if n != 1:
         raise BadInput(f"{path}: no line matches {pattern!r}")
@@ -178,7 +230,7 @@ def _decide(rule, source: str, evidence: list, writes: dict, name: str, rel: str
         return None
     new = line(value)
     print(f"{name} = {new.split(' = ', 1)[1]}")
-    writes[ROOT / rel] = set_line(ROOT / rel, pattern, new)
+    writes[ROOT / rel] = set_line(ROOT / rel, pattern, new, writes.get(ROOT / rel))
     return value
 
 
@@ -190,7 +242,7 @@ def main(argv=None) -> int:
                     help="a dispatch table whose torch/triton entries to bring to the picks")
     ap.add_argument("--dry-run", action="store_true")
     a = ap.parse_args(argv)
-    fmts, pick, evidence, writes = None, None, [], {}
+    fmts, shws, pick, evidence, writes = None, None, None, [], {}
     try:                                 # every decision first; nothing is written on an error
         for f in [a.mla, *a.idx, a.dispatch]:
             if f is not None and not f.is_file():
@@ -200,13 +252,17 @@ def main(argv=None) -> int:
                            "GLUON_SH_PICKED", "kernels/sparse_mla/configs.py",
                            r"^GLUON_SH_PICKED: tuple = .*$",
                            lambda v: f"GLUON_SH_PICKED: tuple = {repr(tuple(sorted(v)))}")
+            shws = _decide(lambda: mla_shws_picks(a.mla), str(a.mla), evidence, writes,
+                           "GLUON_SHWS_PICKED", "kernels/sparse_mla/configs.py",
+                           r"^GLUON_SHWS_PICKED: tuple = .*$",
+                           lambda v: f"GLUON_SHWS_PICKED: tuple = {repr(tuple(sorted(v)))}")
         if a.idx:
             pick = _decide(lambda: idx_pick(a.idx), " ".join(map(str, a.idx)), evidence, writes,
                            "gluon_ws.PICKED", "kernels/indexer/gluon_ws.py",
                            r"^PICKED = (True|False)$", lambda v: f"PICKED = {v}")
         if a.dispatch is not None:
             try:
-                text, done = edit_table(a.dispatch, fmts, pick, evidence)
+                text, done = edit_table(a.dispatch, fmts, pick, evidence, shws)
             except (KeyError, TypeError) as e:
                 raise BadInput(f"{a.dispatch}: an entry lacks a field "
                                f"({type(e).__name__}: {e})") from e

@@ -51,7 +51,8 @@
 #                   sweeps support (and the sm_90 dispatch entries) in the device's copy of the
 #                   tree, for the steps after it
 # The last lines printed are a one-line summary per step (the device tool returns the tail).
-# At the end everything under $OUT but summary.txt is packed into $OUT/out.tgz (the device tool
+# At the end everything under $OUT but summary.txt is packed into $OUT/out.tgz (out.2.tgz, ... when
+# an earlier invocation of this call packed there; the device tool
 # brings back a few files only: on 2026-12-05 a call's sweep JSONs were left out); GPU_RUN_TAR=0
 # leaves the files as they are.
 set -u
@@ -166,6 +167,10 @@ done
 printf '%s\n' "${SUMMARY[@]}" | tee -a "$OUT/summary.txt"
 mkdir -p /tmp/dsa_state && cp "$OUT"/sweep_*.json /tmp/dsa_state/ 2>/dev/null   # for a later call's picks step
 if [ "${GPU_RUN_TAR:-1}" != 0 ]; then
-  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name out.tgz -print0 \
-     | tar czf out.tgz --null -T - --remove-files)
+  # a second invocation into the same $OUT packs into out.2.tgz, ... (on 2026-12-05 the second
+  # of two invocations in one call overwrote the first's out.tgz and its bench JSON was lost)
+  tgz=out.tgz; n=2
+  while [ -e "$OUT/$tgz" ]; do tgz=out.$n.tgz; n=$((n + 1)); done
+  (cd "$OUT" && find . -mindepth 1 -maxdepth 1 ! -name summary.txt ! -name 'out*.tgz' -print0 \
+     | tar czf "$tgz" --null -T - --remove-files)
 fi

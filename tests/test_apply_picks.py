@@ -68,12 +68,56 @@ def test_picks_follow_the_rules(tmp_path, capsys):
     assert _digests() == before
 
 
+def _h8_rows(ws_us, base_kernel="gluon_sh", sh_us=28.7, base_us=28.7, ws_status="ok"):
+    row = dict(shape_key="v4_h8", kv_format="fp8_model1", H=8, status="ok")
+    return {"rows": [
+        dict(row, variant="baseline", median_us=base_us, config={"kernel": base_kernel}),
+        dict(row, variant="gluon_sh_h8w4", median_us=sh_us),
+        dict(row, variant="gluon_shws_h8", median_us=ws_us, status=ws_status)]}
+
+
+def test_few_heads_picks_once_in_effect(tmp_path, capsys):
+    """Where the baseline already runs a few-heads kernel the format stays picked when the
+    variant passed (not un-picked for tying with itself); the warp-specialised kernel joins for a
+    format when 3 % below both the baseline and the one-partition variant, and stays once the
+    baseline runs it; a failed check drops it; the table rewrite names the config it picks."""
+    before = _digests()
+    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(22.3))
+    assert rc == 0 and "GLUON_SH_PICKED = ('fp8_model1',)" in out
+    assert "GLUON_SHWS_PICKED = ('fp8_model1',)" in out
+    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(28.0))                   # < 3 % better
+    assert "GLUON_SH_PICKED = ('fp8_model1',)" in out and "GLUON_SHWS_PICKED = ()" in out
+    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(22.3, base_kernel="gluon_shws",
+                                                     base_us=22.3))            # in effect
+    assert "GLUON_SHWS_PICKED = ('fp8_model1',)" in out
+    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(None, ws_status="FAILED check"))
+    assert "GLUON_SHWS_PICKED = ()" in out
+    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(40.0, base_kernel="triton", base_us=42.7))
+    # below the Triton baseline but not below the one-partition kernel: that one is picked
+    assert "GLUON_SH_PICKED = ('fp8_model1',)" in out and "GLUON_SHWS_PICKED = ()" in out
+    assert _digests() == before
+    mod = _script()
+    table = tmp_path / "sm_90.json"
+    table.write_text(json.dumps({"entries": [
+        {"op": "sparse_mla_decode", "backend": "torch", "path": "triton",
+         "bucket": {"B": 64, "H": 8, "K": 640, "N": 1, "d_qk": 512, "kv_format": "fp8_model1"},
+         "config": {"kernel": "triton"}},
+        {"op": "sparse_mla_decode", "backend": "torch", "path": "triton",
+         "bucket": {"B": 64, "H": 8, "K": 2048, "N": 1, "d_qk": 576, "kv_format": "fp8_ds_mla"},
+         "config": {"kernel": "triton"}}]}))
+    text, done = mod.edit_table(table, {"fp8_model1", "fp8_ds_mla"}, None, [], {"fp8_model1"})
+    got = [e["config"] for e in json.loads(text)["entries"]]
+    from kernels.sparse_mla import configs
+    assert got == [configs.SPARSE_MLA_GLUON_SHWS8.to_dict(), configs.SPARSE_MLA_GLUON_SH8.to_dict()]
+    assert len(done) == 2
+
+
 @pytest.mark.parametrize("mla,idx,word", [
     ({"rows": []}, {"rows": []}, "unchanged (no evidence)"),
 ])
 def test_no_evidence_leaves_the_switches(tmp_path, capsys, mla, idx, word):
     rc, out, _ = _run(tmp_path, capsys, mla=mla, idx=idx)
-    assert rc == 0 and out.count(word) == 2
+    assert rc == 0 and out.count(word) == 3          # GLUON_SH_PICKED, GLUON_SHWS_PICKED, PICKED
 
 
 @pytest.mark.parametrize("files,word", [

@@ -140,8 +140,24 @@ def test_indexer_heuristics_are_the_launchers_defaults():
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", sm120, **TOPK) == logits
     assert REGISTRY.heuristic("indexer_logits", "torch", "triton", H200, **TOPK) == {
         **logits, "kernel": "gluon_ws"}
+    # top-k 2048 at B 64: the candidate block 2,048 (registry.TOPK_WIDE_CAND_BLOCK, measured on
+    # the H200); top-k 512: the TopkConfig default (1,024); the same on sm_120
+    topk = {f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}
+    assert TopkConfig().cand_block == 1024
     assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **TOPK) == {
-        **logits, "kernel": "gluon_ws", **{f"topk_{k}": v for k, v in asdict(TopkConfig()).items()}}
+        **logits, "kernel": "gluon_ws", **topk, "topk_cand_block": 2048}
+    assert REGISTRY.heuristic("indexer_topk", "torch", "triton", sm120, **TOPK) == {
+        **logits, **topk, "topk_cand_block": 2048}
+    assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **{**TOPK, "topk": 512}) \
+        == {**logits, "kernel": "gluon_ws", **topk}
+    # one row at L 64K keeps 1,024 (B 1 L 64K measured slower with 2,048); one row at 128K and
+    # 8 rows at 64K take 2,048
+    one = dict(B=1, N=1, L=65536, topk=2048)
+    assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200, **one)["topk_cand_block"] == 1024
+    assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200,
+                              **{**one, "L": 131072})["topk_cand_block"] == 2048
+    assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200,
+                              **{**one, "B": 4, "N": 2})["topk_cand_block"] == 2048
     pl = pytest.importorskip("kernels.indexer.pallas")
     assert REGISTRY.heuristic("indexer_topk", "jax", "pallas", H200, **TOPK) == pl.PallasIndexerConfig().to_dict()
 

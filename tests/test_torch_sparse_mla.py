@@ -953,7 +953,7 @@ def test_gluon_shws(cfg, kv_format, d_qk, splits, H, feats, K):
     below, across and at the head block, every invalid-entry kind, plain slots or a block table
     with topk_length and a sink; K 96 in one split (two blocks: one a consumer) and in "3"
     splits (the plan makes two of one block each: consumer 1 gets none and hands over an empty
-    state); the call must run the Gluon kernel. Not yet run on a GPU (2026-12-05)."""
+    state); the call must run the Gluon kernel. H200 2026-12-05 (ninth session): 24 passed."""
     case = cases.make_mla_case(90 + H + splits, B=3, N=2, H=H, K=K, P=64, d_qk=d_qk,
                                kv_format=kv_format, q_dtype="bfloat16", invalid="mix",
                                logical=feats, topk_length=feats, attn_sink=feats)
@@ -1028,7 +1028,9 @@ def test_gluon_sh_rules():
     from kernels.registry import REGISTRY
     assert set(configs.GLUON_SH_PICKED) == {"fp8_ds_mla", "fp8_model1"}
     for fmt, d_qk, H, want in (("fp8_ds_mla", 576, 16, configs.SPARSE_MLA_GLUON_SH16),
-                               ("fp8_model1", 512, 8, configs.SPARSE_MLA_GLUON_SH8)):
+                               ("fp8_ds_mla", 576, 8, configs.SPARSE_MLA_GLUON_SH8),
+                               ("fp8_model1", 512, 16, configs.SPARSE_MLA_GLUON_SH16),
+                               ("fp8_model1", 512, 8, configs.SPARSE_MLA_GLUON_SHWS8)):
         shape = dict(B=64, N=1, H=H, K=2048, d_qk=d_qk, kv_format=fmt)
         assert REGISTRY.heuristic("sparse_mla_decode", "torch", "triton", h200, **shape) == \
             want.to_dict()
@@ -1053,6 +1055,47 @@ def test_gluon_sh_rules():
     assert configs.SparseMLAConfig(**r128.to_dict()) == r128
     assert configs.sparse_mla_from_dict(r128.to_dict(), configs.LARGE_SMEM) is None
     assert configs.sparse_mla_from_dict(sh16.to_dict(), configs.LARGE_SMEM) == sh16
+
+
+def test_gluon_shws_rules():
+    """The warp-specialised few-heads kernel's pick: its 8-head config is in the sm_90 space only
+    (the 16-head one in none); the heuristic picks it only when told both ``gluon_sh`` and
+    ``gluon_shws`` (the registry: formats of ``configs.GLUON_SHWS_PICKED``, fp8_model1 since the
+    2026-12-05 H200 sweep: V4 B 64 H 8 22.3 vs 28.7 us) and only up to 8 heads;
+    ``few_heads_config`` (the dispatch-table rewrite's rule) agrees; one CTA an SM (its shared
+    memory), so V4 B 64 H 8 K 640 plans 2 splits (128 CTAs: the sweep's timed plan); on sm_120
+    and in the interpreter the binding runs the Triton tile for the call's heads."""
+    from kernels import hardware
+    ws8, ws16 = configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16
+    assert ws8 in configs.sparse_mla_space(configs.LARGE_SMEM)
+    assert ws8 not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    assert all(ws16 not in sp for sp in configs.SPARSE_MLA_SPACE.values())
+    assert configs.sparse_mla_from_dict(ws8.to_dict(), configs.LARGE_SMEM) == ws8
+    pick = lambda H, **kw: configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=640,
+                                                        gluon=True, gluon_ws=True, **kw)
+    assert configs.GLUON_SHWS_PICKED_MAX_HEADS == 8
+    assert [pick(H, gluon_sh=True, gluon_shws=True) for H in (1, 8, 9, 16)] == \
+        [ws8, ws8, configs.SPARSE_MLA_GLUON_SH16, configs.SPARSE_MLA_GLUON_SH16]
+    assert pick(8, gluon_sh=True) == configs.SPARSE_MLA_GLUON_SH8          # not told
+    assert pick(8, gluon_shws=True).kernel == "triton"                     # gluon_sh off
+    assert configs.sparse_mla_heuristic(8, configs.SMALL_SMEM, gluon_sh=True,
+                                        gluon_shws=True).kernel == "triton"
+    assert set(configs.GLUON_SHWS_PICKED) == {"fp8_model1"}
+    assert configs.few_heads_config(8, "fp8_model1") == ws8
+    assert configs.few_heads_config(8, "fp8_ds_mla") == configs.SPARSE_MLA_GLUON_SH8
+    assert configs.few_heads_config(8, "fp8_ds_mla", ("fp8_ds_mla",)) == ws8
+    assert configs.few_heads_config(16, "fp8_model1") == configs.SPARSE_MLA_GLUON_SH16
+    assert configs.few_heads_config(8, "fp8_model1", ()) == configs.SPARSE_MLA_GLUON_SH8
+    assert configs.sparse_mla_ctas_per_sm(ws8, configs.LARGE_SMEM) == 1
+    assert configs.sparse_mla_num_splits(64, 640, 64, 132, ctas_per_sm=1) == 2
+    sm120 = hardware.DeviceInfo(name="NVIDIA RTX PRO 6000", cc=(12, 0), num_sms=188,
+                                smem_per_block=101_376)
+    kv = torch.zeros((1, 37_440), dtype=torch.uint8)          # one fp8_model1 page of 64 rows
+    q8 = torch.zeros((2, 1, 8, 512), dtype=torch.float16)
+    for dev in (sm120, hardware.CPU_INTERPRETER):
+        assert not configs.kernel_eligible("gluon_shws", dev, "fp8_model1", 512, 2)
+        sub = tsm._triton_config(dev, q8, kv, "fp8_model1", 640, ws8)
+        assert sub.kernel == "triton" and sub in configs.sparse_mla_space(dev.smem_per_block)
 
 
 # ============================================================================ combine

@@ -222,14 +222,27 @@ def test_gluon_sh_compiles_without_spills_in_its_loop(tmp_path, monkeypatch):
             max(1, _aot.occupancy(r["registers"], r["shared"], spec.num_warps, 90)["ctas"]), r["label"]
 
 
-def test_gluon_shws_specs_are_sweep_only_and_complete():
-    """The warp-specialised few-heads kernel (sweep-only: no space holds it, so no launcher picks
-    it and the CI compile lists skip it) has sm_90 launch specs for both fp8 formats with its
-    heads (8 / 16), two X slots, consumer 0's 4 warps and the partitions' register budgets, which
-    add up to the SM's registers (16 warps: 4 x 184 + 4 x 184 + 8 x 72 = 16 x 128)."""
+def test_gluon_shws_specs_listed_for_sm90_and_complete():
+    """The warp-specialised few-heads kernel: its 8-head config is in the large class's AOT specs
+    (every AOT variant of both fp8 formats with 16-bit q, with and without a block table; so the
+    sm90-marked compile tests compile it), never in the small class's (sm_120); the 16-head
+    config is sweep-only (in no space). Both have sm_90 launch specs for both fp8 formats with
+    their heads (8 / 16), two X slots, consumer 0's 4 warps and the partitions' register
+    budgets, which add up to the SM's registers (16 warps: 4 x 184 + 4 x 184 + 8 x 72 = 16 x
+    128)."""
     from kernels.sparse_mla import gluon_small_ws
-    assert not [s for cls in ("large", "small") for s in _sparse_mla.aot_specs(cls)
+    assert not [s for s in _sparse_mla.aot_specs("small")
                 if s.kernel == "_sparse_mla_gluon_shws_kernel"]
+    large = {s.label for s in _sparse_mla.aot_specs("large")
+             if s.kernel == "_sparse_mla_gluon_shws_kernel"}
+    want = {s.label for fmt, d_qk, q_dtype, final in _sparse_mla.AOT_VARIANTS
+            if fmt in ("fp8_ds_mla", "fp8_model1") and q_dtype != torch.float32
+            for s in _sparse_mla._gluon_specs(fmt, q_dtype, final, 2, "gluon_shws",
+                                              configs.SPARSE_MLA_GLUON_SHWS8)}
+    assert {f"gluon_shws h8 w4 x2 {fmt} q=bfloat16 partial {bt}"
+            for fmt in ("fp8_ds_mla", "fp8_model1") for bt in ("block table", "slots")} <= want
+    assert want == large
+    assert not [lab for lab in large if " h16 " in lab]
     for cfg in (configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16):
         for fmt in ("fp8_ds_mla", "fp8_model1"):
             specs = _sparse_mla._gluon_specs(fmt, torch.bfloat16, False, cfg.num_stages,

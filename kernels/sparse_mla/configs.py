@@ -222,21 +222,31 @@ SPARSE_MLA_GLUON_SH32 = SparseMLAConfig(block_h=32, block_k=64, num_warps=8, num
 # an SM: rejected".
 SPARSE_MLA_GLUON_SH16W8R128 = SparseMLAConfig(block_h=16, block_k=64, num_warps=8, num_stages=1,
                                               prefetch=True, kernel="gluon_sh", maxnreg=128)
-# Sweep-only (in no space): the warp-specialised few-heads kernel (kernels/sparse_mla/
-# gluon_small_ws.py): an 8-warp producer converts row blocks into ``num_stages`` X slots, two
-# 4-warp consumers take alternate blocks and merge at the end; num_warps is consumer 0's (16
-# warps in all), one CTA an SM (shared memory). Not yet run on a GPU.
+# The warp-specialised few-heads kernel (kernels/sparse_mla/gluon_small_ws.py): an 8-warp
+# producer converts row blocks into ``num_stages`` X slots, two 4-warp consumers take alternate
+# blocks and merge at the end; num_warps is consumer 0's (16 warps in all), one CTA an SM
+# (shared memory). The 8-head config is in the sm_90 space and picked for the formats of
+# GLUON_SHWS_PICKED up to GLUON_SHWS_PICKED_MAX_HEADS heads: H200, 2026-12-05 (ninth session,
+# bench/results/mla_sweep_small_heads_h200_20261205b.json, CUDA-graph timed, checked against the
+# reference; gluon_check 138/138): V4-Flash B 64 H 8 fp8_model1 22.3 us against 28.7 for the
+# one-partition few-heads kernel. The 16-head config stays sweep-only: V3.2 B 64 H 16 66.0
+# against 65.2, V4 B 64 H 64 (four 16-head blocks) 58.8 against 49.3 for the 64-head kernel.
 SPARSE_MLA_GLUON_SHWS8 = SparseMLAConfig(block_h=8, block_k=64, num_warps=4, num_stages=2,
                                          prefetch=True, kernel="gluon_shws")
 SPARSE_MLA_GLUON_SHWS16 = SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=2,
                                           prefetch=True, kernel="gluon_shws")
-# formats whose heuristic picks it, up to GLUON_SH_PICKED_MAX_HEADS heads: H200, 2026-12-05
+# formats whose heuristic picks the one-partition few-heads kernel, up to
+# GLUON_SH_PICKED_MAX_HEADS heads: H200, 2026-12-05
 # (`bench.mla_sweep --small-heads`, bench/results/mla_sweep_small_heads_h200_20261205.json,
 # CUDA-graph timed, checked against the reference): V3.2 B 64 H 16 fp8_ds_mla 66.2 us against
 # 99.5 for the Triton 16 x 32 tile; V4-Flash B 64 H 8 fp8_model1 28.9 against 42.7. The 32-head
 # config (H 17..32) has not been timed: those calls keep the Triton tiles.
 GLUON_SH_PICKED: tuple = ('fp8_ds_mla', 'fp8_model1')
 GLUON_SH_PICKED_MAX_HEADS = 16
+# formats (of GLUON_SH_PICKED) whose few-heads calls of up to GLUON_SHWS_PICKED_MAX_HEADS heads
+# run the warp-specialised kernel instead (its 8-head config); fp8_ds_mla at 8 heads is not timed
+GLUON_SHWS_PICKED: tuple = ('fp8_model1',)
+GLUON_SHWS_PICKED_MAX_HEADS = 8
 
 
 def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
@@ -245,6 +255,19 @@ def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
     if num_heads <= 8:
         return SPARSE_MLA_GLUON_SH8
     return SPARSE_MLA_GLUON_SH16 if num_heads <= 16 else SPARSE_MLA_GLUON_SH32
+
+
+def few_heads_config(num_heads: int, kv_format: str,
+                     shws_formats: tuple | None = None) -> SparseMLAConfig:
+    """The few-heads Gluon config the heuristic picks for ``num_heads`` heads of a
+    ``kv_format`` cache whose format is picked for the few-heads kernel: the warp-specialised
+    8-head config (:data:`SPARSE_MLA_GLUON_SHWS8`) up to :data:`GLUON_SHWS_PICKED_MAX_HEADS`
+    heads for the formats of ``shws_formats`` (default :data:`GLUON_SHWS_PICKED`), else
+    :func:`gluon_sh_config`."""
+    shws = GLUON_SHWS_PICKED if shws_formats is None else shws_formats
+    if num_heads <= GLUON_SHWS_PICKED_MAX_HEADS and kv_format in shws:
+        return SPARSE_MLA_GLUON_SHWS8
+    return gluon_sh_config(num_heads)
 
 
 SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
@@ -276,6 +299,7 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SPARSE_MLA_GLUON_SH16,
         SPARSE_MLA_GLUON_SH16W8,
         SPARSE_MLA_GLUON_SH32,
+        SPARSE_MLA_GLUON_SHWS8,
     ),
     ("large", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
@@ -332,7 +356,7 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
                          rows: int | None = None, topk: int | None = None,
                          gluon: bool = False, gluon_ws: bool = False,
-                         gluon_sh: bool = False) -> SparseMLAConfig:
+                         gluon_sh: bool = False, gluon_shws: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
@@ -352,11 +376,17 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     Gluon kernel can run the call and is picked for its format, :data:`GLUON_SH_PICKED`) picks
     :func:`gluon_sh_config` for H <= :data:`GLUON_SH_PICKED_MAX_HEADS` (16): on the H200
     (2026-12-05, bench.mla_sweep --small-heads) B 64 H 16 fp8_ds_mla 66.2 vs 99.5 us, V4 B 64
-    H 8 fp8_model1 28.9 vs 42.7.
+    H 8 fp8_model1 28.9 vs 42.7. ``gluon_shws`` (with ``gluon_sh``: the caller's statement that the
+    warp-specialised few-heads kernel is picked for the format, :data:`GLUON_SHWS_PICKED`) picks
+    :data:`SPARSE_MLA_GLUON_SHWS8` for H <= :data:`GLUON_SHWS_PICKED_MAX_HEADS` (8): on the H200
+    (2026-12-05, ninth session) V4 B 64 H 8 fp8_model1 22.3 vs 28.7 us.
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
+    if (gluon_sh and gluon_shws and num_heads <= GLUON_SHWS_PICKED_MAX_HEADS
+            and SPARSE_MLA_GLUON_SHWS8 in space):
+        return SPARSE_MLA_GLUON_SHWS8
     if gluon_sh and num_heads <= GLUON_SH_PICKED_MAX_HEADS and gluon_sh_config(num_heads) in space:
         return gluon_sh_config(num_heads)
     if gluon_ws and num_heads >= 64 and SPARSE_MLA_GLUON_WS in space:
