@@ -487,17 +487,23 @@ def jax_indexer_phases(calls, reps: int = 5) -> dict:
                                f"{reps * len(calls)} blocked calls)"}
 
 
-def jax_layer_phases(calls, reps: int = 5) -> dict:
+def jax_layer_phases(calls, reps: int = 5, save_hlo=None) -> dict:
     """:func:`torch_layer_phases` for a JAX layer step: ``reps`` rounds of ``calls`` (each
     blocked on) under ``jax.profiler.trace`` with a perfetto trace, the device kernels split by
     name (:func:`jax_phase_totals`); a call with ``hlo_text()`` (:class:`_DonatingLayerCall`)
     adds the projection kernels its optimised HLO names (:func:`jax_projection_kernels`), and
-    the result records how many kernels came from it (``hlo_projection_kernels``)."""
+    the result records how many kernels came from it (``hlo_projection_kernels``); ``save_hlo``
+    (a path): that HLO text is also written there."""
     proj = set()
     hlo = getattr(calls[0], "hlo_text", None) if calls else None
     if hlo is not None:
         wk = getattr(calls[0], "weight_keys", None)
-        proj = jax_projection_kernels(hlo(), wk() if wk is not None else ())
+        text = hlo()
+        if save_hlo is not None:
+            from pathlib import Path
+            Path(save_hlo).parent.mkdir(parents=True, exist_ok=True)
+            Path(save_hlo).write_text(text)
+        proj = jax_projection_kernels(text, wk() if wk is not None else ())
     kern = _jax_device_kernels(calls, reps)
     out = jax_phase_totals(kern, reps * len(calls), proj)
     out["hlo_projection_kernels"] = sorted({n for n, _ in kern if n in proj})

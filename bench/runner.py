@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime as dt
 import gc
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,10 @@ class RunConfig:
     plot: bool = True
     tag: str = ""
     extra_shapes: list = field(default_factory=list)
+
+
+# Environment variables a bench result file records (top-level ``env``) when set.
+RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET")
 
 
 def environment(dry: bool) -> dict:
@@ -194,6 +199,11 @@ def run(cfg: RunConfig) -> dict:
             "dry_run": dry, "machine": machine.to_dict(), "num_sms": env["num_sms"],
             "floor": "max(bytes / copy_bytes_per_s, flops / matmul_flops_per_s); see bench/roofline.py",
             "q_dtype": q_dtype, "latent_dtype": latent_dtype, "unavailable": {}}
+    # compiler flags set in the environment change what the timings mean (e.g. XLA's command
+    # buffers): part of the reproducing command
+    flags = {k: os.environ[k] for k in RECORDED_ENV if os.environ.get(k)}
+    if flags:
+        meta["env"] = flags
     if dry:
         meta["note"] = "DRY RUN in the CPU interpreter: plumbing check only, timings meaningless"
     shapes = grid.select(grid.grid_for(cfg.mode) + list(cfg.extra_shapes), ops=cfg.ops,
@@ -331,7 +341,8 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
     upd.update(roofline.row_metrics(machine, nbytes, flops, t.median_us))
     if shape.op == "dsa_decode_layer" and not dry:
         upd.update(_layer_phases(calls, t.median_us, adapter.name, machine,
-                                 roofline.layer_weight_bytes(shape.layer_cfg, tp=shape.tp)))
+                                 roofline.layer_weight_bytes(shape.layer_cfg, tp=shape.tp),
+                                 hlo_path=_hlo_path(shape.label)))
     if shape.op == "indexer_topk":
         upd.update(_indexer_phases(adapter, calls, dry))
     return upd
@@ -361,8 +372,18 @@ def _indexer_phases(adapter, calls, dry: bool) -> dict:
         return {"topk_timer": f"error: {type(e).__name__}: {e}"[:200]}
 
 
+def _hlo_path(label: str) -> Path | None:
+    """Where a jax layer row's optimised HLO goes when ``BENCH_HLO_DIR`` is set (for reading the
+    step's command buffers and the thunks outside them off the GPU), else None."""
+    d = os.environ.get("BENCH_HLO_DIR")
+    if not d:
+        return None
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    return Path(d) / f"{name}.hlo.txt"
+
+
 def _layer_phases(calls, step_us: float, backend: str = "torch", machine=None,
-                  weight_bytes: int | None = None) -> dict:
+                  weight_bytes: int | None = None, hlo_path: Path | None = None) -> dict:
     """The decode-layer row's phases (issue 15): GPU time per call of the projections (GEMMs),
     the indexer and sparse MLA, from the profiler (torch: the kernels inside their ops,
     paths.torch_layer_phases; jax: the device trace's kernels by name, paths.jax_layer_phases),
@@ -371,9 +392,10 @@ def _layer_phases(calls, step_us: float, backend: str = "torch", machine=None,
     fraction of the run's measured copy bandwidth (``machine.copy_bytes_per_s``; issue 15's
     target is >= 0.85). A profile that saw no kernel (a second CUPTI client in the process:
     XLA's tracer cannot subscribe after torch.profiler has run in the same process) is an error
-    (``phases_error``), never phases of zero."""
+    (``phases_error``), never phases of zero. ``hlo_path``: a jax step's optimised HLO is
+    written there (``BENCH_HLO_DIR``)."""
     try:
-        ph = (paths.jax_layer_phases(calls) if backend == "jax"
+        ph = (paths.jax_layer_phases(calls, save_hlo=hlo_path) if backend == "jax"
               else paths.torch_layer_phases(calls))
     except Exception as e:  # noqa: BLE001 - profiler unavailable: the timing stands
         return {"phases_error": f"{type(e).__name__}: {e}"[:200]}

@@ -7,9 +7,12 @@
 # Steps (NAME:WHAT:SECONDS):
 #   bench:targets   python -m bench --targets, then bench.targets on its JSON ($OUT/targets_status.*:
 #                   every issue target met / missed) (BENCH_PATHS, default "triton pallas"; BENCH_OPS, default
-#                   all ops, e.g. "indexer_topk"; BENCH_BACKENDS, default both), JSON + log. The jax
+#                   all ops, e.g. "indexer_topk"; BENCH_BACKENDS, default both; BENCH_PRESETS, default
+#                   both, e.g. "DSV4_FLASH"), JSON + log. The jax
 #                   layer rows' phases need a process in which torch.profiler has not run (CUPTI
-#                   takes one subscriber): BENCH_BACKENDS=jax in a second invocation
+#                   takes one subscriber): BENCH_BACKENDS=jax in a second invocation; BENCH_HLO_DIR=$OUT/hlo
+#                   also writes each jax layer row's optimised HLO there; XLA_FLAGS set for the
+#                   call are recorded in the JSON's "env"
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
@@ -85,6 +88,7 @@ for step in "$@"; do
       paths=(); for p in $BENCH_PATHS; do paths+=(--path "$p"); done
       for o in $BENCH_OPS; do paths+=(--op "$o"); done
       for b in ${BENCH_BACKENDS:-}; do paths+=(--backend "$b"); done
+      for pr in ${BENCH_PRESETS:-}; do paths+=(--preset "$pr"); done
       extra=(); [ "$what" = quick ] && extra=(--write-dispatch --dispatch-dir "$OUT")
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
         --no-progress --no-plot --out "$OUT" > "$log" 2>&1

@@ -291,6 +291,9 @@ def test_dry_run_rows_json_png_dispatch(tmp_path, stub_registry, monkeypatch):
         assert k in doc
     assert doc["dry_run"] is True and "meaningless" in doc["note"]
     assert doc["command"] == "python -m bench --dry-run (test)" and len(doc["rows"]) == 16
+    # the compiler flags set for the run (conftest sets XLA_FLAGS) are part of the command
+    assert doc["env"] == {k: os.environ[k] for k in ("XLA_FLAGS", "TRITON_INTERPRET")
+                          if os.environ.get(k)} and "XLA_FLAGS" in doc["env"]
     # PNG written
     assert res["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # dispatch: the dry run writes under <out>/dispatch, never into the package
@@ -386,6 +389,29 @@ def test_jax_layer_phases_from_a_fake_device_trace():
     assert (t["sparse_mla"], t["indexer"], t["projections"], t["other_kernels"]) == (22.0, 20.0, 35.0, 4.0)
     assert t["kernels_per_step"] == 4.0
     assert t["other_top"] == {"loop_multiply_fusion": 3.0, "input_reduce_fusion_2": 1.0}
+
+
+def test_jax_layer_hlo_saved_where_asked(tmp_path, monkeypatch):
+    """BENCH_HLO_DIR: the jax layer row's optimised HLO (the text its projection kernels are
+    read from) is written under it, named by the row's label with path-safe characters; unset,
+    nothing is written."""
+    from bench import runner
+
+    class Call:
+        def hlo_text(self):
+            return _GPU_HLO
+
+        def __call__(self):
+            return None
+
+    monkeypatch.setattr(paths, "_jax_device_kernels", lambda calls, reps: [])
+    monkeypatch.delenv("BENCH_HLO_DIR", raising=False)
+    assert runner._hlo_path("layer DSV4_FLASH B1") is None
+    monkeypatch.setenv("BENCH_HLO_DIR", str(tmp_path / "hlo"))
+    path = runner._hlo_path("layer DSV4_FLASH B=1 N=1 (x/y)")
+    assert path == tmp_path / "hlo" / "layer_DSV4_FLASH_B_1_N_1__x_y_.hlo.txt"
+    out = paths.jax_layer_phases([Call()], reps=1, save_hlo=path)
+    assert path.read_text() == _GPU_HLO and out["kernels_per_step"] == 0
 
 
 _GPU_HLO = """HloModule jit_step, entry_computation_layout={...}
@@ -581,7 +607,7 @@ def test_layer_phases_ratios_and_an_empty_profile(monkeypatch):
     r = runner._layer_phases([], 250.0, "torch", machine, weight_bytes=300_000_000)
     assert r["phases_us"]["glue"] == 50.0 and r["glue_frac"] == 0.2 and r["step_over_phases"] == 1.25
     assert r["projections_frac_copy"] == pytest.approx(0.75)     # 300 MB / 100 us = 3 TB/s of 4
-    monkeypatch.setattr(paths, "jax_layer_phases", lambda calls: dict(ph, kernels_per_step=0.0,
+    monkeypatch.setattr(paths, "jax_layer_phases", lambda calls, save_hlo=None: dict(ph, kernels_per_step=0.0,
                         projections=0.0, indexer=0.0, sparse_mla=0.0, other_kernels=0.0))
     r = runner._layer_phases([], 250.0, "jax", machine, weight_bytes=300_000_000)
     assert set(r) == {"phases_error"} and "CUPTI" in r["phases_error"]
