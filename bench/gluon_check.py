@@ -15,8 +15,8 @@ fence + barrier + arrive, the fp8 producer's protocol; 0: P by ``convert_layout`
 consumer), ``gluon_ws_latent_s1`` / ``gluon_ws_latent_pconv`` the two mixed pairs;
 ``gluon_sh`` the few-heads kernel (rows on wgmma M; every config of its space) on the fp8 formats
 at H 5..32 (checks) and the few-heads shapes (timing: B 64 H 16 / 32, B 1 H 16, V4 H 8 / 16);
-``gluon_shws`` the same cases and shapes for the warp-specialised few-heads kernel (its 8- and
-16-head sweep configs).
+``gluon_shws`` the same cases and shapes for the warp-specialised few-heads kernel (its 8-head
+config, in the sm_90 space, and its 16-head sweep config).
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -75,11 +75,13 @@ KERNELS = {
     # the few-heads kernel (rows on wgmma M): every config of the space
     "gluon_sh": ((configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
                   configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32), FP8, {}),
-    # its warp-specialised twin (kernels/sparse_mla/gluon_small_ws.py; sweep-only, 8 / 16 heads)
+    # its warp-specialised twin (kernels/sparse_mla/gluon_small_ws.py; 8 heads in the space,
+    # 16 sweep-only)
     "gluon_shws": ((configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16), FP8, {}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
-# warp-specialised ones and the few-heads kernel until the GPU has checked it
+# warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a
+# change to either could hang or fault before its check)
 FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
 ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS
 

@@ -154,7 +154,8 @@ _INDEXER_WS_FIELDS = ("ws_consumers", "ws_convert")
 # The top-k's candidate block after a split pass B for top-k 2048 where a row may keep more than
 # 1,024 candidates (the threshold bin's keys; they grow with L, and a launch waits on its fullest
 # row): 2,048, one loop iteration a level where 1,024 took two; rows of fewer candidates pay for
-# the wider block. Applied at top-k >= 2048 with B x N >= 8 rows or L >= 128K. H200
+# the wider block. Applied at top-k >= 2048 with B x N >= 8 rows or L > 64K (the dispatch table's
+# buckets round L up to a power of two: a B 1 call of L 100K takes the L 128K entry's 2,048). H200
 # (topk_us by cand_block 1,024 -> 2,048, bench/results/indexer_sweep_*_h200_2026120{2,5}*.json):
 # B 64 L 64K (n_cand_max 1,129) 34.5 -> 33.8, 31.8 -> 31.0, 39.9 -> 38.7; B 64 N 2 L 64K 51.9 ->
 # 48.4, 58.2 -> 53.6; B 64 L 128K (1,426) 46.8 -> 42.4; B 1 L 128K (1,040) 22.8 -> 19.8, 25.4 ->
@@ -171,7 +172,7 @@ def _wide_cand_block(shape) -> bool:
     :data:`TOPK_WIDE_CAND_BLOCK` (the rule above)."""
     rows = int(shape.get("B", 1)) * int(shape.get("N", 1))
     return (int(shape.get("topk", 0)) >= TOPK_WIDE_CAND_BLOCK
-            and (rows >= 8 or int(shape.get("L", 0)) >= 131_072))
+            and (rows >= 8 or int(shape.get("L", 0)) > 65_536))
 
 
 def _triton_indexer_heuristic(op):

@@ -3,7 +3,9 @@
     python scripts/apply_picks.py [--dry-run] [--mla sweep_mlasmall.json]
                                   [--idx sweep_idxws.json ...] [--dispatch TABLE]
 
-It edits two switches in place and prints each decision with the numbers behind it:
+It edits three switches in place and prints each decision with the numbers behind it. A
+switch's new value is its current one, less the formats the file has evidence against, plus those
+it has evidence for (a format with no row in the file keeps its state):
 
 - ``kernels/sparse_mla/configs.py`` ``GLUON_SH_PICKED``: a cache format joins when, on every
   small-heads sweep shape of that format with at most ``configs.GLUON_SH_PICKED_MAX_HEADS``
@@ -12,11 +14,12 @@ It edits two switches in place and prints each decision with the numbers behind 
   is at least 3 % below the baseline's (the binding's own choice) in the same run. Where the
   baseline already runs a few-heads kernel (the format is picked), the format stays picked when
   that variant passed its check (the comparison is then with itself).
-- ``configs.GLUON_SHWS_PICKED``: a format (of the picked ones) joins when, on every sweep shape of
-  that format with at most ``configs.GLUON_SHWS_PICKED_MAX_HEADS`` heads, the warp-specialised
-  8-head variant (``gluon_shws_h8``, default split count) passed its check and its median is at
-  least 3 % below both the baseline's and the one-partition variant's; where the baseline already
-  runs it, the format stays when the variant passed its check.
+- ``configs.GLUON_SHWS_PICKED``: a format joins when, on every sweep shape of that format with at
+  most ``configs.GLUON_SHWS_PICKED_MAX_HEADS`` heads, the warp-specialised 8-head variant
+  (``gluon_shws_h8``, default split count) passed its check and its median is at least 3 % below
+  both the baseline's and the one-partition variant's; where the baseline already runs it, the
+  format stays when the variant passed its check and is at most 3 % above the one-partition
+  variant. Only formats of ``GLUON_SH_PICKED`` (after its decision) can hold it.
 - ``kernels/indexer/gluon_ws.py`` ``PICKED``: set when, in every given indexer sweep file, every
   shape that has a ``gluon`` row also has a ``gluon_ws`` row with no error, bitwise the same logits
   and the same top-k set as ``gluon``, repeatable, and a logits time no more than 2 % above
@@ -26,7 +29,8 @@ With ``--dispatch kernels/dispatch/sm_90.json`` it also rewrites that table's to
 entries the picks concern, since a table entry's config shadows the heuristic
 (``kernels.registry.Registry.plan``): sparse-MLA entries of a picked format with
 ``H <= configs.GLUON_SH_PICKED_MAX_HEADS`` get ``configs.few_heads_config(H, format)`` (the
-warp-specialised 8-head config for the formats of ``GLUON_SHWS_PICKED``); indexer_topk entries
+warp-specialised 8-head config for the formats of ``GLUON_SHWS_PICKED``), and a few-heads entry
+of a format no longer picked gets the heuristic's config without those kernels; indexer_topk entries
 get ``kernel="gluon_ws"`` when it is picked. Each rewritten entry keeps its old ``median_us`` and
 says so in ``"edited"``; the table's ``"edits"`` list records the command and the evidence.
 
@@ -63,16 +67,28 @@ def load_rows(path: pathlib.Path) -> list[dict]:
     return rows
 
 
-def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
-    """The formats to pick and the evidence lines; None when no row of the file counts (then
-    the switch stays as it is)."""
-    rows = load_rows(path)
+def _merge(current, evidence: dict[str, bool]) -> set[str]:
+    """A switch's new formats: ``current``'s, less those with evidence against them, plus those
+    with evidence for them (a format the file has no row of keeps its state)."""
+    return (set(current) - {f for f, g in evidence.items() if not g}) | \
+        {f for f, g in evidence.items() if g}
+
+
+def _by_shape(path: pathlib.Path) -> dict[str, dict[str, dict]]:
     by_shape: dict[str, dict[str, dict]] = {}
-    for r in rows:
+    for r in load_rows(path):
         by_shape.setdefault(r.get("shape_key", r.get("shape", "?")), {})[r.get("variant")] = r
+    return by_shape
+
+
+def mla_picks(path: pathlib.Path, current=None) -> tuple[set[str] | None, list[str]]:
+    """The formats to pick (``current``, default ``configs.GLUON_SH_PICKED``, merged with the
+    file's evidence: :func:`_merge`) and the evidence lines; None when no row of the file counts
+    (then the switch stays as it is)."""
+    current = configs.GLUON_SH_PICKED if current is None else current
     ok: dict[str, bool] = {}
     why = []
-    for key, vs in sorted(by_shape.items()):
+    for key, vs in sorted(_by_shape(path).items()):
         base = vs.get("baseline")
         any_row = next(iter(vs.values()))
         fmt = any_row["kv_format"]
@@ -85,7 +101,7 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
         name = f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}"
         sh = vs.get(name)
         base_kernel = ((base or {}).get("config") or {}).get("kernel")
-        if base_kernel in ("gluon_sh", "gluon_shws"):         # already picked: keep if it passed
+        if base_kernel in ("gluon_sh", "gluon_shws"):   # in effect (no Triton baseline): passed
             good = (base.get("status") == "ok" and sh is not None and sh.get("status") == "ok")
         else:
             good = (base is not None and sh is not None and base.get("status") == "ok"
@@ -97,19 +113,24 @@ def mla_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
         ok[fmt] = ok.get(fmt, True) and good
     if not ok:
         return None, why + [f"mla {path.name}: no shape of the few-heads range: no evidence"]
-    return {f for f, g in ok.items() if g}, why
+    return _merge(current, ok), why
 
 
-def mla_shws_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
+def mla_shws_picks(path: pathlib.Path, sh_formats=None,
+                   current=None) -> tuple[set[str] | None, list[str]]:
     """The formats whose few-heads calls of up to ``configs.GLUON_SHWS_PICKED_MAX_HEADS`` heads
-    run the warp-specialised kernel, and the evidence lines; None when no row of the file is in
-    that range (then the switch stays as it is)."""
-    by_shape: dict[str, dict[str, dict]] = {}
-    for r in load_rows(path):
-        by_shape.setdefault(r.get("shape_key", r.get("shape", "?")), {})[r.get("variant")] = r
+    run the warp-specialised kernel (``current``, default ``configs.GLUON_SHWS_PICKED``, merged
+    with the file's evidence, then limited to ``sh_formats``: the few-heads formats picked,
+    default ``configs.GLUON_SH_PICKED``), and the evidence lines; None when no row of the file is
+    in that range (then the switch stays as it is). Evidence for a format: the variant passed
+    and is 3 % below both the baseline and the one-partition variant; where the baseline already
+    runs it, the variant passed and is at most 3 % above the one-partition variant (when that
+    one passed)."""
+    current = configs.GLUON_SHWS_PICKED if current is None else current
+    sh_formats = configs.GLUON_SH_PICKED if sh_formats is None else sh_formats
     ok: dict[str, bool] = {}
     why = []
-    for key, vs in sorted(by_shape.items()):
+    for key, vs in sorted(_by_shape(path).items()):
         any_row = next(iter(vs.values()))
         fmt, H = any_row["kv_format"], int(any_row["H"])
         if H > configs.GLUON_SHWS_PICKED_MAX_HEADS:
@@ -117,11 +138,13 @@ def mla_shws_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
         cfg = configs.SPARSE_MLA_GLUON_SHWS8
         ws = vs.get(f"gluon_shws_h{cfg.block_h}")
         sh_cfg = configs.gluon_sh_config(H)
-        others = [vs.get("baseline"), vs.get(f"gluon_sh_h{sh_cfg.block_h}w{sh_cfg.num_warps}")]
-        base_kernel = ((others[0] or {}).get("config") or {}).get("kernel")
+        base, sh = vs.get("baseline"), vs.get(f"gluon_sh_h{sh_cfg.block_h}w{sh_cfg.num_warps}")
+        others = [base, sh]
+        base_kernel = ((base or {}).get("config") or {}).get("kernel")
         passed = ws is not None and ws.get("status") == "ok"
-        if base_kernel == "gluon_shws":                       # already picked: keep if it passed
-            good = passed
+        if base_kernel == "gluon_shws":                       # in effect: against gluon_sh
+            good = passed and (sh is None or sh.get("status") != "ok"
+                               or ws["median_us"] <= 1.03 * sh["median_us"])
         else:
             good = passed and all(o is not None and o.get("status") == "ok"
                                   and ws["median_us"] < 0.97 * o["median_us"] for o in others)
@@ -134,7 +157,7 @@ def mla_shws_picks(path: pathlib.Path) -> tuple[set[str] | None, list[str]]:
     if not ok:
         return None, why + [f"mla {path.name}: no shape of the warp-specialised few-heads range: "
                             f"no evidence"]
-    return {f for f, g in ok.items() if g}, why
+    return _merge(current, ok) & set(sh_formats), why
 
 
 def idx_pick(paths: list[pathlib.Path]) -> tuple[bool | None, list[str]]:
@@ -181,10 +204,16 @@ def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
         if e["backend"] != "torch" or e["path"] != "triton":
             continue
         b = e["bucket"]
-        if (e["op"] == "sparse_mla_decode" and sh_formats and b.get("kv_format") in sh_formats
-                and b["H"] <= configs.GLUON_SH_PICKED_MAX_HEADS):
+        mla_few = (e["op"] == "sparse_mla_decode" and sh_formats is not None
+                   and b["H"] <= configs.GLUON_SH_PICKED_MAX_HEADS)
+        if mla_few and b.get("kv_format") in sh_formats:
             shws = configs.GLUON_SHWS_PICKED if shws_formats is None else tuple(shws_formats)
             new = configs.few_heads_config(b["H"], b["kv_format"], shws).to_dict()
+        elif mla_few and e["config"].get("kernel") in ("gluon_sh", "gluon_shws"):
+            # a format no longer picked: the heuristic's choice without the few-heads kernels
+            new = configs.sparse_mla_heuristic(
+                b["H"], configs.LARGE_SMEM, rows=b["B"] * b["N"], topk=b["K"], gluon=True,
+                gluon_ws=b["kv_format"] in configs.GLUON_WS_PICKED).to_dict()
         elif e["op"] == "indexer_topk" and ws is not None:
             new = {**e["config"], "kernel": "gluon_ws" if ws else "gluon"}
         else:
@@ -252,7 +281,7 @@ def main(argv=None) -> int:
                            "GLUON_SH_PICKED", "kernels/sparse_mla/configs.py",
                            r"^GLUON_SH_PICKED: tuple = .*$",
                            lambda v: f"GLUON_SH_PICKED: tuple = {repr(tuple(sorted(v)))}")
-            shws = _decide(lambda: mla_shws_picks(a.mla), str(a.mla), evidence, writes,
+            shws = _decide(lambda: mla_shws_picks(a.mla, fmts), str(a.mla), evidence, writes,
                            "GLUON_SHWS_PICKED", "kernels/sparse_mla/configs.py",
                            r"^GLUON_SHWS_PICKED: tuple = .*$",
                            lambda v: f"GLUON_SHWS_PICKED: tuple = {repr(tuple(sorted(v)))}")

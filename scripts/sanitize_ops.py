@@ -208,9 +208,11 @@ def torch_mla_strided_native(kv_format="fp8_ds_mla", logical=False, H=16):
 
 
 def torch_mla_few_heads(kv_format, logical, H=16, strided=False):
-    """The few-heads Gluon kernel (kernels/sparse_mla/gluon_small.py; sm_90 only: elsewhere the
-    binding runs its Triton substitute) with 2 splits, adversarial indices / block table and,
-    ``strided``, padded pages read in place. Config by H (``configs.gluon_sh_config``)."""
+    """The few-heads Gluon kernels (kernels/sparse_mla/gluon_small.py, and for the formats of
+    ``configs.GLUON_SHWS_PICKED`` up to 8 heads its warp-specialised variant gluon_small_ws.py;
+    sm_90 only: elsewhere the binding runs its Triton substitute) with 2 splits, adversarial
+    indices / block table and, ``strided``, padded pages read in place. Config as the heuristic
+    picks it by H and format (``configs.few_heads_config``)."""
     def run():
         torch, dev, qd = _torch_env()
         from kernels.sparse_mla import configs
@@ -221,7 +223,8 @@ def torch_mla_few_heads(kv_format, logical, H=16, strided=False):
               else _t(c.kv_cache, dev))
         out, lse = tsm._triton_impl(_t(c.q, dev), kv, _t(c.indices, dev), c.sm_scale, kv_format,
                                     c.d_v, _t(c.block_table, dev), _t(c.topk_length, dev),
-                                    _t(c.attn_sink, dev), config=configs.gluon_sh_config(H),
+                                    _t(c.attn_sink, dev),
+                                    config=configs.few_heads_config(H, kv_format),
                                     num_splits=2)
         ro, rl = c.reference()
         return _check_mla(out, lse, ro, rl, qd)
@@ -398,6 +401,9 @@ def cases_for(stack: str) -> list:
              torch_mla_few_heads("fp8_ds_mla", True, H=8, strided=True)),
             ("mla_few_heads_h24_strided_slots_fp8_model1",
              torch_mla_few_heads("fp8_model1", False, H=24, strided=True)),
+            ("mla_few_heads_ws_h8_table_fp8_model1", torch_mla_few_heads("fp8_model1", True, H=8)),
+            ("mla_few_heads_ws_h5_strided_slots_fp8_model1",
+             torch_mla_few_heads("fp8_model1", False, H=5, strided=True)),
             ("compat_v32_strided_pages", torch_compat_v32_strided()),
             ("compat_model1_two_caches", torch_compat_two_caches()),
             ("idx_pages_past_table", torch_indexer(1, False)),

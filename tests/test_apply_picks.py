@@ -56,60 +56,97 @@ def _run(tmp_path, capsys, **files):
 
 def test_picks_follow_the_rules(tmp_path, capsys):
     before = _digests()
+    # fp8_model1 has no row of the few-heads range here: it keeps its state (picked)
     rc, out, _ = _run(tmp_path, capsys, mla=_mla_rows(60.0), idx=_idx_rows(200.0))
-    assert rc == 0 and "GLUON_SH_PICKED = ('fp8_ds_mla',)" in out
+    assert rc == 0 and "GLUON_SH_PICKED = ('fp8_ds_mla', 'fp8_model1')" in out
     assert "gluon_ws.PICKED = True" in out
     assert "v4_h64" in out and "not counted" in out             # H 64: outside the range
     rc, out, _ = _run(tmp_path, capsys, mla=_mla_rows(98.0), idx=_idx_rows(200.0, exact=False))
-    assert "GLUON_SH_PICKED = ()" in out and "gluon_ws.PICKED = False" in out   # < 3 %; not exact
+    assert "GLUON_SH_PICKED = ('fp8_model1',)" in out and "gluon_ws.PICKED = False" in out
     rc, out, _ = _run(tmp_path, capsys, mla=_mla_rows(None, status="FAILED check"),
-                      idx=_idx_rows(310.0))
-    assert "GLUON_SH_PICKED = ()" in out and "gluon_ws.PICKED = False" in out   # failed; slower
+                      idx=_idx_rows(310.0))                      # < 3 %, not exact; failed, slower
+    assert "GLUON_SH_PICKED = ('fp8_model1',)" in out and "gluon_ws.PICKED = False" in out
     assert _digests() == before
 
 
-def _h8_rows(ws_us, base_kernel="gluon_sh", sh_us=28.7, base_us=28.7, ws_status="ok"):
+def _h8_rows(ws_us, base_kernel="gluon_sh", sh_us=28.7, base_us=28.7, ws_status="ok",
+             sh_status="ok"):
     row = dict(shape_key="v4_h8", kv_format="fp8_model1", H=8, status="ok")
     return {"rows": [
         dict(row, variant="baseline", median_us=base_us, config={"kernel": base_kernel}),
-        dict(row, variant="gluon_sh_h8w4", median_us=sh_us),
+        dict(row, variant="gluon_sh_h8w4", median_us=sh_us, status=sh_status),
         dict(row, variant="gluon_shws_h8", median_us=ws_us, status=ws_status)]}
 
 
 def test_few_heads_picks_once_in_effect(tmp_path, capsys):
     """Where the baseline already runs a few-heads kernel the format stays picked when the
     variant passed (not un-picked for tying with itself); the warp-specialised kernel joins for a
-    format when 3 % below both the baseline and the one-partition variant, and stays once the
-    baseline runs it; a failed check drops it; the table rewrite names the config it picks."""
+    format when 3 % below both the baseline and the one-partition variant, stays once the
+    baseline runs it unless 3 % slower than the one-partition variant, leaves on a failed check,
+    and only a format the few-heads kernel is picked for holds it; a format with no row keeps
+    its state (fp8_ds_mla below)."""
     before = _digests()
-    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(22.3))
-    assert rc == 0 and "GLUON_SH_PICKED = ('fp8_model1',)" in out
-    assert "GLUON_SHWS_PICKED = ('fp8_model1',)" in out
-    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(28.0))                   # < 3 % better
-    assert "GLUON_SH_PICKED = ('fp8_model1',)" in out and "GLUON_SHWS_PICKED = ()" in out
-    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(22.3, base_kernel="gluon_shws",
-                                                     base_us=22.3))            # in effect
-    assert "GLUON_SHWS_PICKED = ('fp8_model1',)" in out
-    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(None, ws_status="FAILED check"))
-    assert "GLUON_SHWS_PICKED = ()" in out
-    rc, out, _ = _run(tmp_path, capsys, mla=_h8_rows(40.0, base_kernel="triton", base_us=42.7))
-    # below the Triton baseline but not below the one-partition kernel: that one is picked
-    assert "GLUON_SH_PICKED = ('fp8_model1',)" in out and "GLUON_SHWS_PICKED = ()" in out
+    both, m1 = "('fp8_ds_mla', 'fp8_model1')", "('fp8_model1',)"
+    cases = [  # (rows, GLUON_SH_PICKED, GLUON_SHWS_PICKED)
+        (_h8_rows(22.3), both, m1),                                           # joins
+        (_h8_rows(28.0), both, "()"),                                         # < 3 % better
+        (_h8_rows(22.3, base_kernel="gluon_shws", base_us=22.3), both, m1),   # in effect
+        (_h8_rows(29.0, base_kernel="gluon_shws", base_us=29.0, sh_us=28.0), both, "()"),  # > 3 %
+        (_h8_rows(None, ws_status="FAILED check"), both, "()"),               # failed
+        # below the Triton baseline but not below the one-partition kernel: that one is picked
+        (_h8_rows(40.0, base_kernel="triton", base_us=42.7), both, "()"),
+        # the one-partition variant failed: the format leaves both switches
+        (_h8_rows(22.3, base_kernel="gluon_shws", base_us=22.3, sh_status="FAILED check"),
+         "('fp8_ds_mla',)", "()"),
+    ]
+    for rows, sh, ws in cases:
+        rc, out, _ = _run(tmp_path, capsys, mla=rows)
+        assert rc == 0 and f"GLUON_SH_PICKED = {sh}" in out and f"GLUON_SHWS_PICKED = {ws}" in out, \
+            (rows, out)
     assert _digests() == before
+
+
+def test_both_mla_switches_written_to_one_file(tmp_path, capsys, monkeypatch):
+    """The two decisions edit one file (configs.py): the second edit starts from the first's
+    text, so both lines change (run without --dry-run on a copy of the tree's file)."""
     mod = _script()
+    (tmp_path / "kernels" / "sparse_mla").mkdir(parents=True)
+    cfg = tmp_path / "kernels" / "sparse_mla" / "configs.py"
+    cfg.write_text((ROOT / "kernels/sparse_mla/configs.py").read_text())
+    monkeypatch.setattr(mod, "ROOT", tmp_path)
+    f = tmp_path / "mla.json"
+    f.write_text(json.dumps(_h8_rows(28.0, sh_status="FAILED check")))
+    assert mod.main(["--mla", str(f)]) == 0
+    text = cfg.read_text()
+    assert "\nGLUON_SH_PICKED: tuple = ('fp8_ds_mla',)\n" in text
+    assert "\nGLUON_SHWS_PICKED: tuple = ()\n" in text
+    capsys.readouterr()
+
+
+def test_table_rewrite_follows_the_switches(tmp_path):
+    """The table's few-heads entries take ``few_heads_config`` for the picked formats (the
+    warp-specialised 8-head config where that is picked), and an entry of a format no longer
+    picked goes back to the heuristic's choice without the few-heads kernels."""
+    mod = _script()
+    from kernels.sparse_mla import configs
+    ent = lambda H, K, d_qk, fmt, kernel: {  # noqa: E731
+        "op": "sparse_mla_decode", "backend": "torch", "path": "triton",
+        "bucket": {"B": 64, "H": H, "K": K, "N": 1, "d_qk": d_qk, "kv_format": fmt},
+        "config": {"kernel": kernel}}
     table = tmp_path / "sm_90.json"
-    table.write_text(json.dumps({"entries": [
-        {"op": "sparse_mla_decode", "backend": "torch", "path": "triton",
-         "bucket": {"B": 64, "H": 8, "K": 640, "N": 1, "d_qk": 512, "kv_format": "fp8_model1"},
-         "config": {"kernel": "triton"}},
-        {"op": "sparse_mla_decode", "backend": "torch", "path": "triton",
-         "bucket": {"B": 64, "H": 8, "K": 2048, "N": 1, "d_qk": 576, "kv_format": "fp8_ds_mla"},
-         "config": {"kernel": "triton"}}]}))
+    table.write_text(json.dumps({"entries": [ent(8, 640, 512, "fp8_model1", "triton"),
+                                             ent(8, 2048, 576, "fp8_ds_mla", "triton"),
+                                             ent(16, 2048, 576, "fp8_ds_mla", "gluon_sh")]}))
     text, done = mod.edit_table(table, {"fp8_model1", "fp8_ds_mla"}, None, [], {"fp8_model1"})
     got = [e["config"] for e in json.loads(text)["entries"]]
-    from kernels.sparse_mla import configs
-    assert got == [configs.SPARSE_MLA_GLUON_SHWS8.to_dict(), configs.SPARSE_MLA_GLUON_SH8.to_dict()]
-    assert len(done) == 2
+    assert got == [configs.SPARSE_MLA_GLUON_SHWS8.to_dict(), configs.SPARSE_MLA_GLUON_SH8.to_dict(),
+                   configs.SPARSE_MLA_GLUON_SH16.to_dict()] and len(done) == 3
+    text, done = mod.edit_table(table, {"fp8_model1"}, None, [], set())
+    got = [e["config"] for e in json.loads(text)["entries"]]
+    assert got[0] == configs.SPARSE_MLA_GLUON_SH8.to_dict()
+    assert got[2] == configs.sparse_mla_heuristic(16, configs.LARGE_SMEM, rows=64, topk=2048,
+                                                  gluon=True, gluon_ws=True).to_dict()
+    assert got[2].get("kernel", "triton") == "triton" and len(done) == 2   # default: omitted
 
 
 @pytest.mark.parametrize("mla,idx,word", [

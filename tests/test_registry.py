@@ -158,6 +158,8 @@ def test_indexer_heuristics_are_the_launchers_defaults():
                               **{**one, "L": 131072})["topk_cand_block"] == 2048
     assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200,
                               **{**one, "B": 4, "N": 2})["topk_cand_block"] == 2048
+    assert REGISTRY.heuristic("indexer_topk", "torch", "triton", H200,
+                              **{**one, "L": 100_000})["topk_cand_block"] == 2048  # the 128K bucket
     pl = pytest.importorskip("kernels.indexer.pallas")
     assert REGISTRY.heuristic("indexer_topk", "jax", "pallas", H200, **TOPK) == pl.PallasIndexerConfig().to_dict()
 

@@ -948,7 +948,8 @@ def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
 @pytest.mark.parametrize("H,feats,K", [(8, True, 300), (24, True, 300), (16, False, 96)],
                          ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots-K96"])
 def test_gluon_shws(cfg, kv_format, d_qk, splits, H, feats, K):
-    """The warp-specialised few-heads kernel (kernels/sparse_mla/gluon_small_ws.py, sweep-only)
+    """The warp-specialised few-heads kernel (kernels/sparse_mla/gluon_small_ws.py; its 8-head
+    config picked for fp8_model1 up to 8 heads, its 16-head one sweep-only)
     on both fp8 formats against the float64 reference, bf16 q: both configs, 1 and 3 splits, H
     below, across and at the head block, every invalid-entry kind, plain slots or a block table
     with topk_length and a sink; K 96 in one split (two blocks: one a consumer) and in "3"

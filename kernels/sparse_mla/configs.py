@@ -58,7 +58,8 @@ class SparseMLAConfig:
       kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"triton_rows"`` (the same kernel
         with the gathered rows on the dots' M axis, ``ROWS_M``; in no space: a test and count
         variant), ``"gluon_shws"`` (kernels/sparse_mla/gluon_small_ws.py: ``"gluon_sh"``'s
-        math, warp-specialised, ``block_h`` 8 or 16, ``num_stages`` X slots; sweep-only),
+        math, warp-specialised, ``block_h`` 8 or 16, ``num_stages`` X slots; the 8-head config in the
+        sm_90 space, the 16-head one sweep-only),
         ``"gluon_sh"``
         (kernels/sparse_mla/gluon_small.py: sm_90 only, fp8 caches with 16-bit q, rows on wgmma
         M and ``block_h`` in (8, 16, 32) heads on N; ``block_k`` 64, one X buffer), ``"gluon"``
@@ -177,8 +178,8 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
     """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
     Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``, ``"gluon_shws"``) on exactly sm_90 (wgmma; the WS
     kernel also setmaxnreg) outside the interpreter, with 16-bit dot operands, for the
-    (kv_format, D_qk) pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"`` and
-    ``"gluon_sh"``: fp8 only, ``"gluon_ws"``: fp8 and latent)."""
+    (kv_format, D_qk) pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"``,
+    ``"gluon_sh"`` and ``"gluon_shws"``: fp8 only, ``"gluon_ws"``: fp8 and latent)."""
     built = GLUON_KERNEL_FORMATS.get(kernel)
     if built is None:
         return True

@@ -157,7 +157,10 @@ class TopkConfig:
       num_warps: Triton warps per program (one program per row).
       cand_block: candidates per loop iteration of the per-row kernel after a split pass B
         (the levels over the threshold bin's candidates, the selection and the -1 fill): the
-        bench's rows have ~0.4-1K candidates, so a 4,096 block ran 4-10x the work per level.
+        bench's rows have ~0.15-1.6K candidates (H200 sweeps: up to 1,129 at B 64 L 64K, 1,426
+        at L 128K, 677 at V4 B 8 1M), so a 4,096 block ran several times the work per level;
+        the registry picks 2,048 at top-k 2048 with >= 8 rows or L > 64K
+        (``kernels.registry.TOPK_WIDE_CAND_BLOCK``), else this default.
     """
 
     block: int = 4096
