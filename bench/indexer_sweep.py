@@ -17,7 +17,9 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
   candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
   launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
-  the indices differ from the default's) (first variant only; the others use the default);
+  the indices differ from the default's), and for the per-row kernel's warps at the first two
+  candidate blocks (``topk_us_by_warps``, keys ``"{cand_block}w{warps}"``, "MISMATCH" likewise)
+  (first variant only; the others use the default);
 
 and checks each variant's logits against the first variant's (max relative difference over
 finite logits, and whether they are bitwise equal; the -inf pattern must match), its
@@ -358,6 +360,17 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                     row["topk_us_by_cand_block"] = {
                         str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))
                         for cb in CAND_BLOCKS}
+                    # the per-row kernel's warps (one program a row: at B 1 one CTA runs every
+                    # level; at B 64, 64 programs on 132 SMs), each checked against the first run
+                    by_w = {}
+                    for cb in CAND_BLOCKS[:2]:
+                        for nw in TopkConfig.SEARCH_SPACE["num_warps"]:
+                            c = TopkConfig(cand_block=cb, num_warps=nw)
+                            tk(c)
+                            sync()
+                            by_w[f"{cb}w{nw}"] = (timer(lambda c=c: tk(c))
+                                                  if torch.equal(first, idx) else "MISMATCH")
+                    row["topk_us_by_warps"] = by_w
                     # the split pass B's (BLOCK, warps), each checked against the first run
                     by_sc = {}
                     for sc in SCATTER_SPACE:
