@@ -487,13 +487,66 @@ def jax_indexer_phases(calls, reps: int = 5) -> dict:
                                f"{reps * len(calls)} blocked calls)"}
 
 
+# HLO ops that launch nothing (or are the command-buffer call itself, counted apart)
+_HLO_NO_KERNEL = frozenset(("parameter", "constant", "tuple", "get-tuple-element", "bitcast",
+                            "after-all", "opt-barrier", "partition-id", "replica-id"))
+
+
+def hlo_command_buffer_summary(hlo_text: str) -> dict:
+    """How much of an optimised GPU HLO module's ENTRY runs inside XLA's command buffers (CUDA
+    graphs): ``command_buffer_calls`` (``call`` instructions of a ``command_buffer*``
+    computation), ``ops_in_command_buffers`` (the instructions of those computations that
+    launch work: not parameters, constants, tuples, bitcasts), and the ENTRY's launching
+    instructions outside them by op (``ops_outside``) and, for custom calls, by
+    ``custom_call_target`` (``custom_calls_outside``; a Pallas kernel is
+    ``__gpu$xla.gpu.triton``). Each launch outside a command buffer is a separate host-side
+    launch: at B 1 those are what can leave the GPU idle. An HLO whose command buffers are
+    formed later (at the thunk level, in newer XLA) shows no ``command_buffer`` computation:
+    then ``command_buffer_calls`` is 0 and only a profile tells."""
+    comps: dict[str, list[tuple[str, str, str]]] = {}
+    entry, cur = None, None
+    for line in hlo_text.splitlines():
+        line = _HLO_COMMENT.sub("", line)
+        m = _HLO_COMP.match(line)
+        if m and "=" not in line.split("{")[0]:
+            cur = comps.setdefault(m.group(1), [])
+            if line.lstrip().startswith("ENTRY"):
+                entry = m.group(1)
+            continue
+        if cur is not None:
+            mi = _HLO_INSTR.match(line)
+            if mi:
+                cur.append((mi.group(1), mi.group(2), line))
+    cmd = {n for n in comps if n.startswith("command_buffer")}
+    calls, ops, targets, called = 0, {}, {}, []
+    for _, op, line in comps.get(entry, []):
+        callee = _HLO_CALLS.search(line)
+        if op == "call" and callee and callee.group(1) in cmd:
+            calls += 1
+            called.append(callee.group(1))
+            continue
+        if op in _HLO_NO_KERNEL:
+            continue
+        ops[op] = ops.get(op, 0) + 1
+        if op == "custom-call":
+            t = re.search(r'custom_call_target="([^"]*)"', line)
+            key = t.group(1) if t else "?"
+            targets[key] = targets.get(key, 0) + 1
+    inside = sum(1 for n in called for _, op, _ in comps[n] if op not in _HLO_NO_KERNEL)
+    return {"command_buffer_calls": calls, "ops_in_command_buffers": inside,
+            "ops_outside": dict(sorted(ops.items())),
+            "custom_calls_outside": dict(sorted(targets.items()))}
+
+
 def jax_layer_phases(calls, reps: int = 5, save_hlo=None) -> dict:
     """:func:`torch_layer_phases` for a JAX layer step: ``reps`` rounds of ``calls`` (each
     blocked on) under ``jax.profiler.trace`` with a perfetto trace, the device kernels split by
     name (:func:`jax_phase_totals`); a call with ``hlo_text()`` (:class:`_DonatingLayerCall`)
     adds the projection kernels its optimised HLO names (:func:`jax_projection_kernels`), and
-    the result records how many kernels came from it (``hlo_projection_kernels``); ``save_hlo``
-    (a path): that HLO text is also written there."""
+    the result records how many kernels came from it (``hlo_projection_kernels``) and what of
+    the step runs outside XLA's command buffers (``hlo_command_buffers``:
+    :func:`hlo_command_buffer_summary`); ``save_hlo`` (a path): that HLO text is also written
+    there."""
     proj = set()
     hlo = getattr(calls[0], "hlo_text", None) if calls else None
     if hlo is not None:
@@ -504,9 +557,12 @@ def jax_layer_phases(calls, reps: int = 5, save_hlo=None) -> dict:
             Path(save_hlo).parent.mkdir(parents=True, exist_ok=True)
             Path(save_hlo).write_text(text)
         proj = jax_projection_kernels(text, wk() if wk is not None else ())
+        cmdbuf = hlo_command_buffer_summary(text)
     kern = _jax_device_kernels(calls, reps)
     out = jax_phase_totals(kern, reps * len(calls), proj)
     out["hlo_projection_kernels"] = sorted({n for n, _ in kern if n in proj})
+    if hlo is not None:
+        out["hlo_command_buffers"] = cmdbuf
     return out
 
 

@@ -417,6 +417,8 @@ def _layer_phases(calls, step_us: float, backend: str = "torch", machine=None,
         extra["top_kernels_us"] = ph["top_kernels_us"]
     if "hlo_projection_kernels" in ph:
         extra["hlo_projection_kernels"] = ph["hlo_projection_kernels"]
+    if "hlo_command_buffers" in ph:
+        extra["hlo_command_buffers"] = ph["hlo_command_buffers"]
     copy_bw = getattr(machine, "copy_bytes_per_s", None)
     if weight_bytes and copy_bw and ph["projections"] > 0:
         extra["projections_frac_copy"] = weight_bytes / (ph["projections"] * 1e-6) / copy_bw

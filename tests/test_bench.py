@@ -412,6 +412,32 @@ def test_jax_layer_hlo_saved_where_asked(tmp_path, monkeypatch):
     assert path == tmp_path / "hlo" / "layer_DSV4_FLASH_B_1_N_1__x_y_.hlo.txt"
     out = paths.jax_layer_phases([Call()], reps=1, save_hlo=path)
     assert path.read_text() == _GPU_HLO and out["kernels_per_step"] == 0
+    assert out["hlo_command_buffers"] == paths.hlo_command_buffer_summary(_GPU_HLO)
+
+
+def test_hlo_command_buffer_summary():
+    """What of an optimised HLO's ENTRY runs outside XLA's command buffers: the call of a
+    ``command_buffer`` computation counts apart (its two fusions inside), parameters and the
+    tuple launch nothing, the rest by op and custom calls by target (a Pallas kernel's
+    ``__gpu$xla.gpu.triton``, a while loop); an HLO without command buffers says 0 calls."""
+    s = paths.hlo_command_buffer_summary(_GPU_HLO)
+    assert s == {"command_buffer_calls": 1, "ops_in_command_buffers": 2,
+                 "ops_outside": {"custom-call": 1, "fusion": 2},
+                 "custom_calls_outside": {"__cublas$gemm": 1}}
+    pallas = _GPU_HLO.replace(
+        "  ROOT %tuple = (bf16[1,2240]{1,0}, f32[1]{0}) tuple(%call.1, %input_reduce_fusion)",
+        '  %custom-call.5 = f32[64]{0} custom-call(%Arg_2.3), custom_call_target="__gpu$xla.gpu.triton", '
+        'backend_config={name = "indexer_logits"} /*index=5*/\n'
+        "  %while.2 = (s32[], f32[1]{0}) while(%Arg_2.3), condition=%cond, body=%body\n"
+        "  ROOT %tuple = (bf16[1,2240]{1,0}, f32[1]{0}) tuple(%call.1, %input_reduce_fusion)")
+    s = paths.hlo_command_buffer_summary(pallas)
+    assert s["custom_calls_outside"] == {"__cublas$gemm": 1, "__gpu$xla.gpu.triton": 1}
+    assert s["ops_outside"] == {"custom-call": 2, "fusion": 2, "while": 1}
+    plain = _GPU_HLO.replace("to_apply=%command_buffer", "to_apply=%fused_convert")
+    assert paths.hlo_command_buffer_summary(plain) == {
+        "command_buffer_calls": 0, "ops_in_command_buffers": 0,
+        "ops_outside": {"call": 1, "custom-call": 1, "fusion": 2},
+        "custom_calls_outside": {"__cublas$gemm": 1}}
 
 
 _GPU_HLO = """HloModule jit_step, entry_computation_layout={...}
