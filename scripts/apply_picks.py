@@ -59,12 +59,20 @@ def load_rows(path: pathlib.Path) -> list[dict]:
     """The ``rows`` list of a sweep JSON file; :class:`BadInput` naming the file otherwise."""
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         raise BadInput(f"{path}: cannot read a JSON sweep file ({type(e).__name__}: {e})") from e
     rows = data.get("rows") if isinstance(data, dict) else None
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
         raise BadInput(f"{path}: expected a JSON object with a 'rows' list of objects")
     return rows
+
+
+def _heads(row: dict, where: str) -> int:
+    """A row's head count ``H``, a positive integer; ValueError naming the row otherwise."""
+    H = row["H"]
+    if isinstance(H, bool) or not isinstance(H, int) or H < 1:
+        raise ValueError(f"{where}: H must be a positive integer, got {H!r}")
+    return H
 
 
 def _merge(current, evidence: dict[str, bool]) -> set[str]:
@@ -92,6 +100,7 @@ def mla_picks(path: pathlib.Path, current=None) -> tuple[set[str] | None, list[s
         base = vs.get("baseline")
         any_row = next(iter(vs.values()))
         fmt = any_row["kv_format"]
+        _heads(any_row, key)
         if int(any_row["H"]) > configs.GLUON_SH_PICKED_MAX_HEADS:
             why.append(f"mla {key} ({fmt}): H {any_row['H']} > "
                        f"{configs.GLUON_SH_PICKED_MAX_HEADS}, not the few-heads kernel's range: "
@@ -109,7 +118,7 @@ def mla_picks(path: pathlib.Path, current=None) -> tuple[set[str] | None, list[s
         why.append(f"mla {key} ({fmt}): baseline {base and base.get('median_us')} us "
                    f"[{base and base.get('status')}, {base_kernel}], {name} "
                    f"{sh and sh.get('median_us')} us [{sh and sh.get('status')}] -> "
-                   f"{'pick' if good else 'keep'}")
+                   f"{'for' if good else 'against'}")
         ok[fmt] = ok.get(fmt, True) and good
     if not ok:
         return None, why + [f"mla {path.name}: no shape of the few-heads range: no evidence"]
@@ -132,7 +141,7 @@ def mla_shws_picks(path: pathlib.Path, sh_formats=None,
     why = []
     for key, vs in sorted(_by_shape(path).items()):
         any_row = next(iter(vs.values()))
-        fmt, H = any_row["kv_format"], int(any_row["H"])
+        fmt, H = any_row["kv_format"], _heads(any_row, key)
         if H > configs.GLUON_SHWS_PICKED_MAX_HEADS:
             continue
         cfg = configs.SPARSE_MLA_GLUON_SHWS8
@@ -152,7 +161,7 @@ def mla_shws_picks(path: pathlib.Path, sh_formats=None,
                    f"[{ws and ws.get('status')}] against "
                    + ", ".join(f"{o and o.get('variant')} {o and o.get('median_us')} us"
                                for o in others)
-                   + f" (baseline runs {base_kernel}) -> {'pick' if good else 'keep'}")
+                   + f" (baseline runs {base_kernel}) -> {'for' if good else 'against'}")
         ok[fmt] = ok.get(fmt, True) and good
     if not ok:
         return None, why + [f"mla {path.name}: no shape of the warp-specialised few-heads range: "
@@ -204,6 +213,10 @@ def edit_table(path: pathlib.Path, sh_formats: set[str] | None, ws: bool | None,
         if e["backend"] != "torch" or e["path"] != "triton":
             continue
         b = e["bucket"]
+        if not isinstance(e["config"], dict):
+            raise BadInput(f"{path}: an entry's config is not an object: {e['config']!r}")
+        if e["op"] == "sparse_mla_decode":
+            _heads(b, f"{path}: sparse_mla_decode entry {b}")
         mla_few = (e["op"] == "sparse_mla_decode" and sh_formats is not None
                    and b["H"] <= configs.GLUON_SH_PICKED_MAX_HEADS)
         if mla_few and b.get("kv_format") in sh_formats:
@@ -249,7 +262,7 @@ def _decide(rule, source: str, evidence: list, writes: dict, name: str, rel: str
     None (no evidence). Returns the value."""
     try:
         value, why = rule()
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise BadInput(f"{source}: a row lacks a field or has a bad value "
                        f"({type(e).__name__}: {e})") from e
     evidence += why
@@ -292,7 +305,7 @@ def main(argv=None) -> int:
         if a.dispatch is not None:
             try:
                 text, done = edit_table(a.dispatch, fmts, pick, evidence, shws)
-            except (KeyError, TypeError) as e:
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
                 raise BadInput(f"{a.dispatch}: an entry lacks a field "
                                f"({type(e).__name__}: {e})") from e
             for line in done:

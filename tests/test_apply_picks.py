@@ -163,6 +163,20 @@ def test_no_evidence_leaves_the_switches(tmp_path, capsys, mla, idx, word):
     (dict(idx={"rows": None}), "a 'rows' list"),
     (dict(idx={"rows": [{"variant": "gluon"}]}), "lacks a field"),
     (dict(mla=_mla_rows(60.0), dispatch={"arch": "sm_90"}), "cannot read a dispatch table"),
+    # a baseline config that is not an object; a head count that is not a positive integer
+    (dict(mla={"rows": [dict(_h8_rows(22.3)["rows"][0], config="triton")]}), "bad value"),
+    (dict(mla={"rows": [dict(r, H=0) for r in _h8_rows(22.3)["rows"]]}),
+     "H must be a positive integer, got 0"),
+    # a table entry whose config is a list / whose heads are negative
+    (dict(mla=_h8_rows(22.3), dispatch={"entries": [
+        {"op": "sparse_mla_decode", "backend": "torch", "path": "triton",
+         "bucket": {"B": 64, "H": 8, "K": 640, "N": 1, "kv_format": "fp8_model1"},
+         "config": [1]}]}), "config is not an object"),
+    (dict(mla=_h8_rows(22.3), dispatch={"entries": [
+        {"op": "sparse_mla_decode", "backend": "torch", "path": "triton",
+         "bucket": {"B": 64, "H": -3, "K": 640, "N": 1, "kv_format": "fp8_model1"},
+         "config": {"kernel": "triton"}}]}), "H must be a positive integer, got -3"),
+    (dict(idx="[" * 100_000 + "]" * 100_000), "cannot read a JSON sweep file"),
 ])
 def test_bad_input_writes_nothing(tmp_path, capsys, files, word):
     before = _digests()
