@@ -308,6 +308,31 @@ def hlo_weight_keys(arrays, min_elements: int = 1 << 16) -> set[tuple[str, int]]
     return out
 
 
+def _hlo_computations(hlo_text: str) -> tuple[dict, dict, str | None]:
+    """An HLO module's computations: ``{name: [(instruction, op, line), ...]}``, their header
+    lines ``{name: line}`` and the ENTRY computation's name."""
+    comps: dict[str, list[tuple[str, str, str]]] = {}
+    heads: dict[str, str] = {}
+    entry, cur = None, None
+    for line in hlo_text.splitlines():
+        # XLA numbers every fifth parameter / tuple element in a comment (``/*index=5*/``): its
+        # "=" made a header of six or more parameters (the layer step's ENTRY, a wide fusion)
+        # read as an instruction, so that computation's lines fell into the one before it
+        line = _HLO_COMMENT.sub("", line)
+        m = _HLO_COMP.match(line)
+        if m and "=" not in line.split("{")[0]:
+            cur = comps.setdefault(m.group(1), [])
+            heads[m.group(1)] = line
+            if line.lstrip().startswith("ENTRY"):
+                entry = m.group(1)
+            continue
+        if cur is not None:
+            mi = _HLO_INSTR.match(line)
+            if mi:
+                cur.append((mi.group(1), mi.group(2), line))
+    return comps, heads, entry
+
+
 def jax_projection_kernels(hlo_text: str, weight_shapes=()) -> set[str]:
     """Kernel names of the dots in an optimised HLO module (``jax.jit(f).lower(...).compile()
     .as_text()``): every instruction that is a ``dot`` / ``convolution``, a GEMM custom call, or
@@ -329,27 +354,10 @@ def jax_projection_kernels(hlo_text: str, weight_shapes=()) -> set[str]:
     parameters' shapes in the called computation's header (``%fused_computation (param_0:
     bf16[512,256], ...)``), not at the call site, so the rule reads the headers."""
     wkeys = {(str(d), int(n)) for d, n in weight_shapes}
-    comps: dict[str, list[tuple[str, str, str]]] = {}
-    reads_weight: dict[str, bool] = {}
-    cur = None
-    for line in hlo_text.splitlines():
-        # XLA numbers every fifth parameter / tuple element in a comment (``/*index=5*/``): its
-        # "=" made a header of six or more parameters (the layer step's ENTRY, a wide fusion)
-        # read as an instruction, so that computation's lines fell into the one before it
-        line = _HLO_COMMENT.sub("", line)
-        m = _HLO_COMP.match(line)
-        if m and "=" not in line.split("{")[0]:
-            cur = comps.setdefault(m.group(1), [])
-            if wkeys:
-                head = line.split("->")[0]
-                reads_weight[m.group(1)] = any(
-                    (d, _numel(dims)) in wkeys for d, dims in _HLO_PARAM_SHAPE.findall(head))
-            continue
-        if cur is None:
-            continue
-        m = _HLO_INSTR.match(line)
-        if m:
-            cur.append((m.group(1), m.group(2), line))
+    comps, heads, _ = _hlo_computations(hlo_text)
+    reads_weight = {name: any((d, _numel(dims)) in wkeys
+                              for d, dims in _HLO_PARAM_SHAPE.findall(head.split("->")[0]))
+                    for name, head in heads.items()} if wkeys else {}
 
     def dotlike_line(op: str, line: str) -> bool:
         # a dot, a GEMM library call, or the arithmetic of a rewritten dot (its multiply /
@@ -503,20 +511,7 @@ def hlo_command_buffer_summary(hlo_text: str) -> dict:
     launch: at B 1 those are what can leave the GPU idle. An HLO whose command buffers are
     formed later (at the thunk level, in newer XLA) shows no ``command_buffer`` computation:
     then ``command_buffer_calls`` is 0 and only a profile tells."""
-    comps: dict[str, list[tuple[str, str, str]]] = {}
-    entry, cur = None, None
-    for line in hlo_text.splitlines():
-        line = _HLO_COMMENT.sub("", line)
-        m = _HLO_COMP.match(line)
-        if m and "=" not in line.split("{")[0]:
-            cur = comps.setdefault(m.group(1), [])
-            if line.lstrip().startswith("ENTRY"):
-                entry = m.group(1)
-            continue
-        if cur is not None:
-            mi = _HLO_INSTR.match(line)
-            if mi:
-                cur.append((mi.group(1), mi.group(2), line))
+    comps, _, entry = _hlo_computations(hlo_text)
     cmd = {n for n in comps if n.startswith("command_buffer")}
     calls, ops, targets, called = 0, {}, {}, []
     for _, op, line in comps.get(entry, []):

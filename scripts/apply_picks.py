@@ -75,6 +75,11 @@ def _heads(row: dict, where: str) -> int:
     return H
 
 
+def _kernel(row: dict | None) -> str | None:
+    """The ``kernel`` of a sweep row's config (None: no row, no config)."""
+    return ((row or {}).get("config") or {}).get("kernel")
+
+
 def _merge(current, evidence: dict[str, bool]) -> set[str]:
     """A switch's new formats: ``current``'s, less those with evidence against them, plus those
     with evidence for them (a format the file has no row of keeps its state)."""
@@ -99,17 +104,16 @@ def mla_picks(path: pathlib.Path, current=None) -> tuple[set[str] | None, list[s
     for key, vs in sorted(_by_shape(path).items()):
         base = vs.get("baseline")
         any_row = next(iter(vs.values()))
-        fmt = any_row["kv_format"]
-        _heads(any_row, key)
-        if int(any_row["H"]) > configs.GLUON_SH_PICKED_MAX_HEADS:
-            why.append(f"mla {key} ({fmt}): H {any_row['H']} > "
+        fmt, H = any_row["kv_format"], _heads(any_row, key)
+        if H > configs.GLUON_SH_PICKED_MAX_HEADS:
+            why.append(f"mla {key} ({fmt}): H {H} > "
                        f"{configs.GLUON_SH_PICKED_MAX_HEADS}, not the few-heads kernel's range: "
                        f"not counted")
             continue
-        cfg = configs.gluon_sh_config(int(any_row["H"]))
+        cfg = configs.gluon_sh_config(H)
         name = f"gluon_sh_h{cfg.block_h}w{cfg.num_warps}"
         sh = vs.get(name)
-        base_kernel = ((base or {}).get("config") or {}).get("kernel")
+        base_kernel = _kernel(base)
         if base_kernel in ("gluon_sh", "gluon_shws"):   # in effect (no Triton baseline): passed
             good = (base.get("status") == "ok" and sh is not None and sh.get("status") == "ok")
         else:
@@ -149,7 +153,7 @@ def mla_shws_picks(path: pathlib.Path, sh_formats=None,
         sh_cfg = configs.gluon_sh_config(H)
         base, sh = vs.get("baseline"), vs.get(f"gluon_sh_h{sh_cfg.block_h}w{sh_cfg.num_warps}")
         others = [base, sh]
-        base_kernel = ((base or {}).get("config") or {}).get("kernel")
+        base_kernel = _kernel(base)
         passed = ws is not None and ws.get("status") == "ok"
         if base_kernel == "gluon_shws":                       # in effect: against gluon_sh
             good = passed and (sh is None or sh.get("status") != "ok"

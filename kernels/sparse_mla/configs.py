@@ -266,7 +266,14 @@ def few_heads_config(num_heads: int, kv_format: str,
     heads for the formats of ``shws_formats`` (default :data:`GLUON_SHWS_PICKED`), else
     :func:`gluon_sh_config`."""
     shws = GLUON_SHWS_PICKED if shws_formats is None else shws_formats
-    if num_heads <= GLUON_SHWS_PICKED_MAX_HEADS and kv_format in shws:
+    return _few_heads(num_heads, kv_format in shws)
+
+
+def _few_heads(num_heads: int, shws: bool) -> SparseMLAConfig:
+    """The warp-specialised 8-head config where ``shws`` (its format picked) and the heads fit
+    it, else :func:`gluon_sh_config`: the one rule of :func:`few_heads_config` and the
+    heuristic."""
+    if shws and num_heads <= GLUON_SHWS_PICKED_MAX_HEADS:
         return SPARSE_MLA_GLUON_SHWS8
     return gluon_sh_config(num_heads)
 
@@ -385,11 +392,9 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
         return space[0]
-    if (gluon_sh and gluon_shws and num_heads <= GLUON_SHWS_PICKED_MAX_HEADS
-            and SPARSE_MLA_GLUON_SHWS8 in space):
-        return SPARSE_MLA_GLUON_SHWS8
-    if gluon_sh and num_heads <= GLUON_SH_PICKED_MAX_HEADS and gluon_sh_config(num_heads) in space:
-        return gluon_sh_config(num_heads)
+    if gluon_sh and num_heads <= GLUON_SH_PICKED_MAX_HEADS \
+            and _few_heads(num_heads, gluon_shws) in space:
+        return _few_heads(num_heads, gluon_shws)
     if gluon_ws and num_heads >= 64 and SPARSE_MLA_GLUON_WS in space:
         return SPARSE_MLA_GLUON_WS
     if gluon and num_heads >= 64 and SPARSE_MLA_GLUON in space:
