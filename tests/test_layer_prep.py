@@ -114,13 +114,13 @@ def _run_x(st: Stage, path: str):
     return qr, x32, kv, kc
 
 
-def _run_q(st: Stage, path: str):
+def _run_q(st: Stage, path: str, part: str = "all"):
     a, cfg = st.x, st.cfg
     return prepare_q(a["iq"], a["w_raw"], a["q"], a["q_lat"], a["hadamard"], a["rope_freqs"],
                      a["context_lens"], st.N, heads=cfg.num_heads, index_heads=cfg.index_heads,
                      d_qk=cfg.d_qk, qk_nope=cfg.qk_nope_head_dim if cfg.absorbed else 0,
                      scale_fmt=st.scale_fmt, eps=cfg.eps, absorbed=cfg.absorbed,
-                     q_head_norm=cfg.q_head_norm, path=path)
+                     q_head_norm=cfg.q_head_norm, path=path, part=part)
 
 
 def _np(t):
@@ -463,6 +463,22 @@ def test_bad_hadamard_type_dtype_device_and_index_heads_are_named():
                       q_head_norm=cfg.q_head_norm, path="triton")
 
 
+@pytest.mark.parametrize("name", ["v32_latent_fp16_N2_amax", "v4_model1_fp16_N2"])
+def test_prep_q_parts_match_the_whole(name):
+    """The layer's overlapped step launches ``dsa::prep_q`` in two halves (``part="index"``: the
+    indexer's programs only; ``"mla"``: the kernel compiled with ``NUM_HI = 0``): each half writes
+    bit for bit what the one launch writes, and a bad ``part`` is named before any launch."""
+    st = _stage(name)
+    q_mla, idx_q, idx_w = _run_q(st, "triton")
+    _, idx_q_i, idx_w_i = _run_q(st, "triton", "index")
+    q_mla_m, _, _ = _run_q(st, "triton", "mla")
+    assert torch.equal(idx_q_i.view(torch.uint8), idx_q.view(torch.uint8))
+    assert torch.equal(idx_w_i, idx_w)
+    assert torch.equal(q_mla_m, q_mla)
+    with pytest.raises(ValueError, match=r"^part: expected 'all', 'index' or 'mla', got 'both'"):
+        _run_q(st, "triton", "both")
+
+
 def test_prep_q_configs_are_compiled():
     """The launcher's config (:func:`prep_q_heuristic`) is a member of ``PREP_Q_SPACE`` for every
     preset, TP size and dtype, and each one the real dimensions reach is in the AOT specs that
@@ -475,6 +491,8 @@ def test_prep_q_configs_are_compiled():
                 c = tlp.prep_q_heuristic(cfg.index_heads, cfg.heads_per_rank(tp), nbytes)
                 assert c in tlp.PREP_Q_SPACE
                 assert any(lb.startswith(f"prep_q {cfg.name} dt={dt} ") and lb.endswith(str(c)) for lb in labels)
+                # the overlapped step's MLA half (NUM_HI 0)
+                assert f"prep_q {cfg.name} dt={dt} ue8m0=True part=mla {c}" in labels
 
 
 def test_fused_prep_switch(monkeypatch):

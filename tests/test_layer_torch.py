@@ -231,6 +231,38 @@ def test_fused_prep_must_be_a_bool(fused_prep):
     assert DSADecodeLayer(V32, None, fused_prep=np.bool_(False)).fused_prep is False
 
 
+@pytest.mark.parametrize("overlap", ["yes", 0, 1])
+def test_overlap_must_be_a_bool(overlap):
+    with pytest.raises(TypeError, match=r"^overlap: expected a bool or None, got "):
+        DSADecodeLayer(V32, None, overlap=overlap)
+
+
+def test_overlap_rule():
+    """Where the step runs as ``dsa::q_index_overlap`` (``overlap_applies``): CUDA, fused
+    preparation, off the torch path, none of its GEMMs on the Triton GEMM (while T <= 64), and
+    at most OVERLAP_MAX_TOKENS tokens unless forced; never on the CPU (no streams), where the op
+    itself raises NotImplementedError naming the device."""
+    from torch_impl.layer import OVERLAP_MAX_TOKENS, linear_switch, overlap_applies, q_index_overlap
+    torch_lin, auto_lin = linear_switch("torch", True), linear_switch("auto", True)
+    T = OVERLAP_MAX_TOKENS
+    assert overlap_applies(1, "cuda", True, "auto", torch_lin)
+    assert overlap_applies(T, "cuda", True, "triton", torch_lin)
+    assert not overlap_applies(T + 1, "cuda", True, "triton", torch_lin)
+    assert overlap_applies(T + 1, "cuda", True, "triton", torch_lin, True)
+    assert not overlap_applies(1, "cuda", True, "triton", torch_lin, False)
+    assert not overlap_applies(1, "cpu", True, "triton", torch_lin, True)
+    assert not overlap_applies(1, "cuda", False, "triton", torch_lin, True)
+    assert not overlap_applies(1, "cuda", True, "torch", torch_lin, True)
+    assert not overlap_applies(1, "cuda", True, "triton", auto_lin, True)   # indexer GEMMs on Triton
+    assert overlap_applies(65, "cuda", True, "triton", auto_lin, True)      # Triton GEMM only to 64
+    layer = DSADecodeLayer(V32, None, overlap=True)
+    assert not layer._overlaps(1, torch.device("cpu"))
+    z = torch.zeros(1, 1)
+    with pytest.raises(NotImplementedError, match=r"^q_index_overlap: runs on CUDA devices .*got cpu"):
+        q_index_overlap(*([z] * 12), 1, heads=1, index_heads=1, d_qk=1, qk_nope=0, scale_fmt=None,
+                        eps=1e-6, absorbed=False, q_head_norm=False, w_alpha=1.0, topk=1, window=0)
+
+
 @pytest.mark.parametrize("device,exc,match", [
     ("nodevice", ValueError, r"^device: expected a device string such as 'cpu' or 'cuda:0', got 'nodevice'"),
     (1.0, TypeError, r"^device: expected a torch.device, a device string .*got float"),
@@ -554,6 +586,30 @@ def test_cuda_graph_replay_is_bitwise_identical():
     g.replay()
     torch.cuda.synchronize()
     assert torch.equal(static_out, eager)
+
+
+@gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_overlapped_step_is_bitwise_the_one_stream_step(name):
+    """``overlap=True`` (the indexer's branch on a side stream, ``dsa::q_index_overlap``) against
+    ``overlap=False`` at the real dimensions (bf16, Triton path, torch's GEMMs): the same kernels
+    on the same inputs, so out, both caches and every intermediate bit for bit; and the float64
+    reference's bf16 bounds (check_bf16_step)."""
+    case = _real_case(name)
+    case.weights = _bf16_rounded(case.weights)
+    runs = {}
+    for overlap in (True, False):
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                               dtype=torch.bfloat16, path="triton", linear="torch", overlap=overlap)
+        assert layer._overlaps(2, torch.device(DEVICE)) is overlap
+        out, kv, kc, inter = _run(layer, case)
+        runs[overlap] = {"out": out, "kv": kv, "kc": kc, **inter}
+    a, b = runs[True], runs[False]
+    assert set(a) == set(b)
+    for k in b:
+        assert np.array_equal(a[k].view(np.uint8) if a[k].dtype == lref.formats.E4M3 else a[k],
+                              b[k].view(np.uint8) if b[k].dtype == lref.formats.E4M3 else b[k]), k
+    checks.check_bf16_step(case, a["out"], a["kc"], {k: v for k, v in a.items() if k not in ("out", "kv", "kc")})
 
 
 def _next_step_case(case):

@@ -42,7 +42,9 @@ from torch_impl.step import window_split
 # rope_out): their inputs are the layer's intermediates, validated by DSADecodeLayer, so they are
 # not part of the public surface
 __all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets",
-           "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default"]
+           "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default", "OVERLAP_ENV",
+           "OVERLAP_MAX_TOKENS", "overlap_default",
+           "overlap_applies", "q_index_overlap"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -333,6 +335,33 @@ def fused_prep_default() -> bool:
     return v == "1"
 
 
+OVERLAP_ENV = "DSA_LAYER_OVERLAP"
+"""Environment switch read when a :class:`DSADecodeLayer` is built without ``overlap``: unset
+or empty (default) the rule of :func:`overlap_applies`, ``"0"`` never, ``"1"`` wherever it can
+(the bench's A/B of the overlap on one machine)."""
+
+
+def overlap_default() -> bool | None:
+    """:data:`OVERLAP_ENV` as ``None`` (unset or empty), False (``0``) or True (``1``).
+
+    Raises:
+      ValueError: the variable holds something else.
+    """
+    v = os.environ.get(OVERLAP_ENV, "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{OVERLAP_ENV}: expected '0', '1' or unset, got {v!r}")
+    return None if v == "" else v == "1"
+
+
+OVERLAP_MAX_TOKENS = 16
+"""The largest step (B * N tokens) whose indexer branch runs on a side stream by default
+(``DSADecodeLayer(overlap=None)``). At B 1 every kernel of the step is latency-bound (the
+indexer reads 4 MB at L 32K in ~23 us on the H200), so the indexer's chain (its q projection
+and weights, its q preparation, logits and top-k) can run beside the attention's q projection
+(``wq_b``: 64-75 MB of weights at B 1) instead of after it. At B 64 both chains stream DRAM and
+overlapping them only shares the bandwidth: the default keeps such steps on one stream."""
+
+
 def _rope_cos_sin(context_lens: torch.Tensor, N: int, freqs: torch.Tensor):
     """cos / sin ``[B * N, r / 2]`` float32 at the new tokens' positions (float64 angles, one
     rounding to float32; the layer's ``_rope_tables``)."""
@@ -493,8 +522,9 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
 
 
 def _torch_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads,
-                  d_qk, qk_nope, scale_fmt, eps, absorbed, q_head_norm):
-    """Composite twin of ``_prep_q_kernel`` (the layer's own torch ops)."""
+                  d_qk, qk_nope, scale_fmt, eps, absorbed, q_head_norm, part="all"):
+    """Composite twin of ``_prep_q_kernel`` (the layer's own torch ops); computes both parts
+    whatever ``part`` (the reference path)."""
     dt, T = iq.dtype, iq.shape[0]
     r = rope_freqs.shape[0] * 2
     cos, sin = _rope_cos_sin(context_lens, N, rope_freqs)
@@ -523,9 +553,12 @@ def _prep_q_config(index_heads: int, heads: int, dtype: torch.dtype):
 
 
 def _triton_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads,
-                   d_qk, qk_nope, scale_fmt, eps, absorbed, q_head_norm):
-    """One launch of ``kernels.layer_prep.triton._prep_q_kernel`` (grid ``(B * N, ceil(H_I /
-    block_hi) + ceil(H / block_hm))``)."""
+                   d_qk, qk_nope, scale_fmt, eps, absorbed, q_head_norm, part="all"):
+    """One launch of ``kernels.layer_prep.triton._prep_q_kernel``: grid ``(B * N, ceil(H_I /
+    block_hi) + ceil(H / block_hm))`` for ``part="all"``; ``"index"`` launches the indexer's
+    programs only (the first ``ceil(H_I / block_hi)``), ``"mla"`` the MLA programs only (the
+    kernel compiled with ``NUM_HI = 0``, :func:`kernels.layer_prep.triton.prep_q_constexprs`);
+    the outputs of the other part are returned unwritten."""
     from kernels.layer_prep import triton as tlp
     dev = _common.device_info(iq.device)
     _common.require_no_interpreted_bf16(dev, "prep_q", iq)
@@ -540,12 +573,12 @@ def _triton_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, h
     q_lat = q_lat.contiguous() if absorbed else None
     ce = tlp.prep_q_constexprs(cfg, index_heads=index_heads, index_head_dim=D_I, rope=r,
                                absorbed=absorbed, head_norm=q_head_norm, qk_nope=qk_nope, nope=nope,
-                               d_qk=d_qk, scale_fmt=scale_fmt)
+                               d_qk=d_qk, scale_fmt=scale_fmt, part=part)
     q_mla = torch.empty(T, heads, d_qk, dtype=dt, device=iq.device)
     idx_q = torch.empty(T, index_heads, D_I, dtype=torch.float8_e4m3fn, device=iq.device)
     idx_w = torch.empty(T, index_heads, dtype=torch.float32, device=iq.device)
     lat = q_lat if absorbed else q
-    grid = (T, ce["NUM_HI"] + -(-heads // cfg.block_hm))
+    grid = (T, ce["NUM_HI"] + (-(-heads // cfg.block_hm) if part != "index" else 0))
     tlp._prep_q_kernel[grid](
         iq, w_raw, q, lat, q_mla, idx_q.view(torch.uint8), idx_w, rope_freqs,
         hadamard.to(dt).contiguous(), context_lens,
@@ -558,18 +591,18 @@ def _triton_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, h
 def _prep_q_op(iq: torch.Tensor, w_raw: torch.Tensor, q: torch.Tensor, q_lat: Optional[torch.Tensor],
                hadamard: torch.Tensor, rope_freqs: torch.Tensor, context_lens: torch.Tensor, N: int,
                heads: int, index_heads: int, d_qk: int, qk_nope: int, scale_fmt: Optional[str],
-               eps: float, absorbed: bool, q_head_norm: bool,
-               path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               eps: float, absorbed: bool, q_head_norm: bool, path: str,
+               part: str = "all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The step's work between the q projections and the DSA ops (:func:`prepare_q`)."""
     args = (iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads, d_qk,
-            qk_nope, scale_fmt, eps, absorbed, q_head_norm)
+            qk_nope, scale_fmt, eps, absorbed, q_head_norm, part)
     impls = {"triton": lambda: _triton_prep_q(*args), "torch": lambda: _torch_prep_q(*args)}
     return _common.run_path("prep_q", path, impls, BACKEND_PATHS["torch"])
 
 
 @_prep_q_op.register_fake
 def _(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads, d_qk, qk_nope,
-      scale_fmt, eps, absorbed, q_head_norm, path):
+      scale_fmt, eps, absorbed, q_head_norm, path, part="all"):
     T = iq.shape[0]
     return (iq.new_empty(T, heads, d_qk), iq.new_empty(T, index_heads, iq.shape[1] // index_heads,
                                                        dtype=torch.float8_e4m3fn),
@@ -578,7 +611,7 @@ def _(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_h
 
 def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *, heads: int,
               index_heads: int, d_qk: int, qk_nope: int, scale_fmt: str | None, eps: float,
-              absorbed: bool, q_head_norm: bool = True, path: str = "auto"):
+              absorbed: bool, q_head_norm: bool = True, path: str = "auto", part: str = "all"):
     """The decode step's preparation after the q projections, fused (``dsa::prep_q``; math,
     rounding points and sources in ``kernels/layer_prep/triton.py``).
 
@@ -595,14 +628,20 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
       scale_fmt: ``"ue8m0"`` or None; absorbed: V3.2 (else V4); q_head_norm: V4's per-head rms
         norm of q (no weight) before its rope, with epsilon ``eps``.
       path: ``"auto"``, ``"triton"`` (one launch) or ``"torch"`` (the composite ops).
+      part: ``"all"`` (default); ``"index"`` writes only ``idx_q`` / ``idx_w`` and ``"mla"`` only
+        ``q_mla`` on the ``triton`` path (the other outputs are returned unwritten: the layer's
+        overlapped step runs the two parts on two streams); the ``torch`` path writes all three.
     Returns:
       ``(q_mla, idx_q, idx_w)``: ``[T, H, D_qk]`` dt (the sparse-MLA query), ``[T, H_I, D_I]``
       float8_e4m3fn, ``[T, H_I]`` float32 (the indexer's q and head weights, scale folded in).
     Raises:
       TypeError: ``hadamard`` is not a floating-point torch.Tensor.
       ValueError: ``index_heads`` is not a positive int dividing ``iq.shape[-1]``; ``hadamard``
-        is not ``[D_I, D_I]`` (D_I = ``iq.shape[-1] / index_heads``) on ``iq``'s device.
+        is not ``[D_I, D_I]`` (D_I = ``iq.shape[-1] / index_heads``) on ``iq``'s device;
+        ``part`` not one of ``"all"``, ``"index"``, ``"mla"``.
     """
+    if part not in ("all", "index", "mla"):
+        raise ValueError(f"part: expected 'all', 'index' or 'mla', got {part!r}")
     if (type(index_heads) is bool or not isinstance(index_heads, (int, np.integer)) or index_heads < 1
             or iq.shape[-1] % int(index_heads)):
         raise ValueError(f"index_heads: expected a positive int dividing iq's last dim "
@@ -610,8 +649,152 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
     _check_hadamard(hadamard, iq.shape[-1] // int(index_heads), iq.device)
     return torch.ops.dsa.prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, int(N),
                                 int(heads), int(index_heads), int(d_qk), int(qk_nope), scale_fmt,
-                                float(eps), bool(absorbed), bool(q_head_norm), path)
+                                float(eps), bool(absorbed), bool(q_head_norm), path, part)
 
+
+
+_OVERLAP_GEMMS = ("wq_b", "wkv_b_q", "indexer.wq_b", "indexer.weights_proj")
+"""The projections inside ``dsa::q_index_overlap``: torch's GEMMs there (the layer overlaps only
+when its switch runs none of them on the Triton GEMM, whose split-K counters are one buffer)."""
+
+_side_streams: dict = {}          # torch.device -> the indexer branch's side stream
+
+
+def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linear: Mapping,
+                    overlap: bool | None = None) -> bool:
+    """Whether ``DSADecodeLayer(overlap=overlap)`` runs a step of ``T`` tokens (B * N) as
+    :func:`q_index_overlap`: on CUDA, with ``fused_prep``, off the ``torch`` path, with none of
+    :data:`_OVERLAP_GEMMS` on the Triton GEMM (``linear``: :func:`linear_switch`'s dict; it runs
+    for T <= 64 only), and ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``."""
+    if overlap is False or not fused_prep or path == "torch" or device_type != "cuda":
+        return False
+    if T <= tlinear.MAX_M and any(linear.get(n) == "triton" for n in _OVERLAP_GEMMS):
+        return False
+    return bool(overlap) or T <= OVERLAP_MAX_TOKENS
+
+
+def _side_stream(device: torch.device):
+    """The side stream of ``device`` (made on the first overlapped step there; one for every
+    layer: each step's fork first waits on the main stream)."""
+    key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
+    stream = _side_streams.get(key)
+    if stream is None:
+        stream = _side_streams[key] = torch.cuda.Stream(device=key)
+    return stream
+
+
+def _mm(x, w, alpha, zero):
+    """``alpha * x @ w^T`` as ``DSADecodeLayer._gemm`` runs it on torch's path (``addmm`` with
+    ``beta=0`` when scaled: the scale in the GEMM's epilogue)."""
+    wt = w.transpose(-1, -2)
+    return x @ wt if alpha == 1.0 else torch.addmm(zero, x, wt, beta=0, alpha=alpha)
+
+
+@torch.library.custom_op("dsa::q_index_overlap", mutates_args=())
+def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
+                        wkv_b_q: Optional[torch.Tensor], idx_wq_b: torch.Tensor,
+                        weights_proj: torch.Tensor, zero_f32: torch.Tensor, hadamard: torch.Tensor,
+                        rope_freqs: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor,
+                        context_lens: torch.Tensor, N: int, heads: int, index_heads: int, d_qk: int,
+                        qk_nope: int, scale_fmt: Optional[str], eps: float, absorbed: bool,
+                        q_head_norm: bool, w_alpha: float, topk: int, window: int,
+                        path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                                            torch.Tensor]:
+    """:func:`q_index_overlap` (one opaque op, so torch.compile keeps its two streams)."""
+    dev = qr.device
+    T, dt = qr.shape[0], qr.dtype
+    H_I = index_heads
+    prep = dict(heads=heads, index_heads=H_I, d_qk=d_qk, qk_nope=qk_nope, scale_fmt=scale_fmt,
+                eps=eps, absorbed=absorbed, q_head_norm=q_head_norm, path=path)
+    # Every buffer both branches name is made on the main stream before the fork (each half of
+    # dsa::prep_q gets the other half's inputs as unread arguments) and is referenced until
+    # after the join, so none is reused while the other stream may touch it. What the side
+    # stream allocates (the indexer's weights, q and indices) goes back to the side stream's
+    # pool when freed; its next use starts with a wait on the main stream (every fork), after
+    # this step's readers.
+    q = torch.empty(T, wq_b.shape[0], dtype=dt, device=dev)
+    iq = torch.empty(T, idx_wq_b.shape[0], dtype=dt, device=dev)
+    w_unread = torch.empty(T, H_I, dtype=torch.float32, device=dev)
+    q_lat = None
+    if absorbed:     # q_nope through wkv_b's key half, per head [T, nope] @ [nope, C]: [H, T, C]
+        q_lat = torch.empty(heads, T, wkv_b_q.shape[1], dtype=dt, device=dev)
+    main, side = torch.cuda.current_stream(dev), _side_stream(dev)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        torch.mm(qr, idx_wq_b.t(), out=iq)                                 # [T, H_I * D_I]
+        w_raw = _mm(x32, weights_proj, w_alpha, zero_f32)                   # [T, H_I] float32
+        _, idx_q, idx_w = prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N,
+                                    **prep, part="index")
+        B = context_lens.shape[0]
+        idx_q, idx_w = idx_q.view(B, N, H_I, -1), idx_w.view(B, N, H_I)
+        idx_lens, win = window_split(context_lens, N, window, path=path)
+        if window:
+            indices = torch.cat([indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, topk,
+                                              path=path), win], dim=-1)
+        else:
+            indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, topk, path=path)
+    torch.mm(qr, wq_b.t(), out=q)                                           # [T, H * (nope + r) | D_qk]
+    if absorbed:
+        torch.bmm(q.view(T, heads, -1)[..., :qk_nope].transpose(0, 1), wkv_b_q.transpose(1, 2),
+                  out=q_lat)
+    q_mla, _, _ = prepare_q(iq, w_unread, q, q_lat, hadamard, rope_freqs, context_lens, N, **prep,
+                            part="mla")
+    main.wait_stream(side)
+    return q_mla, idx_q.view(T, H_I, -1), idx_w.view(T, H_I), indices, idx_lens
+
+
+@_q_index_overlap_op.register_fake
+def _(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs, k_cache,
+      block_table, context_lens, N, heads, index_heads, d_qk, qk_nope, scale_fmt, eps, absorbed,
+      q_head_norm, w_alpha, topk, window, path):
+    T, B = qr.shape[0], context_lens.shape[0]
+    i32 = torch.int32
+    return (qr.new_empty(T, heads, d_qk),
+            qr.new_empty(T, index_heads, idx_wq_b.shape[0] // index_heads, dtype=torch.float8_e4m3fn),
+            qr.new_empty(T, index_heads, dtype=torch.float32),
+            qr.new_empty(B, N, topk + window, dtype=i32), qr.new_empty(B, N, dtype=i32))
+
+
+def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs,
+                    k_cache, block_table, context_lens, N: int, *, heads: int, index_heads: int,
+                    d_qk: int, qk_nope: int, scale_fmt: str | None, eps: float, absorbed: bool,
+                    q_head_norm: bool, w_alpha: float, topk: int, window: int, path: str = "auto"):
+    """The decode step from the x projection's results to the sparse MLA's inputs on two CUDA
+    streams (``dsa::q_index_overlap``): the indexer's branch (its q projection ``qr @
+    idx_wq_b^T``, its float32 head weights ``w_alpha * x32 @ weights_proj^T``, the indexer half
+    of :func:`prepare_q`, V4's window split and ``indexer_topk``) on a side stream, beside the
+    attention's q (``qr @ wq_b^T``; V3.2 q_nope through ``wkv_b_q``) and the MLA half of
+    :func:`prepare_q` on the current stream, joined before returning. The same kernels on the
+    same inputs as ``DSADecodeLayer``'s one-stream step on torch's GEMMs, so the same bits; one
+    opaque op, so ``torch.compile(fullgraph=True)`` keeps the two streams and a CUDA graph
+    captures them (a fork and a join).
+
+    Why: at B 1 every kernel of the step is latency-bound, and the indexer's chain (~30 us on the
+    H200 at L 32K) needs nothing of the attention's q (bench/NOTES.md, "Torch layer at B 1").
+
+    Args:
+      qr: ``[T, q_lora]`` dt, the normed q latent (T = B * N). x32: ``[T, hidden]`` float32.
+      wq_b: ``[H * (qk_nope + r) | H * D_qk, q_lora]`` dt. wkv_b_q: V3.2 ``[H, C, qk_nope]`` dt
+        (wkv_b's key half, transposed per head), V4 None. idx_wq_b: ``[H_I * D_I, q_lora]`` dt.
+      weights_proj: ``[H_I, hidden]`` float32. zero_f32: a float32 scalar tensor (addmm's ignored
+        input). hadamard, rope_freqs, context_lens, N: as :func:`prepare_q`. k_cache,
+        block_table: as ``indexer_topk``. heads ... q_head_norm, path: as :func:`prepare_q`;
+        w_alpha: ``H_I^-0.5 * D_I^-0.5``; topk, window: the preset's (window 0: V3.2).
+    Returns:
+      ``(q_mla [T, H, D_qk] dt, idx_q [T, H_I, D_I] float8_e4m3fn, idx_w [T, H_I] float32,
+      indices [B, N, topk + window] int32, idx_lens [B, N] int32)``: :func:`prepare_q`'s three,
+      the step's indices (V4: top-k then the window) and the indexer's lengths.
+    Raises:
+      NotImplementedError: not a CUDA tensor (the op needs streams).
+    """
+    if qr.device.type != "cuda":
+        raise NotImplementedError(f"q_index_overlap: runs on CUDA devices (two streams), got "
+                                  f"{qr.device}")
+    return torch.ops.dsa.q_index_overlap(
+        qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs, k_cache,
+        block_table, context_lens, int(N), int(heads), int(index_heads), int(d_qk), int(qk_nope),
+        scale_fmt, float(eps), bool(absorbed), bool(q_head_norm), float(w_alpha), int(topk),
+        int(window), path)
 
 
 def _torch_rope_out(attn, rope_freqs, context_lens, N):
@@ -749,10 +932,20 @@ class DSADecodeLayer(nn.Module):
         once to its dtype; the summation order differs.
       seed: the seed of the random weights drawn when ``weights`` is None: an int >= 0 (a
         Python int or NumPy integer scalar, not a bool).
+      overlap: run the indexer's branch of the step (its two projections, its half of
+        ``dsa::prep_q``, ``indexer_topk``) on a side CUDA stream, beside the attention's q
+        projection and its half of ``dsa::prep_q``, joined before ``sparse_mla_decode``. The
+        result is bitwise the same (the same kernels on the same inputs). It applies only where
+        it can: a CUDA step with ``fused_prep`` off the ``torch`` path, eager or captured in a CUDA graph (not while
+        torch.compile traces: the compiled step stays on one stream, with no graph break), and
+        the indexer's two GEMMs on torch's path (the Triton GEMM's split-K counters are shared
+        by the device's launches). None (default) reads ``DSA_LAYER_OVERLAP``
+        (:func:`overlap_default`), unset: on for steps of at most :data:`OVERLAP_MAX_TOKENS`
+        tokens; True: every step; False: never. A bool or None.
     Raises:
       TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
         (or None), a weight that is not a real float array (``weights['name']``);
-        ``fused_prep`` not a bool or None; ``seed`` not an int; ``device`` of a type that is
+        ``fused_prep`` or ``overlap`` not a bool or None; ``seed`` not an int; ``device`` of a type that is
         no device.
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
         of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
@@ -762,7 +955,7 @@ class DSADecodeLayer(nn.Module):
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
                  tp_size: int = 1, kv_format: str | None = None, dtype: torch.dtype = torch.float32,
                  device=None, path: str = "auto", seed: int = 0, fused_prep: bool | None = None,
-                 linear=None):
+                 linear=None, overlap: bool | None = None):
         super().__init__()
         if not isinstance(cfg, lref.LayerConfig):
             raise TypeError(f"cfg: expected a kernels.layer_reference.LayerConfig, got {type(cfg).__name__}")
@@ -778,11 +971,14 @@ class DSADecodeLayer(nn.Module):
         if fused_prep is not None and not isinstance(fused_prep, (bool, np.bool_)):
             raise TypeError(f"fused_prep: expected a bool or None, got {type(fused_prep).__name__} "
                             f"{fused_prep!r}")
+        if overlap is not None and not isinstance(overlap, (bool, np.bool_)):
+            raise TypeError(f"overlap: expected a bool or None, got {type(overlap).__name__} {overlap!r}")
         seed = check_int("seed", seed, minimum=0)
         device = _check_device(device)
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
         self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
+        self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
         weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights, _to_numpy)
@@ -1037,7 +1233,12 @@ class DSADecodeLayer(nn.Module):
         (q_norm, x in float32, the latent and indexer-key rows into both caches) after the x
         projection, ``dsa::prep_q`` (the indexer q's rope, Hadamard rotation, fp8 quantisation
         and weight scale; the MLA q's rope, V4's head norm) after the q projections; the same
-        rounding points (kernels/layer_prep/triton.py)."""
+        rounding points (kernels/layer_prep/triton.py).
+
+        With the overlap on (:meth:`_overlaps`) the q projections, ``dsa::prep_q`` and the
+        indexer run as ``dsa::q_index_overlap`` (:func:`q_index_overlap`: the indexer's branch on
+        a side stream) and the step's ``(indices, idx_lens)`` come back too; else that item is
+        None (the caller runs the indexer)."""
         cfg = self.cfg
         B, N, _ = x.shape
         T, H = B * N, self.local_heads
@@ -1048,11 +1249,23 @@ class DSADecodeLayer(nn.Module):
                             kv_cache, k_cache, block_table, context_lens, N, self.kv_format, page_size=P,
                             scale_fmt=cfg.scale_fmt, eps=cfg.eps, norm_rope=not cfg.absorbed,
                             path=self.path)
+        nope, alpha = cfg.qk_nope_head_dim, H_I ** -0.5 * D_I ** -0.5
+        if self._overlaps(T, x.device):
+            wkv_b_q = (self.w("wkv_b").view(H, nope + cfg.v_head_dim, cfg.kv_lora_rank)[:, :nope]
+                       .transpose(1, 2) if cfg.absorbed else None)
+            q_mla, idx_q, idx_w, indices, idx_lens = q_index_overlap(
+                qr, x32, self.w("wq_b"), wkv_b_q, self.w("indexer.wq_b"),
+                self.w("indexer.weights_proj"), self.zero_f32, self.hadamard_sign, self.rope_freqs,
+                k_cache, block_table, context_lens, N, heads=H, index_heads=H_I, d_qk=cfg.d_qk,
+                qk_nope=nope if cfg.absorbed else 0, scale_fmt=cfg.scale_fmt, eps=cfg.eps,
+                absorbed=cfg.absorbed, q_head_norm=cfg.q_head_norm, w_alpha=alpha, topk=cfg.topk,
+                window=cfg.window, path=self.path)
+            return (q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I),
+                    (indices, idx_lens))
         q = self._gemm("wq_b", qr, self.w("wq_b"))                              # [T, H * (nope + r) | D_qk]
         q_lat = None
         if cfg.absorbed:
-            nope, C = cfg.qk_nope_head_dim, cfg.kv_lora_rank
-            wkv_b = self.w("wkv_b").view(H, nope + cfg.v_head_dim, C)
+            wkv_b = self.w("wkv_b").view(H, nope + cfg.v_head_dim, cfg.kv_lora_rank)
             # q_nope through wkv_b's key half, per head [T, nope] @ [nope, C]: [H, T, C]
             q_lat = self._gemm("wkv_b_q", q.view(T, H, -1)[..., :nope].transpose(0, 1),
                                wkv_b[:, :nope].transpose(1, 2))
@@ -1060,13 +1273,31 @@ class DSADecodeLayer(nn.Module):
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha, the q scale is multiplied in prep_q
         w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
-                           alpha=H_I ** -0.5 * D_I ** -0.5, out_dtype=torch.float32)
+                           alpha=alpha, out_dtype=torch.float32)
         q_mla, idx_q, idx_w = prepare_q(iq, w_raw, q, q_lat, self.hadamard_sign, self.rope_freqs,
                                         context_lens, N, heads=H, index_heads=H_I, d_qk=cfg.d_qk,
-                                        qk_nope=cfg.qk_nope_head_dim if cfg.absorbed else 0,
+                                        qk_nope=nope if cfg.absorbed else 0,
                                         scale_fmt=cfg.scale_fmt, eps=cfg.eps, absorbed=cfg.absorbed,
                                         q_head_norm=cfg.q_head_norm, path=self.path)
-        return q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I)
+        return q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I), None
+
+    def _overlaps(self, T: int, device: torch.device) -> bool:
+        """Whether a step of ``T`` tokens on ``device`` runs as :func:`q_index_overlap`."""
+        return overlap_applies(T, device.type, self.fused_prep, self.path, self.linear, self.overlap)
+
+    def _select(self, idx_q, idx_w, k_cache, block_table, context_lens, N, return_intermediates):
+        """The step's top-k positions ``[B, N, topk (+ window)]`` and the drafts' indexer lengths
+        (V4: after the window; V3.2: only when ``return_intermediates``, else None)."""
+        cfg = self.cfg
+        if cfg.window:
+            idx_lens, win = window_split(context_lens, N, cfg.window, path=self.path)
+            top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
+            return torch.cat([top, win], dim=-1), idx_lens
+        indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
+        # the drafts' lengths, only reported
+        idx_lens = (window_split(context_lens, N, 0, path=self.path)[0]
+                    if return_intermediates else None)
+        return indices, idx_lens
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
                 block_table: torch.Tensor, context_lens: torch.Tensor, *,
@@ -1131,22 +1362,17 @@ class DSADecodeLayer(nn.Module):
         if not self.fused_prep:
             cos, sin = self._rope_tables(context_lens, N)                    # [B, N, r/2]
             rope = (cos, sin, cos[:, :, None], sin[:, :, None])              # (and over heads)
+        def select(idx_q, idx_w):
+            return self._select(idx_q, idx_w, k_cache, block_table, context_lens, N,
+                                return_intermediates)
+        selected = None
         if self.fused_prep:
-            q_mla, idx_q, idx_w = self._prepare_fused(x, xq, xkv, xk, kv_cache, k_cache, block_table,
-                                                      context_lens)
+            q_mla, idx_q, idx_w, selected = self._prepare_fused(x, xq, xkv, xk, kv_cache, k_cache,
+                                                                block_table, context_lens)
         else:
             q_mla, idx_q, idx_w = self._prepare_composite(x, xq, xkv, xk, kv_cache, k_cache, block_table,
                                                           context_lens, rope)
-
-        if cfg.window:
-            idx_lens, win = window_split(context_lens, N, cfg.window, path=self.path)
-            top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
-            indices = torch.cat([top, win], dim=-1)
-        else:
-            indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
-            # the drafts' lengths, only reported
-            idx_lens = (window_split(context_lens, N, 0, path=self.path)[0]
-                        if return_intermediates else None)
+        indices, idx_lens = select(idx_q, idx_w) if selected is None else selected
 
         sink = self.w("attn_sink") if cfg.attn_sink else None
         attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,

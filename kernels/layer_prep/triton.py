@@ -422,7 +422,7 @@ def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projectio
     t64 = t.to(tl.int64)
     DT: tl.constexpr = iq_ptr.dtype.element_ty
     pos = _position(cl_ptr, t, N)
-    if blk < NUM_HI:
+    if NUM_HI > 0 and blk < NUM_HI:         # (NUM_HI 0: the MLA half alone, no indexer code)
         _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, had_ptr, pos, blk, t64, iq_stride,
                        w_stride, H_I, D_I, ROPE, BLOCK_HI, UE8M0, DT)
     else:
@@ -504,14 +504,27 @@ def prep_x_constexprs(*, q_lora: int, d_qk: int, nope: int, rope: int, norm_rope
 
 def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int, rope: int,
                       absorbed: bool, head_norm: bool, qk_nope: int, nope: int, d_qk: int,
-                      scale_fmt: str | None) -> dict:
+                      scale_fmt: str | None, part: str = "all") -> dict:
     """The constexprs of :func:`_prep_q_kernel` (also the AOT specs'). ``nope``: the q_mla
     columns before its rope dims (V3.2 C = 512, V4 D_qk - rope = 448); ``qk_nope``: V3.2's
-    per-head column of q_pe in wq_b's output (0 for V4)."""
+    per-head column of q_pe in wq_b's output (0 for V4).
+
+    ``part``: ``"all"`` or ``"index"`` (the same compile: an ``"index"`` launch's grid stops
+    after the ``NUM_HI`` indexer programs), or ``"mla"``: ``NUM_HI = 0``, so every program is an
+    MLA program; its indexer constexprs are fixed (``UE8M0`` False) since that branch is dead,
+    so one compile serves both scale formats (the layer's overlapped step,
+    ``torch_impl.layer.DSADecodeLayer(overlap=...)``).
+
+    Raises:
+      ValueError: ``part`` not one of ``"all"``, ``"index"``, ``"mla"``.
+    """
+    if part not in ("all", "index", "mla"):
+        raise ValueError(f"part: expected 'all', 'index' or 'mla', got {part!r}")
+    mla_only = part == "mla"
     return dict(H_I=index_heads, D_I=index_head_dim, ROPE=rope, BLOCK_HI=cfg.block_hi,
-                NUM_HI=-(-index_heads // cfg.block_hi), ABSORBED=absorbed, QK_NOPE=qk_nope,
-                NOPE=nope, D_QK=d_qk, BLOCK_HM=cfg.block_hm, HEAD_NORM=head_norm and not absorbed,
-                UE8M0=scale_fmt == "ue8m0")
+                NUM_HI=0 if mla_only else -(-index_heads // cfg.block_hi), ABSORBED=absorbed,
+                QK_NOPE=qk_nope, NOPE=nope, D_QK=d_qk, BLOCK_HM=cfg.block_hm,
+                HEAD_NORM=head_norm and not absorbed, UE8M0=scale_fmt == "ue8m0" and not mla_only)
 
 
 def supported(*, index_head_dim: int, rope: int, latent_nope: int | None = None,
@@ -623,15 +636,19 @@ def aot_specs(smem_class: str) -> list:
                                    "kv_cache_ptr": cache, "k_cache_ptr": "*u8", "bt_ptr": "*i32",
                                    "cl_ptr": "*i32", **xints, "eps": "fp32"},
                         constexprs=ce, num_warps=X_NUM_WARPS, num_stages=1))
-                for qc in sorted({prep_q_heuristic(cfg.index_heads, h, nbytes) for h in heads},
-                                 key=lambda c: (c.block_hi, c.block_hm)):
+                qcs = sorted({prep_q_heuristic(cfg.index_heads, h, nbytes) for h in heads},
+                             key=lambda c: (c.block_hi, c.block_hm))
+                # the overlapped step's MLA-only launch (NUM_HI 0) is one compile for both scale
+                # formats: listed with ue8m0 only
+                for qc, part in [(c, "all") for c in qcs] + [(c, "mla") for c in qcs if ue8m0]:
                     ce = prep_q_constexprs(qc, index_heads=cfg.index_heads, index_head_dim=cfg.index_head_dim,
                                            rope=cfg.d_rope, absorbed=cfg.absorbed,
                                            head_norm=cfg.q_head_norm, qk_nope=cfg.qk_nope_head_dim,
                                            nope=nope_q, d_qk=cfg.d_qk,
-                                           scale_fmt=sf)
+                                           scale_fmt=sf, part=part)
+                    tag = "" if part == "all" else " part=mla"
                     specs.append(LaunchSpec(
-                        label=f"prep_q {cfg.name} dt={dt} ue8m0={ue8m0} {qc}",
+                        label=f"prep_q {cfg.name} dt={dt} ue8m0={ue8m0}{tag} {qc}",
                         module="kernels.layer_prep.triton", kernel="_prep_q_kernel",
                         signature={"iq_ptr": f"*{dt}", "w_ptr": "*fp32", "qsrc_ptr": f"*{dt}",
                                    "qlat_ptr": f"*{dt}", "qmla_ptr": f"*{dt}", "idxq_ptr": "*u8",
