@@ -949,7 +949,7 @@ SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
 # at B 64 L 64K / N 2 / V4 4K in 1M; 512 at 2 warps, 34.6 / 51.7 / 12.7, was dropped to keep the
 # CI compile short), and the ``VEC`` layout (:func:`_pass_b`) at 1,024 and 2,048 positions.
 SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
-                 + ((1024, 2, False), (1024, 4, True), (2048, 4, True)))
+                 + ((1024, 2, False), (1024, 4, True), (2048, 4, True), (2048, 8, True)))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
