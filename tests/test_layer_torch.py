@@ -263,6 +263,28 @@ def test_overlap_rule():
                         eps=1e-6, absorbed=False, q_head_norm=False, w_alpha=1.0, topk=1, window=0)
 
 
+@pytest.mark.parametrize("cfg", [V32, V4], ids=["V3.2", "V4"])
+def test_q_index_overlap_fake_shapes(cfg):
+    """``dsa::q_index_overlap``'s fake (what torch.compile traces with, and the meta device runs)
+    gives the shapes and dtypes of the one-stream step's tensors (scaled-down presets)."""
+    def meta(*shape, dt=torch.bfloat16):
+        return torch.empty(shape, dtype=dt, device="meta")
+    T, B, N = 4, 2, 2
+    H, H_I, D_I = cfg.num_heads, cfg.index_heads, cfg.index_head_dim
+    f32 = torch.float32
+    wkv_b_q = meta(H, cfg.kv_lora_rank, cfg.qk_nope_head_dim) if cfg.absorbed else None
+    out = torch.ops.dsa.q_index_overlap(
+        meta(T, cfg.q_lora_rank), meta(T, cfg.hidden, dt=f32), meta(H * 8, cfg.q_lora_rank), wkv_b_q,
+        meta(H_I * D_I, cfg.q_lora_rank), meta(H_I, cfg.hidden, dt=f32), meta(dt=f32), meta(D_I, D_I),
+        meta(cfg.d_rope // 2, dt=torch.float64), meta(8, 64 * (D_I + 4), dt=torch.uint8),
+        meta(B, 4, dt=torch.int32), meta(B, dt=torch.int32), N, H, H_I, cfg.d_qk,
+        cfg.qk_nope_head_dim if cfg.absorbed else 0, cfg.scale_fmt, cfg.eps, cfg.absorbed,
+        cfg.q_head_norm, 0.01, cfg.topk, cfg.window, "triton")
+    assert [(tuple(o.shape), o.dtype) for o in out] == [
+        ((T, H, cfg.d_qk), torch.bfloat16), ((T, H_I, D_I), torch.float8_e4m3fn), ((T, H_I), f32),
+        ((B, N, cfg.topk + cfg.window), torch.int32), ((B, N), torch.int32)]
+
+
 @pytest.mark.parametrize("device,exc,match", [
     ("nodevice", ValueError, r"^device: expected a device string such as 'cpu' or 'cuda:0', got 'nodevice'"),
     (1.0, TypeError, r"^device: expected a torch.device, a device string .*got float"),
