@@ -675,11 +675,15 @@ def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linea
 
 def _side_stream(device: torch.device):
     """The side stream of ``device`` (made on the first overlapped step there; one for every
-    layer: each step's fork first waits on the main stream)."""
+    layer: each step's fork first waits on the main stream), at high priority: at B 1 the
+    attention's q projection fills every SM with CTAs streaming its weights, and without the
+    priority the indexer's small latency-bound kernels wait for SMs behind it (H200, 2026-12-05:
+    V4 B 1 141.5 -> 140.7 us at default priority, bench/NOTES.md). The priority is captured into
+    the graph's kernel nodes (torch instantiates graphs with node priorities)."""
     key = torch.device("cuda", device.index if device.index is not None else torch.cuda.current_device())
     stream = _side_streams.get(key)
     if stream is None:
-        stream = _side_streams[key] = torch.cuda.Stream(device=key)
+        stream = _side_streams[key] = torch.cuda.Stream(device=key, priority=-1)
     return stream
 
 
