@@ -343,7 +343,7 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
     if shape.op == "dsa_decode_layer" and not dry:
         upd.update(_layer_phases(calls, t.median_us, adapter.name, machine,
                                  roofline.layer_weight_bytes(shape.layer_cfg, tp=shape.tp),
-                                 hlo_path=_hlo_path(shape.label)))
+                                 hlo_path=_hlo_path(shape.label())))
     if shape.op == "indexer_topk":
         upd.update(_indexer_phases(adapter, calls, dry))
     return upd
