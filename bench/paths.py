@@ -765,6 +765,9 @@ class JaxBackend(Backend):
             args = [to_jax(s[n]) for n in ("x", "kv_cache", "k_cache", "block_table", "context_lens")]
             args[1], args[2] = jnp.copy(args[1]), jnp.copy(args[2])
             calls.append(_DonatingLayerCall(f, state, *args))
+        group = _DonatingLayerGroup(step, state, calls)
+        for c in calls:
+            c.group = group
         return calls
 
     def plan(self, op, inp, path):
@@ -808,6 +811,65 @@ class _DonatingLayerCall:
         if self.calls > 1:
             res = {k: v for k, v in res.items() if k not in ("kv_cache", "k_cache")}
         return res
+
+
+# Layer steps per dispatch of the JAX layer timer (at least; every rotated set once): a served
+# model shares one executable's dispatch among its ~60 layers.
+LAYER_GROUP_STEPS = 8
+
+
+class _DonatingLayerGroup:
+    """The timer's unit for a JAX layer row: one jitted call running one layer step on each of
+    the rows' rotated sets (``members``: their :class:`_DonatingLayerCall`), in a chain, every
+    set's caches donated and threaded back into its member (so the members still run alone
+    afterwards: the check, the phases).
+
+    Why: one layer step per dispatch measures the host, not the step. At B 1 the V4-Flash step's
+    kernels take ~170 us but one dispatch of the single-step executable left 52-127 us of the
+    step with no kernel running, and that idle time moved with the machine's host and with
+    XLA's command buffers in opposite directions on two machines (bench/NOTES.md, tenth
+    session). A served model runs all its layers in one executable, so the per-executable cost
+    is shared by ~60 layer steps; here by ``steps`` of them (:data:`LAYER_GROUP_STEPS`, or every
+    set once if there are more sets; the sets in turn, each set's caches threaded from step to
+    step inside the call). What stays is XLA's cost inside
+    the executable (its launches, its command buffers), as a served model has it.
+
+    The chain: step ``i + 1``'s ``x`` passes through ``lax.optimization_barrier`` with step
+    ``i``'s output, so it cannot start before step ``i`` is computed (as layer ``i + 1`` waits
+    for layer ``i``), and XLA cannot merge the steps' independent GEMMs over the shared weights
+    (which would read each weight once for all of them: B 1 timed as B ``steps``)."""
+
+    def __init__(self, step, state, members, steps: int | None = None):
+        import jax
+
+        self.members, self.state = list(members), state
+        S = len(self.members)
+        self.steps = max(S, LAYER_GROUP_STEPS) if steps is None else int(steps)
+
+        def run(state, xs, kvs, kcs, bts, cls):
+            kvs, kcs = list(kvs), list(kcs)
+            outs, prev = [], None
+            for j in range(self.steps):          # the sets in turn, each set's caches threaded
+                i = j % S
+                x = xs[i]
+                if prev is not None:
+                    _, x = jax.lax.optimization_barrier((prev, x))
+                res = step(state, x, kvs[i], kcs[i], bts[i], cls[i])
+                kvs[i], kcs[i] = res["kv_cache"], res["k_cache"]
+                outs.append({k: v for k, v in res.items() if k not in ("kv_cache", "k_cache")})
+                prev = res["out"]
+            return outs, tuple(kvs), tuple(kcs)
+        self.f = jax.jit(run, donate_argnums=(2, 3))
+
+    def __call__(self) -> list:
+        m = self.members
+        outs, kvs, kcs = self.f(self.state, tuple(c.x for c in m), tuple(c.kv for c in m),
+                                tuple(c.kc for c in m), tuple(c.bt for c in m),
+                                tuple(c.cl for c in m))
+        for c, kv, kc in zip(m, kvs, kcs):
+            c.kv, c.kc = kv, kc
+        # the caches are donated to the next call: only the other outputs can be waited on
+        return outs
 
 
 _ADAPTERS = {"torch": TorchBackend, "jax": JaxBackend}

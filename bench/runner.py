@@ -343,7 +343,7 @@ def _run_path(shape, inp, adapter, pth, checker, env, machine, nbytes, flops, dr
     if shape.op == "dsa_decode_layer" and not dry:
         upd.update(_layer_phases(calls, t.median_us, adapter.name, machine,
                                  roofline.layer_weight_bytes(shape.layer_cfg, tp=shape.tp),
-                                 hlo_path=_hlo_path(shape.label())))
+                                 hlo_path=_hlo_path(shape)))
     if shape.op == "indexer_topk":
         upd.update(_indexer_phases(adapter, calls, dry))
     return upd
@@ -373,13 +373,14 @@ def _indexer_phases(adapter, calls, dry: bool) -> dict:
         return {"topk_timer": f"error: {type(e).__name__}: {e}"[:200]}
 
 
-def _hlo_path(label: str) -> Path | None:
+def _hlo_path(shape) -> Path | None:
     """Where a jax layer row's optimised HLO goes when ``BENCH_HLO_DIR`` is set (for reading the
-    step's command buffers and the thunks outside them off the GPU), else None."""
+    step's command buffers and the thunks outside them off the GPU), named by the row's
+    ``shape.label()``, else None."""
     d = os.environ.get("BENCH_HLO_DIR")
     if not d:
         return None
-    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in label)
+    name = "".join(c if c.isalnum() or c in "-_." else "_" for c in shape.label())
     return Path(d) / f"{name}.hlo.txt"
 
 

@@ -13,10 +13,13 @@
   dispatch per call made it dispatch-bound (issue 16). A jitted ``fori_loop`` over the sets was
   tried first: XLA hoists the loop-invariant calls out of the loop even behind an
   ``optimization_barrier`` (seen on XLA:CPU), so the loop timed nothing.
-* JAX otherwise (the decode layer's donating calls): each sample is a batch of asynchronously
-  dispatched calls over the rotated sets, closed by ``jax.block_until_ready``; per-call time =
-  batch time / calls. For kernels shorter than JAX's dispatch cost (~10-20 us per call) the
-  number is dispatch-bound; rows say ``timer``.
+* JAX decode layer (donating calls with a ``group``): one jitted call runs a chain of layer
+  steps, one per rotated set, caches donated (:func:`time_jax_steps`); per-step time = batch
+  time / steps. One step per dispatch measured the host at B 1 (bench/NOTES.md).
+* JAX otherwise: each sample is a batch of asynchronously dispatched calls over the rotated
+  sets, closed by ``jax.block_until_ready``; per-call time = batch time / calls. For kernels
+  shorter than JAX's dispatch cost (~10-20 us per call) the number is dispatch-bound; rows say
+  ``timer``.
 * CPU dry runs: wall clock of a few calls (meaningless, labelled so).
 """
 from __future__ import annotations
@@ -160,6 +163,10 @@ def time_jax(calls, *, target_s: float = 0.25, max_batches: int = 50, min_batche
     parts = _loop_parts(calls)
     if parts is not None:
         return time_jax_grouped(*parts, target_s=target_s)
+    group = getattr(calls[0], "group", None) if calls else None
+    if group is not None:
+        return time_jax_steps(group, target_s=target_s, max_batches=max_batches,
+                              min_batches=min_batches)
 
     per_batch = max(min_calls, len(calls))
     jax.block_until_ready(calls[0]())                # compile (excluded)
@@ -174,6 +181,30 @@ def time_jax(calls, *, target_s: float = 0.25, max_batches: int = 50, min_batche
         jax.block_until_ready([calls[i % len(calls)]() for i in range(per_batch)])
         us.append((time.perf_counter() - t) * 1e6 / per_batch)
     return _stats(us, f"jax async batch ({per_batch} calls, block_until_ready)")
+
+
+def time_jax_steps(group, *, target_s: float = 0.25, max_batches: int = 50, min_batches: int = 5,
+                   min_calls: int = 4) -> Timing:
+    """Per-step time of a JAX layer row from ``group`` (``bench.paths._DonatingLayerGroup``: one
+    call runs ``group.steps`` chained layer steps, one a rotated set, caches donated): each
+    sample is a batch of asynchronously dispatched group calls closed by
+    ``jax.block_until_ready``; per-step time = batch time / (calls x steps)."""
+    import jax
+
+    jax.block_until_ready(group())                    # compile (excluded)
+    jax.block_until_ready(group())                    # warm
+    t = time.perf_counter()
+    jax.block_until_ready([group() for _ in range(min_calls)])
+    one = time.perf_counter() - t
+    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
+    us = []
+    for _ in range(batches):
+        t = time.perf_counter()
+        jax.block_until_ready([group() for _ in range(min_calls)])
+        us.append((time.perf_counter() - t) * 1e6 / (min_calls * group.steps))
+    return _stats(us, f"jax jitted chain of {group.steps} layer steps per dispatch (one per "
+                      f"rotated set, caches donated; {min_calls} dispatches per batch, "
+                      f"block_until_ready)")
 
 
 def time_cpu(calls, *, reps: int = 1) -> Timing:

@@ -391,6 +391,47 @@ def test_jax_layer_phases_from_a_fake_device_trace():
     assert t["other_top"] == {"loop_multiply_fusion": 3.0, "input_reduce_fusion_2": 1.0}
 
 
+def test_jax_layer_group_chains_steps_and_threads_caches():
+    """The JAX layer rows' timer unit (``paths._DonatingLayerGroup``): one jitted call runs
+    ``steps`` layer steps over the rotated sets in turn, each set's caches threaded from step to
+    step and handed back to its member (donated), the steps chained through an optimisation
+    barrier; ``timing.time_jax_steps`` divides by the steps. A stand-in step: ``out = x * w +
+    sum(kv)``, ``kv += 1``, ``kc += 2``."""
+    import warnings
+
+    import jax
+    import jax.numpy as jnp
+    from bench import timing
+
+    def step(state, x, kv, kc, bt, cl):
+        return {"out": x * state["w"] + kv.sum(), "kv_cache": kv + 1.0, "k_cache": kc + 2.0,
+                "indices": bt + cl}
+
+    class Member:
+        def __init__(self, i):
+            self.x, self.kv, self.kc = jnp.full((2,), float(i)), jnp.zeros(4), jnp.zeros(3)
+            self.bt, self.cl = jnp.arange(2), jnp.ones(2, jnp.int32)
+
+    members = [Member(i) for i in range(3)]
+    g = paths._DonatingLayerGroup(step, {"w": jnp.float32(2.0)}, members, steps=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")               # XLA:CPU may not use donated buffers
+        outs = g()
+        assert len(outs) == 5 and all(set(o) == {"out", "indices"} for o in outs)
+        # steps 0..4 ran sets 0, 1, 2, 0, 1: step 3 saw set 0's kv after one step (sum 4)
+        assert [float(o["out"][0]) for o in outs] == [0.0, 2.0, 4.0, 4.0, 6.0]
+        assert [float(m.kv[0]) for m in members] == [2.0, 2.0, 1.0]
+        assert [float(m.kc[0]) for m in members] == [4.0, 4.0, 2.0]
+        hlo = g.f.lower(g.state, *[tuple(getattr(m, a) for m in members)
+                                   for a in ("x", "kv", "kc", "bt", "cl")]).as_text()
+        assert hlo.count("optimization_barrier") == 4      # one between two steps
+        t = timing.time_jax_steps(g, target_s=0.001, max_batches=2, min_batches=1)
+    assert t.samples >= 1 and "chain of 5 layer steps per dispatch" in t.timer
+    assert timing.time_jax([type("C", (), {"group": g, "__call__": lambda self: None})()],
+                           target_s=0.001, max_batches=1, min_batches=1).timer == t.timer
+    assert paths._DonatingLayerGroup(step, {}, members).steps == paths.LAYER_GROUP_STEPS
+
+
 def test_jax_layer_hlo_saved_where_asked(tmp_path, monkeypatch):
     """BENCH_HLO_DIR: the jax layer row's optimised HLO (the text its projection kernels are
     read from) is written under it, named by the row's label with path-safe characters; unset,
@@ -405,10 +446,16 @@ def test_jax_layer_hlo_saved_where_asked(tmp_path, monkeypatch):
             return None
 
     monkeypatch.setattr(paths, "_jax_device_kernels", lambda calls, reps: [])
+    class Shape:                   # the runner passes the row's grid.Shape (label a method)
+        def __init__(self, label):
+            self.label = lambda: label
+
+    shape = next(sh for sh in grid.grid_for("targets") if sh.op == "dsa_decode_layer")
     monkeypatch.delenv("BENCH_HLO_DIR", raising=False)
-    assert runner._hlo_path("layer DSV4_FLASH B1") is None
+    assert runner._hlo_path(shape) is None
     monkeypatch.setenv("BENCH_HLO_DIR", str(tmp_path / "hlo"))
-    path = runner._hlo_path("layer DSV4_FLASH B=1 N=1 (x/y)")
+    assert runner._hlo_path(shape).name.endswith(".hlo.txt")       # a real Shape's label
+    path = runner._hlo_path(Shape("layer DSV4_FLASH B=1 N=1 (x/y)"))
     assert path == tmp_path / "hlo" / "layer_DSV4_FLASH_B_1_N_1__x_y_.hlo.txt"
     out = paths.jax_layer_phases([Call()], reps=1, save_hlo=path)
     assert path.read_text() == _GPU_HLO and out["kernels_per_step"] == 0

@@ -948,8 +948,11 @@ SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
 # registers; H200 2026-12-05: 33.5 / 49.3 / 13.5 us against the heuristic's 31.9 / 58.3 / 15.6
 # at B 64 L 64K / N 2 / V4 4K in 1M; 512 at 2 warps, 34.6 / 51.7 / 12.7, was dropped to keep the
 # CI compile short), and the ``VEC`` layout (:func:`_pass_b`) at 1,024 and 2,048 positions.
+# 2,048 VEC at 8 warps (80 registers, 432 SASS a warp an iteration) was swept on the H200
+# (2026-12-05, indexer_sweep_ws_h200_20261205e.json: 29.4 / 44.8 / 22.3 us against 2,048 VEC at
+# 4 warps 29.0 / 46.3 / 20.9 at B 64 L 64K / B 64 L 128K / B 1 L 128K) and dropped.
 SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
-                 + ((1024, 2, False), (1024, 4, True), (2048, 4, True), (2048, 8, True)))
+                 + ((1024, 2, False), (1024, 4, True), (2048, 4, True)))
 
 
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
