@@ -165,7 +165,8 @@ class TorchBackend(Backend):
         if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER),
             # its GEMMs (DSA_LAYER_LINEAR) and its step preparation (DSA_LAYER_FUSED_PREP; the
             # layer is built without either argument, so it reads the environment)
-            from torch_impl.layer import fused_prep_default, linear_switch, overlap_applies, overlap_default
+            from torch_impl.layer import (fused_prep_default, linear_switch, overlap_applies,
+                                          overlap_default, overlap_sm_carveout)
             lin = linear_switch(None, inp.shape.layer_cfg.absorbed)
             T = inp.shape.B * inp.shape.N
             cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device),
@@ -174,6 +175,8 @@ class TorchBackend(Backend):
                        # the indexer's branch on a side stream (dsa::q_index_overlap)
                        overlap=overlap_applies(T, str(inp.device).split(":")[0], fused_prep_default(),
                                                path, lin, overlap_default()))
+            if cfg["overlap"]:              # SMs the q projection leaves to the indexer
+                cfg["overlap_sm_carveout"] = overlap_sm_carveout()
         return ran, cfg
 
     def sync(self, outputs):

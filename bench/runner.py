@@ -36,8 +36,8 @@ class RunConfig:
 
 
 # Environment variables a bench result file records (top-level ``env``) when set.
-RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET", "DSA_LAYER_OVERLAP", "DSA_LAYER_LINEAR",
-                "DSA_LAYER_FUSED_PREP", "DSA_BENCH_COMPILE_LAYER")
+RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET", "DSA_LAYER_OVERLAP", "DSA_LAYER_OVERLAP_CARVEOUT",
+                "DSA_LAYER_LINEAR", "DSA_LAYER_FUSED_PREP", "DSA_BENCH_COMPILE_LAYER")
 
 
 def environment(dry: bool) -> dict:

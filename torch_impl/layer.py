@@ -18,7 +18,9 @@ Sources: deepseek-ai/DeepSeek-V3.2-Exp ``inference/model.py`` (``MLA.forward`` d
 """
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Optional
 
@@ -43,7 +45,8 @@ from torch_impl.step import window_split
 # not part of the public surface
 __all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets",
            "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default", "OVERLAP_ENV",
-           "OVERLAP_MAX_TOKENS", "overlap_default",
+           "OVERLAP_MAX_TOKENS", "overlap_default", "OVERLAP_CARVEOUT_ENV", "OVERLAP_SM_CARVEOUT",
+           "overlap_sm_carveout",
            "overlap_applies", "q_index_overlap"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
@@ -356,8 +359,8 @@ def overlap_default() -> bool | None:
 OVERLAP_MAX_TOKENS = 16
 """The largest step (B * N tokens) whose indexer branch runs on a side stream by default
 (``DSADecodeLayer(overlap=None)``). At B 1 every kernel of the step is latency-bound (the
-indexer reads 4 MB at L 32K in ~23 us on the H200), so the indexer's chain (its q projection
-and weights, its q preparation, logits and top-k) can run beside the attention's q projection
+indexer reads 4 MB at L 32K in ~23 us on the H200), so the indexer's chain (its q preparation,
+logits and top-k) can run beside the attention's q projection
 (``wq_b``: 64-75 MB of weights at B 1) instead of after it. At B 64 both chains stream DRAM and
 overlapping them only shares the bandwidth: the default keeps such steps on one stream."""
 
@@ -687,6 +690,54 @@ def _side_stream(device: torch.device):
     return stream
 
 
+OVERLAP_CARVEOUT_ENV = "DSA_LAYER_OVERLAP_CARVEOUT"
+OVERLAP_SM_CARVEOUT = 32
+"""SMs the overlapped step's attention q projection (``wq_b``, V3.2's ``wkv_b_q``) leaves free for
+the indexer running beside it on the side stream (``torch._C._set_sm_carveout_experimental``:
+cuBLAS / cuBLASLt's SM-count target, around those GEMMs only). Why: at B 1 their kernels are
+cuBLASLt's persistent ``nvjet`` GEMMs (H100 / H200 profiles, 2026-12-05), one CTA an SM for the
+whole GEMM, so without a carveout the indexer's kernels wait for SMs behind them and the overlap
+saved 1-5 us of a predicted ~20 (bench/NOTES.md). 32 of 132: the indexer's logits kernel runs in
+a few waves there; the bandwidth-bound GEMM keeps most of its rate on 100 SMs. A prediction, to
+be swept (``DSA_LAYER_OVERLAP_CARVEOUT``). The carveout changes the GEMM's kernel choice, so the
+q projection's rounding may differ from the one-stream step's in the last bf16 bit (the
+indexer's outputs and the caches stay bitwise the same)."""
+
+
+def overlap_sm_carveout() -> int:
+    """:data:`OVERLAP_CARVEOUT_ENV` as a non-negative int (unset: :data:`OVERLAP_SM_CARVEOUT`;
+    0: no carveout).
+
+    Raises:
+      ValueError: the variable is not a non-negative integer.
+    """
+    v = os.environ.get(OVERLAP_CARVEOUT_ENV, "").strip()
+    if v == "":
+        return OVERLAP_SM_CARVEOUT
+    if not v.isdigit():
+        raise ValueError(f"{OVERLAP_CARVEOUT_ENV}: expected a non-negative integer (SMs), got {v!r}")
+    return int(v)
+
+
+@contextlib.contextmanager
+def _sm_carveout(sms: int):
+    """cuBLAS / cuBLASLt GEMMs launched inside leave ``sms`` SMs free (torch's experimental
+    carveout; nothing where this torch lacks it or ``sms`` is 0); the previous value after."""
+    get = getattr(torch._C, "_get_sm_carveout_experimental", None)
+    put = getattr(torch._C, "_set_sm_carveout_experimental", None)
+    if not sms or get is None or put is None:
+        yield
+        return
+    prev = get()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")            # torch warns once that it is experimental
+        put(int(sms))
+    try:
+        yield
+    finally:
+        put(prev)
+
+
 def _mm(x, w, alpha, zero):
     """``alpha * x @ w^T`` as ``DSADecodeLayer._gemm`` runs it on torch's path (``addmm`` with
     ``beta=0`` when scaled: the scale in the GEMM's epilogue)."""
@@ -713,20 +764,20 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
     # Every buffer both branches name is made on the main stream before the fork (each half of
     # dsa::prep_q gets the other half's inputs as unread arguments) and is referenced until
     # after the join, so none is reused while the other stream may touch it. What the side
-    # stream allocates (the indexer's weights, q and indices) goes back to the side stream's
-    # pool when freed; its next use starts with a wait on the main stream (every fork), after
-    # this step's readers.
+    # stream allocates (the indexer's q and indices) goes back to the side stream's pool when
+    # freed; its next use starts with a wait on the main stream (every fork), after this step's
+    # readers.
     q = torch.empty(T, wq_b.shape[0], dtype=dt, device=dev)
-    iq = torch.empty(T, idx_wq_b.shape[0], dtype=dt, device=dev)
-    w_unread = torch.empty(T, H_I, dtype=torch.float32, device=dev)
     q_lat = None
     if absorbed:     # q_nope through wkv_b's key half, per head [T, nope] @ [nope, C]: [H, T, C]
         q_lat = torch.empty(heads, T, wkv_b_q.shape[1], dtype=dt, device=dev)
+    # the indexer's two projections before the fork, with every SM (cuBLAS's persistent GEMMs
+    # launch one CTA an SM and hold it)
+    iq = qr @ idx_wq_b.t()                                                  # [T, H_I * D_I]
+    w_raw = _mm(x32, weights_proj, w_alpha, zero_f32)                       # [T, H_I] float32
     main, side = torch.cuda.current_stream(dev), _side_stream(dev)
     side.wait_stream(main)
     with torch.cuda.stream(side):
-        torch.mm(qr, idx_wq_b.t(), out=iq)                                 # [T, H_I * D_I]
-        w_raw = _mm(x32, weights_proj, w_alpha, zero_f32)                   # [T, H_I] float32
         _, idx_q, idx_w = prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N,
                                     **prep, part="index")
         B = context_lens.shape[0]
@@ -737,11 +788,13 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
                                               path=path), win], dim=-1)
         else:
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, topk, path=path)
-    torch.mm(qr, wq_b.t(), out=q)                                           # [T, H * (nope + r) | D_qk]
-    if absorbed:
-        torch.bmm(q.view(T, heads, -1)[..., :qk_nope].transpose(0, 1), wkv_b_q.transpose(1, 2),
-                  out=q_lat)
-    q_mla, _, _ = prepare_q(iq, w_unread, q, q_lat, hadamard, rope_freqs, context_lens, N, **prep,
+    # the attention's q projection beside the indexer, leaving it SMs (overlap_sm_carveout)
+    with _sm_carveout(overlap_sm_carveout()):
+        torch.mm(qr, wq_b.t(), out=q)                                       # [T, H * (nope + r) | D_qk]
+        if absorbed:
+            torch.bmm(q.view(T, heads, -1)[..., :qk_nope].transpose(0, 1), wkv_b_q.transpose(1, 2),
+                      out=q_lat)
+    q_mla, _, _ = prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, **prep,
                             part="mla")
     main.wait_stream(side)
     return q_mla, idx_q.view(T, H_I, -1), idx_w.view(T, H_I), indices, idx_lens
@@ -764,14 +817,16 @@ def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, ha
                     d_qk: int, qk_nope: int, scale_fmt: str | None, eps: float, absorbed: bool,
                     q_head_norm: bool, w_alpha: float, topk: int, window: int, path: str = "auto"):
     """The decode step from the x projection's results to the sparse MLA's inputs on two CUDA
-    streams (``dsa::q_index_overlap``): the indexer's branch (its q projection ``qr @
-    idx_wq_b^T``, its float32 head weights ``w_alpha * x32 @ weights_proj^T``, the indexer half
-    of :func:`prepare_q`, V4's window split and ``indexer_topk``) on a side stream, beside the
-    attention's q (``qr @ wq_b^T``; V3.2 q_nope through ``wkv_b_q``) and the MLA half of
-    :func:`prepare_q` on the current stream, joined before returning. The same kernels on the
-    same inputs as ``DSADecodeLayer``'s one-stream step on torch's GEMMs, so the same bits; one
-    opaque op, so ``torch.compile(fullgraph=True)`` keeps the two streams and a CUDA graph
-    captures them (a fork and a join).
+    streams (``dsa::q_index_overlap``): the indexer's two projections (``qr @ idx_wq_b^T``, the
+    float32 head weights ``w_alpha * x32 @ weights_proj^T``) first, then its half of
+    :func:`prepare_q`, V4's window split and ``indexer_topk`` on a side stream (high priority),
+    beside the attention's q (``qr @ wq_b^T``; V3.2 q_nope through ``wkv_b_q``; cuBLAS told to
+    leave :func:`overlap_sm_carveout` SMs free) and the MLA half of :func:`prepare_q` on the
+    current stream, joined before returning. The kernels and inputs of ``DSADecodeLayer``'s
+    one-stream step on torch's GEMMs: the same bits, but for the q projection's when the
+    carveout makes cuBLAS pick another kernel (:data:`OVERLAP_SM_CARVEOUT`). One opaque op, so
+    ``torch.compile(fullgraph=True)`` keeps the two streams and a CUDA graph captures them (a
+    fork and a join).
 
     Why: at B 1 every kernel of the step is latency-bound, and the indexer's chain (~30 us on the
     H200 at L 32K) needs nothing of the attention's q (bench/NOTES.md, "Torch layer at B 1").
@@ -936,21 +991,23 @@ class DSADecodeLayer(nn.Module):
         once to its dtype; the summation order differs.
       seed: the seed of the random weights drawn when ``weights`` is None: an int >= 0 (a
         Python int or NumPy integer scalar, not a bool).
-      overlap: run the indexer's branch of the step (its two projections, its half of
-        ``dsa::prep_q``, ``indexer_topk``) on a side CUDA stream, beside the attention's q
-        projection and its half of ``dsa::prep_q``, joined before ``sparse_mla_decode``. The
-        result is bitwise the same (the same kernels on the same inputs). It applies only where
-        it can: a CUDA step with ``fused_prep`` off the ``torch`` path, eager or captured in a CUDA graph (not while
-        torch.compile traces: the compiled step stays on one stream, with no graph break), and
-        the indexer's two GEMMs on torch's path (the Triton GEMM's split-K counters are shared
-        by the device's launches). None (default) reads ``DSA_LAYER_OVERLAP``
+      overlap: run the indexer's branch of the step (its half of ``dsa::prep_q``,
+        ``indexer_topk``) on a side CUDA stream, beside the attention's q projection and its half
+        of ``dsa::prep_q``, joined before ``sparse_mla_decode`` (:func:`q_index_overlap`, one
+        custom op: eager, captured in a CUDA graph or under ``torch.compile(fullgraph=True)``).
+        The indexer's outputs and the caches are bitwise the one-stream step's; the q projection
+        may differ in its last bit (cuBLAS's kernel under the SM carveout,
+        :data:`OVERLAP_SM_CARVEOUT`). It applies only where it can: a CUDA step with
+        ``fused_prep`` off the ``torch`` path, and the step's q / indexer GEMMs on torch's path
+        (the Triton GEMM's split-K counters are shared by the device's launches). None
+        (default) reads ``DSA_LAYER_OVERLAP``
         (:func:`overlap_default`), unset: on for steps of at most :data:`OVERLAP_MAX_TOKENS`
         tokens; True: every step; False: never. A bool or None.
     Raises:
       TypeError: ``cfg`` not a LayerConfig, ``dtype`` not a float dtype, ``weights`` not a mapping
         (or None), a weight that is not a real float array (``weights['name']``);
-        ``fused_prep`` or ``overlap`` not a bool or None; ``seed`` not an int; ``device`` of a type that is
-        no device.
+        ``fused_prep`` or ``overlap`` not a bool or None; ``seed`` not an int; ``device`` of a
+        type that is no device.
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
         of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
         a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch).
