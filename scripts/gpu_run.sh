@@ -39,7 +39,8 @@
 #                   "--op sparse_mla_decode,dsa_decode_layer")
 #   profile:OP      scripts/profile_kernels.py --op OP: per-kernel GPU time of the torch rows of
 #                   OP in the targets grid (PROFILE_K: a label substring, or profile:OP:SECS:LABEL
-#                   for this step alone), JSON + log
+#                   for this step alone; PROFILE_ARGS: extra flags, e.g. "--timeline": one call's
+#                   kernels by stream and how long two ran at once), JSON + log
 #   ncu:OP          Nsight Compute on one kernel (NCU_KERNEL: name regex, required) of the torch rows
 #                   of OP (PROFILE_K: a label substring): --set full report $OUT/ncu_OP.ncu-rep, its
 #                   details page as text and its SASS source page (per-instruction stall samples)
@@ -135,7 +136,7 @@ for step in "$@"; do
     profile)
       pk=${nk:-${PROFILE_K:-}}     # profile:OP:SECS:LABEL names the label in the step itself
       timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${pk:+-k "$pk"} \
-        --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
+        ${PROFILE_ARGS:-} --out "$OUT/profile_$what.json" > "$log" 2>&1 ;;
     ncu)
       nk=${nk:-${NCU_KERNEL:?NCU_KERNEL}}; pk=${pk:-${PROFILE_K:-}}
       rep="$OUT/ncu_${what}_${nk//[^A-Za-z0-9_]/}"

@@ -9,6 +9,7 @@ CUDA graph would replay); the bench's graph timer remains the row's number.
 
   python scripts/profile_kernels.py --op indexer_topk --out $OUT/profile_idx.json
   python scripts/profile_kernels.py --op dsa_decode_layer -k "B=1 " --top 30
+  python scripts/profile_kernels.py --op dsa_decode_layer -k "B=1 " --timeline   # streams
   python scripts/profile_kernels.py --list
   ncu --kernel-name regex:gluon_ws python scripts/profile_kernels.py --op sparse_mla_decode \
       -k "B=64 H=128" --plain          # the same launches, no torch profiler (for ncu)
@@ -50,6 +51,57 @@ def kernel_times(calls, reps: int) -> dict:
             for k, v in sorted(tot.items(), key=lambda kv: -kv[1])}
 
 
+def kernel_timeline(trace) -> list[dict]:
+    """The GPU kernels of a Chrome trace (``torch.profiler``'s ``export_chrome_trace``, as a
+    dict or its event list) in start order: ``{"name", "stream", "start_us", "dur_us"}``, start
+    relative to the first kernel's."""
+    events = trace.get("traceEvents", []) if isinstance(trace, dict) else trace
+    ks = [e for e in events if e.get("ph") == "X" and e.get("cat") == "kernel"]
+    if not ks:
+        return []
+    t0 = min(float(e["ts"]) for e in ks)
+    out = [{"name": str(e.get("name", ""))[:120],
+            "stream": (e.get("args") or {}).get("stream", e.get("tid")),
+            "start_us": round(float(e["ts"]) - t0, 3), "dur_us": round(float(e.get("dur", 0.0)), 3)}
+           for e in ks]
+    return sorted(out, key=lambda k: (k["start_us"], str(k["stream"])))
+
+
+def concurrent_us(timeline: list[dict]) -> dict:
+    """Of a :func:`kernel_timeline`: the span from the first kernel's start to the last one's
+    end, the time some kernel runs, and the time two or more run at once (in us)."""
+    edges = sorted([(k["start_us"], 1) for k in timeline]
+                   + [(k["start_us"] + k["dur_us"], -1) for k in timeline], key=lambda e: (e[0], e[1]))
+    busy = both = 0.0
+    depth, last = 0, None
+    for t, d in edges:
+        if last is not None:
+            busy += (t - last) if depth >= 1 else 0.0
+            both += (t - last) if depth >= 2 else 0.0
+        depth, last = depth + d, t
+    span = (max(k["start_us"] + k["dur_us"] for k in timeline) - timeline[0]["start_us"]
+            if timeline else 0.0)
+    return {"span_us": round(span, 3), "busy_us": round(busy, 3), "concurrent_us": round(both, 3),
+            "streams": sorted({str(k["stream"]) for k in timeline})}
+
+
+def call_timeline(call) -> list[dict]:
+    """The kernels of one (warm) ``call()`` on the GPU timeline (:func:`kernel_timeline`)."""
+    import tempfile
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return kernel_timeline(json.loads(Path(f.name).read_text()))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--op", action="append", default=[], help="op(s) to select (default: all)")
@@ -59,6 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=15, help="kernels printed per row (default: 15)")
     ap.add_argument("--out", default="", help="JSON file to write (default: none)")
     ap.add_argument("--list", action="store_true", help="print the selected rows and exit")
+    ap.add_argument("--timeline", action="store_true",
+                    help="also record one call's kernels on the GPU timeline (start, duration, "
+                         "stream) and how long two or more ran at once (the layer's overlap)")
     ap.add_argument("--plain", action="store_true",
                     help="run the calls (warm round + --reps rounds) without torch.profiler, for an "
                          "outside profiler such as ncu; prints no kernel times")
@@ -88,6 +143,9 @@ def main(argv=None) -> int:
                 row["kernels"] = {}
             else:
                 row["kernels"] = kernel_times(calls, a.reps)
+                if a.timeline:
+                    row["timeline"] = call_timeline(calls[0])
+                    row["concurrency"] = concurrent_us(row["timeline"])
             row["total_us"] = sum(v["us_per_call"] for v in row["kernels"].values())
         except Exception as e:  # noqa: BLE001 - record and go on to the next row
             row["error"] = f"{type(e).__name__}: {e}"[:400]
@@ -96,6 +154,10 @@ def main(argv=None) -> int:
               f"{row.get('error', '')}", flush=True)
         for name, v in list(row.get("kernels", {}).items())[:a.top]:
             print(f"  {v['us_per_call']:9.1f} us  x{v['launches_per_call']:<5.2g} {name[:110]}")
+        if "concurrency" in row:
+            print(f"  timeline: {row['concurrency']}")
+            for k in row["timeline"]:
+                print(f"    {k['start_us']:9.1f} +{k['dur_us']:7.1f} us  stream {k['stream']}  {k['name'][:90]}")
         inp = calls = None
         torch.cuda.empty_cache()
     if a.out:
