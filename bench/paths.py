@@ -817,8 +817,24 @@ class _DonatingLayerCall:
 
 
 # Layer steps per dispatch of the JAX layer timer (at least; every rotated set once): a served
-# model shares one executable's dispatch among its ~60 layers.
+# model shares one executable's dispatch among its ~60 layers. The steps are unrolled in one
+# executable, so XLA's compile time grows with them: DSA_BENCH_LAYER_STEPS sets another count.
 LAYER_GROUP_STEPS = 8
+
+
+def layer_group_steps() -> int:
+    """``DSA_BENCH_LAYER_STEPS`` as a positive int (unset: :data:`LAYER_GROUP_STEPS`).
+
+    Raises:
+      ValueError: the variable is not a positive integer.
+    """
+    import os
+    v = os.environ.get("DSA_BENCH_LAYER_STEPS", "").strip()
+    if v == "":
+        return LAYER_GROUP_STEPS
+    if not v.isdigit() or int(v) < 1:
+        raise ValueError(f"DSA_BENCH_LAYER_STEPS: expected a positive integer, got {v!r}")
+    return int(v)
 
 
 class _DonatingLayerGroup:
@@ -847,7 +863,7 @@ class _DonatingLayerGroup:
 
         self.members, self.state = list(members), state
         S = len(self.members)
-        self.steps = max(S, LAYER_GROUP_STEPS) if steps is None else int(steps)
+        self.steps = max(S, layer_group_steps()) if steps is None else int(steps)
 
         def run(state, xs, kvs, kcs, bts, cls):
             kvs, kcs = list(kvs), list(kcs)

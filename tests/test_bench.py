@@ -432,6 +432,17 @@ def test_jax_layer_group_chains_steps_and_threads_caches():
     assert paths._DonatingLayerGroup(step, {}, members).steps == paths.LAYER_GROUP_STEPS
 
 
+def test_layer_group_steps_switch(monkeypatch):
+    monkeypatch.delenv("DSA_BENCH_LAYER_STEPS", raising=False)
+    assert paths.layer_group_steps() == paths.LAYER_GROUP_STEPS
+    monkeypatch.setenv("DSA_BENCH_LAYER_STEPS", "3")
+    assert paths.layer_group_steps() == 3
+    for bad in ("0", "-2", "4.5", "x"):
+        monkeypatch.setenv("DSA_BENCH_LAYER_STEPS", bad)
+        with pytest.raises(ValueError, match=rf"^DSA_BENCH_LAYER_STEPS: expected a positive integer, got '{bad}'"):
+            paths.layer_group_steps()
+
+
 def test_jax_layer_hlo_saved_where_asked(tmp_path, monkeypatch):
     """BENCH_HLO_DIR: the jax layer row's optimised HLO (the text its projection kernels are
     read from) is written under it, named by the row's label with path-safe characters; unset,
