@@ -18,7 +18,9 @@ Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files")
 
 Exit status: 0 when every row that ran passed its check, 1 when any failed or errored, 2 on a
 usage error (a bad flag, a non-positive ``--budget-s`` / ``--max-gb``, an ``--out`` that cannot
-be written, a selection that matches no path or no shape), checked before anything runs.
+be written, a selection that matches no path or no shape, a ``DSA_LAYER_*`` /
+``DSA_BENCH_LAYER_STEPS`` environment switch set to a value it does not take), checked before
+anything runs.
 """
 from __future__ import annotations
 
@@ -143,7 +145,32 @@ def parse(argv=None) -> argparse.Namespace:
         if why:
             ap.error(f"argument --dispatch-dir: expected a writable directory, got "
                      f"{str(args.dispatch_dir)!r}: {why}")
+    why = _bad_environment()
+    if why:
+        ap.error(f"environment: {why}")
     return args
+
+
+def _bad_environment() -> str | None:
+    """The first environment switch the timed paths read that holds a value they refuse
+    (``DSA_LAYER_OVERLAP``, ``DSA_LAYER_OVERLAP_CARVEOUT``, ``DSA_LAYER_FUSED_PREP``,
+    ``DSA_LAYER_LINEAR``, ``DSA_BENCH_LAYER_STEPS``), as its error message; None when all are
+    good. Checked before anything runs, so a typo is a usage error, not a failed row."""
+    from bench.paths import layer_group_steps
+    checks = [layer_group_steps]
+    try:
+        from torch_impl import layer as tl
+    except Exception:  # noqa: BLE001 - no torch here: its switches are not read either
+        tl = None
+    if tl is not None:
+        checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
+                   lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False)]
+    for check in checks:
+        try:
+            check()
+        except (ValueError, TypeError) as e:
+            return str(e)
+    return None
 
 
 def main(argv=None) -> int:

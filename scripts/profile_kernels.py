@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -103,7 +104,9 @@ def call_timeline(call) -> list[dict]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description="Per-kernel GPU time of the bench's target rows "
+                                             "(torch backend; needs a CUDA GPU), from torch.profiler. "
+                                             "Exit 1 when a row failed, 2 on a usage error.")
     ap.add_argument("--op", action="append", default=[], help="op(s) to select (default: all)")
     ap.add_argument("-k", default="", help="substring of the row label (Shape.label())")
     ap.add_argument("--path", default="triton", help="torch path (default: triton)")
@@ -118,13 +121,27 @@ def main(argv=None) -> int:
                     help="run the calls (warm round + --reps rounds) without torch.profiler, for an "
                          "outside profiler such as ncu; prints no kernel times")
     a = ap.parse_args(argv)
+    from kernels.ops import OPS as ops
+    bad = [o for o in a.op if o not in ops]
+    if bad:
+        ap.error(f"--op: expected one of {ops}, got {bad[0]!r}")
+    if a.reps < 1:
+        ap.error(f"--reps: expected a positive int, got {a.reps}")
+    if a.timeline and a.plain:
+        ap.error("--timeline needs the profiler; --plain runs without it")
 
     from bench import grid
     shapes = [s for s in grid.select(grid.targets_grid(), ops=a.op or None) if a.k in s.label()]
+    if not shapes:
+        ap.error(f"no target row matches --op {a.op or 'any'} and -k {a.k!r} (see --list)")
     if a.list:
         print("\n".join(s.label() for s in shapes))
         return 0
     import torch
+    if not torch.cuda.is_available():
+        print("profile_kernels.py: needs a CUDA GPU (the rows run the torch paths' GPU kernels)",
+              file=sys.stderr)
+        return 2
     from bench import paths
     from bench.inputs import make_inputs
     from torch_impl.layer import fused_prep_default
@@ -165,9 +182,13 @@ def main(argv=None) -> int:
                 # layer rows: the module the bench times (compiled unless DSA_BENCH_COMPILE_LAYER=0)
                 "layer_torch_compile_fullgraph": paths._compile_layer("cuda"),
                 "layer_fused_prep": fused_prep_default(),                # DSA_LAYER_FUSED_PREP
+                # the layer's two-stream step (DSA_LAYER_OVERLAP, DSA_LAYER_OVERLAP_CARVEOUT)
+                "env": {k: os.environ[k] for k in ("DSA_LAYER_OVERLAP", "DSA_LAYER_OVERLAP_CARVEOUT",
+                                                   "DSA_LAYER_LINEAR", "DSA_BENCH_COMPILE_LAYER")
+                        if os.environ.get(k)},
                 "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": res}, indent=1))
-    return 0
+    return 1 if any("error" in r for r in res) else 0
 
 
 if __name__ == "__main__":

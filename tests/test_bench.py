@@ -752,6 +752,29 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("var,value,message", [
+    ("DSA_LAYER_OVERLAP", "yes", "environment: DSA_LAYER_OVERLAP: expected '0', '1' or unset, got 'yes'"),
+    ("DSA_LAYER_OVERLAP_CARVEOUT", "-1", "environment: DSA_LAYER_OVERLAP_CARVEOUT: expected a non-negative"),
+    ("DSA_LAYER_FUSED_PREP", "2", "environment: DSA_LAYER_FUSED_PREP: expected '0' or '1', got '2'"),
+    ("DSA_LAYER_LINEAR", "x_proj", "environment: linear: expected 'torch', 'triton', 'auto' or"),
+    ("DSA_BENCH_LAYER_STEPS", "0", "environment: DSA_BENCH_LAYER_STEPS: expected a positive integer"),
+])
+def test_cli_bad_environment_exits_2_before_running(tmp_path, stub_registry, monkeypatch, capsys, var,
+                                                    value, message):
+    """A switch the timed paths read, set to a value they refuse, is a usage error before
+    anything runs (before: each layer row failed with the switch's ValueError)."""
+    import bench.runner
+    from bench.__main__ import main
+    monkeypatch.setattr(bench.runner, "run", _no_run)
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SystemExit) as e:
+        main(["--dry-run", "--out", str(tmp_path), "--no-progress", "--no-plot"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cli_out_must_be_a_writable_directory(tmp_path, stub_registry, monkeypatch, capsys):
     import bench.runner
     from bench.__main__ import main

@@ -255,12 +255,29 @@ def test_overlap_rule():
     assert not overlap_applies(1, "cuda", True, "torch", torch_lin, True)
     assert not overlap_applies(1, "cuda", True, "triton", auto_lin, True)   # indexer GEMMs on Triton
     assert overlap_applies(65, "cuda", True, "triton", auto_lin, True)      # Triton GEMM only to 64
+    assert not overlap_applies(1, "cuda", True, "triton", torch_lin, np.False_)
+    assert overlap_applies(T + 1, "cuda", True, "triton", torch_lin, np.True_)
+    for args, exc, match in [
+            ((0, "cuda", True, "triton", torch_lin), ValueError, r"^T: expected a positive int"),
+            ((4.5, "cuda", True, "triton", torch_lin), ValueError, r"^T: expected a positive int"),
+            ((4, torch.device("cpu"), True, "triton", torch_lin), TypeError, r"^device_type: expected a str"),
+            ((4, "cuda", True, "triton", None), TypeError, r"^linear: expected linear_switch's dict"),
+            ((4, "cuda", True, "bogus", torch_lin), ValueError, r"^path: expected one of"),
+            ((4, "cuda", True, "triton", torch_lin, 0), TypeError, r"^overlap: expected a bool or None, got int 0"),
+            ((4, "cuda", True, "triton", torch_lin, "no"), TypeError, r"^overlap: expected a bool or None")]:
+        with pytest.raises(exc, match=match):
+            overlap_applies(*args)
     layer = DSADecodeLayer(V32, None, overlap=True)
     assert not layer._overlaps(1, torch.device("cpu"))
     z = torch.zeros(1, 1)
+    kw = dict(heads=1, index_heads=1, d_qk=1, qk_nope=0, scale_fmt=None, eps=1e-6, absorbed=False,
+              q_head_norm=False, w_alpha=1.0, topk=1, window=0)
     with pytest.raises(NotImplementedError, match=r"^q_index_overlap: runs on CUDA devices .*got cpu"):
-        q_index_overlap(*([z] * 12), 1, heads=1, index_heads=1, d_qk=1, qk_nope=0, scale_fmt=None,
-                        eps=1e-6, absorbed=False, q_head_norm=False, w_alpha=1.0, topk=1, window=0)
+        q_index_overlap(*([z] * 12), 1, **kw)
+    with pytest.raises(TypeError, match=r"^qr: expected a torch.Tensor, got ndarray"):
+        q_index_overlap(np.zeros((1, 1)), *([z] * 11), 1, **kw)
+    with pytest.raises(TypeError, match=r"^k_cache: expected a torch.Tensor, got NoneType"):
+        q_index_overlap(*([z] * 9), None, z, z, 1, **kw)
 
 
 def test_overlap_carveout_switch(monkeypatch):
@@ -272,10 +289,15 @@ def test_overlap_carveout_switch(monkeypatch):
     assert overlap_sm_carveout() == OVERLAP_SM_CARVEOUT
     monkeypatch.setenv("DSA_LAYER_OVERLAP_CARVEOUT", "0")
     assert overlap_sm_carveout() == 0
-    for bad in ("-4", "16.5", "many"):
+    for bad in ("-4", "16.5", "many", "\u00b2", "\u0663", "1234567"):     # superscript 2, Arabic 3
         monkeypatch.setenv("DSA_LAYER_OVERLAP_CARVEOUT", bad)
-        with pytest.raises(ValueError, match=rf"^DSA_LAYER_OVERLAP_CARVEOUT: expected a non-negative integer \(SMs\), got '{bad}'"):
+        with pytest.raises(ValueError, match=r"^DSA_LAYER_OVERLAP_CARVEOUT: expected a non-negative integer \(SMs\), got "):
             overlap_sm_carveout()
+        with pytest.raises(ValueError, match=r"^DSA_LAYER_OVERLAP_CARVEOUT: "):   # read at construction
+            DSADecodeLayer(V32, None)
+    monkeypatch.setenv("DSA_LAYER_OVERLAP_CARVEOUT", "48")
+    assert DSADecodeLayer(V32, None).overlap_carveout == 48
+    monkeypatch.delenv("DSA_LAYER_OVERLAP_CARVEOUT")
     get = getattr(torch._C, "_get_sm_carveout_experimental", None)
     if get is None:
         pytest.skip("this torch has no SM carveout")
@@ -307,7 +329,7 @@ def test_q_index_overlap_fake_shapes(cfg):
         meta(cfg.d_rope // 2, dt=torch.float64), meta(8, 64 * (D_I + 4), dt=torch.uint8),
         meta(B, 4, dt=torch.int32), meta(B, dt=torch.int32), N, H, H_I, cfg.d_qk,
         cfg.qk_nope_head_dim if cfg.absorbed else 0, cfg.scale_fmt, cfg.eps, cfg.absorbed,
-        cfg.q_head_norm, 0.01, cfg.topk, cfg.window, "triton")
+        cfg.q_head_norm, 0.01, cfg.topk, cfg.window, "triton", 32)
     assert [(tuple(o.shape), o.dtype) for o in out] == [
         ((T, H, cfg.d_qk), torch.bfloat16), ((T, H_I, D_I), torch.float8_e4m3fn), ((T, H_I), f32),
         ((B, N, cfg.topk + cfg.window), torch.int32), ((B, N), torch.int32)]

@@ -39,3 +39,24 @@ def test_timeline_and_concurrency():
     assert c == {"span_us": 32.0, "busy_us": 24.0, "concurrent_us": 14.0, "streams": ["13", "7"]}
     assert m.kernel_timeline({"traceEvents": []}) == [] and m.kernel_timeline(trace["traceEvents"]) == tl
     assert m.concurrent_us([]) == {"span_us": 0.0, "busy_us": 0.0, "concurrent_us": 0.0, "streams": []}
+
+
+def test_usage_errors_exit_2_before_any_work(capsys):
+    """Bad ``--op`` / ``--reps``, ``--timeline`` with ``--plain``, or no matching row: exit 2 with
+    the reason (argparse); without a CUDA GPU a run (not ``--list``) exits 2 saying so."""
+    import pytest
+    import torch
+
+    m = _mod()
+    for argv, msg in [(["--list", "--op", "bogus"], "--op: expected one of"),
+                      (["--list", "-k", "nomatch"], "no target row matches"),
+                      (["--reps", "0"], "--reps: expected a positive int, got 0"),
+                      (["--timeline", "--plain"], "--timeline needs the profiler")]:
+        with pytest.raises(SystemExit) as e:
+            m.main(argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert m.main(["--list", "--op", "dsa_decode_layer"]) == 0
+    assert "dsa_decode_layer DSV4_FLASH B=1" in capsys.readouterr().out
+    if not torch.cuda.is_available():
+        assert m.main(["--op", "dsa_decode_layer", "-k", "B=1 "]) == 2
+        assert "needs a CUDA GPU" in capsys.readouterr().err

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import warnings
 from collections.abc import Mapping
 from typing import Optional
@@ -668,7 +669,26 @@ def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linea
     """Whether ``DSADecodeLayer(overlap=overlap)`` runs a step of ``T`` tokens (B * N) as
     :func:`q_index_overlap`: on CUDA, with ``fused_prep``, off the ``torch`` path, with none of
     :data:`_OVERLAP_GEMMS` on the Triton GEMM (``linear``: :func:`linear_switch`'s dict; it runs
-    for T <= 64 only), and ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``."""
+    for T <= 64 only), and ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``.
+
+    Raises:
+      TypeError: ``device_type`` not a str, ``linear`` not a mapping, ``overlap`` not a bool or
+        None.
+      ValueError: ``T`` not a positive int, ``path`` not one of the torch paths.
+    """
+    if isinstance(T, bool) or not isinstance(T, (int, np.integer)) or T < 1:
+        raise ValueError(f"T: expected a positive int (B * N tokens), got {T!r}")
+    if not isinstance(device_type, str):
+        raise TypeError(f"device_type: expected a str such as 'cuda' (torch.device.type), got "
+                        f"{type(device_type).__name__}")
+    if not isinstance(linear, Mapping):
+        raise TypeError(f"linear: expected linear_switch's dict {{gemm: 'torch' | 'triton'}}, got "
+                        f"{type(linear).__name__}")
+    if overlap is not None and not isinstance(overlap, (bool, np.bool_)):
+        raise TypeError(f"overlap: expected a bool or None, got {type(overlap).__name__} {overlap!r}")
+    if path not in TORCH_PATHS:
+        raise ValueError(f"path: expected one of {TORCH_PATHS}, got {path!r}")
+    overlap = None if overlap is None else bool(overlap)
     if overlap is False or not fused_prep or path == "torch" or device_type != "cuda":
         return False
     if T <= tlinear.MAX_M and any(linear.get(n) == "triton" for n in _OVERLAP_GEMMS):
@@ -706,7 +726,8 @@ indexer's outputs and the caches stay bitwise the same)."""
 
 def overlap_sm_carveout() -> int:
     """:data:`OVERLAP_CARVEOUT_ENV` as a non-negative int (unset: :data:`OVERLAP_SM_CARVEOUT`;
-    0: no carveout).
+    0: no carveout). Read when a :class:`DSADecodeLayer` is built (``layer.overlap_carveout``);
+    :func:`q_index_overlap` refuses a value of at least the device's SM count before any launch.
 
     Raises:
       ValueError: the variable is not a non-negative integer.
@@ -714,7 +735,7 @@ def overlap_sm_carveout() -> int:
     v = os.environ.get(OVERLAP_CARVEOUT_ENV, "").strip()
     if v == "":
         return OVERLAP_SM_CARVEOUT
-    if not v.isdigit():
+    if not re.fullmatch(r"[0-9]{1,6}", v):            # ASCII digits only ("²".isdigit() is True)
         raise ValueError(f"{OVERLAP_CARVEOUT_ENV}: expected a non-negative integer (SMs), got {v!r}")
     return int(v)
 
@@ -753,10 +774,14 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
                         context_lens: torch.Tensor, N: int, heads: int, index_heads: int, d_qk: int,
                         qk_nope: int, scale_fmt: Optional[str], eps: float, absorbed: bool,
                         q_head_norm: bool, w_alpha: float, topk: int, window: int,
-                        path: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                                            torch.Tensor]:
+                        path: str, carveout: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                                                           torch.Tensor, torch.Tensor]:
     """:func:`q_index_overlap` (one opaque op, so torch.compile keeps its two streams)."""
     dev = qr.device
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    if not 0 <= carveout < sms:        # before any launch: nothing is left half done
+        raise ValueError(f"carveout: expected SMs in [0, {sms}) ({OVERLAP_CARVEOUT_ENV}; "
+                         f"{torch.cuda.get_device_name(dev)} has {sms}), got {carveout}")
     T, dt = qr.shape[0], qr.dtype
     H_I = index_heads
     prep = dict(heads=heads, index_heads=H_I, d_qk=d_qk, qk_nope=qk_nope, scale_fmt=scale_fmt,
@@ -789,7 +814,7 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
         else:
             indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, topk, path=path)
     # the attention's q projection beside the indexer, leaving it SMs (overlap_sm_carveout)
-    with _sm_carveout(overlap_sm_carveout()):
+    with _sm_carveout(carveout):
         torch.mm(qr, wq_b.t(), out=q)                                       # [T, H * (nope + r) | D_qk]
         if absorbed:
             torch.bmm(q.view(T, heads, -1)[..., :qk_nope].transpose(0, 1), wkv_b_q.transpose(1, 2),
@@ -803,7 +828,7 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
 @_q_index_overlap_op.register_fake
 def _(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs, k_cache,
       block_table, context_lens, N, heads, index_heads, d_qk, qk_nope, scale_fmt, eps, absorbed,
-      q_head_norm, w_alpha, topk, window, path):
+      q_head_norm, w_alpha, topk, window, path, carveout):
     T, B = qr.shape[0], context_lens.shape[0]
     i32 = torch.int32
     return (qr.new_empty(T, heads, d_qk),
@@ -815,7 +840,8 @@ def _(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_f
 def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs,
                     k_cache, block_table, context_lens, N: int, *, heads: int, index_heads: int,
                     d_qk: int, qk_nope: int, scale_fmt: str | None, eps: float, absorbed: bool,
-                    q_head_norm: bool, w_alpha: float, topk: int, window: int, path: str = "auto"):
+                    q_head_norm: bool, w_alpha: float, topk: int, window: int, path: str = "auto",
+                    carveout: int | None = None):
     """The decode step from the x projection's results to the sparse MLA's inputs on two CUDA
     streams (``dsa::q_index_overlap``): the indexer's two projections (``qr @ idx_wq_b^T``, the
     float32 head weights ``w_alpha * x32 @ weights_proj^T``) first, then its half of
@@ -839,21 +865,37 @@ def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, ha
         input). hadamard, rope_freqs, context_lens, N: as :func:`prepare_q`. k_cache,
         block_table: as ``indexer_topk``. heads ... q_head_norm, path: as :func:`prepare_q`;
         w_alpha: ``H_I^-0.5 * D_I^-0.5``; topk, window: the preset's (window 0: V3.2).
+      carveout: SMs the q projection leaves free, in ``[0, SM count)``; None:
+        :func:`overlap_sm_carveout` (``DSA_LAYER_OVERLAP_CARVEOUT``, default
+        :data:`OVERLAP_SM_CARVEOUT`).
     Returns:
       ``(q_mla [T, H, D_qk] dt, idx_q [T, H_I, D_I] float8_e4m3fn, idx_w [T, H_I] float32,
       indices [B, N, topk + window] int32, idx_lens [B, N] int32)``: :func:`prepare_q`'s three,
       the step's indices (V4: top-k then the window) and the indexer's lengths.
     Raises:
+      TypeError: a tensor argument that is not a torch.Tensor (named).
       NotImplementedError: not a CUDA tensor (the op needs streams).
+      ValueError: ``carveout`` not an int in ``[0, SM count)`` (raised before any launch).
     """
+    named = dict(qr=qr, x32=x32, wq_b=wq_b, idx_wq_b=idx_wq_b, weights_proj=weights_proj,
+                 zero_f32=zero_f32, hadamard=hadamard, rope_freqs=rope_freqs, k_cache=k_cache,
+                 block_table=block_table, context_lens=context_lens)
+    if wkv_b_q is not None:
+        named["wkv_b_q"] = wkv_b_q
+    for name, t in named.items():
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if qr.device.type != "cuda":
         raise NotImplementedError(f"q_index_overlap: runs on CUDA devices (two streams), got "
                                   f"{qr.device}")
+    carveout = overlap_sm_carveout() if carveout is None else carveout
+    if isinstance(carveout, bool) or not isinstance(carveout, (int, np.integer)) or carveout < 0:
+        raise ValueError(f"carveout: expected a non-negative int (SMs), got {carveout!r}")
     return torch.ops.dsa.q_index_overlap(
         qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs, k_cache,
         block_table, context_lens, int(N), int(heads), int(index_heads), int(d_qk), int(qk_nope),
         scale_fmt, float(eps), bool(absorbed), bool(q_head_norm), float(w_alpha), int(topk),
-        int(window), path)
+        int(window), path, int(carveout))
 
 
 def _torch_rope_out(attn, rope_freqs, context_lens, N):
@@ -1010,7 +1052,9 @@ class DSADecodeLayer(nn.Module):
         type that is no device.
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
         of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
-        a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch).
+        a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch);
+        ``DSA_LAYER_OVERLAP`` / ``DSA_LAYER_OVERLAP_CARVEOUT`` / ``DSA_LAYER_FUSED_PREP`` set to
+        something they do not take (read here, once).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -1040,6 +1084,7 @@ class DSADecodeLayer(nn.Module):
         self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
         self.overlap = overlap_default() if overlap is None else bool(overlap)
+        self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
         weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights, _to_numpy)
@@ -1320,7 +1365,7 @@ class DSADecodeLayer(nn.Module):
                 k_cache, block_table, context_lens, N, heads=H, index_heads=H_I, d_qk=cfg.d_qk,
                 qk_nope=nope if cfg.absorbed else 0, scale_fmt=cfg.scale_fmt, eps=cfg.eps,
                 absorbed=cfg.absorbed, q_head_norm=cfg.q_head_norm, w_alpha=alpha, topk=cfg.topk,
-                window=cfg.window, path=self.path)
+                window=cfg.window, path=self.path, carveout=self.overlap_carveout)
             return (q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I),
                     (indices, idx_lens))
         q = self._gemm("wq_b", qr, self.w("wq_b"))                              # [T, H * (nope + r) | D_qk]
