@@ -301,10 +301,12 @@ def test_overlap_carveout_switch(monkeypatch):
     get = getattr(torch._C, "_get_sm_carveout_experimental", None)
     if get is None:
         pytest.skip("this torch has no SM carveout")
-    before = get()
+    before, lib = get(), torch.backends.cuda.preferred_blas_library()
     with _sm_carveout(24):
         assert get() == 24
-    assert get() == before
+        if torch.cuda.is_available():              # the carveout reaches cuBLASLt's SM target
+            assert torch.backends.cuda.preferred_blas_library() == torch._C._BlasBackend.Cublaslt
+    assert get() == before and torch.backends.cuda.preferred_blas_library() == lib
     with pytest.raises(RuntimeError, match="boom"):
         with _sm_carveout(24):
             raise RuntimeError("boom")

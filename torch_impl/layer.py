@@ -742,21 +742,29 @@ def overlap_sm_carveout() -> int:
 
 @contextlib.contextmanager
 def _sm_carveout(sms: int):
-    """cuBLAS / cuBLASLt GEMMs launched inside leave ``sms`` SMs free (torch's experimental
-    carveout; nothing where this torch lacks it or ``sms`` is 0); the previous value after."""
+    """GEMMs launched inside leave ``sms`` SMs free (torch's experimental carveout, nothing where
+    this torch lacks it or ``sms`` is 0), routed through cuBLASLt
+    (``torch.backends.cuda.preferred_blas_library("cublaslt")``, where this torch has it): torch
+    passes the carveout to cuBLASLt as its SM-count target (pytorch/pytorch#144974), to plain
+    cuBLAS only in later versions (#183330). Both settings are restored after."""
     get = getattr(torch._C, "_get_sm_carveout_experimental", None)
     put = getattr(torch._C, "_set_sm_carveout_experimental", None)
     if not sms or get is None or put is None:
         yield
         return
-    prev = get()
+    prev, prev_lib = get(), torch.backends.cuda.preferred_blas_library()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")            # torch warns once that it is experimental
         put(int(sms))
     try:
+        try:
+            torch.backends.cuda.preferred_blas_library("cublaslt")
+        except RuntimeError:                       # a torch built without cuBLASLt (CPU builds)
+            pass
         yield
     finally:
         put(prev)
+        torch.backends.cuda.preferred_blas_library(prev_lib)
 
 
 def _mm(x, w, alpha, zero):
