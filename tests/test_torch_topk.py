@@ -475,3 +475,25 @@ def test_every_scatter_launch_same_bits(S):
         launch_topk(xt, lt, 0, torch.empty((3, 0), dtype=torch.int32, device=DEVICE),
                     torch.empty((3, W), dtype=torch.int32, device=DEVICE), hist=h, page_size=P,
                     scatter="garbage")
+
+
+def test_pdl_switch_and_twins(monkeypatch):
+    """``DSA_TOPK_PDL``: only ``1`` turns programmatic dependent launch on, and only for a CUDA
+    device of compute capability >= 9 outside the interpreter (never here); a bad value is a
+    ValueError naming the variable. Each launch compiled with ``PDL=True`` for the fit check has
+    its twin in the AOT specs, the same launch but for ``PDL``."""
+    from kernels.topk.triton import pdl_enabled
+    from kernels.topk.triton_aot import PDL_TWINS, aot_specs
+    for v in ("", "0", "1"):
+        monkeypatch.setenv("DSA_TOPK_PDL", v)
+        assert pdl_enabled(torch.device("cpu")) is False
+    monkeypatch.setenv("DSA_TOPK_PDL", "yes")
+    with pytest.raises(ValueError, match=r"^DSA_TOPK_PDL: expected '0', '1' or unset, got 'yes'"):
+        pdl_enabled(torch.device("cpu"))
+    specs = {s.label: s for s in aot_specs("big")}
+    assert all(s.constexprs.get("PDL") in (False, True) for s in specs.values())
+    for label in PDL_TWINS:
+        a, b = specs[label], specs[label + " pdl"]
+        assert (a.constexprs["PDL"], b.constexprs["PDL"]) == (False, True)
+        assert {**a.constexprs, "PDL": True} == b.constexprs and a.signature == b.signature
+        assert (a.kernel, a.num_warps) == (b.kernel, b.num_warps)

@@ -90,6 +90,7 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.topk.window import STATE_FIELDS  # noqa: F401 (re-exported: launch_topk's state)
 
@@ -516,8 +517,10 @@ def _radix_topk_kernel(
     n_drafts, per_row, n_drafts_pow2, num_splits,
     state_ptr,        # [R, STATE_WORDS] int32 plan (FROM_PLAN; STATE_FIELDS); word 9 written here
     BLOCK: tl.constexpr, HAS_HIST: tl.constexpr, FROM_PLAN: tl.constexpr,
-    PLAN_SB: tl.constexpr,
+    PLAN_SB: tl.constexpr, PDL: tl.constexpr = False,
 ):
+    if PDL:                         # launched early (programmatic dependent launch): wait for the
+        gdc_wait()                  # previous kernel's writes before touching memory
     row = tl.program_id(0).to(tl.int64)
     L = _row_len(len_ptr, row, n_drafts, per_row, W)
     x_row = x_ptr + row * stride_x
@@ -736,10 +739,12 @@ def _topk_plan_part_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
     part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's bases, summed
     n_drafts, n_drafts_pow2, num_splits, num_groups,
-    SBASE: tl.constexpr,
+    SBASE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Split plan, step 1 (grid ``(R, G)``): the PLAN_GROUP split histograms of group ``g``
     brought to the row's bases (the largest split base, the smallest lower base) and summed."""
+    if PDL:                         # (see _radix_topk_kernel)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
@@ -759,7 +764,7 @@ def _topk_scatter_kernel(
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
     num_splits, num_groups,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
-    VEC: tl.constexpr = False,
+    VEC: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
@@ -771,6 +776,8 @@ def _topk_scatter_kernel(
     the groups before its group and the rebased histograms of the splits before it in its
     group give its offsets. Both give every program the same bin and the same offsets as one
     plan over the row would (integer counts), so the output is bitwise the same."""
+    if PDL:                         # (see _radix_topk_kernel)
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, VEC)
@@ -898,6 +905,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
     else:
         num_splits, nb = 1, 1
     split = hist is not None and page_size is not None
+    pdl = pdl_enabled(logits.device)
+    launch = dict(PDL=True, launch_pdl=True) if pdl else {}
     if not split:
         state = out                      # an unused pointer argument of the one-program path
     else:
@@ -917,25 +926,55 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                 logits, lengths, out, scratch, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, 1, BLOCK=sblock, GB=PLAN_MIN, PLAN=True, SP=sp,
-                VEC=svec, num_warps=swarps)
+                VEC=svec, num_warps=swarps, **launch)
         else:
             groups, sbase = plan_blocks(num_splits)
             part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
                                device=logits.device)
             _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
-                                                SBASE=sbase, num_warps=4)
+                                                SBASE=sbase, num_warps=4, **launch)
             _topk_scatter_kernel[(R, num_splits)](
                 logits, lengths, out, scratch, state, part, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, groups, BLOCK=sblock, GB=SCATTER_PART_GB,
-                PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, num_warps=swarps)
+                PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, num_warps=swarps, **launch)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
                              BLOCK=cfg.cand_block if split else cfg.block,
                              HAS_HIST=hist is not None, FROM_PLAN=split,
-                             PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps)
+                             PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps, **launch)
     return out
+
+
+PDL_ENV = "DSA_TOPK_PDL"
+"""``1``: the top-k's launches (the plan part, the split pass B, the per-row kernel) use
+programmatic dependent launch on sm_90 and later: each may start while the kernel before it in
+the stream finishes, and waits (``griddepcontrol.wait``, its first instruction) for that
+kernel's writes before touching memory. Unset or ``0`` (default until measured): plain launches,
+the kernels as before. At B 1 the top-k is three short launches after the logits kernel
+(~6 us each on the H200); each boundary costs the drain of one grid and the start of the
+next (bench/NOTES.md, tenth session)."""
+
+
+def pdl_enabled(device) -> bool:
+    """Whether :func:`launch_topk` launches with programmatic dependent launch on ``device``:
+    :data:`PDL_ENV` is ``1``, the device is CUDA with compute capability >= 9.0, and Triton is
+    not interpreting.
+
+    Raises:
+      ValueError: :data:`PDL_ENV` holds something other than ``0``, ``1`` or nothing.
+    """
+    import os
+    v = os.environ.get(PDL_ENV, "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{PDL_ENV}: expected '0', '1' or unset, got {v!r}")
+    if v != "1" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return False
+    if getattr(device, "type", None) != "cuda":
+        return False
+    import torch
+    return torch.cuda.get_device_capability(device)[0] >= 9
 
 
 # (positions per loop iteration, warps) of _topk_scatter_kernel, smallest first. The loop's

@@ -59,4 +59,21 @@ def aot_specs(smem_class: str) -> list:
                                     "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
                                     dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp, VEC=vec), nw, 1,
                                     divisible=div))
+    # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
+    # griddepcontrol.wait, nothing else changes; one launch of each kernel, at the shapes the
+    # B 1 rows run (the plan part, the scatter after it, the per-row kernel), compiled to show
+    # the instruction assembles for every target and the resources stay those of its twin
+    # (tests/test_triton_compile.py)
+    for sp in specs:
+        sp.constexprs.setdefault("PDL", False)
+    for sp in list(specs):
+        if sp.label in PDL_TWINS:
+            specs.append(LaunchSpec(sp.label + " pdl", sp.module, sp.kernel, sp.signature,
+                                    dict(sp.constexprs, PDL=True), sp.num_warps, sp.num_stages,
+                                    divisible=sp.divisible))
     return specs
+
+
+# the launches compiled again with PDL=True (aot_specs)
+PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
+             "topk scatter block512 w4 parts", "topk scatter block2048 w4 vec plan SP4")
