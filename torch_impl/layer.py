@@ -711,15 +711,16 @@ def _side_stream(device: torch.device):
 
 
 OVERLAP_CARVEOUT_ENV = "DSA_LAYER_OVERLAP_CARVEOUT"
-OVERLAP_SM_CARVEOUT = 32
+OVERLAP_SM_CARVEOUT = 0
 """SMs the overlapped step's attention q projection (``wq_b``, V3.2's ``wkv_b_q``) leaves free for
 the indexer running beside it on the side stream (``torch._C._set_sm_carveout_experimental``:
 cuBLAS / cuBLASLt's SM-count target, around those GEMMs only). Why: at B 1 their kernels are
 cuBLASLt's persistent ``nvjet`` GEMMs (H100 / H200 profiles, 2026-12-05), one CTA an SM for the
 whole GEMM, so without a carveout the indexer's kernels wait for SMs behind them and the overlap
-saved 1-5 us of a predicted ~20 (bench/NOTES.md). 32 of 132: the indexer's logits kernel runs in
-a few waves there; the bandwidth-bound GEMM keeps most of its rate on 100 SMs. A prediction, to
-be swept (``DSA_LAYER_OVERLAP_CARVEOUT``). The carveout changes the GEMM's kernel choice, so the
+saved 1-5 us of a predicted ~20 (bench/NOTES.md). The candidate is 32 of 132 (the indexer's
+logits kernel runs in a few waves there; the bandwidth-bound GEMM keeps most of its rate on 100
+SMs), but no GPU has run the carveout yet: the default stays 0 (the overlap as measured) until a
+sweep of ``DSA_LAYER_OVERLAP_CARVEOUT`` (32, 64) picks a value. The carveout changes the GEMM's kernel choice, so the
 q projection's rounding may differ from the one-stream step's in the last bf16 bit (the
 indexer's outputs and the caches stay bitwise the same)."""
 
@@ -857,8 +858,8 @@ def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, ha
     beside the attention's q (``qr @ wq_b^T``; V3.2 q_nope through ``wkv_b_q``; cuBLAS told to
     leave :func:`overlap_sm_carveout` SMs free) and the MLA half of :func:`prepare_q` on the
     current stream, joined before returning. The kernels and inputs of ``DSADecodeLayer``'s
-    one-stream step on torch's GEMMs: the same bits, but for the q projection's when the
-    carveout makes cuBLAS pick another kernel (:data:`OVERLAP_SM_CARVEOUT`). One opaque op, so
+    one-stream step on torch's GEMMs: the same bits (with the default carveout 0), but for the
+    q projection's when a carveout makes cuBLAS pick another kernel (:data:`OVERLAP_SM_CARVEOUT`). One opaque op, so
     ``torch.compile(fullgraph=True)`` keeps the two streams and a CUDA graph captures them (a
     fork and a join).
 
@@ -1045,9 +1046,9 @@ class DSADecodeLayer(nn.Module):
         ``indexer_topk``) on a side CUDA stream, beside the attention's q projection and its half
         of ``dsa::prep_q``, joined before ``sparse_mla_decode`` (:func:`q_index_overlap`, one
         custom op: eager, captured in a CUDA graph or under ``torch.compile(fullgraph=True)``).
-        The indexer's outputs and the caches are bitwise the one-stream step's; the q projection
-        may differ in its last bit (cuBLAS's kernel under the SM carveout,
-        :data:`OVERLAP_SM_CARVEOUT`). It applies only where it can: a CUDA step with
+        Bitwise the one-stream step's; with an SM carveout (``DSA_LAYER_OVERLAP_CARVEOUT``,
+        default 0: :data:`OVERLAP_SM_CARVEOUT`) the q projection may differ in its last bit
+        (another cuBLAS kernel), the indexer's outputs and the caches not. It applies only where it can: a CUDA step with
         ``fused_prep`` off the ``torch`` path, and the step's q / indexer GEMMs on torch's path
         (the Triton GEMM's split-K counters are shared by the device's launches). None
         (default) reads ``DSA_LAYER_OVERLAP``
