@@ -60,8 +60,8 @@ def aot_specs(smem_class: str) -> list:
                                     dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp, VEC=vec), nw, 1,
                                     divisible=div))
     # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
-    # griddepcontrol.wait, nothing else changes; one launch of each kernel, at the shapes the
-    # B 1 rows run (the plan part, the scatter after it, the per-row kernel), compiled to show
+    # griddepcontrol.wait, nothing else changes; one launch of each kernel (the plan part, the
+    # scatter, the per-row kernel after a split pass B), compiled to show
     # the instruction assembles for every target and the resources stay those of its twin
     # (tests/test_triton_compile.py)
     for sp in specs:
@@ -76,4 +76,4 @@ def aot_specs(smem_class: str) -> list:
 
 # the launches compiled again with PDL=True (aot_specs)
 PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
-             "topk scatter block512 w4 parts", "topk scatter block2048 w4 vec plan SP4")
+             "topk scatter block2048 w4 vec plan SP4")
