@@ -167,14 +167,14 @@ class TorchBackend(Backend):
             # layer is built without either argument, so it reads the environment)
             from torch_impl.layer import (fused_prep_default, linear_switch, overlap_applies,
                                           overlap_default, overlap_sm_carveout)
-            lin = linear_switch(None, inp.shape.layer_cfg.absorbed)
+            lin, fused = linear_switch(None, inp.shape.layer_cfg.absorbed), fused_prep_default()
             T = inp.shape.B * inp.shape.N
             cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device),
                        linear=sorted(n for n, c in lin.items() if c == "triton"),
-                       fused_prep=fused_prep_default(),
+                       fused_prep=fused,
                        # the indexer's branch on a side stream (dsa::q_index_overlap)
-                       overlap=overlap_applies(T, str(inp.device).split(":")[0], fused_prep_default(),
-                                               path, lin, overlap_default()))
+                       overlap=overlap_applies(T, str(inp.device).split(":")[0], fused, path, lin,
+                                               overlap_default()))
             if cfg["overlap"]:              # SMs the q projection leaves to the indexer
                 cfg["overlap_sm_carveout"] = overlap_sm_carveout()
         return ran, cfg

@@ -125,6 +125,26 @@ def jax_call_groups(f, sets, group: int = GROUP_CALLS):
     return g, groups
 
 
+def _jax_batch_samples(batch, units: int, *, target_s: float, max_batches: int,
+                       min_batches: int) -> list[float]:
+    """Microseconds per unit, one sample a batch: ``batch()`` dispatches one batch of ``units``
+    units of work asynchronously and returns what to wait on (``jax.block_until_ready``). One
+    timed probe batch sets the sample count (``target_s`` of batches, within ``[min_batches,
+    max_batches]``). The caller compiles and warms first."""
+    import jax
+
+    t = time.perf_counter()
+    jax.block_until_ready(batch())
+    one = time.perf_counter() - t
+    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
+    us = []
+    for _ in range(batches):
+        t = time.perf_counter()
+        jax.block_until_ready(batch())
+        us.append((time.perf_counter() - t) * 1e6 / units)
+    return us
+
+
 def time_jax_grouped(f, sets, *, target_s: float = 0.25, max_batches: int = 50,
                      min_batches: int = 5, min_groups: int = 4) -> Timing:
     """Per-call time of ``f`` over the rotated ``sets`` with :func:`jax_call_groups`: each sample
@@ -139,15 +159,9 @@ def time_jax_grouped(f, sets, *, target_s: float = 0.25, max_batches: int = 50,
     jax.block_until_ready(g(groups[0]))             # compile (excluded)
     jax.block_until_ready([g(gr) for gr in groups])  # warm every set
     per_batch = max(min_groups, len(groups))
-    t = time.perf_counter()
-    jax.block_until_ready([g(groups[i % len(groups)]) for i in range(per_batch)])
-    one = time.perf_counter() - t
-    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
-    us = []
-    for _ in range(batches):
-        t = time.perf_counter()
-        jax.block_until_ready([g(groups[i % len(groups)]) for i in range(per_batch)])
-        us.append((time.perf_counter() - t) * 1e6 / (per_batch * G))
+    us = _jax_batch_samples(lambda: [g(groups[i % len(groups)]) for i in range(per_batch)],
+                            per_batch * G, target_s=target_s, max_batches=max_batches,
+                            min_batches=min_batches)
     return _stats(us, f"jax jitted groups ({G} calls per dispatch, {per_batch} groups per batch, "
                       f"block_until_ready)")
 
@@ -171,15 +185,8 @@ def time_jax(calls, *, target_s: float = 0.25, max_batches: int = 50, min_batche
     per_batch = max(min_calls, len(calls))
     jax.block_until_ready(calls[0]())                # compile (excluded)
     jax.block_until_ready([c() for c in calls])       # warm every set
-    t = time.perf_counter()
-    jax.block_until_ready([calls[i % len(calls)]() for i in range(per_batch)])
-    one = time.perf_counter() - t
-    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
-    us = []
-    for _ in range(batches):
-        t = time.perf_counter()
-        jax.block_until_ready([calls[i % len(calls)]() for i in range(per_batch)])
-        us.append((time.perf_counter() - t) * 1e6 / per_batch)
+    us = _jax_batch_samples(lambda: [calls[i % len(calls)]() for i in range(per_batch)], per_batch,
+                            target_s=target_s, max_batches=max_batches, min_batches=min_batches)
     return _stats(us, f"jax async batch ({per_batch} calls, block_until_ready)")
 
 
@@ -193,15 +200,8 @@ def time_jax_steps(group, *, target_s: float = 0.25, max_batches: int = 50, min_
 
     jax.block_until_ready(group())                    # compile (excluded)
     jax.block_until_ready(group())                    # warm
-    t = time.perf_counter()
-    jax.block_until_ready([group() for _ in range(min_calls)])
-    one = time.perf_counter() - t
-    batches = int(min(max_batches, max(min_batches, target_s / max(one, 1e-6))))
-    us = []
-    for _ in range(batches):
-        t = time.perf_counter()
-        jax.block_until_ready([group() for _ in range(min_calls)])
-        us.append((time.perf_counter() - t) * 1e6 / (min_calls * group.steps))
+    us = _jax_batch_samples(lambda: [group() for _ in range(min_calls)], min_calls * group.steps,
+                            target_s=target_s, max_batches=max_batches, min_batches=min_batches)
     return _stats(us, f"jax jitted chain of {group.steps} layer steps per dispatch (one per "
                       f"rotated set, caches donated; {min_calls} dispatches per batch, "
                       f"block_until_ready)")

@@ -47,8 +47,7 @@ from torch_impl.step import window_split
 __all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets",
            "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default", "OVERLAP_ENV",
            "OVERLAP_MAX_TOKENS", "overlap_default", "OVERLAP_CARVEOUT_ENV", "OVERLAP_SM_CARVEOUT",
-           "overlap_sm_carveout",
-           "overlap_applies", "q_index_overlap"]
+           "overlap_sm_carveout", "overlap_applies", "q_index_overlap"]
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -656,7 +655,6 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
                                 float(eps), bool(absorbed), bool(q_head_norm), path, part)
 
 
-
 _OVERLAP_GEMMS = ("wq_b", "wkv_b_q", "indexer.wq_b", "indexer.weights_proj")
 """The projections inside ``dsa::q_index_overlap``: torch's GEMMs there (the layer overlaps only
 when its switch runs none of them on the Triton GEMM, whose split-K counters are one buffer)."""
@@ -768,6 +766,20 @@ def _sm_carveout(sms: int):
         torch.backends.cuda.preferred_blas_library(prev_lib)
 
 
+def _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N: int, topk: int,
+                    window: int, path: str, *, report_lens: bool):
+    """The step's positions ``[B, N, topk + window]`` (V4: the indexer's top-k over the positions
+    before each draft's window, then the window; V3.2, ``window`` 0: the top-k) and the drafts'
+    indexer lengths ``[B, N]`` (V3.2: only reported, computed when ``report_lens``, else None)."""
+    if window:
+        idx_lens, win = window_split(context_lens, N, window, path=path)
+        top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, topk, path=path)
+        return torch.cat([top, win], dim=-1), idx_lens
+    indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, topk, path=path)
+    idx_lens = window_split(context_lens, N, 0, path=path)[0] if report_lens else None
+    return indices, idx_lens
+
+
 def _mm(x, w, alpha, zero):
     """``alpha * x @ w^T`` as ``DSADecodeLayer._gemm`` runs it on torch's path (``addmm`` with
     ``beta=0`` when scaled: the scale in the GEMM's epilogue)."""
@@ -816,12 +828,8 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
                                     **prep, part="index")
         B = context_lens.shape[0]
         idx_q, idx_w = idx_q.view(B, N, H_I, -1), idx_w.view(B, N, H_I)
-        idx_lens, win = window_split(context_lens, N, window, path=path)
-        if window:
-            indices = torch.cat([indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, topk,
-                                              path=path), win], dim=-1)
-        else:
-            indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, topk, path=path)
+        indices, idx_lens = _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N,
+                                            topk, window, path, report_lens=True)
     # the attention's q projection beside the indexer, leaving it SMs (overlap_sm_carveout)
     with _sm_carveout(carveout):
         torch.mm(qr, wq_b.t(), out=q)                                       # [T, H * (nope + r) | D_qk]
@@ -1147,15 +1155,10 @@ class DSADecodeLayer(nn.Module):
                                   alpha=alpha, out_dtype=out_dtype, path="triton")
         if out_dtype is not None and out_dtype != x.dtype:
             x = x.to(out_dtype)
-        wt = w.transpose(-1, -2)
-        if alpha != 1.0:
-            zero = self.zero_f32 if x.dtype == torch.float32 else self.zero
-            res = torch.addmm(zero, x, wt, beta=0, alpha=alpha)
-        elif out is None:
-            return x @ wt
-        else:
-            _into(out, torch.bmm if x.dim() == 3 else torch.mm, x, wt)
+        if alpha == 1.0 and out is not None:
+            _into(out, torch.bmm if x.dim() == 3 else torch.mm, x, w.transpose(-1, -2))
             return out
+        res = _mm(x, w, alpha, self.zero_f32 if x.dtype == torch.float32 else self.zero)
         if out is not None:
             out.copy_(res)
             return out
@@ -1400,20 +1403,6 @@ class DSADecodeLayer(nn.Module):
         """Whether a step of ``T`` tokens on ``device`` runs as :func:`q_index_overlap`."""
         return overlap_applies(T, device.type, self.fused_prep, self.path, self.linear, self.overlap)
 
-    def _select(self, idx_q, idx_w, k_cache, block_table, context_lens, N, return_intermediates):
-        """The step's top-k positions ``[B, N, topk (+ window)]`` and the drafts' indexer lengths
-        (V4: after the window; V3.2: only when ``return_intermediates``, else None)."""
-        cfg = self.cfg
-        if cfg.window:
-            idx_lens, win = window_split(context_lens, N, cfg.window, path=self.path)
-            top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, cfg.topk, path=self.path)
-            return torch.cat([top, win], dim=-1), idx_lens
-        indices = indexer_topk(idx_q, idx_w, k_cache, block_table, context_lens, cfg.topk, path=self.path)
-        # the drafts' lengths, only reported
-        idx_lens = (window_split(context_lens, N, 0, path=self.path)[0]
-                    if return_intermediates else None)
-        return indices, idx_lens
-
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
                 block_table: torch.Tensor, context_lens: torch.Tensor, *,
                 return_intermediates: bool = False):
@@ -1477,9 +1466,6 @@ class DSADecodeLayer(nn.Module):
         if not self.fused_prep:
             cos, sin = self._rope_tables(context_lens, N)                    # [B, N, r/2]
             rope = (cos, sin, cos[:, :, None], sin[:, :, None])              # (and over heads)
-        def select(idx_q, idx_w):
-            return self._select(idx_q, idx_w, k_cache, block_table, context_lens, N,
-                                return_intermediates)
         selected = None
         if self.fused_prep:
             q_mla, idx_q, idx_w, selected = self._prepare_fused(x, xq, xkv, xk, kv_cache, k_cache,
@@ -1487,7 +1473,10 @@ class DSADecodeLayer(nn.Module):
         else:
             q_mla, idx_q, idx_w = self._prepare_composite(x, xq, xkv, xk, kv_cache, k_cache, block_table,
                                                           context_lens, rope)
-        indices, idx_lens = select(idx_q, idx_w) if selected is None else selected
+        if selected is None:
+            selected = _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N, cfg.topk,
+                                       cfg.window, self.path, report_lens=return_intermediates)
+        indices, idx_lens = selected
 
         sink = self.w("attn_sink") if cfg.attn_sink else None
         attn, lse = sparse_mla_decode(q_mla, kv_cache, indices, float(cfg.sm_scale), kv_format=self.kv_format,
