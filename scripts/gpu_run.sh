@@ -31,6 +31,9 @@
 #                   --variant gluon --variant gluon_ws")
 #   check:NAME      bench.gluon_check --kernels CHECK_KERNELS (default the latent WS pair), each
 #                   kernel in a child under WS_TIMEOUT s, JSON $OUT/gluon_check_NAME.json
+#   sweep:prep      bench.prep_sweep: the layer's fused prep kernels alone (both presets, B 1 / 64) and
+#                   prep_q at each launch shape of its CANDIDATES (and its index / mla halves), JSON
+#                   $OUT/sweep_prep.json
 #   sweep:linear    bench.linear_sweep: every layer projection GEMM (both presets, B 1 / 64), torch's
 #                   GEMMs against the Triton few-token GEMM's configs and split counts, CUDA-graph
 #                   timed (LINEAR_SWEEP_ARGS: extra flags, e.g. "--preset DSV32" or "--heuristic-only")
@@ -114,6 +117,8 @@ for step in "$@"; do
       if [ "$what" = linear ]; then
         timeout "$secs" python3 -m bench.linear_sweep --out "$OUT/sweep_linear.json" \
           --budget-s $((secs - 60)) ${LINEAR_SWEEP_ARGS:-} > "$log" 2>&1
+      elif [ "$what" = prep ]; then
+        timeout "$secs" python3 -m bench.prep_sweep --out "$OUT/sweep_prep.json" > "$log" 2>&1
       elif [ "$what" = mlasmall ]; then
         timeout "$secs" python3 -m bench.mla_sweep --small-heads --budget-s $((secs - 40)) \
           --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" ${MLA_SWEEP_ARGS:-} \

@@ -600,3 +600,20 @@ def test_bf16_layer_fused_prep_matches_composite_on_gpu(name):
         outs.append(_np(out))
     compare.assert_pass(layer_compare.check_out(outs[0], outs[1], low_precision=True,
                                                 name="out (fused vs composite)"))
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU dry run of the GPU sweep")
+def test_prep_sweep_dry_run(tmp_path):
+    """``bench/prep_sweep.py`` end to end in the interpreter (V4-Flash's real dimensions, B 1,
+    fp16, the first two launch shapes): prep_x and rope_out rows, and each prep_q shape's
+    outputs bit-equal to the default shape's before its three parts are timed."""
+    import json
+    from bench import prep_sweep
+    out = tmp_path / "prep.json"
+    prep_sweep.main(["--dry-run", "--preset", "DSV4_FLASH", "--batch", "1", "--out", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert {r["kernel"] for r in rows} == {"prep_x", "rope_out", "prep_q"}
+    q = [r for r in rows if r["kernel"] == "prep_q"]
+    assert [r["config"] for r in q] == [dataclasses.asdict(c) for c in prep_sweep.CANDIDATES[:2]]
+    assert all(r["equal_to_default"] and min(r["all_us"], r["index_us"], r["mla_us"]) > 0 for r in q)
+    assert [r["programs_per_token"] for r in q] == [4 + 16, 4 + 32]
