@@ -1,5 +1,6 @@
-"""The scalar-argument rule of both stacks (framework-free: Python, NumPy), and the shape
-rule of their array checks (:func:`check_shape`).
+"""The scalar-argument rule of both stacks (framework-free: Python, NumPy), the shape
+rule of their array checks (:func:`check_shape`), and the rule of their on / off environment
+switches (:func:`env_switch`).
 
 Integer arguments (``topk``, ``d_v``, ``tp``, head counts) accept a Python int or a NumPy integer
 scalar (``np.int64(64)``, what indexing a NumPy config array gives); real arguments
@@ -11,10 +12,11 @@ NumPy) are refused everywhere, and so are floats where an int is expected, even 
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 
-__all__ = ["check_int", "check_real", "check_shape"]
+__all__ = ["check_int", "check_real", "check_shape", "env_switch"]
 
 
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None,
@@ -96,3 +98,17 @@ def check_shape(name: str, got, want) -> None:
     if len(want) != len(got) or any(not (w is None or isinstance(w, str)) and w != s
                                     for w, s in zip(want, got)):
         raise ValueError(f"{name}: expected shape {format_shape(want)}, got {got}")
+
+
+def env_switch(name: str) -> bool | None:
+    """The on / off environment variable ``name``: None when unset or empty (the caller's
+    default), False for ``0``, True for ``1`` (surrounding blanks ignored).
+
+    Raises:
+      ValueError: the variable holds anything else (names the variable, what it accepts and the
+        value).
+    """
+    v = os.environ.get(name, "").strip()
+    if v not in ("", "0", "1"):
+        raise ValueError(f"{name}: expected '0', '1' or unset, got {v!r}")
+    return None if v == "" else v == "1"

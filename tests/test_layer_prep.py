@@ -496,16 +496,19 @@ def test_prep_q_configs_are_compiled():
 
 
 def test_fused_prep_switch(monkeypatch):
-    """``DSA_LAYER_FUSED_PREP``: unset or 1 on, 0 off, anything else a ValueError naming it; the
-    constructor's ``fused_prep`` overrides it."""
+    """``DSA_LAYER_FUSED_PREP``: unset, empty or 1 on, 0 off, anything else a ValueError naming
+    it (``kernels.scalars.env_switch``, the rule of every on / off switch); the constructor's
+    ``fused_prep`` overrides it."""
     monkeypatch.delenv(FUSED_PREP_ENV, raising=False)
+    assert fused_prep_default() is True
+    monkeypatch.setenv(FUSED_PREP_ENV, " ")
     assert fused_prep_default() is True
     monkeypatch.setenv(FUSED_PREP_ENV, "0")
     assert fused_prep_default() is False
     assert DSADecodeLayer(V32, None, device="meta").fused_prep is False
     assert DSADecodeLayer(V32, None, device="meta", fused_prep=True).fused_prep is True
     monkeypatch.setenv(FUSED_PREP_ENV, "yes")
-    with pytest.raises(ValueError, match=f"^{FUSED_PREP_ENV}: expected '0' or '1', got 'yes'"):
+    with pytest.raises(ValueError, match=f"^{FUSED_PREP_ENV}: expected '0', '1' or unset, got 'yes'"):
         DSADecodeLayer(V32, None, device="meta")
 
 

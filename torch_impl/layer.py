@@ -32,7 +32,7 @@ from torch import nn
 from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
-from kernels.scalars import check_int
+from kernels.scalars import check_int, env_switch
 from torch_impl import formats as tformats
 from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
@@ -330,12 +330,9 @@ def fused_prep_default() -> bool:
     """:data:`FUSED_PREP_ENV` as a bool (unset: True).
 
     Raises:
-      ValueError: the variable holds something other than ``0`` / ``1``.
+      ValueError: the variable holds something other than ``0``, ``1`` or nothing.
     """
-    v = os.environ.get(FUSED_PREP_ENV, "1").strip()
-    if v not in ("0", "1"):
-        raise ValueError(f"{FUSED_PREP_ENV}: expected '0' or '1', got {v!r}")
-    return v == "1"
+    return env_switch(FUSED_PREP_ENV) is not False
 
 
 OVERLAP_ENV = "DSA_LAYER_OVERLAP"
@@ -350,10 +347,7 @@ def overlap_default() -> bool | None:
     Raises:
       ValueError: the variable holds something else.
     """
-    v = os.environ.get(OVERLAP_ENV, "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"{OVERLAP_ENV}: expected '0', '1' or unset, got {v!r}")
-    return None if v == "" else v == "1"
+    return env_switch(OVERLAP_ENV)
 
 
 OVERLAP_MAX_TOKENS = 16

@@ -966,10 +966,8 @@ def pdl_enabled(device) -> bool:
       ValueError: :data:`PDL_ENV` holds something other than ``0``, ``1`` or nothing.
     """
     import os
-    v = os.environ.get(PDL_ENV, "").strip()
-    if v not in ("", "0", "1"):
-        raise ValueError(f"{PDL_ENV}: expected '0', '1' or unset, got {v!r}")
-    if v != "1" or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+    from kernels.scalars import env_switch
+    if not env_switch(PDL_ENV) or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
     if getattr(device, "type", None) != "cuda":
         return False
