@@ -19,7 +19,10 @@ written); ``summary`` lists per GEMM the best torch and Triton rows and the heur
 torch candidates (what ``torch_impl.layer`` runs with ``linear="torch"``): ``x @ w.T`` (mm) and
 ``F.linear`` for plain projections, ``bmm`` into a contiguous result for the per-group ones
 (the compiled layer then copies it into the strided buffer; the copy is not timed here),
-``addmm(beta=0, alpha)`` on the widened x for the float32 ``weights_proj``.
+``addmm(beta=0, alpha)`` on the widened x for the float32 ``weights_proj``. At M = 1 also the
+one-token kernel (``kernels.linear.triton._gemv_kernel``, plain loads and fp32 FMAs, no split) at
+every config of ``kernels.linear.configs.GEMV_SPACE`` for the weight's layout (rows
+``impl="triton_gemv"``; the summary's ``triton_best`` includes them).
 """
 from __future__ import annotations
 
@@ -33,6 +36,7 @@ import torch
 
 from kernels import layer_config as lc
 from kernels.linear import configs as lcfg
+from kernels.linear import triton as ktriton
 from torch_impl import _common
 from torch_impl import linear as tlinear
 
@@ -169,6 +173,14 @@ def main(argv=None):
                                                   out=_squeeze(out, p.groups), alpha=alpha,
                                                   path="triton", config=cfg, splits=s)
                         cands.append(("triton", cfg, s_used, fn))
+                if M == 1 and not args.heuristic_only:       # the one-token kernel (no tensor cores)
+                    for gcfg in lcfg.GEMV_SPACE["n_major" if p.n_major else "k_major"]:
+                        gout = torch.empty(1, p.groups, p.n, dtype=od, device=dev).transpose(0, 1)
+
+                        def gfn(w, gcfg=gcfg, gout=gout):
+                            ktriton.launch_gemv(x, w, gout, alpha, gcfg)
+                            return _squeeze(gout, p.groups)
+                        cands.append(("triton_gemv", gcfg, 1, gfn))
                 seen = set()
                 for name, cfg, s, fn in cands:
                     key = (name, cfg, s)
@@ -176,7 +188,8 @@ def main(argv=None):
                         continue
                     seen.add(key)
                     row = dict(base, impl=name, config=cfg.to_dict() if cfg else None, splits=s,
-                               heuristic=cfg == heur and s == lcfg.split_geometry(p.k, heur.block_k, h_splits)[1])
+                               heuristic=name == "triton" and cfg == heur
+                               and s == lcfg.split_geometry(p.k, heur.block_k, h_splits)[1])
                     try:
                         out = fn(ws[0])
                         ok, worst = check(out, x, ws[0], alpha)
@@ -208,8 +221,9 @@ def main(argv=None):
 
 
 def summarize(rows) -> dict:
-    """Per (preset, M, gemm): the fastest torch row, the heuristic's Triton row and the fastest
-    Triton row (us, frac_copy, config, splits); per (preset, M): the projections phase summed
+    """Per (preset, M, gemm): the fastest torch row, the heuristic's Triton row, the fastest
+    Triton row of either kernel and the fastest one-token kernel row (``gemv_best``, M = 1; us,
+    frac_copy, config, splits); per (preset, M): the projections phase summed
     over the GEMMs (the GEMM time only, no gaps between launches): the fastest torch call of
     each, the Triton heuristic, the faster of the two per GEMM, the best row of each (NaN where
     a GEMM has no such row)."""
@@ -221,9 +235,11 @@ def summarize(rows) -> dict:
         d = per.setdefault(k, {})
         brief = dict(us=round(r["median_us"], 2), frac_copy=round(r["frac_copy"], 3), impl=r["impl"],
                      config=r["config"], splits=r["splits"])
-        slot = "torch" if r["impl"] != "triton" else "triton_best"
+        slot = "triton_best" if r["impl"].startswith("triton") else "torch"
         if slot not in d or r["median_us"] < d[slot]["us"]:
             d[slot] = brief
+        if r["impl"] == "triton_gemv" and ("gemv_best" not in d or r["median_us"] < d["gemv_best"]["us"]):
+            d["gemv_best"] = brief
         if r["heuristic"]:
             d["triton_heuristic"] = brief
     for k, d in per.items():

@@ -71,6 +71,45 @@ def test_values_against_reference(M, dts):
     _check(out, x, w, 0.75)
 
 
+@pytest.mark.parametrize("n_major", [False, True], ids=["k_major", "n_major"])
+@pytest.mark.parametrize("dts", [DTYPES[0], DTYPES[2]], ids=[DTYPE_IDS[0], DTYPE_IDS[2]])
+def test_gemv_against_reference(dts, n_major):
+    """The one-token kernel (``kernels.linear.triton.launch_gemv``, swept against cuBLAS by
+    ``bench.linear_sweep``) at every config of its layout's ``GEMV_SPACE``, 16-bit weights and
+    fp32 weights with an fp16 token (``weights_proj``'s case): 2 groups, N = 75 and K = 300
+    (neither a multiple of any tile: the masked last rows and K block), the weight K- or
+    N-major, ``out`` a strided view of a ``[1, G, N]`` buffer, alpha != 1; two runs bitwise
+    equal. (Small shapes: the interpreter runs every program of the grid in Python.)"""
+    from kernels.linear import triton as ktriton
+    xd, wd, od = dts
+    G, N, K = 2, 75, 300
+    x, w = _operands(7, G, 1, N, K, xd, wd)
+    if n_major:
+        w = w.transpose(1, 2).contiguous().transpose(1, 2)       # [G, N, K] with N contiguous
+    for cfg in lcfg.GEMV_SPACE["n_major" if n_major else "k_major"]:
+        out = torch.full((1, G, N), float("nan"), dtype=od, device=DEVICE).transpose(0, 1)
+        assert ktriton.launch_gemv(x, w, out, 0.75, cfg) == -(-N // cfg.block_n) * G
+        _check(out, x, w, 0.75)
+        again = torch.empty_like(out)
+        ktriton.launch_gemv(x, w, again, 0.75, cfg)
+        assert torch.equal(out, again), cfg
+
+
+def test_gemv_refuses_what_it_cannot_launch():
+    """More than one token, a weight with neither K nor N of unit stride, a strided ``out``."""
+    from kernels.linear import triton as ktriton
+    x, w = _operands(0, 1, 2, 16, 32, torch.float32, torch.float32)
+    cfg = lcfg.GEMV_SPACE["k_major"][0]
+    with pytest.raises(ValueError, match=r"^x: launch_gemv takes one token"):
+        ktriton.launch_gemv(x, w, torch.empty(1, 2, 16, device=DEVICE), 1.0, cfg)
+    x1 = x[:, :1]
+    wide = torch.zeros(1, 16, 64, device=DEVICE)[:, :, ::2]
+    with pytest.raises(ValueError, match=r"^w: expected K or N contiguous"):
+        ktriton.launch_gemv(x1, wide, torch.empty(1, 1, 16, device=DEVICE), 1.0, cfg)
+    with pytest.raises(ValueError, match=r"^out / x: expected the last dim contiguous"):
+        ktriton.launch_gemv(x1, w, torch.empty(1, 1, 32, device=DEVICE)[..., ::2], 1.0, cfg)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 4, 5, 9, 64])
 def test_every_split_count(splits):
     """The direct store (1), the last-arriving program's reduction with a partial step (2, 3),

@@ -189,3 +189,36 @@ def linear_from_dict(d: dict, smem_per_block: int, w_bytes: int, M: int) -> Line
     except TypeError:
         return None
     return cfg if cfg in linear_space(smem_per_block, w_bytes, M) else None
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """Compile-time shape of one launch of ``_gemv_kernel`` (one token, no tensor cores).
+
+    Attributes:
+      block_n: weight rows per program; block_k: K per loop iteration (the fp32 product tile
+        is ``block_n x block_k``); num_warps: Triton launch option.
+    """
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+
+    def to_dict(self) -> dict:
+        """Plain dict (result files)."""
+        return asdict(self)
+
+
+GEMV_SPACE = {
+    "k_major": (GemvConfig(1, 2048, 4), GemvConfig(2, 1024, 4), GemvConfig(4, 1024, 4),
+                GemvConfig(4, 2048, 8), GemvConfig(8, 512, 4), GemvConfig(8, 1024, 8)),
+    "n_major": (GemvConfig(128, 16, 4), GemvConfig(256, 16, 8), GemvConfig(128, 32, 8),
+                GemvConfig(64, 32, 4)),
+}
+"""The one-token kernel's configs swept by ``bench.linear_sweep`` (M = 1 rows), by the weight's
+unit-stride dim: a K-major weight (a linear layer's ``[out, in]``) wants a few rows of long K
+blocks (8-16 KiB of bf16 a tile, ~32-64 fp32 product registers a thread); an N-major weight
+(``wkv_b``'s key half read as ``w^T``) wants 128-byte rows along N. Not yet a launcher's choice:
+the bf16 projections stream at 0.56-0.78 of the copy bandwidth through cuBLAS and the
+tensor-core Triton GEMM at M = 1, XLA's GEMV fusions at 0.94-0.98 (bench/NOTES.md "Few-token
+projections"), so this sweep says whether plain loads and FMAs get there in Triton."""

@@ -126,6 +126,69 @@ def _linear_kernel(
             tl.atomic_xchg(count, 0, sem="relaxed", scope="gpu")   # ready for the next call
 
 
+@triton.jit
+def _gemv_kernel(
+    x_ptr,          # [G, 1, K] the token (last dim contiguous)
+    w_ptr,          # [G, N, K] weights (K or N contiguous)
+    out_ptr,        # [G, 1, N] (last dim contiguous; any group stride)
+    N, K,
+    stride_xg, stride_wg, stride_wn, stride_wk, stride_og,
+    alpha,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One token: ``out[g, 0, n] = alpha * sum_k x[g, 0, k] * w[g, n, k]`` without tensor cores
+    (:func:`launch_gemv`). Program ``(pid_n, g)`` holds ``BLOCK_N`` weight rows: per K block it
+    loads the ``[BLOCK_N, BLOCK_K]`` weight tile (coalesced along whichever of K / N has the unit
+    stride, the JIT's specialisation of a stride of 1), widens it and the token to fp32 and adds
+    the products into an fp32 tile of the same shape; at the end one sum over K per row, the
+    scale, one rounding. Fixed order, no atomics: bitwise repeatable."""
+    pid_n = tl.program_id(0)
+    g = tl.program_id(1).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_ok = offs_n < N
+    w_ptrs = w_ptr + g * stride_wg + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    x_ptrs = x_ptr + g * stride_xg + offs_k
+    acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_ok = (k + offs_k) < K
+        w = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0, eviction_policy="evict_first")
+        xv = tl.load(x_ptrs, mask=k_ok, other=0.0, eviction_policy="evict_last")
+        acc += w.to(tl.float32) * xv.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K * stride_wk
+        x_ptrs += BLOCK_K
+    y = tl.sum(acc, axis=1) * alpha
+    tl.store(out_ptr + g * stride_og + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+def launch_gemv(x, w, out, alpha: float, config) -> int:
+    """Launch :func:`_gemv_kernel` on torch tensors ``x`` ``[G, 1, K]``, ``w`` ``[G, N, K]`` (K or
+    N of unit stride), ``out`` ``[G, 1, N]`` (last dim contiguous), all on one CUDA device (or
+    the CPU under ``TRITON_INTERPRET=1``); ``config`` a
+    :class:`kernels.linear.configs.GemvConfig`. Grid ``(cdiv(N, block_n), G)``. Returns the
+    number of programs. The caller validates (``bench.linear_sweep`` is the only caller today:
+    the kernel is swept against cuBLAS before any binding runs it).
+
+    Raises:
+      ValueError: more than one token, a weight with neither K nor N contiguous, or an ``out``
+        whose last dim is not contiguous.
+    """
+    G, M, K = x.shape
+    N = w.shape[1]
+    if M != 1:
+        raise ValueError(f"x: launch_gemv takes one token ([G, 1, K]), got shape {tuple(x.shape)}")
+    if w.stride(2) != 1 and w.stride(1) != 1:
+        raise ValueError(f"w: expected K or N contiguous, got strides {tuple(w.stride())}")
+    if out.stride(2) != 1 or x.stride(2) != 1:
+        raise ValueError(f"out / x: expected the last dim contiguous, got strides {tuple(out.stride())} "
+                         f"/ {tuple(x.stride())}")
+    grid = (triton.cdiv(N, config.block_n), G)
+    _gemv_kernel[grid](x, w, out, N, K, x.stride(0), w.stride(0), w.stride(1), w.stride(2), out.stride(0),
+                       float(alpha), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+                       num_warps=config.num_warps, num_stages=1)
+    return grid[0] * grid[1]
+
+
 def launch_linear(x, w, out, alpha: float, config, num_splits: int, part, counters) -> int:
     """Launch :func:`_linear_kernel` on torch tensors (validated by the binding).
 
@@ -209,5 +272,33 @@ def aot_specs(smem_class: str) -> list:
                                         divisible=tuple(n for n in ("N", "K", "k_per_split", "stride_xg",
                                                                     "stride_xm", "stride_wg", "stride_wn",
                                                                     "stride_wk", "stride_og", "stride_om")
+                                                        if n in sig)))
+    return specs
+
+
+def gemv_aot_specs() -> list:
+    """Launches of :func:`_gemv_kernel` (every config of ``kernels.linear.configs.GEMV_SPACE``:
+    bf16 weights and out, and fp32 weights with a bf16 token and fp32 out, each in its layout's
+    configs, the weight's unit stride the constant 1 as the JIT specialises it). Not in the CI
+    fit check while no launcher chooses the kernel (``bench.linear_sweep`` runs it); compiled
+    for sm_90 and sm_120 with ``kernels._triton_aot.compile_specs`` (bench/NOTES.md "One-token
+    projections")."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.linear.configs import GEMV_SPACE
+    specs = []
+    for layout, space in GEMV_SPACE.items():
+        for cfg in space:
+            for xd, wd, od in (("bf16", "bf16", "bf16"), ("bf16", "fp32", "fp32")):
+                sig = {"x_ptr": f"*{xd}", "w_ptr": f"*{wd}", "out_ptr": f"*{od}", "N": "i32", "K": "i32",
+                       "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32", "stride_wk": "i32",
+                       "stride_og": "i32", "alpha": "fp32"}
+                ce = dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k)
+                ce["stride_wn" if layout == "n_major" else "stride_wk"] = 1
+                for name in ce:
+                    sig.pop(name, None)
+                specs.append(LaunchSpec(f"gemv {layout} {cfg.block_n}x{cfg.block_k} w{cfg.num_warps} x={xd} w={wd}",
+                                        "kernels.linear.triton", "_gemv_kernel", sig, ce, cfg.num_warps, 1,
+                                        divisible=tuple(n for n in ("N", "K", "stride_xg", "stride_wg",
+                                                                    "stride_wn", "stride_wk", "stride_og")
                                                         if n in sig)))
     return specs
