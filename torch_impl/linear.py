@@ -25,13 +25,21 @@ import torch
 from kernels import hardware
 from kernels.ops import BACKEND_PATHS
 from kernels.linear import configs as lcfg
-from kernels.scalars import INT32_MAX, check_int, check_real
+from kernels.scalars import INT32_MAX, check_int, check_real, env_switch
 from torch_impl import _common
 
-__all__ = ["MAX_M", "linear", "reserve_workspace"]
+__all__ = ["GEMV_ENV", "MAX_M", "linear", "reserve_workspace"]
 
 MAX_M = lcfg.MAX_M
 """The most tokens the Triton path takes (more: ``path="auto"`` runs plain PyTorch)."""
+
+GEMV_ENV = "DSA_LINEAR_GEMV"
+"""Environment switch: ``1`` runs the Triton path's one-token calls (M = 1, no ``config``
+given) on the one-token kernel (``kernels.linear.triton._gemv_kernel``, plain loads and fp32
+FMAs; config :func:`kernels.linear.configs.gemv_heuristic`); unset, empty or ``0`` (default)
+on the tensor-core kernel. Off until a GPU sweep says which is faster (bench/NOTES.md
+"One-token projections"); the layer's GEMMs take it with ``DSA_LAYER_LINEAR`` routing them to
+Triton."""
 
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 _PATHS = _common.TORCH_PATHS
@@ -152,6 +160,11 @@ def _triton_impl(x3, w3, out3, alpha, config, splits):
         if last > INT32_MAX:
             raise NotImplementedError(f"linear (Triton): {name} spans {last + 1} elements per group; "
                                       f"the kernel's offsets are int32 (use path='torch')")
+    if M == 1 and config is None and env_switch(GEMV_ENV):
+        n_major = w3.stride(2) != 1
+        gcfg = lcfg.gemv_heuristic(N, K, G, n_major, dev.num_sms)
+        tl_linear.launch_gemv(x3, w3, out3, alpha, gcfg)
+        return
     config, splits = _plan(x3, w3, dev, config, splits)
     splits = lcfg.split_geometry(K, config.block_k, splits)[1]
     tiles = -(-N // config.block_n) * G
@@ -209,6 +222,8 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
         (``linear_space``); None: ``linear_heuristic``.
       splits: split-K count (1..128; None: ``linear_num_splits``, from the SM count); reduced so
         that no split is empty. Results are bitwise repeatable for a given config and count.
+        With :data:`GEMV_ENV` ``1``, a Triton call of one token and no ``config`` runs the
+        one-token kernel instead (no split; same bound, bitwise repeatable).
     Returns:
       ``out`` (``[M, N]`` / ``[G, M, N]``).
     Raises:

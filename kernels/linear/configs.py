@@ -222,3 +222,28 @@ blocks (8-16 KiB of bf16 a tile, ~32-64 fp32 product registers a thread); an N-m
 the bf16 projections stream at 0.56-0.78 of the copy bandwidth through cuBLAS and the
 tensor-core Triton GEMM at M = 1, XLA's GEMV fusions at 0.94-0.98 (bench/NOTES.md "Few-token
 projections"), so this sweep says whether plain loads and FMAs get there in Triton."""
+
+
+GEMV_PREFERENCE = (GemvConfig(8, 1024, 8), GemvConfig(4, 1024, 4), GemvConfig(2, 1024, 4),
+                   GemvConfig(8, 512, 4), GemvConfig(1, 2048, 4))
+"""K-major configs :func:`gemv_heuristic` may return, most rows a program first."""
+
+GEMV_PROGRAMS_PER_SM = 8
+"""Programs per SM the heuristic wants at least (6-8 CTAs of 4 warps are resident at 61-80
+registers: every one of them keeping its loads in flight; bench/NOTES.md "One-token
+projections")."""
+
+
+def gemv_heuristic(N: int, K: int, groups: int, n_major: bool, num_sms: int) -> GemvConfig:
+    """The one-token kernel's config of a call (a member of :data:`GEMV_SPACE`): N-major weights
+    ``128 x 16`` (128-byte rows along N); K-major the first of :data:`GEMV_PREFERENCE` whose K
+    block is at most K (a longer block masks part of every tile) and whose grid has at least
+    :data:`GEMV_PROGRAMS_PER_SM` programs an SM, else the one of those with the most programs.
+    A prediction to be replaced by the sweep's picks (``bench.linear_sweep``)."""
+    if n_major:
+        return GEMV_SPACE["n_major"][0]
+    fits = [c for c in GEMV_PREFERENCE if c.block_k <= max(K, 512)]
+    for c in fits:
+        if -(-N // c.block_n) * groups >= GEMV_PROGRAMS_PER_SM * num_sms:
+            return c
+    return max(fits, key=lambda c: (-(-N // c.block_n), -c.block_k))

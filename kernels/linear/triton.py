@@ -273,20 +273,23 @@ def aot_specs(smem_class: str) -> list:
                                                                     "stride_xm", "stride_wg", "stride_wn",
                                                                     "stride_wk", "stride_og", "stride_om")
                                                         if n in sig)))
-    return specs
+    return specs + gemv_aot_specs(reachable_only=True)
 
 
-def gemv_aot_specs() -> list:
-    """Launches of :func:`_gemv_kernel` (every config of ``kernels.linear.configs.GEMV_SPACE``:
-    bf16 weights and out, and fp32 weights with a bf16 token and fp32 out, each in its layout's
-    configs, the weight's unit stride the constant 1 as the JIT specialises it). Not in the CI
-    fit check while no launcher chooses the kernel (``bench.linear_sweep`` runs it); compiled
-    for sm_90 and sm_120 with ``kernels._triton_aot.compile_specs`` (bench/NOTES.md "One-token
+def gemv_aot_specs(reachable_only: bool = False) -> list:
+    """Launches of :func:`_gemv_kernel`: every config of ``kernels.linear.configs.GEMV_SPACE``
+    (what ``bench.linear_sweep`` runs), or with ``reachable_only`` those
+    :func:`kernels.linear.configs.gemv_heuristic` can return (what ``torch_impl.linear`` runs
+    with ``DSA_LINEAR_GEMV=1``: in :func:`aot_specs`, so CI's sm_120 fit check compiles them);
+    bf16 weights and out, and fp32 weights with a bf16 token and fp32 out, the weight's unit
+    stride the constant 1 as the JIT specialises it (counts: bench/NOTES.md "One-token
     projections")."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.linear.configs import GEMV_SPACE
+    from kernels.linear.configs import GEMV_PREFERENCE, GEMV_SPACE
     specs = []
     for layout, space in GEMV_SPACE.items():
+        if reachable_only:
+            space = GEMV_PREFERENCE if layout == "k_major" else space[:1]
         for cfg in space:
             for xd, wd, od in (("bf16", "bf16", "bf16"), ("bf16", "fp32", "fp32")):
                 sig = {"x_ptr": f"*{xd}", "w_ptr": f"*{wd}", "out_ptr": f"*{od}", "N": "i32", "K": "i32",
