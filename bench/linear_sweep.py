@@ -120,12 +120,9 @@ def main(argv=None):
                     help="CPU interpreter at the scaled-down layer's shapes, fp16 (plumbing only)")
     args = ap.parse_args(argv)
     t_start = time.time()
-    dry = args.dry_run or not torch.cuda.is_available()
-    if dry and not _common.interpret_mode():
-        raise SystemExit("linear_sweep: no CUDA GPU; run with TRITON_INTERPRET=1 for the dry run")
-    dev = torch.device("cpu" if dry else "cuda")
+    from bench.timing import sweep_device
+    dry, dev, act = sweep_device("linear_sweep", args.dry_run)
     info = _common.device_info(dev)
-    act = torch.float16 if dry else torch.bfloat16
     if dry:
         from bench.roofline import measure_cpu
         machine = measure_cpu()

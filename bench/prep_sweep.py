@@ -107,11 +107,8 @@ def main(argv=None):
     ap.add_argument("--dry-run", action="store_true", help="CPU interpreter, fp16, 1 set (plumbing only)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    dry = args.dry_run or not torch.cuda.is_available()
-    if dry and not _common.interpret_mode():
-        raise SystemExit("prep_sweep: no CUDA GPU; run with TRITON_INTERPRET=1 for the dry run")
-    dev = torch.device("cpu" if dry else "cuda")
-    dt = torch.float16 if dry else torch.bfloat16
+    from bench.timing import sweep_device
+    dry, dev, dt = sweep_device("prep_sweep", args.dry_run)
     sets = 1 if dry else args.sets
     cands = CANDIDATES[:2] if dry else CANDIDATES
     default_cfg = tlp.prep_q_heuristic

@@ -226,3 +226,20 @@ def time_cpu(calls, *, reps: int = 1) -> Timing:
                 pass
         us.append((time.perf_counter() - t) * 1e6)
     return _stats(us, "cpu wall clock (dry run: meaningless)")
+
+
+def sweep_device(tool: str, dry_run: bool):
+    """``(dry, device, activation dtype)`` of a torch GPU sweep (``bench.linear_sweep``,
+    ``bench.prep_sweep``): the CUDA GPU in bf16, or with ``dry_run`` / no GPU the CPU
+    interpreter in fp16 (plumbing only: the interpreter computes bf16 on raw bits).
+
+    Raises:
+      SystemExit: no CUDA GPU and ``TRITON_INTERPRET`` unset (names ``tool``).
+    """
+    import torch
+
+    from torch_impl import _common
+    dry = dry_run or not torch.cuda.is_available()
+    if dry and not _common.interpret_mode():
+        raise SystemExit(f"{tool}: no CUDA GPU; run with TRITON_INTERPRET=1 for the dry run")
+    return dry, torch.device("cpu" if dry else "cuda"), torch.float16 if dry else torch.bfloat16
