@@ -16,6 +16,7 @@ from kernels import compare, layer_reference as lref
 import _layer_checks as checks
 from torch_impl._common import as_tensor
 from torch_impl.layer import DSADecodeLayer
+from torch_impl.linear import GEMV_ENV
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -31,8 +32,14 @@ CASES = {  # name: (cfg, kv_format, B, N, lens, seed)
 }
 
 
+ONE_TOKEN_CASES = {  # B 1, N 1: every projection has M = 1 (the one-token GEMV's cases)
+    "dsv32_fp8_ds_mla_b1": (V32, "fp8_ds_mla", 1, 1, (150,), 0),
+    "dsv4_fp8_model1_b1": (V4, "fp8_model1", 1, 1, (120,), 3),
+}
+
+
 def _case(name):
-    cfg, fmt, B, N, lens, seed = CASES[name]
+    cfg, fmt, B, N, lens, seed = CASES[name] if name in CASES else ONE_TOKEN_CASES[name]
     return lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name=name)
 
 
@@ -119,14 +126,22 @@ def test_bad_input_is_named():
         DSADecodeLayer(case.cfg, {**case.weights, "wo": case.weights["wo"][:, :8]})
 
 
-@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_latent_mtp2"])
-def test_linear_triton_matches_reference_and_torch_gemms(name):
+@pytest.mark.parametrize("name,gemv", [("dsv32_fp8_ds_mla", False), ("dsv4_latent_mtp2", False),
+                                       ("dsv32_fp8_ds_mla_b1", True), ("dsv4_fp8_model1_b1", True)])
+def test_linear_triton_matches_reference_and_torch_gemms(name, gemv, monkeypatch):
     """Every projection on the Triton few-token GEMM (``linear="triton"``; the DSA ops on plain
     PyTorch, so the GEMMs are all that differs): the float64 reference's checks, and the float32
     intermediates within 1e-5 x max|value| of the torch-GEMM layer's. Why that bound: both sum
     the same float32 products, in another order, so each GEMM differs by at most 2 K u32
     sum|x w| (K <= 512 here: 6e-5 sum|x w|), through at most three GEMMs and a norm; the
-    observed difference is 2-6e-7 x max|value|, and 1e-5 stays 100x below SPEC's output bound."""
+    observed difference is 2-6e-7 x max|value|, and 1e-5 stays 100x below SPEC's output bound.
+    The B 1 cases run the one-token GEMV (``DSA_LINEAR_GEMV=1``: every GEMM has M = 1), with
+    the same bound (another summation order of the same float32 products)."""
+    from kernels.linear import triton as ktriton
+    monkeypatch.setenv(GEMV_ENV, "1" if gemv else "0")
+    launches = []
+    real = ktriton.launch_gemv
+    monkeypatch.setattr(ktriton, "launch_gemv", lambda *a, **k: launches.append(1) or real(*a, **k))
     case = _case(name)
     got = {}
     for lin in ("torch", "triton"):
@@ -134,6 +149,8 @@ def test_linear_triton_matches_reference_and_torch_gemms(name):
                                path="torch", linear=lin)
         assert set(layer.linear.values()) == {lin}
         got[lin] = _run(layer, case)
+    from torch_impl.layer import LAYER_GEMMS
+    assert len(launches) == (len(LAYER_GEMMS[case.cfg.absorbed]) if gemv else 0)
     out, kv, kc, inter = got["triton"]
     checks.check_step(case, case.reference(), out, kv, kc, inter)
     t_out, _, _, t_inter = got["torch"]
