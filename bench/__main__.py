@@ -167,10 +167,11 @@ def _bad_environment() -> str | None:
         import torch
         from kernels.scalars import env_switch
         from kernels.topk.triton import pdl_enabled
+        from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
-                   lambda: env_switch("DSA_LINEAR_GEMV")]
+                   lambda: env_switch(GEMV_ENV)]
     for check in checks:
         try:
             check()

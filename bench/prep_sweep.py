@@ -28,6 +28,8 @@ import time
 import numpy as np
 import torch
 
+from kernels import formats
+from kernels import layer_config as lc
 from kernels import layer_reference as lref
 from kernels.layer_prep import triton as tlp
 from torch_impl import _common
@@ -41,25 +43,25 @@ CANDIDATES = (tlp.PrepQConfig(16, 4, 4), tlp.PrepQConfig(16, 2, 4), tlp.PrepQCon
 
 
 def _inputs(cfg: lref.LayerConfig, B: int, dt, dev, seed: int):
-    """One set of ``prepare_q`` / ``prepare_x`` / ``rope_out`` inputs (N 1, P 64, positions
-    ~32K, every new token mapped)."""
+    """One set of ``prepare_q`` / ``prepare_x`` / ``rope_out`` inputs (N 1, the layer's page
+    size and cache layouts, every request at position 32,763: the bench rows' L 32K, so the rope
+    angles are as large as there; every new token mapped)."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     H, H_I, D_I, r = cfg.num_heads, cfg.index_heads, cfg.index_head_dim, cfg.d_rope
-    P, pages_per_req = 64, 2
-    num_pages = B * pages_per_req
+    P, pages_per_req = cfg.page_size, 32768 // cfg.page_size
+    num_pages = B * 2               # the block tables cycle over two real pages a request
 
     def act(*shape, scale=1.0):
         return (torch.randn(*shape, generator=g) * scale).to(dt).to(dev)
 
     q_cols = H * (cfg.qk_nope_head_dim + r) if cfg.absorbed else H * cfg.d_qk
-    bt = torch.arange(num_pages, dtype=torch.int32).reshape(B, pages_per_req).to(dev)
+    bt = (2 * torch.arange(B, dtype=torch.int32)[:, None]
+          + torch.arange(pages_per_req, dtype=torch.int32)[None, :] % 2).to(dev)
     cl = torch.full((B,), P * pages_per_req - 5, dtype=torch.int32).to(dev)
     fmt = cfg.kv_format
-    kv_bytes = {"fp8_ds_mla": 656, "fp8_model1": 584}.get(fmt)
-    kv = (torch.zeros(num_pages, P, kv_bytes, dtype=torch.uint8, device=dev) if kv_bytes
-          else torch.zeros(num_pages, P, cfg.d_qk, dtype=dt, device=dev))
-    k_page = P * (D_I + 4)
-    kc = torch.zeros(num_pages, k_page, dtype=torch.uint8, device=dev)
+    kv = torch.zeros(lc.kv_cache_shape(cfg, fmt, num_pages), device=dev,
+                     dtype=dt if fmt == "latent" else torch.uint8)
+    kc = torch.zeros(formats.cache_shape("fp8_indexer", num_pages, P, D_I), dtype=torch.uint8, device=dev)
     ones = torch.ones
     return dict(
         iq=act(B, H_I * D_I), w_raw=act(B, H_I, scale=1 / H_I).float(), q=act(B, q_cols),
@@ -85,7 +87,7 @@ def _x_call(cfg: lref.LayerConfig, a: dict):
     return lambda: tlayer.prepare_x(
         a["xq"], a["xkv"], a["xk"], a["x"], a["q_norm"], a["kv_norm"], a["k_norm_w"], a["k_norm_b"],
         a["rope_freqs"], a["hadamard"], a["kv_cache"], a["k_cache"], a["block_table"], a["context_lens"], 1,
-        cfg.kv_format, page_size=64, scale_fmt="ue8m0", eps=cfg.eps, norm_rope=not cfg.absorbed, path="triton")
+        cfg.kv_format, page_size=cfg.page_size, scale_fmt="ue8m0", eps=cfg.eps, norm_rope=not cfg.absorbed, path="triton")
 
 
 def _time(calls, dry: bool):
@@ -112,6 +114,7 @@ def main(argv=None):
     sets = 1 if dry else args.sets
     cands = CANDIDATES[:2] if dry else CANDIDATES
     default_cfg = tlp.prep_q_heuristic
+    original = tlayer._prep_q_config
     rows = []
     try:
         for preset in args.preset:
@@ -149,7 +152,7 @@ def main(argv=None):
                         f"{k}={row[k]:.2f}" for k in ("all_us", "index_us", "mla_us") if k in row)
                         + ("" if row["equal_to_default"] else " NOT EQUAL"), flush=True)
     finally:
-        tlayer._prep_q_config = lambda hi, h, d: default_cfg(hi, h, torch.finfo(d).bits // 8)
+        tlayer._prep_q_config = original
     info = _common.device_info(dev)
     out = dict(gpu=info.name, compute_capability=list(info.cc),
                date=time.strftime("%Y-%m-%d"), command="python -m bench.prep_sweep " + " ".join(sys.argv[1:]),

@@ -184,7 +184,8 @@ def main(argv=None) -> int:
                 "layer_fused_prep": fused_prep_default(),                # DSA_LAYER_FUSED_PREP
                 # the layer's two-stream step (DSA_LAYER_OVERLAP, DSA_LAYER_OVERLAP_CARVEOUT)
                 "env": {k: os.environ[k] for k in ("DSA_LAYER_OVERLAP", "DSA_LAYER_OVERLAP_CARVEOUT",
-                                                   "DSA_LAYER_LINEAR", "DSA_BENCH_COMPILE_LAYER")
+                                                   "DSA_LAYER_LINEAR", "DSA_LINEAR_GEMV", "DSA_TOPK_PDL",
+                                                   "DSA_BENCH_COMPILE_LAYER")
                         if os.environ.get(k)},
                 "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": res}, indent=1))

@@ -98,8 +98,8 @@ def test_gemv_against_reference(dts, n_major):
 def test_gemv_route_of_the_binding(monkeypatch):
     """``DSA_LINEAR_GEMV=1``: a Triton call of one token and no config runs the one-token kernel
     at ``gemv_heuristic``'s config (bit-equal to launching it directly; within the float64
-    bound), K-major and N-major; a call of 3 tokens, or one given a config, runs the tensor-core
-    kernel as with the switch off (bit-equal); a bad value is a ValueError naming the switch."""
+    bound), K-major and N-major; a call of 3 tokens, or one given a config or a split count,
+    runs the tensor-core kernel as with the switch off (bit-equal); a bad value is a ValueError naming the switch."""
     from kernels import hardware
     from kernels.linear import triton as ktriton
     x, w = _operands(11, 2, 1, 40, 300, torch.float16, torch.float16)
@@ -109,6 +109,7 @@ def test_gemv_route_of_the_binding(monkeypatch):
     off3 = linear(x3, w3, path="triton")
     cfg = lcfg.linear_heuristic(1, 40, 300, 2, hardware.CPU_INTERPRETER.smem_per_block)
     off_cfg = linear(x, w, path="triton", config=cfg)
+    off_split = linear(x, w, path="triton", splits=2)
     monkeypatch.setenv(tlinear.GEMV_ENV, "1")
     sms = (torch.cuda.get_device_properties(0).multi_processor_count if CUDA
            else hardware.CPU_INTERPRETER.num_sms)
@@ -120,6 +121,7 @@ def test_gemv_route_of_the_binding(monkeypatch):
         _check(got, x, ww, 0.5)
     assert torch.equal(linear(x3, w3, path="triton"), off3)
     assert torch.equal(linear(x, w, path="triton", config=cfg), off_cfg)
+    assert torch.equal(linear(x, w, path="triton", splits=2), off_split)
     monkeypatch.setenv(tlinear.GEMV_ENV, "yes")
     with pytest.raises(ValueError, match=r"^DSA_LINEAR_GEMV: expected '0', '1' or unset, got 'yes'"):
         linear(x, w, path="triton")

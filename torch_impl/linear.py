@@ -34,8 +34,8 @@ MAX_M = lcfg.MAX_M
 """The most tokens the Triton path takes (more: ``path="auto"`` runs plain PyTorch)."""
 
 GEMV_ENV = "DSA_LINEAR_GEMV"
-"""Environment switch: ``1`` runs the Triton path's one-token calls (M = 1, no ``config``
-given) on the one-token kernel (``kernels.linear.triton._gemv_kernel``, plain loads and fp32
+"""Environment switch: ``1`` runs the Triton path's one-token calls (M = 1, neither ``config``
+nor ``splits`` given) on the one-token kernel (``kernels.linear.triton._gemv_kernel``, plain loads and fp32
 FMAs; config :func:`kernels.linear.configs.gemv_heuristic`); unset, empty or ``0`` (default)
 on the tensor-core kernel. Off until a GPU sweep says which is faster (bench/NOTES.md
 "One-token projections"); the layer's GEMMs take it with ``DSA_LAYER_LINEAR`` routing them to
@@ -160,7 +160,7 @@ def _triton_impl(x3, w3, out3, alpha, config, splits):
         if last > INT32_MAX:
             raise NotImplementedError(f"linear (Triton): {name} spans {last + 1} elements per group; "
                                       f"the kernel's offsets are int32 (use path='torch')")
-    if M == 1 and config is None and env_switch(GEMV_ENV):
+    if M == 1 and config is None and not splits and env_switch(GEMV_ENV):
         n_major = w3.stride(2) != 1
         gcfg = lcfg.gemv_heuristic(N, K, G, n_major, dev.num_sms)
         tl_linear.launch_gemv(x3, w3, out3, alpha, gcfg)
@@ -222,8 +222,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
         (``linear_space``); None: ``linear_heuristic``.
       splits: split-K count (1..128; None: ``linear_num_splits``, from the SM count); reduced so
         that no split is empty. Results are bitwise repeatable for a given config and count.
-        With :data:`GEMV_ENV` ``1``, a Triton call of one token and no ``config`` runs the
-        one-token kernel instead (no split; same bound, bitwise repeatable).
+        With :data:`GEMV_ENV` ``1``, a Triton call of one token with neither ``config`` nor
+        ``splits`` runs the one-token kernel instead (no split; same bound, bitwise
+        repeatable).
     Returns:
       ``out`` (``[M, N]`` / ``[G, M, N]``).
     Raises:

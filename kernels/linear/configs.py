@@ -218,8 +218,8 @@ GEMV_SPACE = {
 """The one-token kernel's configs swept by ``bench.linear_sweep`` (M = 1 rows), by the weight's
 unit-stride dim: a K-major weight (a linear layer's ``[out, in]``) wants a few rows of long K
 blocks (8-16 KiB of bf16 a tile, ~32-64 fp32 product registers a thread); an N-major weight
-(``wkv_b``'s key half read as ``w^T``) wants 128-byte rows along N. Not yet a launcher's choice:
-the bf16 projections stream at 0.56-0.78 of the copy bandwidth through cuBLAS and the
+(``wkv_b``'s key half read as ``w^T``) wants 128-byte rows along N. The binding runs it only
+with ``DSA_LINEAR_GEMV=1`` (at :func:`gemv_heuristic`'s config) until a GPU sweep decides: the bf16 projections stream at 0.56-0.78 of the copy bandwidth through cuBLAS and the
 tensor-core Triton GEMM at M = 1, XLA's GEMV fusions at 0.94-0.98 (bench/NOTES.md "Few-token
 projections"), so this sweep says whether plain loads and FMAs get there in Triton."""
 
@@ -237,7 +237,8 @@ projections")."""
 def gemv_heuristic(N: int, K: int, groups: int, n_major: bool, num_sms: int) -> GemvConfig:
     """The one-token kernel's config of a call (a member of :data:`GEMV_SPACE`): N-major weights
     ``128 x 16`` (128-byte rows along N); K-major the first of :data:`GEMV_PREFERENCE` whose K
-    block is at most K (a longer block masks part of every tile) and whose grid has at least
+    block is at most ``max(K, 512)`` (a longer block masks part of every tile; below K 512 the
+    512 block is the shortest there is) and whose grid has at least
     :data:`GEMV_PROGRAMS_PER_SM` programs an SM, else the one of those with the most programs.
     A prediction to be replaced by the sweep's picks (``bench.linear_sweep``)."""
     if n_major:

@@ -166,8 +166,8 @@ def launch_gemv(x, w, out, alpha: float, config) -> int:
     N of unit stride), ``out`` ``[G, 1, N]`` (last dim contiguous), all on one CUDA device (or
     the CPU under ``TRITON_INTERPRET=1``); ``config`` a
     :class:`kernels.linear.configs.GemvConfig`. Grid ``(cdiv(N, block_n), G)``. Returns the
-    number of programs. The caller validates (``bench.linear_sweep`` is the only caller today:
-    the kernel is swept against cuBLAS before any binding runs it).
+    number of programs. The callers validate: ``torch_impl.linear`` (its one-token route,
+    ``DSA_LINEAR_GEMV=1``) and ``bench.linear_sweep``.
 
     Raises:
       ValueError: more than one token, a weight with neither K nor N contiguous, or an ``out``
@@ -279,9 +279,11 @@ def aot_specs(smem_class: str) -> list:
 def gemv_aot_specs(reachable_only: bool = False) -> list:
     """Launches of :func:`_gemv_kernel`: every config of ``kernels.linear.configs.GEMV_SPACE``
     (what ``bench.linear_sweep`` runs), or with ``reachable_only`` those
-    :func:`kernels.linear.configs.gemv_heuristic` can return (what ``torch_impl.linear`` runs
-    with ``DSA_LINEAR_GEMV=1``: in :func:`aot_specs`, so CI's sm_120 fit check compiles them);
-    bf16 weights and out, and fp32 weights with a bf16 token and fp32 out, the weight's unit
+    :func:`kernels.linear.configs.gemv_heuristic` can return (the configs ``torch_impl.linear``
+    runs with ``DSA_LINEAR_GEMV=1``: in :func:`aot_specs`, so CI's sm_120 fit check compiles
+    them); each with the layer's two operand kinds, bf16 weights and out, and fp32 weights with
+    a bf16 token and fp32 out (the other dtypes the binding takes change only the loads' and
+    the store's conversions: the kernel's shared memory is its final cross-warp sum), the weight's unit
     stride the constant 1 as the JIT specialises it (counts: bench/NOTES.md "One-token
     projections")."""
     from kernels._triton_aot import LaunchSpec
