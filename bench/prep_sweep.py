@@ -113,8 +113,7 @@ def main(argv=None):
     dry, dev, dt = sweep_device("prep_sweep", args.dry_run)
     sets = 1 if dry else args.sets
     cands = CANDIDATES[:2] if dry else CANDIDATES
-    default_cfg = tlp.prep_q_heuristic
-    original = tlayer._prep_q_config
+    original = tlayer._prep_q_config           # the launcher's own choice (prep_q_heuristic)
     rows = []
     try:
         for preset in args.preset:
@@ -122,7 +121,7 @@ def main(argv=None):
             for B in args.batch:
                 ins = [_inputs(cfg, B, dt, dev, seed=s) for s in range(sets)]
                 base = dict(preset=preset, B=B, H=cfg.num_heads, H_I=cfg.index_heads)
-                tlayer._prep_q_config = lambda hi, h, d: default_cfg(hi, h, torch.finfo(d).bits // 8)
+                tlayer._prep_q_config = original
                 want = _q_call(cfg, ins[0], "all")()
                 for name, calls in (("prep_x", [_x_call(cfg, a) for a in ins]),) + (
                         (("rope_out", [(lambda a=a: tlayer.rope_out(a["attn"], a["rope_freqs"], a["context_lens"], 1))
