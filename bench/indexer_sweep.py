@@ -83,6 +83,9 @@ VARIANTS = {
     "gluon_ws_c3": dict(kernel="gluon_ws", ws_consumers=3),    # 3 consumers at 160 registers
     "gluon_ws_smem": dict(kernel="gluon_ws", ws_convert="smem"),  # fp16 rows via shared memory
     "gluon_ws_c3_smem": dict(kernel="gluon_ws", ws_consumers=3, ws_convert="smem"),  # no spill
+    # four consumers, a page of every other step each (16 consumer warps an SM; refused by the
+    # launcher until verified: run with --unguarded)
+    "gluon_ws_c4": dict(kernel="gluon_ws", ws_consumers=4),
 }
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
 DEFAULT_VARIANTS = ("triton", "gluon", "gluon_s4", "gluon_s16")

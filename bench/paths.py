@@ -165,12 +165,18 @@ class TorchBackend(Backend):
         if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER),
             # its GEMMs (DSA_LAYER_LINEAR) and its step preparation (DSA_LAYER_FUSED_PREP; the
             # layer is built without either argument, so it reads the environment)
+            from kernels.scalars import env_switch
             from torch_impl.layer import (fused_prep_default, linear_switch, overlap_applies,
                                           overlap_default, overlap_sm_carveout)
+            from torch_impl.linear import GEMV_ENV
             lin, fused = linear_switch(None, inp.shape.layer_cfg.absorbed), fused_prep_default()
             T = inp.shape.B * inp.shape.N
             cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device),
                        linear=sorted(n for n, c in lin.items() if c == "triton"),
+                       # one-token steps: the GEMMs on the one-token kernel where their weight
+                       # is K-major (torch_impl.layer.gemv_applies; wkv_b_q's is not)
+                       linear_gemv=sorted(n for n, c in lin.items() if c == "gemv")
+                       if T == 1 and env_switch(GEMV_ENV) is not False else [],
                        fused_prep=fused,
                        # the indexer's branch on a side stream (dsa::q_index_overlap)
                        overlap=overlap_applies(T, str(inp.device).split(":")[0], fused, path, lin,

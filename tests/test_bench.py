@@ -756,7 +756,7 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_LAYER_OVERLAP", "yes", "environment: DSA_LAYER_OVERLAP: expected '0', '1' or unset, got 'yes'"),
     ("DSA_LAYER_OVERLAP_CARVEOUT", "-1", "environment: DSA_LAYER_OVERLAP_CARVEOUT: expected a non-negative"),
     ("DSA_LAYER_FUSED_PREP", "2", "environment: DSA_LAYER_FUSED_PREP: expected '0', '1' or unset, got '2'"),
-    ("DSA_LAYER_LINEAR", "x_proj", "environment: linear: expected 'torch', 'triton', 'auto' or"),
+    ("DSA_LAYER_LINEAR", "x_proj", "environment: linear: expected 'torch', 'triton', 'auto', 'gemv' or"),
     ("DSA_BENCH_LAYER_STEPS", "0", "environment: DSA_BENCH_LAYER_STEPS: expected a positive integer"),
     ("DSA_TOPK_PDL", "on", "environment: DSA_TOPK_PDL: expected '0', '1' or unset, got 'on'"),
     ("DSA_LINEAR_GEMV", "true", "environment: DSA_LINEAR_GEMV: expected '0', '1' or unset, got 'true'"),

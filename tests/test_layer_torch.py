@@ -174,12 +174,17 @@ def test_projection_shapes_cover_the_weights(tp):
 
 
 def test_linear_switch(monkeypatch):
-    """``linear``: "torch" / "triton" / "auto" for every GEMM, per GEMM as a mapping or
-    "name=choice,..." (the rest torch), None reads DSA_LAYER_LINEAR (unset: torch); bad values
-    are ValueError / TypeError naming ``linear``."""
-    from torch_impl.layer import LAYER_GEMMS, LINEAR_AUTO, LINEAR_ENV
+    """``linear``: "torch" / "triton" / "auto" / "gemv" for every GEMM, per GEMM as a mapping
+    or "name=choice,..." (the rest torch), None reads DSA_LAYER_LINEAR (unset: "gemv",
+    ``LINEAR_DEFAULT``); bad values are ValueError / TypeError naming ``linear``."""
+    from torch_impl.layer import LAYER_GEMMS, LINEAR_AUTO, LINEAR_DEFAULT, LINEAR_ENV
     monkeypatch.delenv(LINEAR_ENV, raising=False)
-    assert set(DSADecodeLayer(V4, None).linear.values()) == {"torch"}
+    assert LINEAR_DEFAULT == "gemv"
+    assert set(DSADecodeLayer(V4, None).linear.values()) == {"gemv"}
+    assert set(DSADecodeLayer(V4, None, linear="torch").linear.values()) == {"torch"}
+    assert set(DSADecodeLayer(V32, None, linear="gemv").linear.values()) == {"gemv"}
+    mixed = DSADecodeLayer(V32, None, linear="wo=gemv,x_proj=triton").linear
+    assert (mixed["wo"], mixed["x_proj"], mixed["wq_b"]) == ("gemv", "triton", "torch")
     for absorbed, cfg in ((True, V32), (False, V4)):
         auto = DSADecodeLayer(cfg, None, linear="auto").linear
         assert list(auto) == list(LAYER_GEMMS[absorbed])
@@ -189,12 +194,35 @@ def test_linear_switch(monkeypatch):
     assert DSADecodeLayer(V4, None, linear={"wo_a": "triton"}).linear["wo_a"] == "triton"
     monkeypatch.setenv(LINEAR_ENV, "triton")
     assert set(DSADecodeLayer(V4, None).linear.values()) == {"triton"}
-    for bad, exc, match in (("cuda", ValueError, "linear: expected 'torch'"),
+    for bad, exc, match in (("cuda", ValueError, "linear: expected 'torch', 'triton', 'auto', 'gemv'"),
                             ("wo_a=triton", ValueError, r"linear: expected GEMM names of this layer"),
                             ({"wo": "cublas"}, ValueError, r"linear\['wo'\]: expected one of"),
                             (3, TypeError, "linear: expected a str, a mapping")):
         with pytest.raises(exc, match=match):
             DSADecodeLayer(V32, None, linear=bad)
+
+
+def test_gemv_applies_and_the_overlap(monkeypatch):
+    """``"gemv"``: the one-token kernel for a one-token step, a K-major weight, on CUDA off the
+    torch path, unless DSA_LINEAR_GEMV is 0; torch's GEMM otherwise (the CPU included). At
+    one token the overlap does not run beside it (its GEMMs are torch's); at two tokens, or
+    with the one-token kernel off, the switch is torch's and the overlap runs."""
+    from torch_impl import linear as tlinear
+    from torch_impl.layer import gemv_applies, linear_switch, overlap_applies
+    monkeypatch.delenv(tlinear.GEMV_ENV, raising=False)
+    w = torch.zeros(8, 16)
+    assert gemv_applies(1, w, "cuda", "auto") and gemv_applies(1, w, "cuda", "triton")
+    assert not gemv_applies(2, w, "cuda", "auto")                    # two tokens
+    assert not gemv_applies(1, w.t(), "cuda", "auto")                # N-major (wkv_b_q)
+    assert not gemv_applies(1, w, "cpu", "auto")                     # the CPU: torch's GEMM
+    assert not gemv_applies(1, w, "cuda", "torch")
+    lin = linear_switch("gemv", True)
+    assert not overlap_applies(1, "cuda", True, "auto", lin)
+    assert overlap_applies(2, "cuda", True, "auto", lin)
+    assert overlap_applies(1, "cuda", True, "auto", linear_switch("torch", True))
+    monkeypatch.setenv(tlinear.GEMV_ENV, "0")
+    assert not gemv_applies(1, w, "cuda", "auto")
+    assert overlap_applies(1, "cuda", True, "auto", lin)
 
 
 @pytest.fixture(scope="module")

@@ -96,55 +96,73 @@ def test_gemv_against_reference(dts, n_major):
 
 
 def test_gemv_route_of_the_binding(monkeypatch):
-    """``DSA_LINEAR_GEMV=1``: a Triton call of one token and no config runs the one-token kernel
-    at ``gemv_heuristic``'s config (bit-equal to launching it directly; within the float64
-    bound), K-major and N-major; a call of 3 tokens, or one given a config or a split count,
-    runs the tensor-core kernel as with the switch off (bit-equal); a bad value is a ValueError naming the switch."""
+    """``DSA_LINEAR_GEMV`` unset (default) or ``1``: a Triton call of one token, a K-major
+    weight and no config runs the one-token kernel at ``gemv_heuristic``'s config (bit-equal to
+    launching it directly; within the float64 bound); ``0`` runs the tensor-core kernel; an
+    N-major weight, a call of 3 tokens, or one given a config or a split count runs the
+    tensor-core kernel whatever the switch (bit-equal to the switch off); a bad value is a
+    ValueError naming the switch."""
     from kernels import hardware
     from kernels.linear import triton as ktriton
     x, w = _operands(11, 2, 1, 40, 300, torch.float16, torch.float16)
     x3, w3 = _operands(12, 2, 3, 40, 300, torch.float16, torch.float16)
     wn = w.transpose(1, 2).contiguous().transpose(1, 2)
-    monkeypatch.delenv(tlinear.GEMV_ENV, raising=False)
+    monkeypatch.setenv(tlinear.GEMV_ENV, "0")
     off3 = linear(x3, w3, path="triton")
+    off = linear(x, w, path="triton")
+    off_n = linear(x, wn, path="triton")
     cfg = lcfg.linear_heuristic(1, 40, 300, 2, hardware.CPU_INTERPRETER.smem_per_block)
     off_cfg = linear(x, w, path="triton", config=cfg)
     off_split = linear(x, w, path="triton", splits=2)
-    monkeypatch.setenv(tlinear.GEMV_ENV, "1")
     sms = (torch.cuda.get_device_properties(0).multi_processor_count if CUDA
            else hardware.CPU_INTERPRETER.num_sms)
-    for ww, n_major in ((w, False), (wn, True)):
-        got = linear(x, ww, alpha=0.5, path="triton")
-        want = torch.empty_like(got)
-        ktriton.launch_gemv(x, ww, want, 0.5, lcfg.gemv_heuristic(40, 300, 2, n_major, sms))
-        assert torch.equal(got, want), n_major
-        _check(got, x, ww, 0.5)
-    assert torch.equal(linear(x3, w3, path="triton"), off3)
-    assert torch.equal(linear(x, w, path="triton", config=cfg), off_cfg)
-    assert torch.equal(linear(x, w, path="triton", splits=2), off_split)
+    want = torch.empty(2, 1, 40, dtype=torch.float16, device=DEVICE)
+    ktriton.launch_gemv(x, w, want, 0.5, lcfg.gemv_heuristic(40, 300, 2, False, sms))
+    _check(want, x, w, 0.5)
+    for value in (None, "1"):
+        if value is None:
+            monkeypatch.delenv(tlinear.GEMV_ENV, raising=False)
+        else:
+            monkeypatch.setenv(tlinear.GEMV_ENV, value)
+        assert torch.equal(linear(x, w, alpha=0.5, path="triton"), want), value
+        assert torch.equal(linear(x, wn, path="triton"), off_n), value
+        assert torch.equal(linear(x3, w3, path="triton"), off3), value
+        assert torch.equal(linear(x, w, path="triton", config=cfg), off_cfg), value
+        assert torch.equal(linear(x, w, path="triton", splits=2), off_split), value
+    calls = []                           # which kernel ran (the two may round to the same bits)
+    real = ktriton.launch_gemv
+    monkeypatch.setattr(ktriton, "launch_gemv", lambda *a: calls.append(a[4]) or real(*a))
+    monkeypatch.delenv(tlinear.GEMV_ENV, raising=False)
+    linear(x, w, path="triton")
+    linear(x, wn, path="triton")
+    monkeypatch.setenv(tlinear.GEMV_ENV, "0")
+    assert torch.equal(linear(x, w, path="triton"), off)
+    assert calls == [lcfg.gemv_heuristic(40, 300, 2, False, sms)]
     monkeypatch.setenv(tlinear.GEMV_ENV, "yes")
     with pytest.raises(ValueError, match=r"^DSA_LINEAR_GEMV: expected '0', '1' or unset, got 'yes'"):
         linear(x, w, path="triton")
 
 
 def test_gemv_heuristic_members_and_rule():
-    """Every config the heuristic returns is in ``GEMV_SPACE`` (and so in the CI fit check's
-    specs); its K block never exceeds K where a shorter one exists; the grid it gives fills
-    ``GEMV_PROGRAMS_PER_SM`` programs an SM where any config can."""
+    """Every config the heuristic returns is one of ``GEMV_PICKS`` (in ``GEMV_SPACE`` and in
+    the CI fit check's specs), by the measured rule: N-major 64 x 32; K-major 1 x 2048 where
+    two-row programs would leave SMs without one, else 2 x 1024 where 1,024 divides K, else
+    8 x 512 (bench/NOTES.md "One-token projections: measured")."""
     from kernels.linear import triton as ktriton
     labels = {s.label for s in ktriton.gemv_aot_specs(reachable_only=True)}
-    for N, K, G, n_major, sms in [(32768, 1024, 1, False, 132), (1664, 4096, 1, False, 132),
-                                  (64, 7168, 1, False, 132), (512, 128, 128, True, 132),
-                                  (4096, 8192, 1, False, 188), (1024, 4096, 8, False, 170), (40, 300, 2, False, 4)]:
+    for layout, picks in lcfg.GEMV_PICKS.items():
+        assert set(picks) <= set(lcfg.GEMV_SPACE[layout])
+        for c in picks:
+            assert any(lb.startswith(f"gemv {layout} {c.block_n}x{c.block_k} w{c.num_warps} ")
+                       for lb in labels), c
+    rule = [((512, 128, 128, True, 132), (64, 32)), ((64, 7168, 1, False, 132), (1, 2048)),
+            ((64, 4096, 1, False, 188), (1, 2048)), ((1664, 4096, 1, False, 132), (2, 1024)),
+            ((32768, 1024, 1, False, 132), (2, 1024)), ((7168, 16384, 1, False, 132), (2, 1024)),
+            ((1024, 4096, 8, False, 170), (2, 1024)), ((24576, 1536, 1, False, 132), (8, 512)),
+            ((128, 512, 128, False, 132), (8, 512)), ((40, 300, 2, False, 4), (8, 512))]
+    for (N, K, G, n_major, sms), (bn, bk) in rule:
         c = lcfg.gemv_heuristic(N, K, G, n_major, sms)
-        assert c in lcfg.GEMV_SPACE["n_major" if n_major else "k_major"]
-        assert any(l.startswith(f"gemv {'n_major' if n_major else 'k_major'} {c.block_n}x{c.block_k} "
-                                f"w{c.num_warps} ") for l in labels), c
-        if not n_major:
-            assert c.block_k <= max(K, 512)
-            progs = -(-N // c.block_n) * G
-            best = max(-(-N // d.block_n) * G for d in lcfg.GEMV_PREFERENCE if d.block_k <= max(K, 512))
-            assert progs >= min(best, lcfg.GEMV_PROGRAMS_PER_SM * sms)
+        assert (c.block_n, c.block_k, c.num_warps) == (bn, bk, 4), (N, K, G, n_major, sms, c)
 
 
 def test_gemv_refuses_what_it_cannot_launch():

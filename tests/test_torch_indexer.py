@@ -647,8 +647,9 @@ def test_gluon_ws_config_selection():
                       (h200, ("fp8_indexer", 4, 64, 128, 64)), (h200, ("fp8_indexer", 1, 16, 128, 64)),
                       (h200, ("fp8_indexer", 1, 64, 128, 16)), (h200, ("dense", 1, 64, 128, 64))):
         assert resolve_kernel(ws, dev, *args).kernel == "triton", (dev.name, args)
-    for bad, word in ((dict(ws_consumers=4), "ws_consumers"), (dict(ws_convert="tma"), "ws_convert"),
-                      (dict(kernel="gluon_tma"), "kernel")):
+    for bad, word in ((dict(ws_consumers=5), "ws_consumers"), (dict(ws_convert="tma"), "ws_convert"),
+                      (dict(kernel="gluon_tma"), "kernel"),
+                      (dict(ws_consumers=4, ws_convert="smem"), "registers only")):
         with pytest.raises(ValueError, match=word):
             resolve_kernel(dataclasses.replace(ws, **bad), h200, "fp8_indexer", 1, 64, 128, 64)
     # B 64 at 132 SMs: 2 per SM at one CTA an SM (4 splits), 4 at two (8); B 1: the pages cap it
@@ -701,6 +702,7 @@ def test_gluon_ws_ring_slots():
     assert [ring_slots(2, 0, n) for n in (1, 2)] == [8, 8]
     assert [ring_slots(1, 0, n) for n in (1, 2)] == [5, 4]
     assert [ring_slots(3, 1, n) for n in (1, 2)] == [6, 5]
+    assert [ring_slots(4, 0, n) for n in (1, 2)] == [8, 8]
     assert all(ring_slots(c, v, n) >= 2 for c in (1, 2, 3) for v in (0, 1) for n in (1, 2))
 
 
@@ -714,6 +716,7 @@ def test_gluon_ws_guard_refuses_one_consumer_with_two_ctas_an_sm(monkeypatch):
     assert gluon_ws.unverified(64, 8, 132, 1) and gluon_ws.unverified(16, 33, 132, 1)
     assert gluon_ws.unverified(16, 8, 132, 1) is None and gluon_ws.unverified(64, 8, 132, 2) is None
     assert gluon_ws.unverified(64, 4, 132, 3) is None and gluon_ws.unverified(4, 3, 132, 1) is None
+    assert gluon_ws.unverified(1, 1, 132, 4) and gluon_ws.unverified(64, 4, 132, 4)   # not run yet
     launched = []
     monkeypatch.setattr(gluon_ws, "launch", lambda *a, **k: launched.append(k) or a[6])
     case = cases.make_indexer_case(691, B=4, N=1, H_I=64, D_I=128, P=64, lens=[300, 70, 5, 64],
@@ -733,9 +736,12 @@ def test_gluon_ws_guard_refuses_one_consumer_with_two_ctas_an_sm(monkeypatch):
     run(1, 3, 12)                                   # 12 programs on 12 SMs: one CTA an SM
     run(2, 3, 8)
     run(3, 3, 8)
+    with pytest.raises(NotImplementedError, match=r"ws_consumers=4.*has not run on a GPU"):
+        run(4, 1, 132)
     monkeypatch.setattr(gluon_ws, "ALLOW_UNVERIFIED", True)
     run(1, 3, 8)
-    assert [k["consumers"] for k in launched] == [1, 2, 3, 1]
+    run(4, 3, 8)
+    assert [k["consumers"] for k in launched] == [1, 2, 3, 1, 4]
 
 
 def test_gluon_ws_address_model():

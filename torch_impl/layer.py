@@ -44,7 +44,8 @@ from torch_impl.step import window_split
 # prepare_x / prepare_q / rope_out are the layer's own fused steps (dsa::prep_x / prep_q /
 # rope_out): their inputs are the layer's intermediates, validated by DSADecodeLayer, so they are
 # not part of the public surface
-__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "linear_switch", "new_token_targets",
+__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "LINEAR_DEFAULT", "gemv_applies",
+           "linear_switch", "new_token_targets",
            "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default", "OVERLAP_ENV",
            "OVERLAP_MAX_TOKENS", "overlap_default", "OVERLAP_CARVEOUT_ENV", "OVERLAP_SM_CARVEOUT",
            "overlap_sm_carveout", "overlap_applies", "q_index_overlap"]
@@ -67,18 +68,38 @@ split-K reduce launches, the one-CTA fp32 GEMM, batched per-head products). A pr
 measurement: ``bench/NOTES.md`` ("Few-token projections") says what the GPU call measures."""
 
 LINEAR_ENV = "DSA_LAYER_LINEAR"
-_LINEAR_CHOICES = BACKEND_PATHS["torch"]          # per GEMM: the torch backend's paths
+# per GEMM: the torch backend's paths, or "gemv": the one-token kernel when the step has one
+# token (B * N = 1) and the weight is K-major (gemv_applies), else torch's GEMM
+_LINEAR_CHOICES = BACKEND_PATHS["torch"] + ("gemv",)
+LINEAR_DEFAULT = "gemv"
+"""The layer's projections by default: one-token steps on the one-token kernel (K-major weights;
+``torch_impl.linear.GEMV_ENV``), every other step on torch's GEMMs. Measured (H100,
+2026-12-06, bench/NOTES.md "One-token projections: measured"): V4 B 1 step 159.6 -> 145.7 us,
+V3.2 B 1 221.6 -> 211.2 (the one-token kernel at its first rule, every GEMM routed), B 64 on
+torch as before (the tensor-core Triton GEMM loses to cuBLAS there)."""
+
+
+def gemv_applies(T: int, w: torch.Tensor, device_type: str, path: str) -> bool:
+    """Whether a projection whose switch says ``"gemv"`` runs the one-token kernel: a step of one
+    token (``T == 1``), a K-major weight (``w.stride(-1) == 1``), on CUDA off the ``torch``
+    path, with ``torch_impl.linear.GEMV_ENV`` not ``0``; else torch's GEMM (on the CPU too: the
+    interpreter would run it, slowly, where torch's GEMM is the reference path)."""
+    return (T == 1 and w.stride(-1) == 1 and device_type == "cuda" and path != "torch"
+            and env_switch(tlinear.GEMV_ENV) is not False)
 
 
 def linear_switch(spec, absorbed: bool) -> dict[str, str]:
-    """``{gemm: "torch" | "triton"}`` for every GEMM of :data:`LAYER_GEMMS` from the layer's
-    ``linear`` argument: ``"torch"``, ``"triton"``, ``"auto"`` (:data:`LINEAR_AUTO` on Triton),
-    a mapping ``{gemm: "torch" | "triton"}`` (the others torch), or its string form
-    ``"x_proj=triton,wo=triton"``; None reads the environment variable ``DSA_LAYER_LINEAR``
-    (default ``"torch"``)."""
+    """``{gemm: "torch" | "triton" | "gemv"}`` for every GEMM of :data:`LAYER_GEMMS` from the
+    layer's ``linear`` argument: ``"torch"``, ``"triton"``, ``"auto"`` (:data:`LINEAR_AUTO` on
+    Triton), ``"gemv"`` (every GEMM ``"gemv"``: :func:`gemv_applies`), a mapping ``{gemm:
+    "torch" | "triton" | "gemv"}`` (the others torch), or its string form
+    ``"x_proj=triton,wo=gemv"``; None reads the environment variable ``DSA_LAYER_LINEAR``
+    (default :data:`LINEAR_DEFAULT`)."""
     names = LAYER_GEMMS[absorbed]
     if spec is None:
-        spec = os.environ.get(LINEAR_ENV, "") or "torch"
+        spec = os.environ.get(LINEAR_ENV, "") or LINEAR_DEFAULT
+    if spec == "gemv":
+        return {n: "gemv" for n in names}
     if isinstance(spec, str) and spec in TORCH_PATHS:           # "auto", "triton", "torch"
         pick = {"auto": LINEAR_AUTO, "triton": names}.get(spec, ())
         return {n: "triton" if n in pick else "torch" for n in names}
@@ -86,8 +107,8 @@ def linear_switch(spec, absorbed: bool) -> dict[str, str]:
         try:
             spec = dict(item.split("=") for item in spec.split(",") if item)
         except ValueError:
-            raise ValueError(f"linear: expected 'torch', 'triton', 'auto' or 'gemm=choice,...', got "
-                             f"{spec!r}") from None
+            raise ValueError(f"linear: expected 'torch', 'triton', 'auto', 'gemv' or "
+                             f"'gemm=choice,...', got {spec!r}") from None
     if not isinstance(spec, Mapping):
         raise TypeError(f"linear: expected a str, a mapping {{gemm: choice}} or None, got "
                         f"{type(spec).__name__}")
@@ -661,7 +682,9 @@ def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linea
     """Whether ``DSADecodeLayer(overlap=overlap)`` runs a step of ``T`` tokens (B * N) as
     :func:`q_index_overlap`: on CUDA, with ``fused_prep``, off the ``torch`` path, with none of
     :data:`_OVERLAP_GEMMS` on the Triton GEMM (``linear``: :func:`linear_switch`'s dict; it runs
-    for T <= 64 only), and ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``.
+    for T <= 64 only) nor, at ``T == 1``, on the one-token kernel (``"gemv"``, unless
+    ``torch_impl.linear.GEMV_ENV`` is ``0``: at B 1 it is faster than the overlap, H100
+    2026-12-06), and ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``.
 
     Raises:
       TypeError: ``device_type`` not a str, ``linear`` not a mapping, ``overlap`` not a bool or
@@ -674,7 +697,8 @@ def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linea
         raise TypeError(f"device_type: expected a str such as 'cuda' (torch.device.type), got "
                         f"{type(device_type).__name__}")
     if not isinstance(linear, Mapping):
-        raise TypeError(f"linear: expected linear_switch's dict {{gemm: 'torch' | 'triton'}}, got "
+        raise TypeError(f"linear: expected linear_switch's dict {{gemm: 'torch' | 'triton' | "
+                        f"'gemv'}}, got "
                         f"{type(linear).__name__}")
     if overlap is not None and not isinstance(overlap, (bool, np.bool_)):
         raise TypeError(f"overlap: expected a bool or None, got {type(overlap).__name__} {overlap!r}")
@@ -685,6 +709,9 @@ def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linea
         return False
     if T <= tlinear.MAX_M and any(linear.get(n) == "triton" for n in _OVERLAP_GEMMS):
         return False
+    if (T == 1 and env_switch(tlinear.GEMV_ENV) is not False
+            and any(linear.get(n) == "gemv" for n in _OVERLAP_GEMMS)):
+        return False              # one token: the one-token kernel, not the overlap's GEMMs
     return bool(overlap) or T <= OVERLAP_MAX_TOKENS
 
 
@@ -1037,10 +1064,12 @@ class DSADecodeLayer(nn.Module):
       linear: which projections (:data:`LAYER_GEMMS`) run the Triton few-token GEMM
         (``torch_impl.linear``, ``dsa::linear`` with ``path="triton"``) instead of torch's
         ``mm`` / ``bmm`` / ``addmm``: ``"torch"`` (none), ``"triton"`` (all), ``"auto"``
-        (:data:`LINEAR_AUTO`), or per GEMM ``{"x_proj": "triton", ...}`` /
+        (:data:`LINEAR_AUTO`), ``"gemv"`` (each on the one-token kernel where
+        :func:`gemv_applies`: one-token steps on CUDA, K-major weights; torch's GEMM otherwise),
+        or per GEMM ``{"x_proj": "triton", "wo": "gemv", ...}`` /
         ``"x_proj=triton,wo_a=triton"``; None (default) reads ``DSA_LAYER_LINEAR``, unset:
-        ``"torch"``. A step of more than 64 tokens (B * N) runs torch's GEMMs whatever the
-        switch (the kernel's limit). Both compute each output element as a float32 sum rounded
+        :data:`LINEAR_DEFAULT` (``"gemv"``). A step of more than 64 tokens (B * N) runs torch's
+        GEMMs whatever the switch (the kernel's limit). Both compute each output element as a float32 sum rounded
         once to its dtype; the summation order differs.
       seed: the seed of the random weights drawn when ``weights`` is None: an int >= 0 (a
         Python int or NumPy integer scalar, not a bool).
@@ -1140,11 +1169,14 @@ class DSADecodeLayer(nn.Module):
         """The projection ``name`` (:data:`LAYER_GEMMS`): ``alpha * x @ w^T``, ``x`` ``[T, K]``
         with ``w`` ``[N, K]``, or per group ``[G, T, K]`` with ``[G, N, K]``; written into
         ``out`` when given (any strides, last dim contiguous), else returned in ``out_dtype``
-        (default x's). The switch (``self.linear``) picks ``dsa::linear`` on Triton for T <= 64,
-        else torch's GEMM as the layer always ran it (``mm`` / ``bmm``; ``addmm`` with
+        (default x's). The switch (``self.linear``) picks ``dsa::linear`` on Triton for T <= 64
+        (``"gemv"``: where :func:`gemv_applies`, the one-token kernel), else torch's GEMM as the layer always ran it (``mm`` / ``bmm``; ``addmm`` with
         ``beta=0`` for a scaled product, the scale in the GEMM's epilogue; a float32 product of
         16-bit x widens x first)."""
-        if self.linear[name] == "triton" and x.shape[-2] <= tlinear.MAX_M:
+        choice = self.linear[name]
+        if choice == "gemv":
+            choice = "triton" if gemv_applies(x.shape[-2], w, x.device.type, self.path) else "torch"
+        if choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
             return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
                                   alpha=alpha, out_dtype=out_dtype, path="triton")
         if out_dtype is not None and out_dtype != x.dtype:

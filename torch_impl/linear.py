@@ -34,12 +34,14 @@ MAX_M = lcfg.MAX_M
 """The most tokens the Triton path takes (more: ``path="auto"`` runs plain PyTorch)."""
 
 GEMV_ENV = "DSA_LINEAR_GEMV"
-"""Environment switch: ``1`` runs the Triton path's one-token calls (M = 1, neither ``config``
-nor ``splits`` given) on the one-token kernel (``kernels.linear.triton._gemv_kernel``, plain loads and fp32
-FMAs; config :func:`kernels.linear.configs.gemv_heuristic`); unset, empty or ``0`` (default)
-on the tensor-core kernel. Off until a GPU sweep says which is faster (bench/NOTES.md
-"One-token projections"); the layer's GEMMs take it with ``DSA_LAYER_LINEAR`` routing them to
-Triton."""
+"""Environment switch of the Triton path's one-token calls (M = 1, a K-major weight, neither
+``config`` nor ``splits`` given): unset, empty or ``1`` (default) runs them on the one-token
+kernel (``kernels.linear.triton._gemv_kernel``, plain loads and fp32 FMAs; config
+:func:`kernels.linear.configs.gemv_heuristic`), ``0`` on the tensor-core kernel. Measured
+(H100, 2026-12-06, bench/NOTES.md "One-token projections: measured"): faster than cuBLAS and
+the tensor-core kernel at every K-major projection of both presets (V4 B 1 projections 105.1
+-> 91.7 us summed); an N-major weight (``wkv_b``'s key half as ``w^T``) stays on the
+tensor-core kernel (8.0 us against 9.8 for the best one-token config)."""
 
 _FLOAT = (torch.bfloat16, torch.float16, torch.float32)
 _PATHS = _common.TORCH_PATHS
@@ -160,9 +162,9 @@ def _triton_impl(x3, w3, out3, alpha, config, splits):
         if last > INT32_MAX:
             raise NotImplementedError(f"linear (Triton): {name} spans {last + 1} elements per group; "
                                       f"the kernel's offsets are int32 (use path='torch')")
-    if M == 1 and config is None and not splits and env_switch(GEMV_ENV):
-        n_major = w3.stride(2) != 1
-        gcfg = lcfg.gemv_heuristic(N, K, G, n_major, dev.num_sms)
+    if (M == 1 and config is None and not splits and w3.stride(2) == 1
+            and env_switch(GEMV_ENV) is not False):
+        gcfg = lcfg.gemv_heuristic(N, K, G, False, dev.num_sms)
         tl_linear.launch_gemv(x3, w3, out3, alpha, gcfg)
         return
     config, splits = _plan(x3, w3, dev, config, splits)
@@ -222,9 +224,9 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
         (``linear_space``); None: ``linear_heuristic``.
       splits: split-K count (1..128; None: ``linear_num_splits``, from the SM count); reduced so
         that no split is empty. Results are bitwise repeatable for a given config and count.
-        With :data:`GEMV_ENV` ``1``, a Triton call of one token with neither ``config`` nor
-        ``splits`` runs the one-token kernel instead (no split; same bound, bitwise
-        repeatable).
+        A Triton call of one token with a K-major ``w`` and neither ``config`` nor ``splits``
+        runs the one-token kernel instead (no split; same bound, bitwise repeatable) unless
+        :data:`GEMV_ENV` is ``0``.
     Returns:
       ``out`` (``[M, N]`` / ``[G, M, N]``).
     Raises:

@@ -75,11 +75,12 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
-                                                              warpgroup_mma_wait)
+                                                              warpgroup_mma, warpgroup_mma_wait)
 
 from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_step, _entries,
-                                   _finish_hist, _hist_init, _range, _scores)
-from kernels.topk.triton import HIST_BINS, HIST_ROW
+                                   _finish_hist, _head_sum, _hist_init, _range, _scores,
+                                   _window_base, _window_bin, _window_lbase)
+from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
 # (the H200 image), ``async_load`` (the same arguments) later
@@ -94,15 +95,15 @@ CONVERT = 0              # 0: e4m3 rows into wgmma's register A operand; 1: fp16
 CONVERTS = {"regs": 0, "smem": 1}   # IndexerLogitsConfig.ws_convert -> CONVERT
 # (maxnreg of the launch, the consumer worker's setmaxnreg) per consumer count: the registers of
 # an SM over the CTAs it holds (12 warps at 1 CTA / SM; 8 warps at 2 CTAs / SM)
-REGS = {3: (128, 160), 2: (168, 240), 1: (128, 232)}
+REGS = {4: (96, 112), 3: (128, 160), 2: (168, 240), 1: (128, 232)}
 # the producer's setmaxnreg per consumer count (three consumers leave it 32 of 16 warps' 128)
-PRODUCER_REGS_BY = {3: 32, 2: 24, 1: 24}
+PRODUCER_REGS_BY = {4: 24, 3: 32, 2: 24, 1: 24}
 PAGE_BYTES = gl.constexpr(PAGE * (DIMS + 4))   # 8,448: one page of the cache, its TMA bytes
 ROWS_PER_PAGE = PAGE_BYTES.value // DIMS   # 66 rows of 128 bytes a page (64 keys, 2 of scales)
 SCALE_WORDS = PAGE_BYTES.value // 4        # 2,112 float32 words a page
 # Programs per SM the default split count aims at (kernels.indexer.triton.logits_splits):
 # two waves of the CTAs an SM holds, as gluon.py's SPLITS_PER_SM
-SPLITS_PER_SM = {3: 2, 2: 2, 1: 4}
+SPLITS_PER_SM = {4: 2, 3: 2, 2: 2, 1: 4}
 # ... except where one wave leaves each split at most ONE_WAVE_MAX_PAGES pages: then one wave
 # (the per-CTA start, ~2 us, is paid once, and the top-k merges half the partials). Measured
 # (bench/results/indexer_sweep_ws_h100_20261205.json, H100, isolated): B 1 L 128K (2,048
@@ -133,11 +134,16 @@ def unverified(batch: int, splits: int, num_sms: int, consumers: int) -> str | N
     cause is not established (docs/logs/gluon_ws_c1_fault_20261205.md); refused until a GPU run
     shows the class exact (``python -m bench.indexer_sweep --ws --unguarded``, the test
     ``test_gluon_ws_c1_two_ctas_an_sm_unguarded``). Two or three consumers (one CTA an SM) are
-    not refused (two: exact and repeatable at B 64 L 64K on the H200)."""
+    not refused (two: exact and repeatable at B 64 L 64K on the H200). Four consumers
+    (``ws_consumers=4``) are refused everywhere until a GPU run has checked them."""
     if consumers == 1 and batch * splits > num_sms:
         return (f"ws_consumers=1 with {batch * splits} programs ({batch} requests x {splits} "
                 f"splits) on {num_sms} SMs puts two CTAs on an SM, where this config faulted on "
                 f"the H200 (illegal memory access, B 64 L 64K, 8 splits) and is not verified")
+    if consumers == 4:
+        return ("ws_consumers=4 (four consumers, a page each) has not run on a GPU yet "
+                "(bench/NOTES.md \"Logits: four consumers\"; `python -m bench.indexer_sweep --ws "
+                "--unguarded` and the GPU tests verify it)")
     return None
 
 
@@ -209,6 +215,20 @@ def _ws_producer(kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty,
 
 
 @gluon.jit
+def _load_q(q_ptr, b, stride_qb, stride_qn, stride_qh, qd, N: gl.constexpr, LQ: gl.constexpr):
+    """q once into shared memory: fp16 ``[64 heads, 64 dims]`` chunks, index ``2 * draft +
+    chunk`` (as gluon.py), made visible to wgmma and to the partition."""
+    hq = gl.arange(0, 64, layout=gl.SliceLayout(1, LQ))
+    dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
+    for d in gl.static_range(N):
+        q_row = q_ptr + b * stride_qb + d * stride_qn + hq[:, None] * stride_qh + dq[None, :]
+        for c in gl.static_range(2):
+            qd.index(2 * d + c).store(gl.load(q_row + c * 64).to(gl.float16))
+    fence_async_shared()             # generic stores -> wgmma (async proxy)
+    _barrier()
+
+
+@gluon.jit
 def _scores_regs(v0, v1, qd, d: gl.constexpr, AOP: gl.constexpr, MMA: gl.constexpr):
     """Issue (async) ``S = K . q_d^T`` with K as wgmma's register A operand: ``(a0, a1, acc)``."""
     a0 = v0.load(AOP).to(gl.float16)
@@ -248,15 +268,7 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
     split = gl.program_id(1)
     num_splits = gl.num_programs(1)
     if C == 0:
-        # q once: fp16 [64 heads, 64 dims] chunks, index 2 * draft + chunk (as gluon.py)
-        hq = gl.arange(0, 64, layout=gl.SliceLayout(1, LQ))
-        dq = gl.arange(0, 64, layout=gl.SliceLayout(0, LQ))
-        for d in gl.static_range(N):
-            q_row = q_ptr + b * stride_qb + d * stride_qn + hq[:, None] * stride_qh + dq[None, :]
-            for c in gl.static_range(2):
-                qd.index(2 * d + c).store(gl.load(q_row + c * 64).to(gl.float16))
-        fence_async_shared()             # generic stores -> wgmma (async proxy)
-        _barrier()
+        _load_q(q_ptr, b, stride_qb, stride_qn, stride_qh, qd, N, LQ)
         if CONSUMERS > 1:
             mbarrier.arrive(q_bar)
     else:
@@ -362,6 +374,199 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                              LT)
 
 
+# Four consumers (``CONSUMERS = 4``): each owns one page (64 token rows) of every other step,
+# page ``C % 2`` of steps ``C // 2, C // 2 + 2, ...``; a slot is released when both of its
+# pages' consumers have read it (``empty`` counts two arrivals). A consumer's accumulator and A
+# operand are half of a two-page consumer's ([64, 64] fp32, 32 registers; [64, 128] fp16, 32), so
+# four warpgroups (16 consumer warps an SM, against 8) fit the register file beside the producer.
+HALF_XM = gl.constexpr(4)   # step 0's key maximum / minimum of each draft, consumer 1 -> consumer 0
+
+
+@gluon.jit
+def _half_bases(key0, kq0, key1, kq1, xm, xb, half_bar, base_bar, C: gl.constexpr,
+                LT128: gl.constexpr):
+    """Step 0's window bases (``(base0, lbase0, base1, lbase1)``) from its 128 keys, the pages of
+    consumers 0 and 1: consumer 1 hands its page's key maximum and minimum per draft to consumer
+    0 (``xm``, ``half_bar``) and reads the bases later like the other consumers (what it
+    returns here is not used); consumer 0 takes the maximum / minimum over both pages, sets the
+    bases as ``gluon._draft_step`` does (``HIST_HEAD`` = 32 bins of headroom) and publishes them
+    (``xb``, ``base_bar``)."""
+    mx0 = gl.max(key0, axis=0)
+    mn0 = gl.min(kq0, axis=0)
+    mx1 = gl.max(key1, axis=0)
+    mn1 = gl.min(kq1, axis=0)
+    if C == 1:
+        xm.index(0).store(gl.zeros([128], gl.uint32, layout=LT128) + mx0)
+        xm.index(1).store(gl.zeros([128], gl.uint32, layout=LT128) + mn0)
+        xm.index(2).store(gl.zeros([128], gl.uint32, layout=LT128) + mx1)
+        xm.index(3).store(gl.zeros([128], gl.uint32, layout=LT128) + mn1)
+        _barrier()
+        mbarrier.arrive(half_bar)
+    else:
+        mbarrier.wait(half_bar, 0)
+        mx0 = gl.maximum(mx0, gl.max(xm.index(0).load(LT128), axis=0))
+        mn0 = gl.minimum(mn0, gl.min(xm.index(1).load(LT128), axis=0))
+        mx1 = gl.maximum(mx1, gl.max(xm.index(2).load(LT128), axis=0))
+        mn1 = gl.minimum(mn1, gl.min(xm.index(3).load(LT128), axis=0))
+    base0 = _window_base(mx0) + 32
+    lb0 = _window_lbase(mn0) - 32
+    base1 = _window_base(mx1) + 32
+    lb1 = _window_lbase(mn1) - 32
+    if C == 0:
+        xb.index(0).store(gl.full([128], 0, gl.int32, layout=LT128) + base0)
+        xb.index(1).store(gl.full([128], 0, gl.int32, layout=LT128) + base1)
+        xb.index(2).store(gl.full([128], 0, gl.int32, layout=LT128) + lb0)
+        xb.index(3).store(gl.full([128], 0, gl.int32, layout=LT128) + lb1)
+        _barrier()
+        mbarrier.arrive(base_bar)
+    return base0, lb0, base1, lb1
+
+
+@gluon.jit
+def _half_keys(acc, w, s_sc, ok, j, len_d, out_d, pg_in, LT: gl.constexpr):
+    """One draft's logits of a half step (64 rows): stored, and their keys (``order_key``) and
+    the keys with 0 (not qualifying) as the largest key, for the window minimum."""
+    logit = _head_sum(acc, w, LT) * s_sc
+    logit = gl.where((j < len_d) & ok, logit, float("-inf"))
+    gl.store(out_d + j, logit, mask=pg_in)
+    x = gl.where(logit == 0.0, 0.0, logit)
+    u = x.to(gl.uint32, bitcast=True)
+    top = (gl.zeros_like(u) + 1) << 31
+    key = gl.where((u & top) != 0, ~u, u | top)
+    key = gl.where((x == x) & (x != float("-inf")), key, gl.zeros_like(key))
+    return key, gl.where(key != 0, key, ~gl.zeros_like(key))
+
+
+@gluon.jit
+def _ws_half_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, wsm, v0, v1, sc, xb,
+                      xh, xk, xm, full, empty, sync, num_pages, max_pages, stride_qb, stride_qn,
+                      stride_qh, stride_wb, stride_wn, stride_bt, stride_ob, stride_on,
+                      C: gl.constexpr, N: gl.constexpr, CL_PER_DRAFT: gl.constexpr,
+                      WRITE_HIST: gl.constexpr, NSLOT: gl.constexpr):
+    """Consumer ``C`` of four (``CONSUMERS = 4``): page ``C % 2`` of steps ``C // 2, C // 2 + 2,
+    ...``. Per page: the same wgmma k16 instructions over the same 64-dim chunks as the two-page
+    consumer (rows are independent in a wgmma), the same head-sum reduction per row, so the
+    logits are bitwise those of :func:`_ws_consumer`; the histogram counts are integers and the
+    window bases come from the same 128 keys of step 0 (consumer 1 hands its page's key maximum
+    and minimum to consumer 0 through ``xm`` / ``half_bar``), so the blocks are bitwise too."""
+    LT128: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])            # [128] one a thread
+    HL: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])               # [256] bins
+    # [64] rows: warps 0-1 hold one row a thread, warps 2-3 the same rows (a slice of a [64, 2]
+    # layout, so gl.histogram divides the replicated counts out)
+    LT: gl.constexpr = gl.SliceLayout(1, gl.BlockedLayout([1, 1], [32, 1], [2, 2], [0, 1]))
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16])
+    AOP: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=MMA, k_width=2)
+    LQ: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [4, 1], [1, 0])     # [64, 64] q bytes
+    PG: gl.constexpr = C % 2
+    q_bar = sync.index(0)
+    base_bar = sync.index(1)
+    done_bar = sync.index(2)
+    half_bar = sync.index(3)
+
+    b = gl.program_id(0).to(gl.int64)
+    split = gl.program_id(1)
+    num_splits = gl.num_programs(1)
+    WL: gl.constexpr = gl.SliceLayout(0, MMA)                                # [64] heads
+    if C == 0:
+        # the weights too, read each step from shared memory (16 registers less than holding
+        # them, so four consumers fit the register file)
+        hw = gl.arange(0, 64, layout=gl.BlockedLayout([1], [32], [4], [0]))
+        for d in gl.static_range(N):
+            wsm.index(d).store(gl.load(w_ptr + b * stride_wb + d * stride_wn + hw))
+        _load_q(q_ptr, b, stride_qb, stride_qn, stride_qh, qd, N, LQ)
+        mbarrier.arrive(q_bar)
+    else:
+        mbarrier.wait(q_bar, 0)
+    len0, len1, start, end = _range(cl_ptr, b, split, num_splits, max_pages, N, CL_PER_DRAFT)
+    n_steps = (gl.maximum(end - start, 0) + 1) // 2
+
+    t = gl.arange(0, 64, layout=LT)
+    bt_row = bt_ptr + b * stride_bt
+    out0 = out_ptr + b * stride_ob
+    out1 = out0 + stride_on
+    h0 = gl.zeros([HIST_BINS], gl.int32, layout=HL)
+    base0 = split * 0 + BASE_NONE
+    lb0 = split * 0 + LBASE_NONE
+    km0 = gl.zeros([64], gl.uint32, layout=LT)
+    kn0 = ~gl.zeros([64], gl.uint32, layout=LT)
+    h1, base1, lb1, km1, kn1 = h0, base0, lb0, km0, kn0
+
+    for i in range(C // 2, n_steps, 2):
+        slot = i % NSLOT
+        pg = start + 2 * i + PG
+        ent = gl.load(bt_row + pg, mask=pg < end, other=-1)
+        ok = (ent >= 0) & (ent < num_pages) & (pg < end)
+        j = pg * 64 + t
+        pg_in = j < end * 64
+        mbarrier.wait(full.index(slot), (i // NSLOT) & 1)       # the step's pages have landed
+        s_sc = sc.index(slot).slice(64 * PG, 64).load(LT)
+        a0 = v0.index(slot).slice(64 * PG, 64).load(AOP).to(gl.float16)
+        a1 = v1.index(slot).slice(64 * PG, 64).load(AOP).to(gl.float16)
+        acc = gl.zeros([64, 64], gl.float32, layout=MMA)
+        acc = warpgroup_mma(a0, qd.index(0).permute((1, 0)), acc, use_acc=False, is_async=True)
+        acc = warpgroup_mma(a1, qd.index(1).permute((1, 0)), acc, is_async=True)
+        _release(empty.index(slot))
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        key0, kq0 = _half_keys(acc, wsm.index(0).load(WL), s_sc, ok, j, len0, out0, pg_in, LT)
+        key1, kq1 = key0, kq0
+        if N == 2:
+            acc = gl.zeros([64, 64], gl.float32, layout=MMA)
+            acc = warpgroup_mma(a0, qd.index(2).permute((1, 0)), acc, use_acc=False, is_async=True)
+            acc = warpgroup_mma(a1, qd.index(3).permute((1, 0)), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            key1, kq1 = _half_keys(acc, wsm.index(1).load(WL), s_sc, ok, j, len1, out1, pg_in,
+                                   LT)
+        if WRITE_HIST:
+            if C < 2:
+                if i == 0:
+                    base0, lb0, base1, lb1 = _half_bases(key0, kq0, key1, kq1, xm, xb, half_bar,
+                                                         base_bar, C, LT128)
+            if C > 0:
+                if i == C // 2:          # this consumer's first step: the bases of step 0
+                    mbarrier.wait(base_bar, 0)
+                    base0 = gl.max(xb.index(0).load(LT128), axis=0)
+                    base1 = gl.max(xb.index(1).load(LT128), axis=0)
+                    lb0 = gl.max(xb.index(2).load(LT128), axis=0)
+                    lb1 = gl.max(xb.index(3).load(LT128), axis=0)
+            km0 = gl.maximum(km0, key0)
+            kn0 = gl.minimum(kn0, kq0)
+            h0 += gl.histogram(_window_bin(key0, base0, lb0), HIST_BINS, mask=key0 != 0,
+                               layout=HL)
+            if N == 2:
+                km1 = gl.maximum(km1, key1)
+                kn1 = gl.minimum(kn1, kq1)
+                h1 += gl.histogram(_window_bin(key1, base1, lb1), HIST_BINS, mask=key1 != 0,
+                                   layout=HL)
+
+    if WRITE_HIST:
+        if C > 0:                        # hand the counts and key maxima / minima to consumer 0
+            xh.index(2 * C - 2).store(h0)
+            xk.index(2 * C - 2).store(km0)
+            xk.index(6 + 2 * C - 2).store(kn0)
+            if N == 2:
+                xh.index(2 * C - 1).store(h1)
+                xk.index(2 * C - 1).store(km1)
+                xk.index(6 + 2 * C - 1).store(kn1)
+            _barrier()                   # (also: this partition's logit stores before the arrive)
+            mbarrier.arrive(done_bar)
+        else:
+            mbarrier.wait(done_bar, 0)              # every other consumer has arrived
+            for c in gl.static_range(1, 4):
+                h0 += xh.index(2 * c - 2).load(HL)
+                km0 = gl.maximum(km0, xk.index(2 * c - 2).load(LT))
+                kn0 = gl.minimum(kn0, xk.index(6 + 2 * c - 2).load(LT))
+                if N == 2:
+                    h1 += xh.index(2 * c - 1).load(HL)
+                    km1 = gl.maximum(km1, xk.index(2 * c - 1).load(LT))
+                    kn1 = gl.minimum(kn1, xk.index(6 + 2 * c - 1).load(LT))
+            hb = hist_ptr + (b * num_splits + split) * (N * HIST_ROW)
+            _finish_hist(out0, len0, start, end, h0, base0, lb0, km0, kn0, hb, HL, LT128)
+            if N == 2:
+                _finish_hist(out1, len1, start, end, h1, base1, lb1, km1, kn1, hb + HIST_ROW, HL,
+                             LT128)
+
+
 @gluon.jit
 def _indexer_logits_gluon_ws_kernel(
     q_ptr,            # [B, N, 64, 128] e4m3, strides stride_q*; last dim contiguous
@@ -387,7 +592,8 @@ def _indexer_logits_gluon_ws_kernel(
     :func:`ring_slots`); ``CONSUMER_REGS`` / ``PRODUCER_REGS``: the worker partitions'
     setmaxnreg (the default partition gets the rest of the launch's ``maxnreg``, :data:`REGS`)."""
     gl.static_assert((N == 1) | (N == 2), "N (next_n) 1 or 2")
-    gl.static_assert((CONSUMERS >= 1) & (CONSUMERS <= 3), "one to three consumer warpgroups")
+    gl.static_assert((CONSUMERS >= 1) & (CONSUMERS <= 4), "one to four consumer warpgroups")
+    gl.static_assert((CONSUMERS < 4) | (CONVERT == 0), "four consumers convert in registers")
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     KL: gl.constexpr = kv_desc.layout
@@ -402,7 +608,7 @@ def _indexer_logits_gluon_ws_kernel(
     empty = gl.allocate_shared_memory(gl.int64, [NSLOT, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(NSLOT):
         mbarrier.init(full.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2 if CONSUMERS == 4 else 1)   # 4: a page each
     # the fp16 tiles of each consumer (CONVERT 1; unused otherwise)
     if CONVERT == 1:
         x0 = gl.allocate_shared_memory(gl.float16, [CONSUMERS, 128, 64], SH)
@@ -417,8 +623,11 @@ def _indexer_logits_gluon_ws_kernel(
     XC: gl.constexpr = 2 * CONSUMERS - 2 if CONSUMERS > 1 else 1
     xb = gl.allocate_shared_memory(gl.int32, [4, 128], FLAT)
     xh = gl.allocate_shared_memory(gl.int32, [XC, HIST_BINS], FLAT)
-    xk = gl.allocate_shared_memory(gl.uint32, [2 * XC, 128], FLAT)
-    sync = gl.allocate_shared_memory(gl.int64, [3, 1], mbarrier.MBarrierLayout())
+    TK: gl.constexpr = 64 if CONSUMERS == 4 else 128        # token rows a consumer's step
+    xk = gl.allocate_shared_memory(gl.uint32, [2 * XC, TK], FLAT)
+    # four consumers: consumer 1 -> 0, its half of step 0's key maxima / minima (half_bar)
+    NSYNC: gl.constexpr = 4 if CONSUMERS == 4 else 3
+    sync = gl.allocate_shared_memory(gl.int64, [NSYNC, 1], mbarrier.MBarrierLayout())
     if CONSUMERS > 1:
         # One consumer never touches these barriers after this point, and the compiler then
         # reuses their bytes as the consumer's scratch (the histogram's shared atomics, the
@@ -429,6 +638,10 @@ def _indexer_logits_gluon_ws_kernel(
         mbarrier.init(sync.index(0), count=1)
         mbarrier.init(sync.index(1), count=1)
         mbarrier.init(sync.index(2), count=CONSUMERS - 1)
+    if CONSUMERS == 4:
+        mbarrier.init(sync.index(3), count=1)
+        xm = gl.allocate_shared_memory(gl.uint32, [HALF_XM, 128], FLAT)
+        wsm = gl.allocate_shared_memory(gl.float32, [N, 64], FLAT)      # the weights
     fence_async_shared()             # the barriers initialised before any TMA completes on them
 
     C0: gl.constexpr = 0
@@ -461,6 +674,29 @@ def _indexer_logits_gluon_ws_kernel(
              (_ws_producer, (kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty, num_pages,
                              max_pages, stride_bt, N, CL_PER_DRAFT, NSLOT))],
             [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    elif CONSUMERS == 4:
+        C3: gl.constexpr = 3
+        gl.warp_specialize(
+            [(_ws_half_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, wsm, v0, v1,
+                                  sc, xb, xh, xk, xm, full, empty, sync, num_pages, max_pages, stride_qb,
+                                  stride_qn, stride_qh, stride_wb, stride_wn, stride_bt,
+                                  stride_ob, stride_on, C0, N, CL_PER_DRAFT, WRITE_HIST, NSLOT)),
+             (_ws_half_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, wsm, v0, v1,
+                                  sc, xb, xh, xk, xm, full, empty, sync, num_pages, max_pages, stride_qb,
+                                  stride_qn, stride_qh, stride_wb, stride_wn, stride_bt,
+                                  stride_ob, stride_on, C1, N, CL_PER_DRAFT, WRITE_HIST, NSLOT)),
+             (_ws_half_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, wsm, v0, v1,
+                                  sc, xb, xh, xk, xm, full, empty, sync, num_pages, max_pages, stride_qb,
+                                  stride_qn, stride_qh, stride_wb, stride_wn, stride_bt,
+                                  stride_ob, stride_on, C2, N, CL_PER_DRAFT, WRITE_HIST, NSLOT)),
+             (_ws_half_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, wsm, v0, v1,
+                                  sc, xb, xh, xk, xm, full, empty, sync, num_pages, max_pages, stride_qb,
+                                  stride_qn, stride_qh, stride_wb, stride_wn, stride_bt,
+                                  stride_ob, stride_on, C3, N, CL_PER_DRAFT, WRITE_HIST, NSLOT)),
+             (_ws_producer, (kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty, num_pages,
+                             max_pages, stride_bt, N, CL_PER_DRAFT, NSLOT))],
+            [CONSUMER_WARPS, CONSUMER_WARPS, CONSUMER_WARPS, PRODUCER_WARPS],
+            [CONSUMER_REGS, CONSUMER_REGS, CONSUMER_REGS, PRODUCER_REGS])
     else:
         gl.warp_specialize(
             [(_ws_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc,

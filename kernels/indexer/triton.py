@@ -120,9 +120,11 @@ class IndexerLogitsConfig:
         ``"triton"`` where a Gluon kernel cannot run. Never the heuristic's choice for
         ``"gluon_ws"`` until measured (bench/NOTES.md, "Warp-specialised logits kernel").
       ws_consumers: ``"gluon_ws"``: consumer warpgroups a CTA (1: two CTAs per SM; 2: one CTA,
-        ping-pong; 3: one CTA, 160 registers each). 1 with more programs than SMs (two CTAs
-        an SM) is refused with NotImplementedError (``kernels.indexer.gluon_ws.unverified``:
-        it faulted on the H200).
+        ping-pong; 3: one CTA, 160 registers each; 4: one CTA, each consumer one page of every
+        other step, 112-120 registers each, ``ws_convert="regs"`` only). 1 with more programs
+        than SMs (two CTAs an SM) is refused with NotImplementedError, and 4 everywhere until a
+        GPU run shows it exact (``kernels.indexer.gluon_ws.unverified``: 1 faulted on the H200,
+        4 has not run on a GPU).
       ws_convert: ``"gluon_ws"``: ``"regs"`` (e4m3 rows straight into wgmma's register A
         operand) or ``"smem"`` (fp16 rows through shared memory, as ``"gluon"``).
     """
@@ -142,7 +144,7 @@ class IndexerLogitsConfig:
     SEARCH_SPACE = dict(num_splits=(None, 1, 2, 4, 8, 16, 32), num_warps=(4, 8), num_stages=(1, 2, 3),
                         trans=(False, True), pages=(1, 2), hist=("running", "first"),
                         prefetch=(True, False), evict_first=(False, True),
-                        kernel=("triton", "gluon", "gluon_ws"), ws_consumers=(1, 2, 3),
+                        kernel=("triton", "gluon", "gluon_ws"), ws_consumers=(1, 2, 3, 4),
                         ws_convert=("regs", "smem"))
 
 
@@ -206,6 +208,9 @@ def resolve_kernel(config: IndexerLogitsConfig, dev, k_format: str, n: int, h: i
         if config.ws_convert not in space["ws_convert"]:
             raise ValueError(f"IndexerLogitsConfig.ws_convert: expected one of "
                              f"{space['ws_convert']}, got {config.ws_convert!r}")
+        if config.ws_consumers == 4 and config.ws_convert != "regs":
+            raise ValueError(f"IndexerLogitsConfig.ws_convert: ws_consumers=4 converts in "
+                             f"registers only (expected 'regs'), got {config.ws_convert!r}")
     return config
 
 

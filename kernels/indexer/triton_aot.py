@@ -110,7 +110,7 @@ def gluon_specs() -> list:
     return specs
 
 
-def gluon_ws_specs(consumers=(1, 2, 3), converts=("regs", "smem")) -> list:
+def gluon_ws_specs(consumers=(1, 2, 3, 4), converts=("regs", "smem")) -> list:
     """Launches of the warp-specialised Gluon logits kernel (``kernels/indexer/gluon_ws.py``,
     sm_90 only): N 1 and 2 with the fused histogram (``indexer_topk``), lengths ``[B]`` and
     ``[B, N]``, and without it (``indexer_logits``), for each consumer count and conversion
@@ -129,6 +129,8 @@ def gluon_ws_specs(consumers=(1, 2, 3), converts=("regs", "smem")) -> list:
     for cons in consumers:
         maxnreg, cregs = ws.REGS[cons]
         for cname in converts:
+            if cons == 4 and cname != "regs":       # four consumers convert in registers only
+                continue
             conv = ws.CONVERTS[cname]
             for n in ws.DRAFTS:
                 for hist, per_draft in ((True, False), (True, True), (False, False)):

@@ -218,33 +218,32 @@ GEMV_SPACE = {
 """The one-token kernel's configs swept by ``bench.linear_sweep`` (M = 1 rows), by the weight's
 unit-stride dim: a K-major weight (a linear layer's ``[out, in]``) wants a few rows of long K
 blocks (8-16 KiB of bf16 a tile, ~32-64 fp32 product registers a thread); an N-major weight
-(``wkv_b``'s key half read as ``w^T``) wants 128-byte rows along N. The binding runs it only
-with ``DSA_LINEAR_GEMV=1`` (at :func:`gemv_heuristic`'s config) until a GPU sweep decides: the bf16 projections stream at 0.56-0.78 of the copy bandwidth through cuBLAS and the
-tensor-core Triton GEMM at M = 1, XLA's GEMV fusions at 0.94-0.98 (bench/NOTES.md "Few-token
-projections"), so this sweep says whether plain loads and FMAs get there in Triton."""
+(``wkv_b``'s key half read as ``w^T``) wants 128-byte rows along N."""
 
 
-GEMV_PREFERENCE = (GemvConfig(8, 1024, 8), GemvConfig(4, 1024, 4), GemvConfig(2, 1024, 4),
-                   GemvConfig(8, 512, 4), GemvConfig(1, 2048, 4))
-"""K-major configs :func:`gemv_heuristic` may return, most rows a program first."""
-
-GEMV_PROGRAMS_PER_SM = 8
-"""Programs per SM the heuristic wants at least (6-8 CTAs of 4 warps are resident at 61-80
-registers: every one of them keeping its loads in flight; bench/NOTES.md "One-token
-projections")."""
+GEMV_PICKS = {"k_major": (GemvConfig(1, 2048, 4), GemvConfig(2, 1024, 4), GemvConfig(8, 512, 4)),
+              "n_major": (GemvConfig(64, 32, 4),)}
+"""The configs :func:`gemv_heuristic` returns (the fastest of :data:`GEMV_SPACE` at the layer's
+one-token projections, H100, 2026-12-06: ``bench/results/linear_sweep_h100_20261206.json``)."""
 
 
 def gemv_heuristic(N: int, K: int, groups: int, n_major: bool, num_sms: int) -> GemvConfig:
-    """The one-token kernel's config of a call (a member of :data:`GEMV_SPACE`): N-major weights
-    ``128 x 16`` (128-byte rows along N); K-major the first of :data:`GEMV_PREFERENCE` whose K
-    block is at most ``max(K, 512)`` (a longer block masks part of every tile; below K 512 the
-    512 block is the shortest there is) and whose grid has at least
-    :data:`GEMV_PROGRAMS_PER_SM` programs an SM, else the one of those with the most programs.
-    A prediction to be replaced by the sweep's picks (``bench.linear_sweep``)."""
+    """The one-token kernel's config of a call (one of :data:`GEMV_PICKS`), from the M = 1 sweep
+    of both presets' projections (H100, 2026-12-06, ``linear_sweep_h100_20261206.json``;
+    bench/NOTES.md "One-token projections: measured"):
+
+    * N-major weights: ``64 x 32`` (9.8 us at ``wkv_b_q`` against 11.7-13.9 for the other three;
+      the binding runs N-major one-token calls on the tensor-core kernel, 8.0 us there).
+    * K-major, where programs of two rows would not give every SM one (``ceil(N / 2) * groups <
+      num_sms``: the fp32 ``weights_proj``, 64 rows): ``1 x 2048`` (3.7 / 2.7 us against 5.5 /
+      3.6 at ``2 x 1024``).
+    * K-major with 1,024 dividing K: ``2 x 1024`` (``x_proj``, V4 ``wq_b`` and ``indexer.wq_b``,
+      ``wo``, ``wo_b``: the fastest; ``wo_a``: 25.3 against 25.2 us).
+    * Otherwise (K 1,536 and 512: V3.2 ``wq_b`` and ``indexer.wq_b``, ``wkv_b_v``): ``8 x 512``
+      (27.4 against 29.0 us, 11.1 against 11.4, 7.7 against 10.2).
+    """
     if n_major:
-        return GEMV_SPACE["n_major"][0]
-    fits = [c for c in GEMV_PREFERENCE if c.block_k <= max(K, 512)]
-    for c in fits:
-        if -(-N // c.block_n) * groups >= GEMV_PROGRAMS_PER_SM * num_sms:
-            return c
-    return max(fits, key=lambda c: (-(-N // c.block_n), -c.block_k))
+        return GEMV_PICKS["n_major"][0]
+    if -(-N // 2) * groups < num_sms:
+        return GEMV_PICKS["k_major"][0]
+    return GEMV_PICKS["k_major"][1] if K % 1024 == 0 else GEMV_PICKS["k_major"][2]

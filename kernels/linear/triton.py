@@ -279,19 +279,19 @@ def aot_specs(smem_class: str) -> list:
 def gemv_aot_specs(reachable_only: bool = False) -> list:
     """Launches of :func:`_gemv_kernel`: every config of ``kernels.linear.configs.GEMV_SPACE``
     (what ``bench.linear_sweep`` runs), or with ``reachable_only`` those
-    :func:`kernels.linear.configs.gemv_heuristic` can return (the configs ``torch_impl.linear``
-    runs with ``DSA_LINEAR_GEMV=1``: in :func:`aot_specs`, so CI's sm_120 fit check compiles
-    them); each with the layer's two operand kinds, bf16 weights and out, and fp32 weights with
+    :func:`kernels.linear.configs.gemv_heuristic` can return (``GEMV_PICKS``: the configs
+    ``torch_impl.linear`` runs one-token calls at; in :func:`aot_specs`, so CI's sm_120 fit
+    check compiles them); each with the layer's two operand kinds, bf16 weights and out, and fp32 weights with
     a bf16 token and fp32 out (the other dtypes the binding takes change only the loads' and
     the store's conversions: the kernel's shared memory is its final cross-warp sum), the weight's unit
     stride the constant 1 as the JIT specialises it (counts: bench/NOTES.md "One-token
     projections")."""
     from kernels._triton_aot import LaunchSpec
-    from kernels.linear.configs import GEMV_PREFERENCE, GEMV_SPACE
+    from kernels.linear.configs import GEMV_PICKS, GEMV_SPACE
     specs = []
     for layout, space in GEMV_SPACE.items():
         if reachable_only:
-            space = GEMV_PREFERENCE if layout == "k_major" else space[:1]
+            space = GEMV_PICKS[layout]
         for cfg in space:
             for xd, wd, od in (("bf16", "bf16", "bf16"), ("bf16", "fp32", "fp32")):
                 sig = {"x_ptr": f"*{xd}", "w_ptr": f"*{wd}", "out_ptr": f"*{od}", "N": "i32", "K": "i32",
