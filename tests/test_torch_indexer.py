@@ -833,16 +833,19 @@ def _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P):
     (1, 64, False, 2, "regs"), (2, None, False, 2, "regs"), (2, 3, True, 2, "regs"),
     (2, 1, False, 2, "regs"), (1, 3, False, 1, "regs"), (2, 3, False, 1, "regs"),
     (1, 3, False, 3, "regs"), (1, 3, False, 2, "smem"), (2, 3, False, 2, "smem"),
-    (1, 1, False, 1, "smem")])
-def test_gluon_ws_logits_kernel(N, splits, cl2d, consumers, convert):
+    (1, 1, False, 1, "smem"), (1, None, False, 4, "regs"), (1, 3, True, 4, "regs"),
+    (2, 3, False, 4, "regs"), (2, 1, True, 4, "regs")])
+def test_gluon_ws_logits_kernel(N, splits, cl2d, consumers, convert, monkeypatch):
     """The warp-specialised Gluon logits kernel (``kernels.indexer.gluon_ws``; sm_90, H_I 64,
     D_I 128, P 64): logits against the float64 reference, every fused histogram block exact at
     its base, the top-k after it the SPEC set, logits and blocks bitwise the Triton and Gluon
     kernels'; lengths that end mid-page and mid-step, a one-token request, -1 pages inside the
     valid range, e4m3 NaN keys, stale pages past the lengths, 1 / 3 splits (odd page counts per
     split: a 2-page step straddles a split's end) and 64 (most splits empty)."""
+    from kernels.indexer import gluon_ws
     from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
 
+    monkeypatch.setattr(gluon_ws, "ALLOW_UNVERIFIED", True)    # four consumers: run to verify
     P, K = 64, 300
     case = cases.make_indexer_case(760 + N, B=4, N=N, H_I=64, D_I=128, P=P,
                                    lens=[1000, 77, 3 * 64 + 5, 2], topk=K, nan_rows=True,
@@ -862,7 +865,7 @@ def test_gluon_ws_logits_kernel(N, splits, cl2d, consumers, convert):
 
 @gluon_only
 @pytest.mark.parametrize("N", [1, 2])
-def test_gluon_ws_short_requests_and_lengths_past_the_table(N):
+def test_gluon_ws_short_requests_and_lengths_past_the_table(N, monkeypatch):
     """Requests of 0, 1, 63, 64 and 65 tokens (an empty page range, a step of one page, a
     step's second page past the range) and lengths past the table's capacity (the pages stop
     at the table): reference logits, exact blocks, the SPEC set, bitwise the Triton kernel."""
@@ -876,7 +879,9 @@ def test_gluon_ws_short_requests_and_lengths_past_the_table(N):
     B = q.shape[0]
     W = bt.shape[1] * P
     lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
-    for splits, consumers in ((None, 2), (2, 2), (5, 1), (3, 3)):
+    from kernels.indexer import gluon_ws
+    monkeypatch.setattr(gluon_ws, "ALLOW_UNVERIFIED", True)    # four consumers: run to verify
+    for splits, consumers in ((None, 2), (2, 2), (5, 1), (3, 3), (3, 4), (1, 4)):
         cfg = IndexerLogitsConfig(num_splits=splits, kernel="gluon_ws", ws_consumers=consumers)
         _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
         _assert_bitwise_as_triton(q, w, kc, bt, cl, cfg, P)
@@ -884,17 +889,20 @@ def test_gluon_ws_short_requests_and_lengths_past_the_table(N):
 
 @gluon_only
 @pytest.mark.parametrize("N", [1, 2])
-def test_gluon_ws_recount_when_a_later_tile_rises(N):
+def test_gluon_ws_recount_when_a_later_tile_rises(N, monkeypatch):
     """The warp-specialised kernel's recount: a later page's keys 2^12 times the first step's
     (scales x 4096) land above the first tile's window (set by consumer 0 from step 0 and
     used by the other consumers); consumer 0 recounts the logits every consumer wrote at the
     final base; blocks exact, the SPEC set, bitwise the Triton kernel's, at 1 and 2 splits and
-    1-3 consumers; one config repeated gives the same bits."""
+    1-4 consumers (four: each a page, consumer 1 handing step 0's key range to consumer 0); one
+    config repeated gives the same bits."""
     from kernels.indexer.triton import IndexerLogitsConfig
 
     P, K = 64, 100
     case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(780 + N, N, P, K)
-    runs = [(1, 2), (2, 2), (1, 1), (2, 3), (2, 2)]
+    from kernels.indexer import gluon_ws
+    monkeypatch.setattr(gluon_ws, "ALLOW_UNVERIFIED", True)    # four consumers: run to verify
+    runs = [(1, 2), (2, 2), (1, 1), (2, 3), (2, 2), (1, 4), (2, 4)]
     outs = []
     for s, c in runs:
         cfg = IndexerLogitsConfig(num_splits=s, kernel="gluon_ws", ws_consumers=c)

@@ -166,8 +166,8 @@ def launch_gemv(x, w, out, alpha: float, config) -> int:
     N of unit stride), ``out`` ``[G, 1, N]`` (last dim contiguous), all on one CUDA device (or
     the CPU under ``TRITON_INTERPRET=1``); ``config`` a
     :class:`kernels.linear.configs.GemvConfig`. Grid ``(cdiv(N, block_n), G)``. Returns the
-    number of programs. The callers validate: ``torch_impl.linear`` (its one-token route,
-    ``DSA_LINEAR_GEMV=1``) and ``bench.linear_sweep``.
+    number of programs. The callers validate: ``torch_impl.linear`` (its one-token route for
+    K-major weights, on unless ``DSA_LINEAR_GEMV=0``) and ``bench.linear_sweep``.
 
     Raises:
       ValueError: more than one token, a weight with neither K nor N contiguous, or an ``out``
