@@ -206,9 +206,10 @@ def test_linear_switch(monkeypatch):
 
 def test_gemv_applies_and_the_overlap(monkeypatch):
     """``"gemv"``: the one-token kernel for a one-token step, a K-major weight, on CUDA off the
-    torch path, unless DSA_LINEAR_GEMV is 0; torch's GEMM otherwise (the CPU included). At
-    one token the overlap does not run beside it (its GEMMs are torch's); at two tokens, or
-    with the one-token kernel off, the switch is torch's and the overlap runs."""
+    torch path, unless DSA_LINEAR_GEMV is 0 (the layer reads it once, when built); torch's GEMM
+    otherwise (the CPU included). At one token the overlap does not run beside it (its GEMMs are
+    torch's); at two tokens, or with the one-token kernel off, the switch is torch's and the
+    overlap runs."""
     from torch_impl import linear as tlinear
     from torch_impl.layer import gemv_applies, linear_switch, overlap_applies
     monkeypatch.delenv(tlinear.GEMV_ENV, raising=False)
@@ -222,9 +223,15 @@ def test_gemv_applies_and_the_overlap(monkeypatch):
     assert not overlap_applies(1, "cuda", True, "auto", lin)
     assert overlap_applies(2, "cuda", True, "auto", lin)
     assert overlap_applies(1, "cuda", True, "auto", linear_switch("torch", True))
+    assert not gemv_applies(1, w, "cuda", "auto", enabled=False)
+    assert not overlap_applies(1, "cuda", True, "auto", lin, gemv=True)
+    assert overlap_applies(1, "cuda", True, "auto", lin, gemv=False)
+    assert DSADecodeLayer(V4, None).gemv is True
     monkeypatch.setenv(tlinear.GEMV_ENV, "0")
     assert not gemv_applies(1, w, "cuda", "auto")
+    assert gemv_applies(1, w, "cuda", "auto", enabled=True)     # the layer's value, read once
     assert overlap_applies(1, "cuda", True, "auto", lin)
+    assert DSADecodeLayer(V4, None).gemv is False
 
 
 @pytest.fixture(scope="module")

@@ -44,7 +44,7 @@ from torch_impl.step import window_split
 # prepare_x / prepare_q / rope_out are the layer's own fused steps (dsa::prep_x / prep_q /
 # rope_out): their inputs are the layer's intermediates, validated by DSADecodeLayer, so they are
 # not part of the public surface
-__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "LINEAR_DEFAULT", "gemv_applies",
+__all__ = ["DSADecodeLayer", "LAYER_GEMMS", "LINEAR_AUTO", "LINEAR_DEFAULT", "gemv_applies", "gemv_on",
            "linear_switch", "new_token_targets",
            "write_new_tokens", "FUSED_PREP_ENV", "fused_prep_default", "OVERLAP_ENV",
            "OVERLAP_MAX_TOKENS", "overlap_default", "OVERLAP_CARVEOUT_ENV", "OVERLAP_SM_CARVEOUT",
@@ -79,13 +79,21 @@ V3.2 B 1 221.6 -> 211.2 (the one-token kernel at its first rule, every GEMM rout
 torch as before (the tensor-core Triton GEMM loses to cuBLAS there)."""
 
 
-def gemv_applies(T: int, w: torch.Tensor, device_type: str, path: str) -> bool:
+def gemv_on() -> bool:
+    """``torch_impl.linear.GEMV_ENV`` read once: the one-token kernel on unless ``0``
+    (``DSADecodeLayer`` reads it at construction, so a step under ``torch.compile`` reads no
+    environment)."""
+    return env_switch(tlinear.GEMV_ENV) is not False
+
+
+def gemv_applies(T: int, w: torch.Tensor, device_type: str, path: str,
+                 enabled: bool | None = None) -> bool:
     """Whether a projection whose switch says ``"gemv"`` runs the one-token kernel: a step of one
     token (``T == 1``), a K-major weight (``w.stride(-1) == 1``), on CUDA off the ``torch``
-    path, with ``torch_impl.linear.GEMV_ENV`` not ``0``; else torch's GEMM (on the CPU too: the
-    interpreter would run it, slowly, where torch's GEMM is the reference path)."""
+    path, with the kernel ``enabled`` (None: :func:`gemv_on`); else torch's GEMM (on the CPU
+    too: the interpreter would run it, slowly, where torch's GEMM is the reference path)."""
     return (T == 1 and w.stride(-1) == 1 and device_type == "cuda" and path != "torch"
-            and env_switch(tlinear.GEMV_ENV) is not False)
+            and (gemv_on() if enabled is None else bool(enabled)))
 
 
 def linear_switch(spec, absorbed: bool) -> dict[str, str]:
@@ -678,13 +686,13 @@ _side_streams: dict = {}          # torch.device -> the indexer branch's side st
 
 
 def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linear: Mapping,
-                    overlap: bool | None = None) -> bool:
+                    overlap: bool | None = None, gemv: bool | None = None) -> bool:
     """Whether ``DSADecodeLayer(overlap=overlap)`` runs a step of ``T`` tokens (B * N) as
     :func:`q_index_overlap`: on CUDA, with ``fused_prep``, off the ``torch`` path, with none of
     :data:`_OVERLAP_GEMMS` on the Triton GEMM (``linear``: :func:`linear_switch`'s dict; it runs
-    for T <= 64 only) nor, at ``T == 1``, on the one-token kernel (``"gemv"``, unless
-    ``torch_impl.linear.GEMV_ENV`` is ``0``: at B 1 it is faster than the overlap, H100
-    2026-12-06), and ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``.
+    for T <= 64 only) nor, at ``T == 1``, on the one-token kernel (``"gemv"`` with ``gemv``
+    true; None: :func:`gemv_on`; at B 1 it is faster than the overlap, H100 2026-12-06), and
+    ``overlap`` True or None with ``T <= OVERLAP_MAX_TOKENS``.
 
     Raises:
       TypeError: ``device_type`` not a str, ``linear`` not a mapping, ``overlap`` not a bool or
@@ -709,8 +717,8 @@ def overlap_applies(T: int, device_type: str, fused_prep: bool, path: str, linea
         return False
     if T <= tlinear.MAX_M and any(linear.get(n) == "triton" for n in _OVERLAP_GEMMS):
         return False
-    if (T == 1 and env_switch(tlinear.GEMV_ENV) is not False
-            and any(linear.get(n) == "gemv" for n in _OVERLAP_GEMMS)):
+    if (T == 1 and any(linear.get(n) == "gemv" for n in _OVERLAP_GEMMS)
+            and (gemv_on() if gemv is None else bool(gemv))):
         return False              # one token: the one-token kernel, not the overlap's GEMMs
     return bool(overlap) or T <= OVERLAP_MAX_TOKENS
 
@@ -1065,7 +1073,8 @@ class DSADecodeLayer(nn.Module):
         (``torch_impl.linear``, ``dsa::linear`` with ``path="triton"``) instead of torch's
         ``mm`` / ``bmm`` / ``addmm``: ``"torch"`` (none), ``"triton"`` (all), ``"auto"``
         (:data:`LINEAR_AUTO`), ``"gemv"`` (each on the one-token kernel where
-        :func:`gemv_applies`: one-token steps on CUDA, K-major weights; torch's GEMM otherwise),
+        :func:`gemv_applies`: one-token steps on CUDA, K-major weights, ``DSA_LINEAR_GEMV`` not
+        ``0`` when the layer is built; torch's GEMM otherwise),
         or per GEMM ``{"x_proj": "triton", "wo": "gemv", ...}`` /
         ``"x_proj=triton,wo_a=triton"``; None (default) reads ``DSA_LAYER_LINEAR``, unset:
         :data:`LINEAR_DEFAULT` (``"gemv"``). A step of more than 64 tokens (B * N) runs torch's
@@ -1123,6 +1132,7 @@ class DSADecodeLayer(nn.Module):
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, dtype, path
         self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
+        self.gemv = gemv_on()                  # DSA_LINEAR_GEMV, read now (not inside a step)
         self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -1175,7 +1185,8 @@ class DSADecodeLayer(nn.Module):
         16-bit x widens x first)."""
         choice = self.linear[name]
         if choice == "gemv":
-            choice = "triton" if gemv_applies(x.shape[-2], w, x.device.type, self.path) else "torch"
+            choice = ("triton" if gemv_applies(x.shape[-2], w, x.device.type, self.path, self.gemv)
+                      else "torch")
         if choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
             return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
                                   alpha=alpha, out_dtype=out_dtype, path="triton")
@@ -1427,7 +1438,8 @@ class DSADecodeLayer(nn.Module):
 
     def _overlaps(self, T: int, device: torch.device) -> bool:
         """Whether a step of ``T`` tokens on ``device`` runs as :func:`q_index_overlap`."""
-        return overlap_applies(T, device.type, self.fused_prep, self.path, self.linear, self.overlap)
+        return overlap_applies(T, device.type, self.fused_prep, self.path, self.linear, self.overlap,
+                               self.gemv)
 
     def forward(self, x: torch.Tensor, kv_cache: torch.Tensor, k_cache: torch.Tensor,
                 block_table: torch.Tensor, context_lens: torch.Tensor, *,
