@@ -166,8 +166,8 @@ class TorchBackend(Backend):
             # its GEMMs (DSA_LAYER_LINEAR) and its step preparation (DSA_LAYER_FUSED_PREP; the
             # layer is built without either argument, so it reads the environment)
             from kernels.scalars import env_switch
-            from torch_impl.layer import (fused_prep_default, linear_switch, overlap_applies,
-                                          overlap_default, overlap_sm_carveout)
+            from torch_impl.layer import (GEMV_N_MAJOR, fused_prep_default, linear_switch,
+                                          overlap_applies, overlap_default, overlap_sm_carveout)
             from torch_impl.linear import GEMV_ENV
             lin, fused = linear_switch(None, inp.shape.layer_cfg.absorbed), fused_prep_default()
             T = inp.shape.B * inp.shape.N
@@ -175,8 +175,10 @@ class TorchBackend(Backend):
                        linear=sorted(n for n, c in lin.items() if c == "triton"),
                        # one-token steps: the GEMMs on the one-token kernel where their weight
                        # is K-major (torch_impl.layer.gemv_applies; wkv_b_q's is not)
-                       linear_gemv=sorted(n for n, c in lin.items() if c == "gemv")
-                       if T == 1 and env_switch(GEMV_ENV) is not False else [],
+                       linear_gemv=sorted(n for n, c in lin.items()
+                                          if c == "gemv" and n not in GEMV_N_MAJOR)
+                       if (T == 1 and env_switch(GEMV_ENV) is not False and path != "torch"
+                           and str(inp.device).startswith("cuda")) else [],
                        fused_prep=fused,
                        # the indexer's branch on a side stream (dsa::q_index_overlap)
                        overlap=overlap_applies(T, str(inp.device).split(":")[0], fused, path, lin,

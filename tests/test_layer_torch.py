@@ -690,6 +690,63 @@ def test_bf16_layer_at_real_dimensions_on_gpu(name, linear):
 
 
 @gpu_only
+@pytest.mark.parametrize("name", ["dsv32_fp8_ds_mla", "dsv4_fp8_model1"])
+def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
+    """The default ``linear="gemv"`` at B 1 (one token) and the real dimensions, bf16, Triton
+    path: every K-major projection on the one-token kernel (launches counted: all GEMMs but
+    V3.2's N-major ``wkv_b_q``), no overlap, the float64 reference's bf16 checks, the output
+    within the bf16 bound of the cuBLAS layer's (``linear="torch"``), and a CUDA-graph replay
+    of the step bitwise the eager step."""
+    from kernels import layer_compare
+    from kernels.linear import triton as ktriton
+    from torch_impl.layer import GEMV_N_MAJOR, LAYER_GEMMS
+    monkeypatch.delenv("DSA_LINEAR_GEMV", raising=False)
+    small, fmt, _, _, _, seed = CASES[name]
+    cfg = lref.LAYER_CONFIGS[small.preset.name]
+    case = lref.make_layer_case(cfg, seed=seed, B=1, N=1, lens=(cfg.topk + cfg.window + 1024,),
+                                kv_format=fmt, name=name + "_real_b1")
+    case.weights = _bf16_rounded(case.weights)
+    launches = []
+    real = ktriton.launch_gemv
+    monkeypatch.setattr(ktriton, "launch_gemv", lambda *a, **k: launches.append(1) or real(*a, **k))
+    runs = {}
+    for linear in ("gemv", "torch"):
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                               dtype=torch.bfloat16, path="triton", linear=linear)
+        if linear == "gemv":
+            assert not layer._overlaps(1, torch.device(DEVICE))
+        runs[linear] = _run(layer, case)
+    gemms = [n for n in LAYER_GEMMS[cfg.absorbed] if n not in GEMV_N_MAJOR]
+    assert len(launches) == len(gemms)
+    out, _, kc, inter = runs["gemv"]
+    checks.check_bf16_step(case, out, kc, inter)
+    compare.assert_pass(layer_compare.check_out(out, runs["torch"][0].astype(np.float64),
+                                                low_precision=True, name="out (gemv vs cuBLAS)"))
+    layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
+                           dtype=torch.bfloat16, path="triton")
+    args = _inputs(case)
+    kv0, kc0 = args[1].clone(), args[2].clone()
+    eager, _, _ = layer(*args)
+    args[1].copy_(kv0)
+    args[2].copy_(kc0)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):                     # warm-up outside capture
+        layer(*args)
+    torch.cuda.current_stream().wait_stream(s)
+    args[1].copy_(kv0)
+    args[2].copy_(kc0)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        static_out, _, _ = layer(*args)
+    args[1].copy_(kv0)
+    args[2].copy_(kc0)
+    g.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static_out, eager)
+
+
+@gpu_only
 def test_cuda_graph_replay_is_bitwise_identical():
     case = _case("dsv32_fp8_ds_mla")
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,

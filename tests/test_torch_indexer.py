@@ -736,7 +736,7 @@ def test_gluon_ws_guard_refuses_one_consumer_with_two_ctas_an_sm(monkeypatch):
     run(1, 3, 12)                                   # 12 programs on 12 SMs: one CTA an SM
     run(2, 3, 8)
     run(3, 3, 8)
-    with pytest.raises(NotImplementedError, match=r"ws_consumers=4.*has not run on a GPU"):
+    with pytest.raises(NotImplementedError, match=r"ws_consumers=4.*is not verified"):
         run(4, 1, 132)
     monkeypatch.setattr(gluon_ws, "ALLOW_UNVERIFIED", True)
     run(1, 3, 8)

@@ -82,7 +82,8 @@ torch as before (the tensor-core Triton GEMM loses to cuBLAS there)."""
 def gemv_on() -> bool:
     """``torch_impl.linear.GEMV_ENV`` read once: the one-token kernel on unless ``0``
     (``DSADecodeLayer`` reads it at construction, so a step under ``torch.compile`` reads no
-    environment)."""
+    environment; set to ``0`` after a layer is built, that layer's ``"gemv"`` calls still go to
+    ``dsa::linear``, which then reads ``0`` and runs its tensor-core kernel)."""
     return env_switch(tlinear.GEMV_ENV) is not False
 
 
@@ -680,7 +681,12 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
 
 _OVERLAP_GEMMS = ("wq_b", "wkv_b_q", "indexer.wq_b", "indexer.weights_proj")
 """The projections inside ``dsa::q_index_overlap``: torch's GEMMs there (the layer overlaps only
-when its switch runs none of them on the Triton GEMM, whose split-K counters are one buffer)."""
+when its switch runs none of them on the Triton GEMM, whose split-K counters are one buffer,
+nor, at one token, on the one-token kernel: ``"gemv"``)."""
+
+GEMV_N_MAJOR = ("wkv_b_q",)
+"""The projections whose weight the layer passes N-major (``wkv_b``'s key half as ``w^T``): never
+on the one-token kernel (:func:`gemv_applies`' stride check)."""
 
 _side_streams: dict = {}          # torch.device -> the indexer branch's side stream
 
@@ -1184,9 +1190,11 @@ class DSADecodeLayer(nn.Module):
         ``beta=0`` for a scaled product, the scale in the GEMM's epilogue; a float32 product of
         16-bit x widens x first)."""
         choice = self.linear[name]
-        if choice == "gemv":
-            choice = ("triton" if gemv_applies(x.shape[-2], w, x.device.type, self.path, self.gemv)
-                      else "torch")
+        if choice == "gemv" and gemv_applies(x.shape[-2], w, x.device.type, self.path, self.gemv):
+            # the layer's path: "auto" falls back to torch's GEMM where the kernel cannot run
+            # (a GPU outside kernels.hardware.SUPPORTED_CC), "triton" raises there
+            return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
+                                  alpha=alpha, out_dtype=out_dtype, path=self.path)
         if choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
             return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
                                   alpha=alpha, out_dtype=out_dtype, path="triton")

@@ -1,5 +1,5 @@
 """Lightning-indexer logits (+ the fused first-digit histogram) for sm_90 in Gluon,
-warp-specialised: one producer warp streams whole pages by TMA into a ring, one to three
+warp-specialised: one producer warp streams whole pages by TMA into a ring, one to four
 consumer warpgroups convert, score and histogram them.
 
 Semantics, arguments (of :func:`launch`), outputs and numerics are those of
@@ -22,7 +22,9 @@ CTAs per SM. Here the loads leave the consumers' chain:
 * **Work.** One program = one request, one contiguous range of its pages, as ``gluon.py``. A
   *step* is two pages (128 token rows, one ``[128, 64]`` fp32 accumulator a draft); step ``i`` of
   the range goes to ring slot ``i % NSLOT`` and to consumer ``i % CONSUMERS`` (ping-pong: one
-  consumer's wgmma runs while the other converts or runs its epilogue).
+  consumer's wgmma runs while the other converts or runs its epilogue); with ``CONSUMERS = 4``
+  page ``c % 2`` of step ``i`` goes to consumer ``c = 2 (i % 2) + page`` (``_ws_half_consumer``:
+  a ``[64, 64]`` accumulator, the slot released by both pages' consumers).
 * **Producer** (a worker partition of one warp, ``PRODUCER_REGS`` registers). Per step: the two
   block-table entries, a wait on the slot's ``empty`` barrier, ``mbarrier.expect`` of the bytes
   of the step's real pages (a plain arrive when none is real), then per real page three TMA
@@ -58,7 +60,8 @@ CTAs per SM. Here the loads leave the consumers' chain:
   160 registers a consumer, weights reloaded each step (spills: 76 B at N 1, 232 B at N 2),
   producer 32. Counts and predictions:
   bench/NOTES.md ("Warp-specialised logits kernel").
-* **Refused** (:func:`unverified`): ``CONSUMERS = 1`` with more programs than SMs (two CTAs an
+* **Refused** (:func:`unverified`): ``CONSUMERS = 4`` everywhere until its GPU tests pass (one
+  H100 sweep row ran exact, 2026-12-06); ``CONSUMERS = 1`` with more programs than SMs (two CTAs an
   SM) raised an illegal memory access on the H200 at B 64 L 64K (8 splits); the launcher
   raises NotImplementedError there until a GPU run shows it exact
   (docs/logs/gluon_ws_c1_fault_20261205.md; the address arithmetic is in range:
@@ -141,9 +144,10 @@ def unverified(batch: int, splits: int, num_sms: int, consumers: int) -> str | N
                 f"splits) on {num_sms} SMs puts two CTAs on an SM, where this config faulted on "
                 f"the H200 (illegal memory access, B 64 L 64K, 8 splits) and is not verified")
     if consumers == 4:
-        return ("ws_consumers=4 (four consumers, a page each) has not run on a GPU yet "
-                "(bench/NOTES.md \"Logits: four consumers\"; `python -m bench.indexer_sweep --ws "
-                "--unguarded` and the GPU tests verify it)")
+        return ("ws_consumers=4 (four consumers, a page each) is not verified: one H100 sweep "
+                "row ran exact (2026-12-06), its GPU tests have not run (bench/NOTES.md \"Four "
+                "consumers in the WS logits kernel\"; `python -m bench.indexer_sweep --ws "
+                "--unguarded` runs it)")
     return None
 
 
@@ -588,7 +592,7 @@ def _indexer_logits_gluon_ws_kernel(
 ):
     """Arguments of ``gluon._indexer_logits_gluon_kernel`` with the cache as two TMA
     descriptors (:func:`descriptors`) instead of pointers and strides. ``CONSUMERS``: consumer
-    warpgroups (1-3); ``CONVERT``: 0 registers, 1 shared memory; ``NSLOT``: ring slots (steps,
+    warpgroups (1-4; 4: a page each, ``CONVERT`` 0 only); ``CONVERT``: 0 registers, 1 shared memory; ``NSLOT``: ring slots (steps,
     :func:`ring_slots`); ``CONSUMER_REGS`` / ``PRODUCER_REGS``: the worker partitions'
     setmaxnreg (the default partition gets the rest of the launch's ``maxnreg``, :data:`REGS`)."""
     gl.static_assert((N == 1) | (N == 2), "N (next_n) 1 or 2")

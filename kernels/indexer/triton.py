@@ -122,9 +122,9 @@ class IndexerLogitsConfig:
       ws_consumers: ``"gluon_ws"``: consumer warpgroups a CTA (1: two CTAs per SM; 2: one CTA,
         ping-pong; 3: one CTA, 160 registers each; 4: one CTA, each consumer one page of every
         other step, 112-120 registers each, ``ws_convert="regs"`` only). 1 with more programs
-        than SMs (two CTAs an SM) is refused with NotImplementedError, and 4 everywhere until a
-        GPU run shows it exact (``kernels.indexer.gluon_ws.unverified``: 1 faulted on the H200,
-        4 has not run on a GPU).
+        than SMs (two CTAs an SM) is refused with NotImplementedError, and 4 everywhere until its
+        GPU tests pass (``kernels.indexer.gluon_ws.unverified``: 1 faulted on the H200; 4 ran
+        exact in one H100 sweep row, 2026-12-06).
       ws_convert: ``"gluon_ws"``: ``"regs"`` (e4m3 rows straight into wgmma's register A
         operand) or ``"smem"`` (fp16 rows through shared memory, as ``"gluon"``).
     """

@@ -281,8 +281,9 @@ def gemv_aot_specs(reachable_only: bool = False) -> list:
     (what ``bench.linear_sweep`` runs), or with ``reachable_only`` those
     :func:`kernels.linear.configs.gemv_heuristic` can return (``GEMV_PICKS``: the configs
     ``torch_impl.linear`` runs one-token calls at; in :func:`aot_specs`, so CI's sm_120 fit
-    check compiles them); each with the layer's two operand kinds, bf16 weights and out, and fp32 weights with
-    a bf16 token and fp32 out (the other dtypes the binding takes change only the loads' and
+    check compiles them); each with the layer's operand kinds, bf16 weights and out, fp32
+    weights with a bf16 token and fp32 out, and all fp32 (the fused-prep layer's float32 x of
+    ``weights_proj``) (the other dtypes the binding takes change only the loads' and
     the store's conversions: the kernel's shared memory is its final cross-warp sum), the weight's unit
     stride the constant 1 as the JIT specialises it (counts: bench/NOTES.md "One-token
     projections")."""
@@ -293,7 +294,8 @@ def gemv_aot_specs(reachable_only: bool = False) -> list:
         if reachable_only:
             space = GEMV_PICKS[layout]
         for cfg in space:
-            for xd, wd, od in (("bf16", "bf16", "bf16"), ("bf16", "fp32", "fp32")):
+            for xd, wd, od in (("bf16", "bf16", "bf16"), ("bf16", "fp32", "fp32"),
+                               ("fp32", "fp32", "fp32")):
                 sig = {"x_ptr": f"*{xd}", "w_ptr": f"*{wd}", "out_ptr": f"*{od}", "N": "i32", "K": "i32",
                        "stride_xg": "i32", "stride_wg": "i32", "stride_wn": "i32", "stride_wk": "i32",
                        "stride_og": "i32", "alpha": "fp32"}

@@ -477,6 +477,33 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
 
 
 @triton.jit
+def _count_b(x_row, lo, hi, key_lo, key_hi, done, BLOCK: tl.constexpr):
+    """What :func:`_pass_b` over positions ``[lo, hi)`` would add to its two offsets, without
+    storing anything: ``(n_out, n_cand)`` int32, the keys it would write to the output and to
+    the candidate row (the same predicates, loads and masking). A sub-split of a logits split
+    (:func:`_topk_scatter_kernel`, ``sub > 1``) counts the positions of its split before its own
+    range this way."""
+    offs = tl.arange(0, BLOCK)
+    zero = tl.zeros((BLOCK,), tl.int32)
+    done_v = (zero + done) != 0
+    pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
+    n_out = tl.zeros((), tl.int32)
+    n_cand = tl.zeros((), tl.int32)
+    for start in range(lo, hi, BLOCK):
+        pos = start + offs
+        x = tl.load(x_row + pos, mask=pos < hi, other=float("-inf"))
+        key = raw_key(x)
+        gt = (key > key_hi) & (key <= pinf)                              # not NaN
+        eq = (key >= key_lo) & (key <= key_hi)
+        direct = gt | (eq & done_v)
+        keep = eq & (done_v == 0)
+        tot = tl.sum(direct.to(tl.int32) + (keep.to(tl.int32) << 16), axis=0)
+        n_out += tot & 0xFFFF
+        n_cand += tot >> 16
+    return n_out, n_cand
+
+
+@triton.jit
 def _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, NEED_POS: tl.constexpr):
     """Keys (and positions if ``NEED_POS``) of candidates ``o`` (mask ``m``): read from the
     pairs, or gathered from the logits through the positions."""
@@ -668,13 +695,15 @@ def _radix_topk_kernel(
 
 
 @triton.jit
-def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P,
+def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k, sub,
                  ALIGNED: tl.constexpr = False):
-    """Positions ``[lo, hi)`` of row ``row`` covered by logits split ``s`` (the page range the
-    logits kernel gives that split: ``n_pages = ceil(max_i len[b, i] / P)`` over the drafts of
-    request ``b``, ``ceil(n_pages / S)`` pages per split), clipped to the row's valid prefix;
-    with ``ALIGNED`` only ``hi`` is (an empty range, ``hi <= lo``, for a split past it), so
-    ``lo`` stays a multiple of ``P`` that the compiler can see (pass B's ``VEC`` loads)."""
+    """``(lo_split, lo, hi)``: the first position of logits split ``s`` of row ``row`` (the page
+    range the logits kernel gives that split: ``n_pages = ceil(max_i len[b, i] / P)`` over the
+    drafts of request ``b``, ``per = ceil(n_pages / S)`` pages per split) and the positions
+    ``[lo, hi)`` of its sub-range ``k`` of ``sub`` (``ceil(per / sub)`` pages each, the last
+    ones possibly empty; ``sub = 1``: the whole split), clipped to the row's valid prefix; with
+    ``ALIGNED`` only ``hi`` is (an empty range, ``hi <= lo``, past it), so ``lo_split`` and
+    ``lo`` stay multiples of ``P`` that the compiler can see (pass B's ``VEC`` loads)."""
     b = row // n_drafts
     dr = tl.arange(0, 4)            # N <= 4 drafts per request
     src = tl.where(per_row != 0, b * n_drafts + dr, b)
@@ -684,12 +713,18 @@ def _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P,
     n_pages = tl.minimum(tl.cdiv(tl.max(lens, axis=0), P), W // P).to(tl.int32)
     per = tl.cdiv(n_pages, num_splits)
     L = _row_len(len_ptr, row, n_drafts, per_row, W)
+    sub_per = tl.cdiv(per, sub)
+    first = s * per
+    p0 = first + tl.minimum(k * sub_per, per)              # the sub-range's pages: [p0, p1)
+    p1 = first + tl.minimum((k + 1) * sub_per, per)
     if ALIGNED:
-        lo = s * per * P
+        lo_split = first * P
+        lo = p0 * P
     else:
-        lo = tl.minimum(s * per * P, L)
-    hi = tl.minimum(lo + per * P, L)
-    return lo, hi
+        lo_split = tl.minimum(first * P, L)
+        lo = tl.minimum(p0 * P, L)
+    hi = tl.minimum(p1 * P, L)
+    return lo_split, lo, hi
 
 
 @triton.jit
@@ -762,7 +797,7 @@ def _topk_scatter_kernel(
     part_ptr,         # [R, G, 256] int32: the groups' histograms at the row's bases (not PLAN)
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
-    num_splits, num_groups,
+    num_splits, num_groups, sub,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
     VEC: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
@@ -775,12 +810,22 @@ def _topk_scatter_kernel(
     the row's bases read ``SP`` at a time): their sum gives the threshold bin, the partials of
     the groups before its group and the rebased histograms of the splits before it in its
     group give its offsets. Both give every program the same bin and the same offsets as one
-    plan over the row would (integer counts), so the output is bitwise the same."""
+    plan over the row would (integer counts), so the output is bitwise the same.
+
+    ``sub`` (grid ``(R, S * sub)``): each split's pages cut into ``sub`` contiguous sub-ranges,
+    one program each (program ``s * sub + k``); a sub-range's offsets are its split's plus the
+    keys of the split's positions before it (:func:`_count_b`), so the output is bitwise that of
+    ``sub = 1``. More, shorter programs: the B 64 scatter is an instruction chain on 7.5 warps an
+    SM (Nsight Compute, H100, 2026-12-06; bench/NOTES.md "The B 64 scatter under Nsight
+    Compute")."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
-    s = tl.program_id(1)
-    lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, VEC)
+    pid = tl.program_id(1)
+    s = pid // sub
+    k = pid % sub
+    lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k, sub,
+                                    VEC)
     h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
                                                  num_splits, SP)
     if PLAN:
@@ -807,10 +852,15 @@ def _topk_scatter_kernel(
     d0, need, done, total, n_eq = _first_digit(run, topk)
     pairs = (n_eq <= cap).to(tl.int32)
     n_out, n_cand = _prefix_counts(before, d0, done)
-    if s == 0:
+    if pid == 0:
         _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total, n_eq,
                      run, pairs)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
+    if (k > 0) & (hi > lo):          # the split's keys before this (non-empty) sub-range
+        c_out, c_cand = _count_b(x_ptr + row * stride_x, lo_split, lo, key_lo, key_hi, done,
+                                 BLOCK)
+        n_out += c_out
+        n_cand += c_cand
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
 
@@ -838,7 +888,7 @@ def scatter_plan_blocks() -> tuple:
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
                 hist=None, n_drafts: int = 1, page_size: int | None = None, state=None,
-                scatter: tuple | None = None):
+                scatter: tuple | None = None, scatter_sub: int | None = None):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
@@ -872,12 +922,22 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         ``VEC`` loads and layout, which need ``W``, the page size and the logits' row stride to
         be multiples of 16, else the launch falls back to the scalar loads). Only the split
         pass B (``hist`` and ``page_size`` given) has this launch; elsewhere it is unused.
+      scatter_sub: programs of the split pass B per logits split (an int in ``[1, 16]``; each
+        takes a contiguous sub-range of the split's pages and counts the split's keys before
+        it); None: :func:`scatter_subsplits` (``DSA_TOPK_SCATTER_SUB``, default 1). The output
+        is bitwise the same for every value.
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
-        ``scatter`` is not in :data:`SCATTER_SPACE`.
+        ``scatter`` is not in :data:`SCATTER_SPACE`, ``scatter_sub`` (or
+        ``DSA_TOPK_SCATTER_SUB``) is not an int in ``[1, 16]``.
     """
     cfg = config or TopkConfig()
+    if scatter_sub is None:
+        scatter_sub = scatter_subsplits()
+    elif type(scatter_sub) is not int or not 1 <= scatter_sub <= SCATTER_SUB_MAX:
+        raise ValueError(f"scatter_sub: expected an int in [1, {SCATTER_SUB_MAX}], got "
+                         f"{scatter_sub!r}")
     R, W = logits.shape
     if scatter is not None:
         sc = tuple(scatter) if isinstance(scatter, (tuple, list)) else None
@@ -922,21 +982,21 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         svec = bool(svec) and W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
-            _topk_scatter_kernel[(R, num_splits)](
+            _topk_scatter_kernel[(R, num_splits * scatter_sub)](
                 logits, lengths, out, scratch, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
-                per_row, nb, num_splits, 1, BLOCK=sblock, GB=PLAN_MIN, PLAN=True, SP=sp,
-                VEC=svec, num_warps=swarps, **launch)
+                per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
+                SP=sp, VEC=svec, num_warps=swarps, **launch)
         else:
             groups, sbase = plan_blocks(num_splits)
             part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
                                device=logits.device)
             _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
                                                 SBASE=sbase, num_warps=4, **launch)
-            _topk_scatter_kernel[(R, num_splits)](
+            _topk_scatter_kernel[(R, num_splits * scatter_sub)](
                 logits, lengths, out, scratch, state, part, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
-                per_row, nb, num_splits, groups, BLOCK=sblock, GB=SCATTER_PART_GB,
+                per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
                 PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, num_warps=swarps, **launch)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
@@ -945,6 +1005,34 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                              HAS_HIST=hist is not None, FROM_PLAN=split,
                              PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps, **launch)
     return out
+
+
+SCATTER_SUB_ENV = "DSA_TOPK_SCATTER_SUB"
+"""Programs of the split pass B per logits split (``launch_topk(scatter_sub=None)``): unset or
+empty 1 (default until measured), else an integer in ``[1, SCATTER_SUB_MAX]``. Why: at B 64 the
+scatter runs ``B x S`` programs (256 at L 64K) of one long dependent instruction chain each, on
+7.5 warps an SM (Nsight Compute, H100, 2026-12-06); sub-ranges halve or quarter each chain and
+fill the SMs, at the cost of counting the split's keys before a sub-range once more
+(bench/NOTES.md "The B 64 scatter under Nsight Compute")."""
+
+SCATTER_SUB_MAX = 16
+
+
+def scatter_subsplits() -> int:
+    """:data:`SCATTER_SUB_ENV` as an int (unset or empty: 1).
+
+    Raises:
+      ValueError: the variable is not an integer in ``[1, SCATTER_SUB_MAX]`` (named, with the
+        value).
+    """
+    import os
+    v = os.environ.get(SCATTER_SUB_ENV, "").strip()
+    if v == "":
+        return 1
+    if not v.isdigit() or not 1 <= int(v) <= SCATTER_SUB_MAX:
+        raise ValueError(f"{SCATTER_SUB_ENV}: expected an integer in [1, {SCATTER_SUB_MAX}] or "
+                         f"unset, got {v!r}")
+    return int(v)
 
 
 PDL_ENV = "DSA_TOPK_PDL"

@@ -44,7 +44,7 @@ def aot_specs(smem_class: str) -> list:
                    "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
                    "stride_c": "i32", "cap": "i32", "topk": "i32", "n_drafts": "i32",
                    "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32",
-                   "num_groups": "i32"}
+                   "num_groups": "i32", "sub": "i32"}
     # the indexer's launches: W a multiple of the page size, P 64, strides multiples of 16 (the
     # JIT specialises them so; pass B's 16-byte loads depend on it)
     div = ("W", "P", "stride_x", "stride_o", "stride_c")
