@@ -19,8 +19,8 @@ Results: ``bench/results/bench_<arch>_<mode>_<date>.json`` (SPEC "Result files")
 Exit status: 0 when every row that ran passed its check, 1 when any failed or errored, 2 on a
 usage error (a bad flag, a non-positive ``--budget-s`` / ``--max-gb``, an ``--out`` that cannot
 be written, a selection that matches no path or no shape, a ``DSA_LAYER_*`` /
-``DSA_BENCH_LAYER_STEPS`` / ``DSA_TOPK_PDL`` / ``DSA_LINEAR_GEMV`` environment switch set to a
-value it does not take), checked before anything runs.
+``DSA_BENCH_LAYER_STEPS`` / ``DSA_TOPK_PDL`` / ``DSA_LINEAR_GEMV`` / ``DSA_TOPK_SCATTER_SUB``
+environment switch set to a value it does not take), checked before anything runs.
 """
 from __future__ import annotations
 
@@ -154,7 +154,8 @@ def parse(argv=None) -> argparse.Namespace:
 def _bad_environment() -> str | None:
     """The first environment switch the timed paths read that holds a value they refuse
     (``DSA_LAYER_OVERLAP``, ``DSA_LAYER_OVERLAP_CARVEOUT``, ``DSA_LAYER_FUSED_PREP``,
-    ``DSA_LAYER_LINEAR``, ``DSA_BENCH_LAYER_STEPS``, ``DSA_TOPK_PDL``, ``DSA_LINEAR_GEMV``), as its
+    ``DSA_LAYER_LINEAR``, ``DSA_BENCH_LAYER_STEPS``, ``DSA_TOPK_PDL``, ``DSA_LINEAR_GEMV``,
+    ``DSA_TOPK_SCATTER_SUB``), as its
     error message; None when all are good. Checked before anything runs, so a typo is a usage
     error, not a failed row."""
     from bench.paths import layer_group_steps
@@ -166,12 +167,12 @@ def _bad_environment() -> str | None:
     if tl is not None:
         import torch
         from kernels.scalars import env_switch
-        from kernels.topk.triton import pdl_enabled
+        from kernels.topk.triton import pdl_enabled, scatter_subsplits
         from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
-                   lambda: env_switch(GEMV_ENV)]
+                   lambda: env_switch(GEMV_ENV), scatter_subsplits]
     for check in checks:
         try:
             check()

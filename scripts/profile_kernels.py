@@ -185,6 +185,7 @@ def main(argv=None) -> int:
                 # the layer's two-stream step (DSA_LAYER_OVERLAP, DSA_LAYER_OVERLAP_CARVEOUT)
                 "env": {k: os.environ[k] for k in ("DSA_LAYER_OVERLAP", "DSA_LAYER_OVERLAP_CARVEOUT",
                                                    "DSA_LAYER_LINEAR", "DSA_LINEAR_GEMV", "DSA_TOPK_PDL",
+                                                   "DSA_TOPK_SCATTER_SUB",
                                                    "DSA_BENCH_COMPILE_LAYER")
                         if os.environ.get(k)},
                 "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}

@@ -760,6 +760,7 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_BENCH_LAYER_STEPS", "0", "environment: DSA_BENCH_LAYER_STEPS: expected a positive integer"),
     ("DSA_TOPK_PDL", "on", "environment: DSA_TOPK_PDL: expected '0', '1' or unset, got 'on'"),
     ("DSA_LINEAR_GEMV", "true", "environment: DSA_LINEAR_GEMV: expected '0', '1' or unset, got 'true'"),
+    ("DSA_TOPK_SCATTER_SUB", "0", "environment: DSA_TOPK_SCATTER_SUB: expected an integer in [1, 16]"),
 ])
 def test_cli_bad_environment_exits_2_before_running(tmp_path, stub_registry, monkeypatch, capsys, var,
                                                     value, message):

@@ -799,7 +799,7 @@ def _topk_scatter_kernel(
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
     num_splits, num_groups, sub,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
-    VEC: tl.constexpr = False, PDL: tl.constexpr = False,
+    VEC: tl.constexpr = False, PDL: tl.constexpr = False, SUB: tl.constexpr = False,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
@@ -812,7 +812,8 @@ def _topk_scatter_kernel(
     group give its offsets. Both give every program the same bin and the same offsets as one
     plan over the row would (integer counts), so the output is bitwise the same.
 
-    ``sub`` (grid ``(R, S * sub)``): each split's pages cut into ``sub`` contiguous sub-ranges,
+    ``SUB`` with ``sub`` (grid ``(R, S * sub)``; without ``SUB`` ``sub`` is 1 and none of this
+    is compiled): each split's pages cut into ``sub`` contiguous sub-ranges,
     one program each (program ``s * sub + k``); a sub-range's offsets are its split's plus the
     keys of the split's positions before it (:func:`_count_b`), so the output is bitwise that of
     ``sub = 1``. More, shorter programs: the B 64 scatter is an instruction chain on 7.5 warps an
@@ -822,10 +823,15 @@ def _topk_scatter_kernel(
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
-    s = pid // sub
-    k = pid % sub
-    lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k, sub,
-                                    VEC)
+    if SUB:
+        s = pid // sub
+        k = pid % sub
+        lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k,
+                                        sub, VEC)
+    else:
+        s = pid
+        lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, 0, 1,
+                                        VEC)
     h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
                                                  num_splits, SP)
     if PLAN:
@@ -856,11 +862,12 @@ def _topk_scatter_kernel(
         _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total, n_eq,
                      run, pairs)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
-    if (k > 0) & (hi > lo):          # the split's keys before this (non-empty) sub-range
-        c_out, c_cand = _count_b(x_ptr + row * stride_x, lo_split, lo, key_lo, key_hi, done,
-                                 BLOCK)
-        n_out += c_out
-        n_cand += c_cand
+    if SUB:
+        if (k > 0) & (hi > lo):      # the split's keys before this (non-empty) sub-range
+            c_out, c_cand = _count_b(x_ptr + row * stride_x, lo_split, lo, key_lo, key_hi, done,
+                                     BLOCK)
+            n_out += c_out
+            n_cand += c_cand
     _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
             key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
 
@@ -986,7 +993,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                 logits, lengths, out, scratch, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
-                SP=sp, VEC=svec, num_warps=swarps, **launch)
+                SP=sp, VEC=svec, SUB=scatter_sub > 1, num_warps=swarps, **launch)
         else:
             groups, sbase = plan_blocks(num_splits)
             part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
@@ -997,7 +1004,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                 logits, lengths, out, scratch, state, part, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
-                PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, num_warps=swarps, **launch)
+                PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, SUB=scatter_sub > 1,
+                num_warps=swarps, **launch)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,

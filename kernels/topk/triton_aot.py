@@ -66,12 +66,25 @@ def aot_specs(smem_class: str) -> list:
     # (tests/test_triton_compile.py)
     for sp in specs:
         sp.constexprs.setdefault("PDL", False)
+        if sp.kernel == "_topk_scatter_kernel":
+            sp.constexprs.setdefault("SUB", False)
     for sp in list(specs):
         if sp.label in PDL_TWINS:
             specs.append(LaunchSpec(sp.label + " pdl", sp.module, sp.kernel, sp.signature,
                                     dict(sp.constexprs, PDL=True), sp.num_warps, sp.num_stages,
                                     divisible=sp.divisible))
+    # the split pass B's sub-splits (DSA_TOPK_SCATTER_SUB > 1: SUB=True), at the B 64 launches
+    # (the one the shape picks, planning itself and after the plan kernels)
+    for sp in list(specs):
+        if sp.label in SUB_TWINS:
+            specs.append(LaunchSpec(sp.label + " sub", sp.module, sp.kernel, sp.signature,
+                                    dict(sp.constexprs, SUB=True), sp.num_warps, sp.num_stages,
+                                    divisible=sp.divisible))
     return specs
+
+
+# the scatter launches compiled again with SUB=True (aot_specs)
+SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w4 vec parts")
 
 
 # the launches compiled again with PDL=True (aot_specs)
