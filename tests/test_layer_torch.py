@@ -724,6 +724,13 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
                                                 low_precision=True, name="out (gemv vs cuBLAS)"))
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
                            dtype=torch.bfloat16, path="triton")
+    eager, replayed = _eager_and_replayed(layer, case)
+    assert torch.equal(replayed, eager)
+
+
+def _eager_and_replayed(layer, case):
+    """``layer``'s output for ``case`` run eagerly, then captured in a CUDA graph (after a
+    warm-up outside the capture: autotune, allocations) and replayed, from the same caches."""
     args = _inputs(case)
     kv0, kc0 = args[1].clone(), args[2].clone()
     eager, _, _ = layer(*args)
@@ -731,7 +738,7 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
     args[2].copy_(kc0)
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):                     # warm-up outside capture
+    with torch.cuda.stream(s):
         layer(*args)
     torch.cuda.current_stream().wait_stream(s)
     args[1].copy_(kv0)
@@ -743,7 +750,7 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
     args[2].copy_(kc0)
     g.replay()
     torch.cuda.synchronize()
-    assert torch.equal(static_out, eager)
+    return eager, static_out
 
 
 @gpu_only
@@ -751,26 +758,8 @@ def test_cuda_graph_replay_is_bitwise_identical():
     case = _case("dsv32_fp8_ds_mla")
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
                            dtype=torch.bfloat16)
-    args = _inputs(case)
-    kv0, kc0 = args[1].clone(), args[2].clone()
-    eager, _, _ = layer(*args)
-    args[1].copy_(kv0)
-    args[2].copy_(kc0)
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):                     # warm-up outside capture (autotune, allocs)
-        layer(*args)
-    torch.cuda.current_stream().wait_stream(s)
-    args[1].copy_(kv0)
-    args[2].copy_(kc0)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        static_out, _, _ = layer(*args)
-    args[1].copy_(kv0)
-    args[2].copy_(kc0)
-    g.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(static_out, eager)
+    eager, replayed = _eager_and_replayed(layer, case)
+    assert torch.equal(replayed, eager)
 
 
 @gpu_only

@@ -680,6 +680,9 @@ def _indexer_logits_gluon_ws_kernel(
             [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
     elif CONSUMERS == 4:
         C3: gl.constexpr = 3
+        # the four argument tuples written out: one built with ``+`` from a shared prefix loses
+        # the constexpr-ness of N and the other constexpr members (Triton 3.6.0: "not a
+        # constexpr" at the first static_range)
         gl.warp_specialize(
             [(_ws_half_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, wsm, v0, v1,
                                   sc, xb, xh, xk, xm, full, empty, sync, num_pages, max_pages, stride_qb,
