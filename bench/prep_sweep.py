@@ -100,6 +100,22 @@ def _same(a, b) -> bool:
                            y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y) for x, y in zip(a, b))
 
 
+PREP_Q_OUTPUTS = ("q_mla", "idx_q", "idx_w")
+
+
+def _differences(a, b) -> dict:
+    """Per output of ``prepare_q`` (:data:`PREP_Q_OUTPUTS`) that differs: how many elements and
+    the largest absolute difference (the e4m3 ``idx_q`` compared as its float values)."""
+    out = {}
+    for name, x, y in zip(PREP_Q_OUTPUTS, a, b):
+        x, y = x.float(), y.float()
+        ne = (x != y) & ~(torch.isnan(x) & torch.isnan(y))
+        if bool(ne.any()):
+            out[name] = {"elements": int(ne.sum()), "of": x.numel(),
+                         "max_abs": float((x - y).abs()[ne].max())}
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default="prep_sweep.json")
@@ -140,6 +156,12 @@ def main(argv=None):
                         rows.append(dict(row, error=f"{type(e).__name__}: {str(e)[:300]}"))
                         continue
                     row["equal_to_default"] = _same(got, want)
+                    # a launch shape that differs from today's: by how much, and whether it
+                    # repeats itself (two of them did not match at V4 B 64 on the H100,
+                    # 2026-12-06: bench/NOTES.md "Layer prep kernels alone")
+                    row["repeatable"] = _same(_q_call(cfg, ins[0], "all")(), got)
+                    if not row["equal_to_default"]:
+                        row["differences"] = _differences(got, want)
                     if row["equal_to_default"]:
                         for part in ("all", "index", "mla"):
                             t = _time([_q_call(cfg, a, part) for a in ins], dry)

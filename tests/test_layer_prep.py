@@ -619,4 +619,9 @@ def test_prep_sweep_dry_run(tmp_path):
     q = [r for r in rows if r["kernel"] == "prep_q"]
     assert [r["config"] for r in q] == [dataclasses.asdict(c) for c in prep_sweep.CANDIDATES[:2]]
     assert all(r["equal_to_default"] and min(r["all_us"], r["index_us"], r["mla_us"]) > 0 for r in q)
+    assert all(r["repeatable"] and "differences" not in r for r in q)
     assert [r["programs_per_token"] for r in q] == [4 + 16, 4 + 32]
+    # what a shape that differs reports: per output, how many elements and the largest gap
+    a = (torch.tensor([1.0, 2.0]), torch.tensor([0.5], dtype=torch.float16), torch.zeros(3))
+    b = (torch.tensor([1.0, 2.5]), torch.tensor([0.5], dtype=torch.float16), torch.zeros(3))
+    assert prep_sweep._differences(a, b) == {"q_mla": {"elements": 1, "of": 2, "max_abs": 0.5}}
