@@ -165,10 +165,8 @@ class TorchBackend(Backend):
         if op == "dsa_decode_layer":        # how the layer itself ran (DSA_BENCH_COMPILE_LAYER),
             # its GEMMs (DSA_LAYER_LINEAR) and its step preparation (DSA_LAYER_FUSED_PREP; the
             # layer is built without either argument, so it reads the environment)
-            from kernels.scalars import env_switch
-            from torch_impl.layer import (GEMV_N_MAJOR, fused_prep_default, linear_switch,
+            from torch_impl.layer import (GEMV_N_MAJOR, fused_prep_default, gemv_on, linear_switch,
                                           overlap_applies, overlap_default, overlap_sm_carveout)
-            from torch_impl.linear import GEMV_ENV
             lin, fused = linear_switch(None, inp.shape.layer_cfg.absorbed), fused_prep_default()
             T = inp.shape.B * inp.shape.N
             cfg = dict(cfg, torch_compile_fullgraph=_compile_layer(inp.device),
@@ -177,7 +175,7 @@ class TorchBackend(Backend):
                        # is K-major (torch_impl.layer.gemv_applies; wkv_b_q's is not)
                        linear_gemv=sorted(n for n, c in lin.items()
                                           if c == "gemv" and n not in GEMV_N_MAJOR)
-                       if (T == 1 and env_switch(GEMV_ENV) is not False and path != "torch"
+                       if (T == 1 and gemv_on() and path != "torch"
                            and str(inp.device).startswith("cuda")) else [],
                        fused_prep=fused,
                        # the indexer's branch on a side stream (dsa::q_index_overlap)

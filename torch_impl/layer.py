@@ -1189,15 +1189,16 @@ class DSADecodeLayer(nn.Module):
         (``"gemv"``: where :func:`gemv_applies`, the one-token kernel), else torch's GEMM as the layer always ran it (``mm`` / ``bmm``; ``addmm`` with
         ``beta=0`` for a scaled product, the scale in the GEMM's epilogue; a float32 product of
         16-bit x widens x first)."""
-        choice = self.linear[name]
+        choice, lin_path = self.linear[name], None
         if choice == "gemv" and gemv_applies(x.shape[-2], w, x.device.type, self.path, self.gemv):
             # the layer's path: "auto" falls back to torch's GEMM where the kernel cannot run
             # (a GPU outside kernels.hardware.SUPPORTED_CC), "triton" raises there
+            lin_path = self.path
+        elif choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
+            lin_path = "triton"
+        if lin_path is not None:
             return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
-                                  alpha=alpha, out_dtype=out_dtype, path=self.path)
-        if choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
-            return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
-                                  alpha=alpha, out_dtype=out_dtype, path="triton")
+                                  alpha=alpha, out_dtype=out_dtype, path=lin_path)
         if out_dtype is not None and out_dtype != x.dtype:
             x = x.to(out_dtype)
         if alpha == 1.0 and out is not None:

@@ -92,7 +92,7 @@ def _order_key(x, LT: gl.constexpr):
     float32 ``x``, 0 for NaN and -inf; -0.0 maps to +0.0."""
     x = gl.where(x == 0.0, 0.0, x)
     u = x.to(gl.uint32, bitcast=True)
-    top = gl.full([128], 0x80000000, gl.uint32, layout=LT)
+    top = (gl.zeros_like(u) + 1) << 31                         # 0x80000000, any shape
     key = gl.where((u & top) != 0, ~u, u | top)
     ok = (x == x) & (x != float("-inf"))
     return gl.where(ok, key, gl.zeros_like(key))

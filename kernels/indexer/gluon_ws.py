@@ -81,8 +81,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_step, _entries,
-                                   _finish_hist, _head_sum, _hist_init, _range, _scores,
-                                   _window_base, _window_bin, _window_lbase)
+                                   _finish_hist, _head_sum, _hist_init, _order_key, _range,
+                                   _scores, _window_base, _window_bin, _window_lbase)
 from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
@@ -433,11 +433,7 @@ def _half_keys(acc, w, s_sc, ok, j, len_d, out_d, pg_in, LT: gl.constexpr):
     logit = _head_sum(acc, w, LT) * s_sc
     logit = gl.where((j < len_d) & ok, logit, float("-inf"))
     gl.store(out_d + j, logit, mask=pg_in)
-    x = gl.where(logit == 0.0, 0.0, logit)
-    u = x.to(gl.uint32, bitcast=True)
-    top = (gl.zeros_like(u) + 1) << 31
-    key = gl.where((u & top) != 0, ~u, u | top)
-    key = gl.where((x == x) & (x != float("-inf")), key, gl.zeros_like(key))
+    key = _order_key(logit, LT)
     return key, gl.where(key != 0, key, ~gl.zeros_like(key))
 
 

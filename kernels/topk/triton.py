@@ -405,6 +405,16 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
 
 
 @triton.jit
+def _b_flags(key, key_lo, key_hi, done_v, pinf):
+    """Pass B's two predicates of raw keys ``key`` against the threshold bin ``[key_lo,
+    key_hi]``: ``direct`` (to the output: above the bin, not NaN, or in it once the descent is
+    ``done_v``) and ``keep`` (into the candidate row: in the bin while it is not)."""
+    gt = (key > key_hi) & (key <= pinf)                              # not NaN
+    eq = (key >= key_lo) & (key <= key_hi)
+    return gt | (eq & done_v), eq & (done_v == 0)
+
+
+@triton.jit
 def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
             BLOCK: tl.constexpr, W=0, VEC: tl.constexpr = False):
     """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
@@ -451,10 +461,7 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
             key = raw_key(tl.where(pos < hi, x, float("-inf")))
         else:
             key = raw_key(x)
-        gt = (key > key_hi) & (key <= pinf)                              # not NaN
-        eq = (key >= key_lo) & (key <= key_hi)
-        direct = gt | (eq & done_v)
-        keep = eq & (done_v == 0)
+        direct, keep = _b_flags(key, key_lo, key_hi, done_v, pinf)
         both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
         cs = tl.cumsum(both, axis=0)
         if VEC:                     # layout hints only (see the docstring): stores stay scalar
@@ -492,11 +499,7 @@ def _count_b(x_row, lo, hi, key_lo, key_hi, done, BLOCK: tl.constexpr):
     for start in range(lo, hi, BLOCK):
         pos = start + offs
         x = tl.load(x_row + pos, mask=pos < hi, other=float("-inf"))
-        key = raw_key(x)
-        gt = (key > key_hi) & (key <= pinf)                              # not NaN
-        eq = (key >= key_lo) & (key <= key_hi)
-        direct = gt | (eq & done_v)
-        keep = eq & (done_v == 0)
+        direct, keep = _b_flags(raw_key(x), key_lo, key_hi, done_v, pinf)
         tot = tl.sum(direct.to(tl.int32) + (keep.to(tl.int32) << 16), axis=0)
         n_out += tot & 0xFFFF
         n_cand += tot >> 16
@@ -823,15 +826,11 @@ def _topk_scatter_kernel(
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
+    s, k, n_sub = pid, 0, 1
     if SUB:
-        s = pid // sub
-        k = pid % sub
-        lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k,
-                                        sub, VEC)
-    else:
-        s = pid
-        lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, 0, 1,
-                                        VEC)
+        s, k, n_sub = pid // sub, pid % sub, sub
+    lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k, n_sub,
+                                    VEC)
     h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
                                                  num_splits, SP)
     if PLAN:
