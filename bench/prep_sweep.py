@@ -162,7 +162,7 @@ def main(argv=None):
                     row["repeatable"] = _same(_q_call(cfg, ins[0], "all")(), got)
                     if not row["equal_to_default"]:
                         row["differences"] = _differences(got, want)
-                    if row["equal_to_default"]:
+                    else:
                         for part in ("all", "index", "mla"):
                             t = _time([_q_call(cfg, a, part) for a in ins], dry)
                             row[f"{part}_us"] = t.median_us
