@@ -95,7 +95,8 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
       block), "num_warps", "num_stages",
       "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
       "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
-      opcode counts of the whole kernel and of its largest loop).
+      opcode counts of the whole kernel and of its largest loop); for a kernel with mbarriers
+      ``"mbarrier_init_offsets"`` (``gluon_cluster.smem_offsets`` of its PTX, or why not).
     Raises:
       RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
     """
@@ -151,6 +152,12 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
            "stack_bytes": int(stack.group(1)) if stack else None}
     if sass:
         res["sass"] = sass_counts(k.asm["cubin"])
+    if "mbarrier.init" in k.asm["ptx"]:
+        from kernels.sparse_mla.gluon_cluster import smem_offsets
+        try:       # the shared offsets of every mbarrier.init operand (gluon_xo's launcher reads)
+            res["mbarrier_init_offsets"] = smem_offsets(k.asm["ptx"])
+        except ValueError as e:
+            res["mbarrier_init_offsets"] = f"unreadable: {e}"
     return res
 
 

@@ -1134,3 +1134,58 @@ def test_combine_matches_float64_merge():
     keep = [h for h in range(H) if h not in (5, 7)]
     np.testing.assert_allclose(l_[0, keep], ref_lse[0, keep], rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(o[0, keep], ref[0, keep], rtol=1e-5, atol=1e-6)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("feats", [True, False], ids=["block_table_tkl_sink", "slots"])
+@pytest.mark.parametrize("H", [128, 100])
+@pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_model1"])
+def test_gluon_xo(fmt, H, feats, splits):
+    """The crossover kernel (two 64-head CTAs of a cluster, each converting half of every row
+    block) against the float64 reference, and bitwise against the warp-specialised kernel it
+    shares its numerics with (same units, conversion and dots: only who converts which rows
+    changes); H 100 masks 28 heads of the pair's second CTA; every invalid-entry kind."""
+    dqk = 512 if fmt == "fp8_model1" else 576
+    case = cases.make_mla_case(70 + H + splits, B=3, N=2, H=H, K=300, P=64, d_qk=dqk,
+                               kv_format=fmt, q_dtype="bfloat16", invalid="mix", logical=feats,
+                               topk_length=feats, attn_sink=feats)
+    dev = _common.device_info(torch.device(DEVICE))
+    xo = configs.SPARSE_MLA_GLUON_XO
+    assert tsm._triton_config(dev, _t(case.q), _t(case.kv_cache), fmt, 300, xo) == xo
+    out, lse = _impl(case, xo, splits)
+    _check(case, out, lse)
+    ws_out, ws_lse = _impl(case, configs.SPARSE_MLA_GLUON_WS, splits)
+    assert torch.equal(out, ws_out) and torch.equal(lse, ws_lse)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(len(_CORNER_NAMES)), ids=_CORNER_NAMES)
+def test_gluon_xo_corners(i):
+    """Every SPEC corner case (fp8_ds_mla, H 128: one cluster a request) on the crossover
+    kernel, against the float64 reference."""
+    case = cases.mla_corner_cases(7, d_qk=576, H=128, K=64, kv_format="fp8_ds_mla",
+                                  q_dtype="bfloat16")[i]
+    _check(case, *_impl(case, configs.SPARSE_MLA_GLUON_XO, 2))
+
+
+def test_gluon_xo_config_substitution():
+    """The crossover config where its clusters cannot form: an odd number of 64-head blocks
+    runs the warp-specialised kernel (then its own rules: on the CPU interpreter the Triton
+    64-head tile); on the interpreter every H gets the Triton tile (no Gluon)."""
+    from kernels import hardware
+    xo, ws = configs.SPARSE_MLA_GLUON_XO, configs.SPARSE_MLA_GLUON_WS
+    assert [configs.gluon_xo_heads_ok(h) for h in (64, 65, 100, 128, 129, 192, 256)] == \
+        [False, True, True, True, False, False, True]
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
+    q128 = torch.zeros(1, 1, 128, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    assert tsm._triton_config(h200, q128, kv, "fp8_ds_mla", 64, xo) == xo
+    assert tsm._triton_config(h200, q128[:, :, :64], kv, "fp8_ds_mla", 64, xo) == ws
+    assert tsm._triton_config(h200, q128.float(), kv, "fp8_ds_mla", 64, xo).kernel == "triton"
+    assert tsm._triton_config(hardware.CPU_INTERPRETER, q128.half(), kv, "fp8_ds_mla", 64,
+                              xo).kernel == "triton"

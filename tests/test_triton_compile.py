@@ -402,3 +402,69 @@ def test_gluon_ws_latent_compiles_without_spills(tmp_path, monkeypatch):
         assert consumer["ops"].get("HGMMA") == want, (r["label"], consumer)
         if r["label"].endswith("p_smem 1"):
             assert consumer["ops"].get("BAR") == 8, (r["label"], consumer)
+
+
+def test_gluon_xo_offset_reader_on_ptx_text():
+    """``gluon_cluster.smem_offsets`` / ``gluon_xo.kernel_offsets`` on PTX in the shape Triton
+    3.6 emits: operands that are ``global_smem`` itself, an add chain onto it, or reg + imm;
+    anything else, a count or a spacing that is not the crossover kernel's, is refused
+    (``ValueError``) rather than guessed."""
+    from kernels.sparse_mla import gluon_cluster, gluon_xo
+    inits = [65536 + 16384 * c for c in range(9)] + [226336, 226352, 226344, 226360]
+    lines = ["mov.b32 %r1, global_smem;", "add.s32 %r2, %r1, 65536;"]
+    ops = ["[%r2]"]
+    for i, off in enumerate(inits[1:], start=3):
+        lines.append(f"add.s32 %r{i}, %r2, {off - 65536};")
+        ops.append(f"[%r{i}]")
+    ops[4] = f"[%r2+{inits[4] - 65536}]"
+    ptx = "\n".join(lines + [f"@%p1 mbarrier.init.shared::cta.b64 {o}, 1;" for o in ops])
+    assert gluon_cluster.smem_offsets(ptx) == inits
+    assert gluon_xo.kernel_offsets(ptx, "fp8_ds_mla", 2) == (65536, 16384, 226336, 226352)
+    with pytest.raises(ValueError, match="expected 12"):          # model1: 7 chunks + rope
+        gluon_xo.kernel_offsets(ptx, "fp8_model1", 2)
+    bad = ptx.replace(f"add.s32 %r5, %r2, {inits[3] - 65536};", "mul.lo.s32 %r5, %r2, 3;")
+    with pytest.raises(ValueError, match="not global_smem"):
+        gluon_cluster.smem_offsets(bad)
+    with pytest.raises(ValueError, match="no `mov.b32"):
+        gluon_cluster.smem_offsets(ptx.replace("global_smem", "other_smem"))
+    uneven = ptx.replace(f"add.s32 %r4, %r2, {inits[2] - 65536};",
+                         f"add.s32 %r4, %r2, {inits[2] - 65536 + 16};")
+    with pytest.raises(ValueError, match="equally spaced"):
+        gluon_xo.kernel_offsets(uneven, "fp8_ds_mla", 2)
+
+
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_xo_compiles_and_its_offsets_read(tmp_path, monkeypatch):
+    """The crossover kernel for sm_90 with the GPU image's Triton, both fp8 formats, bf16 q,
+    partial with a block table and final with plain slots: it fits the H200's shared memory, its
+    launcher can read the chunk buffers' and barriers' offsets off its PTX
+    (``gluon_xo.kernel_offsets``: x_off, step, full, empty inside the kernel's shared memory),
+    its producer converts half a block a warp (32 e4m3 conversions, against the
+    warp-specialised kernel's 64) and copies 9 (8) halves to the peer, and its consumer keeps
+    the warp-specialised kernel's 68 wgmmas with no 64-bit spill reloads (the descriptors stay
+    in the loop: bench/NOTES.md, crossover). Counts of 2026-12-06 (AOT, Triton 3.6.0)."""
+    from kernels.sparse_mla import gluon_xo
+    specs = []
+    for fmt in ("fp8_ds_mla", "fp8_model1"):
+        specs.append(_sparse_mla._gluon_specs(fmt, torch.bfloat16, False, 2, "gluon_xo")[0])
+        specs.append(_sparse_mla._gluon_specs(fmt, torch.bfloat16, True, 2, "gluon_xo")[1])
+    path = _gpu_image_triton()
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=path)
+    _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
+    for spec, r in zip(specs, results):
+        fmt = "fp8_model1" if "fp8_model1" in r["label"] else "fp8_ds_mla"
+        nc = 7 if fmt == "fp8_model1" else 8
+        offs = r["mbarrier_init_offsets"]
+        assert isinstance(offs, list), (r["label"], offs)
+        x_off, step, full, empty = gluon_xo.kernel_offsets(
+            "\n".join(["mov.b32 %r1, global_smem;"]
+                      + [f"add.s32 %r{i + 2}, %r1, {o};" for i, o in enumerate(offs)]
+                      + [f"mbarrier.init.shared::cta.b64 [%r{i + 2}], 1;"
+                         for i in range(len(offs))]), fmt, 2)
+        assert x_off + (nc + 1) * step <= min(full, empty) and max(full, empty) + 16 <= r["shared"]
+        producer, consumer = r["sass"]["loops"][0], r["sass"]["loops"][-1]
+        assert producer["memory_sync"].get("F2FP.F16.E4M3.UNPACK_B") == 4 * nc, r["label"]
+        assert consumer["ops"].get("HGMMA") == 68 and not consumer["memory_sync"].get("LDL.64"), \
+            (r["label"], consumer["ops"].get("HGMMA"), consumer["memory_sync"])

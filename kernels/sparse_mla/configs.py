@@ -67,7 +67,9 @@ class SparseMLAConfig:
         fixed at 64 heads x 64 rows, 8 warps, and the fields above describe it) or
         ``"gluon_ws"`` (kernels/sparse_mla/gluon_ws.py: the same, warp-specialised, for the fp8
         caches and 16-bit latent caches with q of their dtype; 8 consumer warps plus an 8-warp
-        (fp8) or 4-warp (latent) producer, ``num_stages`` X slots).
+        (fp8) or 4-warp (latent) producer, ``num_stages`` X slots) or ``"gluon_xo"``
+        (kernels/sparse_mla/gluon_xo.py: ``"gluon_ws"``'s tile for the fp8 caches, two CTAs of a
+        cluster converting half of each row block each; an even number of 64-head blocks).
       maxnreg: registers a thread the compiler may use (ptxas ``.maxnreg``), or None for its own
         choice; set only on ``"gluon_sh"`` configs, to reach more CTAs an SM (65,536 registers
         an SM: 8 warps at <= 128 registers give 2 CTAs, at 158 one).
@@ -151,6 +153,24 @@ GLUON_WS_FORMATS = (("fp8_ds_mla", 576), ("fp8_model1", 512), ("latent", 576))
 GLUON_WS_PICKED = ("fp8_ds_mla", "latent")
 
 
+# The crossover kernel (kernels/sparse_mla/gluon_xo.py; sm_90 only): gluon_ws's tile, the two
+# 64-head CTAs of a request in one cluster, each gathering and converting half of every row
+# block and copying it into the other's shared memory (FlashMLA's crossover). AOT (Triton 3.6.0,
+# fp8_ds_mla, bf16 q): 226,392 B shared, producer 543 SASS a warp a block (32 F2FP against 64),
+# consumer 822. In no space until measured on the GPU: the binding runs it when a call passes it
+# as ``config`` and the heads make an even number of 64-head blocks
+# (:func:`gluon_xo_heads_ok`; else :data:`SPARSE_MLA_GLUON_WS`); GLUON_XO_PICKED empty.
+SPARSE_MLA_GLUON_XO = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
+                                      prefetch=True, kernel="gluon_xo")
+GLUON_XO_PICKED: tuple = ()
+
+
+def gluon_xo_heads_ok(num_heads: int) -> bool:
+    """Whether ``num_heads`` make whole clusters of the crossover kernel: an even number of
+    64-head blocks (H 65..128, 193..256, ...)."""
+    return -(-num_heads // 64) % 2 == 0
+
+
 def gluon_ws_eligible(dev, kv_format: str | None, d_qk: int | None, operand_bytes: int) -> bool:
     """Whether the warp-specialised Gluon kernel (kernels/sparse_mla/gluon_ws.py) can run a call
     on ``dev``: exactly sm_90 (wgmma, setmaxnreg; not sm_100 / sm_120) outside the interpreter,
@@ -176,10 +196,11 @@ def gluon_ws_latent_layout_ok(page_stride: int, row_stride: int, num_pages: int,
 def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
                     operand_bytes: int) -> bool:
     """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
-    Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``, ``"gluon_shws"``) on exactly sm_90 (wgmma; the WS
-    kernel also setmaxnreg) outside the interpreter, with 16-bit dot operands, for the
-    (kv_format, D_qk) pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon"``,
-    ``"gluon_sh"`` and ``"gluon_shws"``: fp8 only, ``"gluon_ws"``: fp8 and latent)."""
+    Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``, ``"gluon_shws"``,
+    ``"gluon_xo"``) on exactly sm_90 (wgmma; the WS kernels also setmaxnreg, the crossover
+    clusters) outside the interpreter, with 16-bit dot operands, for the (kv_format, D_qk) pairs
+    each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon_ws"``: fp8 and latent, the others
+    fp8 only)."""
     built = GLUON_KERNEL_FORMATS.get(kernel)
     if built is None:
         return True
@@ -191,7 +212,8 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
 # gluon_small.py: rows on wgmma M, block_h heads on N with block_h / warpgroups a multiple of
 # 8, 4 or 8 warps) takes the fp8 formats as "gluon" does
 GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS,
-                        "gluon_sh": GLUON_FORMATS, "gluon_shws": GLUON_FORMATS}
+                        "gluon_sh": GLUON_FORMATS, "gluon_shws": GLUON_FORMATS,
+                        "gluon_xo": GLUON_FORMATS}
 
 
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,

@@ -79,6 +79,7 @@ from kernels.sparse_mla.gluon import (NEG, _alloc_x, _block_unit, _epilogue, _is
                                       _issue_values, _list_range, _load_rope, _load_scales,
                                       _load_u8, _online_softmax, _program, _q_rows, _resolve,
                                       _row_base, _store_q_scaled, _tile)
+from kernels.sparse_mla.gluon_cluster import _cluster_sync, _lanes, _meta_word, _peer_arrive
 from kernels.sparse_mla.triton import _page_entries, _pow2
 
 # CTA-wide (in a partition: partition-wide) barrier: ``gl.thread_barrier`` in Triton 3.6,
@@ -216,7 +217,11 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
                  sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
                  KV_FORMAT: gl.constexpr, HAS_TKL: gl.constexpr, HAS_SINK: gl.constexpr,
                  FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
-                 EMPTY_ARRIVALS: gl.constexpr):
+                 EMPTY_ARRIVALS: gl.constexpr, meta=None, CROSS: gl.constexpr = 0):
+    """The consumer partition (see the module docstring). ``CROSS`` 1: one CTA of a crossover
+    pair (``gluon_xo.py``): it joins the cluster barrier at its start and end, and releases each
+    slot to the other CTA's producer too (``meta``: ``gluon_xo``'s shared words, the address of
+    ``empty`` first), whose half of every block it reads."""
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     ROPE_IN_V: gl.constexpr = KV_FORMAT == 2
     R_SPLIT: gl.constexpr = ROPE_DTYPE == gl.bfloat16
@@ -228,6 +233,9 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
     MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
 
     pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
+    if CROSS:
+        _cluster_sync()         # both CTAs' barriers are initialised
+        empty_addr = _meta_word(meta, 0)
 
     # ---- q (as gluon.py): per head 2^t putting max|q_nope| in [2^14, 2^15), fp16 chunks
     q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
@@ -248,6 +256,10 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         buf = j % NBUF
         phase = (j // NBUF) & 1
         mbarrier.wait(full.index(buf), phase)            # the producer has filled this slot
+        if CROSS:
+            # + 0, not provably (k0 >= 0): without it LLVM builds both slots' ~70 wgmma
+            # descriptors before the loop and spills them (1,069 SASS a block against 752)
+            buf = buf + ((k0 >> 31) & 1)
         y0 = x0.index(buf)
         y1 = x1.index(buf)
         y2 = x2.index(buf)
@@ -272,10 +284,14 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         if EMPTY_ARRIVALS == 1:
             _barrier()          # one arriving thread: both warpgroups' dots have completed
         mbarrier.arrive(empty.index(buf))                # the slot may be refilled
+        if CROSS:               # ... by the other CTA's producer too (its half of the slot)
+            _peer_arrive(empty_addr + 8 * buf, _lanes(gl.num_warps()))
 
     # ---- epilogue (as gluon.py)
     _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
               sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, MMA)
+    if CROSS:
+        _cluster_sync()         # no peer arrives on this CTA's barriers after it exits
 
 
 # ---------------------------------------------------------------------------- latent (KV_FORMAT 0)

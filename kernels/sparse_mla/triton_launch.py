@@ -189,6 +189,9 @@ def _gluon_kernel(kernel: str, kv_format: str, cfg: configs.SparseMLAConfig | No
         from kernels.sparse_mla import gluon_small_ws as mod
         return (mod, "_sparse_mla_gluon_shws_kernel", {"HN": cfg.block_h, **mod.launch_constexprs()},
                 mod.NUM_WARPS)
+    if kernel == "gluon_xo":
+        from kernels.sparse_mla import gluon_xo as mod
+        return mod, "_sparse_mla_gluon_xo_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
     from kernels.sparse_mla import gluon_ws as mod
     return mod, "_sparse_mla_gluon_ws_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
 
@@ -206,6 +209,8 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
     mod, fn, extra, num_warps = _gluon_kernel(kernel, kv_format, cfg)
     sig = _gluon_sig(q_dtype)
+    if kernel == "gluon_xo":    # its shared-memory offsets (gluon_xo.launch_cluster)
+        sig.update(x_off="i32", x_step="i32", full_off="i32", empty_off="i32")
     kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
     if kv_format == "latent":
         sig.update(kv_ptr=_TL_PTR[q_dtype], kv16_ptr=_TL_PTR[q_dtype], kv32_ptr=_TL_PTR[q_dtype])
@@ -356,23 +361,23 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
                           else P * kv_cache.shape[2]) * kv_cache.element_size()
         else:
             kv32 = kv.view(torch.int32)
-        getattr(mod, fn)[grid](
-            q, kv, kv16, kv32, indices,
-            block_table if block_table is not None else dummy,
-            topk_length if topk_length is not None else dummy,
-            attn_sink if attn_sink is not None else dummy,
-            po, pl, out, lse,
-            q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
-            block_table.stride(0) if block_table is not None else 0,
-            N, H, K, num_slots, num_pages,
-            block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
-            float(sm_scale) * tk.LOG2E,
-            KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
-            HAS_SINK=cx["HAS_SINK"], FINAL=final,
-            ROPE_DTYPE=cx["ROPE_DTYPE"],
-            NBUF=cfg.num_stages, **extra, num_warps=num_warps,
-            **launch_options(cfg),
-        )
+        args = (q, kv, kv16, kv32, indices,
+                block_table if block_table is not None else dummy,
+                topk_length if topk_length is not None else dummy,
+                attn_sink if attn_sink is not None else dummy,
+                po, pl, out, lse,
+                q.stride(0), q.stride(1), q.stride(2), indices.stride(0), indices.stride(1),
+                block_table.stride(0) if block_table is not None else 0,
+                N, H, K, num_slots, num_pages,
+                block_table.shape[1] if block_table is not None else 0, P, page_bytes, chunk,
+                float(sm_scale) * tk.LOG2E)
+        kwargs = dict(KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
+                      HAS_SINK=cx["HAS_SINK"], FINAL=final, ROPE_DTYPE=cx["ROPE_DTYPE"],
+                      NBUF=cfg.num_stages, **extra, num_warps=num_warps, **launch_options(cfg))
+        if cfg.kernel == "gluon_xo":   # clusters of two head blocks (configs.gluon_xo_heads_ok)
+            mod.launch_cluster(getattr(mod, fn), grid, args, kwargs, kv_format, cfg.num_stages)
+        else:
+            getattr(mod, fn)[grid](*args, **kwargs)
     else:
         tk._sparse_mla_split_kernel[grid](
             q, kv, kv16, kv32, indices,

@@ -1,0 +1,136 @@
+"""Thread-block-cluster primitives for the sm_90 Gluon kernels, as inline PTX, and the reading of
+shared-memory offsets off a compiled kernel's PTX.
+
+Gluon (Triton 3.6) has no cluster operations a warp-specialised kernel can use: a cross-CTA
+``convert_layout`` does not lower (``ConvertTritonGPUToLLVM`` fails), a layout broadcast over the
+CTAs of a ``num_ctas=2`` kernel masks every global store to CTA 0, and a shared-memory buffer
+has no address a program can read. So the crossover kernel (``gluon_xo.py``) is compiled as an
+ordinary one-CTA kernel, launched in clusters of :data:`CLUSTER` CTAs (the launcher's
+``packed_metadata``, ``launch_cluster``), and reaches its peer's shared memory through the PTX
+below: ``mapa`` turns a local shared address into the peer's, ``cp.async.bulk`` copies a local
+region into the peer's and completes bytes on the peer's mbarrier, ``mbarrier.arrive`` at
+cluster scope signals the peer. A local shared address is ``global_smem`` (the kernel's dynamic
+shared memory, the symbol Triton's PTX declares) plus the buffer's offset; the offsets come from
+the compiled PTX (:func:`smem_offsets`): the kernel initialises and at once invalidates an
+mbarrier at the start of each buffer whose address it needs (PTX: memory may hold an mbarrier
+object and be reused once it is invalidated), so each buffer's offset appears as an operand of
+an ``mbarrier.init`` the launcher can read, in program order.
+
+Semantics: PTX ISA 8.0+, sm_90 (``barrier.cluster``, ``mapa``, ``cp.async.bulk.shared::cluster``,
+``mbarrier.arrive.release.cluster``); the tx-count of an mbarrier may go negative within a phase
+(a peer's bytes may land before the local ``expect_tx``), as the ISA allows.
+"""
+from __future__ import annotations
+
+import re
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+
+CLUSTER = 2        # CTAs in a cluster (the pair that shares a row block)
+
+
+@gluon.jit
+def _cta_rank():
+    """This CTA's rank in its cluster (``%cluster_ctarank``), an int32 scalar."""
+    return gl.inline_asm_elementwise("mov.u32 $0, %cluster_ctarank;", "=r", [], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _cluster_sync():
+    """Every thread of the cluster arrives (release) and waits (acquire): a partition calls it
+    with all its threads, and every partition of both CTAs must call it the same number of
+    times (``barrier.cluster`` counts every non-exited thread of the cluster)."""
+    gl.inline_asm_elementwise(
+        "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
+        "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _fence_mbarrier_init():
+    """Make this CTA's ``mbarrier.init`` visible to the cluster (before the first
+    :func:`_cluster_sync`)."""
+    gl.inline_asm_elementwise("fence.mbarrier_init.release.cluster;\n\tmov.u32 $0, 0;", "=r", [],
+                              dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _smem_base():
+    """The shared-window address of ``global_smem`` (int32 scalar). Called once, before the
+    partitions: a ``global_smem`` reference inside a partition's loop made ptxas build that
+    loop's ~70 wgmma descriptors in ordinary registers and spill them (752 -> 1,069 SASS a block
+    in the consumer, AOT); the partitions read the address from shared memory instead."""
+    return gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r", [], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _meta_word(meta, i: gl.constexpr):
+    """Word ``i`` of a ``[4]`` int32 shared buffer as a scalar (the addresses a kernel stored
+    there before its partitions: an opaque load, so no ``global_smem`` in the partition)."""
+    L: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    v = meta.load(L)
+    return gl.sum(gl.where(gl.arange(0, 4, layout=L) == i, v, 0), axis=0)
+
+
+@gluon.jit
+def _lanes(NW: gl.constexpr):
+    """``[32 NW]`` int32, element i held by thread i of a partition of ``NW`` warps: the
+    operand that elects one thread (element 0) of the elementwise PTX below."""
+    return gl.arange(0, 32 * NW, layout=gl.BlockedLayout([1], [32], [NW], [0]))
+
+
+@gluon.jit
+def _peer_arrive(addr, lanes):
+    """The thread holding ``lanes == 0`` arrives on the mbarrier at the *other* CTA's copy of this
+    CTA's shared address ``addr`` (cluster of two: rank ^ 1), with the default semantics
+    (release, CTA scope), as CUTLASS's ``ClusterBarrier::arrive(cta_id)`` releases a multicast
+    pipeline stage: ``.release.cluster`` costs a ``MEMBAR.ALL.GPU`` on every arrival (AOT), and
+    what is released here are shared-memory reads the caller's wgmma wait has completed."""
+    gl.inline_asm_elementwise(
+        "{\n\t.reg .b32 ra, t;\n\t.reg .pred p;\n\tmov.u32 t, %cluster_ctarank;\n\t"
+        "xor.b32 t, t, 1;\n\tmapa.shared::cluster.u32 ra, $1, t;\n\tsetp.eq.u32 p, $2, 0;\n\t"
+        "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n\tmov.u32 $0, 0;\n\t}",
+        "=r,r,r", [addr, lanes], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _copy_to_peer(src, bar, lanes, NBYTES: gl.constexpr):
+    """The thread holding ``lanes == 0`` copies ``NBYTES`` of this CTA's shared memory at
+    address ``src`` to the same address of the other CTA's (``cp.async.bulk``, async proxy),
+    completing ``NBYTES`` on the other CTA's copy of the mbarrier at ``bar``. ``src`` and
+    ``NBYTES`` are multiples of 16; the caller has fenced its generic-proxy stores of the region
+    (``fence_async_shared``) and joined its threads (a barrier) first."""
+    gl.inline_asm_elementwise(
+        "{\n\t.reg .b32 rs, rb, t;\n\t.reg .pred p;\n\tmov.u32 t, %cluster_ctarank;\n\t"
+        "xor.b32 t, t, 1;\n\tmapa.shared::cluster.u32 rs, $1, t;\n\t"
+        "mapa.shared::cluster.u32 rb, $2, t;\n\tsetp.eq.u32 p, $3, 0;\n\t"
+        "@p cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [rs], [$1], "
+        "$4, [rb];\n\tmov.u32 $0, 0;\n\t}",
+        "=r,r,r,r,n", [src, bar, lanes, NBYTES], dtype=gl.int32, is_pure=False, pack=1)
+
+
+_INIT = re.compile(r"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[(%r\d+)(?:\+(\d+))?\]")
+
+
+def smem_offsets(ptx: str) -> list[int]:
+    """Byte offsets from ``global_smem`` of every ``mbarrier.init`` operand of a kernel's PTX, in
+    program order. Each operand register must be ``global_smem`` itself or a chain of
+    ``add.s32 / add.u32`` of immediates onto it (what Triton's lowering emits); anything else
+    raises ``ValueError`` (the caller then refuses the kernel rather than guess an address)."""
+    base = set(re.findall(r"mov\.(?:b32|u32)\s+(%r\d+),\s*global_smem;", ptx))
+    if not base:
+        raise ValueError("no `mov.b32 %r, global_smem` in the PTX: cannot read shared offsets")
+    adds = {m.group(1): (m.group(2), int(m.group(3))) for m in re.finditer(
+        r"add\.(?:s32|u32)\s+(%r\d+),\s*(%r\d+),\s*(\d+);", ptx)}
+
+    def resolve(reg: str, depth: int = 0) -> int:
+        if reg in base:
+            return 0
+        if reg not in adds or depth > 8:
+            raise ValueError(f"shared address {reg} is not global_smem + an immediate")
+        src, imm = adds[reg]
+        return resolve(src, depth + 1) + imm
+
+    return [resolve(m.group(1)) + int(m.group(2) or 0) for m in _INIT.finditer(ptx)]

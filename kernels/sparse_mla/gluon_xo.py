@@ -1,0 +1,313 @@
+"""Sparse MLA decode for sm_90 in Gluon: the warp-specialised kernel with each row block
+dequantized once for both head blocks of a request ("crossover": a cluster of two CTAs, each
+converting half of the block's rows and copying its half into the other CTA's shared memory).
+
+Source of the design: FlashMLA's Hopper FP8 sparse decode (deepseek-ai/FlashMLA,
+docs/20250929-hopper-fp8-sparse-deep-dive.md): with 128 query heads, two CTAs of 64 heads each
+read the same rows, so each dequantizes half and writes it into both CTAs' shared memory
+(distributed shared memory of a 2-CTA cluster); measured there 250 -> 410 TFLOPS at B 128 H 128
+N 2. Our warp-specialised kernel (``gluon_ws.py``) ran B 64 H 128 at 146-148 us on the H200 (~247
+TFLOPS), its producer partition the critical path (gather latency + conversion in series,
+bench/NOTES.md "Warp-specialised kernel under ncu").
+
+Semantics, numerics, arguments and outputs are ``gluon_ws.py``'s for the fp8 formats
+(``fp8_ds_mla``, ``fp8_model1``): the same unit sequence, the same conversion and dots, so the
+output is bitwise that kernel's. Plus one argument block, the shared-memory byte offsets the
+launcher reads off the compiled PTX (``gluon_cluster.smem_offsets``).
+
+* **Work.** Grid ``(head_blocks, splits, B * N)`` as ``gluon_ws.py``, launched in clusters of
+  two along the head blocks (``head_blocks`` even): CTA ``r`` of a cluster (``r`` = head block
+  mod 2) and its peer run the same (split, request) on different heads, so they read the same
+  row blocks.
+* **Producer** (8 warps, one 8-byte vector of each 64-byte chunk a thread): per 64-row block it
+  resolves all 64 rows (their validity and scale words give the block's unit, which both CTAs
+  must share) and gathers only rows ``[32 r, 32 r + 32)`` (bytes and rope), waits until *both*
+  CTAs' consumers released the slot (``empty`` counts the local consumer and the peer's), converts
+  its half into its own X slot (chunks stored as ``[2 NBUF, 32, 64]`` halves), stores the row
+  words, fences, then arrives on its own ``full`` with the peer's byte count (``expect_tx``) and
+  copies its half into the peer's slot (``cp.async.bulk`` per chunk, 4 KB each, completing on
+  the peer's ``full``). Half the gathers and half the conversion of ``gluon_ws.py`` a CTA.
+* **Consumer**: ``gluon_ws._ws_consumer`` with ``CROSS`` (cluster barrier at its start and end, a
+  release to the peer's ``empty`` beside its own).
+* **Shared memory**: ``gluon_ws.py``'s (the X slots the same bytes, addressed in halves).
+* **Memory ordering.** A slot's local half: generic stores, ``fence.proxy.async``, a partition
+  barrier, the release arrive (``expect_tx``) on ``full``, the consumer's acquire wait, then
+  wgmma. Its peer half: the peer's bulk copy (async proxy) completes its bytes on this
+  ``full``; the phase cannot complete before they land. Refill: a producer overwrites slot s
+  only after both consumers arrived on its ``empty`` (release, cluster scope, after their
+  wgmmas completed); its bulk copy of block j has landed before the peer consumer could read
+  block j, so the copy's source is never overwritten early. Start: ``mbarrier.init`` +
+  ``fence.mbarrier_init.release.cluster`` + a cluster barrier in each partition before any
+  remote operation; end: a cluster barrier after the last, so no CTA exits while its peer may
+  still arrive on it.
+
+Only sm_90 with Triton 3.6's PTX conventions (``configs.gluon_xo_eligible``); never the CPU
+interpreter. Not picked by the heuristic until measured on the GPU (``configs.GLUON_XO_PICKED``).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+
+from kernels.sparse_mla.gluon import (_alloc_x, _block_unit, _list_range, _load_rope, _load_scales,
+                                      _load_u8, _pipeline_ahead, _pipeline_start, _resolve,
+                                      _row_base, _tile)
+from kernels.sparse_mla.gluon_cluster import (CLUSTER, _cluster_sync, _copy_to_peer, _cta_rank,
+                                              _fence_mbarrier_init, _lanes, _meta_word,
+                                              _smem_base, smem_offsets)
+from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _barrier,
+                                         _ws_consumer)
+from kernels.sparse_mla.triton import _pow2
+
+HALF = gl.constexpr(32)             # rows of a block a CTA gathers and converts
+HALF_BYTES = gl.constexpr(32 * 128)  # one chunk's half: 32 rows of 64 16-bit values (4,096 B)
+
+
+def launch_constexprs(kv_format: str) -> dict:
+    """The constexprs beyond the shared Gluon ones (as ``gluon_ws.launch_constexprs``)."""
+    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=1)
+
+
+@gluon.jit
+def _probe(buf):
+    """Initialise and at once invalidate an mbarrier on the first 8 bytes of ``buf`` (before
+    the buffer's first use): its ``mbarrier.init`` operand tells the launcher the buffer's
+    shared-memory offset (``gluon_cluster.smem_offsets``)."""
+    v = buf._reinterpret(gl.int64, [8, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(v.index(0), count=1)
+    mbarrier.invalidate(v.index(0))
+
+
+@gluon.jit
+def _halves(x, NBUF: gl.constexpr, SH: gl.constexpr):
+    """The producer's view of an X chunk buffer (``[NBUF, 64, 64]`` slots): ``[2 NBUF, 32, 64]``
+    halves, half ``h`` of slot ``s`` at index ``2 s + h`` (the same bytes: a 128-byte-swizzled
+    16-bit tile repeats every 8 rows, so a slot's rows 0-31 are its first 4 KB)."""
+    return x._reinterpret(x.dtype, [2 * NBUF, 32, 64], SH)
+
+
+@gluon.jit
+def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                 x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                 si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
+                 chunk, meta, x_step, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
+                 HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
+    """The producer partition (module docstring). ``meta``: the kernel's shared words (words
+    1 and 2: the shared addresses of chunk buffer 0 and of ``full``); ``x_step``: bytes between
+    chunk buffers (the rope chunk's is the NC-th)."""
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    # [32 rows, 64 B] of one chunk over 8 warps: one 8-byte vector a thread (the rope: [32, 64]
+    # 16-bit, 16 bytes a thread); a 64-row vector wraps, two rows a thread
+    LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
+    ROW: gl.constexpr = gl.SliceLayout(1, LD)
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    XBYTES: gl.constexpr = (NC + 1) * HALF_BYTES  # the peer's half of a slot
+
+    rank = _cta_rank()
+    _cluster_sync()                           # both CTAs' barriers are initialised
+    x_addr = _meta_word(meta, 1)
+    full_addr = _meta_word(meta, 2)
+    lanes = _lanes(gl.num_warps())
+    pid_s = gl.program_id(1)
+    pid_bn = gl.program_id(2)
+    b = pid_bn // N
+    n = pid_bn % N
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
+
+    idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
+    bt_row = bt_ptr + b.to(gl.int64) * sbt_b
+    # two chains, each three deep (gluon.py's pipeline): the block's 64 rows (validity, scale
+    # words -> the unit both CTAs share) and this CTA's 32 (the gathers)
+    ar = gl.arange(0, 64, layout=ROW)
+    ah = gl.arange(0, HALF, layout=ROW) + HALF * rank
+    i2, pg, of, ok, pg_nx, of_nx, ok_nx = _pipeline_start(
+        idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    h2, hpg, hof, hok, hpg_nx, hof_nx, hok_nx = _pipeline_start(
+        idx_row, bt_row, start, end, ah, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    ub_i = pid_s * 0 + 1
+
+    for k0 in range(start, end, 64):
+        j = (k0 - start) // 64
+        buf = j % NBUF
+        phase = (j // NBUF) & 1
+        # the block's 64 scale-word rows; this CTA's 32 rows: scales, e4m3 chunks, rope
+        c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, _row_base(pg, of, page_bytes, KV_FORMAT),
+                                      ok, page_size, page_bytes, KV_FORMAT)
+        hbase = _row_base(hpg, hof, page_bytes, KV_FORMAT)
+        d0, d1, d2, d3 = _load_scales(kv32_ptr, hpg, hof, hbase, hok, page_size, page_bytes,
+                                      KV_FORMAT)
+        r0 = _load_u8(kv_ptr, hbase, hok, 0, LD)
+        r1 = _load_u8(kv_ptr, hbase, hok, 1, LD)
+        r2 = _load_u8(kv_ptr, hbase, hok, 2, LD)
+        r3 = _load_u8(kv_ptr, hbase, hok, 3, LD)
+        r4 = _load_u8(kv_ptr, hbase, hok, 4, LD)
+        r5 = _load_u8(kv_ptr, hbase, hok, 5, LD)
+        r6 = _load_u8(kv_ptr, hbase, hok, 6, LD)
+        if NC == 8:
+            r7 = _load_u8(kv_ptr, hbase, hok, 7, LD)
+        else:
+            r7 = r6
+        rr = _load_rope(kv16_ptr, hbase, hok, KV_FORMAT, LD)
+        in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
+                                      HAS_BT)
+        hin2, he2, h3 = _pipeline_ahead(idx_row, bt_row, h2, k0, end, ah, max_pages, page_size,
+                                        HAS_BT)
+        ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
+        shift = _pow2(254 - ub)
+
+        mbarrier.wait(empty.index(buf), phase ^ 1)   # both CTAs' consumers are done with it
+        hs = 2 * buf + rank                           # this CTA's half of slot buf
+        _halves(x0, NBUF, SH).index(hs).store(_tile(r0, d0, d1, d2, d3, shift, 0, KV_FORMAT))
+        _halves(x1, NBUF, SH).index(hs).store(_tile(r1, d0, d1, d2, d3, shift, 1, KV_FORMAT))
+        _halves(x2, NBUF, SH).index(hs).store(_tile(r2, d0, d1, d2, d3, shift, 2, KV_FORMAT))
+        _halves(x3, NBUF, SH).index(hs).store(_tile(r3, d0, d1, d2, d3, shift, 3, KV_FORMAT))
+        _halves(x4, NBUF, SH).index(hs).store(_tile(r4, d0, d1, d2, d3, shift, 4, KV_FORMAT))
+        _halves(x5, NBUF, SH).index(hs).store(_tile(r5, d0, d1, d2, d3, shift, 5, KV_FORMAT))
+        _halves(x6, NBUF, SH).index(hs).store(_tile(r6, d0, d1, d2, d3, shift, 6, KV_FORMAT))
+        if NC == 8:
+            _halves(x7, NBUF, SH).index(hs).store(_tile(r7, d0, d1, d2, d3, shift, 7, KV_FORMAT))
+        _halves(xr, NBUF, SH).index(hs).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
+        ok_s.index(buf).store(ok.to(gl.int32))
+        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
+        fence_async_shared()                  # generic-proxy stores -> wgmma and the bulk copy
+        _barrier()                            # every producer thread has stored
+        mbarrier.expect(full.index(buf), XBYTES)   # arrive; the peer's half still to land
+        src = x_addr + hs * HALF_BYTES
+        bar = full_addr + 8 * buf
+        for c in gl.static_range(NC):
+            _copy_to_peer(src + c * x_step, bar, lanes, HALF_BYTES)
+        _copy_to_peer(src + NC * x_step, bar, lanes, HALF_BYTES)   # the rope chunk
+        ub_i = ub
+        pg, of, ok = pg_nx, of_nx, ok_nx
+        pg_nx, of_nx, ok_nx = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size,
+                                       HAS_BT)
+        i2 = i3
+        hpg, hof, hok = hpg_nx, hof_nx, hok_nx
+        hpg_nx, hof_nx, hok_nx = _resolve(h2, he2, hin2, num_slots, num_pages, max_pages,
+                                          page_size, HAS_BT)
+        h2 = h3
+    _cluster_sync()                           # no peer arrives on this CTA after it exits
+
+
+@gluon.jit(do_not_specialize=["x_off", "x_step", "full_off", "empty_off"])
+def _sparse_mla_gluon_xo_kernel(
+    q_ptr, kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr,
+    out_ptr, lse_ptr,
+    sq_b, sq_n, sq_h, si_b, si_n, sbt_b,
+    N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
+    x_off, x_step, full_off, empty_off,   # shared-memory byte offsets (the launcher's, from PTX)
+    KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
+    HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+    NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56, EMPTY_ARRIVALS: gl.constexpr = 1,
+):
+    """``gluon_ws._sparse_mla_gluon_ws_kernel``'s arguments (fp8 formats: ``KV_FORMAT`` 1 / 2)
+    plus the four shared-memory offsets; launched in clusters of two along axis 0
+    (``launch_cluster``)."""
+    gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
+    qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
+    x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
+    ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
+    ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
+    full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    # the shared addresses the partitions' PTX needs (empty, chunk 0, full), stored here once:
+    # see gluon_cluster._smem_base
+    meta = gl.allocate_shared_memory(gl.int32, [4], META)
+    ML: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    wi = gl.arange(0, 4, layout=ML)
+    base = _smem_base()
+    meta.store(gl.where(wi == 0, base + empty_off, gl.where(wi == 1, base + x_off,
+                                                             base + full_off)))
+    # the chunk buffers' offsets for the launcher (in this order: x0 .. x{NC-1}, the rope chunk)
+    _probe(x0)
+    _probe(x1)
+    _probe(x2)
+    _probe(x3)
+    _probe(x4)
+    _probe(x5)
+    _probe(x6)
+    if NC == 8:
+        _probe(x7)
+    _probe(xr)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(full.index(i), count=1)                     # the local expect_tx
+        mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS + 1)   # both CTAs' consumers
+    _fence_mbarrier_init()
+
+    gl.warp_specialize(
+        [(_ws_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                         qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                         KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF,
+                         EMPTY_ARRIVALS, meta, 1)),
+         (_xo_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                         x0, x1, x2, x3, x4, x5, x6, x7, xr,
+                         ok_s, ub_s, full, empty,
+                         si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                         page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
+                         HAS_TKL, ROPE_DTYPE, NBUF))],
+        [PRODUCER_WARPS], [PRODUCER_REGS])
+
+
+def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
+    """``(x_off, x_step, full_off, empty_off)`` of a compiled ``_sparse_mla_gluon_xo_kernel``
+    from its PTX: the ``mbarrier.init`` operands in program order are the chunk buffers'
+    probes (NC nope chunks, then the rope chunk), then ``full[i]``, ``empty[i]`` per slot.
+    ``ValueError`` if they are not that shape (the chunk buffers equally spaced, the barrier
+    slots 8 bytes apart): the launcher then refuses the kernel."""
+    nc = 8 if kv_format == "fp8_ds_mla" else 7
+    offs = smem_offsets(ptx)
+    if len(offs) != nc + 1 + 2 * nbuf:
+        raise ValueError(f"expected {nc + 1 + 2 * nbuf} mbarrier.init in the crossover kernel's "
+                         f"PTX, found {len(offs)}")
+    xs, bars = offs[:nc + 1], offs[nc + 1:]
+    step = xs[1] - xs[0]
+    if any(b - a != step for a, b in zip(xs, xs[1:])) or step < 2 * nbuf * HALF_BYTES.value:
+        raise ValueError(f"chunk buffers not equally spaced by a whole buffer: {xs}")
+    full, empty = bars[0::2], bars[1::2]
+    if any(f != full[0] + 8 * i for i, f in enumerate(full)) or \
+            any(e != empty[0] + 8 * i for i, e in enumerate(empty)):
+        raise ValueError(f"barrier slots not 8 bytes apart: full {full}, empty {empty}")
+    if any(o % 16 for o in xs):
+        raise ValueError(f"chunk buffers not 16-byte aligned: {xs}")
+    return xs[0], step, full[0], empty[0]
+
+
+_OFFSETS: dict = {}     # compiled kernel hash -> its offsets
+
+
+def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int):
+    """Launch ``_sparse_mla_gluon_xo_kernel`` (``fn``) over ``grid`` in clusters of
+    :data:`CLUSTER` CTAs along axis 0, ``args`` / ``kwargs`` as ``gluon_ws``'s launch. The
+    four shared-memory offsets are appended: read off the compiled kernel's PTX once per
+    compiled kernel (:func:`kernel_offsets`; not specialised on, so the first compile, with
+    zeros, is the kernel launched). The launch goes through Triton's own launcher with the
+    cluster size in the kernel's packed metadata (Triton launches ``gridX * num_ctas`` CTAs in
+    clusters of ``num_ctas`` with ``cuLaunchKernelEx``); the kernel is compiled as one CTA
+    (``num_ctas`` 1), which keeps Gluon's layouts per CTA. Raises ``ValueError`` for an odd
+    ``grid[0]`` and ``NotImplementedError`` when the PTX is not in the shape read here (another
+    Triton version): then run ``configs.SPARSE_MLA_GLUON_WS``."""
+    if grid[0] % CLUSTER:
+        raise ValueError(f"grid[0] (64-head blocks) must be a multiple of {CLUSTER}, got {grid[0]}")
+    k = fn.warmup(*args, 0, 0, 0, 0, grid=grid, **kwargs)
+    if hasattr(k, "result"):
+        k = k.result()
+    offs = _OFFSETS.get(k.hash)
+    if offs is None:
+        try:
+            offs = kernel_offsets(k.asm["ptx"], kv_format, nbuf)
+        except ValueError as e:
+            import triton
+            raise NotImplementedError(
+                f"sparse_mla_decode kernel 'gluon_xo': the shared-memory offsets of the compiled "
+                f"kernel (Triton {triton.__version__}) cannot be read ({e}); supported: Triton "
+                f"3.6's PTX; use configs.SPARSE_MLA_GLUON_WS") from e
+        _OFFSETS[k.hash] = offs
+    md = k.metadata
+    k.packed_metadata = (md.num_warps, CLUSTER, md.shared)
+    fn[(grid[0] // CLUSTER, grid[1], grid[2])](*args, *offs, **kwargs)
