@@ -256,10 +256,6 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         buf = j % NBUF
         phase = (j // NBUF) & 1
         mbarrier.wait(full.index(buf), phase)            # the producer has filled this slot
-        if CROSS:
-            # + 0, not provably (k0 >= 0): without it LLVM builds both slots' ~70 wgmma
-            # descriptors before the loop and spills them (1,069 SASS a block against 752)
-            buf = buf + ((k0 >> 31) & 1)
         y0 = x0.index(buf)
         y1 = x1.index(buf)
         y2 = x2.index(buf)
