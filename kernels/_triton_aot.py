@@ -96,7 +96,7 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
       "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
       "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
       opcode counts of the whole kernel and of its largest loop); for a kernel with mbarriers
-      ``"mbarrier_init_offsets"`` (``gluon_cluster.smem_offsets`` of its PTX, or why not).
+      ``"mbarrier_inits"`` (``gluon_cluster.mbarrier_inits`` of its PTX, or why not).
     Raises:
       RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
     """
@@ -153,11 +153,11 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
     if sass:
         res["sass"] = sass_counts(k.asm["cubin"])
     if "mbarrier.init" in k.asm["ptx"]:
-        from kernels.sparse_mla.gluon_cluster import smem_offsets
-        try:       # the shared offsets of every mbarrier.init operand (gluon_xo's launcher reads)
-            res["mbarrier_init_offsets"] = smem_offsets(k.asm["ptx"])
+        from kernels.sparse_mla.gluon_cluster import mbarrier_inits
+        try:       # (offset, count) of every mbarrier.init (what gluon_xo's launcher reads)
+            res["mbarrier_inits"] = mbarrier_inits(k.asm["ptx"])
         except ValueError as e:
-            res["mbarrier_init_offsets"] = f"unreadable: {e}"
+            res["mbarrier_inits"] = f"unreadable: {e}"
     return res
 
 

@@ -404,33 +404,43 @@ def test_gluon_ws_latent_compiles_without_spills(tmp_path, monkeypatch):
             assert consumer["ops"].get("BAR") == 8, (r["label"], consumer)
 
 
+def _xo_ptx(inits) -> str:
+    """PTX text in the shape Triton 3.6 emits for ``(offset, count)`` mbarrier inits: a
+    ``global_smem`` base, an add chain onto it, one operand as reg + imm."""
+    lines = ["mov.b32 %r1, global_smem;", f"add.s32 %r2, %r1, {inits[0][0]};"]
+    ops = ["[%r2]"]
+    for i, (off, _) in enumerate(inits[1:], start=3):
+        lines.append(f"add.s32 %r{i}, %r2, {off - inits[0][0]};")
+        ops.append(f"[%r{i}]")
+    ops[4] = f"[%r2+{inits[4][0] - inits[0][0]}]"
+    return "\n".join(lines + [f"@%p1 mbarrier.init.shared::cta.b64 {o}, {c};"
+                              for o, (_, c) in zip(ops, inits)])
+
+
 def test_gluon_xo_offset_reader_on_ptx_text():
-    """``gluon_cluster.smem_offsets`` / ``gluon_xo.kernel_offsets`` on PTX in the shape Triton
-    3.6 emits: operands that are ``global_smem`` itself, an add chain onto it, or reg + imm;
-    anything else, a count or a spacing that is not the crossover kernel's, is refused
+    """``gluon_cluster.mbarrier_inits`` / ``gluon_xo.kernel_offsets`` on PTX in the shape Triton
+    3.6 emits; anything else (an operand not ``global_smem`` + immediates, another count, a
+    spacing or arrival count not the crossover kernel's, barriers among the chunks) is refused
     (``ValueError``) rather than guessed."""
     from kernels.sparse_mla import gluon_cluster, gluon_xo
-    inits = [65536 + 16384 * c for c in range(9)] + [226336, 226352, 226344, 226360]
-    lines = ["mov.b32 %r1, global_smem;", "add.s32 %r2, %r1, 65536;"]
-    ops = ["[%r2]"]
-    for i, off in enumerate(inits[1:], start=3):
-        lines.append(f"add.s32 %r{i}, %r2, {off - 65536};")
-        ops.append(f"[%r{i}]")
-    ops[4] = f"[%r2+{inits[4] - 65536}]"
-    ptx = "\n".join(lines + [f"@%p1 mbarrier.init.shared::cta.b64 {o}, 1;" for o in ops])
-    assert gluon_cluster.smem_offsets(ptx) == inits
+    inits = [(65536 + 16384 * c, 1) for c in range(9)] + [(226336, 1), (226352, 2), (226344, 1),
+                                                          (226360, 2)]
+    ptx = _xo_ptx(inits)
+    assert gluon_cluster.mbarrier_inits(ptx) == inits
+    assert gluon_cluster.smem_offsets(ptx) == [o for o, _ in inits]
     assert gluon_xo.kernel_offsets(ptx, "fp8_ds_mla", 2) == (65536, 16384, 226336, 226352)
     with pytest.raises(ValueError, match="expected 12"):          # model1: 7 chunks + rope
         gluon_xo.kernel_offsets(ptx, "fp8_model1", 2)
-    bad = ptx.replace(f"add.s32 %r5, %r2, {inits[3] - 65536};", "mul.lo.s32 %r5, %r2, 3;")
+    bad = ptx.replace(f"add.s32 %r5, %r2, {inits[3][0] - 65536};", "mul.lo.s32 %r5, %r2, 3;")
     with pytest.raises(ValueError, match="not global_smem"):
         gluon_cluster.smem_offsets(bad)
     with pytest.raises(ValueError, match="no `mov.b32"):
         gluon_cluster.smem_offsets(ptx.replace("global_smem", "other_smem"))
-    uneven = ptx.replace(f"add.s32 %r4, %r2, {inits[2] - 65536};",
-                         f"add.s32 %r4, %r2, {inits[2] - 65536 + 16};")
-    with pytest.raises(ValueError, match="equally spaced"):
-        gluon_xo.kernel_offsets(uneven, "fp8_ds_mla", 2)
+    for broken, why in (([(o + 16 * (i == 2), c) for i, (o, c) in enumerate(inits)], "equally"),
+                        (inits[:10] + [(226352, 1)] + inits[11:], "counts"),
+                        (inits[:9] + [(70000, 1)] + inits[10:], "8 bytes apart|inside")):
+        with pytest.raises(ValueError, match=why):
+            gluon_xo.kernel_offsets(_xo_ptx(broken), "fp8_ds_mla", 2)
 
 
 @pytest.mark.slow
@@ -456,13 +466,9 @@ def test_gluon_xo_compiles_and_its_offsets_read(tmp_path, monkeypatch):
     for spec, r in zip(specs, results):
         fmt = "fp8_model1" if "fp8_model1" in r["label"] else "fp8_ds_mla"
         nc = 7 if fmt == "fp8_model1" else 8
-        offs = r["mbarrier_init_offsets"]
-        assert isinstance(offs, list), (r["label"], offs)
-        x_off, step, full, empty = gluon_xo.kernel_offsets(
-            "\n".join(["mov.b32 %r1, global_smem;"]
-                      + [f"add.s32 %r{i + 2}, %r1, {o};" for i, o in enumerate(offs)]
-                      + [f"mbarrier.init.shared::cta.b64 [%r{i + 2}], 1;"
-                         for i in range(len(offs))]), fmt, 2)
+        inits = r["mbarrier_inits"]
+        assert isinstance(inits, list), (r["label"], inits)
+        x_off, step, full, empty = gluon_xo.kernel_offsets(_xo_ptx(inits), fmt, 2)
         assert x_off + (nc + 1) * step <= min(full, empty) and max(full, empty) + 16 <= r["shared"]
         producer, consumer = r["sass"]["loops"][0], r["sass"]["loops"][-1]
         assert producer["memory_sync"].get("F2FP.F16.E4M3.UNPACK_B") == 4 * nc, r["label"]

@@ -38,13 +38,33 @@ def _cta_rank():
 
 
 @gluon.jit
-def _cluster_sync():
-    """Every thread of the cluster arrives (release) and waits (acquire): a partition calls it
-    with all its threads, and every partition of both CTAs must call it the same number of
-    times (``barrier.cluster`` counts every non-exited thread of the cluster)."""
+def _cluster_sync(RELAXED: gl.constexpr = False):
+    """Every thread of the cluster arrives and waits (acquire): a partition calls it with all
+    its threads, and every partition of both CTAs must call it the same number of times
+    (``barrier.cluster`` counts every non-exited thread of the cluster). The arrive releases
+    this thread's earlier memory operations (a ``MEMBAR.ALL.GPU`` each); ``RELAXED`` drops that,
+    for the first barrier, whose ordering (the ``mbarrier.init``s) comes from
+    ``fence.mbarrier_init.release.cluster`` (CUTLASS's ``cluster_arrive_relaxed`` after
+    ``fence_barrier_init``)."""
+    if RELAXED:
+        gl.inline_asm_elementwise(
+            "barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
+            "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    else:
+        gl.inline_asm_elementwise(
+            "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
+            "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _require_cluster(N: gl.constexpr):
+    """Trap unless the kernel was launched in clusters of ``N`` CTAs: launched plainly, ptxas's
+    ``barrier.cluster`` falls back to a CTA barrier (barrier 0, which a partition also uses) and
+    ``mapa`` to rank 1 faults, so the kernel would hang or misbehave instead of failing."""
     gl.inline_asm_elementwise(
-        "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
-        "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+        "{\n\t.reg .b32 n;\n\t.reg .pred p;\n\tmov.u32 n, %cluster_nctarank;\n\t"
+        f"setp.ne.u32 p, n, {N};\n\t@p trap;\n\tmov.u32 $0, 0;\n\t}}",
+        "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -111,14 +131,15 @@ def _copy_to_peer(src, bar, lanes, NBYTES: gl.constexpr):
         "=r,r,r,r,n", [src, bar, lanes, NBYTES], dtype=gl.int32, is_pure=False, pack=1)
 
 
-_INIT = re.compile(r"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[(%r\d+)(?:\+(\d+))?\]")
+_INIT = re.compile(r"mbarrier\.init\.shared(?:::cta)?\.b64\s+\[(%r\d+)(?:\+(\d+))?\],\s*(\d+)")
 
 
-def smem_offsets(ptx: str) -> list[int]:
-    """Byte offsets from ``global_smem`` of every ``mbarrier.init`` operand of a kernel's PTX, in
-    program order. Each operand register must be ``global_smem`` itself or a chain of
-    ``add.s32 / add.u32`` of immediates onto it (what Triton's lowering emits); anything else
-    raises ``ValueError`` (the caller then refuses the kernel rather than guess an address)."""
+def mbarrier_inits(ptx: str) -> list[tuple[int, int]]:
+    """``(byte offset from global_smem, arrival count)`` of every ``mbarrier.init`` of a
+    kernel's PTX, in program order. Each operand register must be ``global_smem`` itself or a
+    chain of ``add.s32 / add.u32`` of immediates onto it (what Triton's lowering emits);
+    anything else raises ``ValueError`` (the caller then refuses the kernel rather than guess an
+    address)."""
     base = set(re.findall(r"mov\.(?:b32|u32)\s+(%r\d+),\s*global_smem;", ptx))
     if not base:
         raise ValueError("no `mov.b32 %r, global_smem` in the PTX: cannot read shared offsets")
@@ -133,4 +154,10 @@ def smem_offsets(ptx: str) -> list[int]:
         src, imm = adds[reg]
         return resolve(src, depth + 1) + imm
 
-    return [resolve(m.group(1)) + int(m.group(2) or 0) for m in _INIT.finditer(ptx)]
+    return [(resolve(m.group(1)) + int(m.group(2) or 0), int(m.group(3)))
+            for m in _INIT.finditer(ptx)]
+
+
+def smem_offsets(ptx: str) -> list[int]:
+    """The offsets of :func:`mbarrier_inits`."""
+    return [off for off, _ in mbarrier_inits(ptx)]

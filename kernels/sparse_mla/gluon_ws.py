@@ -234,7 +234,7 @@ def _ws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
 
     pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
     if CROSS:
-        _cluster_sync()         # both CTAs' barriers are initialised
+        _cluster_sync(True)     # both CTAs' barriers are initialised
         empty_addr = _meta_word(meta, 0)
 
     # ---- q (as gluon.py): per head 2^t putting max|q_nope| in [2^14, 2^15), fp16 chunks

@@ -41,8 +41,10 @@ launcher reads off the compiled PTX (``gluon_cluster.smem_offsets``).
   remote operation; end: a cluster barrier after the last, so no CTA exits while its peer may
   still arrive on it.
 
-Only sm_90 with Triton 3.6's PTX conventions (``configs.gluon_xo_eligible``); never the CPU
-interpreter. Not picked by the heuristic until measured on the GPU (``configs.GLUON_XO_PICKED``).
+Only sm_90 (``configs.kernel_eligible``) with Triton 3.6's PTX conventions (the launcher reads
+them, ``kernel_offsets``); never the CPU interpreter. The remote releases use the default
+``.release.cta`` semantics (as CUTLASS's cluster pipelines): not morally strong across CTAs in
+the PTX model, but what they release are shared reads the wgmma wait has already retired. Not picked by the heuristic until measured on the GPU (``configs.GLUON_XO_PICKED``).
 """
 from __future__ import annotations
 
@@ -55,11 +57,12 @@ from kernels.sparse_mla.gluon import (_alloc_x, _block_unit, _list_range, _load_
                                       _row_base, _tile)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER, _cluster_sync, _copy_to_peer, _cta_rank,
                                               _fence_mbarrier_init, _lanes, _meta_word,
-                                              _smem_base, smem_offsets)
+                                              _require_cluster, _smem_base, mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _barrier,
                                          _ws_consumer)
 from kernels.sparse_mla.triton import _pow2
 
+CLUSTER_CTAS = gl.constexpr(CLUSTER)
 HALF = gl.constexpr(32)             # rows of a block a CTA gathers and converts
 HALF_BYTES = gl.constexpr(32 * 128)  # one chunk's half: 32 rows of 64 16-bit values (4,096 B)
 
@@ -105,7 +108,7 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     XBYTES: gl.constexpr = (NC + 1) * HALF_BYTES  # the peer's half of a slot
 
     rank = _cta_rank()
-    _cluster_sync()                           # both CTAs' barriers are initialised
+    _cluster_sync(True)                       # both CTAs' barriers are initialised
     x_addr = _meta_word(meta, 1)
     full_addr = _meta_word(meta, 2)
     lanes = _lanes(gl.num_warps())
@@ -208,6 +211,7 @@ def _sparse_mla_gluon_xo_kernel(
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    _require_cluster(CLUSTER_CTAS)            # a plain launch traps instead of hanging
     qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
     qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
     x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
@@ -256,15 +260,20 @@ def _sparse_mla_gluon_xo_kernel(
 
 def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
     """``(x_off, x_step, full_off, empty_off)`` of a compiled ``_sparse_mla_gluon_xo_kernel``
-    from its PTX: the ``mbarrier.init`` operands in program order are the chunk buffers'
-    probes (NC nope chunks, then the rope chunk), then ``full[i]``, ``empty[i]`` per slot.
-    ``ValueError`` if they are not that shape (the chunk buffers equally spaced, the barrier
-    slots 8 bytes apart): the launcher then refuses the kernel."""
+    from its PTX: the ``mbarrier.init``s in program order are the chunk buffers' probes (NC nope
+    chunks, then the rope chunk; count 1), then ``full[i]`` (count 1), ``empty[i]`` (count 2)
+    per slot. ``ValueError`` if they are not that shape (the chunk buffers equally spaced by at
+    least a buffer, 16-byte aligned, the barrier slots 8 bytes apart and outside the chunks):
+    the launcher then refuses the kernel."""
     nc = 8 if kv_format == "fp8_ds_mla" else 7
-    offs = smem_offsets(ptx)
-    if len(offs) != nc + 1 + 2 * nbuf:
+    inits = mbarrier_inits(ptx)
+    if len(inits) != nc + 1 + 2 * nbuf:
         raise ValueError(f"expected {nc + 1 + 2 * nbuf} mbarrier.init in the crossover kernel's "
-                         f"PTX, found {len(offs)}")
+                         f"PTX, found {len(inits)}")
+    counts = [c for _, c in inits]
+    if counts != [1] * (nc + 1) + [1, 2] * nbuf:
+        raise ValueError(f"mbarrier.init counts {counts} are not the crossover kernel's")
+    offs = [o for o, _ in inits]
     xs, bars = offs[:nc + 1], offs[nc + 1:]
     step = xs[1] - xs[0]
     if any(b - a != step for a, b in zip(xs, xs[1:])) or step < 2 * nbuf * HALF_BYTES.value:
@@ -275,6 +284,8 @@ def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, 
         raise ValueError(f"barrier slots not 8 bytes apart: full {full}, empty {empty}")
     if any(o % 16 for o in xs):
         raise ValueError(f"chunk buffers not 16-byte aligned: {xs}")
+    if any(xs[0] <= b < xs[-1] + step for b in bars):
+        raise ValueError(f"barriers {bars} inside the chunk buffers {xs[0]}..{xs[-1] + step}")
     return xs[0], step, full[0], empty[0]
 
 
@@ -289,25 +300,34 @@ def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, n
     zeros, is the kernel launched). The launch goes through Triton's own launcher with the
     cluster size in the kernel's packed metadata (Triton launches ``gridX * num_ctas`` CTAs in
     clusters of ``num_ctas`` with ``cuLaunchKernelEx``); the kernel is compiled as one CTA
-    (``num_ctas`` 1), which keeps Gluon's layouts per CTA. Raises ``ValueError`` for an odd
-    ``grid[0]`` and ``NotImplementedError`` when the PTX is not in the shape read here (another
-    Triton version): then run ``configs.SPARSE_MLA_GLUON_WS``."""
+    (``num_ctas`` 1), which keeps Gluon's layouts per CTA. Binds the arguments twice (``warmup``,
+    then the launch): ~tens of us of host time an eager call, none in a CUDA graph. Raises
+    ``ValueError`` for an odd ``grid[0]`` and ``NotImplementedError`` when the PTX is not in the
+    shape read here (another Triton version, a cache without PTX) or the kernel needs scratch:
+    then run ``configs.SPARSE_MLA_GLUON_WS``."""
     if grid[0] % CLUSTER:
         raise ValueError(f"grid[0] (64-head blocks) must be a multiple of {CLUSTER}, got {grid[0]}")
     k = fn.warmup(*args, 0, 0, 0, 0, grid=grid, **kwargs)
     if hasattr(k, "result"):
         k = k.result()
+    md = k.metadata
     offs = _OFFSETS.get(k.hash)
     if offs is None:
-        try:
-            offs = kernel_offsets(k.asm["ptx"], kv_format, nbuf)
-        except ValueError as e:
-            import triton
+        import triton
+        why = None
+        if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+            # Triton's launcher sizes scratch by grid x num_ctas as compiled (1): not for this
+            why = "the kernel needs global / profile scratch, which a cluster launch under-sizes"
+        else:
+            try:
+                offs = kernel_offsets(k.asm["ptx"], kv_format, nbuf)
+            except (KeyError, ValueError) as e:     # KeyError: a cache that keeps no PTX
+                why = f"its shared-memory offsets cannot be read ({type(e).__name__}: {e})"
+        if why:
             raise NotImplementedError(
-                f"sparse_mla_decode kernel 'gluon_xo': the shared-memory offsets of the compiled "
-                f"kernel (Triton {triton.__version__}) cannot be read ({e}); supported: Triton "
-                f"3.6's PTX; use configs.SPARSE_MLA_GLUON_WS") from e
+                f"sparse_mla_decode kernel 'gluon_xo' with Triton {triton.__version__}: {why}; "
+                f"supported: Triton 3.6's PTX with its kernel cache keeping the PTX; use "
+                f"configs.SPARSE_MLA_GLUON_WS")
         _OFFSETS[k.hash] = offs
-    md = k.metadata
     k.packed_metadata = (md.num_warps, CLUSTER, md.shared)
     fn[(grid[0] // CLUSTER, grid[1], grid[2])](*args, *offs, **kwargs)
