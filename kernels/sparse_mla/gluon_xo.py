@@ -104,6 +104,9 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     # 16-bit, 16 bytes a thread); a 64-row vector wraps, two rows a thread
     LD: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])
     ROW: gl.constexpr = gl.SliceLayout(1, LD)
+    # the block's 64 rows one a thread (4 copies over the 256 threads, against 8 in ROW: half
+    # the replicated index / page / scale loads and registers)
+    R64: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     XBYTES: gl.constexpr = (NC + 1) * HALF_BYTES  # the peer's half of a slot
 
@@ -122,7 +125,7 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     bt_row = bt_ptr + b.to(gl.int64) * sbt_b
     # two chains, each three deep (gluon.py's pipeline): the block's 64 rows (validity, scale
     # words -> the unit both CTAs share) and this CTA's 32 (the gathers)
-    ar = gl.arange(0, 64, layout=ROW)
+    ar = gl.arange(0, 64, layout=R64)
     ah = gl.arange(0, HALF, layout=ROW) + HALF * rank
     i2, pg, of, ok, pg_nx, of_nx, ok_nx = _pipeline_start(
         idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size, HAS_BT)
@@ -172,7 +175,7 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
             _halves(x7, NBUF, SH).index(hs).store(_tile(r7, d0, d1, d2, d3, shift, 7, KV_FORMAT))
         _halves(xr, NBUF, SH).index(hs).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
         ok_s.index(buf).store(ok.to(gl.int32))
-        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
+        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=R64) + ub)
         fence_async_shared()                  # generic-proxy stores -> wgmma and the bulk copy
         _barrier()                            # every producer thread has stored
         mbarrier.expect(full.index(buf), XBYTES)   # arrive; the peer's half still to land
