@@ -9,6 +9,9 @@ combine, in both stacks.
 * ``gluon_ws.py``: its warp-specialised variant (sm_90 only; ``kernel="gluon_ws"``: a producer
   warp group gathers and dequantizes into a two-slot ring, the consumers run the wgmma dots; for
   a 16-bit latent cache the producer copies the rows straight into the ring with cp.async).
+* ``gluon_xo.py``: the crossover variant (sm_90; ``kernel="gluon_xo"``: the two 64-head CTAs of
+  a request in a 2-CTA cluster, each converting half of every row block and copying it into the
+  other's shared memory), with its cluster PTX in ``gluon_cluster.py``.
 * ``triton_launch.py``: the launcher of both (operand dtypes, byte views, split count, grid,
   constexprs) and AOT specs; ``torch_impl.sparse_mla`` calls it after validation.
 * ``pallas.py``: the Pallas kernels with their launcher (``jax_impl`` calls it).
