@@ -128,6 +128,21 @@ def launch_constexprs(kv_format: str) -> dict:
 
 
 @gluon.jit
+def _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n, sbt_b, chunk,
+                   HAS_TKL: gl.constexpr):
+    """A producer partition's share of the top-k list: ``(start, end, idx_row, bt_row)``, its
+    split's ``[start, end)`` (``gluon._list_range``) and the pointers to its (request, draft)
+    row of indices and its request's block-table row (grid ``(head_blocks, splits, B * N)``)."""
+    pid_s = gl.program_id(1)
+    pid_bn = gl.program_id(2)
+    b = pid_bn // N
+    n = pid_bn % N
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
+    return (start, end, idx_ptr + b.to(gl.int64) * si_b + n * si_n,
+            bt_ptr + b.to(gl.int64) * sbt_b)
+
+
+@gluon.jit
 def _ws_slot_store(xc, raw, c0, c1, c2, c3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
     xc.store(_tile(raw, c0, c1, c2, c3, shift, C, KV_FORMAT))
 
@@ -144,14 +159,8 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     LD16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])
     ROW: gl.constexpr = gl.SliceLayout(1, LD)
 
-    pid_s = gl.program_id(1)
-    pid_bn = gl.program_id(2)
-    b = pid_bn // N
-    n = pid_bn % N
-    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
-
-    idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
-    bt_row = bt_ptr + b.to(gl.int64) * sbt_b
+    start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
+                                                 sbt_b, chunk, HAS_TKL)
     ar = gl.arange(0, 64, layout=ROW)
     in0 = start + ar < end
     i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
@@ -160,7 +169,7 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
                           num_slots, num_pages, max_pages, page_size, HAS_BT)
     e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
-    ub_i = pid_s * 0 + 1
+    ub_i = start * 0 + 1
 
     for k0 in range(start, end, 64):
         j = (k0 - start) // 64
@@ -320,14 +329,8 @@ def _ws_latent_producer(kv_ptr, idx_ptr, bt_ptr, tkl_ptr,
     LDX: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [PW, 1], [1, 0])
     ROW: gl.constexpr = gl.SliceLayout(1, LDX)
 
-    pid_s = gl.program_id(1)
-    pid_bn = gl.program_id(2)
-    b = pid_bn // N
-    n = pid_bn % N
-    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
-
-    idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
-    bt_row = bt_ptr + b.to(gl.int64) * sbt_b
+    start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
+                                                 sbt_b, chunk, HAS_TKL)
     ar = gl.arange(0, 64, layout=ROW)
     d = gl.arange(0, 64, layout=gl.SliceLayout(0, LDX))
     in0 = start + ar < end

@@ -52,14 +52,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from kernels.sparse_mla.gluon import (_alloc_x, _block_unit, _list_range, _load_rope, _load_scales,
-                                      _load_u8, _pipeline_ahead, _pipeline_start, _resolve,
-                                      _row_base, _tile)
+from kernels.sparse_mla.gluon import (_alloc_x, _block_unit, _issue_rows, _load_scales,
+                                      _pipeline_ahead, _pipeline_start, _resolve, _row_base, _tile)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER, _cluster_sync, _copy_to_peer, _cta_rank,
                                               _fence_mbarrier_init, _lanes, _meta_word,
                                               _require_cluster, _smem_base, mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _barrier,
-                                         _ws_consumer)
+                                         _producer_list, _ws_consumer)
 from kernels.sparse_mla.triton import _pow2
 
 CLUSTER_CTAS = gl.constexpr(CLUSTER)
@@ -115,14 +114,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     x_addr = _meta_word(meta, 1)
     full_addr = _meta_word(meta, 2)
     lanes = _lanes(gl.num_warps())
-    pid_s = gl.program_id(1)
-    pid_bn = gl.program_id(2)
-    b = pid_bn // N
-    n = pid_bn % N
-    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
-
-    idx_row = idx_ptr + b.to(gl.int64) * si_b + n * si_n
-    bt_row = bt_ptr + b.to(gl.int64) * sbt_b
+    start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
+                                                 sbt_b, chunk, HAS_TKL)
     # two chains, each three deep (gluon.py's pipeline): the block's 64 rows (validity, scale
     # words -> the unit both CTAs share) and this CTA's 32 (the gathers)
     ar = gl.arange(0, 64, layout=R64)
@@ -131,7 +124,7 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size, HAS_BT)
     h2, hpg, hof, hok, hpg_nx, hof_nx, hok_nx = _pipeline_start(
         idx_row, bt_row, start, end, ah, num_slots, num_pages, max_pages, page_size, HAS_BT)
-    ub_i = pid_s * 0 + 1
+    ub_i = start * 0 + 1
 
     for k0 in range(start, end, 64):
         j = (k0 - start) // 64
@@ -140,21 +133,9 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         # the block's 64 scale-word rows; this CTA's 32 rows: scales, e4m3 chunks, rope
         c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, _row_base(pg, of, page_bytes, KV_FORMAT),
                                       ok, page_size, page_bytes, KV_FORMAT)
-        hbase = _row_base(hpg, hof, page_bytes, KV_FORMAT)
-        d0, d1, d2, d3 = _load_scales(kv32_ptr, hpg, hof, hbase, hok, page_size, page_bytes,
-                                      KV_FORMAT)
-        r0 = _load_u8(kv_ptr, hbase, hok, 0, LD)
-        r1 = _load_u8(kv_ptr, hbase, hok, 1, LD)
-        r2 = _load_u8(kv_ptr, hbase, hok, 2, LD)
-        r3 = _load_u8(kv_ptr, hbase, hok, 3, LD)
-        r4 = _load_u8(kv_ptr, hbase, hok, 4, LD)
-        r5 = _load_u8(kv_ptr, hbase, hok, 5, LD)
-        r6 = _load_u8(kv_ptr, hbase, hok, 6, LD)
-        if NC == 8:
-            r7 = _load_u8(kv_ptr, hbase, hok, 7, LD)
-        else:
-            r7 = r6
-        rr = _load_rope(kv16_ptr, hbase, hok, KV_FORMAT, LD)
+        r0, r1, r2, r3, r4, r5, r6, r7, rr, d0, d1, d2, d3 = _issue_rows(
+            kv_ptr, kv16_ptr, kv32_ptr, hpg, hof, hok, page_size, page_bytes, KV_FORMAT, NC, LD,
+            LD)
         in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
                                       HAS_BT)
         hin2, he2, h3 = _pipeline_ahead(idx_row, bt_row, h2, k0, end, ah, max_pages, page_size,
