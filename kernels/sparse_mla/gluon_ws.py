@@ -143,6 +143,24 @@ def _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n, sbt_b, chunk,
 
 
 @gluon.jit
+def _alloc_fp8_ring(KV_FORMAT: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
+    """The fp8 kernels' shared memory, in this order (the allocator's offsets follow it): q's
+    NC fp16 nope chunks and its rope chunk, the ``NBUF`` X slots (``gluon._alloc_x``), the
+    per-slot row validity and unit words, the ``full`` and ``empty`` barriers."""
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
+    qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
+    x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
+    ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
+    ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
+    full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    return qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty
+
+
+@gluon.jit
 def _ws_slot_store(xc, raw, c0, c1, c2, c3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
     xc.store(_tile(raw, c0, c1, c2, c3, shift, C, KV_FORMAT))
 
@@ -597,14 +615,8 @@ def _sparse_mla_gluon_ws_kernel(
                                     SIGNAL))],
             [LATENT_PRODUCER_WARPS], [PRODUCER_REGS])
     else:
-        NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
-        qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
-        qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
-        x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
-        ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
-        ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
-        full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-        empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+        qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty = _alloc_fp8_ring(
+            KV_FORMAT, ROPE_DTYPE, NBUF)
         for i in gl.static_range(NBUF):
             mbarrier.init(full.index(i), count=1)
             mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS)

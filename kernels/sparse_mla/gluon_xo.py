@@ -52,13 +52,13 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from kernels.sparse_mla.gluon import (_alloc_x, _block_unit, _issue_rows, _load_scales,
+from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _load_scales,
                                       _pipeline_ahead, _pipeline_start, _resolve, _row_base, _tile)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER, _cluster_sync, _copy_to_peer, _cta_rank,
                                               _fence_mbarrier_init, _lanes, _meta_word,
                                               _require_cluster, _smem_base, mbarrier_inits)
-from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _barrier,
-                                         _producer_list, _ws_consumer)
+from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _alloc_fp8_ring,
+                                         _barrier, _producer_list, _ws_consumer)
 from kernels.sparse_mla.triton import _pow2
 
 CLUSTER_CTAS = gl.constexpr(CLUSTER)
@@ -192,17 +192,11 @@ def _sparse_mla_gluon_xo_kernel(
     plus the four shared-memory offsets; launched in clusters of two along axis 0
     (``launch_cluster``)."""
     gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
-    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     _require_cluster(CLUSTER_CTAS)            # a plain launch traps instead of hanging
-    qn = gl.allocate_shared_memory(gl.float16, [NC, 64, 64], SH)
-    qr = gl.allocate_shared_memory(ROPE_DTYPE, [64, 64], SH)
-    x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
-    ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
-    ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
-    full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty = _alloc_fp8_ring(
+        KV_FORMAT, ROPE_DTYPE, NBUF)
     # the shared addresses the partitions' PTX needs (empty, chunk 0, full), stored here once:
     # see gluon_cluster._smem_base
     meta = gl.allocate_shared_memory(gl.int32, [4], META)
