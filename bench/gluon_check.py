@@ -382,7 +382,7 @@ def main() -> None:
                     help=f"comma-separated kernels to check and time ({', '.join(KERNELS)})")
     ap.add_argument("--ws-timeout", type=float, default=900.0,
                     help="seconds each isolated child (ISOLATED: gluon_ws*, gluon_sh, "
-                         "gluon_shws) may run")
+                         "gluon_shws, gluon_xo) may run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
