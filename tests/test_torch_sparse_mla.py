@@ -1139,6 +1139,28 @@ def test_combine_matches_float64_merge():
 @gpu_only
 @sm90_only
 @pytest.mark.gpu
+def test_cluster_primitives():
+    """The crossover kernel's building blocks alone (``gluon_cluster.cluster_selftest``: the
+    cluster launch, the offsets read off the PTX, the half-tile stores, the bulk copy into the
+    peer completing on its mbarrier, the remote arrive): every CTA of 8 clusters holds its
+    cluster's whole tile, bit for bit."""
+    from kernels.sparse_mla import gluon_cluster
+    res = gluon_cluster.cluster_selftest(clusters=8)
+    assert res["ok"], res
+
+
+def test_cluster_launch_refuses_an_odd_grid():
+    """Clusters of two along grid axis 0: an odd grid[0] is refused before anything compiles
+    or launches."""
+    from kernels.sparse_mla import gluon_cluster
+    with pytest.raises(ValueError, match="multiple of the cluster size 2, got 3"):
+        gluon_cluster.launch(gluon_cluster._cluster_selftest_kernel, (3,), (), {}, 3,
+                             gluon_cluster._selftest_offsets)
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("feats", [True, False], ids=["block_table_tkl_sink", "slots"])
 @pytest.mark.parametrize("H", [128, 100])

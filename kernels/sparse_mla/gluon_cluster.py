@@ -5,8 +5,8 @@ Gluon (Triton 3.6) has no cluster operations a warp-specialised kernel can use: 
 ``convert_layout`` does not lower (``ConvertTritonGPUToLLVM`` fails), a layout broadcast over the
 CTAs of a ``num_ctas=2`` kernel masks every global store to CTA 0, and a shared-memory buffer
 has no address a program can read. So the crossover kernel (``gluon_xo.py``) is compiled as an
-ordinary one-CTA kernel, launched in clusters of :data:`CLUSTER` CTAs (the launcher's
-``packed_metadata``, ``launch_cluster``), and reaches its peer's shared memory through the PTX
+ordinary one-CTA kernel, launched in clusters of :data:`CLUSTER` CTAs (:func:`launch`: the
+compiled kernel's ``packed_metadata``), and reaches its peer's shared memory through the PTX
 below: ``mapa`` turns a local shared address into the peer's, ``cp.async.bulk`` copies a local
 region into the peer's and completes bytes on the peer's mbarrier, ``mbarrier.arrive`` at
 cluster scope signals the peer. A local shared address is ``global_smem`` (the kernel's dynamic
@@ -26,6 +26,7 @@ import re
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 CLUSTER = 2        # CTAs in a cluster (the pair that shares a row block)
 
@@ -161,3 +162,130 @@ def mbarrier_inits(ptx: str) -> list[tuple[int, int]]:
 def smem_offsets(ptx: str) -> list[int]:
     """The offsets of :func:`mbarrier_inits`."""
     return [off for off, _ in mbarrier_inits(ptx)]
+
+
+_OFFSETS: dict = {}     # compiled kernel hash -> the offsets read off its PTX
+
+
+def launch(fn, grid: tuple, args: tuple, kwargs: dict, n_offsets: int, read_offsets) -> None:
+    """Launch the Gluon kernel ``fn`` over ``grid`` in clusters of :data:`CLUSTER` CTAs along
+    axis 0 (``grid[0]`` a multiple of it), with ``args`` followed by ``n_offsets`` shared-memory
+    offsets: ``read_offsets(ptx)`` of the compiled kernel, once per compiled kernel (the kernel
+    must not specialise on them, ``do_not_specialize``, so the first compile, with zeros, is the
+    one launched; ``read_offsets`` raises ``ValueError`` where it cannot read them).
+
+    The kernel is compiled as one CTA (``num_ctas`` 1: Gluon's layouts stay per CTA) and
+    launched through Triton's own launcher with the cluster size in its packed metadata: Triton
+    launches ``gridX * num_ctas`` CTAs with a cluster dimension of ``num_ctas``
+    (``cuLaunchKernelEx``), so a cluster is CTAs ``(2c, 2c + 1)`` of axis 0 and
+    ``%cluster_ctarank`` is ``ctaid.x % 2``. Binds the arguments twice (``warmup``, then the
+    launch): host time of an eager call, none in a replayed CUDA graph.
+
+    Raises ``ValueError`` for ``grid[0]`` not a multiple of :data:`CLUSTER`,
+    ``NotImplementedError`` (naming the Triton version) where the offsets cannot be read (a
+    kernel cache without PTX, another PTX shape) or the kernel needs global / profile scratch
+    (Triton sizes it by the compiled ``num_ctas``)."""
+    if grid[0] % CLUSTER:
+        raise ValueError(f"grid[0] must be a multiple of the cluster size {CLUSTER}, "
+                         f"got {grid[0]}")
+    k = fn.warmup(*args, *([0] * n_offsets), grid=grid, **kwargs)
+    if hasattr(k, "result"):
+        k = k.result()
+    md = k.metadata
+    offs = _OFFSETS.get(k.hash)
+    if offs is None:
+        import triton
+        why = None
+        if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
+            why = "the kernel needs global / profile scratch, which a cluster launch under-sizes"
+        else:
+            try:
+                offs = tuple(read_offsets(k.asm["ptx"]))
+            except (KeyError, ValueError) as e:     # KeyError: a cache that keeps no PTX
+                why = f"its shared-memory offsets cannot be read ({type(e).__name__}: {e})"
+        if why:
+            raise NotImplementedError(
+                f"a cluster launch of {k.name} with Triton {triton.__version__}: {why} "
+                f"(supported: Triton 3.6's PTX, a kernel cache that keeps it)")
+        if len(offs) != n_offsets:
+            raise ValueError(f"read_offsets gave {len(offs)} offsets, expected {n_offsets}")
+        _OFFSETS[k.hash] = offs
+    k.packed_metadata = (md.num_warps, CLUSTER, md.shared)
+    fn[(grid[0] // CLUSTER,) + tuple(grid[1:])](*args, *offs, **kwargs)
+
+
+# ----------------------------------------------------------------- self-test (GPU, sm_90)
+
+CLUSTER_CTAS = gl.constexpr(CLUSTER)
+
+
+@gluon.jit(do_not_specialize=["x_off", "bar_off", "ack_off"])
+def _cluster_selftest_kernel(src_ptr, out_ptr, x_off, bar_off, ack_off):
+    """The primitives above on their own (4 warps, clusters of two): CTA ``r`` of cluster ``c``
+    loads rows ``[32 r, 32 r + 32)`` of the cluster's ``[64, 64]`` fp16 tile ``src[64 c:]`` into
+    its half of a 128-byte-swizzled ``[64, 64]`` shared tile, copies that half into the peer's
+    tile (:func:`_copy_to_peer`, completing on the peer's ``bar``), waits for the peer's half,
+    writes the whole tile it now holds to ``out[2 c + r]``, then arrives on the peer's ``ack``
+    (:func:`_peer_arrive`) and waits on its own. Offsets (the launcher's, from the PTX): the
+    tile, ``bar``, ``ack``."""
+    _require_cluster(CLUSTER_CTAS)
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    L: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    x = gl.allocate_shared_memory(gl.float16, [2, 32, 64], SH)
+    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ack = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    probe = x._reinterpret(gl.int64, [8, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(probe.index(0), count=1)
+    mbarrier.invalidate(probe.index(0))
+    mbarrier.init(bar.index(0), count=1)
+    mbarrier.init(ack.index(0), count=1)
+    _fence_mbarrier_init()
+    _cluster_sync(True)
+    rank = _cta_rank()
+    cta = gl.program_id(0)
+    c = gl.arange(0, 64, layout=gl.SliceLayout(0, L))
+    r = gl.arange(0, 32, layout=gl.SliceLayout(1, L)) + 32 * rank + (cta // 2) * 64
+    x.index(rank).store(gl.load(src_ptr + r[:, None] * 64 + c[None, :]))
+    fence_async_shared()
+    gl.thread_barrier()
+    mbarrier.expect(bar.index(0), 4096)
+    base = _smem_base()
+    lanes = _lanes(4)
+    _copy_to_peer(base + x_off + rank * 4096, base + bar_off, lanes, 4096)
+    mbarrier.wait(bar.index(0), 0)
+    w = x._reinterpret(gl.float16, [64, 64], SH).load(L)
+    r64 = gl.arange(0, 64, layout=gl.SliceLayout(1, L))
+    gl.store(out_ptr + cta * 4096 + r64[:, None] * 64 + c[None, :], w)
+    _peer_arrive(base + ack_off, lanes)
+    mbarrier.wait(ack.index(0), 0)
+    _cluster_sync()
+
+
+def _selftest_offsets(ptx: str) -> tuple[int, int, int]:
+    """``(tile, bar, ack)`` offsets of the self-test kernel: its three ``mbarrier.init``s (count
+    1 each) in program order."""
+    inits = mbarrier_inits(ptx)
+    if [c for _, c in inits] != [1, 1, 1]:
+        raise ValueError(f"expected three mbarrier.init of count 1, found {inits}")
+    return tuple(o for o, _ in inits)
+
+
+def cluster_selftest(clusters: int = 4, device: str = "cuda") -> dict:
+    """Run :func:`_cluster_selftest_kernel` on ``clusters`` clusters (sm_90) and compare what
+    each CTA holds with its cluster's tile: ``{"ok", "mismatched_ctas", "offsets"}``. The first
+    GPU check of a cluster kernel's building blocks (``python -m
+    kernels.sparse_mla.gluon_cluster``)."""
+    import torch
+    src = torch.randn(clusters * 64, 64, device=device).to(torch.float16)
+    out = torch.full((2 * clusters, 64, 64), float("nan"), dtype=torch.float16, device=device)
+    launch(_cluster_selftest_kernel, (2 * clusters,), (src, out), {"num_warps": 4}, 3,
+           _selftest_offsets)
+    torch.cuda.synchronize()
+    want = src.view(clusters, 1, 64, 64).expand(clusters, 2, 64, 64).reshape(2 * clusters, 64, 64)
+    bad = [i for i in range(2 * clusters) if not torch.equal(out[i], want[i])]
+    return {"ok": not bad, "mismatched_ctas": bad,
+            "offsets": [v for k, v in _OFFSETS.items()][-1] if _OFFSETS else None}
+
+
+if __name__ == "__main__":
+    print(cluster_selftest())

@@ -56,7 +56,8 @@ from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _load_scales,
                                       _pipeline_ahead, _pipeline_start, _resolve, _row_base, _tile)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER, _cluster_sync, _copy_to_peer, _cta_rank,
                                               _fence_mbarrier_init, _lanes, _meta_word,
-                                              _require_cluster, _smem_base, mbarrier_inits)
+                                              _require_cluster, _smem_base, launch,
+                                              mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _alloc_fp8_ring,
                                          _barrier, _producer_list, _ws_consumer)
 from kernels.sparse_mla.triton import _pow2
@@ -267,45 +268,16 @@ def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, 
     return xs[0], step, full[0], empty[0]
 
 
-_OFFSETS: dict = {}     # compiled kernel hash -> its offsets
-
-
 def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int):
-    """Launch ``_sparse_mla_gluon_xo_kernel`` (``fn``) over ``grid`` in clusters of
-    :data:`CLUSTER` CTAs along axis 0, ``args`` / ``kwargs`` as ``gluon_ws``'s launch. The
-    four shared-memory offsets are appended: read off the compiled kernel's PTX once per
-    compiled kernel (:func:`kernel_offsets`; not specialised on, so the first compile, with
-    zeros, is the kernel launched). The launch goes through Triton's own launcher with the
-    cluster size in the kernel's packed metadata (Triton launches ``gridX * num_ctas`` CTAs in
-    clusters of ``num_ctas`` with ``cuLaunchKernelEx``); the kernel is compiled as one CTA
-    (``num_ctas`` 1), which keeps Gluon's layouts per CTA. Binds the arguments twice (``warmup``,
-    then the launch): ~tens of us of host time an eager call, none in a CUDA graph. Raises
-    ``ValueError`` for an odd ``grid[0]`` and ``NotImplementedError`` when the PTX is not in the
-    shape read here (another Triton version, a cache without PTX) or the kernel needs scratch:
-    then run ``configs.SPARSE_MLA_GLUON_WS``."""
-    if grid[0] % CLUSTER:
-        raise ValueError(f"grid[0] (64-head blocks) must be a multiple of {CLUSTER}, got {grid[0]}")
-    k = fn.warmup(*args, 0, 0, 0, 0, grid=grid, **kwargs)
-    if hasattr(k, "result"):
-        k = k.result()
-    md = k.metadata
-    offs = _OFFSETS.get(k.hash)
-    if offs is None:
-        import triton
-        why = None
-        if getattr(md, "global_scratch_size", 0) or getattr(md, "profile_scratch_size", 0):
-            # Triton's launcher sizes scratch by grid x num_ctas as compiled (1): not for this
-            why = "the kernel needs global / profile scratch, which a cluster launch under-sizes"
-        else:
-            try:
-                offs = kernel_offsets(k.asm["ptx"], kv_format, nbuf)
-            except (KeyError, ValueError) as e:     # KeyError: a cache that keeps no PTX
-                why = f"its shared-memory offsets cannot be read ({type(e).__name__}: {e})"
-        if why:
-            raise NotImplementedError(
-                f"sparse_mla_decode kernel 'gluon_xo' with Triton {triton.__version__}: {why}; "
-                f"supported: Triton 3.6's PTX with its kernel cache keeping the PTX; use "
-                f"configs.SPARSE_MLA_GLUON_WS")
-        _OFFSETS[k.hash] = offs
-    k.packed_metadata = (md.num_warps, CLUSTER, md.shared)
-    fn[(grid[0] // CLUSTER, grid[1], grid[2])](*args, *offs, **kwargs)
+    """Launch ``_sparse_mla_gluon_xo_kernel`` (``fn``) over ``grid`` (``grid[0]``: 64-head
+    blocks, even) in clusters of two along axis 0, ``args`` / ``kwargs`` as ``gluon_ws``'s
+    launch, the four shared-memory offsets appended from the compiled kernel's PTX
+    (:func:`kernel_offsets` through ``gluon_cluster.launch``). Raises ``ValueError`` for an odd
+    ``grid[0]`` and ``NotImplementedError`` where the offsets cannot be read (another Triton
+    version, a cache without PTX) or the kernel needs scratch: then run
+    ``configs.SPARSE_MLA_GLUON_WS``."""
+    try:
+        launch(fn, grid, args, kwargs, 4, lambda ptx: kernel_offsets(ptx, kv_format, nbuf))
+    except NotImplementedError as e:
+        raise NotImplementedError(f"sparse_mla_decode kernel 'gluon_xo': {e}; use "
+                                  f"configs.SPARSE_MLA_GLUON_WS") from e
