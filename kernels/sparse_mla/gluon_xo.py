@@ -13,7 +13,7 @@ bench/NOTES.md "Warp-specialised kernel under ncu").
 Semantics, numerics, arguments and outputs are ``gluon_ws.py``'s for the fp8 formats
 (``fp8_ds_mla``, ``fp8_model1``): the same unit sequence, the same conversion and dots, so the
 output is bitwise that kernel's. Plus one argument block, the shared-memory byte offsets the
-launcher reads off the compiled PTX (``gluon_cluster.smem_offsets``).
+launcher reads off the compiled PTX (:func:`kernel_offsets`, ``gluon_cluster.mbarrier_inits``).
 
 * **Work.** Grid ``(head_blocks, splits, B * N)`` as ``gluon_ws.py``, launched in clusters of
   two along the head blocks (``head_blocks`` even): CTA ``r`` of a cluster (``r`` = head block
@@ -23,7 +23,7 @@ launcher reads off the compiled PTX (``gluon_cluster.smem_offsets``).
   resolves all 64 rows (their validity and scale words give the block's unit, which both CTAs
   must share) and gathers only rows ``[32 r, 32 r + 32)`` (bytes and rope), waits until *both*
   CTAs' consumers released the slot (``empty`` counts the local consumer and the peer's), converts
-  its half into its own X slot (chunks stored as ``[2 NBUF, 32, 64]`` halves), stores the row
+  its half into its own X slot (a chunk buffer viewed as ``[2 NBUF, 32, 64]`` halves), stores the row
   words, fences, then arrives on its own ``full`` with the peer's byte count (``expect_tx``) and
   copies its half into the peer's slot (``cp.async.bulk`` per chunk, 4 KB each, completing on
   the peer's ``full``). Half the gathers and half the conversion of ``gluon_ws.py`` a CTA.
@@ -34,17 +34,19 @@ launcher reads off the compiled PTX (``gluon_cluster.smem_offsets``).
   barrier, the release arrive (``expect_tx``) on ``full``, the consumer's acquire wait, then
   wgmma. Its peer half: the peer's bulk copy (async proxy) completes its bytes on this
   ``full``; the phase cannot complete before they land. Refill: a producer overwrites slot s
-  only after both consumers arrived on its ``empty`` (release, cluster scope, after their
-  wgmmas completed); its bulk copy of block j has landed before the peer consumer could read
+  only after both consumers arrived on its ``empty`` (after their wgmmas completed; the peer's
+  arrival remote, default semantics, see below); its bulk copy of block j has landed before the peer consumer could read
   block j, so the copy's source is never overwritten early. Start: ``mbarrier.init`` +
-  ``fence.mbarrier_init.release.cluster`` + a cluster barrier in each partition before any
-  remote operation; end: a cluster barrier after the last, so no CTA exits while its peer may
-  still arrive on it.
+  ``fence.mbarrier_init.release.cluster`` + a cluster barrier (relaxed arrive) in each
+  partition before any remote operation; end: a cluster barrier (release) after the last, so no
+  CTA exits while its peer may still arrive on it or copy into it. A launch that is not in
+  clusters of two traps at the start (``gluon_cluster._require_cluster``).
 
 Only sm_90 (``configs.kernel_eligible``) with Triton 3.6's PTX conventions (the launcher reads
 them, ``kernel_offsets``); never the CPU interpreter. The remote releases use the default
 ``.release.cta`` semantics (as CUTLASS's cluster pipelines): not morally strong across CTAs in
-the PTX model, but what they release are shared reads the wgmma wait has already retired. Not picked by the heuristic until measured on the GPU (``configs.GLUON_XO_PICKED``).
+the PTX model, but what they release are shared reads the wgmma wait has already retired. Not
+picked by the heuristic until measured on the GPU (``configs.GLUON_XO_PICKED``).
 """
 from __future__ import annotations
 
@@ -191,7 +193,7 @@ def _sparse_mla_gluon_xo_kernel(
 ):
     """``gluon_ws._sparse_mla_gluon_ws_kernel``'s arguments (fp8 formats: ``KV_FORMAT`` 1 / 2)
     plus the four shared-memory offsets; launched in clusters of two along axis 0
-    (``launch_cluster``)."""
+    (:func:`launch_cluster`)."""
     gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
     META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
