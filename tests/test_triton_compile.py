@@ -427,15 +427,14 @@ def test_gluon_xo_offset_reader_on_ptx_text():
                                                           (226360, 2)]
     ptx = _xo_ptx(inits)
     assert gluon_cluster.mbarrier_inits(ptx) == inits
-    assert gluon_cluster.smem_offsets(ptx) == [o for o, _ in inits]
     assert gluon_xo.kernel_offsets(ptx, "fp8_ds_mla", 2) == (65536, 16384, 226336, 226352)
     with pytest.raises(ValueError, match="expected 12"):          # model1: 7 chunks + rope
         gluon_xo.kernel_offsets(ptx, "fp8_model1", 2)
     bad = ptx.replace(f"add.s32 %r5, %r2, {inits[3][0] - 65536};", "mul.lo.s32 %r5, %r2, 3;")
     with pytest.raises(ValueError, match="not global_smem"):
-        gluon_cluster.smem_offsets(bad)
+        gluon_cluster.mbarrier_inits(bad)
     with pytest.raises(ValueError, match="no `mov.b32"):
-        gluon_cluster.smem_offsets(ptx.replace("global_smem", "other_smem"))
+        gluon_cluster.mbarrier_inits(ptx.replace("global_smem", "other_smem"))
     for broken, why in (([(o + 16 * (i == 2), c) for i, (o, c) in enumerate(inits)], "equally"),
                         (inits[:10] + [(226352, 1)] + inits[11:], "counts"),
                         (inits[:9] + [(70000, 1)] + inits[10:], "8 bytes apart|inside")):

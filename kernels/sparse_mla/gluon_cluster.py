@@ -11,7 +11,7 @@ below: ``mapa`` turns a local shared address into the peer's, ``cp.async.bulk`` 
 region into the peer's and completes bytes on the peer's mbarrier, ``mbarrier.arrive`` at
 cluster scope signals the peer. A local shared address is ``global_smem`` (the kernel's dynamic
 shared memory, the symbol Triton's PTX declares) plus the buffer's offset; the offsets come from
-the compiled PTX (:func:`smem_offsets`): the kernel initialises and at once invalidates an
+the compiled PTX (:func:`mbarrier_inits`): the kernel initialises and at once invalidates an
 mbarrier at the start of each buffer whose address it needs (PTX: memory may hold an mbarrier
 object and be reused once it is invalidated), so each buffer's offset appears as an operand of
 an ``mbarrier.init`` the launcher can read, in program order.
@@ -29,6 +29,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
 CLUSTER = 2        # CTAs in a cluster (the pair that shares a row block)
+CLUSTER_CTAS = gl.constexpr(CLUSTER)
 
 
 @gluon.jit
@@ -47,14 +48,10 @@ def _cluster_sync(RELAXED: gl.constexpr = False):
     for the first barrier, whose ordering (the ``mbarrier.init``s) comes from
     ``fence.mbarrier_init.release.cluster`` (CUTLASS's ``cluster_arrive_relaxed`` after
     ``fence_barrier_init``)."""
-    if RELAXED:
-        gl.inline_asm_elementwise(
-            "barrier.cluster.arrive.relaxed.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
-            "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise(
-            "barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
-            "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+    SEM: gl.constexpr = "relaxed" if RELAXED else "release"
+    gl.inline_asm_elementwise(
+        f"barrier.cluster.arrive.{SEM}.aligned;\n\tbarrier.cluster.wait.acquire.aligned;\n\t"
+        "mov.u32 $0, 0;", "=r", [], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
@@ -66,6 +63,16 @@ def _require_cluster(N: gl.constexpr):
         "{\n\t.reg .b32 n;\n\t.reg .pred p;\n\tmov.u32 n, %cluster_nctarank;\n\t"
         f"setp.ne.u32 p, n, {N};\n\t@p trap;\n\tmov.u32 $0, 0;\n\t}}",
         "=r", [], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
+def _probe(buf):
+    """Initialise and at once invalidate an mbarrier on the first 8 bytes of ``buf`` (before
+    the buffer's first use): its ``mbarrier.init`` operand tells the launcher the buffer's
+    shared-memory offset (:func:`mbarrier_inits`)."""
+    v = buf._reinterpret(gl.int64, [8, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(v.index(0), count=1)
+    mbarrier.invalidate(v.index(0))
 
 
 @gluon.jit
@@ -159,15 +166,10 @@ def mbarrier_inits(ptx: str) -> list[tuple[int, int]]:
             for m in _INIT.finditer(ptx)]
 
 
-def smem_offsets(ptx: str) -> list[int]:
-    """The offsets of :func:`mbarrier_inits`."""
-    return [off for off, _ in mbarrier_inits(ptx)]
-
-
 _OFFSETS: dict = {}     # compiled kernel hash -> the offsets read off its PTX
 
 
-def launch(fn, grid: tuple, args: tuple, kwargs: dict, n_offsets: int, read_offsets) -> None:
+def launch(fn, grid: tuple, args: tuple, kwargs: dict, n_offsets: int, read_offsets) -> tuple:
     """Launch the Gluon kernel ``fn`` over ``grid`` in clusters of :data:`CLUSTER` CTAs along
     axis 0 (``grid[0]`` a multiple of it), with ``args`` followed by ``n_offsets`` shared-memory
     offsets: ``read_offsets(ptx)`` of the compiled kernel, once per compiled kernel (the kernel
@@ -179,7 +181,7 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict, n_offsets: int, read_offs
     launches ``gridX * num_ctas`` CTAs with a cluster dimension of ``num_ctas``
     (``cuLaunchKernelEx``), so a cluster is CTAs ``(2c, 2c + 1)`` of axis 0 and
     ``%cluster_ctarank`` is ``ctaid.x % 2``. Binds the arguments twice (``warmup``, then the
-    launch): host time of an eager call, none in a replayed CUDA graph.
+    launch): host time of an eager call, none in a replayed CUDA graph. Returns the offsets.
 
     Raises ``ValueError`` for ``grid[0]`` not a multiple of :data:`CLUSTER`,
     ``NotImplementedError`` (naming the Triton version) where the offsets cannot be read (a
@@ -212,11 +214,10 @@ def launch(fn, grid: tuple, args: tuple, kwargs: dict, n_offsets: int, read_offs
         _OFFSETS[k.hash] = offs
     k.packed_metadata = (md.num_warps, CLUSTER, md.shared)
     fn[(grid[0] // CLUSTER,) + tuple(grid[1:])](*args, *offs, **kwargs)
+    return offs
 
 
 # ----------------------------------------------------------------- self-test (GPU, sm_90)
-
-CLUSTER_CTAS = gl.constexpr(CLUSTER)
 
 
 @gluon.jit(do_not_specialize=["x_off", "bar_off", "ack_off"])
@@ -234,9 +235,7 @@ def _cluster_selftest_kernel(src_ptr, out_ptr, x_off, bar_off, ack_off):
     x = gl.allocate_shared_memory(gl.float16, [2, 32, 64], SH)
     bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
     ack = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    probe = x._reinterpret(gl.int64, [8, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(probe.index(0), count=1)
-    mbarrier.invalidate(probe.index(0))
+    _probe(x)
     mbarrier.init(bar.index(0), count=1)
     mbarrier.init(ack.index(0), count=1)
     _fence_mbarrier_init()
@@ -278,13 +277,12 @@ def cluster_selftest(clusters: int = 4, device: str = "cuda") -> dict:
     import torch
     src = torch.randn(clusters * 64, 64, device=device).to(torch.float16)
     out = torch.full((2 * clusters, 64, 64), float("nan"), dtype=torch.float16, device=device)
-    launch(_cluster_selftest_kernel, (2 * clusters,), (src, out), {"num_warps": 4}, 3,
-           _selftest_offsets)
+    offsets = launch(_cluster_selftest_kernel, (2 * clusters,), (src, out), {"num_warps": 4}, 3,
+                     _selftest_offsets)
     torch.cuda.synchronize()
     want = src.view(clusters, 1, 64, 64).expand(clusters, 2, 64, 64).reshape(2 * clusters, 64, 64)
     bad = [i for i in range(2 * clusters) if not torch.equal(out[i], want[i])]
-    return {"ok": not bad, "mismatched_ctas": bad,
-            "offsets": [v for k, v in _OFFSETS.items()][-1] if _OFFSETS else None}
+    return {"ok": not bad, "mismatched_ctas": bad, "offsets": offsets}
 
 
 if __name__ == "__main__":

@@ -56,15 +56,14 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _load_scales,
                                       _pipeline_ahead, _pipeline_start, _resolve, _row_base, _tile)
-from kernels.sparse_mla.gluon_cluster import (CLUSTER, _cluster_sync, _copy_to_peer, _cta_rank,
-                                              _fence_mbarrier_init, _lanes, _meta_word,
-                                              _require_cluster, _smem_base, launch,
+from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _copy_to_peer,
+                                              _cta_rank, _fence_mbarrier_init, _lanes, _meta_word,
+                                              _probe, _require_cluster, _smem_base, launch,
                                               mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import (NUM_WARPS, PRODUCER_REGS, PRODUCER_WARPS, _alloc_fp8_ring,
                                          _barrier, _producer_list, _ws_consumer)
 from kernels.sparse_mla.triton import _pow2
 
-CLUSTER_CTAS = gl.constexpr(CLUSTER)
 HALF = gl.constexpr(32)             # rows of a block a CTA gathers and converts
 HALF_BYTES = gl.constexpr(32 * 128)  # one chunk's half: 32 rows of 64 16-bit values (4,096 B)
 
@@ -72,16 +71,6 @@ HALF_BYTES = gl.constexpr(32 * 128)  # one chunk's half: 32 rows of 64 16-bit va
 def launch_constexprs(kv_format: str) -> dict:
     """The constexprs beyond the shared Gluon ones (as ``gluon_ws.launch_constexprs``)."""
     return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=1)
-
-
-@gluon.jit
-def _probe(buf):
-    """Initialise and at once invalidate an mbarrier on the first 8 bytes of ``buf`` (before
-    the buffer's first use): its ``mbarrier.init`` operand tells the launcher the buffer's
-    shared-memory offset (``gluon_cluster.smem_offsets``)."""
-    v = buf._reinterpret(gl.int64, [8, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(v.index(0), count=1)
-    mbarrier.invalidate(v.index(0))
 
 
 @gluon.jit
