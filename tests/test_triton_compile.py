@@ -467,7 +467,7 @@ def test_gluon_xo_compiles_and_its_offsets_read(tmp_path, monkeypatch):
         nc = 7 if fmt == "fp8_model1" else 8
         inits = r["mbarrier_inits"]
         assert isinstance(inits, list), (r["label"], inits)
-        x_off, step, full, empty = gluon_xo.kernel_offsets(_xo_ptx(inits), fmt, 2)
+        x_off, step, full, empty = gluon_xo.offsets_of_inits(inits, fmt, 2)
         assert x_off + (nc + 1) * step <= min(full, empty) and max(full, empty) + 16 <= r["shared"]
         producer, consumer = r["sass"]["loops"][0], r["sass"]["loops"][-1]
         assert producer["memory_sync"].get("F2FP.F16.E4M3.UNPACK_B") == 4 * nc, r["label"]

@@ -235,8 +235,13 @@ def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, 
     per slot. ``ValueError`` if they are not that shape (the chunk buffers equally spaced by at
     least a buffer, 16-byte aligned, the barrier slots 8 bytes apart and outside the chunks):
     the launcher then refuses the kernel."""
+    return offsets_of_inits(mbarrier_inits(ptx), kv_format, nbuf)
+
+
+def offsets_of_inits(inits, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
+    """:func:`kernel_offsets` from the kernel's ``(offset, count)`` mbarrier inits
+    (``gluon_cluster.mbarrier_inits``, or an AOT compile report's ``mbarrier_inits``)."""
     nc = 8 if kv_format == "fp8_ds_mla" else 7
-    inits = mbarrier_inits(ptx)
     if len(inits) != nc + 1 + 2 * nbuf:
         raise ValueError(f"expected {nc + 1 + 2 * nbuf} mbarrier.init in the crossover kernel's "
                          f"PTX, found {len(inits)}")
