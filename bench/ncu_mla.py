@@ -1,15 +1,46 @@
-"""One eager sparse-MLA call of the Gluon config at B 64 H 128 K 2048 (fp8_ds_mla), for ncu.
+"""One sparse-MLA Gluon kernel at one shape, launched a few times (an Nsight Compute target).
 
-    ncu --section SpeedOfLight --section WarpStateStats -k regex:gluon -c 1 python -m bench.ncu_mla
+    ncu --kernel-name regex:gluon_xo --launch-skip 2 --launch-count 1 \\
+        python3 -m bench.ncu_mla --kernel gluon_xo --B 64 --H 128
+
+The kernel runs with its bench config (``bench.gluon_check.KERNEL_CONFIGS``) and the split count
+the bench's timing uses, on the bench's inputs (``bench.mla_sweep._inputs``, fp8_ds_mla, top-k
+2048), ``--reps`` times; prints the last output's checksum.
 """
-import torch
+import argparse
 
-from bench.mla_sweep import _inputs
+import torch
+import triton
+
+from bench import gluon_check as gc
 from kernels.sparse_mla import configs
+from torch_impl import _common
 from torch_impl import sparse_mla as tsm
 
-q, kv, idx = _inputs(64, 128, 2048, 576, "fp8_ds_mla")
-for _ in range(2):
-    tsm._triton_impl(q, kv, idx, 576 ** -0.5, "fp8_ds_mla", 512, None, None, None,
-                     config=configs.SPARSE_MLA_GLUON, num_splits=1)
-torch.cuda.synchronize()
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", default="gluon_xo", choices=sorted(gc.KERNEL_CONFIGS))
+    ap.add_argument("--B", type=int, default=64)
+    ap.add_argument("--H", type=int, default=128)
+    ap.add_argument("--K", type=int, default=2048)
+    ap.add_argument("--reps", type=int, default=4)
+    a = ap.parse_args()
+    dev = _common.device_info(torch.device("cuda"))
+    q, kv, idx = gc._inputs(a.B, a.H, a.K, 576, "fp8_ds_mla")
+    cfg = gc.KERNEL_CONFIGS[a.kernel][0]
+    gc._use(a.kernel)
+    splits = configs.sparse_mla_num_splits(
+        a.B * triton.cdiv(a.H, cfg.block_h), a.K, cfg.block_k, dev.num_sms,
+        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
+    for _ in range(a.reps):
+        out, lse = tsm._triton_impl(q, kv, idx, 576 ** -0.5, "fp8_ds_mla", 512, None, None, None,
+                                    config=cfg, num_splits=splits)
+    torch.cuda.synchronize()
+    print(f"{a.kernel} B{a.B} H{a.H} splits {splits}: ran "
+          f"{tsm._triton_config(dev, q, kv, 'fp8_ds_mla', a.K, cfg).kernel}, "
+          f"checksum {float(out.float().sum()):.6e}")
+
+
+if __name__ == "__main__":
+    main()

@@ -695,8 +695,9 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
     """The default ``linear="gemv"`` at B 1 (one token) and the real dimensions, bf16, Triton
     path: every K-major projection on the one-token kernel (launches counted: all GEMMs but
     V3.2's N-major ``wkv_b_q``), no overlap, the float64 reference's bf16 checks, the output
-    within the bf16 bound of the cuBLAS layer's (``linear="torch"``), and a CUDA-graph replay
-    of the step bitwise the eager step."""
+    within the bf16 bound of the cuBLAS layer's (``linear="torch"``) where both selected the
+    same rows (``layer_compare.check_between_paths``), and a CUDA-graph replay of the step
+    bitwise the eager step."""
     from kernels import layer_compare
     from kernels.linear import triton as ktriton
     from torch_impl.layer import GEMV_N_MAJOR, LAYER_GEMMS
@@ -718,10 +719,16 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
         runs[linear] = _run(layer, case)
     gemms = [n for n in LAYER_GEMMS[cfg.absorbed] if n not in GEMV_N_MAJOR]
     assert len(launches) == len(gemms)
-    out, _, kc, inter = runs["gemv"]
-    checks.check_bf16_step(case, out, kc, inter)
-    compare.assert_pass(layer_compare.check_out(out, runs["torch"][0].astype(np.float64),
-                                                low_precision=True, name="out (gemv vs cuBLAS)"))
+    for linear in ("gemv", "torch"):
+        out, _, kc, inter = runs[linear]
+        checks.check_bf16_step(case, out, kc, inter)
+    # gemv against cuBLAS by the parity rule: the index sets may differ only because each run is
+    # exact for its own fp8 index q (the two GEMMs round the bf16 projections differently; on the
+    # H100, 2026-12-06, V3.2's one row selected a different set and the outputs differed by a
+    # cosine distance of 0.0034, each within the bound of the reference for its own set); on
+    # identical sets the outputs are held to the bf16 bound
+    (a, b) = ({"out": runs[k][0], "indices": runs[k][3]["indices"]} for k in ("gemv", "torch"))
+    compare.assert_pass(layer_compare.check_between_paths(a, b, low_precision=True))
     layer = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE,
                            dtype=torch.bfloat16, path="triton")
     eager, replayed = _eager_and_replayed(layer, case)
