@@ -1,10 +1,12 @@
 """Check and time the Gluon sparse-MLA kernels (``kernel="gluon"``, the warp-specialised
 ``kernel="gluon_ws"``, the few-heads ``kernel="gluon_sh"`` and its warp-specialised twin
-``kernel="gluon_shws"``, the crossover ``kernel="gluon_xo"``) against the float64 reference
+``kernel="gluon_shws"``, the crossover ``kernel="gluon_xo"`` and its seesaw twin
+``kernel="gluon_xs"``) against the float64 reference
 and the Triton tile the heuristic ran before them on an sm_90 GPU (GPU only).
 
     python -m bench.gluon_check --out gluon.json [--no-time] [--no-check]
-        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe,gluon_sh,gluon_shws,gluon_xo]
+        [--kernels gluon,gluon_ws,gluon_ws_latent,gluon_ws_latent_safe,gluon_sh,gluon_shws,gluon_xo,
+                   gluon_xs]
         [--ws-timeout 900]
 
 Kernels (``--kernels``): ``gluon`` and ``gluon_ws`` on the fp8 formats; ``gluon_ws_latent`` the
@@ -18,7 +20,8 @@ at H 5..32 (checks) and the few-heads shapes (timing: B 64 H 16 / 32, B 1 H 16, 
 ``gluon_shws`` the same cases and shapes for the warp-specialised few-heads kernel (its 8-head
 config, in the sm_90 space, and its 16-head sweep config); ``gluon_xo`` the crossover kernel
 (clusters of two 64-head CTAs sharing each row block's conversion) on the fp8 formats at H 100 /
-128 (checks; corner cases at H 128) and the 128-head shapes (timing), in a child process.
+128 (checks; corner cases at H 128) and the 128-head shapes (timing), in a child process;
+``gluon_xs`` the same on fp8_ds_mla (its only format).
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -82,19 +85,23 @@ KERNELS = {
     "gluon_shws": ((configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16), FP8, {}),
     # the crossover kernel (kernels/sparse_mla/gluon_xo.py: clusters of two 64-head CTAs)
     "gluon_xo": ((configs.SPARSE_MLA_GLUON_XO,), FP8, {}),
+    # the crossover kernel with the seesaw consumer (kernels/sparse_mla/gluon_xs.py;
+    # fp8_ds_mla only)
+    "gluon_xs": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a
 # change to either could hang or fault before its check)
 FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
-ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS + ("gluon_xo",)
+CLUSTERED = ("gluon_xo", "gluon_xs")      # clusters of two 64-head CTAs
+ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS + CLUSTERED
 
 
 def _heads_ok(kernel: str, H: int) -> bool:
     """Whether ``kernel`` is timed at a shape of H heads: the few-heads kernel at H <= 32, the
     crossover kernel where H makes whole clusters (``configs.gluon_xo_heads_ok``), the other
     64-head-tile kernels at H >= 64."""
-    if kernel == "gluon_xo":
+    if kernel in CLUSTERED:
         return configs.gluon_xo_heads_ok(H)
     return H <= 32 if kernel in FEW_HEADS else H >= 64
 KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
@@ -174,7 +181,7 @@ def _specs(kernel: str) -> list[tuple]:
     if kernel in FEW_HEADS:      # its head range: below, across and at its head blocks
         shapes = ((16, 100, 3, 2), (8, 640, 2, 1), (24, 64, 2, 2), (32, 2048, 1, 1),
                   (5, 300, 2, 1))
-    if kernel == "gluon_xo":     # whole clusters: 128 heads, and 100 (the pair's second CTA
+    if kernel in CLUSTERED:      # whole clusters: 128 heads, and 100 (the pair's second CTA
         shapes = ((128, 100, 3, 2), (128, 640, 2, 1), (100, 64, 2, 2), (128, 2048, 1, 1))
         # has 36 heads masked)
     for fmt, dqk in fmts:
@@ -184,10 +191,10 @@ def _specs(kernel: str) -> list[tuple]:
     if kernel in FEW_HEADS:            # plain slots, no topk_length, no sink
         for fmt, dqk in fmts:
             specs.append((fmt, dqk, "bfloat16", 16, 640, 2, 1, False, 64, False))
-    if kernel.startswith("gluon_ws") or kernel == "gluon_xo":   # plain slots, no topk_length,
+    if kernel.startswith("gluon_ws") or kernel in CLUSTERED:   # plain slots, no topk_length,
         for fmt, dqk in fmts:                                     # no sink (other constexprs)
             specs.append((fmt, dqk, "bfloat16", 128, 640, 2, 1, False, 64, False))
-            specs.append((fmt, dqk, "bfloat16", 128 if kernel == "gluon_xo" else 64, 1000, 3,
+            specs.append((fmt, dqk, "bfloat16", 128 if kernel in CLUSTERED else 64, 1000, 3,
                           1, False, 64, False))
     if kernel.startswith("gluon_ws_latent"):  # pages read in place: padded, odd page size
         specs.append(("latent", 576, "bfloat16", 128, 640, 2, 1, True, 64, True))
@@ -215,7 +222,7 @@ def check(kernel: str) -> list[dict]:
     fmt = KERNELS[kernel][1][0]
     for qd in (("bfloat16", "float16") if fmt == "latent" else ("bfloat16",)):
         for j, corner in enumerate(cases.mla_corner_cases(7, d_qk=576, H=16 if kernel in FEW_HEADS
-                                                          else 128 if kernel == "gluon_xo"
+                                                          else 128 if kernel in CLUSTERED
                                                           else 64, K=64, kv_format=fmt,
                                                           q_dtype=qd, kv_dtype=qd)):
             ref = corner.reference()
@@ -382,7 +389,7 @@ def main() -> None:
                     help=f"comma-separated kernels to check and time ({', '.join(KERNELS)})")
     ap.add_argument("--ws-timeout", type=float, default=900.0,
                     help="seconds each isolated child (ISOLATED: gluon_ws*, gluon_sh, "
-                         "gluon_shws, gluon_xo) may run")
+                         "gluon_shws, gluon_xo, gluon_xs) may run")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--rows", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -1195,6 +1195,69 @@ def test_gluon_xo_corners(i):
     _check(case, *_impl(case, configs.SPARSE_MLA_GLUON_XO, 2))
 
 
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("feats", [True, False], ids=["block_table_tkl_sink", "slots"])
+@pytest.mark.parametrize("H", [128, 100])
+@pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+def test_gluon_xs(q_dtype, H, feats, splits):
+    """The crossover kernel with the seesaw consumer (fp8_ds_mla; two consumer warpgroups
+    owning alternate row blocks) against the float64 reference, and against the
+    warp-specialised kernel: its units, conversion and dots are the same, its row sums and the
+    rope dot's addition run in another order, so the two agree to float32 rounding, not bitwise:
+    LSE within 1e-5, outputs (16-bit) within 1e-2 of the largest (a few units in the last place
+    of a 16-bit output), both far inside SPEC's bounds (not yet run on a GPU).
+    K 300 is 5 blocks a split at splits 1 (the odd count that leaves warpgroup 1 a last step
+    with only the other's block), 2 at splits 3."""
+    case = cases.make_mla_case(90 + H + splits, B=3, N=2, H=H, K=300, P=64, d_qk=576,
+                               kv_format="fp8_ds_mla", q_dtype=q_dtype, invalid="mix",
+                               logical=feats, topk_length=feats, attn_sink=feats)
+    dev = _common.device_info(torch.device(DEVICE))
+    xs = configs.SPARSE_MLA_GLUON_XS
+    assert tsm._triton_config(dev, _t(case.q), _t(case.kv_cache), "fp8_ds_mla", 300, xs) == xs
+    out, lse = _impl(case, xs, splits)
+    _check(case, out, lse)
+    ws_out, ws_lse = _impl(case, configs.SPARSE_MLA_GLUON_WS, splits)
+    fin = torch.isfinite(ws_lse)
+    assert torch.equal(torch.isfinite(lse), fin)
+    assert torch.allclose(lse[fin], ws_lse[fin], rtol=1e-5, atol=1e-5)
+    scale = ws_out.float().abs().amax().clamp_min(1e-30)
+    assert float((out.float() - ws_out.float()).abs().max()) <= 1e-2 * scale
+
+
+@gpu_only
+@sm90_only
+@pytest.mark.gpu
+@pytest.mark.parametrize("i", range(len(_CORNER_NAMES)), ids=_CORNER_NAMES)
+def test_gluon_xs_corners(i):
+    """Every SPEC corner case (fp8_ds_mla, H 128: one cluster a request) on the seesaw kernel,
+    against the float64 reference."""
+    case = cases.mla_corner_cases(7, d_qk=576, H=128, K=64, kv_format="fp8_ds_mla",
+                                  q_dtype="bfloat16")[i]
+    _check(case, *_impl(case, configs.SPARSE_MLA_GLUON_XS, 2))
+
+
+def test_gluon_xs_config_substitution():
+    """The seesaw config where it cannot run: an odd number of 64-head blocks runs the
+    warp-specialised kernel; fp8_model1 (its P has no dead rope chunk to live in) and fp32 q
+    get the Triton 64-head tile; the interpreter the Triton tile."""
+    from kernels import hardware
+    xs, ws = configs.SPARSE_MLA_GLUON_XS, configs.SPARSE_MLA_GLUON_WS
+    h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
+    q128 = torch.zeros(1, 1, 128, 576, dtype=torch.bfloat16)
+    kv = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    assert tsm._triton_config(h200, q128, kv, "fp8_ds_mla", 64, xs) == xs
+    assert tsm._triton_config(h200, q128[:, :, :64], kv, "fp8_ds_mla", 64, xs) == ws
+    q512 = torch.zeros(1, 1, 128, 512, dtype=torch.bfloat16)
+    assert tsm._triton_config(h200, q512, torch.zeros(4, 64 * 584, dtype=torch.uint8),
+                              "fp8_model1", 64, xs).kernel == "triton"
+    assert tsm._triton_config(h200, q128.float(), kv, "fp8_ds_mla", 64, xs).kernel == "triton"
+    assert tsm._triton_config(hardware.CPU_INTERPRETER, q128.half(), kv, "fp8_ds_mla", 64,
+                              xs).kernel == "triton"
+
+
 def test_gluon_xo_config_substitution():
     """The crossover config where its clusters cannot form: an odd number of 64-head blocks
     runs the warp-specialised kernel (then its own rules: on the CPU interpreter the Triton

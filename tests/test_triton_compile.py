@@ -442,6 +442,55 @@ def test_gluon_xo_offset_reader_on_ptx_text():
             gluon_xo.kernel_offsets(_xo_ptx(broken), "fp8_ds_mla", 2)
 
 
+def test_gluon_xs_offset_reader_on_ptx_text():
+    """``gluon_xs.kernel_offsets``: the crossover kernel's reader with ``empty`` counting 4
+    arrivals and three handover barriers after the slots' (the inits of the AOT compile,
+    Triton 3.6.0); the crossover kernel's own inits, or a handover barrier among the chunks,
+    are refused."""
+    from kernels.sparse_mla import gluon_xs
+    inits = [(65536 + 16384 * c, 1) for c in range(9)] + [
+        (223744, 1), (223760, 4), (223752, 1), (223768, 4), (223792, 1), (223800, 1), (223824, 1)]
+    assert gluon_xs.kernel_offsets(_xo_ptx(inits), "fp8_ds_mla", 2) == (65536, 16384, 223744,
+                                                                         223760)
+    xo_inits = inits[:9] + [(223744, 1), (223760, 2), (223752, 1), (223768, 2)]
+    with pytest.raises(ValueError, match="expected 16"):
+        gluon_xs.kernel_offsets(_xo_ptx(xo_inits), "fp8_ds_mla", 2)
+    with pytest.raises(ValueError, match="inside"):
+        gluon_xs.kernel_offsets(_xo_ptx(inits[:15] + [(70000, 1)]), "fp8_ds_mla", 2)
+
+
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_xs_compiles_without_spills_in_its_consumers(tmp_path, monkeypatch):
+    """The seesaw kernel for sm_90 with the GPU image's Triton, fp8_ds_mla, bf16 q, partial with
+    a block table and final with plain slots: it fits the H200's shared memory, its offsets
+    read off its PTX (``gluon_xs.kernel_offsets``), its producer converts half a block a warp
+    (``gluon_xo``'s), and each consumer warpgroup's loop (one own block and one of the other's:
+    32 nope score, 4 rope and 2 x 16 value wgmma instructions, 68) spills nothing: its wgmma
+    descriptors stay out of local memory (hoisted, the loop-invariant descriptors that
+    ``gluon_xs._opaque`` prevents took 64-73 64-bit local loads a loop, 2026-12-06) and the
+    rope dot shares the scores' accumulator (two accumulators spilled 32 stores a loop).
+    Loops of 1,076 / 1,090 SASS a warp (AOT, Triton 3.6.0, 2026-12-06)."""
+    from kernels.sparse_mla import gluon_xs
+    specs = [_sparse_mla._gluon_specs("fp8_ds_mla", torch.bfloat16, False, 2, "gluon_xs")[0],
+             _sparse_mla._gluon_specs("fp8_ds_mla", torch.bfloat16, True, 2, "gluon_xs")[1]]
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=_gpu_image_triton())
+    _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
+    for r in results:
+        x_off, step, full, empty = gluon_xs.offsets_of_inits(r["mbarrier_inits"], "fp8_ds_mla", 2,
+                                                             empty_count=4, extra=3)
+        assert x_off + 9 * step <= min(full, empty) and max(full, empty) + 16 <= r["shared"]
+        loops = r["sass"]["loops"]
+        mma = [lp for lp in loops if lp["ops"].get("HGMMA")]
+        prod = [lp for lp in loops if not lp["ops"].get("HGMMA")]
+        assert [lp["ops"]["HGMMA"] for lp in mma] == [68, 68], (r["label"], [lp["total"] for lp in loops])
+        assert prod and prod[0]["memory_sync"].get("F2FP.F16.E4M3.UNPACK_B") == 32, r["label"]
+        for lp in mma:
+            ms = lp["memory_sync"]
+            assert not any(k.startswith(("LDL", "STL")) for k in ms), (r["label"], ms)
+
+
 @pytest.mark.slow
 @pytest.mark.sm90
 def test_gluon_xo_compiles_and_its_offsets_read(tmp_path, monkeypatch):

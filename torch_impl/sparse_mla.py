@@ -171,13 +171,13 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
     (``configs.kernel_eligible``; for the warp-specialised kernel on a latent cache also
     ``configs.gluon_ws_latent_layout_ok``: rows packed and 16-byte aligned): the 64-head tile,
     or for the few-heads kernels (``"gluon_sh"``, ``"gluon_shws"``) the heuristic's Triton tile
-    for the call; the crossover kernel (``"gluon_xo"``) with an odd number of 64-head blocks
-    runs the warp-specialised one (``configs.gluon_xo_heads_ok``)."""
+    for the call; the crossover kernels (``"gluon_xo"``, ``"gluon_xs"``) with an odd number of
+    64-head blocks run the warp-specialised one (``configs.gluon_xo_heads_ok``)."""
     B, N, H, D = q.shape
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
-    if cfg.kernel == "gluon_xo" and not configs.gluon_xo_heads_ok(H):
+    if cfg.kernel in ("gluon_xo", "gluon_xs") and not configs.gluon_xo_heads_ok(H):
         cfg = configs.SPARSE_MLA_GLUON_WS   # one 64-head block left without its pair
     if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width) or (
             cfg.kernel != "triton" and kv_format == "latent"

@@ -69,7 +69,9 @@ class SparseMLAConfig:
         caches and 16-bit latent caches with q of their dtype; 8 consumer warps plus an 8-warp
         (fp8) or 4-warp (latent) producer, ``num_stages`` X slots) or ``"gluon_xo"``
         (kernels/sparse_mla/gluon_xo.py: ``"gluon_ws"``'s tile for the fp8 caches, two CTAs of a
-        cluster converting half of each row block each; an even number of 64-head blocks).
+        cluster converting half of each row block each; an even number of 64-head blocks) or
+        ``"gluon_xs"`` (kernels/sparse_mla/gluon_xs.py: ``"gluon_xo"``'s producer and clusters
+        with a seesaw consumer, fp8_ds_mla only; ``num_warps`` 4, consumer warpgroup 0's).
       maxnreg: registers a thread the compiler may use (ptxas ``.maxnreg``), or None for its own
         choice; set only on ``"gluon_sh"`` configs, to reach more CTAs an SM (65,536 registers
         an SM: 8 warps at <= 128 registers give 2 CTAs, at 158 one).
@@ -164,6 +166,18 @@ SPARSE_MLA_GLUON_XO = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_s
                                       prefetch=True, kernel="gluon_xo")
 GLUON_XO_PICKED: tuple = ()
 
+# The crossover kernel with a "seesaw" consumer (kernels/sparse_mla/gluon_xs.py; sm_90 only,
+# fp8_ds_mla only): gluon_xo's producer and clusters, two consumer warpgroups that own
+# alternate row blocks (whole-block scores, half of O each), so one's softmax overlaps the
+# other's wgmmas (bench/NOTES.md "Fourteenth session": gluon_xo measured consumer-bound).
+# ``num_warps`` 4: the default partition is consumer warpgroup 0 (16 warps in all). AOT (Triton
+# 3.6.0, bf16 q): 223,880 B shared, consumer loops 1,076 / 1,090 SASS a warp per own + other's
+# block, no spills. In no space until measured on the GPU; the binding runs it when a call passes
+# it as ``config`` (even 64-head blocks, as gluon_xo; else :data:`SPARSE_MLA_GLUON_WS`).
+SPARSE_MLA_GLUON_XS = SparseMLAConfig(block_h=64, block_k=64, num_warps=4, num_stages=2,
+                                      prefetch=True, kernel="gluon_xs")
+GLUON_XS_PICKED: tuple = ()
+
 
 def gluon_xo_heads_ok(num_heads: int) -> bool:
     """Whether ``num_heads`` make whole clusters of the crossover kernel: an even number of
@@ -213,7 +227,8 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
 # 8, 4 or 8 warps) takes the fp8 formats as "gluon" does
 GLUON_KERNEL_FORMATS = {"gluon": GLUON_FORMATS, "gluon_ws": GLUON_WS_FORMATS,
                         "gluon_sh": GLUON_FORMATS, "gluon_shws": GLUON_FORMATS,
-                        "gluon_xo": GLUON_FORMATS}
+                        "gluon_xo": GLUON_FORMATS,
+                        "gluon_xs": (("fp8_ds_mla", 576),)}
 
 
 SPARSE_MLA_GLUON2 = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,

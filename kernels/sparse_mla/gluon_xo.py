@@ -238,18 +238,23 @@ def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, 
     return offsets_of_inits(mbarrier_inits(ptx), kv_format, nbuf)
 
 
-def offsets_of_inits(inits, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
+def offsets_of_inits(inits, kv_format: str, nbuf: int, empty_count: int = 2,
+                     extra: int = 0) -> tuple[int, int, int, int]:
     """:func:`kernel_offsets` from the kernel's ``(offset, count)`` mbarrier inits
-    (``gluon_cluster.mbarrier_inits``, or an AOT compile report's ``mbarrier_inits``)."""
+    (``gluon_cluster.mbarrier_inits``, or an AOT compile report's ``mbarrier_inits``).
+    ``empty_count``: the arrivals an ``empty`` barrier counts (2 here; ``gluon_xs`` 4);
+    ``extra``: barriers of count 1 initialised after the slots' (``gluon_xs``: 3), checked to lie
+    outside the chunk buffers."""
     nc = 8 if kv_format == "fp8_ds_mla" else 7
-    if len(inits) != nc + 1 + 2 * nbuf:
-        raise ValueError(f"expected {nc + 1 + 2 * nbuf} mbarrier.init in the crossover kernel's "
-                         f"PTX, found {len(inits)}")
+    n = nc + 1 + 2 * nbuf + extra
+    if len(inits) != n:
+        raise ValueError(f"expected {n} mbarrier.init in the crossover kernel's PTX, found "
+                         f"{len(inits)}")
     counts = [c for _, c in inits]
-    if counts != [1] * (nc + 1) + [1, 2] * nbuf:
+    if counts != [1] * (nc + 1) + [1, empty_count] * nbuf + [1] * extra:
         raise ValueError(f"mbarrier.init counts {counts} are not the crossover kernel's")
     offs = [o for o, _ in inits]
-    xs, bars = offs[:nc + 1], offs[nc + 1:]
+    xs, bars, more = offs[:nc + 1], offs[nc + 1:nc + 1 + 2 * nbuf], offs[nc + 1 + 2 * nbuf:]
     step = xs[1] - xs[0]
     if any(b - a != step for a, b in zip(xs, xs[1:])) or step < 2 * nbuf * HALF_BYTES.value:
         raise ValueError(f"chunk buffers not equally spaced by a whole buffer: {xs}")
@@ -259,8 +264,9 @@ def offsets_of_inits(inits, kv_format: str, nbuf: int) -> tuple[int, int, int, i
         raise ValueError(f"barrier slots not 8 bytes apart: full {full}, empty {empty}")
     if any(o % 16 for o in xs):
         raise ValueError(f"chunk buffers not 16-byte aligned: {xs}")
-    if any(xs[0] <= b < xs[-1] + step for b in bars):
-        raise ValueError(f"barriers {bars} inside the chunk buffers {xs[0]}..{xs[-1] + step}")
+    if any(xs[0] <= b < xs[-1] + step for b in bars + more):
+        raise ValueError(f"barriers {bars + more} inside the chunk buffers {xs[0]}.."
+                         f"{xs[-1] + step}")
     return xs[0], step, full[0], empty[0]
 
 

@@ -192,6 +192,9 @@ def _gluon_kernel(kernel: str, kv_format: str, cfg: configs.SparseMLAConfig | No
     if kernel == "gluon_xo":
         from kernels.sparse_mla import gluon_xo as mod
         return mod, "_sparse_mla_gluon_xo_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
+    if kernel == "gluon_xs":
+        from kernels.sparse_mla import gluon_xs as mod
+        return mod, "_sparse_mla_gluon_xs_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
     from kernels.sparse_mla import gluon_ws as mod
     return mod, "_sparse_mla_gluon_ws_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS
 
@@ -209,7 +212,7 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
     mod, fn, extra, num_warps = _gluon_kernel(kernel, kv_format, cfg)
     sig = _gluon_sig(q_dtype)
-    if kernel == "gluon_xo":    # its shared-memory offsets (gluon_xo.launch_cluster)
+    if kernel in ("gluon_xo", "gluon_xs"):    # shared-memory offsets (gluon_xo.launch_cluster)
         sig.update(x_off="i32", x_step="i32", full_off="i32", empty_off="i32")
     kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
     if kv_format == "latent":
@@ -374,7 +377,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
         kwargs = dict(KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
                       HAS_SINK=cx["HAS_SINK"], FINAL=final, ROPE_DTYPE=cx["ROPE_DTYPE"],
                       NBUF=cfg.num_stages, **extra, num_warps=num_warps, **launch_options(cfg))
-        if cfg.kernel == "gluon_xo":   # clusters of two head blocks (configs.gluon_xo_heads_ok)
+        if cfg.kernel in ("gluon_xo", "gluon_xs"):   # clusters of two head blocks
             mod.launch_cluster(getattr(mod, fn), grid, args, kwargs, kv_format, cfg.num_stages)
         else:
             getattr(mod, fn)[grid](*args, **kwargs)

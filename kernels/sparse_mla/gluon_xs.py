@@ -1,0 +1,399 @@
+"""Sparse MLA decode for sm_90 in Gluon: the crossover kernel (``gluon_xo.py``) with a "seesaw"
+consumer: two consumer warpgroups that own alternate row blocks, so one warpgroup's softmax
+runs while the other's wgmmas do.
+
+Source of the design: FlashMLA's Hopper decode ("seesaw" scheduling, deepseek-ai/FlashMLA,
+docs/20250422-new-kernel-deep-dive.md), whose two warpgroups each hold half of the output and
+take turns computing a whole block's scores. Why here (bench/NOTES.md "Fourteenth session"):
+once the crossover halved the conversion, ``gluon_xo``'s consumer bounded it (its producer idles
+~27 % on ``empty``), and that consumer runs each block's score dots, softmax and value dots in
+series with both warpgroups in lockstep (each computes the scores of 32 of the 64 rows, so the
+row max and P cross warpgroups through shared memory: 8 partition barriers a block).
+
+fp8_ds_mla only (``KV_FORMAT`` 1; P goes into the block's rope chunk, which V does not use), 16-bit
+q. Semantics, arguments and outputs are ``gluon_xo.py``'s; the numerics are its unit sequence,
+conversion and dots, with the online softmax's row sums added over the block's 64 rows by one
+warpgroup (``gluon_ws`` / ``gluon_xo`` add two halves of 32): outputs match them to the last bits
+of the row sums, not bitwise.
+
+* **Work.** As ``gluon_xo.py``: grid ``(head_blocks, splits, B * N)`` in clusters of two along the
+  head blocks; 16 warps a CTA in three partitions: consumer warpgroup 0 (the default partition,
+  ``num_warps`` 4), consumer warpgroup 1 (a worker, 4 warps) and ``gluon_xo``'s producer (a worker,
+  8 warps).
+* **Consumer warpgroup ``ME``** (0 / 1) holds O's value dims ``[256 ME, 256 ME + 256)`` (four
+  64-dim accumulators, 128 fp32 registers a thread) and owns the blocks ``j`` with ``j % 2 ==
+  ME``. For each block it owns it computes ``S = q . X^T`` over all 576 dims (``warps_per_cta =
+  [4, 1]``: the whole 64 x 64 tile), the online softmax from the running max / sum the other
+  warpgroup handed over for block ``j - 1``, writes P (fp16) into the block's dead rope chunk and
+  the new max / sum into ``m_s`` / ``l_s[j % 2]``, and arrives on ``pready[j % 2]``. Both
+  warpgroups then add ``P . X`` into their half of O (P from shared memory). Per owned block ``j``
+  a warpgroup runs: (B) the other's block ``j - 1``: wait ``pready[(j - 1) % 2]``, wait its own
+  value dots of block ``j - 2``, release that slot, rescale, issue ``P . X`` of ``j - 1``; (A) wait
+  ``full[j]``, issue the score dots of ``j``; (C) wait them, the softmax, publish P; (D) wait the
+  value dots of ``j - 1``, release that slot, rescale, issue ``P . X`` of ``j``. Warpgroup 1's
+  value dots of block ``j - 1`` and score dots of ``j + 1`` run while warpgroup 0 computes block
+  ``j``'s softmax, and the other way round.
+* **Slots.** A slot is released (``empty``: 2 local + 2 peer arrivals) once both warpgroups of both
+  CTAs have completed their value dots of its block; the producer (``gluon_xo._xo_producer``,
+  unchanged) refills it then. A warpgroup waits for its value dots of block ``j - 2`` before it
+  waits ``full[j]`` (same slot): otherwise it would wait for its own release.
+* **Memory ordering of the handover.** The owner's P stores (generic proxy) and max / sum
+  stores, ``fence.proxy.async``, a partition barrier, then one release arrive on ``pready``; the
+  other warpgroup's acquire wait, then its loads and its wgmma (async proxy) reading P. The owner
+  reuses the rope chunk only after its score dots (which read it) completed. ``m_s`` / ``l_s[j %
+  2]`` are overwritten for block ``j + 2`` only after the owner of ``j + 2`` waited ``pready[j +
+  1]``, which the other warpgroup arrives on after its last read of them. q: warpgroup 0 stores
+  it (as ``gluon_ws``), fences, arrives on ``qready``; warpgroup 1 computes the same per-head
+  scale from global q and waits ``qready`` before its first score dot.
+* **Scores in one accumulator.** A warpgroup holds O's half (128 fp32 registers a thread) and a
+  whole block's scores (32): the nope dots accumulate in q's scaled units, are brought to true
+  units in registers (``* q_inv * 2^ub``), and the rope dot (true units) accumulates onto them
+  (``gluon._issue_scores``' separate rope accumulator spilled 32 stores a loop, AOT).
+* **Descriptors.** The loop steps 2 over 2 slots, so a warpgroup's own blocks sit in one slot
+  and every wgmma descriptor would be loop invariant: LLVM hoisted all of them and ptxas spilled
+  them (64-73 64-bit local loads a loop, AOT). The slot index and q's chunk index go through an
+  opaque move each iteration (:func:`_opaque`).
+* **Shared memory**: ``gluon_xo``'s plus 1 KB of max / sum words and three barriers (223,880 B,
+  less than ``gluon_xo``'s: no cross-warpgroup reduction scratch).
+* **Counts** (AOT, Triton 3.6.0, sm_90, bf16 q): each consumer warpgroup's loop (one own block,
+  one of the other's) 1,076 / 1,090 SASS a warp with 68 wgmma instructions and no spills; the
+  consumers issue ~4,330 warp-instructions a block against ``gluon_ws``'s ~6,020; the producer
+  loop 439 (``gluon_xo``'s).
+
+Only sm_90 (``configs.kernel_eligible``), Triton 3.6's PTX conventions (the offsets, as
+``gluon_xo``), never the CPU interpreter. Not picked by the heuristic until measured on the GPU
+(``configs.GLUON_XS_PICKED``).
+"""
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
+                                                              warpgroup_mma, warpgroup_mma_init,
+                                                              warpgroup_mma_wait)
+
+from kernels.sparse_mla.gluon import (NEG, _list_range, _program, _q_exponent,
+                                      _q_rows, _store_out, _store_q_scaled)
+from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _fence_mbarrier_init,
+                                              _lanes, _meta_word, _peer_arrive, _probe,
+                                              _require_cluster, _smem_base, launch,
+                                              mbarrier_inits)
+from kernels.sparse_mla.gluon_ws import PRODUCER_REGS, PRODUCER_WARPS, _alloc_fp8_ring, _barrier
+from kernels.sparse_mla.gluon_xo import _xo_producer, offsets_of_inits
+from kernels.sparse_mla.triton import _finite_sink, _pow2
+
+NUM_WARPS = 4               # the default partition: consumer warpgroup 0
+CONSUMER_WARPS = gl.constexpr(4)
+CONSUMER_REGS = 200         # warpgroup 1's setmaxnreg budget (warpgroup 0 gets 400 - this)
+EMPTY_COUNT = gl.constexpr(4)  # arrivals a slot release: both warpgroups of both CTAs
+
+
+def launch_constexprs(kv_format: str) -> dict:
+    """The constexprs beyond the shared Gluon ones (as ``gluon_ws.launch_constexprs``)."""
+    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS)
+
+
+@gluon.jit
+def _opaque(x):
+    """``x`` through an opaque move. The owned blocks of a warpgroup all sit in one slot (the
+    loop steps 2 over 2 slots), so without it every wgmma descriptor of the loop is loop
+    invariant: LLVM hoists all ~130 of them (64-bit each) out of the loop and ptxas spills them
+    (AOT: 171 local loads a loop iteration)."""
+    return gl.inline_asm_elementwise("mov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32,
+                                     is_pure=False, pack=1)
+
+
+@gluon.jit
+def _issue_nope_scores(qn, z, y0, y1, y2, y3, y4, y5, y6, y7, MMA: gl.constexpr):
+    """The eight nope chunks' score dots of one block (``gluon._issue_scores`` without the rope
+    dot, which this kernel adds onto the scaled nope scores: one accumulator, not two). ``z``:
+    an opaque 0 of this iteration (:func:`_opaque`), so q's chunk descriptors are rebuilt in the
+    loop instead of hoisted and spilled."""
+    s = warpgroup_mma(qn.index(z), y0.permute((1, 0)), gl.zeros([64, 64], gl.float32, layout=MMA),
+                      use_acc=False, is_async=True)
+    s = warpgroup_mma(qn.index(z + 1), y1.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 2), y2.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 3), y3.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 4), y4.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 5), y5.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 6), y6.permute((1, 0)), s, is_async=True)
+    return warpgroup_mma(qn.index(z + 7), y7.permute((1, 0)), s, is_async=True)
+
+
+@gluon.jit
+def _unit_rescale(m_o, ub_o, m_j, ub):
+    """The factor that brings a half of O from (max ``m_o``, unit ``2^ub_o``) to the block's
+    (``m_j``, ``2^ub``): ``gluon._online_softmax``'s ``an``."""
+    return gl.exp2(m_o - m_j) * _pow2(gl.maximum(ub_o - ub + 127, 1))
+
+
+@gluon.jit
+def _pv4(o0, o1, o2, o3, an, p, v0, v1, v2, v3):
+    """``O_c = O_c * an + P . V_c`` for this warpgroup's four value chunks (``o*`` waited
+    tensors), issued async: returns the four accumulators in flight."""
+    o0 = warpgroup_mma(p, v0, o0 * an[:, None], is_async=True)
+    o1 = warpgroup_mma(p, v1, o1 * an[:, None], is_async=True)
+    o2 = warpgroup_mma(p, v2, o2 * an[:, None], is_async=True)
+    o3 = warpgroup_mma(p, v3, o3 * an[:, None], is_async=True)
+    return o0, o1, o2, o3
+
+
+@gluon.jit
+def _settled(o0, o1, o2, o3):
+    """Wait for every wgmma of this warpgroup; the four accumulators, still typed as in flight
+    (the loop carries them so)."""
+    o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+    return (warpgroup_mma_init(o0), warpgroup_mma_init(o1), warpgroup_mma_init(o2),
+            warpgroup_mma_init(o3))
+
+
+@gluon.jit
+def _other_block(o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, pready, m_s, l_s, jo,
+                 NBUF: gl.constexpr, MMA: gl.constexpr):
+    """Step (B): the other warpgroup's block ``jo`` into this warpgroup's half of O: wait for its
+    P (``pready``), read its running max / sum, rescale O (this warpgroup's value dots are
+    complete) and issue ``P . V`` (P from the slot's rope chunk). Returns the accumulators in
+    flight, O's new (max, unit) and the running (max, sum) after block ``jo``."""
+    MROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    bo = _opaque(jo) % NBUF
+    mbarrier.wait(pready.index(jo % 2), (jo // 2) & 1)
+    m_run = m_s.index(jo % 2).load(MROW)
+    l_run = l_s.index(jo % 2).load(MROW)
+    ub = ub_s.index(bo).load(MROW)
+    t0, t1, t2, t3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+    an = _unit_rescale(m_o, ub_o, m_run, ub)
+    o0, o1, o2, o3 = _pv4(t0, t1, t2, t3, an, xr.index(bo)._reinterpret(gl.float16, [64, 64], SH),
+                          v0.index(bo), v1.index(bo), v2.index(bo), v3.index(bo))
+    return o0, o1, o2, o3, m_run, ub, m_run, l_run
+
+
+@gluon.jit
+def _release(empty, empty_addr, buf, lanes):
+    """This warpgroup is done with slot ``buf`` (its value dots of the slot's block completed):
+    one arrival on the local ``empty[buf]`` and one on the peer CTA's."""
+    _barrier()
+    mbarrier.arrive(empty.index(buf))
+    _peer_arrive(empty_addr + 8 * buf, lanes)
+
+
+@gluon.jit
+def _xs_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                 qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                 pready, qready, m_s, l_s, meta,
+                 sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                 HAS_TKL: gl.constexpr, HAS_SINK: gl.constexpr, FINAL: gl.constexpr,
+                 ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr, ME: gl.constexpr):
+    """Consumer warpgroup ``ME`` (module docstring). Per owned block ``j`` (and, last, the
+    other's ``nblk - 1`` alone): (0) its value dots of ``j - 2`` complete -> release that slot;
+    (A) ``full[j]``, issue the score dots of ``j``; (B) the other's block ``j - 1``: ``pready``,
+    rescale, issue its value dots; (C) wait everything (the scores, and the value dots of ``j -
+    1``) -> release ``j - 1``'s slot, the softmax, publish P and the max / sum; (D) rescale, issue
+    the value dots of ``j``. While this warpgroup runs (C), the other runs (A) / (B) of the next
+    blocks on the tensor cores."""
+    NC: gl.constexpr = 8
+    LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+    MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 64, 16])
+    MROW: gl.constexpr = gl.SliceLayout(1, MMA)
+    MCOL: gl.constexpr = gl.SliceLayout(0, MMA)
+    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+
+    pid_h, pid_s, pid_bn, nbn, b, n = _program(N)
+    _cluster_sync(True)                       # both CTAs' barriers are initialised
+    empty_addr = _meta_word(meta, 0)
+    lanes = _lanes(gl.num_warps())
+
+    q_row, qmask = _q_rows(q_ptr, pid_h, b, n, H, sq_b, sq_n, sq_h, LDQ)
+    if ME == 0:
+        q_inv = _store_q_scaled(q_row, qmask, qn, qr, NC, ROPE_DTYPE, LDQ, MROW)
+        fence_async_shared()
+        _barrier()
+        mbarrier.arrive(qready.index(0))
+    else:
+        q_inv = gl.convert_layout(_pow2(254 - _q_exponent(q_row, qmask, NC, LDQ)), MROW)
+        mbarrier.wait(qready.index(0), 0)
+
+    if ME == 0:                               # this warpgroup's value chunks
+        v0 = x0
+        v1 = x1
+        v2 = x2
+        v3 = x3
+    else:
+        v0 = x4
+        v1 = x5
+        v2 = x6
+        v3 = x7
+
+    start, end = _list_range(tkl_ptr, b, K, pid_s, chunk, HAS_TKL)
+    nblk = gl.maximum(end - start + 63, 0) // 64
+
+    zero = warpgroup_mma_init(gl.zeros([64, 64], gl.float32, layout=MMA))
+    o0, o1, o2, o3 = zero, zero, zero, zero
+    m_o = gl.full([64], NEG, gl.float32, layout=MROW)     # the (max, unit) O is kept in
+    ub_o = gl.full([64], 1, gl.int32, layout=MROW)
+    m_run = gl.full([64], NEG, gl.float32, layout=MROW)   # running max / sum after the last
+    l_run = gl.zeros([64], gl.float32, layout=MROW)       # block seen (own or handed over)
+
+    for j in range(ME, nblk + 1, 2):
+        # (0) own block j - 2: its value dots (issued in the last iteration) complete
+        if j >= 2:
+            o0, o1, o2, o3 = _settled(o0, o1, o2, o3)
+            _release(empty, empty_addr, (j - 2) % NBUF, lanes)
+        # (B) the other's block j - 1 (the last iteration may have only this)
+        if j >= 1:
+            o0, o1, o2, o3, m_o, ub_o, m_run, l_run = _other_block(
+                o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, pready, m_s, l_s, j - 1,
+                NBUF, MMA)
+        if j < nblk:
+            # (A) own block j, in block j - 2's slot
+            jz = _opaque(j)
+            buf = jz % NBUF
+            mbarrier.wait(full.index(buf), (j // NBUF) & 1)
+            s = _issue_nope_scores(qn, jz - j, x0.index(buf), x1.index(buf), x2.index(buf),
+                                   x3.index(buf), x4.index(buf), x5.index(buf), x6.index(buf),
+                                   x7.index(buf), MMA)
+            # (C) everything issued completes (in order): the value dots of j - 1, the nope
+            # scores; into true units, then the rope dot onto them (one accumulator)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            if j >= 1:
+                _release(empty, empty_addr, (j - 1) % NBUF, lanes)
+            ub = ub_s.index(buf).load(MROW)
+            s = warpgroup_mma(qr, xr.index(buf).permute((1, 0)), s * (q_inv * _pow2(ub))[:, None],
+                              is_async=True)
+            s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
+            okc = ok_s.index(buf).load(MCOL) != 0
+            s = gl.where(okc[None, :], s * qk_scale_log2, NEG)
+            m_new = gl.maximum(m_run, gl.max(s, axis=1))
+            p = gl.where(okc[None, :], gl.exp2(s - m_new[:, None]), 0.0)
+            l_run = l_run * gl.exp2(m_run - m_new) + gl.sum(p, axis=1)
+            m_run = m_new
+            ps = xr.index(buf)._reinterpret(gl.float16, [64, 64], SH)   # the scores read it
+            ps.store(p.to(gl.float16))
+            m_s.index(j % 2).store(m_run)
+            l_s.index(j % 2).store(l_run)
+            fence_async_shared()              # generic stores -> the wgmmas reading P
+            _barrier()
+            mbarrier.arrive(pready.index(j % 2))
+            # (D) own block j
+            t0, t1, t2, t3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+            an = _unit_rescale(m_o, ub_o, m_run, ub)
+            o0, o1, o2, o3 = _pv4(t0, t1, t2, t3, an, ps, v0.index(buf), v1.index(buf),
+                                  v2.index(buf), v3.index(buf))
+            m_o = m_run
+            ub_o = ub
+    o0, o1, o2, o3 = warpgroup_mma_wait(num_outstanding=0, deps=(o0, o1, o2, o3))
+    if nblk >= 1:                             # block nblk - 1 (own, or the other's in (B))
+        _release(empty, empty_addr, (nblk - 1) % NBUF, lanes)
+
+    # ---- epilogue: this warpgroup's four chunks (gluon._epilogue's); warpgroup 0 the LSE
+    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
+    h_ok = heads < H
+    has = l_run != 0.0
+    l_safe = gl.where(has, l_run, 1.0)
+    inv_n = (1.0 / l_safe) * _pow2(ub_o)
+    lse2 = gl.where(has, m_run + gl.log2(l_safe), float("-inf"))
+    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
+    if FINAL:
+        lse = lse2 * 0.6931471805599453
+        if HAS_SINK:
+            sink = _finite_sink(gl.load(sink_ptr + heads, mask=h_ok, other=0.0))
+            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
+        if ME == 0:
+            gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
+    elif ME == 0:
+        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
+    C0: gl.constexpr = 4 * ME
+    _store_out(o0, inv_n, has, sink_f, C0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr,
+               FINAL, MMA)
+    _store_out(o1, inv_n, has, sink_f, C0 + 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr,
+               out_ptr, FINAL, MMA)
+    _store_out(o2, inv_n, has, sink_f, C0 + 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr,
+               out_ptr, FINAL, MMA)
+    _store_out(o3, inv_n, has, sink_f, C0 + 3, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr,
+               out_ptr, FINAL, MMA)
+    _cluster_sync()                           # no peer arrives on this CTA after it exits
+
+
+@gluon.jit(do_not_specialize=["x_off", "x_step", "full_off", "empty_off"])
+def _sparse_mla_gluon_xs_kernel(
+    q_ptr, kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr,
+    out_ptr, lse_ptr,
+    sq_b, sq_n, sq_h, si_b, si_n, sbt_b,
+    N, H, K, num_slots, num_pages, max_pages, page_size, page_bytes, chunk, qk_scale_log2,
+    x_off, x_step, full_off, empty_off,   # shared-memory byte offsets (the launcher's, from PTX)
+    KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
+    HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
+    NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56, CONSUMER_REGS: gl.constexpr = 200,
+):
+    """``gluon_xo._sparse_mla_gluon_xo_kernel``'s arguments (fp8_ds_mla: ``KV_FORMAT`` 1), launched
+    with ``num_warps`` 4 in clusters of two along axis 0 (:func:`launch_cluster`)."""
+    gl.static_assert(KV_FORMAT == 1, "fp8_ds_mla only (P reuses the rope chunk)")
+    META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    _require_cluster(CLUSTER_CTAS)            # a plain launch traps instead of hanging
+    qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty = _alloc_fp8_ring(
+        KV_FORMAT, ROPE_DTYPE, NBUF)
+    meta = gl.allocate_shared_memory(gl.int32, [4], META)
+    m_s = gl.allocate_shared_memory(gl.float32, [2, 64], META)
+    l_s = gl.allocate_shared_memory(gl.float32, [2, 64], META)
+    pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    qready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    ML: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    wi = gl.arange(0, 4, layout=ML)
+    base = _smem_base()
+    meta.store(gl.where(wi == 0, base + empty_off, gl.where(wi == 1, base + x_off,
+                                                             base + full_off)))
+    _probe(x0)
+    _probe(x1)
+    _probe(x2)
+    _probe(x3)
+    _probe(x4)
+    _probe(x5)
+    _probe(x6)
+    _probe(x7)
+    _probe(xr)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(full.index(i), count=1)                     # the local expect_tx
+        mbarrier.init(empty.index(i), count=EMPTY_COUNT)          # both warpgroups, both CTAs
+    mbarrier.init(pready.index(0), count=1)
+    mbarrier.init(pready.index(1), count=1)
+    mbarrier.init(qready.index(0), count=1)
+    _fence_mbarrier_init()
+
+    gl.warp_specialize(
+        [(_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                         qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         pready, qready, m_s, l_s, meta,
+                         sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                         HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 0)),
+         (_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                         qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         pready, qready, m_s, l_s, meta,
+                         sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                         HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 1)),
+         (_xo_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                         x0, x1, x2, x3, x4, x5, x6, x7, xr,
+                         ok_s, ub_s, full, empty,
+                         si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                         page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
+                         HAS_TKL, ROPE_DTYPE, NBUF))],
+        [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+
+
+def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
+    """``(x_off, x_step, full_off, empty_off)`` of a compiled ``_sparse_mla_gluon_xs_kernel``
+    from its PTX: ``gluon_xo.offsets_of_inits`` with ``empty`` counting :data:`EMPTY_COUNT` and
+    the three handover barriers (count 1) after the slots'."""
+    return offsets_of_inits(mbarrier_inits(ptx), kv_format, nbuf, empty_count=EMPTY_COUNT.value,
+                            extra=3)
+
+
+def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int):
+    """Launch ``_sparse_mla_gluon_xs_kernel`` (``fn``) as ``gluon_xo.launch_cluster`` does;
+    ``NotImplementedError`` where the offsets cannot be read: then run
+    ``configs.SPARSE_MLA_GLUON_WS``."""
+    try:
+        launch(fn, grid, args, kwargs, 4, lambda ptx: kernel_offsets(ptx, kv_format, nbuf))
+    except NotImplementedError as e:
+        raise NotImplementedError(f"sparse_mla_decode kernel 'gluon_xs': {e}; use "
+                                  f"configs.SPARSE_MLA_GLUON_WS") from e
