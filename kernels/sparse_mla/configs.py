@@ -171,7 +171,7 @@ GLUON_XO_PICKED: tuple = ()
 # alternate row blocks (whole-block scores, half of O each), so one's softmax overlaps the
 # other's wgmmas (bench/NOTES.md "Fourteenth session": gluon_xo measured consumer-bound).
 # ``num_warps`` 4: the default partition is consumer warpgroup 0 (16 warps in all). AOT (Triton
-# 3.6.0, bf16 q): 223,880 B shared, consumer loops 1,076 / 1,090 SASS a warp per own + other's
+# 3.6.0, bf16 q): 224,344 B shared, consumer loops 1,080 / 1,093 SASS a warp per own + other's
 # block, no spills. In no space until measured on the GPU; the binding runs it when a call passes
 # it as ``config`` (even 64-head blocks, as gluon_xo; else :data:`SPARSE_MLA_GLUON_WS`).
 SPARSE_MLA_GLUON_XS = SparseMLAConfig(block_h=64, block_k=64, num_warps=4, num_stages=2,

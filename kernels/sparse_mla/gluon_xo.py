@@ -54,7 +54,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _load_scales,
+from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _load_rope, _load_scales,
                                       _pipeline_ahead, _pipeline_start, _resolve, _row_base, _tile)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _copy_to_peer,
                                               _cta_rank, _fence_mbarrier_init, _lanes, _meta_word,
@@ -86,10 +86,15 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
                  chunk, meta, x_step, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
-                 HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
+                 HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
+                 LOCAL_ROPE: gl.constexpr = 0):
     """The producer partition (module docstring). ``meta``: the kernel's shared words (words
     1 and 2: the shared addresses of chunk buffer 0 and of ``full``); ``x_step``: bytes between
-    chunk buffers (the rope chunk's is the NC-th)."""
+    chunk buffers (the rope chunk's is the NC-th). ``LOCAL_ROPE`` (``gluon_xs``): each CTA
+    gathers the rope of all 64 rows itself and copies only the nope halves to the peer, so no
+    bulk copy ever reads the rope chunk (``gluon_xs``'s consumer writes P there once the block's
+    scores are done, and a cluster copy's source read cannot be waited for: its only completion
+    is the peer's mbarrier)."""
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     # [32 rows, 64 B] of one chunk over 8 warps: one 8-byte vector a thread (the rope: [32, 64]
     # 16-bit, 16 bytes a thread); a 64-row vector wraps, two rows a thread
@@ -99,7 +104,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     # the replicated index / page / scale loads and registers)
     R64: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    XBYTES: gl.constexpr = (NC + 1) * HALF_BYTES  # the peer's half of a slot
+    XBYTES: gl.constexpr = (NC + 1 - LOCAL_ROPE) * HALF_BYTES  # the peer's half of a slot
+    LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])   # [64, 64] 16-bit
 
     rank = _cta_rank()
     _cluster_sync(True)                       # both CTAs' barriers are initialised
@@ -128,6 +134,9 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         r0, r1, r2, r3, r4, r5, r6, r7, rr, d0, d1, d2, d3 = _issue_rows(
             kv_ptr, kv16_ptr, kv32_ptr, hpg, hof, hok, page_size, page_bytes, KV_FORMAT, NC, LD,
             LD)
+        if LOCAL_ROPE:                                # all 64 rows' rope, from the 64-row chain
+            rr = _load_rope(kv16_ptr, _row_base(pg, of, page_bytes, KV_FORMAT), ok, KV_FORMAT,
+                            LD64)
         in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
                                       HAS_BT)
         hin2, he2, h3 = _pipeline_ahead(idx_row, bt_row, h2, k0, end, ah, max_pages, page_size,
@@ -146,7 +155,10 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         _halves(x6, NBUF, SH).index(hs).store(_tile(r6, d0, d1, d2, d3, shift, 6, KV_FORMAT))
         if NC == 8:
             _halves(x7, NBUF, SH).index(hs).store(_tile(r7, d0, d1, d2, d3, shift, 7, KV_FORMAT))
-        _halves(xr, NBUF, SH).index(hs).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
+        if LOCAL_ROPE:
+            xr.index(buf).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
+        else:
+            _halves(xr, NBUF, SH).index(hs).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
         ok_s.index(buf).store(ok.to(gl.int32))
         ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=R64) + ub)
         fence_async_shared()                  # generic-proxy stores -> wgmma and the bulk copy
@@ -156,7 +168,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         bar = full_addr + 8 * buf
         for c in gl.static_range(NC):
             _copy_to_peer(src + c * x_step, bar, lanes, HALF_BYTES)
-        _copy_to_peer(src + NC * x_step, bar, lanes, HALF_BYTES)   # the rope chunk
+        if not LOCAL_ROPE:
+            _copy_to_peer(src + NC * x_step, bar, lanes, HALF_BYTES)   # the rope chunk
         ub_i = ub
         pg, of, ok = pg_nx, of_nx, ok_nx
         pg_nx, of_nx, ok_nx = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size,

@@ -1,6 +1,6 @@
 """Sparse MLA decode for sm_90 in Gluon: the crossover kernel (``gluon_xo.py``) with a "seesaw"
-consumer: two consumer warpgroups that own alternate row blocks, so one warpgroup's softmax
-runs while the other's wgmmas do.
+consumer: two consumer warpgroups that own alternate row blocks, each computing a whole block's
+scores and softmax and half of every block's value dots.
 
 Source of the design: FlashMLA's Hopper decode ("seesaw" scheduling, deepseek-ai/FlashMLA,
 docs/20250422-new-kernel-deep-dive.md), whose two warpgroups each hold half of the output and
@@ -27,20 +27,27 @@ of the row sums, not bitwise.
   warpgroup handed over for block ``j - 1``, writes P (fp16) into the block's dead rope chunk and
   the new max / sum into ``m_s`` / ``l_s[j % 2]``, and arrives on ``pready[j % 2]``. Both
   warpgroups then add ``P . X`` into their half of O (P from shared memory). Per owned block ``j``
-  a warpgroup runs: (B) the other's block ``j - 1``: wait ``pready[(j - 1) % 2]``, wait its own
-  value dots of block ``j - 2``, release that slot, rescale, issue ``P . X`` of ``j - 1``; (A) wait
-  ``full[j]``, issue the score dots of ``j``; (C) wait them, the softmax, publish P; (D) wait the
-  value dots of ``j - 1``, release that slot, rescale, issue ``P . X`` of ``j``. Warpgroup 1's
-  value dots of block ``j - 1`` and score dots of ``j + 1`` run while warpgroup 0 computes block
-  ``j``'s softmax, and the other way round.
+  a warpgroup runs (:func:`_xs_consumer`): (0) its value dots of ``j - 2`` complete, release that
+  slot; (B) the other's block ``j - 1``: ``pready``, rescale, issue ``P . X`` of ``j - 1``; (A)
+  ``full[j]``, issue the score dots of ``j``; (C) wait (the value dots of ``j - 1`` too), release
+  ``j - 1``'s slot, the softmax, publish; (D) rescale, issue ``P . X`` of ``j``. So the other
+  warpgroup's half of block ``j``'s value dots runs beside this one's score dots of ``j + 1``, but
+  a block's score dots start only after the previous block's softmax: (A) before (B) would issue
+  them during it, and ptxas then serialises every wgmma of the kernel (O's rescale in (B) defines
+  value-dot accumulators while the score dots are in flight; AOT: 168 warpgroup arrive / wait
+  instructions a loop instead of 22).
 * **Slots.** A slot is released (``empty``: 2 local + 2 peer arrivals) once both warpgroups of both
   CTAs have completed their value dots of its block; the producer (``gluon_xo._xo_producer``,
   unchanged) refills it then. A warpgroup waits for its value dots of block ``j - 2`` before it
   waits ``full[j]`` (same slot): otherwise it would wait for its own release.
 * **Memory ordering of the handover.** The owner's P stores (generic proxy) and max / sum
   stores, ``fence.proxy.async``, a partition barrier, then one release arrive on ``pready``; the
-  other warpgroup's acquire wait, then its loads and its wgmma (async proxy) reading P. The owner
-  reuses the rope chunk only after its score dots (which read it) completed. ``m_s`` / ``l_s[j %
+  other warpgroup's acquire wait (and its wait on ``full`` of the slot: the peer's half arrives
+  by a cluster copy, visible for certain only to a thread that waits on that barrier), then its
+  loads and its wgmma (async proxy) reading P. The owner reuses the rope chunk only after its
+  score dots (which read it) completed, and no cluster copy reads it: the producer runs with
+  ``LOCAL_ROPE`` (each CTA gathers all 64 rows' rope; a copy's source read has no completion this
+  CTA could wait for, so the P stores could overwrite a rope half still on its way to the peer). ``m_s`` / ``l_s[j %
   2]`` are overwritten for block ``j + 2`` only after the owner of ``j + 2`` waited ``pready[j +
   1]``, which the other warpgroup arrives on after its last read of them. q: warpgroup 0 stores
   it (as ``gluon_ws``), fences, arrives on ``qready``; warpgroup 1 computes the same per-head
@@ -53,12 +60,12 @@ of the row sums, not bitwise.
   and every wgmma descriptor would be loop invariant: LLVM hoisted all of them and ptxas spilled
   them (64-73 64-bit local loads a loop, AOT). The slot index and q's chunk index go through an
   opaque move each iteration (:func:`_opaque`).
-* **Shared memory**: ``gluon_xo``'s plus 1 KB of max / sum words and three barriers (223,880 B,
+* **Shared memory**: ``gluon_xo``'s plus 1 KB of max / sum words and three barriers (224,344 B,
   less than ``gluon_xo``'s: no cross-warpgroup reduction scratch).
 * **Counts** (AOT, Triton 3.6.0, sm_90, bf16 q): each consumer warpgroup's loop (one own block,
-  one of the other's) 1,076 / 1,090 SASS a warp with 68 wgmma instructions and no spills; the
-  consumers issue ~4,330 warp-instructions a block against ``gluon_ws``'s ~6,020; the producer
-  loop 439 (``gluon_xo``'s).
+  one of the other's) 1,080 / 1,093 SASS a warp with 68 wgmma instructions and no spills; the
+  consumers issue ~4,350 warp-instructions a block against ``gluon_ws``'s ~6,020; the producer
+  loop 464 (``gluon_xo``'s 440: the whole rope gathered, 13 local loads).
 
 Only sm_90 (``configs.kernel_eligible``), Triton 3.6's PTX conventions (the offsets, as
 ``gluon_xo``), never the CPU interpreter. Not picked by the heuristic until measured on the GPU
@@ -148,8 +155,8 @@ def _settled(o0, o1, o2, o3):
 
 
 @gluon.jit
-def _other_block(o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, pready, m_s, l_s, jo,
-                 NBUF: gl.constexpr, MMA: gl.constexpr):
+def _other_block(o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, full, pready, m_s, l_s,
+                 jo, NBUF: gl.constexpr, MMA: gl.constexpr):
     """Step (B): the other warpgroup's block ``jo`` into this warpgroup's half of O: wait for its
     P (``pready``), read its running max / sum, rescale O (this warpgroup's value dots are
     complete) and issue ``P . V`` (P from the slot's rope chunk). Returns the accumulators in
@@ -157,6 +164,9 @@ def _other_block(o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, pready, m_
     MROW: gl.constexpr = gl.SliceLayout(1, MMA)
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     bo = _opaque(jo) % NBUF
+    # the slot's bytes, the peer's half included (a cluster copy completes on ``full`` with
+    # relaxed semantics: only a thread that waits on it is sure to see them); complete already
+    mbarrier.wait(full.index(bo), (jo // NBUF) & 1)
     mbarrier.wait(pready.index(jo % 2), (jo // 2) & 1)
     m_run = m_s.index(jo % 2).load(MROW)
     l_run = l_s.index(jo % 2).load(MROW)
@@ -186,11 +196,10 @@ def _xs_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
                  ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr, ME: gl.constexpr):
     """Consumer warpgroup ``ME`` (module docstring). Per owned block ``j`` (and, last, the
     other's ``nblk - 1`` alone): (0) its value dots of ``j - 2`` complete -> release that slot;
-    (A) ``full[j]``, issue the score dots of ``j``; (B) the other's block ``j - 1``: ``pready``,
-    rescale, issue its value dots; (C) wait everything (the scores, and the value dots of ``j -
-    1``) -> release ``j - 1``'s slot, the softmax, publish P and the max / sum; (D) rescale, issue
-    the value dots of ``j``. While this warpgroup runs (C), the other runs (A) / (B) of the next
-    blocks on the tensor cores."""
+    (B) the other's block ``j - 1``: ``full`` and ``pready``, rescale, issue its value dots; (A)
+    ``full[j]``, issue the score dots of ``j``; (C) wait everything (the value dots of ``j - 1``,
+    the scores) -> release ``j - 1``'s slot, the scores into true units and the rope dot onto
+    them, the softmax, publish P and the max / sum; (D) rescale, issue the value dots of ``j``."""
     NC: gl.constexpr = 8
     LDQ: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
     MMA: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -243,7 +252,7 @@ def _xs_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         # (B) the other's block j - 1 (the last iteration may have only this)
         if j >= 1:
             o0, o1, o2, o3, m_o, ub_o, m_run, l_run = _other_block(
-                o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, pready, m_s, l_s, j - 1,
+                o0, o1, o2, o3, m_o, ub_o, xr, v0, v1, v2, v3, ub_s, full, pready, m_s, l_s, j - 1,
                 NBUF, MMA)
         if j < nblk:
             # (A) own block j, in block j - 2's slot
@@ -376,7 +385,7 @@ def _sparse_mla_gluon_xs_kernel(
                          ok_s, ub_s, full, empty,
                          si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
                          page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
-                         HAS_TKL, ROPE_DTYPE, NBUF))],
+                         HAS_TKL, ROPE_DTYPE, NBUF, 1))],
         [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
