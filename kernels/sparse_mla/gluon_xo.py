@@ -87,14 +87,16 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
                  chunk, meta, x_step, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
                  HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
-                 LOCAL_ROPE: gl.constexpr = 0):
+                 LOCAL_ROPE: gl.constexpr = 0, SPREAD_COPIES: gl.constexpr = 0):
     """The producer partition (module docstring). ``meta``: the kernel's shared words (words
     1 and 2: the shared addresses of chunk buffer 0 and of ``full``); ``x_step``: bytes between
     chunk buffers (the rope chunk's is the NC-th). ``LOCAL_ROPE`` (``gluon_xs``): each CTA
     gathers the rope of all 64 rows itself and copies only the nope halves to the peer, so no
     bulk copy ever reads the rope chunk (``gluon_xs``'s consumer writes P there once the block's
     scores are done, and a cluster copy's source read cannot be waited for: its only completion
-    is the peer's mbarrier)."""
+    is the peer's mbarrier). ``SPREAD_COPIES`` (``gluon_xs``): chunk ``c``'s copy to the peer
+    is issued by lane 0 of warp ``c`` instead of every copy by thread 0 (ncu of ``gluon_xo``:
+    the one thread's nine issue loops held ~20 % of the producer's stall samples)."""
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     # [32 rows, 64 B] of one chunk over 8 warps: one 8-byte vector a thread (the rope: [32, 64]
     # 16-bit, 16 bytes a thread); a 64-row vector wraps, two rows a thread
@@ -167,7 +169,10 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         src = x_addr + hs * HALF_BYTES
         bar = full_addr + 8 * buf
         for c in gl.static_range(NC):
-            _copy_to_peer(src + c * x_step, bar, lanes, HALF_BYTES)
+            if SPREAD_COPIES:
+                _copy_to_peer(src + c * x_step, bar, lanes - 32 * c, HALF_BYTES)
+            else:
+                _copy_to_peer(src + c * x_step, bar, lanes, HALF_BYTES)
         if not LOCAL_ROPE:
             _copy_to_peer(src + NC * x_step, bar, lanes, HALF_BYTES)   # the rope chunk
         ub_i = ub

@@ -47,7 +47,8 @@ of the row sums, not bitwise.
   loads and its wgmma (async proxy) reading P. The owner reuses the rope chunk only after its
   score dots (which read it) completed, and no cluster copy reads it: the producer runs with
   ``LOCAL_ROPE`` (each CTA gathers all 64 rows' rope; a copy's source read has no completion this
-  CTA could wait for, so the P stores could overwrite a rope half still on its way to the peer). ``m_s`` / ``l_s[j %
+  CTA could wait for, so the P stores could overwrite a rope half still on its way to the peer).
+  The producer also spreads its 8 copies to the peer over its 8 warps (``SPREAD_COPIES``). ``m_s`` / ``l_s[j %
   2]`` are overwritten for block ``j + 2`` only after the owner of ``j + 2`` waited ``pready[j +
   1]``, which the other warpgroup arrives on after its last read of them. q: warpgroup 0 stores
   it (as ``gluon_ws``), fences, arrives on ``qready``; warpgroup 1 computes the same per-head
@@ -385,7 +386,7 @@ def _sparse_mla_gluon_xs_kernel(
                          ok_s, ub_s, full, empty,
                          si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
                          page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
-                         HAS_TKL, ROPE_DTYPE, NBUF, 1))],
+                         HAS_TKL, ROPE_DTYPE, NBUF, 1, 1))],
         [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
