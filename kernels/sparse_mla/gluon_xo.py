@@ -107,6 +107,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     R64: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     XBYTES: gl.constexpr = (NC + 1 - LOCAL_ROPE) * HALF_BYTES  # the peer's half of a slot
+    if SPREAD_COPIES:                         # a warp per chunk copy
+        gl.static_assert(gl.num_warps() >= NC, "SPREAD_COPIES needs a producer warp a chunk")
     LD64: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [8, 1], [1, 0])   # [64, 64] 16-bit
 
     rank = _cta_rank()

@@ -12,9 +12,10 @@ row max and P cross warpgroups through shared memory: 8 partition barriers a blo
 
 fp8_ds_mla only (``KV_FORMAT`` 1; P goes into the block's rope chunk, which V does not use), 16-bit
 q. Semantics, arguments and outputs are ``gluon_xo.py``'s; the numerics are its unit sequence,
-conversion and dots, with the online softmax's row sums added over the block's 64 rows by one
-warpgroup (``gluon_ws`` / ``gluon_xo`` add two halves of 32): outputs match them to the last bits
-of the row sums, not bitwise.
+conversion and dots, except that the rope dot accumulates onto the scaled nope scores inside the
+wgmma (``gluon_ws`` adds two float32 results) and the row sums run over the block's 64 rows in one
+warpgroup (``gluon_ws``: two halves of 32): scores, P and outputs match ``gluon_ws`` to float32
+rounding, not bitwise.
 
 * **Work.** As ``gluon_xo.py``: grid ``(head_blocks, splits, B * N)`` in clusters of two along the
   head blocks; 16 warps a CTA in three partitions: consumer warpgroup 0 (the default partition,
@@ -37,8 +38,8 @@ of the row sums, not bitwise.
   value-dot accumulators while the score dots are in flight; AOT: 168 warpgroup arrive / wait
   instructions a loop instead of 22).
 * **Slots.** A slot is released (``empty``: 2 local + 2 peer arrivals) once both warpgroups of both
-  CTAs have completed their value dots of its block; the producer (``gluon_xo._xo_producer``,
-  unchanged) refills it then. A warpgroup waits for its value dots of block ``j - 2`` before it
+  CTAs have completed their value dots of its block; the producer (``gluon_xo._xo_producer`` with
+  ``LOCAL_ROPE`` and ``SPREAD_COPIES``, below) refills it then. A warpgroup waits for its value dots of block ``j - 2`` before it
   waits ``full[j]`` (same slot): otherwise it would wait for its own release.
 * **Memory ordering of the handover.** The owner's P stores (generic proxy) and max / sum
   stores, ``fence.proxy.async``, a partition barrier, then one release arrive on ``pready``; the
@@ -339,6 +340,8 @@ def _sparse_mla_gluon_xs_kernel(
     """``gluon_xo._sparse_mla_gluon_xo_kernel``'s arguments (fp8_ds_mla: ``KV_FORMAT`` 1), launched
     with ``num_warps`` 4 in clusters of two along axis 0 (:func:`launch_cluster`)."""
     gl.static_assert(KV_FORMAT == 1, "fp8_ds_mla only (P reuses the rope chunk)")
+    # two slots: with one, (A) would wait for a refill that needs (C)'s release; three do not fit
+    gl.static_assert(NBUF == 2, "two slots only")
     META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     _require_cluster(CLUSTER_CTAS)            # a plain launch traps instead of hanging
     qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty = _alloc_fp8_ring(
