@@ -1158,25 +1158,38 @@ def test_cluster_launch_refuses_an_odd_grid():
                              gluon_cluster._selftest_offsets)
 
 
-@gpu_only
-@sm90_only
-@pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("feats", [True, False], ids=["block_table_tkl_sink", "slots"])
-@pytest.mark.parametrize("H", [128, 100])
+def _cluster_case(seed, fmt, q_dtype, H, feats, cfg):
+    """A case for the crossover kernels (B 3, N 2, K 300: 5 blocks a split at one split), every
+    invalid-entry kind, the block table / topk_length / sink or plain slots (``feats``), and
+    ``cfg`` checked to be what the binding runs for it on this GPU. Returns (case, cfg)."""
+    dqk = 512 if fmt == "fp8_model1" else 576
+    case = cases.make_mla_case(seed, B=3, N=2, H=H, K=300, P=64, d_qk=dqk, kv_format=fmt,
+                               q_dtype=q_dtype, invalid="mix", logical=feats, topk_length=feats,
+                               attn_sink=feats)
+    dev = _common.device_info(torch.device(DEVICE))
+    assert tsm._triton_config(dev, _t(case.q), _t(case.kv_cache), fmt, 300, cfg) == cfg
+    return case, cfg
+
+
+def _cluster_grid(fn):
+    """The crossover kernels' GPU grid: splits 1 / 3, block table + topk_length + sink or plain
+    slots, H 128 (one cluster a request) or 100 (28 heads of the pair's second CTA masked)."""
+    for mark in (pytest.mark.parametrize("H", [128, 100]),
+                 pytest.mark.parametrize("feats", [True, False], ids=["block_table_tkl_sink", "slots"]),
+                 pytest.mark.parametrize("splits", [1, 3]), pytest.mark.gpu, sm90_only, gpu_only):
+        fn = mark(fn)
+    return fn
+
+
 @pytest.mark.parametrize("fmt", ["fp8_ds_mla", "fp8_model1"])
+@_cluster_grid
 def test_gluon_xo(fmt, H, feats, splits):
     """The crossover kernel (two 64-head CTAs of a cluster, each converting half of every row
     block) against the float64 reference, and bitwise against the warp-specialised kernel it
     shares its numerics with (same units, conversion and dots: only who converts which rows
     changes); H 100 masks 28 heads of the pair's second CTA; every invalid-entry kind."""
-    dqk = 512 if fmt == "fp8_model1" else 576
-    case = cases.make_mla_case(70 + H + splits, B=3, N=2, H=H, K=300, P=64, d_qk=dqk,
-                               kv_format=fmt, q_dtype="bfloat16", invalid="mix", logical=feats,
-                               topk_length=feats, attn_sink=feats)
-    dev = _common.device_info(torch.device(DEVICE))
-    xo = configs.SPARSE_MLA_GLUON_XO
-    assert tsm._triton_config(dev, _t(case.q), _t(case.kv_cache), fmt, 300, xo) == xo
+    case, xo = _cluster_case(70 + H + splits, fmt, "bfloat16", H, feats,
+                             configs.SPARSE_MLA_GLUON_XO)
     out, lse = _impl(case, xo, splits)
     _check(case, out, lse)
     ws_out, ws_lse = _impl(case, configs.SPARSE_MLA_GLUON_WS, splits)
@@ -1187,21 +1200,18 @@ def test_gluon_xo(fmt, H, feats, splits):
 @sm90_only
 @pytest.mark.gpu
 @pytest.mark.parametrize("i", range(len(_CORNER_NAMES)), ids=_CORNER_NAMES)
-def test_gluon_xo_corners(i):
+@pytest.mark.parametrize("kernel", ["gluon_xo", "gluon_xs"])
+def test_gluon_cluster_corners(kernel, i):
     """Every SPEC corner case (fp8_ds_mla, H 128: one cluster a request) on the crossover
-    kernel, against the float64 reference."""
+    kernel and its seesaw twin, against the float64 reference."""
     case = cases.mla_corner_cases(7, d_qk=576, H=128, K=64, kv_format="fp8_ds_mla",
                                   q_dtype="bfloat16")[i]
-    _check(case, *_impl(case, configs.SPARSE_MLA_GLUON_XO, 2))
+    cfg = {"gluon_xo": configs.SPARSE_MLA_GLUON_XO, "gluon_xs": configs.SPARSE_MLA_GLUON_XS}[kernel]
+    _check(case, *_impl(case, cfg, 2))
 
 
-@gpu_only
-@sm90_only
-@pytest.mark.gpu
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("feats", [True, False], ids=["block_table_tkl_sink", "slots"])
-@pytest.mark.parametrize("H", [128, 100])
 @pytest.mark.parametrize("q_dtype", ["bfloat16", "float16"])
+@_cluster_grid
 def test_gluon_xs(q_dtype, H, feats, splits):
     """The crossover kernel with the seesaw consumer (fp8_ds_mla; two consumer warpgroups
     owning alternate row blocks) against the float64 reference, and against the
@@ -1211,12 +1221,8 @@ def test_gluon_xs(q_dtype, H, feats, splits):
     of a 16-bit output), both far inside SPEC's bounds (not yet run on a GPU).
     K 300 is 5 blocks a split at splits 1 (the odd count that leaves warpgroup 1 a last step
     with only the other's block), 2 at splits 3."""
-    case = cases.make_mla_case(90 + H + splits, B=3, N=2, H=H, K=300, P=64, d_qk=576,
-                               kv_format="fp8_ds_mla", q_dtype=q_dtype, invalid="mix",
-                               logical=feats, topk_length=feats, attn_sink=feats)
-    dev = _common.device_info(torch.device(DEVICE))
-    xs = configs.SPARSE_MLA_GLUON_XS
-    assert tsm._triton_config(dev, _t(case.q), _t(case.kv_cache), "fp8_ds_mla", 300, xs) == xs
+    case, xs = _cluster_case(90 + H + splits, "fp8_ds_mla", q_dtype, H, feats,
+                             configs.SPARSE_MLA_GLUON_XS)
     out, lse = _impl(case, xs, splits)
     _check(case, out, lse)
     ws_out, ws_lse = _impl(case, configs.SPARSE_MLA_GLUON_WS, splits)
@@ -1225,18 +1231,6 @@ def test_gluon_xs(q_dtype, H, feats, splits):
     assert torch.allclose(lse[fin], ws_lse[fin], rtol=1e-5, atol=1e-5)
     scale = ws_out.float().abs().amax().clamp_min(1e-30)
     assert float((out.float() - ws_out.float()).abs().max()) <= 1e-2 * scale
-
-
-@gpu_only
-@sm90_only
-@pytest.mark.gpu
-@pytest.mark.parametrize("i", range(len(_CORNER_NAMES)), ids=_CORNER_NAMES)
-def test_gluon_xs_corners(i):
-    """Every SPEC corner case (fp8_ds_mla, H 128: one cluster a request) on the seesaw kernel,
-    against the float64 reference."""
-    case = cases.mla_corner_cases(7, d_qk=576, H=128, K=64, kv_format="fp8_ds_mla",
-                                  q_dtype="bfloat16")[i]
-    _check(case, *_impl(case, configs.SPARSE_MLA_GLUON_XS, 2))
 
 
 def test_gluon_xs_config_substitution():

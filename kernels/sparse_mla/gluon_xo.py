@@ -189,6 +189,34 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     _cluster_sync()                           # no peer arrives on this CTA after it exits
 
 
+@gluon.jit
+def _ring_setup(meta, x0, x1, x2, x3, x4, x5, x6, x7, xr, full, empty, x_off, full_off, empty_off,
+                NC: gl.constexpr, NBUF: gl.constexpr, EMPTY_COUNT: gl.constexpr):
+    """The crossover kernels' setup before their partitions: the shared addresses the
+    partitions' PTX needs (empty, chunk 0, full) into ``meta`` (once, here: see
+    ``gluon_cluster._smem_base``), the chunk buffers' probes for the launcher (in this order: x0
+    .. x{NC-1}, the rope chunk), then per slot ``full`` (count 1: the local expect_tx) and
+    ``empty`` (``EMPTY_COUNT``): the ``mbarrier.init`` order :func:`offsets_of_inits` reads."""
+    ML: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
+    wi = gl.arange(0, 4, layout=ML)
+    base = _smem_base()
+    meta.store(gl.where(wi == 0, base + empty_off, gl.where(wi == 1, base + x_off,
+                                                             base + full_off)))
+    _probe(x0)
+    _probe(x1)
+    _probe(x2)
+    _probe(x3)
+    _probe(x4)
+    _probe(x5)
+    _probe(x6)
+    if NC == 8:
+        _probe(x7)
+    _probe(xr)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(full.index(i), count=1)
+        mbarrier.init(empty.index(i), count=EMPTY_COUNT)
+
+
 @gluon.jit(do_not_specialize=["x_off", "x_step", "full_off", "empty_off"])
 def _sparse_mla_gluon_xo_kernel(
     q_ptr, kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr,
@@ -209,28 +237,9 @@ def _sparse_mla_gluon_xo_kernel(
     _require_cluster(CLUSTER_CTAS)            # a plain launch traps instead of hanging
     qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty = _alloc_fp8_ring(
         KV_FORMAT, ROPE_DTYPE, NBUF)
-    # the shared addresses the partitions' PTX needs (empty, chunk 0, full), stored here once:
-    # see gluon_cluster._smem_base
     meta = gl.allocate_shared_memory(gl.int32, [4], META)
-    ML: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
-    wi = gl.arange(0, 4, layout=ML)
-    base = _smem_base()
-    meta.store(gl.where(wi == 0, base + empty_off, gl.where(wi == 1, base + x_off,
-                                                             base + full_off)))
-    # the chunk buffers' offsets for the launcher (in this order: x0 .. x{NC-1}, the rope chunk)
-    _probe(x0)
-    _probe(x1)
-    _probe(x2)
-    _probe(x3)
-    _probe(x4)
-    _probe(x5)
-    _probe(x6)
-    if NC == 8:
-        _probe(x7)
-    _probe(xr)
-    for i in gl.static_range(NBUF):
-        mbarrier.init(full.index(i), count=1)                     # the local expect_tx
-        mbarrier.init(empty.index(i), count=EMPTY_ARRIVALS + 1)   # both CTAs' consumers
+    _ring_setup(meta, x0, x1, x2, x3, x4, x5, x6, x7, xr, full, empty, x_off, full_off, empty_off,
+                NC, NBUF, EMPTY_ARRIVALS + 1)             # empty: both CTAs' consumers
     _fence_mbarrier_init()
 
     gl.warp_specialize(

@@ -84,11 +84,10 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from kernels.sparse_mla.gluon import (NEG, _list_range, _program, _q_exponent,
                                       _q_rows, _store_out, _store_q_scaled)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _fence_mbarrier_init,
-                                              _lanes, _meta_word, _peer_arrive, _probe,
-                                              _require_cluster, _smem_base, launch,
-                                              mbarrier_inits)
+                                              _lanes, _meta_word, _peer_arrive, _require_cluster,
+                                              launch, mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import PRODUCER_REGS, PRODUCER_WARPS, _alloc_fp8_ring, _barrier
-from kernels.sparse_mla.gluon_xo import _xo_producer, offsets_of_inits
+from kernels.sparse_mla.gluon_xo import _ring_setup, _xo_producer, offsets_of_inits
 from kernels.sparse_mla.triton import _finite_sink, _pow2
 
 NUM_WARPS = 4               # the default partition: consumer warpgroup 0
@@ -351,23 +350,8 @@ def _sparse_mla_gluon_xs_kernel(
     l_s = gl.allocate_shared_memory(gl.float32, [2, 64], META)
     pready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     qready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    ML: gl.constexpr = gl.BlockedLayout([4], [32], [gl.num_warps()], [0])
-    wi = gl.arange(0, 4, layout=ML)
-    base = _smem_base()
-    meta.store(gl.where(wi == 0, base + empty_off, gl.where(wi == 1, base + x_off,
-                                                             base + full_off)))
-    _probe(x0)
-    _probe(x1)
-    _probe(x2)
-    _probe(x3)
-    _probe(x4)
-    _probe(x5)
-    _probe(x6)
-    _probe(x7)
-    _probe(xr)
-    for i in gl.static_range(NBUF):
-        mbarrier.init(full.index(i), count=1)                     # the local expect_tx
-        mbarrier.init(empty.index(i), count=EMPTY_COUNT)          # both warpgroups, both CTAs
+    _ring_setup(meta, x0, x1, x2, x3, x4, x5, x6, x7, xr, full, empty, x_off, full_off, empty_off,
+                8, NBUF, EMPTY_COUNT)                     # empty: both warpgroups, both CTAs
     mbarrier.init(pready.index(0), count=1)
     mbarrier.init(pready.index(1), count=1)
     mbarrier.init(qready.index(0), count=1)
