@@ -39,8 +39,9 @@ rounding, not bitwise.
   instructions a loop instead of 22).
 * **Slots.** A slot is released (``empty``: 2 local + 2 peer arrivals) once both warpgroups of both
   CTAs have completed their value dots of its block; the producer (``gluon_xo._xo_producer`` with
-  ``LOCAL_ROPE`` and ``SPREAD_COPIES``, below) refills it then. A warpgroup waits for its value dots of block ``j - 2`` before it
-  waits ``full[j]`` (same slot): otherwise it would wait for its own release.
+  ``LOCAL_ROPE`` and ``SPREAD_COPIES``, below) refills it then. A warpgroup waits for its value
+  dots of block ``j - 2`` before it waits ``full[j]`` (same slot): otherwise it would wait for
+  its own release.
 * **Memory ordering of the handover.** The owner's P stores (generic proxy) and max / sum
   stores, ``fence.proxy.async``, a partition barrier, then one release arrive on ``pready``; the
   other warpgroup's acquire wait (and its wait on ``full`` of the slot: the peer's half arrives
@@ -49,9 +50,9 @@ rounding, not bitwise.
   score dots (which read it) completed, and no cluster copy reads it: the producer runs with
   ``LOCAL_ROPE`` (each CTA gathers all 64 rows' rope; a copy's source read has no completion this
   CTA could wait for, so the P stores could overwrite a rope half still on its way to the peer).
-  The producer also spreads its 8 copies to the peer over its 8 warps (``SPREAD_COPIES``). ``m_s`` / ``l_s[j %
-  2]`` are overwritten for block ``j + 2`` only after the owner of ``j + 2`` waited ``pready[j +
-  1]``, which the other warpgroup arrives on after its last read of them. q: warpgroup 0 stores
+  The producer also spreads its 8 copies to the peer over its 8 warps (``SPREAD_COPIES``).
+  ``m_s`` / ``l_s[j % 2]`` are overwritten for block ``j + 2`` only after the owner of ``j + 2``
+  waited ``pready[j + 1]``, which the other warpgroup arrives on after its last read of them. q: warpgroup 0 stores
   it (as ``gluon_ws``), fences, arrives on ``qready``; warpgroup 1 computes the same per-head
   scale from global q and waits ``qready`` before its first score dot.
 * **Scores in one accumulator.** A warpgroup holds O's half (128 fp32 registers a thread) and a
