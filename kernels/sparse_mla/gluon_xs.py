@@ -52,9 +52,10 @@ rounding, not bitwise.
   CTA could wait for, so the P stores could overwrite a rope half still on its way to the peer).
   The producer also spreads its 8 copies to the peer over its 8 warps (``SPREAD_COPIES``).
   ``m_s`` / ``l_s[j % 2]`` are overwritten for block ``j + 2`` only after the owner of ``j + 2``
-  waited ``pready[j + 1]``, which the other warpgroup arrives on after its last read of them. q: warpgroup 0 stores
-  it (as ``gluon_ws``), fences, arrives on ``qready``; warpgroup 1 computes the same per-head
-  scale from global q and waits ``qready`` before its first score dot.
+  waited ``pready[j + 1]``, which the other warpgroup arrives on after its last read of them.
+  q: warpgroup 0 stores it (as ``gluon_ws``), fences, arrives on ``qready``; warpgroup 1
+  computes the same per-head scale from global q and waits ``qready`` before its first score
+  dot.
 * **Scores in one accumulator.** A warpgroup holds O's half (128 fp32 registers a thread) and a
   whole block's scores (32): the nope dots accumulate in q's scaled units, are brought to true
   units in registers (``* q_inv * 2^ub``), and the rope dot (true units) accumulates onto them
