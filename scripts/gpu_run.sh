@@ -37,6 +37,9 @@
 #   sweep:linear    bench.linear_sweep: every layer projection GEMM (both presets, B 1 / 64), torch's
 #                   GEMMs against the Triton few-token GEMM's configs and split counts, CUDA-graph
 #                   timed (LINEAR_SWEEP_ARGS: extra flags, e.g. "--preset DSV32" or "--heuristic-only")
+#   ncumla:KERNEL   Nsight Compute on one sparse-MLA Gluon kernel of bench.gluon_check (e.g.
+#                   ncumla:gluon_xs:120) alone, python -m bench.ncu_mla (B 64 H 128 fp8_ds_mla;
+#                   NCU_MLA_ARGS: e.g. "--B 128"), report, details page, SASS stall samples
 #   parity:full     python -m parity --full --jobs 6 --budget-s SECONDS-45 (JSON report of the cases
 #                   that finished, the rest under not_run; PARITY_JOBS, PARITY_ARGS: e.g.
 #                   "--op sparse_mla_decode,dsa_decode_layer")
@@ -149,6 +152,16 @@ for step in "$@"; do
           --launch-skip "${NCU_SKIP:-3}" --launch-count 1 -f -o "$rep" \
         python3 scripts/profile_kernels.py --op "$what" ${pk:+-k "$pk"} --plain --reps 3 \
           > "$log" 2>&1 \
+        && ncu -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 \
+        && ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1 ;;
+    ncumla)
+      # one sparse-MLA Gluon kernel (WHAT: a bench.gluon_check kernel, e.g. gluon_xs) alone at
+      # B 64 H 128 fp8_ds_mla under Nsight Compute (bench.ncu_mla; its third launch), with the
+      # details page and the SASS stall samples as in ncu:OP
+      rep="$OUT/ncu_mla_$what"
+      timeout "$secs" ncu --set full --import-source yes --kernel-name "regex:$what" \
+          --launch-skip 2 --launch-count 1 -f -o "$rep" \
+        python3 -m bench.ncu_mla --kernel "$what" ${NCU_MLA_ARGS:-} > "$log" 2>&1 \
         && ncu -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 \
         && ncu -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep.sass.csv" 2>&1 ;;
     parity)
