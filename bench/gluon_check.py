@@ -93,7 +93,7 @@ KERNELS = {
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a
 # change to either could hang or fault before its check)
 FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
-CLUSTERED = ("gluon_xo", "gluon_xs")      # clusters of two 64-head CTAs
+CLUSTERED = configs.CLUSTER_KERNELS      # clusters of two 64-head CTAs
 ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS + CLUSTERED
 
 
@@ -272,6 +272,15 @@ def _slice_reference(q, kv, idx, fmt, sm_scale):
     return sel, ref
 
 
+def timing_splits(cfg, rows: int, H: int, K: int, dev) -> int:
+    """The split count a timing row of ``cfg`` runs with: ``configs.sparse_mla_num_splits`` over
+    ``rows`` (request, draft) rows of ``H`` heads at top-k ``K`` on ``dev`` (also
+    ``bench.ncu_mla``'s)."""
+    return configs.sparse_mla_num_splits(
+        rows * triton.cdiv(H, cfg.block_h), K, cfg.block_k, dev.num_sms,
+        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
+
+
 def timing(kernels: list[str], with_heuristic: bool = True, formats=None,
            timed_kernels=None) -> tuple[list, list]:
     """CUDA-graph medians of the heuristic's Triton config (timed when ``with_heuristic``, else
@@ -296,9 +305,7 @@ def timing(kernels: list[str], with_heuristic: bool = True, formats=None,
         for cfg, kernel, timed in todo:
             if kernel != "triton":
                 _use(kernel)
-            splits = configs.sparse_mla_num_splits(
-                B * N * triton.cdiv(H, cfg.block_h), K, cfg.block_k, dev.num_sms,
-                ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
+            splits = timing_splits(cfg, B * N, H, K, dev)
             fn = lambda: tsm._triton_impl(q, kv, idx, dqk ** -0.5, fmt, 512, None, None, None,
                                           config=cfg, num_splits=splits)
             t0 = time.time()

@@ -10,10 +10,8 @@ the bench's timing uses, on the bench's inputs (``bench.mla_sweep._inputs``, fp8
 import argparse
 
 import torch
-import triton
 
 from bench import gluon_check as gc
-from kernels.sparse_mla import configs
 from torch_impl import _common
 from torch_impl import sparse_mla as tsm
 
@@ -30,9 +28,7 @@ def main() -> None:
     q, kv, idx = gc._inputs(a.B, a.H, a.K, 576, "fp8_ds_mla")
     cfg = gc.KERNEL_CONFIGS[a.kernel][0]
     gc._use(a.kernel)
-    splits = configs.sparse_mla_num_splits(
-        a.B * triton.cdiv(a.H, cfg.block_h), a.K, cfg.block_k, dev.num_sms,
-        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
+    splits = gc.timing_splits(cfg, a.B, a.H, a.K, dev)
     for _ in range(a.reps):
         out, lse = tsm._triton_impl(q, kv, idx, 576 ** -0.5, "fp8_ds_mla", 512, None, None, None,
                                     config=cfg, num_splits=splits)

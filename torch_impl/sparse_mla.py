@@ -177,7 +177,7 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
-    if cfg.kernel in ("gluon_xo", "gluon_xs") and not configs.gluon_xo_heads_ok(H):
+    if cfg.kernel in configs.CLUSTER_KERNELS and not configs.gluon_xo_heads_ok(H):
         cfg = configs.SPARSE_MLA_GLUON_WS   # one 64-head block left without its pair
     if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width) or (
             cfg.kernel != "triton" and kv_format == "latent"

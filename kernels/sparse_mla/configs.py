@@ -158,9 +158,10 @@ GLUON_WS_PICKED = ("fp8_ds_mla", "latent")
 # The crossover kernel (kernels/sparse_mla/gluon_xo.py; sm_90 only): gluon_ws's tile, the two
 # 64-head CTAs of a request in one cluster, each gathering and converting half of every row
 # block and copying it into the other's shared memory (FlashMLA's crossover). AOT (Triton 3.6.0,
-# fp8_ds_mla, bf16 q): 226,392 B shared, producer 543 SASS a warp a block (32 F2FP against 64),
-# consumer 822. In no space until measured on the GPU: the binding runs it when a call passes it
-# as ``config`` and the heads make an even number of 64-head blocks
+# fp8_ds_mla, bf16 q): 226,440 B shared, producer 440 SASS a warp a block (32 F2FP against 64),
+# consumer 768. Measured (H100, 2026-12-06, bench/results/gluon_check_xo_h100_20261206.json):
+# correct, 5-15 % slower than gluon_ws (its consumer the bound), so in no space: the binding runs
+# it when a call passes it as ``config`` and the heads make an even number of 64-head blocks
 # (:func:`gluon_xo_heads_ok`; else :data:`SPARSE_MLA_GLUON_WS`); GLUON_XO_PICKED empty.
 SPARSE_MLA_GLUON_XO = SparseMLAConfig(block_h=64, block_k=64, num_warps=8, num_stages=2,
                                       prefetch=True, kernel="gluon_xo")
@@ -177,6 +178,10 @@ GLUON_XO_PICKED: tuple = ()
 SPARSE_MLA_GLUON_XS = SparseMLAConfig(block_h=64, block_k=64, num_warps=4, num_stages=2,
                                       prefetch=True, kernel="gluon_xs")
 GLUON_XS_PICKED: tuple = ()
+
+
+# the kernels launched in clusters of two 64-head CTAs (gluon_xo.launch_cluster)
+CLUSTER_KERNELS = ("gluon_xo", "gluon_xs")
 
 
 def gluon_xo_heads_ok(num_heads: int) -> bool:
@@ -211,10 +216,10 @@ def kernel_eligible(kernel: str, dev, kv_format: str | None, d_qk: int | None,
                     operand_bytes: int) -> bool:
     """Whether a config's ``kernel`` can run a call on ``dev``: ``"triton"`` everywhere; the
     Gluon kernels (``"gluon"``, ``"gluon_ws"``, ``"gluon_sh"``, ``"gluon_shws"``,
-    ``"gluon_xo"``) on exactly sm_90 (wgmma; the WS kernels also setmaxnreg, the crossover
-    clusters) outside the interpreter, with 16-bit dot operands, for the (kv_format, D_qk) pairs
-    each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon_ws"``: fp8 and latent, the others
-    fp8 only)."""
+    ``"gluon_xo"``, ``"gluon_xs"``) on exactly sm_90 (wgmma; the WS kernels also setmaxnreg, the
+    crossover ones clusters) outside the interpreter, with 16-bit dot operands, for the
+    (kv_format, D_qk) pairs each is built for (:data:`GLUON_KERNEL_FORMATS`; ``"gluon_ws"``: fp8
+    and latent, ``"gluon_xs"``: fp8_ds_mla, the others fp8 only)."""
     built = GLUON_KERNEL_FORMATS.get(kernel)
     if built is None:
         return True

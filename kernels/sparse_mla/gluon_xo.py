@@ -299,16 +299,19 @@ def offsets_of_inits(inits, kv_format: str, nbuf: int, empty_count: int = 2,
     return xs[0], step, full[0], empty[0]
 
 
-def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int):
+def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int,
+                   offsets=None, name: str = "gluon_xo"):
     """Launch ``_sparse_mla_gluon_xo_kernel`` (``fn``) over ``grid`` (``grid[0]``: 64-head
     blocks, even) in clusters of two along axis 0, ``args`` / ``kwargs`` as ``gluon_ws``'s
     launch, the four shared-memory offsets appended from the compiled kernel's PTX
-    (:func:`kernel_offsets` through ``gluon_cluster.launch``). Raises ``ValueError`` for an odd
-    ``grid[0]`` and ``NotImplementedError`` where the offsets cannot be read (another Triton
-    version, a cache without PTX) or the kernel needs scratch: then run
+    (``offsets(ptx, kv_format, nbuf)``, default :func:`kernel_offsets`, through
+    ``gluon_cluster.launch``; ``gluon_xs`` passes its own reader and ``name``). Raises
+    ``ValueError`` for an odd ``grid[0]`` and ``NotImplementedError`` where the offsets cannot
+    be read (another Triton version, a cache without PTX) or the kernel needs scratch: then run
     ``configs.SPARSE_MLA_GLUON_WS``."""
+    read = offsets or kernel_offsets
     try:
-        launch(fn, grid, args, kwargs, 4, lambda ptx: kernel_offsets(ptx, kv_format, nbuf))
+        launch(fn, grid, args, kwargs, 4, lambda ptx: read(ptx, kv_format, nbuf))
     except NotImplementedError as e:
-        raise NotImplementedError(f"sparse_mla_decode kernel 'gluon_xo': {e}; use "
+        raise NotImplementedError(f"sparse_mla_decode kernel '{name}': {e}; use "
                                   f"configs.SPARSE_MLA_GLUON_WS") from e

@@ -87,9 +87,10 @@ from kernels.sparse_mla.gluon import (NEG, _list_range, _program, _q_exponent,
                                       _q_rows, _store_out, _store_q_scaled)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _fence_mbarrier_init,
                                               _lanes, _meta_word, _peer_arrive, _require_cluster,
-                                              launch, mbarrier_inits)
+                                              mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import PRODUCER_REGS, PRODUCER_WARPS, _alloc_fp8_ring, _barrier
 from kernels.sparse_mla.gluon_xo import _ring_setup, _xo_producer, offsets_of_inits
+from kernels.sparse_mla.gluon_xo import launch_cluster as xo_launch_cluster
 from kernels.sparse_mla.triton import _finite_sink, _pow2
 
 NUM_WARPS = 4               # the default partition: consumer warpgroup 0
@@ -388,11 +389,8 @@ def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, 
 
 
 def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int):
-    """Launch ``_sparse_mla_gluon_xs_kernel`` (``fn``) as ``gluon_xo.launch_cluster`` does;
-    ``NotImplementedError`` where the offsets cannot be read: then run
-    ``configs.SPARSE_MLA_GLUON_WS``."""
-    try:
-        launch(fn, grid, args, kwargs, 4, lambda ptx: kernel_offsets(ptx, kv_format, nbuf))
-    except NotImplementedError as e:
-        raise NotImplementedError(f"sparse_mla_decode kernel 'gluon_xs': {e}; use "
-                                  f"configs.SPARSE_MLA_GLUON_WS") from e
+    """Launch ``_sparse_mla_gluon_xs_kernel`` (``fn``) through ``gluon_xo.launch_cluster`` with
+    this kernel's offset reader (:func:`kernel_offsets`); ``NotImplementedError`` where the
+    offsets cannot be read: then run ``configs.SPARSE_MLA_GLUON_WS``."""
+    xo_launch_cluster(fn, grid, args, kwargs, kv_format, nbuf, offsets=kernel_offsets,
+                      name="gluon_xs")

@@ -212,7 +212,7 @@ def _gluon_specs(kv_format: str, q_dtype: torch.dtype, final: bool, nbuf: int = 
     from kernels.sparse_mla.triton import KV_FORMAT_CODES
     mod, fn, extra, num_warps = _gluon_kernel(kernel, kv_format, cfg)
     sig = _gluon_sig(q_dtype)
-    if kernel in ("gluon_xo", "gluon_xs"):    # shared-memory offsets (gluon_xo.launch_cluster)
+    if kernel in configs.CLUSTER_KERNELS:    # shared-memory offsets (gluon_xo.launch_cluster)
         sig.update(x_off="i32", x_step="i32", full_off="i32", empty_off="i32")
     kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
     if kv_format == "latent":
@@ -377,7 +377,7 @@ def _launch_split(q, src: Source, sm_scale, d_v, attn_sink, po, pl, out, lse, *,
         kwargs = dict(KV_FORMAT=cx["KV_FORMAT"], HAS_BT=cx["HAS_BT"], HAS_TKL=cx["HAS_TKL"],
                       HAS_SINK=cx["HAS_SINK"], FINAL=final, ROPE_DTYPE=cx["ROPE_DTYPE"],
                       NBUF=cfg.num_stages, **extra, num_warps=num_warps, **launch_options(cfg))
-        if cfg.kernel in ("gluon_xo", "gluon_xs"):   # clusters of two head blocks
+        if cfg.kernel in configs.CLUSTER_KERNELS:   # clusters of two head blocks
             mod.launch_cluster(getattr(mod, fn), grid, args, kwargs, kv_format, cfg.num_stages)
         else:
             getattr(mod, fn)[grid](*args, **kwargs)
