@@ -259,20 +259,31 @@ def _store_out(o, inv, has, sink_f, C: gl.constexpr, heads, h_ok, pid_s, pid_bn,
 
 
 @gluon.jit
+def _issue_nope_scores(qn, z, y0, y1, y2, y3, y4, y5, y6, y7, NC: gl.constexpr,
+                       MMA: gl.constexpr):
+    """Issue (async, not waited) the nope chunks' score wgmmas of one row block, accumulated
+    together (units ``q_inv * 2^ub``); q's chunk ``c`` is ``qn.index(z + c)`` (``z`` 0, or an
+    opaque 0: ``gluon_xs._opaque``)."""
+    s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
+    s = warpgroup_mma(qn.index(z), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
+    s = warpgroup_mma(qn.index(z + 1), y1.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 2), y2.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 3), y3.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 4), y4.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 5), y5.permute((1, 0)), s, is_async=True)
+    s = warpgroup_mma(qn.index(z + 6), y6.permute((1, 0)), s, is_async=True)
+    if NC == 8:
+        s = warpgroup_mma(qn.index(z + 7), y7.permute((1, 0)), s, is_async=True)
+    return s
+
+
+@gluon.jit
 def _issue_scores(qn, qr, y0, y1, y2, y3, y4, y5, y6, y7, yr, NC: gl.constexpr, MMA: gl.constexpr):
     """Issue (async, not waited) the score wgmmas of one row block: ``s`` = the nope chunks'
     dots accumulated together (units ``q_inv * 2^ub``), ``r`` = the rope dot (true units)."""
-    s0 = gl.zeros([64, 64], gl.float32, layout=MMA)
-    s = warpgroup_mma(qn.index(0), y0.permute((1, 0)), s0, use_acc=False, is_async=True)
-    s = warpgroup_mma(qn.index(1), y1.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(2), y2.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(3), y3.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(4), y4.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(5), y5.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(6), y6.permute((1, 0)), s, is_async=True)
-    if NC == 8:
-        s = warpgroup_mma(qn.index(7), y7.permute((1, 0)), s, is_async=True)
-    r = warpgroup_mma(qr, yr.permute((1, 0)), s0, use_acc=False, is_async=True)
+    s = _issue_nope_scores(qn, 0, y0, y1, y2, y3, y4, y5, y6, y7, NC, MMA)
+    r = warpgroup_mma(qr, yr.permute((1, 0)), gl.zeros([64, 64], gl.float32, layout=MMA),
+                      use_acc=False, is_async=True)
     return s, r
 
 

@@ -83,8 +83,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_init,
                                                               warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _list_range, _program, _q_exponent,
-                                      _q_rows, _store_out, _store_q_scaled)
+from kernels.sparse_mla.gluon import (NEG, _issue_nope_scores, _list_range, _program,
+                                      _q_exponent, _q_rows, _store_out, _store_q_scaled)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _fence_mbarrier_init,
                                               _lanes, _meta_word, _peer_arrive, _require_cluster,
                                               mbarrier_inits)
@@ -112,23 +112,6 @@ def _opaque(x):
     (AOT: 171 local loads a loop iteration)."""
     return gl.inline_asm_elementwise("mov.u32 $0, $1;", "=r,r", [x], dtype=gl.int32,
                                      is_pure=False, pack=1)
-
-
-@gluon.jit
-def _issue_nope_scores(qn, z, y0, y1, y2, y3, y4, y5, y6, y7, MMA: gl.constexpr):
-    """The eight nope chunks' score dots of one block (``gluon._issue_scores`` without the rope
-    dot, which this kernel adds onto the scaled nope scores: one accumulator, not two). ``z``:
-    an opaque 0 of this iteration (:func:`_opaque`), so q's chunk descriptors are rebuilt in the
-    loop instead of hoisted and spilled."""
-    s = warpgroup_mma(qn.index(z), y0.permute((1, 0)), gl.zeros([64, 64], gl.float32, layout=MMA),
-                      use_acc=False, is_async=True)
-    s = warpgroup_mma(qn.index(z + 1), y1.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(z + 2), y2.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(z + 3), y3.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(z + 4), y4.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(z + 5), y5.permute((1, 0)), s, is_async=True)
-    s = warpgroup_mma(qn.index(z + 6), y6.permute((1, 0)), s, is_async=True)
-    return warpgroup_mma(qn.index(z + 7), y7.permute((1, 0)), s, is_async=True)
 
 
 @gluon.jit
@@ -265,7 +248,7 @@ def _xs_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
             mbarrier.wait(full.index(buf), (j // NBUF) & 1)
             s = _issue_nope_scores(qn, jz - j, x0.index(buf), x1.index(buf), x2.index(buf),
                                    x3.index(buf), x4.index(buf), x5.index(buf), x6.index(buf),
-                                   x7.index(buf), MMA)
+                                   x7.index(buf), NC, MMA)
             # (C) everything issued completes (in order): the value dots of j - 1, the nope
             # scores; into true units, then the rope dot onto them (one accumulator)
             s = warpgroup_mma_wait(num_outstanding=0, deps=(s,))
