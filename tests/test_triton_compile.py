@@ -478,8 +478,8 @@ def test_gluon_xs_compiles_without_spills_in_its_consumers(tmp_path, monkeypatch
     results = _aot.compile_specs(specs, (90,), sass=True, triton_path=_gpu_image_triton())
     _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
     for r in results:
-        x_off, step, full, empty = gluon_xs.offsets_of_inits(r["mbarrier_inits"], "fp8_ds_mla", 2,
-                                                             empty_count=4, extra=3)
+        x_off, step, full, empty = gluon_xs.offsets_of_xs_inits(r["mbarrier_inits"], "fp8_ds_mla",
+                                                                2)
         assert x_off + 9 * step <= min(full, empty) and max(full, empty) + 16 <= r["shared"]
         loops = r["sass"]["loops"]
         mma = [lp for lp in loops if lp["ops"].get("HGMMA")]

@@ -365,10 +365,15 @@ def _sparse_mla_gluon_xs_kernel(
 
 def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
     """``(x_off, x_step, full_off, empty_off)`` of a compiled ``_sparse_mla_gluon_xs_kernel``
-    from its PTX: ``gluon_xo.offsets_of_inits`` with ``empty`` counting :data:`EMPTY_COUNT` and
-    the three handover barriers (count 1) after the slots'."""
-    return offsets_of_inits(mbarrier_inits(ptx), kv_format, nbuf, empty_count=EMPTY_COUNT.value,
-                            extra=3)
+    from its PTX (:func:`offsets_of_xs_inits` of its ``mbarrier.init``s)."""
+    return offsets_of_xs_inits(mbarrier_inits(ptx), kv_format, nbuf)
+
+
+def offsets_of_xs_inits(inits, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
+    """``gluon_xo.offsets_of_inits`` for this kernel's ``(offset, count)`` mbarrier inits (from
+    the PTX, or an AOT compile report's ``mbarrier_inits``): ``empty`` counting
+    :data:`EMPTY_COUNT` and the three handover barriers (count 1) after the slots'."""
+    return offsets_of_inits(inits, kv_format, nbuf, empty_count=EMPTY_COUNT.value, extra=3)
 
 
 def launch_cluster(fn, grid: tuple, args: tuple, kwargs: dict, kv_format: str, nbuf: int):
