@@ -62,11 +62,18 @@ from torch_impl import _common
 from torch_impl import sparse_mla as tsm
 
 FP8 = ("fp8_ds_mla", "fp8_model1")
-# kernel -> (the configs of it that are checked and timed, the kv formats it runs, the
-# gluon_ws module constants it sets)
+# kernel -> (the configs of it that are checked and timed, the kv formats it runs, the module
+# constants it sets: gluon_ws's, or "module.NAME")
 KERNELS = {
     "gluon": ((configs.SPARSE_MLA_GLUON, configs.SPARSE_MLA_GLUON2), FP8, {}),
-    "gluon_ws": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {}),
+    "gluon_ws": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {"FP8_ROLL": 0, "PRODUCER_REGS": 56}),
+    # the rolling fp8 producer (gluon_ws.FP8_ROLL 1: the next block's gathers in flight while
+    # this one is converted) at producer budgets 72 / 80 (the consumer's 184 / 176; at 56 and 64
+    # ptxas spills loaded registers, whose stores wait for the loads: AOT, Triton 3.6.0)
+    "gluon_ws_roll72": ((configs.SPARSE_MLA_GLUON_WS,), FP8,
+                        {"FP8_ROLL": 1, "PRODUCER_REGS": 72}),
+    "gluon_ws_roll80": ((configs.SPARSE_MLA_GLUON_WS,), FP8,
+                        {"FP8_ROLL": 1, "PRODUCER_REGS": 80}),
     # the latent kernel's defaults (cp.async mbarrier arrivals, P through shared memory), the
     # conservative pair (wait_group + fence + barrier, P by convert_layout) and the other two
     "gluon_ws_latent": ((configs.SPARSE_MLA_GLUON_WS,), ("latent",),
@@ -87,13 +94,20 @@ KERNELS = {
     "gluon_xo": ((configs.SPARSE_MLA_GLUON_XO,), FP8, {}),
     # the crossover kernel with the seesaw consumer (kernels/sparse_mla/gluon_xs.py;
     # fp8_ds_mla only)
-    "gluon_xs": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {}),
+    "gluon_xs": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",),
+                 {"gluon_xs.ROLL": 0, "gluon_xs.XS_PRODUCER_REGS": 56}),
+    # ... with the producer's budget 64 (the consumers' 192), and with the rolling producer
+    "gluon_xs_p64": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",),
+                     {"gluon_xs.ROLL": 0, "gluon_xs.XS_PRODUCER_REGS": 64}),
+    "gluon_xs_roll64": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",),
+                        {"gluon_xs.ROLL": 1, "gluon_xs.XS_PRODUCER_REGS": 64}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a
 # change to either could hang or fault before its check)
 FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
-CLUSTERED = configs.CLUSTER_KERNELS      # clusters of two 64-head CTAs
+# clusters of two 64-head CTAs (gluon_xo, gluon_xs and its variants)
+CLUSTERED = tuple(k for k, v in KERNELS.items() if v[0][0].kernel in configs.CLUSTER_KERNELS)
 ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS + CLUSTERED
 
 
@@ -108,10 +122,12 @@ KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
 
 
 def _use(kernel: str) -> None:
-    """Set the module constants ``kernel`` runs with (the launcher reads them at each launch)."""
-    from kernels.sparse_mla import gluon_ws
+    """Set the module constants ``kernel`` runs with (the launcher reads them at each launch):
+    ``gluon_ws``'s, or ``module.NAME`` of another ``kernels.sparse_mla`` module."""
+    import importlib
     for name, val in KERNELS[kernel][2].items():
-        setattr(gluon_ws, name, val)
+        mod, _, attr = name.rpartition(".")
+        setattr(importlib.import_module(f"kernels.sparse_mla.{mod or 'gluon_ws'}"), attr, val)
 
 
 _ROWS_FILE = None          # --rows: every row is also appended here as one JSON line

@@ -152,6 +152,12 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
            "stack_bytes": int(stack.group(1)) if stack else None}
     if sass:
         res["sass"] = sass_counts(k.asm["cubin"])
+    dump = os.environ.get("DSA_AOT_DUMP_DIR")
+    if dump:                      # the PTX and cubin, for reading a schedule by hand
+        stem = Path(dump) / re.sub(r"[^A-Za-z0-9_.=-]+", "_", f"{spec.label}_sm{cc}")
+        Path(dump).mkdir(parents=True, exist_ok=True)
+        stem.with_suffix(".ptx").write_text(k.asm["ptx"])
+        stem.with_suffix(".cubin").write_bytes(k.asm["cubin"])
     if "mbarrier.init" in k.asm["ptx"]:
         from kernels.sparse_mla.gluon_cluster import mbarrier_inits
         try:       # (offset, count) of every mbarrier.init (what gluon_xo's launcher reads)
