@@ -3,8 +3,8 @@ GPU needed: registers (setmaxnreg per partition), spills, shared memory and the 
 of each partition's block loop (per warp per 64-row block).
 
     PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts
-        [--model1 | --latent [--fp16] [--signal 0|1] [--p-smem 0|1]] [--roll 0|1]
-        [--producer-regs N] [--final] [--slots]
+        [--model1 | --latent [--fp16] [--signal 0|1] [--p-smem 0|1]] [--producer-regs N]
+        [--final] [--slots]
 
 The loops are ``kernels._triton_aot.block_loops``: the innermost backward branches spanning more
 than 1 KiB of code before the last EXIT (the mbarrier retry loops that ptxas moves behind it are
@@ -32,8 +32,6 @@ def main() -> None:
                     help="latent full-slot protocol (default gluon_ws.LATENT_SIGNAL)")
     ap.add_argument("--p-smem", type=int, choices=(0, 1), default=None,
                     help="latent P exchange (default gluon_ws.LATENT_P_SMEM)")
-    ap.add_argument("--roll", type=int, choices=(0, 1), default=None,
-                    help="fp8 producer schedule (default gluon_ws.FP8_ROLL)")
     ap.add_argument("--producer-regs", type=int, default=None,
                     help="the producer's setmaxnreg budget (default gluon_ws.PRODUCER_REGS)")
     ap.add_argument("--final", action="store_true", help="the single-split epilogue")
@@ -48,7 +46,7 @@ def main() -> None:
     fmt = "latent" if args.latent else ("fp8_model1" if args.model1 else "fp8_ds_mla")
     spec = triton_launch._gluon_specs(fmt, torch.float16 if args.fp16 else torch.bfloat16,
                                       args.final, 2, "gluon_ws")[1 if args.slots else 0]
-    for name, val in (("SIGNAL", args.signal), ("P_SMEM", args.p_smem), ("ROLL", args.roll),
+    for name, val in (("SIGNAL", args.signal), ("P_SMEM", args.p_smem),
                       ("PRODUCER_REGS", args.producer_regs)):
         if val is not None:
             spec = dataclasses.replace(spec, label=f"{spec.label} {name}={val}",

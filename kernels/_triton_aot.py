@@ -97,6 +97,8 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
       "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
       opcode counts of the whole kernel and of its largest loop); for a kernel with mbarriers
       ``"mbarrier_inits"`` (``gluon_cluster.mbarrier_inits`` of its PTX, or why not).
+    ``DSA_AOT_DUMP_DIR`` set: the PTX and the cubin are also written there (``<label>_sm<cc>``),
+    to read a schedule by hand (``cuobjdump -sass``).
     Raises:
       RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
     """

@@ -31,6 +31,8 @@
 #                   --variant gluon --variant gluon_ws")
 #   check:NAME      bench.gluon_check --kernels CHECK_KERNELS (default the latent WS pair), each
 #                   kernel in a child under WS_TIMEOUT s, JSON $OUT/gluon_check_NAME.json
+#                   (CHECK_STRESS=N: each Gluon config launched N times more at every timing
+#                   shape, results compared bitwise with the first: a race or a hang)
 #   sweep:prep      bench.prep_sweep: the layer's fused prep kernels alone (both presets, B 1 / 64) and
 #                   prep_q at each launch shape of its CANDIDATES (and its index / mla halves), JSON
 #                   $OUT/sweep_prep.json
@@ -140,7 +142,8 @@ for step in "$@"; do
       # the warp-specialised latent kernel (kernels/sparse_mla/gluon_ws.py, KV_FORMAT 0): every
       # kernel variant in a child under WS_TIMEOUT (a hung mbarrier protocol costs that, not the call)
       timeout "$secs" python3 -m bench.gluon_check --kernels "${CHECK_KERNELS:-gluon_ws_latent,gluon_ws_latent_safe}" \
-        --ws-timeout "${WS_TIMEOUT:-80}" --out "$OUT/gluon_check_$what.json" > "$log" 2>&1 ;;
+        --ws-timeout "${WS_TIMEOUT:-80}" ${CHECK_STRESS:+--stress "$CHECK_STRESS"} \
+        --out "$OUT/gluon_check_$what.json" > "$log" 2>&1 ;;
     profile)
       pk=${nk:-${PROFILE_K:-}}     # profile:OP:SECS:LABEL names the label in the step itself
       timeout "$secs" python3 scripts/profile_kernels.py --op "$what" ${pk:+-k "$pk"} \

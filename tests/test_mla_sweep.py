@@ -151,3 +151,48 @@ def test_pallas_mla_sweep_dry_run(tmp_path):
     s = doc["summary"]["v4_h8"]
     assert s["best"]["variant"] in {r["variant"] for r in rows} and s["baseline_us"] > 0
 
+
+
+def test_gluon_check_stress_counts_differing_results():
+    """bench.gluon_check._stress compares every ``every``-th launch's result bitwise with the
+    first: a kernel whose 7th result differs in one bit of the output (or of the LSE) is
+    caught on the comparison that covers it, the others match."""
+    import torch
+
+    from bench import gluon_check as gc
+    out = torch.arange(8, dtype=torch.bfloat16)
+    lse = torch.zeros(4, dtype=torch.float32)
+    calls = {"n": 0}
+
+    def fn(flip_out=True):
+        calls["n"] += 1
+        o, l = out.clone(), lse.clone()
+        if calls["n"] == 7:        # one launch gives a result one ulp off
+            if flip_out:
+                o[3] = torch.tensor(3.015625, dtype=torch.bfloat16)   # 3 + 1 ulp
+            else:
+                l[1] = torch.tensor(1e-45, dtype=torch.float32)
+        return o, l
+
+    assert gc._stress(fn, out, lse, 10, every=1)[:2] == (10, 1)
+    calls["n"] = 0
+    assert gc._stress(lambda: fn(False), out, lse, 10, every=7)[:2] == (2, 1)
+    calls["n"] = 0
+    assert gc._stress(fn, out, lse, 10, every=5)[:2] == (2, 0)     # 7 is never compared
+
+
+def test_gluon_check_variants_set_their_module_constants():
+    """A gluon_check kernel variant names the module constants it runs with: ``gluon_xs_p56``
+    sets ``gluon_xs.PRODUCER_REGS`` (so ``launch_constexprs`` gives the producer 56 registers
+    and each consumer warpgroup 200, against the default 64 / 192) and runs clustered, in a
+    child process of its own (where the constant stays set)."""
+    from bench import gluon_check as gc
+    from kernels.sparse_mla import gluon_xs
+    assert {"gluon_xo", "gluon_xs", "gluon_xs_p56"} <= set(gc.CLUSTERED) <= set(gc.ISOLATED)
+    assert gluon_xs.launch_constexprs("fp8_ds_mla") == dict(PRODUCER_REGS=64, CONSUMER_REGS=192)
+    try:
+        gc._use("gluon_xs_p56")
+        assert gluon_xs.launch_constexprs("fp8_ds_mla") == dict(PRODUCER_REGS=56,
+                                                                CONSUMER_REGS=200)
+    finally:
+        gluon_xs.PRODUCER_REGS = 64

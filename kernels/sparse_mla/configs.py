@@ -171,10 +171,14 @@ GLUON_XO_PICKED: tuple = ()
 # fp8_ds_mla only): gluon_xo's producer and clusters, two consumer warpgroups that own
 # alternate row blocks (whole-block scores, half of O each), so one's softmax overlaps the
 # other's wgmmas (bench/NOTES.md "Fourteenth session": gluon_xo measured consumer-bound).
-# ``num_warps`` 4: the default partition is consumer warpgroup 0 (16 warps in all). AOT (Triton
-# 3.6.0, bf16 q): 224,344 B shared, consumer loops 1,080 / 1,093 SASS a warp per own + other's
-# block, no spills. In no space until measured on the GPU; the binding runs it when a call passes
-# it as ``config`` (even 64-head blocks, as gluon_xo; else :data:`SPARSE_MLA_GLUON_WS`).
+# ``num_warps`` 4: the default partition is consumer warpgroup 0 (16 warps in all); producer
+# 64 registers, consumers 192. AOT (Triton 3.6.0, bf16 q): 224,344 B shared, consumer loops
+# 1,090 / 1,147 SASS a warp per own + other's block. Measured on an H100 (2026-12-06,
+# bench/results/gluon_check_xsroll_h100_20261206.json): correct; B 64 H 128 132.3 us (gluon_ws
+# 141.6-142.6 in the day's other calls), B 128 259.9 (277.7-279.5), B 16 49.8 (51.2-51.4),
+# B 1 18.2 (15.7-15.9). In no space until an A/B in one call and a hang stress (bench/NOTES.md);
+# the binding runs it when a call passes it as ``config`` (even 64-head blocks, as gluon_xo;
+# else :data:`SPARSE_MLA_GLUON_WS`).
 SPARSE_MLA_GLUON_XS = SparseMLAConfig(block_h=64, block_k=64, num_warps=4, num_stages=2,
                                       prefetch=True, kernel="gluon_xs")
 GLUON_XS_PICKED: tuple = ()

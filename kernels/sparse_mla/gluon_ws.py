@@ -78,7 +78,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _block_unit, _epilogue, _issue_scores,
                                       _issue_values, _list_range, _load_rope, _load_scales,
                                       _load_u8, _online_softmax, _program, _q_rows, _resolve,
-                                      _row_base, _scale_of, _store_q_scaled, _tile)
+                                      _row_base, _store_q_scaled, _tile)
 from kernels.sparse_mla.gluon_cluster import _cluster_sync, _lanes, _meta_word, _peer_arrive
 from kernels.sparse_mla.triton import _page_entries, _pow2
 
@@ -113,11 +113,6 @@ LATENT_SIGNAL = 1
 # barrier, ldmatrix; 0 = ``gl.convert_layout`` through the compiler's 4 KB scratch (two rounds a
 # part, 8 barriers a block; what the fp8 consumer does)
 LATENT_P_SMEM = 0
-# how the fp8 producer schedules its gathers (constexpr ``ROLL``, read at each launch, so
-# bench.gluon_check can time both; ``gluon_ws_roll`` there): 0 = each block's loads at the top of
-# its own iteration (:func:`_ws_producer_issue_first`), 1 = block j + 1's loads issued chunk by
-# chunk while block j is converted (:func:`_ws_producer_roll`)
-FP8_ROLL = 0
 
 
 def launch_constexprs(kv_format: str) -> dict:
@@ -129,8 +124,7 @@ def launch_constexprs(kv_format: str) -> dict:
     if kv_format == "latent":
         return dict(PRODUCER_REGS=LATENT_PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS,
                     SIGNAL=LATENT_SIGNAL, P_SMEM=LATENT_P_SMEM)
-    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS, SIGNAL=0, P_SMEM=0,
-                ROLL=FP8_ROLL)
+    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS, SIGNAL=0, P_SMEM=0)
 
 
 @gluon.jit
@@ -171,263 +165,12 @@ def _ws_slot_store(xc, raw, c0, c1, c2, c3, shift, C: gl.constexpr, KV_FORMAT: g
     xc.store(_tile(raw, c0, c1, c2, c3, shift, C, KV_FORMAT))
 
 
-# The rolling producer's raw block as int32 words. A tensor a loop carries is lowered to one
-# LLVM value per element, so a [64, 64] uint8 chunk carried from one iteration to the next costs
-# 16 registers a thread (one a byte) where its 16-byte load fills 4 (AOT, Triton 3.6.0: 500 spill
-# loads a block); as [64, 16] int32 words it stays 4.
-@gluon.jit
-def _issue_point():
-    """Keep the loads issued before this point there: ``bar.arrive`` on named barrier 15 by
-    the 256 threads of the 8-warp producer, which never blocks (nothing waits on barrier 15;
-    the partitions' own barriers are 0-2) and which ptxas does not move memory instructions
-    across. Without it ptxas sinks :func:`_ws_producer_roll`'s gathers of the next block below
-    all of this block's stores (AOT, Triton 3.6.0), where they overlap nothing."""
-    gl.inline_asm_elementwise("bar.arrive 15, 256;\n\tmov.u32 $0, 0;", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _load_nope_words(kv32_ptr, wb, ok, C: gl.constexpr, LDW: gl.constexpr):
-    """e4m3 bytes of nope chunk ``C`` as ``[rows, 16]`` int32 words (4 bytes each, little
-    endian), 0 where masked. ``wb``: each row's first word (``base // 4``)."""
-    d = gl.arange(0, 16, layout=gl.SliceLayout(0, LDW))
-    ptrs = kv32_ptr + (wb + C * 16)[:, None] + d[None, :]
-    return gl.load(ptrs, mask=ok[:, None] & (d[None, :] >= 0), other=0)
-
-
-@gluon.jit
-def _load_rope_words(kv32_ptr, wb, ok, KV_FORMAT: gl.constexpr, LDR: gl.constexpr):
-    """The rope's bf16 pairs as ``[64 rows, 32]`` int32 words (bytes 528.. ds_mla, 448..
-    model1), 0 where masked."""
-    d = gl.arange(0, 32, layout=gl.SliceLayout(0, LDR))
-    w0 = gl.convert_layout(wb, gl.SliceLayout(1, LDR)) + (132 if KV_FORMAT == 1 else 112)
-    okr = gl.convert_layout(ok, gl.SliceLayout(1, LDR))
-    return gl.load(kv32_ptr + w0[:, None] + d[None, :], mask=okr[:, None] & (d[None, :] >= 0),
-                   other=0)
-
-
-@gluon.jit
-def _factor_word(s0, s1, s2, s3, shift, C: gl.constexpr, KV_FORMAT: gl.constexpr):
-    """Nope chunk ``C``'s per-row fp16 factor of :func:`gluon._tile` (scale * shift), twice in
-    an int32 word (an ``f16x2`` operand)."""
-    f = (_scale_of(s0, s1, s2, s3, C, KV_FORMAT) * shift).to(gl.float16)
-    fb = f.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF
-    return fb | (fb << 16)
-
-
-@gluon.jit
-def _tile_words(w, fw):
-    """:func:`gluon._tile` on the words of :func:`_load_nope_words` with the row factors of
-    :func:`_factor_word`: ``[rows, 32]`` int32, each word two fp16 of the chunk in order. Per
-    word two ``cvt.rn.f16x2.e4m3x2`` (bytes 0-1, 2-3) and two ``mul.rn.f16x2``: the
-    instructions ``_tile`` lowers to, so the values are bitwise ``_tile``'s."""
-    lo, hi = gl.inline_asm_elementwise(
-        "{\n\t.reg .b16 l, h;\n\t.reg .b32 a, b;\n\tmov.b32 {l, h}, $2;\n\t"
-        "cvt.rn.f16x2.e4m3x2 a, l;\n\tcvt.rn.f16x2.e4m3x2 b, h;\n\t"
-        "mul.rn.f16x2 $0, a, $3;\n\tmul.rn.f16x2 $1, b, $3;\n\t}",
-        "=r,=r,r,r", [w, gl.expand_dims(fw, 1) + w * 0], dtype=(gl.int32, gl.int32),
-        is_pure=True, pack=1)
-    return gl.reshape(gl.join(lo, hi), [w.shape[0], 2 * w.shape[1]])
-
-
-@gluon.jit
-def _rope_words(rw, ROPE_DTYPE: gl.constexpr):
-    """The rope's bf16 pairs in ``ROPE_DTYPE``: as they are for bf16; for fp16 each half
-    converted (round to nearest even, as ``gluon._load_rope``'s ``.to(ROPE_DTYPE)``)."""
-    if ROPE_DTYPE == gl.bfloat16:
-        return rw
-    else:
-        lo = (rw << 16).to(gl.float32, bitcast=True).to(gl.float16)
-        hi = (rw & -65536).to(gl.float32, bitcast=True).to(gl.float16)
-        return ((lo.to(gl.int16, bitcast=True).to(gl.int32) & 0xFFFF)
-                | (hi.to(gl.int16, bitcast=True).to(gl.int32) << 16))
-
-
 @gluon.jit
 def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
                  chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
-                 ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr, ROLL: gl.constexpr = 0):
-    """The fp8 producer partition (module docstring). ``ROLL`` 1: :func:`_ws_producer_roll`
-    (the next block's loads issued while this one is converted, :data:`FP8_ROLL`)."""
-    if ROLL:
-        _ws_producer_roll(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                          x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                          si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                          page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF)
-    else:
-        _ws_producer_issue_first(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                                 x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                                 si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages,
-                                 page_size, page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL,
-                                 ROPE_DTYPE, NBUF)
-
-
-@gluon.jit
-def _roll_start(idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size,
-                HAS_BT: gl.constexpr):
-    """The rolling producers' slot chain before their loop (``ar`` = the rows' arange in the
-    row layout): block 0 resolved, block 1's indices and page entries and block 2's indices in
-    flight. Returns ``(pg, of, ok, i1, e1, i2)``; the list masks are recomputed where used
-    (registers: the producer carries its next block's raw rows)."""
-    in0 = start + ar < end
-    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
-    in1 = start + 64 + ar < end
-    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
-    i2 = gl.load(idx_row + start + 128 + ar, mask=start + 128 + ar < end, other=-1)
-    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT), in0,
-                          num_slots, num_pages, max_pages, page_size, HAS_BT)
-    e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
-    return pg, of, ok, i1, e1, i2
-
-
-@gluon.jit
-def _roll_resolve(i1, e1, k0, end, ar, num_slots, num_pages, max_pages, page_size,
-                  HAS_BT: gl.constexpr):
-    """Block +1 of block ``k0``'s iteration resolved from its indices ``i1`` and page entries
-    ``e1`` (loaded in the previous iteration): ``(npg, nof, nok)``."""
-    return _resolve(i1, e1, k0 + 64 + ar < end, num_slots, num_pages, max_pages, page_size,
-                    HAS_BT)
-
-
-@gluon.jit
-def _roll_issue(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size, HAS_BT: gl.constexpr):
-    """The chain's loads in block ``k0``'s iteration: block +2's page entries from its indices
-    ``i2``, block +3's indices. Returns the next iteration's ``(i1, e1, i2)``."""
-    e1 = _page_entries(bt_row, i2, k0 + 128 + ar < end, max_pages, page_size, HAS_BT)
-    i3 = gl.load(idx_row + k0 + 192 + ar, mask=k0 + 192 + ar < end, other=-1)
-    return i2, e1, i3
-
-
-@gluon.jit
-def _ws_producer_roll(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                      x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                      si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                      page_bytes, chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
-                      HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
-    """The fp8 producer with its gathers one block ahead ("rolling"): the registers of block
-    ``j``'s chunk ``C`` receive block ``j + 1``'s chunk ``C`` as soon as ``C`` is converted and
-    stored, so the gather of ``j + 1`` is in flight while ``j`` is converted, stored and
-    signalled (:func:`_ws_producer_issue_first` issues a block's loads at the top of its own
-    iteration, and its first conversion waits for them: ncu of ``gluon_xs``, whose producer has
-    that shape, 2026-12-06, put ~37 % of the producer's stall samples on long scoreboards).
-
-    * The raw block is carried as int32 words (:func:`_load_nope_words`), converted by
-      :func:`_tile_words` and stored through an int32 view of the slot (the same bytes: a
-      128-byte swizzle permutes 16-byte units of a 128-byte row whatever the element width).
-    * Every value loaded in iteration ``j - 1`` is consumed at the top of iteration ``j``, none
-      after this iteration's first gather: ptxas tracks all of a warp's global loads on one
-      scoreboard, so any later use of a loaded value (even a register move of the slot chain)
-      waits for the whole next block (AOT, Triton 3.6.0: one such move at the loop's end undid
-      the overlap). So the top computes the unit and the 8 chunk factors from the scale words,
-      resolves block ``j + 1``, issues ``j + 2``'s page entries, ``j + 3``'s indices and
-      ``j + 1``'s scale words; then the rope and the chunks are stored, each followed by its
-      gather for ``j + 1`` and an :func:`_issue_point` (ptxas otherwise sinks the gathers below
-      the last store).
-    * Same stores, units and signals as :func:`_ws_producer_issue_first`, so the consumer and
-      the results are unchanged (bitwise)."""
-    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
-    LDW: gl.constexpr = gl.BlockedLayout([1, 4], [8, 4], [8, 1], [1, 0])    # [64, 16] words
-    LDR: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])    # [64, 32] words
-    ROW: gl.constexpr = gl.SliceLayout(1, LDW)
-    SW: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-
-    start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
-                                                 sbt_b, chunk, HAS_TKL)
-    ar = gl.arange(0, 64, layout=ROW)
-    pg, of, ok, i1, e1, i2 = _roll_start(idx_row, bt_row, start, end, ar, num_slots, num_pages,
-                                         max_pages, page_size, HAS_BT)
-    # block 0's gather (the prologue's one exposed latency)
-    base = _row_base(pg, of, page_bytes, KV_FORMAT)
-    wb = base // 4
-    c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, base, ok, page_size, page_bytes, KV_FORMAT)
-    r0 = _load_nope_words(kv32_ptr, wb, ok, 0, LDW)
-    r1 = _load_nope_words(kv32_ptr, wb, ok, 1, LDW)
-    r2 = _load_nope_words(kv32_ptr, wb, ok, 2, LDW)
-    r3 = _load_nope_words(kv32_ptr, wb, ok, 3, LDW)
-    r4 = _load_nope_words(kv32_ptr, wb, ok, 4, LDW)
-    r5 = _load_nope_words(kv32_ptr, wb, ok, 5, LDW)
-    r6 = _load_nope_words(kv32_ptr, wb, ok, 6, LDW)
-    if NC == 8:
-        r7 = _load_nope_words(kv32_ptr, wb, ok, 7, LDW)
-    else:
-        r7 = r6
-    rr = _load_rope_words(kv32_ptr, wb, ok, KV_FORMAT, LDR)
-    ub_i = start * 0 + 1
-
-    for k0 in range(start, end, 64):
-        j = (k0 - start) // 64
-        buf = j % NBUF
-        phase = (j // NBUF) & 1
-        # the top: consume what iteration j - 1 loaded (c*: block j's scale words; i1 / e1:
-        # block j + 1's indices and page entries; i2: block j + 2's indices)
-        ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
-        shift = _pow2(254 - ub)
-        f0 = _factor_word(c0, c1, c2, c3, shift, 0, KV_FORMAT)
-        f1 = _factor_word(c0, c1, c2, c3, shift, 1, KV_FORMAT)
-        f2 = _factor_word(c0, c1, c2, c3, shift, 2, KV_FORMAT)
-        f3 = _factor_word(c0, c1, c2, c3, shift, 3, KV_FORMAT)
-        f4 = _factor_word(c0, c1, c2, c3, shift, 4, KV_FORMAT)
-        f5 = _factor_word(c0, c1, c2, c3, shift, 5, KV_FORMAT)
-        f6 = _factor_word(c0, c1, c2, c3, shift, 6, KV_FORMAT)
-        f7 = _factor_word(c0, c1, c2, c3, shift, NC - 1, KV_FORMAT)
-        npg, nof, nok = _roll_resolve(i1, e1, k0, end, ar, num_slots, num_pages, max_pages,
-                                      page_size, HAS_BT)
-        i1, e1, i2 = _roll_issue(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size, HAS_BT)
-        nbase = _row_base(npg, nof, page_bytes, KV_FORMAT)
-        nwb = nbase // 4
-        c0, c1, c2, c3 = _load_scales(kv32_ptr, npg, nof, nbase, nok, page_size, page_bytes,
-                                      KV_FORMAT)                           # block j + 1
-
-        mbarrier.wait(empty.index(buf), phase ^ 1)       # the consumer is done with this slot
-        xr.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_rope_words(rr, ROPE_DTYPE))
-        rr = _load_rope_words(kv32_ptr, nwb, nok, KV_FORMAT, LDR)
-        _issue_point()
-        x0.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r0, f0))
-        r0 = _load_nope_words(kv32_ptr, nwb, nok, 0, LDW)
-        _issue_point()
-        x1.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r1, f1))
-        r1 = _load_nope_words(kv32_ptr, nwb, nok, 1, LDW)
-        _issue_point()
-        x2.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r2, f2))
-        r2 = _load_nope_words(kv32_ptr, nwb, nok, 2, LDW)
-        _issue_point()
-        x3.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r3, f3))
-        r3 = _load_nope_words(kv32_ptr, nwb, nok, 3, LDW)
-        _issue_point()
-        x4.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r4, f4))
-        r4 = _load_nope_words(kv32_ptr, nwb, nok, 4, LDW)
-        _issue_point()
-        x5.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r5, f5))
-        r5 = _load_nope_words(kv32_ptr, nwb, nok, 5, LDW)
-        _issue_point()
-        x6.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r6, f6))
-        r6 = _load_nope_words(kv32_ptr, nwb, nok, 6, LDW)
-        if NC == 8:
-            _issue_point()
-            x7.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_tile_words(r7, f7))
-            r7 = _load_nope_words(kv32_ptr, nwb, nok, 7, LDW)
-        else:
-            r7 = r6
-        ok_s.index(buf).store(ok.to(gl.int32))
-        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
-        fence_async_shared()                  # generic-proxy stores -> wgmma (async proxy)
-        _barrier()                            # every producer thread has stored
-        mbarrier.arrive(full.index(buf))
-        ub_i = ub
-        ok = nok
-
-
-@gluon.jit
-def _ws_producer_issue_first(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                             x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                             si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                             page_bytes, chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
-                             HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
-                             NBUF: gl.constexpr):
-    """The fp8 producer that issues each block's loads at the top of its own iteration, before
-    waiting on ``empty`` (module docstring)."""
+                 ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     # [64 rows, 64 B] per chunk over 8 warps: one 16-byte vector a thread
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
@@ -809,14 +552,12 @@ def _sparse_mla_gluon_ws_kernel(
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
     NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56,
     EMPTY_ARRIVALS: gl.constexpr = 1, SIGNAL: gl.constexpr = 0, P_SMEM: gl.constexpr = 1,
-    ROLL: gl.constexpr = 0,
 ):
     """Same arguments as ``gluon._sparse_mla_gluon_kernel`` (``NBUF``: X slots in the ring;
     ``PRODUCER_REGS``: the producer's register budget; ``EMPTY_ARRIVALS``: threads of the
     consumer that arrive on an ``empty`` barrier, 1 for Triton 3.6's thread-0 arrive;
     ``SIGNAL``: the latent producer's full-slot protocol, :data:`LATENT_SIGNAL`; ``P_SMEM``:
-    the latent consumer's P exchange, :data:`LATENT_P_SMEM`; ``ROLL``: the fp8 producer's
-    schedule, :data:`FP8_ROLL`). ``KV_FORMAT``
+    the latent consumer's P exchange, :data:`LATENT_P_SMEM`). ``KV_FORMAT``
     0 is the latent cache (D_qk 576, ``ROPE_DTYPE`` = q's and the cache's dtype, bf16 or fp16),
     1 / 2 the fp8 formats."""
     gl.static_assert((KV_FORMAT == 0) | (KV_FORMAT == 1) | (KV_FORMAT == 2),
@@ -889,6 +630,5 @@ def _sparse_mla_gluon_ws_kernel(
              (_ws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                              x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                              si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                             page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
-                             ROLL))],
+                             page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF))],
             [PRODUCER_WARPS], [PRODUCER_REGS])

@@ -66,14 +66,22 @@ rounding, not bitwise.
   opaque move each iteration (:func:`_opaque`).
 * **Shared memory**: ``gluon_xo``'s plus 1 KB of max / sum words and three barriers (224,344 B,
   less than ``gluon_xo``'s: no cross-warpgroup reduction scratch).
-* **Counts** (AOT, Triton 3.6.0, sm_90, bf16 q): each consumer warpgroup's loop (one own block,
-  one of the other's) 1,080 / 1,093 SASS a warp with 68 wgmma instructions and no spills; the
-  consumers issue ~4,350 warp-instructions a block against ``gluon_ws``'s ~6,020; the producer
-  loop 464 (``gluon_xo``'s 440: the whole rope gathered, 13 local loads).
+* **Registers**: the producer 64 (:data:`PRODUCER_REGS`; ``gluon_ws``'s 56 spilled 13 local loads
+  a block in this producer), each consumer warpgroup 192.
+* **Counts** (AOT, Triton 3.6.0, sm_90, bf16 q, partial): each consumer warpgroup's loop (one own
+  block, one of the other's) 1,090 / 1,147 SASS a warp with 68 wgmma instructions and 0 / 3
+  local loads (at 200 registers 1,080 / 1,093 and none); the consumers issue ~4,470
+  warp-instructions a block against ``gluon_ws``'s ~6,020; the producer loop 458 with 4 local
+  loads (``gluon_xo``'s 440: the whole rope gathered).
+* **Measured** (H100, 2026-12-06; bench/NOTES.md, fifteenth session): correct (the gluon_check
+  cases, the 39 GPU tests); B 64 H 128 132.3 us, B 128 259.9, B 16 49.8, B 1 18.2 in one call,
+  against ``gluon_ws``'s 141.6-142.6, 277.7-279.5, 51.2-51.4 and 15.7-15.9 in the day's other
+  calls on the same kind of card.
 
 Only sm_90 (``configs.kernel_eligible``), Triton 3.6's PTX conventions (the offsets, as
-``gluon_xo``), never the CPU interpreter. Not picked by the heuristic until measured on the GPU
-(``configs.GLUON_XS_PICKED``).
+``gluon_xo``), never the CPU interpreter. Not picked by the heuristic yet
+(``configs.GLUON_XS_PICKED``): it waits for an A/B against ``gluon_ws`` in one call and a hang
+stress (bench/NOTES.md, "What the next GPU session measures first").
 """
 from __future__ import annotations
 
@@ -88,39 +96,29 @@ from kernels.sparse_mla.gluon import (NEG, _issue_nope_scores, _list_range, _pro
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _fence_mbarrier_init,
                                               _lanes, _meta_word, _peer_arrive, _require_cluster,
                                               mbarrier_inits)
-from kernels.sparse_mla.gluon import _block_unit, _load_scales, _row_base
-from kernels.sparse_mla.gluon_cluster import _copy_to_peer, _cta_rank
-from kernels.sparse_mla.gluon_ws import (PRODUCER_WARPS, _alloc_fp8_ring, _barrier,
-                                         _factor_word, _issue_point, _load_nope_words,
-                                         _load_rope_words, _producer_list, _roll_issue,
-                                         _roll_resolve, _roll_start, _rope_words, _tile_words)
-from kernels.sparse_mla.gluon_xo import (HALF, HALF_BYTES, _halves, _ring_setup, _xo_producer,
-                                         offsets_of_inits)
+from kernels.sparse_mla.gluon_ws import PRODUCER_WARPS, _alloc_fp8_ring, _barrier
+from kernels.sparse_mla.gluon_xo import _ring_setup, _xo_producer, offsets_of_inits
 from kernels.sparse_mla.gluon_xo import launch_cluster as xo_launch_cluster
 from kernels.sparse_mla.triton import _finite_sink, _pow2
 
 NUM_WARPS = 4               # the default partition: consumer warpgroup 0
 CONSUMER_WARPS = gl.constexpr(4)
 EMPTY_COUNT = gl.constexpr(4)  # arrivals a slot release: both warpgroups of both CTAs
-
-
-# the producer (constexpr ``ROLL``, read at each launch, so bench.gluon_check can time both):
-# 0 = ``gluon_xo._xo_producer`` (each block's gathers at the top of its own iteration), 1 =
-# :func:`_xs_producer_roll` (block j + 1's gathers in flight while block j is converted)
-ROLL = 0
-# the producer's setmaxnreg budget (read at each launch); each consumer warpgroup gets
-# 256 - XS_PRODUCER_REGS (16 warps x 128 = 4 x 2 x (256 - P) + 8 x P). 64: AOT (Triton 3.6.0)
-# the producer's loop 458 SASS a warp with 4 local loads (at 56: 465 with 13 and 6 local
-# stores), the consumers' 1,090 / 1,147 with 3; measured on an H100 (2026-12-06,
-# bench/results/gluon_check_xsroll_h100_20261206.json, one call): B 64 H 128 132.3 us against
-# 149.0 at 56, B 128 259.9, B 16 49.8
-XS_PRODUCER_REGS = 64
+# The producer's setmaxnreg budget (read at each launch, so bench.gluon_check can time others:
+# ``gluon_xs_p56``); each consumer warpgroup gets 256 - it (16 warps x 128 registers = 4 x 2 x
+# (256 - P) + 8 x P). 64 against gluon_ws's 56: AOT (Triton 3.6.0, bf16 q, partial) the
+# producer's loop 458 SASS a warp with 4 local loads and 1 store (at 56: 465, 13 and 6), the
+# consumers' 1,090 / 1,147 with 3 local loads (at 200 registers: 1,080 / 1,093, none). Measured
+# in one call on an H100 (2026-12-06, bench/results/gluon_check_xsroll_h100_20261206.json):
+# B 64 H 128 132.3 us against 149.0 at 56 (gluon_ws: 141.6-142.6 in the day's other calls),
+# B 128 259.9, B 16 49.8, B 1 18.2 (bench/NOTES.md, fifteenth session).
+PRODUCER_REGS = 64
 
 
 def launch_constexprs(kv_format: str) -> dict:
     """The constexprs beyond the shared Gluon ones (as ``gluon_ws.launch_constexprs``): the
-    producer (:data:`ROLL`) and the partitions' register budgets (:data:`XS_PRODUCER_REGS`)."""
-    return dict(PRODUCER_REGS=XS_PRODUCER_REGS, CONSUMER_REGS=256 - XS_PRODUCER_REGS, ROLL=ROLL)
+    partitions' register budgets (:data:`PRODUCER_REGS`, the consumers' the rest)."""
+    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=256 - PRODUCER_REGS)
 
 
 @gluon.jit
@@ -330,146 +328,6 @@ def _xs_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
     _cluster_sync()                           # no peer arrives on this CTA after it exits
 
 
-@gluon.jit
-def _xs_producer_roll(kv_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                      x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                      si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                      page_bytes, chunk, meta, x_step, KV_FORMAT: gl.constexpr,
-                      HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
-                      NBUF: gl.constexpr):
-    """``gluon_xo._xo_producer`` (``LOCAL_ROPE``, ``SPREAD_COPIES``) with the gathers one block
-    ahead, as ``gluon_ws._ws_producer_roll``: this CTA's 32-row half of each nope chunk
-    ([32, 16] int32 words, 8 bytes a thread) and the 64 rows' rope ([64, 32] words) are
-    carried from one iteration to the next; each chunk's registers receive block ``j + 1``'s
-    half as soon as block ``j``'s is converted and stored. Everything loaded in iteration
-    ``j - 1`` is consumed at the top of iteration ``j`` (the unit from the 64 rows' scale words,
-    the 8 chunk factors from the half's, both slot chains one step, block ``j + 1``'s scale
-    words issued). Same stores, copies and signals as ``_xo_producer``."""
-    NC: gl.constexpr = 8
-    LDWH: gl.constexpr = gl.BlockedLayout([1, 2], [4, 8], [8, 1], [1, 0])   # [32, 16] words
-    LDR: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])    # [64, 32] words
-    ROWH: gl.constexpr = gl.SliceLayout(1, LDWH)
-    # the block's 64 rows one a thread (scales, validity, the unit)
-    R64: gl.constexpr = gl.BlockedLayout([1], [32], [gl.num_warps()], [0])
-    SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    SW: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=32, rank=2)
-    XBYTES: gl.constexpr = NC * HALF_BYTES    # the peer's half of a slot (the rope is local)
-    gl.static_assert(gl.num_warps() >= NC, "a producer warp a chunk copy")
-
-    rank = _cta_rank()
-    _cluster_sync(True)                       # both CTAs' barriers are initialised
-    x_addr = _meta_word(meta, 1)
-    full_addr = _meta_word(meta, 2)
-    lanes = _lanes(gl.num_warps())
-    start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
-                                                 sbt_b, chunk, HAS_TKL)
-    ar = gl.arange(0, 64, layout=R64)
-    ah = gl.arange(0, HALF, layout=ROWH) + HALF * rank
-    pg, of, ok, i1, e1, i2 = _roll_start(idx_row, bt_row, start, end, ar, num_slots, num_pages,
-                                         max_pages, page_size, HAS_BT)
-    hpg, hof, hok, hi1, he1, hi2 = _roll_start(idx_row, bt_row, start, end, ah, num_slots,
-                                               num_pages, max_pages, page_size, HAS_BT)
-    # block 0's gather (the prologue's one exposed latency)
-    base = _row_base(pg, of, page_bytes, KV_FORMAT)
-    hbase = _row_base(hpg, hof, page_bytes, KV_FORMAT)
-    hwb = hbase // 4
-    c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, base, ok, page_size, page_bytes, KV_FORMAT)
-    d0, d1, d2, d3 = _load_scales(kv32_ptr, hpg, hof, hbase, hok, page_size, page_bytes,
-                                  KV_FORMAT)
-    r0 = _load_nope_words(kv32_ptr, hwb, hok, 0, LDWH)
-    r1 = _load_nope_words(kv32_ptr, hwb, hok, 1, LDWH)
-    r2 = _load_nope_words(kv32_ptr, hwb, hok, 2, LDWH)
-    r3 = _load_nope_words(kv32_ptr, hwb, hok, 3, LDWH)
-    r4 = _load_nope_words(kv32_ptr, hwb, hok, 4, LDWH)
-    r5 = _load_nope_words(kv32_ptr, hwb, hok, 5, LDWH)
-    r6 = _load_nope_words(kv32_ptr, hwb, hok, 6, LDWH)
-    r7 = _load_nope_words(kv32_ptr, hwb, hok, 7, LDWH)
-    rr = _load_rope_words(kv32_ptr, base // 4, ok, KV_FORMAT, LDR)
-    ub_i = start * 0 + 1
-
-    for k0 in range(start, end, 64):
-        j = (k0 - start) // 64
-        buf = j % NBUF
-        phase = (j // NBUF) & 1
-        # the top: consume what iteration j - 1 loaded
-        ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
-        shift = _pow2(254 - ub)
-        f0 = _factor_word(d0, d1, d2, d3, shift, 0, KV_FORMAT)
-        f1 = _factor_word(d0, d1, d2, d3, shift, 1, KV_FORMAT)
-        f2 = _factor_word(d0, d1, d2, d3, shift, 2, KV_FORMAT)
-        f3 = _factor_word(d0, d1, d2, d3, shift, 3, KV_FORMAT)
-        f4 = _factor_word(d0, d1, d2, d3, shift, 4, KV_FORMAT)
-        f5 = _factor_word(d0, d1, d2, d3, shift, 5, KV_FORMAT)
-        f6 = _factor_word(d0, d1, d2, d3, shift, 6, KV_FORMAT)
-        f7 = _factor_word(d0, d1, d2, d3, shift, 7, KV_FORMAT)
-        npg, nof, nok = _roll_resolve(i1, e1, k0, end, ar, num_slots, num_pages, max_pages,
-                                      page_size, HAS_BT)
-        hpg, hof, hok = _roll_resolve(hi1, he1, k0, end, ah, num_slots, num_pages, max_pages,
-                                      page_size, HAS_BT)
-        nbase = _row_base(npg, nof, page_bytes, KV_FORMAT)
-        hbase = _row_base(hpg, hof, page_bytes, KV_FORMAT)
-        hwb = hbase // 4
-
-        mbarrier.wait(empty.index(buf), phase ^ 1)   # both CTAs' consumers are done with it
-        hs = 2 * buf + rank                           # this CTA's half of slot buf
-        _halves(x0, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r0, f0))
-        _issue_point()
-        # this iteration's first loads only now: a load issued before chunk 0's conversion would
-        # share the scoreboard of anything ptxas reloads for it (spill reloads included)
-        i1, e1, i2 = _roll_issue(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size, HAS_BT)
-        hi1, he1, hi2 = _roll_issue(idx_row, bt_row, hi2, k0, end, ah, max_pages, page_size,
-                                    HAS_BT)
-        c0, c1, c2, c3 = _load_scales(kv32_ptr, npg, nof, nbase, nok, page_size, page_bytes,
-                                      KV_FORMAT)                           # block j + 1
-        d0, d1, d2, d3 = _load_scales(kv32_ptr, hpg, hof, hbase, hok, page_size, page_bytes,
-                                      KV_FORMAT)
-        r0 = _load_nope_words(kv32_ptr, hwb, hok, 0, LDWH)
-        _issue_point()
-        _halves(x1, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r1, f1))
-        r1 = _load_nope_words(kv32_ptr, hwb, hok, 1, LDWH)
-        _issue_point()
-        _halves(x2, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r2, f2))
-        r2 = _load_nope_words(kv32_ptr, hwb, hok, 2, LDWH)
-        _issue_point()
-        _halves(x3, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r3, f3))
-        r3 = _load_nope_words(kv32_ptr, hwb, hok, 3, LDWH)
-        _issue_point()
-        _halves(x4, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r4, f4))
-        r4 = _load_nope_words(kv32_ptr, hwb, hok, 4, LDWH)
-        _issue_point()
-        _halves(x5, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r5, f5))
-        r5 = _load_nope_words(kv32_ptr, hwb, hok, 5, LDWH)
-        _issue_point()
-        _halves(x6, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r6, f6))
-        r6 = _load_nope_words(kv32_ptr, hwb, hok, 6, LDWH)
-        _issue_point()
-        _halves(x7, NBUF, SH).index(hs)._reinterpret(gl.int32, [HALF, 32], SW).store(
-            _tile_words(r7, f7))
-        r7 = _load_nope_words(kv32_ptr, hwb, hok, 7, LDWH)
-        _issue_point()
-        xr.index(buf)._reinterpret(gl.int32, [64, 32], SW).store(_rope_words(rr, ROPE_DTYPE))
-        rr = _load_rope_words(kv32_ptr, nbase // 4, nok, KV_FORMAT, LDR)
-        ok_s.index(buf).store(ok.to(gl.int32))
-        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=R64) + ub)
-        fence_async_shared()                  # generic-proxy stores -> wgmma and the bulk copy
-        _barrier()                            # every producer thread has stored
-        mbarrier.expect(full.index(buf), XBYTES)   # arrive; the peer's half still to land
-        src = x_addr + hs * HALF_BYTES
-        bar = full_addr + 8 * buf
-        for c in gl.static_range(NC):
-            _copy_to_peer(src + c * x_step, bar, lanes - 32 * c, HALF_BYTES)
-        ub_i = ub
-        ok = nok
-    _cluster_sync()                           # no peer arrives on this CTA after it exits
-
-
 @gluon.jit(do_not_specialize=["x_off", "x_step", "full_off", "empty_off"])
 def _sparse_mla_gluon_xs_kernel(
     q_ptr, kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr,
@@ -479,8 +337,7 @@ def _sparse_mla_gluon_xs_kernel(
     x_off, x_step, full_off, empty_off,   # shared-memory byte offsets (the launcher's, from PTX)
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
-    NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56, CONSUMER_REGS: gl.constexpr = 200,
-    ROLL: gl.constexpr = 0,
+    NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 64, CONSUMER_REGS: gl.constexpr = 192,
 ):
     """``gluon_xo._sparse_mla_gluon_xo_kernel``'s arguments (fp8_ds_mla: ``KV_FORMAT`` 1), launched
     with ``num_warps`` 4 in clusters of two along axis 0 (:func:`launch_cluster`)."""
@@ -503,43 +360,24 @@ def _sparse_mla_gluon_xs_kernel(
     mbarrier.init(qready.index(0), count=1)
     _fence_mbarrier_init()
 
-    if ROLL:
-        gl.warp_specialize(
-            [(_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
-                             qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full,
-                             empty, pready, qready, m_s, l_s, meta,
-                             sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
-                             HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 0)),
-             (_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
-                             qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full,
-                             empty, pready, qready, m_s, l_s, meta,
-                             sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
-                             HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 1)),
-             (_xs_producer_roll, (kv_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                                  x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages,
-                                  page_size, page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
-                                  HAS_TKL, ROPE_DTYPE, NBUF))],
-            [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
-    else:
-        gl.warp_specialize(
-            [(_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
-                             qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full,
-                             empty, pready, qready, m_s, l_s, meta,
-                             sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
-                             HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 0)),
-             (_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
-                             qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full,
-                             empty, pready, qready, m_s, l_s, meta,
-                             sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
-                             HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 1)),
-             (_xo_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                             x0, x1, x2, x3, x4, x5, x6, x7, xr,
-                             ok_s, ub_s, full, empty,
-                             si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                             page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
-                             HAS_TKL, ROPE_DTYPE, NBUF, 1, 1))],
-            [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
+    gl.warp_specialize(
+        [(_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                         qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         pready, qready, m_s, l_s, meta,
+                         sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                         HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 0)),
+         (_xs_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
+                         qn, qr, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         pready, qready, m_s, l_s, meta,
+                         sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
+                         HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, 1)),
+         (_xo_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                         x0, x1, x2, x3, x4, x5, x6, x7, xr,
+                         ok_s, ub_s, full, empty,
+                         si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                         page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
+                         HAS_TKL, ROPE_DTYPE, NBUF, 1, 1))],
+        [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
 def kernel_offsets(ptx: str, kv_format: str, nbuf: int) -> tuple[int, int, int, int]:
