@@ -53,7 +53,7 @@ def main(argv=None):
                 row["programs_per_sm"] = programs_per_sm(r, cc)
                 if "unsplit" in spec.label and "x=bf16 w=bf16 " in spec.label or "x=fp32 w=fp32" in spec.label:
                     ce = spec.constexprs
-                    wb = 4 if ce["IEEE_FP32"] else 2
+                    wb = 4 if ce["FP32_W"] else 2
                     row["loop"] = {"total": r["sass"]["loop"]["total"],
                                    **{op: r["sass"]["loop"]["ops"].get(op, 0) for op in LOOP_OPS},
                                    "weight_bytes": ce["BLOCK_N"] * ce["BLOCK_K"] * wb,

@@ -180,6 +180,32 @@ def test_gemv_refuses_what_it_cannot_launch():
         ktriton.launch_gemv(x1, w, torch.empty(1, 1, 32, device=DEVICE)[..., ::2], 1.0, cfg)
 
 
+def test_tf32x3_config_reaches_the_kernel(monkeypatch):
+    """A config naming the tf32x3 fp32 dot (``f32_dot``, in the fp32-weight space of every token
+    tile) passes through the ``dsa::linear`` op to the launch unchanged (the op carries configs
+    as integers), and its split call is within the bound (the interpreter's dot is exact).
+    A precision outside ``F32_DOTS`` is a ValueError naming ``f32_dot``; a dispatch dict that
+    names one is no config, and a dict without the field is the FMA dot's."""
+    from kernels.linear import triton as ktriton
+    for bm in lcfg.BLOCK_MS:
+        assert [c.f32_dot for c in lcfg.LINEAR_SPACE[("large", 4, bm)]].count("tf32x3") == 1
+    cfg = next(c for c in lcfg.LINEAR_SPACE[("large", 4, 64)] if c.f32_dot == "tf32x3")
+    seen = []
+    real = ktriton.launch_linear
+    monkeypatch.setattr(ktriton, "launch_linear",
+                        lambda x, w, out, alpha, config, *a: seen.append(config) or real(
+                            x, w, out, alpha, config, *a))
+    x, w = _operands(7, 0, 40, 64, 448, torch.float32, torch.float32)
+    _check(linear(x, w, path="triton", config=cfg, splits=3), x, w)
+    assert seen == [cfg]
+    with pytest.raises(ValueError, match="f32_dot"):
+        lcfg.LinearConfig(64, 64, 16, 4, 4, "tf32")
+    d = cfg.to_dict()
+    assert lcfg.linear_from_dict({**d, "f32_dot": "tf32"}, 232_448, 4, 40) is None
+    d.pop("f32_dot")
+    assert lcfg.linear_from_dict(d, 232_448, 4, 40) == lcfg.LinearConfig(64, 64, 16, 4, 4)
+
+
 @pytest.mark.parametrize("splits", [1, 2, 3, 4, 5, 9, 64])
 def test_every_split_count(splits):
     """The direct store (1), the last-arriving program's reduction with a partial step (2, 3),

@@ -190,7 +190,8 @@ def _torch_impl(x3, w3, out3, alpha):
 def _linear_op(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, alpha: float, path: str,
                config: Optional[list[int]], splits: int) -> None:
     x3, w3, out3 = (t if t.dim() == 3 else t.unsqueeze(0) for t in (x, w, out))
-    cfg = lcfg.LinearConfig(*config) if config is not None else None
+    cfg = None if config is None else lcfg.LinearConfig(*config[:5],
+                                                          f32_dot=lcfg.F32_DOTS[config[5]])
     impls = {"triton": lambda: _triton_impl(x3, w3, out3, alpha, cfg, splits),
              "torch": lambda: _torch_impl(x3, w3, out3, alpha)}
     _common.run_path("linear", path, impls, BACKEND_PATHS["torch"])
@@ -239,6 +240,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
     if out is None:
         out = torch.empty(tuple(x.shape[:-1]) + (w.shape[-2],), dtype=out_dtype, device=x.device)
     cfg = None if config is None else [config.block_n, config.block_m, config.block_k,
-                                       config.num_warps, config.num_stages]
+                                       config.num_warps, config.num_stages,
+                                       lcfg.F32_DOTS.index(config.f32_dot)]
     torch.ops.dsa.linear(x, w, out, alpha, path, cfg, splits)
     return out

@@ -33,18 +33,26 @@ program of a tile: its loads are a serial tail after the weights have streamed (
 them from L2), so the split count drops with M (a reduction cap, not a tuned number)."""
 
 
+F32_DOTS = ("ieee", "tf32x3")
+"""The fp32-weight dot precisions a config may name (:attr:`LinearConfig.f32_dot`)."""
+
+
 @dataclass(frozen=True)
 class LinearConfig:
     """Compile-time shape of one launch of ``_linear_kernel``.
 
     Attributes:
       block_n: weight rows per program, the dot's M (16-bit weights: a multiple of 64, so sm_90
-        runs wgmma; fp32 weights run an fp32 FMA dot, any power of two >= 16).
+        runs wgmma; fp32 weights run an fp32 FMA dot, any power of two >= 16, or with
+        ``f32_dot`` "tf32x3" a tensor-core one, 64).
       block_m: tokens per program, M padded up (16, 32 or 64: the dot's N).
       block_k: K per loop iteration (the pipelined tile is ``block_n x block_k`` weights and
         ``block_m x block_k`` tokens).
       num_warps, num_stages: Triton launch options (``num_stages`` buffers, ``num_stages - 1``
         tiles in flight).
+      f32_dot: fp32 weights only: the dot's ``input_precision``, "ieee" (an fp32 FMA dot on
+        the CUDA cores) or "tf32x3" (three tf32 tensor-core passes, error ~2^-22 of
+        ``sum |x w|`` a product, far inside the linear check's ``2 K u32 sum |x w|``).
     """
 
     block_n: int = 128
@@ -52,6 +60,11 @@ class LinearConfig:
     block_k: int = 128
     num_warps: int = 4
     num_stages: int = 4
+    f32_dot: str = "ieee"
+
+    def __post_init__(self):
+        if self.f32_dot not in F32_DOTS:
+            raise ValueError(f"f32_dot: expected one of {F32_DOTS}, got {self.f32_dot!r}")
 
     def to_dict(self) -> dict:
         """Plain dict (result files, dispatch JSON)."""
@@ -83,12 +96,17 @@ def _space(w_bytes: int, bm: int, cls: str) -> tuple[LinearConfig, ...]:
     fp32 weights (an fp32 FMA dot, either class): 2-8 KiB tiles, several programs per SM; with
     16-bit x the widened token tile is held in registers per K step, so ``block_k * block_m``
     stays <= 1024 (no spills in the AOT compiles; 64 x 16 x 32 takes 224-250 registers with
-    16-bit x, so the lighter 64 x 16 x 16 comes first)."""
+    16-bit x, so the lighter 64 x 16 x 16 comes first); then one tf32x3 tile (tensor cores:
+    6-12 HGMMA a K step on sm_90, 75-138 registers, no spills; bench/NOTES.md fifteenth
+    session)."""
     C = LinearConfig
     if w_bytes == 4:
-        return {16: (C(64, 16, 16, 4, 6), C(64, 16, 32, 4, 4)),
-                32: (C(64, 32, 16, 4, 6), C(32, 32, 32, 4, 4)),
-                64: (C(32, 64, 16, 4, 6), C(64, 64, 16, 4, 4))}[bm]
+        # the FMA dot's configs (the heuristic's), then one 64-row tf32x3 tile a token width
+        # (sweep-only until measured: bench/NOTES.md "B 64 projections"; AOT probe of 64 x 64 x 16:
+        # sm_90 6 HGMMA a K step where the FMA dot runs 512 FFMA a warp)
+        return {16: (C(64, 16, 16, 4, 6), C(64, 16, 32, 4, 4), C(64, 16, 32, 4, 4, "tf32x3")),
+                32: (C(64, 32, 16, 4, 6), C(32, 32, 32, 4, 4), C(64, 32, 16, 4, 6, "tf32x3")),
+                64: (C(32, 64, 16, 4, 6), C(64, 64, 16, 4, 4), C(64, 64, 16, 4, 4, "tf32x3"))}[bm]
     if cls == "large":
         deep = {16: C(128, 16, 128, 4, 3), 32: C(128, 32, 64, 4, 4), 64: C(128, 64, 64, 4, 4)}[bm]
         return (deep, C(128, bm, 128, 4, 4), C(128, bm, 64, 4, 6), C(64, bm, 128, 4, 4),
@@ -186,7 +204,7 @@ def linear_from_dict(d: dict, smem_per_block: int, w_bytes: int, M: int) -> Line
     else None (a table can never pick a config that was not compiled and checked)."""
     try:
         cfg = LinearConfig(**d)
-    except TypeError:
+    except (TypeError, ValueError):
         return None
     return cfg if cfg in linear_space(smem_per_block, w_bytes, M) else None
 

@@ -8,8 +8,9 @@ batched projection otherwise)::
 
 ``x`` ``[G, M, K]`` and ``w`` ``[G, N, K]`` (the ``[out, in]`` weight of a linear layer; its
 last dim or its N dim contiguous) are bf16 / fp16 / fp32 of one dtype, or ``x`` bf16 / fp16
-with an fp32 ``w`` (the product is then an fp32 IEEE dot of the exactly widened ``x``); the sum
-is fp32; ``out`` ``[G, M, N]`` (any dtype of bf16 / fp16 / fp32, any strides with its last dim
+with an fp32 ``w`` (the product is then an fp32 dot of the exactly widened ``x``: IEEE FMA, or
+with the config's ``f32_dot`` "tf32x3" three tf32 tensor-core passes, ~2^-22 of ``sum |x w|``
+per product); the sum is fp32; ``out`` ``[G, M, N]`` (any dtype of bf16 / fp16 / fp32, any strides with its last dim
 contiguous: a column slice of a larger buffer) is rounded once.
 
 Design (counts: ``bench/NOTES.md``, "Few-token projections"):
@@ -63,8 +64,9 @@ def _linear_kernel(
     stride_og, stride_om,
     alpha,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr,
-    IEEE_FP32: tl.constexpr,        # fp32 weights: widen x, fp32 IEEE dot
+    FP32_W: tl.constexpr,           # fp32 weights: widen x, an fp32 dot of precision F32_DOT
     REDUCE_UNROLL: tl.constexpr,    # partials loaded per step of the reduction (2 or 4)
+    F32_DOT: tl.constexpr = "ieee",  # "ieee" (FMA) or "tf32x3" (tensor cores, three tf32 passes)
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -86,8 +88,8 @@ def _linear_kernel(
                     eviction_policy="evict_first")
         xt = tl.load(x_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0,
                      eviction_policy="evict_last")
-        if IEEE_FP32:
-            acc = tl.dot(w, xt.to(tl.float32), acc, input_precision="ieee")
+        if FP32_W:
+            acc = tl.dot(w, xt.to(tl.float32), acc, input_precision=F32_DOT)
         else:
             acc = tl.dot(w, xt, acc)
         w_ptrs += BLOCK_K * stride_wk
@@ -217,7 +219,7 @@ def launch_linear(x, w, out, alpha: float, config, num_splits: int, part, counte
         x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2),
         out.stride(0), out.stride(1), float(alpha),
         BLOCK_N=config.block_n, BLOCK_M=config.block_m, BLOCK_K=config.block_k,
-        IEEE_FP32=w.dtype.itemsize == 4, REDUCE_UNROLL=config.reduce_unroll,
+        FP32_W=w.dtype.itemsize == 4, F32_DOT=config.f32_dot, REDUCE_UNROLL=config.reduce_unroll,
         num_warps=config.num_warps, num_stages=config.num_stages)
     return num_splits
 
@@ -256,7 +258,8 @@ def aot_specs(smem_class: str) -> list:
                        "stride_wn": "i32", "stride_wk": "i32", "stride_og": "i32", "stride_om": "i32",
                        "alpha": "fp32"}
                 ce = dict(BLOCK_N=cfg.block_n, BLOCK_M=cfg.block_m, BLOCK_K=cfg.block_k,
-                          IEEE_FP32=w_bytes == 4, REDUCE_UNROLL=cfg.reduce_unroll)
+                          FP32_W=w_bytes == 4, REDUCE_UNROLL=cfg.reduce_unroll,
+                          F32_DOT=cfg.f32_dot)
                 ce["stride_wn" if w_nmajor else "stride_wk"] = 1
                 if not split:
                     ce["num_splits"] = 1
@@ -264,8 +267,9 @@ def aot_specs(smem_class: str) -> list:
                     ce["M"] = 1
                 for name in ce:
                     sig.pop(name, None)
+                dot = f" {cfg.f32_dot}" if w_bytes == 4 else ""
                 label = (f"linear {cfg.block_n}x{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} "
-                         f"s{cfg.num_stages} x={xd} w={wd}{'(N-major)' if w_nmajor else ''} out={od} "
+                         f"s{cfg.num_stages}{dot} x={xd} w={wd}{'(N-major)' if w_nmajor else ''} out={od} "
                          f"{'split' if split else 'unsplit'}{' M=1' if m1 else ''}")
                 specs.append(LaunchSpec(label, "kernels.linear.triton", "_linear_kernel", sig, ce,
                                         cfg.num_warps, cfg.num_stages,
