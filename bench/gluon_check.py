@@ -90,8 +90,8 @@ KERNELS = {
     # fp8_ds_mla only)
     "gluon_xs": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {}),
     # ... with gluon_ws's producer budget (56; the consumers' 200): 149.0 us against 132.3 at
-    # B 64 H 128 (H100, 2026-12-06), and its child stopped on the 150 s limit at the next timing
-    # row (a hang or a slow child: unresolved, bench/NOTES.md fifteenth session)
+    # B 64 H 128 (H100, 2026-12-06); its child stopped on the 150 s limit at the next timing row,
+    # most likely slow rather than hung (bench/NOTES.md fifteenth session)
     "gluon_xs_p56": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",),
                      {"gluon_xs.PRODUCER_REGS": 56}),
 }
