@@ -271,6 +271,43 @@ def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
                            **lat) is None                     # fp32 q: no Gluon kernel
 
 
+def test_seesaw_kernel_is_planned_only_where_picked(table_dir, monkeypatch):
+    """The seesaw kernel (``configs.SPARSE_MLA_GLUON_XS``) is in the H200's space but planned
+    only for the formats of ``configs.GLUON_XS_PICKED``: with fp8_ds_mla picked, H 128 and H 100
+    (two 64-head blocks) at B x N >= ``GLUON_XS_MIN_ROWS`` plan it; B x N below that, H 64 (one
+    block: no cluster pair) and fp8_model1 (not built) plan what they did; with nothing picked
+    (today) H 128 plans the warp-specialised kernel."""
+    assert configs.SPARSE_MLA_GLUON_XS in configs.sparse_mla_space(H200.smem_per_block)
+    assert configs.SPARSE_MLA_GLUON_XS not in configs.sparse_mla_space(configs.SMALL_SMEM)
+    plan = lambda **kw: REGISTRY.plan("sparse_mla_decode", "torch", H200,  # noqa: E731
+                                      **dict(MLA, **kw)).config
+    rows = configs.GLUON_XS_MIN_ROWS
+    assert plan(H=128, B=rows, N=1) == configs.SPARSE_MLA_GLUON_WS.to_dict()
+    monkeypatch.setattr(configs, "GLUON_XS_PICKED", ("fp8_ds_mla",))
+    assert plan(H=128, B=rows, N=1) == configs.SPARSE_MLA_GLUON_XS.to_dict()
+    assert plan(H=100, B=rows // 2, N=2) == configs.SPARSE_MLA_GLUON_XS.to_dict()
+    assert plan(H=128, B=rows - 1, N=1) == configs.SPARSE_MLA_GLUON_WS.to_dict()
+    assert plan(H=64, B=64, N=1) == configs.SPARSE_MLA_GLUON_WS.to_dict()
+    assert plan(H=128, B=64, N=1, K=640, d_qk=512, kv_format="fp8_model1") == \
+        configs.SPARSE_MLA_GLUON.to_dict()
+
+
+def test_cluster_kernels_listed_only_for_their_triton(monkeypatch):
+    """The sm_90 AOT listing of the large space holds the seesaw kernel's launches only with the
+    Triton the cluster kernels are written for (3.6: the GPU image's), so the AOT compile of the
+    space with another installed Triton (3.9 on CPU machines, which cannot compile them) skips
+    them; the other Gluon kernels are listed either way."""
+    from kernels.sparse_mla import gluon_cluster, triton_launch
+    labels = {}
+    for version in ("3.6.0", "3.9.0"):
+        monkeypatch.setattr(gluon_cluster, "cluster_kernels_supported",
+                            lambda v=None, _ver=version: _ver.startswith("3.6"))
+        labels[version] = [s.label for s in triton_launch.aot_specs("large")]
+    xs = [lb for lb in labels["3.6.0"] if lb.startswith("gluon_xs ")]
+    assert xs and not any(lb.startswith("gluon_xs ") for lb in labels["3.9.0"])
+    assert sorted(set(labels["3.6.0"]) - set(labels["3.9.0"])) == sorted(xs)
+
+
 def test_write_table_merges_old_null_configs_as_empty(table_dir):
     """A table written before every entry carried a config (null) still merges: its kept
     entries get ``{}`` (the plain path's config, the kernel path's heuristic)."""

@@ -1233,15 +1233,22 @@ def test_gluon_xs(q_dtype, H, feats, splits):
     assert float((out.float() - ws_out.float()).abs().max()) <= 1e-2 * scale
 
 
-def test_gluon_xs_config_substitution():
-    """The seesaw config where it cannot run: an odd number of 64-head blocks runs the
+def test_gluon_xs_config_substitution(monkeypatch):
+    """The seesaw config where it cannot run: an odd number of 64-head blocks, or a Triton other
+    than the one the cluster kernels are written for (3.6; ``gluon_cluster``), runs the
     warp-specialised kernel; fp8_model1 (its P has no dead rope chunk to live in) and fp32 q
     get the Triton 64-head tile; the interpreter the Triton tile."""
     from kernels import hardware
+    from kernels.sparse_mla import gluon_cluster
+    assert [gluon_cluster.cluster_kernels_supported(v) for v in ("3.6.0", "3.6", "3.9.0", "3.60.1")] \
+        == [True, True, False, False]
     xs, ws = configs.SPARSE_MLA_GLUON_XS, configs.SPARSE_MLA_GLUON_WS
     h200 = hardware.DeviceInfo(name="NVIDIA H200", cc=(9, 0), num_sms=132, smem_per_block=232_448)
     q128 = torch.zeros(1, 1, 128, 576, dtype=torch.bfloat16)
     kv = torch.zeros(4, 64, 656, dtype=torch.uint8)
+    monkeypatch.setattr(tsm, "_cluster_kernels_supported", lambda: False)
+    assert tsm._triton_config(h200, q128, kv, "fp8_ds_mla", 64, xs) == ws
+    monkeypatch.setattr(tsm, "_cluster_kernels_supported", lambda: True)
     assert tsm._triton_config(h200, q128, kv, "fp8_ds_mla", 64, xs) == xs
     assert tsm._triton_config(h200, q128[:, :, :64], kv, "fp8_ds_mla", 64, xs) == ws
     q512 = torch.zeros(1, 1, 128, 512, dtype=torch.bfloat16)
@@ -1252,11 +1259,13 @@ def test_gluon_xs_config_substitution():
                               xs).kernel == "triton"
 
 
-def test_gluon_xo_config_substitution():
+def test_gluon_xo_config_substitution(monkeypatch):
     """The crossover config where its clusters cannot form: an odd number of 64-head blocks
     runs the warp-specialised kernel (then its own rules: on the CPU interpreter the Triton
-    64-head tile); on the interpreter every H gets the Triton tile (no Gluon)."""
+    64-head tile); on the interpreter every H gets the Triton tile (no Gluon). With the Triton
+    the cluster kernels are written for (stubbed here: the CPU's may be another)."""
     from kernels import hardware
+    monkeypatch.setattr(tsm, "_cluster_kernels_supported", lambda: True)
     xo, ws = configs.SPARSE_MLA_GLUON_XO, configs.SPARSE_MLA_GLUON_WS
     assert [configs.gluon_xo_heads_ok(h) for h in (64, 65, 100, 128, 129, 192, 256)] == \
         [False, True, True, True, False, False, True]

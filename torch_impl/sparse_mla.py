@@ -165,6 +165,11 @@ def _triton_gate(q, kv_caches, kv_formats, d_v):
     return dev
 
 
+def _cluster_kernels_supported() -> bool:
+    from kernels.sparse_mla.gluon_cluster import cluster_kernels_supported
+    return cluster_kernels_supported()
+
+
 def _triton_config(dev, q, kv_cache, kv_format, K, config):
     """The tile config one cache's split kernel runs: ``config`` (the plan's) or the registry's
     choice, a Gluon config replaced by a Triton tile where its kernel cannot run
@@ -172,13 +177,17 @@ def _triton_config(dev, q, kv_cache, kv_format, K, config):
     ``configs.gluon_ws_latent_layout_ok``: rows packed and 16-byte aligned): the 64-head tile,
     or for the few-heads kernels (``"gluon_sh"``, ``"gluon_shws"``) the heuristic's Triton tile
     for the call; the crossover kernels (``"gluon_xo"``, ``"gluon_xs"``) with an odd number of
-    64-head blocks run the warp-specialised one (``configs.gluon_xo_heads_ok``)."""
+    64-head blocks (``configs.gluon_xo_heads_ok``) or under a Triton they are not written for
+    (``gluon_cluster.cluster_kernels_supported``) run the warp-specialised one."""
     B, N, H, D = q.shape
     width = _operand_bytes(q, kv_cache, kv_format)
     cfg = config or choose_config(dev, B=B, N=N, H=H, K=K, d_qk=D, kv_format=kv_format,
                                   operand_bytes=width)[1]
-    if cfg.kernel in configs.CLUSTER_KERNELS and not configs.gluon_xo_heads_ok(H):
-        cfg = configs.SPARSE_MLA_GLUON_WS   # one 64-head block left without its pair
+    if cfg.kernel in configs.CLUSTER_KERNELS and not (configs.gluon_xo_heads_ok(H)
+                                                     and _cluster_kernels_supported()):
+        # one 64-head block left without its pair, or a Triton the crossover kernels are not
+        # written for (gluon_cluster.CLUSTER_TRITON)
+        cfg = configs.SPARSE_MLA_GLUON_WS
     if not configs.kernel_eligible(cfg.kernel, dev, kv_format, D, width) or (
             cfg.kernel != "triton" and kv_format == "latent"
             and not configs.gluon_ws_latent_layout_ok(

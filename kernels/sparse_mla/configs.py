@@ -176,12 +176,16 @@ GLUON_XO_PICKED: tuple = ()
 # 1,090 / 1,147 SASS a warp per own + other's block. Measured on an H100 (2026-12-06,
 # bench/results/gluon_check_xsroll_h100_20261206.json): correct; B 64 H 128 132.3 us (gluon_ws
 # 141.6-142.6 in the day's other calls), B 128 259.9 (277.7-279.5), B 16 49.8 (51.2-51.4),
-# B 1 18.2 (15.7-15.9). In no space until an A/B in one call and a hang stress (bench/NOTES.md);
-# the binding runs it when a call passes it as ``config`` (even 64-head blocks, as gluon_xo;
-# else :data:`SPARSE_MLA_GLUON_WS`).
+# B 1 18.2 (15.7-15.9). In the large class's space (a dispatch table may name it); the
+# heuristic picks it only for the formats of GLUON_XS_PICKED (empty until an A/B against
+# gluon_ws in one call and a hang stress: bench/NOTES.md), at even 64-head blocks
+# (:func:`gluon_xo_heads_ok`) and at least GLUON_XS_MIN_ROWS (request, draft) rows (B 1 measured
+# slower); elsewhere, and under a Triton other than 3.6 (``gluon_cluster.CLUSTER_TRITON``), the
+# binding runs :data:`SPARSE_MLA_GLUON_WS` for it.
 SPARSE_MLA_GLUON_XS = SparseMLAConfig(block_h=64, block_k=64, num_warps=4, num_stages=2,
                                       prefetch=True, kernel="gluon_xs")
 GLUON_XS_PICKED: tuple = ()
+GLUON_XS_MIN_ROWS = 16
 
 
 # the kernels launched in clusters of two 64-head CTAs (gluon_xo.launch_cluster)
@@ -349,6 +353,7 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SPARSE_MLA_GLUON,
         SPARSE_MLA_GLUON2,
         SPARSE_MLA_GLUON_WS,
+        SPARSE_MLA_GLUON_XS,
         SPARSE_MLA_GLUON_SH8,
         SPARSE_MLA_GLUON_SH16,
         SPARSE_MLA_GLUON_SH16W8,
@@ -410,7 +415,8 @@ def sparse_mla_space(smem_per_block: int, operand_bytes: int = 2) -> tuple[Spars
 def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int = 2, *,
                          rows: int | None = None, topk: int | None = None,
                          gluon: bool = False, gluon_ws: bool = False,
-                         gluon_sh: bool = False, gluon_shws: bool = False) -> SparseMLAConfig:
+                         gluon_sh: bool = False, gluon_shws: bool = False,
+                         gluon_xs: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
@@ -433,7 +439,11 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     H 8 fp8_model1 28.9 vs 42.7. ``gluon_shws`` (with ``gluon_sh``: the caller's statement that the
     warp-specialised few-heads kernel is picked for the format, :data:`GLUON_SHWS_PICKED`) picks
     :data:`SPARSE_MLA_GLUON_SHWS8` for H <= :data:`GLUON_SHWS_PICKED_MAX_HEADS` (8): on the H200
-    (2026-12-05, ninth session) V4 B 64 H 8 fp8_model1 22.3 vs 28.7 us.
+    (2026-12-05, ninth session) V4 B 64 H 8 fp8_model1 22.3 vs 28.7 us. ``gluon_xs`` (the
+    caller's statement that the seesaw kernel can run the call and is picked for its format,
+    :data:`GLUON_XS_PICKED`) picks :data:`SPARSE_MLA_GLUON_XS` for an even number of 64-head
+    blocks and ``rows`` >= :data:`GLUON_XS_MIN_ROWS` (H100, 2026-12-06: B 64 H 128 132.3 us
+    against ``gluon_ws``'s 141.6-142.6 in other calls, B 1 18.2 against 15.7-15.9).
     """
     space = sparse_mla_space(smem_per_block, operand_bytes)
     if operand_bytes >= 4:
@@ -441,6 +451,9 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     if gluon_sh and num_heads <= GLUON_SH_PICKED_MAX_HEADS \
             and _few_heads(num_heads, gluon_shws) in space:
         return _few_heads(num_heads, gluon_shws)
+    if (gluon_xs and rows is not None and rows >= GLUON_XS_MIN_ROWS
+            and gluon_xo_heads_ok(num_heads) and SPARSE_MLA_GLUON_XS in space):
+        return SPARSE_MLA_GLUON_XS
     if gluon_ws and num_heads >= 64 and SPARSE_MLA_GLUON_WS in space:
         return SPARSE_MLA_GLUON_WS
     if gluon and num_heads >= 64 and SPARSE_MLA_GLUON in space:

@@ -30,6 +30,19 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 
 CLUSTER = 2        # CTAs in a cluster (the pair that shares a row block)
 CLUSTER_CTAS = gl.constexpr(CLUSTER)
+# The Triton release the cluster kernels are written against: its PTX conventions (the offsets
+# :func:`mbarrier_inits` reads, ``global_smem``) and its Gluon frontend (Triton 3.9 renamed
+# ``shared_memory_descriptor._reinterpret``, so ``gluon_xo`` / ``gluon_xs`` do not compile there).
+CLUSTER_TRITON = "3.6"
+
+
+def cluster_kernels_supported(version: str | None = None) -> bool:
+    """Whether the crossover kernels (``gluon_xo``, ``gluon_xs``) can be compiled and launched
+    with Triton ``version`` (default: the one imported): the :data:`CLUSTER_TRITON` releases."""
+    if version is None:
+        import triton
+        version = triton.__version__
+    return version == CLUSTER_TRITON or version.startswith(CLUSTER_TRITON + ".")
 
 
 @gluon.jit

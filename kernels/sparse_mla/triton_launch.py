@@ -126,8 +126,11 @@ def split_spec(kv_format: str, d_qk: int, q_dtype: torch.dtype, final: bool,
 def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
     """Launches of the triton path on a GPU of ``smem_class`` (``kernels.sparse_mla.configs``) as
     ``kernels._triton_aot.LaunchSpec`` s: each of ``variants`` x every config of the space for
-    its dot-operand width, plus the combine kernel for bf16 and fp32 outputs."""
+    its dot-operand width (the crossover kernels' only with the Triton they are written for,
+    ``gluon_cluster.cluster_kernels_supported``), plus the combine kernel for bf16 and fp32
+    outputs."""
     from kernels._triton_aot import LaunchSpec
+    from kernels.sparse_mla.gluon_cluster import cluster_kernels_supported
     mod = "kernels.sparse_mla.triton"
     specs = []
     for kv_format, d_qk, q_dtype, final in variants:
@@ -135,6 +138,8 @@ def aot_specs(smem_class: str, variants=AOT_VARIANTS) -> list:
         dot = dot_dtype(q_dtype, kv_dtype, kv_format)
         for cfg in configs.SPARSE_MLA_SPACE[(smem_class, 4 if dot == "float32" else 2)]:
             built = configs.GLUON_KERNEL_FORMATS.get(cfg.kernel)
+            if cfg.kernel in configs.CLUSTER_KERNELS and not cluster_kernels_supported():
+                continue               # not launched with this Triton (the binding runs gluon_ws)
             if built is not None:      # a Gluon kernel: its formats, 16-bit dots only
                 if (kv_format, d_qk) in built and dot != "float32":
                     specs.extend(_gluon_specs(kv_format, q_dtype, final, cfg.num_stages,
