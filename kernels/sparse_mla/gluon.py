@@ -329,15 +329,13 @@ def _issue_values(o0, o1, o2, o3, o4, o5, o6, o7, p, alpha, an, y0, y1, y2, y3, 
 
 
 @gluon.jit
-def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
-              sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL: gl.constexpr,
-              HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, MMA: gl.constexpr,
-              HB: gl.constexpr = 64):
-    """The Gluon kernels' epilogue: normalise the eight 64-dim accumulator chunks ``[HB heads,
-    64]`` in layout ``MMA`` (the nope chunks carry the running unit ``2^ub``; fp8_model1's rope
-    chunk, part of V, does not), then write the final output with the sink and the natural-log
-    LSE (``FINAL``) or the fp32 partial and its log2 LSE, as the Triton kernel does."""
-    MROW: gl.constexpr = gl.SliceLayout(1, MMA)
+def _epilogue_rows(m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn, sink_ptr, lse_ptr, pl_ptr,
+                   FINAL: gl.constexpr, HAS_SINK: gl.constexpr, MROW: gl.constexpr,
+                   HB: gl.constexpr = 64, STORE_LSE: gl.constexpr = True):
+    """The per-head half of :func:`_epilogue`: from the running max / sum / unit, the heads and
+    their mask, whether a head saw a valid row, ``1 / l`` and ``2^ub / l``, the sink factor, and
+    (``STORE_LSE``) the natural-log LSE (``FINAL``) or the partial's log2 LSE stored. Returns
+    ``(heads, h_ok, has, inv_l, inv_n, sink_f)`` in layout ``MROW``."""
     heads = pid_h * HB + gl.arange(0, HB, layout=MROW)
     h_ok = heads < H
     has = l_i != 0.0
@@ -351,9 +349,25 @@ def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_
         if HAS_SINK:
             sink = _finite_sink(gl.load(sink_ptr + heads, mask=h_ok, other=0.0))
             sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
-        gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
-    else:
+        if STORE_LSE:
+            gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
+    elif STORE_LSE:
         gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
+    return heads, h_ok, has, inv_l, inv_n, sink_f
+
+
+@gluon.jit
+def _epilogue(o0, o1, o2, o3, o4, o5, o6, o7, m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn,
+              sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL: gl.constexpr,
+              HAS_SINK: gl.constexpr, ROPE_IN_V: gl.constexpr, MMA: gl.constexpr,
+              HB: gl.constexpr = 64):
+    """The Gluon kernels' epilogue: normalise the eight 64-dim accumulator chunks ``[HB heads,
+    64]`` in layout ``MMA`` (the nope chunks carry the running unit ``2^ub``; fp8_model1's rope
+    chunk, part of V, does not), then write the final output with the sink and the natural-log
+    LSE (``FINAL``) or the fp32 partial and its log2 LSE, as the Triton kernel does."""
+    heads, h_ok, has, inv_l, inv_n, sink_f = _epilogue_rows(
+        m_i, l_i, ub_i, pid_h, pid_s, pid_bn, H, nbn, sink_ptr, lse_ptr, pl_ptr, FINAL, HAS_SINK,
+        gl.SliceLayout(1, MMA), HB)
     _store_out(o0, inv_n, has, sink_f, 0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
     _store_out(o1, inv_n, has, sink_f, 1, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)
     _store_out(o2, inv_n, has, sink_f, 2, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr, FINAL, MMA)

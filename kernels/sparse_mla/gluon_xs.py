@@ -91,15 +91,16 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_init,
                                                               warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _issue_nope_scores, _list_range, _program,
-                                      _q_exponent, _q_rows, _store_out, _store_q_scaled)
+from kernels.sparse_mla.gluon import (NEG, _epilogue_rows, _issue_nope_scores, _list_range,
+                                      _program, _q_exponent, _q_rows, _store_out,
+                                      _store_q_scaled)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _fence_mbarrier_init,
                                               _lanes, _meta_word, _peer_arrive, _require_cluster,
                                               mbarrier_inits)
 from kernels.sparse_mla.gluon_ws import PRODUCER_WARPS, _alloc_fp8_ring, _barrier
 from kernels.sparse_mla.gluon_xo import _ring_setup, _xo_producer, offsets_of_inits
 from kernels.sparse_mla.gluon_xo import launch_cluster as xo_launch_cluster
-from kernels.sparse_mla.triton import _finite_sink, _pow2
+from kernels.sparse_mla.triton import _pow2
 
 NUM_WARPS = 4               # the default partition: consumer warpgroup 0
 CONSUMER_WARPS = gl.constexpr(4)
@@ -300,22 +301,9 @@ def _xs_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         _release(empty, empty_addr, (nblk - 1) % NBUF, lanes)
 
     # ---- epilogue: this warpgroup's four chunks (gluon._epilogue's); warpgroup 0 the LSE
-    heads = pid_h * 64 + gl.arange(0, 64, layout=MROW)
-    h_ok = heads < H
-    has = l_run != 0.0
-    l_safe = gl.where(has, l_run, 1.0)
-    inv_n = (1.0 / l_safe) * _pow2(ub_o)
-    lse2 = gl.where(has, m_run + gl.log2(l_safe), float("-inf"))
-    sink_f = gl.full([64], 1.0, gl.float32, layout=MROW)
-    if FINAL:
-        lse = lse2 * 0.6931471805599453
-        if HAS_SINK:
-            sink = _finite_sink(gl.load(sink_ptr + heads, mask=h_ok, other=0.0))
-            sink_f = 1.0 / (1.0 + gl.exp(sink - lse))
-        if ME == 0:
-            gl.store(lse_ptr + pid_bn.to(gl.int64) * H + heads, lse, mask=h_ok)
-    elif ME == 0:
-        gl.store(pl_ptr + (pid_s.to(gl.int64) * nbn + pid_bn) * H + heads, lse2, mask=h_ok)
+    heads, h_ok, has, inv_l, inv_n, sink_f = _epilogue_rows(
+        m_run, l_run, ub_o, pid_h, pid_s, pid_bn, H, nbn, sink_ptr, lse_ptr, pl_ptr, FINAL,
+        HAS_SINK, MROW, 64, ME == 0)
     C0: gl.constexpr = 4 * ME
     _store_out(o0, inv_n, has, sink_f, C0, heads, h_ok, pid_s, pid_bn, H, nbn, po_ptr, out_ptr,
                FINAL, MMA)
