@@ -22,7 +22,8 @@ config, in the sm_90 space, and its 16-head sweep config); ``gluon_xo`` the cros
 (clusters of two 64-head CTAs sharing each row block's conversion) on the fp8 formats at H 100 /
 128 (checks; corner cases at H 128) and the 128-head shapes (timing), in a child process;
 ``gluon_xs`` the same on fp8_ds_mla (its only format), ``gluon_xs_p56`` with a producer budget
-of 56 registers.
+of 56 registers; ``gluon_xs_pf`` / ``gluon_ws_pf`` with the producer hinting the next row
+block into L2 (``L2_PREFETCH``).
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -33,7 +34,10 @@ where it cannot). Timing: ``triton.testing.do_bench_cudagraph`` medians (one CUD
 call, so launch overhead is excluded) of each Gluon config and of the heuristic's Triton config
 (``configs.sparse_mla_heuristic`` without the Gluon flags: for latent the 64 x 32 tile of the
 631 us bench row, the A/B comparison) at the issue's target shapes of the requested kernels'
-formats (bench.mla_sweep's inputs).
+formats (bench.mla_sweep's inputs); each timing row also has ``median_us_cold``: the same call
+with its gathered rows L2-cold, R rotated index sets in one graph (:func:`_time_cold`), the
+condition of the bench's rows. The plain median alone misled once: gluon_xs 131.9 us against
+gluon_ws 142.0 that way, 162.2 against 148 in the bench (H100, 2026-12-06).
 
 The WS kernels, ``gluon_sh`` and ``gluon_shws`` (:data:`ISOLATED`) run in child processes (the same module with
 ``--kernels <one>``), one each,
@@ -94,6 +98,10 @@ KERNELS = {
     # most likely slow rather than hung (bench/NOTES.md fifteenth session)
     "gluon_xs_p56": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",),
                      {"gluon_xs.PRODUCER_REGS": 56}),
+    # the producers hinting the next block's rows into L2 (gluon._l2_prefetch_rows): for the
+    # L2-cold rows of the bench (``median_us_cold``)
+    "gluon_xs_pf": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {"gluon_xs.L2_PREFETCH": 1}),
+    "gluon_ws_pf": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {"L2_PREFETCH": 1}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a
@@ -290,6 +298,34 @@ def timing_splits(cfg, rows: int, H: int, K: int, dev) -> int:
         ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, dev.smem_per_block))
 
 
+def _time_cold(q, kv, idx, B: int, K: int, fmt: str, dqk: int, cfg, splits: int,
+               max_rotations: int = 64) -> tuple[float, int]:
+    """Median us a call with the gathered rows L2-cold, as ``python -m bench`` times them: R index
+    sets over the same cache (each request's rows redrawn uniformly from its own pages, as
+    ``bench.mla_sweep._inputs`` draws them), R calls in one CUDA graph, R large enough that the
+    sets' gathered bytes exceed twice the L2 (``bench.inputs.L2_BYTES``; at most
+    ``max_rotations``). The plain median (``do_bench_cudagraph`` of one call) re-gathers the same
+    rows every replay, part of them from L2: on an H100 gluon_xs timed 131.9 us that way at B 64
+    H 128 and 162.2 in the bench (2026-12-06). Returns (median us a call, R)."""
+    from bench.inputs import L2_BYTES
+    from kernels import formats
+    row_bytes = {"fp8_ds_mla": 656, "latent": dqk * 2}.get(fmt) or formats.model1_page_bytes(64) // 64
+    touched = B * K * row_bytes
+    R = max(2, min(max_rotations, -(-2 * L2_BYTES // touched)))
+    pages_per_req = kv.shape[0] // B                   # _inputs: 512 pages of 64 rows a request
+    L = pages_per_req * (kv.shape[1] if kv.dim() >= 3 else 64)
+    g = torch.Generator(device="cuda").manual_seed(1234)
+    base = torch.arange(B, device="cuda")[:, None, None] * L
+    sets = [((torch.rand(B, 1, K, device="cuda", generator=g) * L).long() + base).int()
+            for _ in range(R)]
+
+    def fn():
+        for ix in sets:
+            tsm._triton_impl(q, kv, ix, dqk ** -0.5, fmt, 512, None, None, None,
+                             config=cfg, num_splits=splits)
+    return triton.testing.do_bench_cudagraph(fn, rep=200) * 1e3 / R, R
+
+
 def _stress(fn, out, lse, launches: int, every: int = 250) -> tuple[int, int, float]:
     """Launch ``fn`` (a kernel call returning ``(out, lse)``) ``launches`` times back to back,
     comparing every ``every``-th result bitwise with ``out`` / ``lse`` (the kernels have no
@@ -339,7 +375,7 @@ def timing(kernels: list[str], with_heuristic: bool = True, formats=None,
             fn = lambda: tsm._triton_impl(q, kv, idx, dqk ** -0.5, fmt, 512, None, None, None,
                                           config=cfg, num_splits=splits)
             t0 = time.time()
-            us = diff = err = None
+            us = diff = err = us_cold = rots = None
             ran = tsm._triton_config(dev, q, kv, fmt, K, cfg).kernel
             try:
                 out, lse = fn()
@@ -359,6 +395,8 @@ def timing(kernels: list[str], with_heuristic: bool = True, formats=None,
                     diff = float((out.float() - ref[0]).abs().max())
                 if timed:
                     us = triton.testing.do_bench_cudagraph(fn, rep=100) * 1e3
+                    # the bench's condition: rows L2-cold (rotated index sets, one graph)
+                    us_cold, rots = _time_cold(q, kv, idx, B, K, fmt, dqk, cfg, splits)
                 if stress and kernel != "triton":
                     n, bad, wall = _stress(fn, out, lse, stress)
                     checks.append(_emit("check", dict(
@@ -374,8 +412,8 @@ def timing(kernels: list[str], with_heuristic: bool = True, formats=None,
             if not timed and err is None:
                 continue
             row = dict(preset=preset, B=B, H=H, K=K, kv_format=fmt, kernel=kernel, ran=ran,
-                       config=cfg.to_dict(), splits=splits, median_us=us,
-                       max_abs_diff_vs_heuristic=diff, error=err, wall_s=round(time.time() - t0, 1))
+                       config=cfg.to_dict(), splits=splits, median_us=us, median_us_cold=us_cold,
+                       cold_rotations=rots, max_abs_diff_vs_heuristic=diff, error=err, wall_s=round(time.time() - t0, 1))
             rows.append(_emit("timing", row))
             print(json.dumps(row), flush=True)
         del q, kv, idx

@@ -4,7 +4,7 @@ of each partition's block loop (per warp per 64-row block).
 
     PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts
         [--model1 | --latent [--fp16] [--signal 0|1] [--p-smem 0|1]] [--producer-regs N]
-        [--final] [--slots]
+        [--l2-prefetch 0|1] [--kernel gluon_ws|gluon_xs] [--final] [--slots]
 
 The loops are ``kernels._triton_aot.block_loops``: the innermost backward branches spanning more
 than 1 KiB of code before the last EXIT (the mbarrier retry loops that ptxas moves behind it are
@@ -34,6 +34,11 @@ def main() -> None:
                     help="latent P exchange (default gluon_ws.LATENT_P_SMEM)")
     ap.add_argument("--producer-regs", type=int, default=None,
                     help="the producer's setmaxnreg budget (default gluon_ws.PRODUCER_REGS)")
+    ap.add_argument("--l2-prefetch", type=int, choices=(0, 1), default=None,
+                    help="the fp8 producer's L2 hint of the next block (default the module's "
+                         "L2_PREFETCH)")
+    ap.add_argument("--kernel", choices=("gluon_ws", "gluon_xs"), default="gluon_ws",
+                    help="gluon_ws (default) or the seesaw kernel gluon_xs (fp8_ds_mla)")
     ap.add_argument("--final", action="store_true", help="the single-split epilogue")
     ap.add_argument("--slots", action="store_true", help="plain slots (default a block table)")
     args = ap.parse_args()
@@ -45,9 +50,9 @@ def main() -> None:
     import dataclasses
     fmt = "latent" if args.latent else ("fp8_model1" if args.model1 else "fp8_ds_mla")
     spec = triton_launch._gluon_specs(fmt, torch.float16 if args.fp16 else torch.bfloat16,
-                                      args.final, 2, "gluon_ws")[1 if args.slots else 0]
+                                      args.final, 2, args.kernel)[1 if args.slots else 0]
     for name, val in (("SIGNAL", args.signal), ("P_SMEM", args.p_smem),
-                      ("PRODUCER_REGS", args.producer_regs)):
+                      ("PRODUCER_REGS", args.producer_regs), ("L2_PREFETCH", args.l2_prefetch)):
         if val is not None:
             spec = dataclasses.replace(spec, label=f"{spec.label} {name}={val}",
                                        constexprs={**spec.constexprs, name: val})

@@ -189,10 +189,22 @@ def test_gluon_check_variants_set_their_module_constants():
     from bench import gluon_check as gc
     from kernels.sparse_mla import gluon_xs
     assert {"gluon_xo", "gluon_xs", "gluon_xs_p56"} <= set(gc.CLUSTERED) <= set(gc.ISOLATED)
-    assert gluon_xs.launch_constexprs("fp8_ds_mla") == dict(PRODUCER_REGS=64, CONSUMER_REGS=192)
+    assert gluon_xs.launch_constexprs("fp8_ds_mla") == dict(PRODUCER_REGS=64, CONSUMER_REGS=192,
+                                                            L2_PREFETCH=1)
     try:
         gc._use("gluon_xs_p56")
         assert gluon_xs.launch_constexprs("fp8_ds_mla") == dict(PRODUCER_REGS=56,
-                                                                CONSUMER_REGS=200)
+                                                                CONSUMER_REGS=200, L2_PREFETCH=1)
     finally:
         gluon_xs.PRODUCER_REGS = 64
+    # the L2-hint variants: gluon_xs's own constant, and gluon_ws's (fp8 only; latent keeps 0)
+    from kernels.sparse_mla import gluon_ws
+    try:
+        gluon_xs.L2_PREFETCH = gluon_ws.L2_PREFETCH = 0
+        gc._use("gluon_xs_pf")
+        assert gluon_xs.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
+        gc._use("gluon_ws_pf")
+        assert gluon_ws.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
+        assert gluon_ws.launch_constexprs("latent")["L2_PREFETCH"] == 0
+    finally:
+        gluon_xs.L2_PREFETCH = gluon_ws.L2_PREFETCH = 1

@@ -105,11 +105,16 @@ def test_bucket_uses_the_bucket_keys_only():
 def test_plan_without_a_table_is_the_default_order_and_the_heuristics(table_dir):
     p = REGISTRY.plan("sparse_mla_decode", "torch", H200, **MLA)
     assert p.order == ("triton", "torch") and p.entry is None
-    # an H200 with an fp8_ds_mla cache and 16-bit q: the warp-specialised Gluon kernel
-    # (configs.sparse_mla_heuristic, configs.GLUON_WS_PICKED); fp8_model1: the Gluon kernel
+    # an H200 with an fp8_ds_mla cache and 16-bit q at B x N >= GLUON_XS_MIN_ROWS: the seesaw
+    # Gluon kernel (configs.sparse_mla_heuristic, configs.GLUON_XS_PICKED); below that the
+    # warp-specialised one (configs.GLUON_WS_PICKED); fp8_model1: the Gluon kernel
+    assert MLA["B"] * MLA["N"] >= configs.GLUON_XS_MIN_ROWS
     assert p.config == configs.sparse_mla_heuristic(128, H200.smem_per_block, rows=MLA["B"] * MLA["N"],
-                                                    topk=MLA["K"], gluon=True, gluon_ws=True).to_dict()
-    assert p.config == configs.SPARSE_MLA_GLUON_WS.to_dict()
+                                                    topk=MLA["K"], gluon=True, gluon_ws=True,
+                                                    gluon_xs=True).to_dict()
+    assert p.config == configs.SPARSE_MLA_GLUON_XS.to_dict()
+    few = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, B=1, N=1))
+    assert few.config == configs.SPARSE_MLA_GLUON_WS.to_dict()
     m1 = REGISTRY.plan("sparse_mla_decode", "torch", H200, **dict(MLA, H=64, K=640, d_qk=512,
                                                                     kv_format="fp8_model1"))
     assert m1.config == configs.SPARSE_MLA_GLUON.to_dict()
@@ -261,12 +266,14 @@ def test_accept_fills_the_fields_a_table_leaves_out_from_the_heuristic():
     # a 16-bit latent cache: the warp-specialised Gluon kernel, kept by {}
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {},
                            **dict(MLA, kv_format="latent")) == configs.SPARSE_MLA_GLUON_WS.to_dict()
-    # fp8 on sm_90: the heuristic is the (warp-specialised) Gluon kernel; {} keeps it, a config
-    # without "kernel" names a Triton tile (the field selects the kernel, it is not filled in)
+    # fp8 on sm_90 at B 64: the heuristic is the seesaw Gluon kernel (GLUON_XS_PICKED); {} keeps
+    # it, a config without "kernel" names a Triton tile (the field selects the kernel, it is not
+    # filled in)
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {}, **MLA) == \
-        configs.SPARSE_MLA_GLUON_WS.to_dict()
-    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, part, **MLA) == \
-        configs.SparseMLAConfig(64, 32, 8, 1).to_dict()
+        configs.SPARSE_MLA_GLUON_XS.to_dict()
+    # (the warps named: the seesaw heuristic's 4 would fill a tile outside the space)
+    assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {**part, "num_warps": 8},
+                           **MLA) == configs.SparseMLAConfig(64, 32, 8, 1).to_dict()
     assert REGISTRY.accept("sparse_mla_decode", "torch", "triton", H200, {"kernel": "gluon"},
                            **lat) is None                     # fp32 q: no Gluon kernel
 
@@ -276,12 +283,13 @@ def test_seesaw_kernel_is_planned_only_where_picked(table_dir, monkeypatch):
     only for the formats of ``configs.GLUON_XS_PICKED``: with fp8_ds_mla picked, H 128 and H 100
     (two 64-head blocks) at B x N >= ``GLUON_XS_MIN_ROWS`` plan it; B x N below that, H 64 (one
     block: no cluster pair) and fp8_model1 (not built) plan what they did; with nothing picked
-    (today) H 128 plans the warp-specialised kernel."""
+    H 128 plans the warp-specialised kernel."""
     assert configs.SPARSE_MLA_GLUON_XS in configs.sparse_mla_space(H200.smem_per_block)
     assert configs.SPARSE_MLA_GLUON_XS not in configs.sparse_mla_space(configs.SMALL_SMEM)
     plan = lambda **kw: REGISTRY.plan("sparse_mla_decode", "torch", H200,  # noqa: E731
                                       **dict(MLA, **kw)).config
     rows = configs.GLUON_XS_MIN_ROWS
+    monkeypatch.setattr(configs, "GLUON_XS_PICKED", ())
     assert plan(H=128, B=rows, N=1) == configs.SPARSE_MLA_GLUON_WS.to_dict()
     monkeypatch.setattr(configs, "GLUON_XS_PICKED", ("fp8_ds_mla",))
     assert plan(H=128, B=rows, N=1) == configs.SPARSE_MLA_GLUON_XS.to_dict()

@@ -176,15 +176,19 @@ GLUON_XO_PICKED: tuple = ()
 # 1,090 / 1,147 SASS a warp per own + other's block. Measured on an H100 (2026-12-06,
 # bench/results/gluon_check_xsroll_h100_20261206.json): correct; B 64 H 128 132.3 us (gluon_ws
 # 141.6-142.6 in the day's other calls), B 128 259.9 (277.7-279.5), B 16 49.8 (51.2-51.4),
-# B 1 18.2 (15.7-15.9). In the large class's space (a dispatch table may name it); the
-# heuristic picks it only for the formats of GLUON_XS_PICKED (empty until an A/B against
-# gluon_ws in one call and a hang stress: bench/NOTES.md), at even 64-head blocks
+# B 1 18.2 (15.7-15.9). Picked for fp8_ds_mla with its producer's L2 hint of the next block
+# (gluon_xs.L2_PREFETCH): in the bench's rows (block tables, H100, 2026-12-06, one call,
+# bench/results/bench_h100_targets_mla_20261206_{ws,xspf}.json) B 64 H 128 131.9 us against
+# gluon_ws's 148.5, B 16 46.6 / 53.8, B 128 257.5 / 291.7, B 64 N 2 255.7 / 289.9; without the
+# hint 162.2 at B 64 (bench_h100_targets_torch_20261206_xs_nopf.json); 5,000 stress launches a
+# shape bitwise equal (gluon_check_xs2_h100_20261206.json). In the large class's space; the
+# heuristic picks it only for the formats of GLUON_XS_PICKED, at even 64-head blocks
 # (:func:`gluon_xo_heads_ok`) and at least GLUON_XS_MIN_ROWS (request, draft) rows (B 1 measured
 # slower); elsewhere, and under a Triton other than 3.6 (``gluon_cluster.CLUSTER_TRITON``), the
 # binding runs :data:`SPARSE_MLA_GLUON_WS` for it.
 SPARSE_MLA_GLUON_XS = SparseMLAConfig(block_h=64, block_k=64, num_warps=4, num_stages=2,
                                       prefetch=True, kernel="gluon_xs")
-GLUON_XS_PICKED: tuple = ()
+GLUON_XS_PICKED: tuple = ("fp8_ds_mla",)
 GLUON_XS_MIN_ROWS = 16
 
 

@@ -88,6 +88,30 @@ def _load_u8(kv_ptr, base, ok, C: gl.constexpr, LD: gl.constexpr):
 
 
 @gluon.jit
+def _l2_prefetch_rows(kv_ptr, page, off, ok, page_bytes, KV_FORMAT: gl.constexpr,
+                      ROWS: gl.constexpr):
+    """Hint the bytes of ``ROWS`` gathered rows (``page`` / ``off`` / ``ok`` in a row layout of
+    ``ROWS`` rows over the partition's warps, 4 lanes a row) into L2: one ``prefetch.global.L2``
+    per 128-byte line (ds_mla: a 656-byte row at a 16-byte aligned offset spans at most 6 lines;
+    model1's 576-byte data at a 64-byte aligned one at most 5; the lines' addresses ``base + 128
+    c``). No destination register and no scoreboard, so a producer can hint the next block while
+    this block's loads are in flight; invalid rows are predicated off (never dereferenced, not
+    even as a hint)."""
+    LINES: gl.constexpr = 6 if KV_FORMAT == 1 else 5
+    PF: gl.constexpr = gl.BlockedLayout([1, ROWS // (4 * gl.num_warps())],
+                                        [ROWS // gl.num_warps(), 32 * gl.num_warps() // ROWS],
+                                        [gl.num_warps(), 1], [1, 0])
+    base = gl.convert_layout(_row_base(page, off, page_bytes, KV_FORMAT), gl.SliceLayout(1, PF))
+    okp = gl.convert_layout(ok, gl.SliceLayout(1, PF))
+    c = gl.arange(0, 8, layout=gl.SliceLayout(0, PF))
+    addr = (kv_ptr + (base[:, None] + c[None, :] * 128)).to(gl.int64)
+    on = (okp[:, None] & (c[None, :] < LINES)).to(gl.int32)
+    gl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
+        "=r,l,r", [addr, on], dtype=gl.int32, is_pure=False, pack=1)
+
+
+@gluon.jit
 def _load_rope(kv16_ptr, base, ok, KV_FORMAT: gl.constexpr, LD16: gl.constexpr):
     """bf16 rope bits ([64 rows, 64] int16) of each row: bytes 528.. (ds_mla), 448.. (model1)."""
     d = gl.arange(0, 64, layout=gl.SliceLayout(0, LD16))

@@ -76,7 +76,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _block_unit, _epilogue, _issue_scores,
-                                      _issue_values, _list_range, _load_rope, _load_scales,
+                                      _issue_values, _l2_prefetch_rows, _list_range, _load_rope,
+                                      _load_scales,
                                       _load_u8, _online_softmax, _program, _q_rows, _resolve,
                                       _row_base, _store_q_scaled, _tile)
 from kernels.sparse_mla.gluon_cluster import _cluster_sync, _lanes, _meta_word, _peer_arrive
@@ -113,6 +114,14 @@ LATENT_SIGNAL = 1
 # barrier, ldmatrix; 0 = ``gl.convert_layout`` through the compiler's 4 KB scratch (two rounds a
 # part, 8 barriers a block; what the fp8 consumer does)
 LATENT_P_SMEM = 0
+# the fp8 producer hints the next row block's gathered rows into L2 once this block's loads are
+# issued (constexpr ``L2_PREFETCH``, read at each launch; ``gluon._l2_prefetch_rows``): the
+# next block's gathers then wait on L2 rather than DRAM. Measured on an H100 (2026-12-06,
+# bench/results/gluon_check_pf_h100_20261206.json, one call, against 0): fp8_ds_mla B 64 H 64
+# 91.0 us / 95.8, B 16 H 128 50.3 / 51.4, B 1 16.2 / 16.0; slower at B 64 H 128 (146.0 / 142.9)
+# and B 128 (287.1 / 280.6), which gluon_xs runs now, and fp8_model1 B 64 H 64 (56.2 / 55.1),
+# which the Gluon kernel runs (bench/NOTES.md, sixteenth session)
+L2_PREFETCH = 1
 
 
 def launch_constexprs(kv_format: str) -> dict:
@@ -120,11 +129,12 @@ def launch_constexprs(kv_format: str) -> dict:
     cache of ``kv_format``, as the launcher and the AOT specs pass them: the producer's register
     budget, the consumer's ``empty`` arrivals, the latent full-slot signal
     (:data:`LATENT_SIGNAL`) and P exchange (:data:`LATENT_P_SMEM`); 0 for the fp8 formats,
-    which read neither."""
+    which read neither; the fp8 producer's L2 hint (:data:`L2_PREFETCH`; 0 for latent)."""
     if kv_format == "latent":
         return dict(PRODUCER_REGS=LATENT_PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS,
-                    SIGNAL=LATENT_SIGNAL, P_SMEM=LATENT_P_SMEM)
-    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS, SIGNAL=0, P_SMEM=0)
+                    SIGNAL=LATENT_SIGNAL, P_SMEM=LATENT_P_SMEM, L2_PREFETCH=0)
+    return dict(PRODUCER_REGS=PRODUCER_REGS, EMPTY_ARRIVALS=EMPTY_ARRIVALS, SIGNAL=0, P_SMEM=0,
+                L2_PREFETCH=L2_PREFETCH)
 
 
 @gluon.jit
@@ -170,7 +180,7 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
                  chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
-                 ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr):
+                 ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr, L2_PREFETCH: gl.constexpr = 0):
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     # [64 rows, 64 B] per chunk over 8 warps: one 16-byte vector a thread
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
@@ -195,6 +205,9 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         phase = (j // NBUF) & 1
         # this block's scales and rows (slots resolved last iteration), the next block's slots'
         # inputs one step further down the chain
+        if L2_PREFETCH:                   # the next block's slots now, for the hint (their
+            pg_n, of_n, ok_n = _resolve(i1, e1, in1, num_slots, num_pages, max_pages,  # inputs
+                                        page_size, HAS_BT)                             # die here)
         base = _row_base(pg, of, page_bytes, KV_FORMAT)
         c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, base, ok, page_size, page_bytes,
                                       KV_FORMAT)
@@ -212,6 +225,8 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         else:
             r7 = r6
         rr = _load_rope(kv16_ptr, base, ok, KV_FORMAT, LD16)
+        if L2_PREFETCH:                   # the next block's rows into L2 (:data:`L2_PREFETCH`)
+            _l2_prefetch_rows(kv_ptr, pg_n, of_n, ok_n, page_bytes, KV_FORMAT, 64)
         ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
         shift = _pow2(254 - ub)
 
@@ -232,7 +247,10 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         _barrier()                            # every producer thread has stored
         mbarrier.arrive(full.index(buf))
         ub_i = ub
-        pg, of, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
+        if L2_PREFETCH:
+            pg, of, ok = pg_n, of_n, ok_n
+        else:
+            pg, of, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size, HAS_BT)
         e1 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
         i1 = i2
         in1 = in2
@@ -552,6 +570,7 @@ def _sparse_mla_gluon_ws_kernel(
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
     NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 56,
     EMPTY_ARRIVALS: gl.constexpr = 1, SIGNAL: gl.constexpr = 0, P_SMEM: gl.constexpr = 1,
+    L2_PREFETCH: gl.constexpr = 0,
 ):
     """Same arguments as ``gluon._sparse_mla_gluon_kernel`` (``NBUF``: X slots in the ring;
     ``PRODUCER_REGS``: the producer's register budget; ``EMPTY_ARRIVALS``: threads of the
@@ -630,5 +649,6 @@ def _sparse_mla_gluon_ws_kernel(
              (_ws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                              x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                              si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                             page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF))],
+                             page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
+                             L2_PREFETCH))],
             [PRODUCER_WARPS], [PRODUCER_REGS])

@@ -54,8 +54,9 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
 
-from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _load_rope, _load_scales,
-                                      _pipeline_ahead, _pipeline_start, _resolve, _row_base, _tile)
+from kernels.sparse_mla.gluon import (_block_unit, _issue_rows, _l2_prefetch_rows, _load_rope,
+                                      _load_scales, _pipeline_ahead, _pipeline_start, _resolve,
+                                      _row_base, _tile)
 from kernels.sparse_mla.gluon_cluster import (CLUSTER_CTAS, _cluster_sync, _copy_to_peer,
                                               _cta_rank, _fence_mbarrier_init, _lanes, _meta_word,
                                               _probe, _require_cluster, _smem_base, launch,
@@ -87,7 +88,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
                  chunk, meta, x_step, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
                  HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
-                 LOCAL_ROPE: gl.constexpr = 0, SPREAD_COPIES: gl.constexpr = 0):
+                 LOCAL_ROPE: gl.constexpr = 0, SPREAD_COPIES: gl.constexpr = 0,
+                 L2_PREFETCH: gl.constexpr = 0):
     """The producer partition (module docstring). ``meta``: the kernel's shared words (words
     1 and 2: the shared addresses of chunk buffer 0 and of ``full``); ``x_step``: bytes between
     chunk buffers (the rope chunk's is the NC-th). ``LOCAL_ROPE`` (``gluon_xs``): each CTA
@@ -96,7 +98,10 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     scores are done, and a cluster copy's source read cannot be waited for: its only completion
     is the peer's mbarrier). ``SPREAD_COPIES`` (``gluon_xs``): chunk ``c``'s copy to the peer
     is issued by lane 0 of warp ``c`` instead of every copy by thread 0 (ncu of ``gluon_xo``:
-    the one thread's nine issue loops held ~20 % of the producer's stall samples)."""
+    the one thread's nine issue loops held ~20 % of the producer's stall samples).
+    ``L2_PREFETCH`` (``gluon_xs``, :data:`gluon_xs.L2_PREFETCH`): once a block's loads are
+    issued, hint this CTA's 32 rows of the next block into L2 (``gluon._l2_prefetch_rows``; the
+    peer hints the other 32), so the next block's gathers wait on L2, not on DRAM."""
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     # [32 rows, 64 B] of one chunk over 8 warps: one 8-byte vector a thread (the rope: [32, 64]
     # 16-bit, 16 bytes a thread); a 64-row vector wraps, two rows a thread
@@ -141,6 +146,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         if LOCAL_ROPE:                                # all 64 rows' rope, from the 64-row chain
             rr = _load_rope(kv16_ptr, _row_base(pg, of, page_bytes, KV_FORMAT), ok, KV_FORMAT,
                             LD64)
+        if L2_PREFETCH:                               # the next block's rows, into L2
+            _l2_prefetch_rows(kv_ptr, hpg_nx, hof_nx, hok_nx, page_bytes, KV_FORMAT, HALF)
         in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
                                       HAS_BT)
         hin2, he2, h3 = _pipeline_ahead(idx_row, bt_row, h2, k0, end, ah, max_pages, page_size,

@@ -68,6 +68,9 @@ rounding, not bitwise.
   less than ``gluon_xo``'s: no cross-warpgroup reduction scratch).
 * **Registers**: the producer 64 (:data:`PRODUCER_REGS`; ``gluon_ws``'s 56 spilled 13 local loads
   a block in this producer), each consumer warpgroup 192.
+* **L2 hint** (:data:`L2_PREFETCH`): once a block's loads are issued, the producer hints its 32
+  rows of the next block into L2 (``gluon._l2_prefetch_rows``: one ``prefetch.global.L2`` a
+  thread, predicated off for invalid rows; producer loop 458 -> 473 SASS, local loads 4 -> 0).
 * **Counts** (AOT, Triton 3.6.0, sm_90, bf16 q, partial): each consumer warpgroup's loop (one own
   block, one of the other's) 1,090 / 1,147 SASS a warp with 68 wgmma instructions and 0 / 3
   local loads (at 200 registers 1,080 / 1,093 and none); the consumers issue ~4,470
@@ -79,9 +82,12 @@ rounding, not bitwise.
   calls on the same kind of card.
 
 Only sm_90 (``configs.kernel_eligible``), Triton 3.6's PTX conventions (the offsets, as
-``gluon_xo``), never the CPU interpreter. Not picked by the heuristic yet
-(``configs.GLUON_XS_PICKED``): it waits for an A/B against ``gluon_ws`` in one call and a hang
-stress (bench/NOTES.md, "What the next GPU session measures first").
+``gluon_xo``), never the CPU interpreter. Picked for fp8_ds_mla at B x N >= 16
+(``configs.GLUON_XS_PICKED``, ``GLUON_XS_MIN_ROWS``; the sm_90 dispatch table's H 128 entries)
+since 2026-12-06, with the producer's L2 hint of the next block (:data:`L2_PREFETCH`): in the
+bench's rows on an H100, one call each way, B 64 H 128 131.9 us against ``gluon_ws``'s 148.5,
+B 16 46.6 / 53.8, B 128 257.5 / 291.7, B 64 N 2 255.7 / 289.9; 5,000 stress launches a shape
+bitwise equal (bench/NOTES.md, sixteenth session).
 """
 from __future__ import annotations
 
@@ -114,12 +120,23 @@ EMPTY_COUNT = gl.constexpr(4)  # arrivals a slot release: both warpgroups of bot
 # B 64 H 128 132.3 us against 149.0 at 56 (gluon_ws: 141.6-142.6 in the day's other calls),
 # B 128 259.9, B 16 49.8, B 1 18.2 (bench/NOTES.md, fifteenth session).
 PRODUCER_REGS = 64
+# the producer hints this CTA's 32 rows of the next block into L2 (``gluon_xo._xo_producer``'s
+# ``L2_PREFETCH``, read at each launch). Why: in gluon_check's timing (slots, no block table)
+# gluon_xs took 131.9 us at B 64 H 128 against gluon_ws's 142.0, and in the bench's (block
+# tables) 162.2 against gluon_ws's 148.0-148.7 (H100, 2026-12-06): the
+# producer-bound kernel waits on the gathers. With it (H100, 2026-12-06, one call each):
+# gluon_check B 64 H 128 125.3 us against 132.6 (bench/results/gluon_check_pf_h100_20261206.json;
+# B 16 45.5 / 49.5, B 128 245.5 / 260.2), the bench 131.9 against gluon_ws's 148.5
+# (bench/NOTES.md, sixteenth session)
+L2_PREFETCH = 1
 
 
 def launch_constexprs(kv_format: str) -> dict:
     """The constexprs beyond the shared Gluon ones (as ``gluon_ws.launch_constexprs``): the
-    partitions' register budgets (:data:`PRODUCER_REGS`, the consumers' the rest)."""
-    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=256 - PRODUCER_REGS)
+    partitions' register budgets (:data:`PRODUCER_REGS`, the consumers' the rest) and the
+    producer's L2 hint (:data:`L2_PREFETCH`)."""
+    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=256 - PRODUCER_REGS,
+                L2_PREFETCH=L2_PREFETCH)
 
 
 @gluon.jit
@@ -326,6 +343,7 @@ def _sparse_mla_gluon_xs_kernel(
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
     NBUF: gl.constexpr = 2, PRODUCER_REGS: gl.constexpr = 64, CONSUMER_REGS: gl.constexpr = 192,
+    L2_PREFETCH: gl.constexpr = 0,
 ):
     """``gluon_xo._sparse_mla_gluon_xo_kernel``'s arguments (fp8_ds_mla: ``KV_FORMAT`` 1), launched
     with ``num_warps`` 4 in clusters of two along axis 0 (:func:`launch_cluster`)."""
@@ -364,7 +382,7 @@ def _sparse_mla_gluon_xs_kernel(
                          ok_s, ub_s, full, empty,
                          si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
                          page_bytes, chunk, meta, x_step, KV_FORMAT, HAS_BT,
-                         HAS_TKL, ROPE_DTYPE, NBUF, 1, 1))],
+                         HAS_TKL, ROPE_DTYPE, NBUF, 1, 1, L2_PREFETCH))],
         [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
 
 
