@@ -23,7 +23,8 @@ config, in the sm_90 space, and its 16-head sweep config); ``gluon_xo`` the cros
 128 (checks; corner cases at H 128) and the 128-head shapes (timing), in a child process;
 ``gluon_xs`` the same on fp8_ds_mla (its only format), ``gluon_xs_p56`` with a producer budget
 of 56 registers; ``gluon_xs_pf`` / ``gluon_ws_pf`` with the producer hinting the next row
-block into L2 (``L2_PREFETCH``).
+block into L2 (``L2_PREFETCH``; on by default since 2026-12-06), ``gluon_xs_nopf`` /
+``gluon_ws_nopf`` without.
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -102,6 +103,9 @@ KERNELS = {
     # L2-cold rows of the bench (``median_us_cold``)
     "gluon_xs_pf": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {"gluon_xs.L2_PREFETCH": 1}),
     "gluon_ws_pf": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {"L2_PREFETCH": 1}),
+    # ... and without it (the defaults since 2026-12-06 have it on)
+    "gluon_xs_nopf": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {"gluon_xs.L2_PREFETCH": 0}),
+    "gluon_ws_nopf": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {"L2_PREFETCH": 0}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a

@@ -13,7 +13,10 @@ Variants: the binding's own choice (``path="triton"``: the dispatch table or the
 baseline every row is compared with), then each member of the GPU's search space
 (``kernels.sparse_mla.configs.sparse_mla_space``) at the launcher's split count times each
 ``--splits-scale`` factor, then the ``--config`` extras (outside the space too).
-``--small-heads`` instead runs :data:`SMALL_HEAD_VARIANTS` (chosen from AOT counts:
+``--l2-hint`` runs the binding's own choice three times: as committed, then with every Gluon
+producer's L2 hint of the next row block off and on (:data:`L2_HINT_CONSTANTS`; a variant's
+``constants`` are set for its run only). ``--small-heads`` instead runs
+:data:`SMALL_HEAD_VARIANTS` (chosen from AOT counts:
 ``bench.mla_aot_counts``, bench/NOTES.md "Small heads: occupancy-first variant space") on the
 V3.2 H 16, V4-Flash H 8 and V4-Flash H 64 rows, the baseline first.
 
@@ -174,11 +177,16 @@ SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values(),
                     configs.SPARSE_MLA_GLUON_SHWS16)
 
 
-def _shws(cfg, scale=1.0) -> dict:
+def _shws(cfg, scale=1.0, l2_hint: bool = False) -> dict:
     """The warp-specialised few-heads variant (kernels/sparse_mla/gluon_small_ws.py) of ``cfg``'s
-    heads at the launcher's split count (one CTA an SM) times ``scale``."""
-    return {"name": f"gluon_shws_h{cfg.block_h}" + (f"_x{scale:g}" if scale != 1 else ""),
-            "config": cfg.to_dict(), "splits": None, "ctas_per_sm": None, "scale": scale}
+    heads at the launcher's split count (one CTA an SM) times ``scale``; ``l2_hint``: its
+    producer hints the next row block into L2 (``gluon_small_ws.L2_PREFETCH``)."""
+    v = {"name": f"gluon_shws_h{cfg.block_h}" + (f"_x{scale:g}" if scale != 1 else "")
+            + ("_l2" if l2_hint else ""),
+         "config": cfg.to_dict(), "splits": None, "ctas_per_sm": None, "scale": scale}
+    if l2_hint:
+        v["constants"] = {"gluon_small_ws.L2_PREFETCH": 1}
+    return v
 
 SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
     "v32_h16": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH16), _sh(configs.SPARSE_MLA_GLUON_SH16, 2.0),
@@ -187,11 +195,13 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
                          _sh(configs.SPARSE_MLA_GLUON_SH16W8R128, 2.0),
                          _sh(_SH_NBUF2[16, 4]), _sh(_SH_NBUF2[16, 8]),
                          _shws(configs.SPARSE_MLA_GLUON_SHWS16),
-                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, 2.0)],
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, 2.0),
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, l2_hint=True)],
     "v4_h8": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH8), _sh(configs.SPARSE_MLA_GLUON_SH8, 2.0),
                        _sh(configs.SPARSE_MLA_GLUON_SH16), _sh(_SH_NBUF2[8, 4]),
                        _sh(_SH_NBUF2[8, 4], 2.0), _shws(configs.SPARSE_MLA_GLUON_SHWS8),
-                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, 2.0)],
+                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, 2.0),
+                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, l2_hint=True)],
     # V4 H 64 runs the one-partition Gluon kernel today: the best-predicted Triton tiles (one
     # split: the final epilogue, no combine), today's 32 x 32 default (88 us on 2026-12-02),
     # the 16-warp tile, and the warp-specialised Gluon kernel (62.8 us on 2026-12-02)
@@ -209,6 +219,41 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
         _shws(configs.SPARSE_MLA_GLUON_SHWS16),
     ],
 }
+
+
+# the module constants that switch the Gluon producers' L2 hint of the next row block
+# (gluon._l2_prefetch_rows; read at each launch)
+L2_HINT_CONSTANTS = ("gluon_ws.L2_PREFETCH", "gluon_xs.L2_PREFETCH", "gluon_small_ws.L2_PREFETCH")
+# --l2-hint: the binding's own choice with every producer's hint off, then on (the baseline, the
+# defaults as committed, first)
+L2_HINT_VARIANTS = [
+    dict(BASELINE, name="baseline_l2hint_off", constants={c: 0 for c in L2_HINT_CONSTANTS}),
+    dict(BASELINE, name="baseline_l2hint_on", constants={c: 1 for c in L2_HINT_CONSTANTS}),
+]
+
+
+def _set_constants(constants: dict | None) -> dict:
+    """Set a variant's module constants (``{"gluon_xs.L2_PREFETCH": 1}``: a module of
+    ``kernels.sparse_mla``) and return their previous values, for :func:`_restore_constants`.
+    Raises ValueError for a constant the module does not define (a misspelt name would
+    otherwise time the default twice)."""
+    import importlib
+    targets = []
+    for name, val in (constants or {}).items():     # every name checked before any is set
+        mod, _, attr = name.rpartition(".")
+        m = importlib.import_module(f"kernels.sparse_mla.{mod}")
+        if not hasattr(m, attr):
+            raise ValueError(f"constants: kernels.sparse_mla.{mod} has no {attr!r}")
+        targets.append((name, m, attr, val))
+    old = {}
+    for name, m, attr, val in targets:
+        old[name] = getattr(m, attr)
+        setattr(m, attr, val)
+    return old
+
+
+def _restore_constants(old: dict) -> None:
+    _set_constants(old)
 
 
 def config_tag(d: dict) -> str:
@@ -246,8 +291,9 @@ def resolve_splits(v: dict, shape, cfg, dev) -> int | None:
 
 
 def dry_key(v: dict):
-    """What the interpreter runs of a variant (warps and stages do not change it)."""
-    c = v["config"]
+    """What the interpreter runs of a variant (warps, stages and the module constants of the Gluon
+    kernels, which it never runs, do not change it)."""
+    c = v["config"]                    # (a variant's constants switch Gluon kernels only)
     if c is None:
         return ("baseline",)
     if c.get("kernel", "triton") != "triton":   # the binding's Triton substitute (no Gluon here)
@@ -304,12 +350,16 @@ def run_shape(shape, variants: list[dict], emit, *, dry: bool, seed: int = 0,
         row = {**base, "variant": v["name"], "config": None, "splits": None, "ctas": None,
                "median_us": None, "p20_us": None, "p80_us": None, "timer": None, "check": None,
                "status": None}
+        if v.get("constants"):
+            row["constants"] = dict(v["constants"])
         if dry and dry_key(v) in seen:
             row.update(status=f"same interpreter program as {seen[dry_key(v)]} (dry run)")
             emit({"kind": "row", "i": i, **row, "wall_s": 0.0})
             continue
         seen.setdefault(dry_key(v), v["name"])
+        saved = {}
         try:
+            saved = _set_constants(v.get("constants"))
             s0 = inp.sets[0]
             geo = (P, s0["kv_cache"].shape[0] * P, s0["kv_cache"].shape[0])
             if v["config"] is None:        # the binding's own choice, as `python -m bench` runs it
@@ -354,6 +404,8 @@ def run_shape(shape, variants: list[dict], emit, *, dry: bool, seed: int = 0,
         except Exception as e:  # noqa: BLE001 - a broken variant is a row (a child resumes
             # after a sticky CUDA error: the parent sees the next variant fail and restarts)
             row["status"] = f"error: {type(e).__name__}: {e}"[:400]
+        finally:
+            _restore_constants(saved)
         row["wall_s"] = round(time.time() - t1, 1)
         emit({"kind": "row", "i": i, **row})
         if not dry and row["status"] and row["status"].startswith("error") and _cuda_broken():
@@ -521,6 +573,9 @@ def main(argv=None) -> int:
                     help="only the shapes with these head counts (e.g. 16 8)")
     ap.add_argument("--small-heads", action="store_true",
                     help="SMALL_HEAD_VARIANTS on the V3.2 H16, V4 H8 and V4 H64 rows")
+    ap.add_argument("--l2-hint", action="store_true",
+                    help="the binding's own choice with the Gluon producers' L2 hint off and on "
+                         "(L2_HINT_CONSTANTS) against the defaults, at the selected shapes")
     ap.add_argument("--shapes", nargs="+", default=None, help="only these shape keys")
     ap.add_argument("--variants", nargs="+", default=None,
                     help="only these variant names (the baseline always runs)")
@@ -575,7 +630,9 @@ def main(argv=None) -> int:
             json.dump(doc, f, indent=1)
 
     for key, shape in shapes.items():
-        if args.small_heads:
+        if args.l2_hint:
+            variants = [BASELINE] + L2_HINT_VARIANTS
+        elif args.small_heads:
             variants = [BASELINE] + SMALL_HEAD_VARIANTS[key] + space_variants(
                 dev, shape, extra, [1.0], only_extra=True)[1:]
         else:

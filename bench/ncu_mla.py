@@ -4,8 +4,12 @@
         python3 -m bench.ncu_mla --kernel gluon_xo --B 64 --H 128
 
 The kernel runs with its bench config (``bench.gluon_check.KERNEL_CONFIGS``) and the split count
-the bench's timing uses, on the bench's inputs (``bench.mla_sweep._inputs``, fp8_ds_mla, top-k
-2048), ``--reps`` times; prints the last output's checksum.
+the bench's timing uses, on gluon_check's inputs (``bench.mla_sweep._inputs``, fp8_ds_mla, top-k
+2048, slots) or with ``--block-table`` on the targets bench's (``bench.inputs.make_inputs`` of the
+V3.2 fp8 target row of that B and H: logical indices through a block table, the sink; one
+rotation), ``--reps`` times; prints the last output's checksum. (On an H100 the L2 hint of
+``gluon_xs``'s producer saved 30 us a call on the bench's inputs and 7 on gluon_check's:
+bench/NOTES.md, sixteenth session.)
 """
 import argparse
 
@@ -23,15 +27,33 @@ def main() -> None:
     ap.add_argument("--H", type=int, default=128)
     ap.add_argument("--K", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=4)
+    ap.add_argument("--block-table", action="store_true",
+                    help="the targets bench's inputs (block table, sink) instead of slots")
     a = ap.parse_args()
     dev = _common.device_info(torch.device("cuda"))
-    q, kv, idx = gc._inputs(a.B, a.H, a.K, 576, "fp8_ds_mla")
     cfg = gc.KERNEL_CONFIGS[a.kernel][0]
     gc._use(a.kernel)
     splits = gc.timing_splits(cfg, a.B, a.H, a.K, dev)
+    if a.block_table:
+        from bench.inputs import make_inputs
+        from bench.mla_sweep import target_shapes
+        shape = [s for s in target_shapes().values()
+                 if (s.preset, s.B, s.N, s.H, s.K) == ("DSV32", a.B, 1, a.H, a.K)]
+        if not shape:
+            ap.error(f"--block-table: no V3.2 fp8 target row with B {a.B} H {a.H} K {a.K}")
+        inp = make_inputs(shape[0], rotations=1, device="cuda", q_dtype="bfloat16",
+                          latent_dtype="bfloat16")
+        s0 = inp.sets[0]
+        q, kv, idx, bt, sink = s0["q"], s0["kv_cache"], s0["indices"], s0["block_table"], s0["attn_sink"]
+        geo = (shape[0].P, kv.shape[0] * shape[0].P, kv.shape[0])
+        scale = inp.sm_scale
+    else:
+        q, kv, idx = gc._inputs(a.B, a.H, a.K, 576, "fp8_ds_mla")
+        bt = sink = geo = None
+        scale = 576 ** -0.5
     for _ in range(a.reps):
-        out, lse = tsm._triton_impl(q, kv, idx, 576 ** -0.5, "fp8_ds_mla", 512, None, None, None,
-                                    config=cfg, num_splits=splits)
+        out, lse = tsm._triton_impl(q, kv, idx, scale, "fp8_ds_mla", 512, bt, None, sink,
+                                    config=cfg, num_splits=splits, geometry=geo)
     torch.cuda.synchronize()
     print(f"{a.kernel} B{a.B} H{a.H} splits {splits}: ran "
           f"{tsm._triton_config(dev, q, kv, 'fp8_ds_mla', a.K, cfg).kernel}, "

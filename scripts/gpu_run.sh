@@ -22,6 +22,9 @@
 #                   each shape's variants in a child process (SWEEP_VARIANT_TIMEOUT s a variant,
 #                   default 90; a faulting variant is a row), JSON $OUT/sweep_mlasmall.json
 #                   (MLA_SWEEP_ARGS: e.g. "--shapes v4_h8 --variants gluon_sh_h8w4")
+#   sweep:mlahint   bench.mla_sweep --targets --l2-hint: every fp8 sparse-MLA target row, the binding's
+#                   choice as committed, then with the Gluon producers' L2 hint off and on, as the
+#                   bench times them (MLA_SWEEP_ARGS: e.g. "--heads 8 16"), JSON $OUT/sweep_mlahint.json
 #   sweep:pallasmla bench.pallas_mla_sweep: every Pallas sparse-MLA config at the fp8 target rows,
 #                   checked and timed with the bench's JAX timer (PALLAS_SWEEP_ARGS: e.g. "--rows
 #                   v32_b16_n1_h128 --scales 1,2"), JSON $OUT/sweep_pallasmla.json
@@ -40,8 +43,9 @@
 #                   GEMMs against the Triton few-token GEMM's configs and split counts, CUDA-graph
 #                   timed (LINEAR_SWEEP_ARGS: extra flags, e.g. "--preset DSV32" or "--heuristic-only")
 #   ncumla:KERNEL   Nsight Compute on one sparse-MLA Gluon kernel of bench.gluon_check (e.g.
-#                   ncumla:gluon_xs:120) alone, python -m bench.ncu_mla (B 64 H 128 fp8_ds_mla;
-#                   NCU_MLA_ARGS: e.g. "--B 128"), report, details page, SASS stall samples
+#                   ncumla:gluon_xs:120; a variant such as gluon_xs_nopf profiles its kernel) alone,
+#                   python -m bench.ncu_mla (B 64 H 128 fp8_ds_mla; NCU_MLA_ARGS: e.g. "--B 128",
+#                   "--block-table": the targets bench's inputs), report, details page, SASS stall samples
 #   parity:full     python -m parity --full --jobs 6 --budget-s SECONDS-45 (JSON report of the cases
 #                   that finished, the rest under not_run; PARITY_JOBS, PARITY_ARGS: e.g.
 #                   "--op sparse_mla_decode,dsa_decode_layer")
@@ -128,6 +132,10 @@ for step in "$@"; do
         timeout "$secs" python3 -m bench.mla_sweep --small-heads --budget-s $((secs - 40)) \
           --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" ${MLA_SWEEP_ARGS:-} \
           --out "$OUT/sweep_mlasmall.json" > "$log" 2>&1
+      elif [ "$what" = mlahint ]; then
+        timeout "$secs" python3 -m bench.mla_sweep --targets --l2-hint --budget-s $((secs - 40)) \
+          --variant-timeout "${SWEEP_VARIANT_TIMEOUT:-90}" ${MLA_SWEEP_ARGS:-} \
+          --out "$OUT/sweep_mlahint.json" > "$log" 2>&1
       elif [ "$what" = pallasmla ]; then
         timeout "$secs" python3 -m bench.pallas_mla_sweep --budget-s $((secs - 60)) ${PALLAS_SWEEP_ARGS:-} \
           --out "$OUT/sweep_pallasmla.json" > "$log" 2>&1
@@ -162,7 +170,9 @@ for step in "$@"; do
       # B 64 H 128 fp8_ds_mla under Nsight Compute (bench.ncu_mla; its third launch), with the
       # details page and the SASS stall samples as in ncu:OP
       rep="$OUT/ncu_mla_$what"
-      timeout "$secs" ncu --set full --import-source yes --kernel-name "regex:$what" \
+      # the kernel a variant runs (gluon_xs_nopf runs gluon_xs), for ncu's name filter
+      kre=$(python3 -c "from bench import gluon_check as g; print(g.KERNEL_CONFIGS['$what'][0].kernel)" 2>/dev/null || echo "$what")
+      timeout "$secs" ncu --set full --import-source yes --kernel-name "regex:$kre" \
           --launch-skip 2 --launch-count 1 -f -o "$rep" \
         python3 -m bench.ncu_mla --kernel "$what" ${NCU_MLA_ARGS:-} > "$log" 2>&1 \
         && ncu -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1 \

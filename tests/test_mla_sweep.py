@@ -115,6 +115,44 @@ def test_dry_run_small_heads(tmp_path):
             assert r["splits"] >= 1 and r["config"]["block_h"] >= 16
 
 
+def test_variant_constants_are_set_for_the_variant_only():
+    """A sweep variant's ``constants`` (``bench.mla_sweep._set_constants``) set module constants
+    of ``kernels.sparse_mla`` and give back the previous values; a name the module lacks is a
+    ValueError naming it (else a typo would time the default twice)."""
+    from kernels.sparse_mla import gluon_small_ws, gluon_ws, gluon_xs
+    before = (gluon_ws.L2_PREFETCH, gluon_xs.L2_PREFETCH, gluon_small_ws.L2_PREFETCH)
+    off, on = (v["constants"] for v in sw.L2_HINT_VARIANTS)
+    assert set(off) == set(on) == set(sw.L2_HINT_CONSTANTS)
+    old = sw._set_constants(on)
+    try:
+        assert (gluon_ws.L2_PREFETCH, gluon_xs.L2_PREFETCH, gluon_small_ws.L2_PREFETCH) == (1, 1, 1)
+        assert gluon_small_ws.launch_constexprs()["L2_PREFETCH"] == 1
+        assert gluon_ws.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
+    finally:
+        sw._restore_constants(old)
+    assert (gluon_ws.L2_PREFETCH, gluon_xs.L2_PREFETCH, gluon_small_ws.L2_PREFETCH) == before
+    with pytest.raises(ValueError, match="gluon_ws has no 'L2_PREFETCHH'"):
+        sw._set_constants({"gluon_xs.L2_PREFETCH": 1 - before[1], "gluon_ws.L2_PREFETCHH": 1})
+    assert gluon_xs.L2_PREFETCH == before[1]        # nothing set when one name is wrong
+    assert sw._shws(configs.SPARSE_MLA_GLUON_SHWS8, l2_hint=True)["constants"] == {
+        "gluon_small_ws.L2_PREFETCH": 1}
+
+
+@interpreter
+def test_dry_run_l2_hint(tmp_path):
+    """``--l2-hint --dry-run``: per shape the baseline, then the same call with the hint off and
+    on, each row recording its constants (the interpreter runs no Gluon kernel, so the two share
+    the baseline's program)."""
+    out = tmp_path / "s.json"
+    assert sw.main(["--l2-hint", "--dry-run", "--no-isolate", "--shapes", "v4_h8",
+                    "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["variant"] for r in rows] == ["baseline", "baseline_l2hint_off", "baseline_l2hint_on"]
+    assert rows[0]["status"] == "ok" and rows[0]["check"]["passed"]
+    assert [r.get("constants", {}).get("gluon_ws.L2_PREFETCH") for r in rows] == [None, 0, 1]
+    assert all(r["status"].startswith("same interpreter program as baseline") for r in rows[1:])
+
+
 @interpreter
 def test_isolated_children_survive_a_crash_and_a_hang(monkeypatch):
     """``run_isolated`` (each shape's variants in a child): a variant that kills its process and

@@ -88,24 +88,36 @@ def _load_u8(kv_ptr, base, ok, C: gl.constexpr, LD: gl.constexpr):
 
 
 @gluon.jit
-def _l2_prefetch_rows(kv_ptr, page, off, ok, page_bytes, KV_FORMAT: gl.constexpr,
+def _l2_prefetch_rows(kv_ptr, page, off, ok, page_size, page_bytes, KV_FORMAT: gl.constexpr,
                       ROWS: gl.constexpr):
     """Hint the bytes of ``ROWS`` gathered rows (``page`` / ``off`` / ``ok`` in a row layout of
-    ``ROWS`` rows over the partition's warps, 4 lanes a row) into L2: one ``prefetch.global.L2``
-    per 128-byte line (ds_mla: a 656-byte row at a 16-byte aligned offset spans at most 6 lines;
-    model1's 576-byte data at a 64-byte aligned one at most 5; the lines' addresses ``base + 128
-    c``). No destination register and no scoreboard, so a producer can hint the next block while
-    this block's loads are in flight; invalid rows are predicated off (never dereferenced, not
-    even as a hint)."""
-    LINES: gl.constexpr = 6 if KV_FORMAT == 1 else 5
+    ``ROWS`` rows over the partition's warps) into L2, one ``prefetch.global.L2`` per 128-byte
+    line: a row of ``R`` bytes at a 16-byte aligned address (the cache's alignment contract)
+    spans at most 6 lines, hinted at ``base + min(128 c, R - 1)``, c = 0..5 (ds_mla: R = 656,
+    scales inside the row; model1: R = 576, then its 8 scale bytes in the page's tail as a
+    seventh). No destination register and no scoreboard, so a producer can hint the next block
+    while this block's loads are in flight; invalid rows are predicated off (never dereferenced,
+    not even as a hint), and every hinted address lies inside a valid row's bytes."""
+    R: gl.constexpr = 656 if KV_FORMAT == 1 else 576
+    COLS: gl.constexpr = 6 if KV_FORMAT == 1 else 7
+    # [ROWS, 8] over the partition's threads, one row's columns in adjacent lanes: for the
+    # callers' row layouts (4 or 8 lanes a row, rows over warps) the conversion is free
     PF: gl.constexpr = gl.BlockedLayout([1, ROWS // (4 * gl.num_warps())],
                                         [ROWS // gl.num_warps(), 32 * gl.num_warps() // ROWS],
                                         [gl.num_warps(), 1], [1, 0])
     base = gl.convert_layout(_row_base(page, off, page_bytes, KV_FORMAT), gl.SliceLayout(1, PF))
     okp = gl.convert_layout(ok, gl.SliceLayout(1, PF))
     c = gl.arange(0, 8, layout=gl.SliceLayout(0, PF))
-    addr = (kv_ptr + (base[:, None] + c[None, :] * 128)).to(gl.int64)
-    on = (okp[:, None] & (c[None, :] < LINES)).to(gl.int32)
+    if KV_FORMAT == 1:      # (128 c < 656 for every hinted column: no clamp; AOT, a clamp here
+        line = base[:, None] + c[None, :] * 128    # cost gluon_xs's producer 5 local accesses)
+    else:
+        line = base[:, None] + gl.minimum(c * 128, R - 1)[None, :]
+        # the row's scale word, in the page tail (page * page_bytes + P * 576 + off * 8)
+        of = gl.convert_layout(off, gl.SliceLayout(1, PF))
+        tail = base + (page_size - of) * 576 + of * 8
+        line = gl.where(c[None, :] == 6, tail[:, None] + c[None, :] * 0, line)
+    addr = (kv_ptr + line).to(gl.int64)
+    on = (okp[:, None] & (c[None, :] < COLS)).to(gl.int32)
     gl.inline_asm_elementwise(
         "{ .reg .pred p; setp.ne.s32 p, $2, 0; @p prefetch.global.L2 [$1]; mov.u32 $0, 0; }",
         "=r,l,r", [addr, on], dtype=gl.int32, is_pure=False, pack=1)

@@ -75,9 +75,16 @@ PRODUCER_REGS = 72
 CONSUMER_REGS = 184      # consumer 1's: 16 warps x 128 = 4 x 184 + 4 x 184 + 8 x 72
 
 
+# the producer (gluon_ws._ws_producer) hints the next row block into L2 (``gluon_ws.L2_PREFETCH``:
+# on there since 2026-12-06); here off until the few-heads rows are measured with it (read at each
+# launch, so bench.mla_sweep can time both: its ``--l2-hint`` mode)
+L2_PREFETCH = 0
+
+
 def launch_constexprs() -> dict:
-    """The constexprs beyond the shared Gluon ones the launcher and the AOT specs pass."""
-    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS)
+    """The constexprs beyond the shared Gluon ones the launcher and the AOT specs pass: the
+    partitions' register budgets and the producer's L2 hint (:data:`L2_PREFETCH`)."""
+    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, L2_PREFETCH=L2_PREFETCH)
 
 
 @gluon.jit
@@ -221,7 +228,7 @@ def _sparse_mla_gluon_shws_kernel(
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
     NBUF: gl.constexpr = 2, HN: gl.constexpr = 16, PRODUCER_REGS: gl.constexpr = 56,
-    CONSUMER_REGS: gl.constexpr = 200,
+    CONSUMER_REGS: gl.constexpr = 200, L2_PREFETCH: gl.constexpr = 0,
 ):
     """Same arguments as ``gluon_small._sparse_mla_gluon_sh_kernel`` (``NBUF``: X slots in the
     ring, at least 2; ``HN``: heads a program, 8 or 16; the partitions' register budgets)."""
@@ -268,5 +275,6 @@ def _sparse_mla_gluon_shws_kernel(
          (_ws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                          x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                          si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                         page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF))],
+                         page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
+                         L2_PREFETCH))],
         [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])

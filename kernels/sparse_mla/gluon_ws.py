@@ -226,7 +226,7 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
             r7 = r6
         rr = _load_rope(kv16_ptr, base, ok, KV_FORMAT, LD16)
         if L2_PREFETCH:                   # the next block's rows into L2 (:data:`L2_PREFETCH`)
-            _l2_prefetch_rows(kv_ptr, pg_n, of_n, ok_n, page_bytes, KV_FORMAT, 64)
+            _l2_prefetch_rows(kv_ptr, pg_n, of_n, ok_n, page_size, page_bytes, KV_FORMAT, 64)
         ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
         shift = _pow2(254 - ub)
 

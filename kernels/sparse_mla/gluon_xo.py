@@ -147,7 +147,8 @@ def _xo_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
             rr = _load_rope(kv16_ptr, _row_base(pg, of, page_bytes, KV_FORMAT), ok, KV_FORMAT,
                             LD64)
         if L2_PREFETCH:                               # the next block's rows, into L2
-            _l2_prefetch_rows(kv_ptr, hpg_nx, hof_nx, hok_nx, page_bytes, KV_FORMAT, HALF)
+            _l2_prefetch_rows(kv_ptr, hpg_nx, hof_nx, hok_nx, page_size, page_bytes,
+                              KV_FORMAT, HALF)
         in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages, page_size,
                                       HAS_BT)
         hin2, he2, h3 = _pipeline_ahead(idx_row, bt_row, h2, k0, end, ah, max_pages, page_size,

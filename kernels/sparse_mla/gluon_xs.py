@@ -70,7 +70,7 @@ rounding, not bitwise.
   a block in this producer), each consumer warpgroup 192.
 * **L2 hint** (:data:`L2_PREFETCH`): once a block's loads are issued, the producer hints its 32
   rows of the next block into L2 (``gluon._l2_prefetch_rows``: one ``prefetch.global.L2`` a
-  thread, predicated off for invalid rows; producer loop 458 -> 473 SASS, local loads 4 -> 0).
+  thread, predicated off for invalid rows; producer loop 458 -> 473 SASS, local accesses 4 loads + 1 store -> 1 + 1).
 * **Counts** (AOT, Triton 3.6.0, sm_90, bf16 q, partial): each consumer warpgroup's loop (one own
   block, one of the other's) 1,090 / 1,147 SASS a warp with 68 wgmma instructions and 0 / 3
   local loads (at 200 registers 1,080 / 1,093 and none); the consumers issue ~4,470
