@@ -224,11 +224,14 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
 # the module constants that switch the Gluon producers' L2 hint of the next row block
 # (gluon._l2_prefetch_rows; read at each launch)
 L2_HINT_CONSTANTS = ("gluon_ws.L2_PREFETCH", "gluon_xs.L2_PREFETCH", "gluon_small_ws.L2_PREFETCH")
-# --l2-hint: the binding's own choice with every producer's hint off, then on (the baseline, the
-# defaults as committed, first)
+# --l2-hint: the binding's own choice with every producer's hint off, then on, then on with
+# gluon_ws's deeper chain (the baseline, the defaults as committed, first)
 L2_HINT_VARIANTS = [
     dict(BASELINE, name="baseline_l2hint_off", constants={c: 0 for c in L2_HINT_CONSTANTS}),
     dict(BASELINE, name="baseline_l2hint_on", constants={c: 1 for c in L2_HINT_CONSTANTS}),
+    # gluon_ws's hint from its three-deep slot chain (gluon_ws.L2_PREFETCH 2)
+    dict(BASELINE, name="baseline_l2hint_ws2",
+         constants={c: 2 if c.startswith("gluon_ws.") else 1 for c in L2_HINT_CONSTANTS}),
 ]
 
 
