@@ -61,7 +61,7 @@ import numpy as np
 import torch
 import triton
 
-from bench.mla_sweep import _inputs
+from bench.mla_sweep import _inputs, _set_constants, draw_indices
 from kernels import cases, compare
 from kernels.sparse_mla import configs
 from torch_impl import _common
@@ -130,11 +130,10 @@ KERNEL_CONFIGS = {k: v[0] for k, v in KERNELS.items()}
 
 def _use(kernel: str) -> None:
     """Set the module constants ``kernel`` runs with (the launcher reads them at each launch):
-    ``gluon_ws``'s, or ``module.NAME`` of another ``kernels.sparse_mla`` module."""
-    import importlib
-    for name, val in KERNELS[kernel][2].items():
-        mod, _, attr = name.rpartition(".")
-        setattr(importlib.import_module(f"kernels.sparse_mla.{mod or 'gluon_ws'}"), attr, val)
+    ``gluon_ws``'s, or ``module.NAME`` of another ``kernels.sparse_mla`` module
+    (``bench.mla_sweep._set_constants``: a name the module lacks is a ValueError)."""
+    _set_constants({name if "." in name else f"gluon_ws.{name}": val
+                    for name, val in KERNELS[kernel][2].items()})
 
 
 _ROWS_FILE = None          # --rows: every row is also appended here as one JSON line
@@ -307,23 +306,20 @@ def timing_splits(cfg, rows: int, H: int, K: int, dev) -> int:
 def _time_cold(q, kv, idx, B: int, K: int, fmt: str, dqk: int, cfg, splits: int,
                max_rotations: int = 64) -> tuple[float, int]:
     """Median us a call with the gathered rows L2-cold, as ``python -m bench`` times them: R index
-    sets over the same cache (each request's rows redrawn uniformly from its own pages, as
-    ``bench.mla_sweep._inputs`` draws them), R calls in one CUDA graph, R large enough that the
+    sets over the same cache (each request's rows redrawn from its own pages,
+    ``bench.mla_sweep.draw_indices``), R calls in one CUDA graph, R large enough that the
     sets' gathered bytes exceed twice the L2 (``bench.inputs.L2_BYTES``; at most
     ``max_rotations``). The plain median (``do_bench_cudagraph`` of one call) re-gathers the same
     rows every replay, part of them from L2: on an H100 gluon_xs timed 131.9 us that way at B 64
     H 128 and 162.2 in the bench (2026-12-06). Returns (median us a call, R)."""
     from bench.inputs import L2_BYTES
-    from kernels import formats
-    row_bytes = {"fp8_ds_mla": 656, "latent": dqk * 2}.get(fmt) or formats.model1_page_bytes(64) // 64
-    touched = B * K * row_bytes
+    from bench.roofline import kv_row_bytes
+    touched = B * K * kv_row_bytes(fmt, dqk)
     R = max(2, min(max_rotations, -(-2 * L2_BYTES // touched)))
     pages_per_req = kv.shape[0] // B                   # _inputs: 512 pages of 64 rows a request
     L = pages_per_req * (kv.shape[1] if kv.dim() >= 3 else 64)
     g = torch.Generator(device="cuda").manual_seed(1234)
-    base = torch.arange(B, device="cuda")[:, None, None] * L
-    sets = [((torch.rand(B, 1, K, device="cuda", generator=g) * L).long() + base).int()
-            for _ in range(R)]
+    sets = [draw_indices(B, K, L, g) for _ in range(R)]
 
     def fn():
         for ix in sets:

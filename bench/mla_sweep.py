@@ -72,11 +72,18 @@ def _inputs(B, H, K, d_qk, kv_format, pages_per_req=512, P=64, seed=0):
         data[..., :448] &= 0x77
         data[..., 448:].view(torch.bfloat16).normal_(generator=g)
         kv[:, P * 576:P * 584].view(num_pages, P, 8)[..., :7] = 127
-    L = pages_per_req * P
-    base = torch.arange(B, device="cuda")[:, None, None] * L
-    idx = (torch.rand(B, 1, K, device="cuda", generator=g) * L).long() + base
+    idx = draw_indices(B, K, pages_per_req * P, g)
     q = torch.randn(B, 1, H, d_qk, device="cuda", dtype=torch.bfloat16, generator=g)
-    return q, kv, idx.int()
+    return q, kv, idx
+
+
+def draw_indices(B: int, K: int, L: int, generator):
+    """int32 slots ``[B, 1, K]`` on the GPU: request b's K rows drawn uniformly (repeats allowed)
+    from its own L slots ``[b L, (b + 1) L)`` (:func:`_inputs`' layout: each request's pages
+    back to back)."""
+    import torch
+    base = torch.arange(B, device="cuda")[:, None, None] * L
+    return ((torch.rand(B, 1, K, device="cuda", generator=generator) * L).long() + base).int()
 
 
 # ------------------------------------------------------------------------------ shapes

@@ -115,7 +115,7 @@ def _l2_prefetch_rows(kv_ptr, page, off, ok, page_size, page_bytes, KV_FORMAT: g
         # the row's scale word, in the page tail (page * page_bytes + P * 576 + off * 8)
         of = gl.convert_layout(off, gl.SliceLayout(1, PF))
         tail = base + (page_size - of) * 576 + of * 8
-        line = gl.where(c[None, :] == 6, tail[:, None] + c[None, :] * 0, line)
+        line = gl.where(c[None, :] == 6, tail[:, None], line)
     addr = (kv_ptr + line).to(gl.int64)
     on = (okp[:, None] & (c[None, :] < COLS)).to(gl.int32)
     gl.inline_asm_elementwise(
