@@ -24,7 +24,7 @@ config, in the sm_90 space, and its 16-head sweep config); ``gluon_xo`` the cros
 ``gluon_xs`` the same on fp8_ds_mla (its only format), ``gluon_xs_p56`` with a producer budget
 of 56 registers; ``gluon_xs_pf`` / ``gluon_ws_pf`` with the producer hinting the next row
 block into L2 (``L2_PREFETCH``; on by default since 2026-12-06), ``gluon_xs_nopf`` /
-``gluon_ws_nopf`` without, ``gluon_ws_pf2`` with it from a three-deep slot chain.
+``gluon_ws_nopf`` without.
 
 Correctness: random and corner cases of each kernel's formats with bf16 and fp16 q (invalid
 entries, block tables, topk_length, sink, 1 and 3 splits, H 24 / 64 / 128; for the WS kernels
@@ -106,8 +106,6 @@ KERNELS = {
     # ... and without it (the defaults since 2026-12-06 have it on)
     "gluon_xs_nopf": ((configs.SPARSE_MLA_GLUON_XS,), ("fp8_ds_mla",), {"gluon_xs.L2_PREFETCH": 0}),
     "gluon_ws_nopf": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {"L2_PREFETCH": 0}),
-    # gluon_ws's hint from a three-deep slot chain (no wait on a fresh block-table entry)
-    "gluon_ws_pf2": ((configs.SPARSE_MLA_GLUON_WS,), FP8, {"L2_PREFETCH": 2}),
 }
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a

@@ -4,7 +4,7 @@ of each partition's block loop (per warp per 64-row block).
 
     PYTHONPATH=<triton 3.6.0>:. TRITON_INTERPRET=0 python -m bench.gluon_ws_counts
         [--model1 | --latent [--fp16] [--signal 0|1] [--p-smem 0|1]] [--producer-regs N]
-        [--l2-prefetch 0|1|2] [--kernel gluon_ws|gluon_xs] [--final] [--slots]
+        [--l2-prefetch 0|1] [--kernel gluon_ws|gluon_xs] [--final] [--slots]
 
 The loops are ``kernels._triton_aot.block_loops``: the innermost backward branches spanning more
 than 1 KiB of code before the last EXIT (the mbarrier retry loops that ptxas moves behind it are
@@ -34,9 +34,8 @@ def main() -> None:
                     help="latent P exchange (default gluon_ws.LATENT_P_SMEM)")
     ap.add_argument("--producer-regs", type=int, default=None,
                     help="the producer's setmaxnreg budget (default gluon_ws.PRODUCER_REGS)")
-    ap.add_argument("--l2-prefetch", type=int, choices=(0, 1, 2), default=None,
-                    help="the fp8 producer's L2 hint of the next block (2: gluon_ws from a "
-                         "three-deep slot chain; default the module's "
+    ap.add_argument("--l2-prefetch", type=int, choices=(0, 1), default=None,
+                    help="the fp8 producer's L2 hint of the next block (default the module's "
                          "L2_PREFETCH)")
     ap.add_argument("--kernel", choices=("gluon_ws", "gluon_xs"), default="gluon_ws",
                     help="gluon_ws (default) or the seesaw kernel gluon_xs (fp8_ds_mla)")

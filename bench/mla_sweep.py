@@ -179,9 +179,9 @@ _SH_NBUF2 = {hw: configs.SparseMLAConfig(block_h=hw[0], block_k=64, num_warps=hw
              for hw in ((16, 4), (16, 8), (8, 4))}
 # the few-heads configs the sweep runs outside every space (the AOT counts above and in
 # configs.py; bench/NOTES.md "Few-heads kernel at 16 warps an SM", "Warp-specialised few-heads
-# kernel"; the 8-head warp-specialised config joined the sm_90 space on 2026-12-05)
-SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values(),
-                    configs.SPARSE_MLA_GLUON_SHWS16)
+# kernel"; the 8-head warp-specialised config joined the sm_90 space on 2026-12-05, the 16-head
+# one on 2026-12-06)
+SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values())
 
 
 def _shws(cfg, scale=1.0, l2_hint: bool = False) -> dict:
@@ -231,14 +231,13 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
 # the module constants that switch the Gluon producers' L2 hint of the next row block
 # (gluon._l2_prefetch_rows; read at each launch)
 L2_HINT_CONSTANTS = ("gluon_ws.L2_PREFETCH", "gluon_xs.L2_PREFETCH", "gluon_small_ws.L2_PREFETCH")
-# --l2-hint: the binding's own choice with every producer's hint off, then on, then on with
-# gluon_ws's deeper chain (the baseline, the defaults as committed, first)
+# --l2-hint: the binding's own choice with every producer's hint off, then on (the baseline,
+# the defaults as committed, first). gluon_ws's second form (the hint from a three-deep slot
+# chain, "baseline_l2hint_ws2") measured the same as the first and was removed (2026-12-06,
+# bench/results/mla_sweep_l2hint_h100_20261206.json)
 L2_HINT_VARIANTS = [
     dict(BASELINE, name="baseline_l2hint_off", constants={c: 0 for c in L2_HINT_CONSTANTS}),
     dict(BASELINE, name="baseline_l2hint_on", constants={c: 1 for c in L2_HINT_CONSTANTS}),
-    # gluon_ws's hint from its three-deep slot chain (gluon_ws.L2_PREFETCH 2)
-    dict(BASELINE, name="baseline_l2hint_ws2",
-         constants={c: 2 if c.startswith("gluon_ws.") else 1 for c in L2_HINT_CONSTANTS}),
 ]
 
 

@@ -63,10 +63,12 @@ def _operand_bytes(shape: Mapping) -> int:
 @functools.lru_cache(maxsize=None)
 def _mla_triton_heuristic_cached(heads: int, smem: int, operand_bytes: int, rows, topk,
                                  gluon: bool, gluon_ws: bool, gluon_sh: bool = False,
-                                 gluon_shws: bool = False, gluon_xs: bool = False) -> dict:
+                                 gluon_shws: bool = False, gluon_xs: bool = False,
+                                 gluon_shws16: bool = False) -> dict:
     return configs.sparse_mla_heuristic(heads, smem, operand_bytes, rows=rows, topk=topk,
                                         gluon=gluon, gluon_ws=gluon_ws, gluon_sh=gluon_sh,
-                                        gluon_shws=gluon_shws, gluon_xs=gluon_xs).to_dict()
+                                        gluon_shws=gluon_shws, gluon_xs=gluon_xs,
+                                        gluon_shws16=gluon_shws16).to_dict()
 
 
 def _mla_triton_heuristic(dev, shape):
@@ -78,14 +80,16 @@ def _mla_triton_heuristic(dev, shape):
     # the few-heads kernel where it is picked for the format (configs.GLUON_SH_PICKED)
     sh = configs.kernel_eligible("gluon_sh", dev, fmt, d_qk, width) and fmt in configs.GLUON_SH_PICKED
     # and its warp-specialised variant where that is picked (configs.GLUON_SHWS_PICKED)
-    shws = (sh and configs.kernel_eligible("gluon_shws", dev, fmt, d_qk, width)
-            and fmt in configs.GLUON_SHWS_PICKED)
+    shws_ok = sh and configs.kernel_eligible("gluon_shws", dev, fmt, d_qk, width)
+    shws = shws_ok and fmt in configs.GLUON_SHWS_PICKED
+    # its 16-head config at 9..16 heads (configs.GLUON_SHWS16_PICKED)
+    shws16 = shws_ok and fmt in configs.GLUON_SHWS16_PICKED
     # the seesaw kernel where it is picked for the format (configs.GLUON_XS_PICKED); the
     # binding substitutes gluon_ws under a Triton it is not written for
     xs = (configs.kernel_eligible("gluon_xs", dev, fmt, d_qk, width)
           and fmt in configs.GLUON_XS_PICKED)
     return _mla_triton_heuristic_cached(shape["H"], dev.smem_per_block, width,
-                                        rows, shape.get("K"), gluon, ws, sh, shws, xs)
+                                        rows, shape.get("K"), gluon, ws, sh, shws, xs, shws16)
 
 
 @functools.lru_cache(maxsize=None)

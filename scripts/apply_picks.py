@@ -29,7 +29,8 @@ With ``--dispatch kernels/dispatch/sm_90.json`` it also rewrites that table's to
 entries the picks concern, since a table entry's config shadows the heuristic
 (``kernels.registry.Registry.plan``): sparse-MLA entries of a picked format with
 ``H <= configs.GLUON_SH_PICKED_MAX_HEADS`` get ``configs.few_heads_config(H, format)`` (the
-warp-specialised 8-head config for the formats of ``GLUON_SHWS_PICKED``), and a few-heads entry
+warp-specialised 8-head config for the formats of ``GLUON_SHWS_PICKED``, its 16-head config at
+9..16 heads for those of ``GLUON_SHWS16_PICKED``, which this script does not decide), and a few-heads entry
 of a format no longer picked gets the heuristic's config without those kernels; indexer_topk entries
 get ``kernel="gluon_ws"`` when it is picked. Each rewritten entry keeps its old ``median_us`` and
 says so in ``"edited"``; the table's ``"edits"`` list records the command and the evidence.

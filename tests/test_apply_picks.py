@@ -125,8 +125,9 @@ def test_both_mla_switches_written_to_one_file(tmp_path, capsys, monkeypatch):
 
 def test_table_rewrite_follows_the_switches(tmp_path):
     """The table's few-heads entries take ``few_heads_config`` for the picked formats (the
-    warp-specialised 8-head config where that is picked), and an entry of a format no longer
-    picked goes back to the heuristic's choice without the few-heads kernels."""
+    warp-specialised 8-head config where that is picked, its 16-head config at 9..16 heads for
+    ``configs.GLUON_SHWS16_PICKED``, which this script leaves as set), and an entry of a format
+    no longer picked goes back to the heuristic's choice without the few-heads kernels."""
     mod = _script()
     from kernels.sparse_mla import configs
     ent = lambda H, K, d_qk, fmt, kernel: {  # noqa: E731
@@ -139,8 +140,9 @@ def test_table_rewrite_follows_the_switches(tmp_path):
                                              ent(16, 2048, 576, "fp8_ds_mla", "gluon_sh")]}))
     text, done = mod.edit_table(table, {"fp8_model1", "fp8_ds_mla"}, None, [], {"fp8_model1"})
     got = [e["config"] for e in json.loads(text)["entries"]]
+    assert "fp8_ds_mla" in configs.GLUON_SHWS16_PICKED
     assert got == [configs.SPARSE_MLA_GLUON_SHWS8.to_dict(), configs.SPARSE_MLA_GLUON_SH8.to_dict(),
-                   configs.SPARSE_MLA_GLUON_SH16.to_dict()] and len(done) == 3
+                   configs.SPARSE_MLA_GLUON_SHWS16.to_dict()] and len(done) == 3
     text, done = mod.edit_table(table, {"fp8_model1"}, None, [], set())
     got = [e["config"] for e in json.loads(text)["entries"]]
     assert got[0] == configs.SPARSE_MLA_GLUON_SH8.to_dict()

@@ -1059,24 +1059,41 @@ def test_gluon_sh_rules():
 
 
 def test_gluon_shws_rules():
-    """The warp-specialised few-heads kernel's pick: its 8-head config is in the sm_90 space only
-    (the 16-head one in none); the heuristic picks it only when told both ``gluon_sh`` and
+    """The warp-specialised few-heads kernel's pick: its 8- and 16-head configs are in the sm_90
+    space only; the heuristic picks the 8-head one only when told both ``gluon_sh`` and
     ``gluon_shws`` (the registry: formats of ``configs.GLUON_SHWS_PICKED``, fp8_model1 since the
-    2026-12-05 H200 sweep: V4 B 64 H 8 22.3 vs 28.7 us) and only up to 8 heads;
-    ``few_heads_config`` (the dispatch-table rewrite's rule) agrees; one CTA an SM (its shared
-    memory), so V4 B 64 H 8 K 640 plans 2 splits (128 CTAs: the sweep's timed plan); on sm_120
-    and in the interpreter the binding runs the Triton tile for the call's heads."""
+    2026-12-05 H200 sweep: V4 B 64 H 8 22.3 vs 28.7 us) and only up to 8 heads, the 16-head one
+    only when told ``gluon_sh`` and ``gluon_shws16`` (formats of ``configs.GLUON_SHWS16_PICKED``,
+    fp8_ds_mla since the 2026-12-06 H100 sweep with the producer's L2 hint: V3.2 B 64 H 16 61.6 vs
+    70.8 us) and only at 9..16 heads; ``few_heads_config`` (the dispatch-table rewrite's rule)
+    agrees; one CTA an SM (its shared memory), so V4 B 64 H 8 K 640 and V3.2 B 64 H 16 K 2048 plan
+    2 splits (128 CTAs: the sweeps' timed plans); on sm_120 and in the interpreter the binding
+    runs the Triton tile for the call's heads."""
     from kernels import hardware
     ws8, ws16 = configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16
-    assert ws8 in configs.sparse_mla_space(configs.LARGE_SMEM)
-    assert ws8 not in configs.sparse_mla_space(configs.SMALL_SMEM)
-    assert all(ws16 not in sp for sp in configs.SPARSE_MLA_SPACE.values())
-    assert configs.sparse_mla_from_dict(ws8.to_dict(), configs.LARGE_SMEM) == ws8
+    for ws in (ws8, ws16):
+        assert ws in configs.sparse_mla_space(configs.LARGE_SMEM)
+        assert ws not in configs.sparse_mla_space(configs.SMALL_SMEM)
+        assert configs.sparse_mla_from_dict(ws.to_dict(), configs.LARGE_SMEM) == ws
     pick = lambda H, **kw: configs.sparse_mla_heuristic(H, configs.LARGE_SMEM, rows=64, topk=640,
                                                         gluon=True, gluon_ws=True, **kw)
     assert configs.GLUON_SHWS_PICKED_MAX_HEADS == 8
     assert [pick(H, gluon_sh=True, gluon_shws=True) for H in (1, 8, 9, 16)] == \
         [ws8, ws8, configs.SPARSE_MLA_GLUON_SH16, configs.SPARSE_MLA_GLUON_SH16]
+    assert [pick(H, gluon_sh=True, gluon_shws16=True) for H in (1, 8, 9, 16)] == \
+        [configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH8, ws16, ws16]
+    assert pick(17, gluon_sh=True, gluon_shws16=True).kernel == "triton"   # past the few heads
+    assert [pick(H, gluon_sh=True, gluon_shws=True, gluon_shws16=True) for H in (8, 16)] == \
+        [ws8, ws16]
+    assert pick(16, gluon_shws16=True).kernel != "gluon_shws"              # gluon_sh off
+    assert set(configs.GLUON_SHWS16_PICKED) == {"fp8_ds_mla"}
+    assert configs.few_heads_config(16, "fp8_ds_mla") == ws16
+    assert configs.few_heads_config(12, "fp8_ds_mla") == ws16
+    assert configs.few_heads_config(8, "fp8_ds_mla") == configs.SPARSE_MLA_GLUON_SH8
+    assert configs.few_heads_config(16, "fp8_ds_mla", shws16_formats=()) == \
+        configs.SPARSE_MLA_GLUON_SH16
+    assert configs.sparse_mla_ctas_per_sm(ws16, configs.LARGE_SMEM) == 1
+    assert configs.sparse_mla_num_splits(64, 2048, 64, 132, ctas_per_sm=1) == 2
     assert pick(8, gluon_sh=True) == configs.SPARSE_MLA_GLUON_SH8          # not told
     assert pick(8, gluon_shws=True).kernel == "triton"                     # gluon_sh off
     assert configs.sparse_mla_heuristic(8, configs.SMALL_SMEM, gluon_sh=True,

@@ -145,6 +145,71 @@ def _keys(x: np.ndarray) -> np.ndarray:
     return window.order_keys(x)
 
 
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from kernels.topk.triton import _b_bounds, _b_flags  # noqa: E402 (used by _flags_kernel)
+
+
+@triton.jit
+def _flags_kernel(x_ptr, lo_ptr, hi_ptr, done_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    """Pass B's predicates (kernels.topk.triton._b_bounds / _b_flags) of ``x`` for case
+    ``program_id``'s bin and ``done``: 1 direct, 2 keep, 0 neither."""
+    c = tl.program_id(0)
+    offs = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offs, mask=offs < n, other=float("-inf"))
+    f_dir, f_lo, f_hi = _b_bounds(tl.load(lo_ptr + c), tl.load(hi_ptr + c), tl.load(done_ptr + c))
+    direct, keep = _b_flags(x, f_dir, f_lo, f_hi)
+    tl.store(out_ptr + c * BLOCK + offs, direct.to(tl.int32) + 2 * keep.to(tl.int32),
+             mask=offs < n)
+
+
+def test_pass_b_float_bounds_match_the_keys():
+    """Pass B compares logits as floats against the threshold bin's bounds (``_b_bounds``,
+    ``key_float``) instead of making each position's key: the direct / keep sets must be those
+    of the keys (``direct``: key above ``key_hi`` and not NaN, or ``key >= key_lo`` once the
+    descent is done; ``keep``: ``key_lo <= key <= key_hi`` while it is not), on +-0, the
+    smallest denormals of both signs, +-FLT_MAX, +-inf and NaN of both signs, for bins at each
+    of those (the bin whose top is the key below +0.0's, 0x7FFFFFFF, included), the lowest and
+    highest bins, the "every key taken" range (``d0 = -1``) and bounds outside the qualifying
+    keys (NaN keys: clamped first)."""
+    from kernels.topk import triton as kt
+    f = np.float32
+    vals = np.array([0.0, -0.0, 1.0, -1.0, 1.5, -1.5, 3e38, -3e38, np.inf, -np.inf,
+                     np.finfo(f).max, -np.finfo(f).max, np.finfo(f).tiny, -np.finfo(f).tiny],
+                    dtype=f)
+    den = np.array([1, 2, 0xFFFFF, 0x100000, 0x7FFFFF], dtype=np.uint32).view(f)
+    nan = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001], dtype=np.uint32).view(f)
+    rng = np.random.default_rng(5)
+    x = np.concatenate([vals, den, -den, nan, rng.standard_normal(200).astype(f),
+                        (rng.standard_normal(100) * 1e-39).astype(f)])
+    keys = window.order_keys(x).astype(np.int64)
+    qual = keys != 0
+    # bins as bin_key_range makes them: digits << 20 .. | 0xFFFFF, clamped to the qualifying keys
+    ranges = [(0xFFFFFFFF, 0x007FFFFF)]                                     # d0 = -1
+    for d in (0x008, 0x7FF, 0x800, 0x801, 0x3F8, 0xC07, 0xFF7, 0xFF8, 0x000):
+        lo, hi = max(d << 20, 0x00800000), min((d << 20) | 0xFFFFF, 0xFF800000)
+        ranges.append((lo, hi))
+    ranges += [(0x00800000, 0x7FFFFFFF), (0x80000000, 0xFF800000), (0x7FF00000, 0x800FFFFF),
+               (0, 0xFFFFFFFF), (0x00800000, 0x000FFFFF), (0xFF900000, 0xFFFFFFFF)]  # unclamped
+    cases = [(lo, hi, done) for lo, hi in ranges for done in (0, 1)]
+    lo = torch.tensor(np.array([c[0] for c in cases], np.uint32).view(np.int32), device=DEVICE)
+    hi = torch.tensor(np.array([c[1] for c in cases], np.uint32).view(np.int32), device=DEVICE)
+    dn = torch.tensor([c[2] for c in cases], dtype=torch.int32, device=DEVICE)
+    BLOCK = triton.next_power_of_2(x.size)
+    out = torch.zeros((len(cases), BLOCK), dtype=torch.int32, device=DEVICE)
+    _flags_kernel[(len(cases),)](torch.tensor(x, device=DEVICE), lo.view(torch.uint32),
+                                 hi.view(torch.uint32), dn, out, x.size, BLOCK=BLOCK)
+    got = out.cpu().numpy()[:, :x.size]
+    for (klo, khi, done), g in zip(cases, got):
+        eq = qual & (keys >= klo) & (keys <= khi)
+        gt = qual & (keys > khi)
+        want = np.where(gt | (eq & (done == 1)), 1, 0) + np.where(eq & (done == 0), 2, 0)
+        bad = np.nonzero(g != want)[0]
+        assert bad.size == 0, (hex(klo), hex(khi), done, x[bad][:4], g[bad][:4], want[bad][:4])
+    assert kt.MID_BIN.value == window.MID_BIN
+
+
 def test_window_model_matches_the_kernels():
     """kernels.topk.window (the NumPy model the tests and bench/topk_sim.py use) has the
     kernels' constants, and its bins are monotone in the key for bases of both orders."""
@@ -551,3 +616,43 @@ def test_pdl_switch_and_twins(monkeypatch):
         assert (a.constexprs["PDL"], b.constexprs["PDL"]) == (False, True)
         assert {**a.constexprs, "PDL": True} == b.constexprs and a.signature == b.signature
         assert (a.kernel, a.num_warps) == (b.kernel, b.num_warps)
+
+
+def test_scatter_maxnreg_switch(monkeypatch):
+    """``DSA_TOPK_SCATTER_MAXNREG`` (the split pass B's register cap): unset or empty is the
+    rule (128 registers where the grid has more than 3 programs an SM: B 64 N 2's 512 on 132
+    SMs; none at 256), 0 is no cap, an integer in [64, 255] is the cap; anything else is a
+    ValueError naming the variable and the value, raised by the launch before any kernel runs.
+    The output is the same with a cap (the interpreter ignores it; the GPU runs it)."""
+    from kernels.topk import triton as kt
+    for v, want in (("", None), ("0", None), ("128", 128), (" 255 ", 255)):
+        monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, v)
+        assert kt.scatter_maxnreg(256, 132) == want
+    monkeypatch.delenv(kt.SCATTER_MAXNREG_ENV)
+    assert kt.scatter_maxnreg(256, 132) is None and kt.scatter_maxnreg(396, 132) is None
+    assert kt.scatter_maxnreg(512, 132) == kt.SCATTER_CAP_REGS == 128
+    monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, "0")
+    assert kt.scatter_maxnreg(512, 132) is None
+    for bad in ("63", "256", "x", "-1", "1e2"):
+        monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, bad)
+        with pytest.raises(ValueError, match="DSA_TOPK_SCATTER_MAXNREG.*" + repr(bad.strip())[1:-1]):
+            kt.scatter_maxnreg()
+    S, P, W, K = 4, 64, 2048, 64
+    _, x = _rows(11, 3, W)
+    lens = [W, 1000, 77]
+    ht = torch.from_numpy(_split_hists(x, lens, 1, S, P)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    outs = []
+    for v in ("", "128"):
+        monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, v)
+        out = torch.full((3, K), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(xt, lt, K, out, torch.empty((3, W), dtype=torch.int32, device=DEVICE),
+                    hist=ht, page_size=P)
+        outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    compare.assert_pass(compare.check_topk(outs[0], _ref_rows(x, lens), K))
+    monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, "7")
+    with pytest.raises(ValueError, match="DSA_TOPK_SCATTER_MAXNREG"):
+        launch_topk(xt, lt, K, outs[0], torch.empty((3, W), dtype=torch.int32, device=DEVICE),
+                    hist=ht, page_size=P)

@@ -284,8 +284,9 @@ SPARSE_MLA_GLUON_SH16W8R128 = SparseMLAConfig(block_h=16, block_k=64, num_warps=
 # GLUON_SHWS_PICKED up to GLUON_SHWS_PICKED_MAX_HEADS heads: H200, 2026-12-05 (ninth session,
 # bench/results/mla_sweep_small_heads_h200_20261205b.json, CUDA-graph timed, checked against the
 # reference; gluon_check 138/138): V4-Flash B 64 H 8 fp8_model1 22.3 us against 28.7 for the
-# one-partition few-heads kernel. The 16-head config stays sweep-only: V3.2 B 64 H 16 66.0
-# against 65.2, V4 B 64 H 64 (four 16-head blocks) 58.8 against 49.3 for the 64-head kernel.
+# one-partition few-heads kernel. The 16-head config was sweep-only (V3.2 B 64 H 16 66.0
+# against 65.2, V4 B 64 H 64 (four 16-head blocks) 58.8 against 49.3 for the 64-head kernel)
+# until the producer's L2 hint: picked for GLUON_SHWS16_PICKED (below) since 2026-12-06.
 SPARSE_MLA_GLUON_SHWS8 = SparseMLAConfig(block_h=8, block_k=64, num_warps=4, num_stages=2,
                                          prefetch=True, kernel="gluon_shws")
 SPARSE_MLA_GLUON_SHWS16 = SparseMLAConfig(block_h=16, block_k=64, num_warps=4, num_stages=2,
@@ -302,6 +303,14 @@ GLUON_SH_PICKED_MAX_HEADS = 16
 # run the warp-specialised kernel instead (its 8-head config); fp8_ds_mla at 8 heads is not timed
 GLUON_SHWS_PICKED: tuple = ('fp8_model1',)
 GLUON_SHWS_PICKED_MAX_HEADS = 8
+# formats (of GLUON_SH_PICKED) whose few-heads calls of GLUON_SHWS_PICKED_MAX_HEADS + 1 ..
+# GLUON_SH_PICKED_MAX_HEADS (9..16) heads run the warp-specialised 16-head config: with the
+# producer's L2 hint on (gluon_small_ws.L2_PREFETCH), H100, 2026-12-06 (seventeenth session,
+# bench/results/mla_sweep_small_heads_h100_20261206.json, CUDA-graph timed over rotated
+# block-table sets, checked against the reference): V3.2 B 64 H 16 fp8_ds_mla 61.6 us against
+# 70.8 for the one-partition 16-head config (69.1 without the hint). fp8_model1 at 9..16 heads is
+# not timed (its only few-heads target row has 8 heads), so it keeps gluon_small.py there.
+GLUON_SHWS16_PICKED: tuple = ('fp8_ds_mla',)
 
 
 def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
@@ -312,23 +321,27 @@ def gluon_sh_config(num_heads: int) -> SparseMLAConfig:
     return SPARSE_MLA_GLUON_SH16 if num_heads <= 16 else SPARSE_MLA_GLUON_SH32
 
 
-def few_heads_config(num_heads: int, kv_format: str,
-                     shws_formats: tuple | None = None) -> SparseMLAConfig:
+def few_heads_config(num_heads: int, kv_format: str, shws_formats: tuple | None = None,
+                     shws16_formats: tuple | None = None) -> SparseMLAConfig:
     """The few-heads Gluon config the heuristic picks for ``num_heads`` heads of a
     ``kv_format`` cache whose format is picked for the few-heads kernel: the warp-specialised
     8-head config (:data:`SPARSE_MLA_GLUON_SHWS8`) up to :data:`GLUON_SHWS_PICKED_MAX_HEADS`
-    heads for the formats of ``shws_formats`` (default :data:`GLUON_SHWS_PICKED`), else
-    :func:`gluon_sh_config`."""
+    heads for the formats of ``shws_formats`` (default :data:`GLUON_SHWS_PICKED`), its 16-head
+    config (:data:`SPARSE_MLA_GLUON_SHWS16`) at 9..16 heads for the formats of
+    ``shws16_formats`` (default :data:`GLUON_SHWS16_PICKED`), else :func:`gluon_sh_config`."""
     shws = GLUON_SHWS_PICKED if shws_formats is None else shws_formats
-    return _few_heads(num_heads, kv_format in shws)
+    shws16 = GLUON_SHWS16_PICKED if shws16_formats is None else shws16_formats
+    return _few_heads(num_heads, kv_format in shws, kv_format in shws16)
 
 
-def _few_heads(num_heads: int, shws: bool) -> SparseMLAConfig:
+def _few_heads(num_heads: int, shws: bool, shws16: bool = False) -> SparseMLAConfig:
     """The warp-specialised 8-head config where ``shws`` (its format picked) and the heads fit
-    it, else :func:`gluon_sh_config`: the one rule of :func:`few_heads_config` and the
-    heuristic."""
+    it, the 16-head one where ``shws16`` and 9..16 heads, else :func:`gluon_sh_config`: the one
+    rule of :func:`few_heads_config` and the heuristic."""
     if shws and num_heads <= GLUON_SHWS_PICKED_MAX_HEADS:
         return SPARSE_MLA_GLUON_SHWS8
+    if shws16 and GLUON_SHWS_PICKED_MAX_HEADS < num_heads <= 16:
+        return SPARSE_MLA_GLUON_SHWS16
     return gluon_sh_config(num_heads)
 
 
@@ -363,6 +376,7 @@ SPARSE_MLA_SPACE: dict[tuple[str, int], tuple[SparseMLAConfig, ...]] = {
         SPARSE_MLA_GLUON_SH16W8,
         SPARSE_MLA_GLUON_SH32,
         SPARSE_MLA_GLUON_SHWS8,
+        SPARSE_MLA_GLUON_SHWS16,
     ),
     ("large", 4): (
         SparseMLAConfig(block_h=16, block_k=16, num_warps=4, num_stages=1),
@@ -420,7 +434,7 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
                          rows: int | None = None, topk: int | None = None,
                          gluon: bool = False, gluon_ws: bool = False,
                          gluon_sh: bool = False, gluon_shws: bool = False,
-                         gluon_xs: bool = False) -> SparseMLAConfig:
+                         gluon_xs: bool = False, gluon_shws16: bool = False) -> SparseMLAConfig:
     """Default config for ``num_heads`` query heads on a GPU with ``smem_per_block`` bytes:
     the first member of the space for fp32 dots; given ``rows`` (B x N) and ``topk`` (K) on the
     large class, the measured rule below; else :data:`SPARSE_MLA_SMALL_H` (16-head blocks,
@@ -443,7 +457,10 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     H 8 fp8_model1 28.9 vs 42.7. ``gluon_shws`` (with ``gluon_sh``: the caller's statement that the
     warp-specialised few-heads kernel is picked for the format, :data:`GLUON_SHWS_PICKED`) picks
     :data:`SPARSE_MLA_GLUON_SHWS8` for H <= :data:`GLUON_SHWS_PICKED_MAX_HEADS` (8): on the H200
-    (2026-12-05, ninth session) V4 B 64 H 8 fp8_model1 22.3 vs 28.7 us. ``gluon_xs`` (the
+    (2026-12-05, ninth session) V4 B 64 H 8 fp8_model1 22.3 vs 28.7 us; ``gluon_shws16`` (with
+    ``gluon_sh``: the format is in :data:`GLUON_SHWS16_PICKED`) picks
+    :data:`SPARSE_MLA_GLUON_SHWS16` at 9..16 heads (H100, 2026-12-06: V3.2 B 64 H 16 fp8_ds_mla
+    61.6 vs 70.8 us, the producer's L2 hint on). ``gluon_xs`` (the
     caller's statement that the seesaw kernel can run the call and is picked for its format,
     :data:`GLUON_XS_PICKED`) picks :data:`SPARSE_MLA_GLUON_XS` for an even number of 64-head
     blocks and ``rows`` >= :data:`GLUON_XS_MIN_ROWS` (H100, 2026-12-06: B 64 H 128 132.3 us
@@ -453,8 +470,8 @@ def sparse_mla_heuristic(num_heads: int, smem_per_block: int, operand_bytes: int
     if operand_bytes >= 4:
         return space[0]
     if gluon_sh and num_heads <= GLUON_SH_PICKED_MAX_HEADS \
-            and _few_heads(num_heads, gluon_shws) in space:
-        return _few_heads(num_heads, gluon_shws)
+            and _few_heads(num_heads, gluon_shws, gluon_shws16) in space:
+        return _few_heads(num_heads, gluon_shws, gluon_shws16)
     if (gluon_xs and rows is not None and rows >= GLUON_XS_MIN_ROWS
             and gluon_xo_heads_ok(num_heads) and SPARSE_MLA_GLUON_XS in space):
         return SPARSE_MLA_GLUON_XS

@@ -52,8 +52,9 @@ Only sm_90 (wgmma, setmaxnreg), never in the CPU interpreter (Gluon kernels do n
 The launcher runs it for a config whose ``kernel`` is ``"gluon_shws"``: the 8-head config
 (``configs.SPARSE_MLA_GLUON_SHWS8``) is in the sm_90 space and picked for ``fp8_model1`` up to 8
 heads (H200, 2026-12-05: 24/24 GPU tests, 138/138 reference checks; V4 B 64 H 8 22.3 us against
-28.7 for ``gluon_small.py``); the 16-head config is a sweep variant (``bench.mla_sweep``; no
-faster than ``gluon_small.py`` at V3.2 B 64 H 16, 66.0 vs 65.2 us).
+28.7 for ``gluon_small.py``); the 16-head config (``configs.SPARSE_MLA_GLUON_SHWS16``) is picked
+for ``fp8_ds_mla`` at 9..16 heads since the producer's L2 hint (H100, 2026-12-06: V3.2 B 64 H 16
+61.6 us against 70.8 for ``gluon_small.py``; 69.1 without the hint).
 """
 from __future__ import annotations
 
@@ -75,10 +76,13 @@ PRODUCER_REGS = 72
 CONSUMER_REGS = 184      # consumer 1's: 16 warps x 128 = 4 x 184 + 4 x 184 + 8 x 72
 
 
-# the producer (gluon_ws._ws_producer) hints the next row block into L2 (``gluon_ws.L2_PREFETCH``:
-# on there since 2026-12-06); here off until the few-heads rows are measured with it (read at each
-# launch, so bench.mla_sweep can time both: its ``--l2-hint`` mode)
-L2_PREFETCH = 0
+# the producer (gluon_ws._ws_producer) hints the next row block into L2 (``gluon_ws.L2_PREFETCH``;
+# read at each launch, so bench.mla_sweep can time both: its ``--l2-hint`` mode). On since
+# 2026-12-06 (seventeenth session; H100, bench/results/mla_sweep_l2hint_h100_20261206.json and
+# mla_sweep_small_heads_h100_20261206.json, CUDA-graph timed over rotated block-table sets,
+# checked against the reference): V4 B 64 H 8 fp8_model1 23.9 -> 22.9-23.0 us (8-head config);
+# V3.2 B 64 H 16 fp8_ds_mla 16-head config 69.1 -> 61.6 (gluon_small.py: 70.8)
+L2_PREFETCH = 1
 
 
 def launch_constexprs() -> dict:

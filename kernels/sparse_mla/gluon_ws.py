@@ -77,9 +77,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _block_unit, _epilogue, _issue_scores,
                                       _issue_values, _l2_prefetch_rows, _list_range, _load_rope,
-                                      _load_scales, _load_u8, _online_softmax, _pipeline_ahead,
-                                      _pipeline_start, _program, _q_rows, _resolve, _row_base,
-                                      _store_q_scaled, _tile)
+                                      _load_scales, _load_u8, _online_softmax, _program, _q_rows,
+                                      _resolve, _row_base, _store_q_scaled, _tile)
 from kernels.sparse_mla.gluon_cluster import _cluster_sync, _lanes, _meta_word, _peer_arrive
 from kernels.sparse_mla.triton import _page_entries, _pow2
 
@@ -120,10 +119,11 @@ LATENT_P_SMEM = 0
 # bench/results/gluon_check_pf_h100_20261206.json, one call, against 0): fp8_ds_mla B 64 H 64
 # 91.0 us / 95.8, B 16 H 128 50.3 / 51.4, B 1 16.2 / 16.0; slower at B 64 H 128 (146.0 / 142.9)
 # and B 128 (287.1 / 280.6), which gluon_xs runs now, and fp8_model1 B 64 H 64 (56.2 / 55.1),
-# which the Gluon kernel runs (bench/NOTES.md, sixteenth session). 2: the same hint from a
-# three-deep slot chain (``gluon._pipeline_start`` / ``_pipeline_ahead``, as gluon.py's), so the
-# hint does not wait on the block-table entry loaded at the end of the previous block (1 does: a
-# review of its SASS, 2026-12-06); built after the last call of that session, not yet measured
+# which the Gluon kernel runs (bench/NOTES.md, sixteenth session). A second form, the hint from
+# a three-deep slot chain so it never waits on the block-table entry loaded at the end of the
+# previous block (mode 2), measured the same in the bench's rows (H100, 2026-12-06,
+# bench/results/mla_sweep_l2hint_h100_20261206.json: B 64 H 64 92.7 / 92.6 us, B 1 17.7 / 17.7)
+# and was removed (seventeenth session)
 L2_PREFETCH = 1
 
 
@@ -193,17 +193,13 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
                                                  sbt_b, chunk, HAS_TKL)
     ar = gl.arange(0, 64, layout=ROW)
-    if L2_PREFETCH == 2:                  # the three-deep chain (gluon.py's): the next block's
-        i2, pg, of, ok, pg_nx, of_nx, ok_nx = _pipeline_start(   # slots resolved a block early
-            idx_row, bt_row, start, end, ar, num_slots, num_pages, max_pages, page_size, HAS_BT)
-    else:
-        in0 = start + ar < end
-        i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
-        in1 = start + 64 + ar < end
-        i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
-        pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT),
-                              in0, num_slots, num_pages, max_pages, page_size, HAS_BT)
-        e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
+    in0 = start + ar < end
+    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
+    in1 = start + 64 + ar < end
+    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
+    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT),
+                          in0, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    e1 = _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT)
     ub_i = start * 0 + 1
 
     for k0 in range(start, end, 64):
@@ -218,12 +214,8 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         base = _row_base(pg, of, page_bytes, KV_FORMAT)
         c0, c1, c2, c3 = _load_scales(kv32_ptr, pg, of, base, ok, page_size, page_bytes,
                                       KV_FORMAT)
-        if L2_PREFETCH == 2:              # block +2's page entries, block +3's indices
-            in2, e2, i3 = _pipeline_ahead(idx_row, bt_row, i2, k0, end, ar, max_pages,
-                                          page_size, HAS_BT)
-        else:
-            in2 = k0 + 128 + ar < end
-            i2 = gl.load(idx_row + k0 + 128 + ar, mask=in2, other=-1)
+        in2 = k0 + 128 + ar < end
+        i2 = gl.load(idx_row + k0 + 128 + ar, mask=in2, other=-1)
         r0 = _load_u8(kv_ptr, base, ok, 0, LD)
         r1 = _load_u8(kv_ptr, base, ok, 1, LD)
         r2 = _load_u8(kv_ptr, base, ok, 2, LD)
@@ -238,8 +230,6 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         rr = _load_rope(kv16_ptr, base, ok, KV_FORMAT, LD16)
         if L2_PREFETCH == 1:              # the next block's rows into L2 (:data:`L2_PREFETCH`)
             _l2_prefetch_rows(kv_ptr, pg_n, of_n, ok_n, page_size, page_bytes, KV_FORMAT, 64)
-        elif L2_PREFETCH == 2:
-            _l2_prefetch_rows(kv_ptr, pg_nx, of_nx, ok_nx, page_size, page_bytes, KV_FORMAT, 64)
         ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
         shift = _pow2(254 - ub)
 
@@ -260,20 +250,14 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         _barrier()                            # every producer thread has stored
         mbarrier.arrive(full.index(buf))
         ub_i = ub
-        if L2_PREFETCH == 2:
-            pg, of, ok = pg_nx, of_nx, ok_nx
-            pg_nx, of_nx, ok_nx = _resolve(i2, e2, in2, num_slots, num_pages, max_pages,
-                                           page_size, HAS_BT)
-            i2 = i3
+        if L2_PREFETCH == 1:
+            pg, of, ok = pg_n, of_n, ok_n
         else:
-            if L2_PREFETCH == 1:
-                pg, of, ok = pg_n, of_n, ok_n
-            else:
-                pg, of, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size,
-                                      HAS_BT)
-            e1 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
-            i1 = i2
-            in1 = in2
+            pg, of, ok = _resolve(i1, e1, in1, num_slots, num_pages, max_pages, page_size,
+                                  HAS_BT)
+        e1 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
+        i1 = i2
+        in1 = in2
 
 
 @gluon.jit

@@ -35,9 +35,12 @@ Algorithm (no atomics, no sort):
    ``C <= K``: every qualifying position is taken.
 3. Pass B over the valid prefix: keys in bins above d go straight to the output (slots from a
    running inclusive ``tl.cumsum``, so the write order is deterministic); keys in bin d are
-   compacted, in position order, into the scratch row as **(key, position) pairs** (keys in the
-   first half of the scratch row, positions in the second half) when they fit in half the row,
-   else as positions only (the levels then gather the logits).
+   compacted, in position order, into the scratch row as **(logit, position) pairs** (the
+   logits' float32 bits in the first half of the scratch row, positions in the second half; the
+   levels make their keys) when they fit in half the row, else as positions only (the levels
+   then gather the logits). Pass B compares the logits as floats against the bin's bounds
+   (:func:`key_float`: the same sets as comparing keys), so no key is made for the ~95 % of
+   positions below the bin.
 4. Lower levels over the candidates only, 8 bits of the full key per level at bit offsets
    24, 16, 8 and 0, restricted to the keys matching the chosen high bits ``(key & mask) ==
    prefix``; a level whose bits the first digit already fixed is skipped. When d is a window
@@ -86,6 +89,7 @@ The per-row kernel then continues from the candidates (``FROM_PLAN``).
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import triton
@@ -405,13 +409,44 @@ def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
 
 
 @triton.jit
-def _b_flags(key, key_lo, key_hi, done_v, pinf):
-    """Pass B's two predicates of raw keys ``key`` against the threshold bin ``[key_lo,
-    key_hi]``: ``direct`` (to the output: above the bin, not NaN, or in it once the descent is
-    ``done_v``) and ``keep`` (into the candidate row: in the bin while it is not)."""
-    gt = (key > key_hi) & (key <= pinf)                              # not NaN
-    eq = (key >= key_lo) & (key <= key_hi)
-    return gt | (eq & done_v), eq & (done_v == 0)
+def key_float(key):
+    """The float32 whose :func:`order_key` is ``key`` (uint32, a qualifying key in
+    ``[0x00800000, 0xFF800000]``, or 0x007FFFFF: -inf's), for comparing floats instead of keys:
+    for every non-NaN float ``x`` and such ``k``, ``order_key(x) > k`` iff ``x > key_float(k)``
+    and ``order_key(x) >= k`` iff ``x >= key_float(k)``, except at ``k = 0x7FFFFFFF`` (no float
+    has that key: -0.0 is keyed as +0.0), which is read as 0x7FFFFFFE (-denorm_min), so both
+    zeros fall on the +0.0 side. Keys of NaN (above +inf's, below -inf's) give NaN, which no
+    comparison passes."""
+    key = tl.where(key == 0x7FFFFFFF, tl.full(key.shape, 0x7FFFFFFE, tl.uint32), key)
+    u = tl.where(key >= 0x80000000, key ^ 0x80000000, ~key)
+    return u.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _b_bounds(key_lo, key_hi, done):
+    """Pass B's float thresholds for the threshold bin ``[key_lo, key_hi]`` (uint32 scalars,
+    :func:`bin_key_range`) and ``done`` (int32 scalar): ``(f_dir, f_lo, f_hi)`` with ``direct
+    = x > f_dir`` (above the bin, or in it once the descent is done: the keys above ``key_lo -
+    1``; with ``d0 = -1``, ``key_hi`` is -inf's key and every qualifying key is direct) and
+    ``keep = (x >= f_lo) & (x <= f_hi)`` (in the bin while the descent is not done; ``f_lo``
+    NaN when it is, so no key is kept). The same sets as comparing :func:`raw_key`'s keys with
+    the bin (:func:`key_float`); NaN and -inf pass neither comparison. The bounds are first
+    clamped to the qualifying keys (``key_lo >= 0x00800000``, ``0x007FFFFF <= key_hi <=
+    0xFF800000``: the same sets), so no bound is a NaN key."""
+    key_lo = tl.maximum(key_lo, tl.full((), 0x00800000, tl.uint32))
+    key_hi = tl.minimum(tl.maximum(key_hi, tl.full((), 0x007FFFFF, tl.uint32)),
+                        tl.full((), 0xFF800000, tl.uint32))
+    key_dir = tl.where(done != 0, tl.minimum(key_lo - 1, key_hi), key_hi)
+    f_lo = tl.where(done != 0, float("nan"), key_float(key_lo))
+    return key_float(key_dir), f_lo, key_float(key_hi)
+
+
+@triton.jit
+def _b_flags(x, f_dir, f_lo, f_hi):
+    """Pass B's two predicates of float32 logits ``x`` (:func:`_b_bounds`): ``direct`` (to the
+    output) and ``keep`` (into the candidate row). Float comparisons, not keys: the key
+    transform (five instructions a position) is left to the candidates (:func:`_cand_keys`)."""
+    return x > f_dir, (x >= f_lo) & (x <= f_hi)
 
 
 @triton.jit
@@ -420,7 +455,7 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
     """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
     key_hi``, :func:`bin_key_range`) go to the output at ``n_out, n_out + 1, ...``, keys in it
     (``key_lo <= key <= key_hi``) too when the descent is ``done``, else they are compacted
-    into the candidate row at ``n_cand, ...`` (key at ``c_row[c]`` and position at
+    into the candidate row at ``n_cand, ...`` (the logit's bits at ``c_row[c]`` and position at
     ``c_row[cap + c]`` when ``pairs``, else the position at ``c_row[c]``); both in ascending
     position order. One inclusive scan per block gives both slot sequences (output count in
     the low 16 bits, candidate count in the high 16; BLOCK < 2^16) and one sum both totals.
@@ -442,10 +477,9 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
     Returns the new ``(n_out, n_cand)``."""
     offs = tl.arange(0, BLOCK)
     zero = tl.zeros((BLOCK,), tl.int32)
-    done_v = (zero + done) != 0                                      # [BLOCK] (see NOTE below)
-    pairs_v = (zero + pairs) != 0
+    pairs_v = (zero + pairs) != 0                                    # [BLOCK] (see NOTE below)
     pos_off = tl.where(pairs != 0, cap, 0)
-    pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
+    f_dir, f_lo, f_hi = _b_bounds(key_lo, key_hi, done)
     if VEC:
         hi_ld = tl.minimum((hi + 15) // 16 * 16, W)
     else:
@@ -457,11 +491,9 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
         pos = start + offs
         x = x_next
         x_next = tl.load(x_row + pos + BLOCK, mask=pos + BLOCK < hi_ld, other=float("-inf"))
-        if VEC:
-            key = raw_key(tl.where(pos < hi, x, float("-inf")))
-        else:
-            key = raw_key(x)
-        direct, keep = _b_flags(key, key_lo, key_hi, done_v, pinf)
+        if VEC:                     # loaded positions past hi (the last block) take no part
+            x = tl.where(pos < hi, x, float("-inf"))
+        direct, keep = _b_flags(x, f_dir, f_lo, f_hi)
         both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
         cs = tl.cumsum(both, axis=0)
         if VEC:                     # layout hints only (see the docstring): stores stay scalar
@@ -476,7 +508,8 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
             tl.store(o_row + slot, pos, mask=direct)
             cslot = (cs >> 16) + n_cand - 1
             tl.store(c_row + pos_off + cslot, pos, mask=keep)
-        tl.store(c_row + cslot, key.to(tl.int32, bitcast=True), mask=keep & pairs_v)
+        # the pair's first word: the logit's bits (its key is made where it is read, _cand_keys)
+        tl.store(c_row + cslot, x.to(tl.int32, bitcast=True), mask=keep & pairs_v)
         tot = tl.sum(both, axis=0)
         n_out += tot & 0xFFFF
         n_cand += tot >> 16
@@ -491,15 +524,13 @@ def _count_b(x_row, lo, hi, key_lo, key_hi, done, BLOCK: tl.constexpr):
     (:func:`_topk_scatter_kernel`, ``sub > 1``) counts the positions of its split before its own
     range this way."""
     offs = tl.arange(0, BLOCK)
-    zero = tl.zeros((BLOCK,), tl.int32)
-    done_v = (zero + done) != 0
-    pinf = tl.full((BLOCK,), 0xFF800000, tl.uint32)                   # +inf's key
+    f_dir, f_lo, f_hi = _b_bounds(key_lo, key_hi, done)
     n_out = tl.zeros((), tl.int32)
     n_cand = tl.zeros((), tl.int32)
     for start in range(lo, hi, BLOCK):
         pos = start + offs
         x = tl.load(x_row + pos, mask=pos < hi, other=float("-inf"))
-        direct, keep = _b_flags(raw_key(x), key_lo, key_hi, done_v, pinf)
+        direct, keep = _b_flags(x, f_dir, f_lo, f_hi)
         tot = tl.sum(direct.to(tl.int32) + (keep.to(tl.int32) << 16), axis=0)
         n_out += tot & 0xFFFF
         n_cand += tot >> 16
@@ -508,9 +539,11 @@ def _count_b(x_row, lo, hi, key_lo, key_hi, done, BLOCK: tl.constexpr):
 
 @triton.jit
 def _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, NEED_POS: tl.constexpr):
-    """Keys (and positions if ``NEED_POS``) of candidates ``o`` (mask ``m``): read from the
-    pairs, or gathered from the logits through the positions."""
-    kp = tl.load(c_row + o, mask=m & pairs_v, other=0).to(tl.uint32, bitcast=True)
+    """Keys (and positions if ``NEED_POS``) of candidates ``o`` (mask ``m``): from the pairs'
+    first words (the logits' bits, as pass B and the compaction store them), or gathered from
+    the logits through the positions; either way :func:`order_key` of the logit."""
+    kp = order_key(tl.load(c_row + o, mask=m & pairs_v, other=-8388608)   # -inf's bits: key 0
+                   .to(tl.float32, bitcast=True))
     if NEED_POS:
         pos = tl.load(c_row + pos_off + o, mask=m, other=0)
     else:
@@ -668,7 +701,8 @@ def _radix_topk_kernel(
                             # in place: slot <= o
                             cslot = tl.cumsum(eq.to(tl.int32), axis=0) + kept - 1
                             tl.store(c_row + pos_off + cslot, pos, mask=eq)
-                            tl.store(c_row + cslot, key.to(tl.int32, bitcast=True),
+                            tl.store(c_row + cslot,
+                                     key_float(key).to(tl.int32, bitcast=True),
                                      mask=eq & pairs_v)
                             n_out += tl.sum(gt.to(tl.int32), axis=0)
                             kept += tl.sum(eq.to(tl.int32), axis=0)
@@ -908,8 +942,9 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         above the threshold bucket in ascending position order, then the rest of the selection
         in ascending position order), then -1.
       scratch: int32 ``[R, C]`` (``C >= W``) with contiguous last dim, uninitialised: the
-        threshold bin's candidates, as (key, position) pairs (keys at ``[0, n)``, positions at
-        ``[C // 2, C // 2 + n)``) when ``n <= C // 2``, else positions at ``[0, n)``.
+        threshold bin's candidates, as (logit, position) pairs (the logits' float32 bits at
+        ``[0, n)``, positions at ``[C // 2, C // 2 + n)``) when ``n <= C // 2``, else positions
+        at ``[0, n)``.
       hist: None, or the int32 :func:`hist_shape` ``[B, S, next_pow2(N), HIST_ROW]`` windowed
         histograms written by ``kernels.indexer.triton.launch_indexer_logits(hist=...)`` for
         these rows (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
@@ -985,6 +1020,13 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
         sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
+        slaunch = dict(launch)                                # the scatter launches' options
+        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            scatter_maxnreg()                 # the variable checked; the interpreter has no cap
+        else:
+            cap_regs = scatter_maxnreg(R * num_splits * scatter_sub, _num_sms(logits.device))
+            if cap_regs is not None:
+                slaunch["maxnreg"] = cap_regs
         svec = bool(svec) and W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
@@ -992,7 +1034,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                 logits, lengths, out, scratch, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
-                SP=sp, VEC=svec, SUB=scatter_sub > 1, num_warps=swarps, **launch)
+                SP=sp, VEC=svec, SUB=scatter_sub > 1, num_warps=swarps, **slaunch)
         else:
             groups, sbase = plan_blocks(num_splits)
             part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
@@ -1004,7 +1046,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
                 PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, SUB=scatter_sub > 1,
-                num_warps=swarps, **launch)
+                num_warps=swarps, **slaunch)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -1024,6 +1066,51 @@ fill the SMs, at the cost of counting the split's keys before a sub-range once m
 
 SCATTER_SUB_MAX = 16
 
+SCATTER_MAXNREG_ENV = "DSA_TOPK_SCATTER_MAXNREG"
+"""ptxas ``.maxnreg`` of the split pass B's launches (``_topk_scatter_kernel``; not the plan
+part or the per-row kernel): unset or empty: :data:`SCATTER_CAP_REGS` where the grid has more
+than :data:`SCATTER_CAP_CTAS` programs an SM, else none (the rule); ``0``: never; an integer in
+``[64, 255]``: always that. Why: since pass B compares floats (2026-12-06) its 2,048-position VEC
+loop is 664 SASS a warp (833 before) at 160 registers, 3 CTAs of 4 warps an SM where it had 4 at
+124; held to 128 it is 719 SASS, no spill (AOT, Triton 3.6.0, sm_90), 4 CTAs an SM. Measured
+(H100, 2026-12-06, bench/results/bench_h100_targets_torch_20261206_fcmp.json against
+..._fcmp_r128.json): B 64 N 2 L 64K (512 programs) top-k 42.1 us uncapped, 37.6 capped; the
+rows of at most 264 programs 26.5 / 27.0 (B 64 L 64K), 37.8 / 39.3 (L 128K), 37.6 / 38.0 (V4 B 8
+1M): uncapped."""
+SCATTER_CAP_REGS = 128
+SCATTER_CAP_CTAS = 3
+
+
+def scatter_maxnreg(programs: int = 0, num_sms: int = 1) -> int | None:
+    """The split pass B's register cap for a grid of ``programs`` on ``num_sms`` SMs
+    (:data:`SCATTER_MAXNREG_ENV`), or None for none.
+
+    Raises:
+      ValueError: the variable is not empty, 0 or an integer in ``[64, 255]`` (named, with the
+        value).
+    """
+    v = os.environ.get(SCATTER_MAXNREG_ENV, "").strip()
+    if v == "":
+        return SCATTER_CAP_REGS if programs > SCATTER_CAP_CTAS * num_sms else None
+    if v == "0":
+        return None
+    if not v.isdigit() or not 64 <= int(v) <= 255:
+        raise ValueError(f"{SCATTER_MAXNREG_ENV}: expected 0 or an integer in [64, 255] or unset, "
+                         f"got {v!r}")
+    return int(v)
+
+
+_SMS: dict = {}
+
+
+def _num_sms(device) -> int:
+    """Multiprocessors of a CUDA ``device`` (cached: launches call it every time)."""
+    import torch
+    idx = device.index if device.index is not None else torch.cuda.current_device()
+    if idx not in _SMS:
+        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
+    return _SMS[idx]
+
 
 def scatter_subsplits() -> int:
     """:data:`SCATTER_SUB_ENV` as an int (unset or empty: 1).
@@ -1032,7 +1119,6 @@ def scatter_subsplits() -> int:
       ValueError: the variable is not an integer in ``[1, SCATTER_SUB_MAX]`` (named, with the
         value).
     """
-    import os
     v = os.environ.get(SCATTER_SUB_ENV, "").strip()
     if v == "":
         return 1
@@ -1060,7 +1146,6 @@ def pdl_enabled(device) -> bool:
     Raises:
       ValueError: :data:`PDL_ENV` holds something other than ``0``, ``1`` or nothing.
     """
-    import os
     from kernels.scalars import env_switch
     if not env_switch(PDL_ENV) or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         return False
