@@ -86,8 +86,7 @@ KERNELS = {
     # the few-heads kernel (rows on wgmma M): every config of the space
     "gluon_sh": ((configs.SPARSE_MLA_GLUON_SH8, configs.SPARSE_MLA_GLUON_SH16,
                   configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32), FP8, {}),
-    # its warp-specialised twin (kernels/sparse_mla/gluon_small_ws.py; 8 heads in the space,
-    # 16 sweep-only)
+    # its warp-specialised twin (kernels/sparse_mla/gluon_small_ws.py; both in the sm_90 space)
     "gluon_shws": ((configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16), FP8, {}),
     # the crossover kernel (kernels/sparse_mla/gluon_xo.py: clusters of two 64-head CTAs)
     "gluon_xo": ((configs.SPARSE_MLA_GLUON_XO,), FP8, {}),

@@ -3,7 +3,9 @@
     ncu --kernel-name regex:gluon_xo --launch-skip 2 --launch-count 1 \\
         python3 -m bench.ncu_mla --kernel gluon_xo --B 64 --H 128
 
-The kernel runs with its bench config (``bench.gluon_check.KERNEL_CONFIGS``) and the split count
+The kernel runs with its bench config (``bench.gluon_check.KERNEL_CONFIGS``; for the few-heads
+kernels the smallest of their head blocks that holds ``--H``, e.g. ``--kernel gluon_shws --H 16
+--block-table``: the 16-head WS config at the V3.2 B 64 H 16 target row) and the split count
 the bench's timing uses, on gluon_check's inputs (``bench.mla_sweep._inputs``, fp8_ds_mla, top-k
 2048, slots) or with ``--block-table`` on the targets bench's (``bench.inputs.make_inputs`` of the
 V3.2 fp8 target row of that B and H: logical indices through a block table, the sink; one
@@ -31,7 +33,11 @@ def main() -> None:
                     help="the targets bench's inputs (block table, sink) instead of slots")
     a = ap.parse_args()
     dev = _common.device_info(torch.device("cuda"))
-    cfg = gc.KERNEL_CONFIGS[a.kernel][0]
+    cfgs = gc.KERNEL_CONFIGS[a.kernel]
+    # a few-heads kernel's configs hold 8 / 16 heads: the smallest that holds H (else the widest)
+    cfg = (min((c for c in cfgs if c.block_h >= a.H), key=lambda c: c.block_h,
+               default=max(cfgs, key=lambda c: c.block_h))
+           if a.kernel in gc.FEW_HEADS else cfgs[0])
     gc._use(a.kernel)
     splits = gc.timing_splits(cfg, a.B, a.H, a.K, dev)
     if a.block_table:
