@@ -1028,7 +1028,9 @@ def test_gluon_sh_rules():
     assert pick(64) == configs.SPARSE_MLA_GLUON_WS
     from kernels.registry import REGISTRY
     assert set(configs.GLUON_SH_PICKED) == {"fp8_ds_mla", "fp8_model1"}
-    for fmt, d_qk, H, want in (("fp8_ds_mla", 576, 16, configs.SPARSE_MLA_GLUON_SH16),
+    # the warp-specialised configs where picked: 16 heads of fp8_ds_mla (GLUON_SHWS16_PICKED),
+    # 8 of fp8_model1 (GLUON_SHWS_PICKED)
+    for fmt, d_qk, H, want in (("fp8_ds_mla", 576, 16, configs.SPARSE_MLA_GLUON_SHWS16),
                                ("fp8_ds_mla", 576, 8, configs.SPARSE_MLA_GLUON_SH8),
                                ("fp8_model1", 512, 16, configs.SPARSE_MLA_GLUON_SH16),
                                ("fp8_model1", 512, 8, configs.SPARSE_MLA_GLUON_SHWS8)):
