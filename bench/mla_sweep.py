@@ -187,12 +187,14 @@ SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values())
 def _shws(cfg, scale=1.0, l2_hint: bool = False) -> dict:
     """The warp-specialised few-heads variant (kernels/sparse_mla/gluon_small_ws.py) of ``cfg``'s
     heads at the launcher's split count (one CTA an SM) times ``scale``; ``l2_hint``: its
-    producer hints the next row block into L2 (``gluon_small_ws.L2_PREFETCH``)."""
+    producer hints the next row block into L2 (``gluon_small_ws.L2_PREFETCH``, for both fp8
+    formats), else it does not (the module's default has the hint on for fp8_ds_mla)."""
     v = {"name": f"gluon_shws_h{cfg.block_h}" + (f"_x{scale:g}" if scale != 1 else "")
             + ("_l2" if l2_hint else ""),
          "config": cfg.to_dict(), "splits": None, "ctas_per_sm": None, "scale": scale}
-    if l2_hint:
-        v["constants"] = {"gluon_small_ws.L2_PREFETCH": 1}
+    v["constants"] = ({"gluon_small_ws.L2_PREFETCH": 1,
+                       "gluon_small_ws.L2_PREFETCH_FORMATS": ("fp8_ds_mla", "fp8_model1")}
+                      if l2_hint else {"gluon_small_ws.L2_PREFETCH": 0})
     return v
 
 SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {

@@ -208,8 +208,9 @@ def torch_mla_strided_native(kv_format="fp8_ds_mla", logical=False, H=16):
 
 
 def torch_mla_few_heads(kv_format, logical, H=16, strided=False):
-    """The few-heads Gluon kernels (kernels/sparse_mla/gluon_small.py, and for the formats of
-    ``configs.GLUON_SHWS_PICKED`` up to 8 heads its warp-specialised variant gluon_small_ws.py;
+    """The few-heads Gluon kernels (kernels/sparse_mla/gluon_small.py, and its warp-specialised
+    variant gluon_small_ws.py for the formats of ``configs.GLUON_SHWS_PICKED`` up to 8 heads and
+    of ``configs.GLUON_SHWS16_PICKED`` at 9..16, so fp8_ds_mla at 16 heads runs the WS kernel;
     sm_90 only: elsewhere the binding runs its Triton substitute) with 2 splits, adversarial
     indices / block table and, ``strided``, padded pages read in place. Config as the heuristic
     picks it by H and format (``configs.few_heads_config``)."""
@@ -402,6 +403,9 @@ def cases_for(stack: str) -> list:
             ("mla_few_heads_h24_strided_slots_fp8_model1",
              torch_mla_few_heads("fp8_model1", False, H=24, strided=True)),
             ("mla_few_heads_ws_h8_table_fp8_model1", torch_mla_few_heads("fp8_model1", True, H=8)),
+            # the 16-head WS config with the producer's L2 hint (picked 2026-12-06)
+            ("mla_few_heads_ws_h16_strided_table_fp8_ds_mla",
+             torch_mla_few_heads("fp8_ds_mla", True, H=16, strided=True)),
             ("mla_few_heads_ws_h5_strided_slots_fp8_model1",
              torch_mla_few_heads("fp8_model1", False, H=5, strided=True)),
             ("compat_v32_strided_pages", torch_compat_v32_strided()),

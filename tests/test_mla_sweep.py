@@ -127,7 +127,8 @@ def test_variant_constants_are_set_for_the_variant_only():
     old = sw._set_constants(on)
     try:
         assert (gluon_ws.L2_PREFETCH, gluon_xs.L2_PREFETCH, gluon_small_ws.L2_PREFETCH) == (1, 1, 1)
-        assert gluon_small_ws.launch_constexprs()["L2_PREFETCH"] == 1
+        assert gluon_small_ws.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
+        assert gluon_small_ws.launch_constexprs("fp8_model1")["L2_PREFETCH"] == 0
         assert gluon_ws.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
     finally:
         sw._restore_constants(old)
@@ -136,7 +137,9 @@ def test_variant_constants_are_set_for_the_variant_only():
         sw._set_constants({"gluon_xs.L2_PREFETCH": 1 - before[1], "gluon_ws.L2_PREFETCHH": 1})
     assert gluon_xs.L2_PREFETCH == before[1]        # nothing set when one name is wrong
     assert sw._shws(configs.SPARSE_MLA_GLUON_SHWS8, l2_hint=True)["constants"] == {
-        "gluon_small_ws.L2_PREFETCH": 1}
+        "gluon_small_ws.L2_PREFETCH": 1,
+        "gluon_small_ws.L2_PREFETCH_FORMATS": ("fp8_ds_mla", "fp8_model1")}
+    assert sw._shws(configs.SPARSE_MLA_GLUON_SHWS8)["constants"] == {"gluon_small_ws.L2_PREFETCH": 0}
 
 
 @interpreter

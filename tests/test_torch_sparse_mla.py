@@ -949,7 +949,7 @@ def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
                          ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots-K96"])
 def test_gluon_shws(cfg, kv_format, d_qk, splits, H, feats, K):
     """The warp-specialised few-heads kernel (kernels/sparse_mla/gluon_small_ws.py; its 8-head
-    config picked for fp8_model1 up to 8 heads, its 16-head one sweep-only)
+    config picked for fp8_model1 up to 8 heads, its 16-head one for fp8_ds_mla at 9..16)
     on both fp8 formats against the float64 reference, bf16 q: both configs, 1 and 3 splits, H
     below, across and at the head block, every invalid-entry kind, plain slots or a block table
     with topk_length and a sink; K 96 in one split (two blocks: one a consumer) and in "3"

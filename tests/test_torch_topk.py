@@ -449,7 +449,7 @@ def test_split_plan_with_window_miss(S):
 def test_many_candidates_compacted(pairs):
     """More than COMPACT_MIN candidates (window misses: a 1e30 outlier over 20K normal or
     rounded values; all values tied): the levels compact them in place; exact set, candidates
-    as (key, position) pairs (scratch twice the row) or positions, same bits at every block."""
+    as (logit, position) pairs (scratch twice the row) or positions, same bits at every block."""
     from kernels.topk.triton import COMPACT_MIN
     K, W = 1000, 20000
     rng = np.random.default_rng(27)

@@ -58,8 +58,8 @@ class SparseMLAConfig:
       kernel: ``"triton"`` (kernels/sparse_mla/triton.py), ``"triton_rows"`` (the same kernel
         with the gathered rows on the dots' M axis, ``ROWS_M``; in no space: a test and count
         variant), ``"gluon_shws"`` (kernels/sparse_mla/gluon_small_ws.py: ``"gluon_sh"``'s
-        math, warp-specialised, ``block_h`` 8 or 16, ``num_stages`` X slots; the 8-head config in the
-        sm_90 space, the 16-head one sweep-only),
+        math, warp-specialised, ``block_h`` 8 or 16, ``num_stages`` X slots; both in the sm_90
+        space),
         ``"gluon_sh"``
         (kernels/sparse_mla/gluon_small.py: sm_90 only, fp8 caches with 16-bit q, rows on wgmma
         M and ``block_h`` in (8, 16, 32) heads on N; ``block_k`` 64, one X buffer), ``"gluon"``

@@ -192,8 +192,8 @@ def _gluon_kernel(kernel: str, kv_format: str, cfg: configs.SparseMLAConfig | No
         return mod, "_sparse_mla_gluon_sh_kernel", {"HN": cfg.block_h}, cfg.num_warps
     if kernel == "gluon_shws":
         from kernels.sparse_mla import gluon_small_ws as mod
-        return (mod, "_sparse_mla_gluon_shws_kernel", {"HN": cfg.block_h, **mod.launch_constexprs()},
-                mod.NUM_WARPS)
+        return (mod, "_sparse_mla_gluon_shws_kernel",
+                {"HN": cfg.block_h, **mod.launch_constexprs(kv_format)}, mod.NUM_WARPS)
     if kernel == "gluon_xo":
         from kernels.sparse_mla import gluon_xo as mod
         return mod, "_sparse_mla_gluon_xo_kernel", mod.launch_constexprs(kv_format), mod.NUM_WARPS

@@ -257,15 +257,6 @@ def bin_key_range(d0, base, lbase):
 
 
 @triton.jit
-def raw_key(x):
-    """:func:`order_key` without the NaN / -inf masking (their keys fall outside every
-    :func:`bin_key_range`): -0.0 as +0.0, then the sign flip."""
-    x = tl.where(x == 0.0, 0.0, x)
-    u = x.to(tl.uint32, bitcast=True)
-    return tl.where((u >> 31) != 0, ~u, u | tl.full(u.shape, 0x80000000, tl.uint32))
-
-
-@triton.jit
 def rebase_index(c, base, lbase, b_old, l_old):
     """For the bins ``c`` of a histogram at ``(base, lbase)``, the bin of the same digit in a
     histogram taken at ``(b_old <= base, l_old >= lbase)`` and whether it holds that digit's
@@ -429,7 +420,7 @@ def _b_bounds(key_lo, key_hi, done):
     = x > f_dir`` (above the bin, or in it once the descent is done: the keys above ``key_lo -
     1``; with ``d0 = -1``, ``key_hi`` is -inf's key and every qualifying key is direct) and
     ``keep = (x >= f_lo) & (x <= f_hi)`` (in the bin while the descent is not done; ``f_lo``
-    NaN when it is, so no key is kept). The same sets as comparing :func:`raw_key`'s keys with
+    NaN when it is, so no key is kept). The same sets as comparing the keys (:func:`order_key`) with
     the bin (:func:`key_float`); NaN and -inf pass neither comparison. The bounds are first
     clamped to the qualifying keys (``key_lo >= 0x00800000``, ``0x007FFFFF <= key_hi <=
     0xFF800000``: the same sets), so no bound is a NaN key."""
@@ -1024,7 +1015,10 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             scatter_maxnreg()                 # the variable checked; the interpreter has no cap
         else:
-            cap_regs = scatter_maxnreg(R * num_splits * scatter_sub, _num_sms(logits.device))
+            # the rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
+            # (capped, the SUB twin spills and the smaller blocks lose a CTA an SM: AOT, sm_90)
+            ruled = scatter_sub == 1 and (sblock, swarps, svec) == SCATTER_CAP_CONFIG
+            cap_regs = scatter_maxnreg(R * num_splits if ruled else 0, _num_sms(logits.device))
             if cap_regs is not None:
                 slaunch["maxnreg"] = cap_regs
         svec = bool(svec) and W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
@@ -1076,9 +1070,12 @@ loop is 664 SASS a warp (833 before) at 160 registers, 3 CTAs of 4 warps an SM w
 (H100, 2026-12-06, bench/results/bench_h100_targets_torch_20261206_fcmp.json against
 ..._fcmp_r128.json): B 64 N 2 L 64K (512 programs) top-k 42.1 us uncapped, 37.6 capped; the
 rows of at most 264 programs 26.5 / 27.0 (B 64 L 64K), 37.8 / 39.3 (L 128K), 37.6 / 38.0 (V4 B 8
-1M): uncapped."""
+1M): uncapped. The rule applies to that launch (:data:`SCATTER_CAP_CONFIG`, no sub-ranges) only:
+capped, the ``SUB`` twin spills 8 bytes and the 512 / 1,024-position launches rise from 48 / 80
+to 62 / 96 registers (a CTA an SM fewer; AOT, Triton 3.6.0, sm_90), neither measured."""
 SCATTER_CAP_REGS = 128
 SCATTER_CAP_CTAS = 3
+SCATTER_CAP_CONFIG = (2048, 4, True)
 
 
 def scatter_maxnreg(programs: int = 0, num_sms: int = 1) -> int | None:
