@@ -318,7 +318,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
 
                 def tk(tcfg=None, st=None, scatter=None):
                     launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=hist,
-                                n_drafts=N, page_size=P, state=st, scatter=scatter)
+                                n_drafts=N, page_size=P, state=st, scatter=scatter,
+                                num_sms=dev.num_sms)
 
                 def sync():
                     if not dry:

@@ -275,7 +275,7 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
     with _phase(PHASE_TOPK):
         launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg,
-                    hist=hist, n_drafts=N, page_size=P)
+                    hist=hist, n_drafts=N, page_size=P, num_sms=dev.num_sms)
     return logits, out
 
 

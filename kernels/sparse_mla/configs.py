@@ -340,7 +340,7 @@ def _few_heads(num_heads: int, shws: bool, shws16: bool = False) -> SparseMLACon
     rule of :func:`few_heads_config` and the heuristic."""
     if shws and num_heads <= GLUON_SHWS_PICKED_MAX_HEADS:
         return SPARSE_MLA_GLUON_SHWS8
-    if shws16 and GLUON_SHWS_PICKED_MAX_HEADS < num_heads <= 16:
+    if shws16 and GLUON_SHWS_PICKED_MAX_HEADS < num_heads <= SPARSE_MLA_GLUON_SHWS16.block_h:
         return SPARSE_MLA_GLUON_SHWS16
     return gluon_sh_config(num_heads)
 

@@ -919,7 +919,8 @@ def scatter_plan_blocks() -> tuple:
 
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
                 hist=None, n_drafts: int = 1, page_size: int | None = None, state=None,
-                scatter: tuple | None = None, scatter_sub: int | None = None):
+                scatter: tuple | None = None, scatter_sub: int | None = None,
+                num_sms: int | None = None):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
@@ -958,6 +959,9 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         takes a contiguous sub-range of the split's pages and counts the split's keys before
         it); None: :func:`scatter_subsplits` (``DSA_TOPK_SCATTER_SUB``, default 1). The output
         is bitwise the same for every value.
+      num_sms: the GPU's SM count (the caller's ``device_info``), for the split pass B's register
+        cap rule (:data:`SCATTER_MAXNREG_ENV`); None: no rule (the variable's explicit values
+        still apply).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
@@ -1011,16 +1015,14 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
         sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
+        # the cap rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
+        # (capped, the SUB twin spills and the smaller blocks lose a CTA an SM: AOT, sm_90)
+        ruled = (num_sms is not None and scatter_sub == 1
+                 and (sblock, swarps, svec) == SCATTER_CAP_CONFIG)
+        cap_regs = scatter_maxnreg(R * num_splits if ruled else 0, num_sms or 1)
         slaunch = dict(launch)                                # the scatter launches' options
-        if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-            scatter_maxnreg()                 # the variable checked; the interpreter has no cap
-        else:
-            # the rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
-            # (capped, the SUB twin spills and the smaller blocks lose a CTA an SM: AOT, sm_90)
-            ruled = scatter_sub == 1 and (sblock, swarps, svec) == SCATTER_CAP_CONFIG
-            cap_regs = scatter_maxnreg(R * num_splits if ruled else 0, _num_sms(logits.device))
-            if cap_regs is not None:
-                slaunch["maxnreg"] = cap_regs
+        if cap_regs is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            slaunch["maxnreg"] = cap_regs                     # (the interpreter has no cap)
         svec = bool(svec) and W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
@@ -1063,7 +1065,8 @@ SCATTER_SUB_MAX = 16
 SCATTER_MAXNREG_ENV = "DSA_TOPK_SCATTER_MAXNREG"
 """ptxas ``.maxnreg`` of the split pass B's launches (``_topk_scatter_kernel``; not the plan
 part or the per-row kernel): unset or empty: :data:`SCATTER_CAP_REGS` where the grid has more
-than :data:`SCATTER_CAP_CTAS` programs an SM, else none (the rule); ``0``: never; an integer in
+than :data:`SCATTER_CAP_CTAS` programs an SM of the caller's ``num_sms``, else none (the rule;
+none without ``num_sms``); ``0``: never; an integer in
 ``[64, 255]``: always that. Why: since pass B compares floats (2026-12-06) its 2,048-position VEC
 loop is 664 SASS a warp (833 before) at 160 registers, 3 CTAs of 4 warps an SM where it had 4 at
 124; held to 128 it is 719 SASS, no spill (AOT, Triton 3.6.0, sm_90), 4 CTAs an SM. Measured
@@ -1095,18 +1098,6 @@ def scatter_maxnreg(programs: int = 0, num_sms: int = 1) -> int | None:
         raise ValueError(f"{SCATTER_MAXNREG_ENV}: expected 0 or an integer in [64, 255] or unset, "
                          f"got {v!r}")
     return int(v)
-
-
-_SMS: dict = {}
-
-
-def _num_sms(device) -> int:
-    """Multiprocessors of a CUDA ``device`` (cached: launches call it every time)."""
-    import torch
-    idx = device.index if device.index is not None else torch.cuda.current_device()
-    if idx not in _SMS:
-        _SMS[idx] = torch.cuda.get_device_properties(idx).multi_processor_count
-    return _SMS[idx]
 
 
 def scatter_subsplits() -> int:
