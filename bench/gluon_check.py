@@ -88,6 +88,11 @@ KERNELS = {
                   configs.SPARSE_MLA_GLUON_SH16W8, configs.SPARSE_MLA_GLUON_SH32), FP8, {}),
     # its warp-specialised twin (kernels/sparse_mla/gluon_small_ws.py; both in the sm_90 space)
     "gluon_shws": ((configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16), FP8, {}),
+    # ... with the staged producer (gluon_small_ws.RAW_STAGE: the next block's raw bytes copied
+    # into shared memory while this block converts) and the L2 hint on for both formats
+    "gluon_shws_stage": ((configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16), FP8,
+                         {"gluon_small_ws.RAW_STAGE": 1, "gluon_small_ws.L2_PREFETCH": 1,
+                          "gluon_small_ws.L2_PREFETCH_FORMATS": ("fp8_ds_mla", "fp8_model1")}),
     # the crossover kernel (kernels/sparse_mla/gluon_xo.py: clusters of two 64-head CTAs)
     "gluon_xo": ((configs.SPARSE_MLA_GLUON_XO,), FP8, {}),
     # the crossover kernel with the seesaw consumer (kernels/sparse_mla/gluon_xs.py;
@@ -109,7 +114,7 @@ KERNELS = {
 # kernels run in a child process each (a fault or a hang costs only their rows): the
 # warp-specialised ones and the few-heads kernels (each an mbarrier protocol or a new tiling: a
 # change to either could hang or fault before its check)
-FEW_HEADS = ("gluon_sh", "gluon_shws")     # the kernels with heads on wgmma N
+FEW_HEADS = ("gluon_sh", "gluon_shws", "gluon_shws_stage")     # heads on wgmma N
 # clusters of two 64-head CTAs (gluon_xo, gluon_xs and its variants)
 CLUSTERED = tuple(k for k, v in KERNELS.items() if v[0][0].kernel in configs.CLUSTER_KERNELS)
 ISOLATED = tuple(k for k in KERNELS if k.startswith("gluon_ws")) + FEW_HEADS + CLUSTERED

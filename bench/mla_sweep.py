@@ -184,17 +184,21 @@ _SH_NBUF2 = {hw: configs.SparseMLAConfig(block_h=hw[0], block_k=64, num_warps=hw
 SWEEP_ONLY_GLUON = (configs.SPARSE_MLA_GLUON_SH16W8R128, *_SH_NBUF2.values())
 
 
-def _shws(cfg, scale=1.0, l2_hint: bool = False) -> dict:
+def _shws(cfg, scale=1.0, l2_hint: bool = False, stage: bool = False) -> dict:
     """The warp-specialised few-heads variant (kernels/sparse_mla/gluon_small_ws.py) of ``cfg``'s
     heads at the launcher's split count (one CTA an SM) times ``scale``; ``l2_hint``: its
     producer hints the next row block into L2 (``gluon_small_ws.L2_PREFETCH``, for both fp8
-    formats), else it does not (the module's default has the hint on for fp8_ds_mla)."""
+    formats), else it does not; ``stage``: the staged producer (``gluon_small_ws.RAW_STAGE`` 1:
+    block j + 1's raw bytes copied into shared memory while block j converts), else the
+    module's default producer."""
     v = {"name": f"gluon_shws_h{cfg.block_h}" + (f"_x{scale:g}" if scale != 1 else "")
-            + ("_l2" if l2_hint else ""),
+            + ("_l2" if l2_hint else "") + ("_st" if stage else ""),
          "config": cfg.to_dict(), "splits": None, "ctas_per_sm": None, "scale": scale}
     v["constants"] = ({"gluon_small_ws.L2_PREFETCH": 1,
                        "gluon_small_ws.L2_PREFETCH_FORMATS": ("fp8_ds_mla", "fp8_model1")}
                       if l2_hint else {"gluon_small_ws.L2_PREFETCH": 0})
+    if stage:
+        v["constants"]["gluon_small_ws.RAW_STAGE"] = 1
     return v
 
 SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
@@ -205,12 +209,16 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
                          _sh(_SH_NBUF2[16, 4]), _sh(_SH_NBUF2[16, 8]),
                          _shws(configs.SPARSE_MLA_GLUON_SHWS16),
                          _shws(configs.SPARSE_MLA_GLUON_SHWS16, 2.0),
-                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, l2_hint=True)],
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, l2_hint=True),
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, stage=True),
+                         _shws(configs.SPARSE_MLA_GLUON_SHWS16, l2_hint=True, stage=True)],
     "v4_h8": _SMALL + [_sh(configs.SPARSE_MLA_GLUON_SH8), _sh(configs.SPARSE_MLA_GLUON_SH8, 2.0),
                        _sh(configs.SPARSE_MLA_GLUON_SH16), _sh(_SH_NBUF2[8, 4]),
                        _sh(_SH_NBUF2[8, 4], 2.0), _shws(configs.SPARSE_MLA_GLUON_SHWS8),
                        _shws(configs.SPARSE_MLA_GLUON_SHWS8, 2.0),
-                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, l2_hint=True)],
+                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, l2_hint=True),
+                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, stage=True),
+                       _shws(configs.SPARSE_MLA_GLUON_SHWS8, l2_hint=True, stage=True)],
     # V4 H 64 runs the one-partition Gluon kernel today: the best-predicted Triton tiles (one
     # split: the final epilogue, no combine), today's 32 x 32 default (88 us on 2026-12-02),
     # the 16-warp tile, and the warp-specialised Gluon kernel (62.8 us on 2026-12-02)
@@ -226,6 +234,7 @@ SMALL_HEAD_VARIANTS: dict[str, list[dict]] = {
         _sh(configs.SPARSE_MLA_GLUON_SH16W8R128),
         _sh(_SH_NBUF2[16, 8]),
         _shws(configs.SPARSE_MLA_GLUON_SHWS16),
+        _shws(configs.SPARSE_MLA_GLUON_SHWS16, l2_hint=True, stage=True),
     ],
 }
 

@@ -323,7 +323,14 @@ def _main() -> None:
             try:
                 res = compile_spec(spec, cc, sass=bool(req.get("sass")))
             except Exception as e:  # noqa: BLE001 - reported per spec to the caller
-                res = {"label": spec.label, "cc": cc, "error": f"{type(e).__name__}: {e}"[:2000]}
+                msg = f"{type(e).__name__}: {e}"
+                c = e.__cause__ or e.__context__      # a CompilationError's root cause
+                while c is not None:
+                    msg += f" <- {type(c).__name__}: {c}"
+                    c = c.__cause__ or c.__context__
+                if len(msg) > 3000:                    # the head and the root cause
+                    msg = msg[:1000] + " ... " + msg[-2000:]
+                res = {"label": spec.label, "cc": cc, "error": msg}
             print(json.dumps(res), flush=True)            # one line per result
 
 

@@ -128,7 +128,9 @@ def test_variant_constants_are_set_for_the_variant_only():
     try:
         assert (gluon_ws.L2_PREFETCH, gluon_xs.L2_PREFETCH, gluon_small_ws.L2_PREFETCH) == (1, 1, 1)
         assert gluon_small_ws.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
-        assert gluon_small_ws.launch_constexprs("fp8_model1")["L2_PREFETCH"] == 0
+        # the hint's formats: both since 2026-12-06 (eighteenth session)
+        assert gluon_small_ws.launch_constexprs("fp8_model1")["L2_PREFETCH"] == 1
+        assert gluon_small_ws.launch_constexprs(None)["L2_PREFETCH"] == 0
         assert gluon_ws.launch_constexprs("fp8_ds_mla")["L2_PREFETCH"] == 1
     finally:
         sw._restore_constants(old)
@@ -140,6 +142,15 @@ def test_variant_constants_are_set_for_the_variant_only():
         "gluon_small_ws.L2_PREFETCH": 1,
         "gluon_small_ws.L2_PREFETCH_FORMATS": ("fp8_ds_mla", "fp8_model1")}
     assert sw._shws(configs.SPARSE_MLA_GLUON_SHWS8)["constants"] == {"gluon_small_ws.L2_PREFETCH": 0}
+    staged = sw._shws(configs.SPARSE_MLA_GLUON_SHWS16, l2_hint=True, stage=True)
+    assert staged["name"] == "gluon_shws_h16_l2_st"
+    assert staged["constants"]["gluon_small_ws.RAW_STAGE"] == 1
+    old = sw._set_constants(staged["constants"])
+    try:
+        assert gluon_small_ws.launch_constexprs("fp8_ds_mla")["STAGE"] == 1
+    finally:
+        sw._restore_constants(old)
+    assert gluon_small_ws.launch_constexprs("fp8_ds_mla")["STAGE"] == gluon_small_ws.RAW_STAGE
 
 
 @interpreter

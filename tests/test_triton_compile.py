@@ -291,6 +291,42 @@ def test_gluon_shws_compiles_without_spills_in_its_loops(tmp_path, monkeypatch):
             assert prod and not any(lp["ops"].get("LDL") for lp in prod), r["label"]
 
 
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_shws_staged_producer_compiles(tmp_path, monkeypatch):
+    """The few-heads WS kernel with the staged producer (``gluon_small_ws.RAW_STAGE`` 1) for
+    sm_90 with the GPU image's Triton, both configs and fp8 formats, bf16 q, partial, with and
+    without a block table: it fits the H200's shared memory with its raw slot (consumer 1's merge
+    state moved into its X slot), the consumer loops keep their 68 wgmmas without spill traffic,
+    and the producer loop copies one row block with ``cp.async`` as planned: 16-byte copies of
+    the nope chunks and the rope (8 + 2 ds_mla, 7 + 2 model1) and one 4-byte copy a scale word
+    (4 ds_mla, 2 model1), no more (a partition barrier between two copies into views of one
+    buffer would show as more ``BAR`` than the loop's 5-6)."""
+    from kernels.sparse_mla import gluon_small_ws
+    monkeypatch.setattr(gluon_small_ws, "RAW_STAGE", 1)
+    specs = []
+    for cfg in (configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16):
+        for fmt in ("fp8_ds_mla", "fp8_model1"):
+            specs.extend(_sparse_mla._gluon_specs(fmt, torch.bfloat16, False, cfg.num_stages,
+                                                  "gluon_shws", cfg))
+    assert all(s.constexprs["STAGE"] == 1 for s in specs)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=_gpu_image_triton())
+    _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
+    for r in results:
+        loops = r["sass"]["loops"]
+        mma = [lp for lp in loops if lp["ops"].get("HGMMA")]
+        assert len(mma) == 2, (r["label"], [lp["total"] for lp in loops])
+        for lp in mma:
+            assert lp["ops"]["HGMMA"] == 68, r["label"]
+            assert not lp["ops"].get("LDL") and not lp["ops"].get("STL"), (r["label"], lp["ops"])
+        prod = [lp for lp in loops if lp["ops"].get("LDGSTS")]
+        assert len(prod) == 1, (r["label"], [lp["ops"] for lp in loops])
+        want = 14 if "fp8_ds_mla" in r["label"] else 11
+        assert prod[0]["ops"]["LDGSTS"] == want and prod[0]["ops"].get("BAR", 0) <= 6, \
+            (r["label"], prod[0]["ops"])
+
+
 def test_indexer_gluon_specs_listed_for_sm90_only():
     """The Gluon logits kernels (sm_90 only) are in the large class's indexer AOT specs (so the
     sm90-marked compile test above compiles them): the one-partition kernel and the

@@ -60,14 +60,17 @@ from __future__ import annotations
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _list_range, _program, _q_exponent,
-                                      _q_rows, _store_q_scaled, _views)
+from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _block_unit, _l2_prefetch_rows,
+                                      _list_range, _program, _q_exponent, _q_rows, _resolve,
+                                      _row_base, _store_q_scaled, _views)
 from kernels.sparse_mla.gluon_small import _epilogue_t, _scores_t, _softmax_t, _values_t
-from kernels.sparse_mla.gluon_ws import PRODUCER_WARPS, _ws_producer
-from kernels.sparse_mla.triton import _pow2
+from kernels.sparse_mla.gluon_ws import (PRODUCER_WARPS, _async_load, _producer_list,
+                                         _ws_producer, _ws_slot_store)
+from kernels.sparse_mla.triton import _page_entries, _pow2
 
 NUM_WARPS = 4            # consumer 0 (the default partition): one warpgroup
 CONSUMER_WARPS = gl.constexpr(4)
@@ -83,22 +86,225 @@ CONSUMER_REGS = 184      # consumer 1's: 16 warps x 128 = 4 x 184 + 4 x 184 + 8 
 # checked against the reference): V4 B 64 H 8 fp8_model1 23.9 -> 22.9-23.0 us (8-head config);
 # V3.2 B 64 H 16 fp8_ds_mla 16-head config 69.1 -> 61.6 (gluon_small.py: 70.8)
 L2_PREFETCH = 1
-# ... for these cache formats only. fp8_model1 keeps the producer it was verified with (the H200's
-# 138 / 138 reference checks of 2026-12-05, hint off): with the hint on, the H100's gluon_check
-# stopped at its fp8_model1 H 5 K 300 3-split case (the 8-head config; one request of top-k
-# length 0) when the child's 80 s limit ran out, after 57 checks had passed (every fp8_ds_mla one
-# among them), and a second call's step limit cut the child off again; whether that is a hang or
-# the time limit is not settled (bench/NOTES.md, seventeenth session; the probe
-# scripts/_probe_shws_h5.py times that case with the hint off and on)
-L2_PREFETCH_FORMATS: tuple = ("fp8_ds_mla",)
+# ... for these cache formats. fp8_model1 was held back from 2026-12-06 (seventeenth session): the
+# H100's gluon_check stopped at its fp8_model1 H 5 K 300 3-split case (8-head config, one request
+# of top-k length 0) when the child's 80 s limit ran out. Eighteenth session (H100, 2026-12-06): that
+# case passes with the hint off and on, 1 and 3 splits (docs/logs/probe_shws_h5_h100_20261206.log),
+# and gluon_check --kernels gluon_shws with the hint on for both formats passes 138 / 138
+# (bench/results/gluon_check_shws_hint_h100_20261206.json): the stop was the time limit, not a hang
+L2_PREFETCH_FORMATS: tuple = ("fp8_ds_mla", "fp8_model1")
+# the producer's raw staging slot (constexpr ``STAGE``, read at each launch, so bench.mla_sweep and
+# bench.gluon_check time both): 1 = the staged producer (:func:`_staged_producer`): block j + 1's
+# raw bytes are copied global -> shared by ``cp.async`` while block j converts, so a block costs
+# max(gather round trip, conversion) instead of their sum (bench/NOTES.md, eighteenth session);
+# the 41,984-byte (fp8_ds_mla; 37,376 fp8_model1) slot is paid for by placing consumer 1's merge
+# state in its own X slot, dead by then. 0 = ``gluon_ws._ws_producer`` (gathers into registers at
+# the top of each block's iteration)
+RAW_STAGE = 0
 
 
 def launch_constexprs(kv_format: str | None = None) -> dict:
     """The constexprs beyond the shared Gluon ones the launcher and the AOT specs pass for a cache
-    of ``kv_format``: the partitions' register budgets and the producer's L2 hint
-    (:data:`L2_PREFETCH` for the formats of :data:`L2_PREFETCH_FORMATS`, else 0)."""
+    of ``kv_format``: the partitions' register budgets, the producer's L2 hint
+    (:data:`L2_PREFETCH` for the formats of :data:`L2_PREFETCH_FORMATS`, else 0) and its raw
+    staging slot (:data:`RAW_STAGE`)."""
     hint = L2_PREFETCH if kv_format in L2_PREFETCH_FORMATS else 0
-    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, L2_PREFETCH=hint)
+    return dict(PRODUCER_REGS=PRODUCER_REGS, CONSUMER_REGS=CONSUMER_REGS, L2_PREFETCH=hint,
+                STAGE=RAW_STAGE)
+
+
+@gluon.jit
+def _alloc_raw(KV_FORMAT: gl.constexpr):
+    """The staging slot of one raw row block (:func:`_stage_rows`), one buffer a copy: eight
+    [64, 64] uint8 nope chunks (fp8_model1 uses seven), the [64, 64] int16 rope bits and four
+    [64] int32 scale words (fp8_model1 uses two): 41,984 bytes."""
+    FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+    META: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
+    return (gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.uint8, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.int16, [64, 64], FLAT),
+            gl.allocate_shared_memory(gl.int32, [64], META),
+            gl.allocate_shared_memory(gl.int32, [64], META),
+            gl.allocate_shared_memory(gl.int32, [64], META),
+            gl.allocate_shared_memory(gl.int32, [64], META))
+
+
+@gluon.jit
+def _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr,
+                rs0, rs1, rs2, rs3, pg, of, ok, page_size, page_bytes, KV_FORMAT: gl.constexpr,
+                LD: gl.constexpr, LD16: gl.constexpr):
+    """Copy one 64-row block's raw bytes global -> shared (``cp.async``, one commit group) into
+    the staging slot: the ``NC`` e4m3 nope chunks ``rn0..`` ([64, 64] uint8 each, 16 bytes a
+    thread), the bf16 rope bits ``rr`` ([64, 64] int16, two 16-byte copies a thread) and the
+    scale words ``rs0..`` ([64] int32 each, as ``gluon._load_scales`` reads them: ds_mla's 4
+    float32 inside the row, model1's two ue8m0 words in the page tail; 4 bytes a copy). One
+    buffer a copy: the compiler's barrier analysis treats two views of one buffer as overlapping
+    and would put a partition barrier between their copies. Rows with ``ok`` false are
+    zero-filled and their source never read."""
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    base = _row_base(pg, of, page_bytes, KV_FORMAT)
+    d = gl.arange(0, 64, layout=gl.SliceLayout(0, LD))
+    src = kv_ptr + base[:, None] + d[None, :]
+    m = ok[:, None] & (d[None, :] >= 0)          # constant along a row: 16-byte vectors
+    _async_load(rn0, src, mask=m)
+    _async_load(rn1, src + 64, mask=m)
+    _async_load(rn2, src + 128, mask=m)
+    _async_load(rn3, src + 192, mask=m)
+    _async_load(rn4, src + 256, mask=m)
+    _async_load(rn5, src + 320, mask=m)
+    _async_load(rn6, src + 384, mask=m)
+    if NC == 8:
+        _async_load(rn7, src + 448, mask=m)
+    d16 = gl.arange(0, 64, layout=gl.SliceLayout(0, LD16))
+    b16 = gl.convert_layout(base, gl.SliceLayout(1, LD16)) // 2
+    ok16 = gl.convert_layout(ok, gl.SliceLayout(1, LD16))
+    R16: gl.constexpr = 264 if KV_FORMAT == 1 else 224       # the rope's first int16
+    _async_load(rr, kv16_ptr + (b16 + R16)[:, None] + d16[None, :],
+                mask=ok16[:, None] & (d16[None, :] >= 0))
+    if KV_FORMAT == 1:
+        w = base // 4 + 128
+    else:
+        w = (pg.to(gl.int64) * page_bytes + page_size * 576 + of * 8) // 4
+    _async_load(rs0, kv32_ptr + w, mask=ok)
+    _async_load(rs1, kv32_ptr + w + 1, mask=ok)
+    if KV_FORMAT == 1:
+        _async_load(rs2, kv32_ptr + w + 2, mask=ok)
+        _async_load(rs3, kv32_ptr + w + 3, mask=ok)
+    async_copy.commit_group()
+
+
+@gluon.jit
+def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                     x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                     rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
+                     si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                     page_bytes, chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
+                     HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
+                     L2_PREFETCH: gl.constexpr = 0):
+    """The staged producer (:data:`RAW_STAGE` 1; 8 warps). Per 64-row block j: wait for its raw
+    bytes in the staging slot (``cp.async.wait_group 0``, a partition barrier: every thread's
+    copies), read them into registers (as ``gluon_ws._ws_producer`` gathers them), a partition
+    barrier (every read done), then issue block j + 1's copies into the slot, so they are in
+    flight while block j's unit is taken, ``empty`` awaited and the block converted into its X
+    slot (fence, partition barrier, ``full``, as ``_ws_producer``). With ``L2_PREFETCH`` block
+    j + 2's rows are hinted into L2 as j + 1's copies go out. The slot chain runs one block
+    further ahead than ``_ws_producer``'s: indices three blocks ahead, page entries two, slots
+    one."""
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    LD: gl.constexpr = gl.BlockedLayout([1, 16], [8, 4], [8, 1], [1, 0])
+    LD16: gl.constexpr = gl.BlockedLayout([1, 8], [8, 4], [8, 1], [1, 0])
+    ROW: gl.constexpr = gl.SliceLayout(1, LD)
+
+    start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
+                                                 sbt_b, chunk, HAS_TKL)
+    ar = gl.arange(0, 64, layout=ROW)
+    in0 = start + ar < end
+    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
+    in1 = start + 64 + ar < end
+    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
+    in2 = start + 128 + ar < end
+    i2 = gl.load(idx_row + start + 128 + ar, mask=in2, other=-1)
+    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT),
+                          in0, num_slots, num_pages, max_pages, page_size, HAS_BT)
+    _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
+                pg, of, ok, page_size, page_bytes, KV_FORMAT, LD, LD16)
+    ok_j = ok                               # block j's row validity
+    pg, of, ok = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT),
+                          in1, num_slots, num_pages, max_pages, page_size, HAS_BT)  # block j + 1
+    e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
+    ub_i = start * 0 + 1
+
+    for k0 in range(start, end, 64):
+        j = (k0 - start) // 64
+        buf = j % NBUF
+        phase = (j // NBUF) & 1
+        in3 = k0 + 192 + ar < end
+        i3 = gl.load(idx_row + k0 + 192 + ar, mask=in3, other=-1)
+        async_copy.wait_group(0)          # this thread's copies of block j have landed
+        _barrier()                        # ... and every producer thread's
+        r0 = rn0.load(LD)
+        r1 = rn1.load(LD)
+        r2 = rn2.load(LD)
+        r3 = rn3.load(LD)
+        r4 = rn4.load(LD)
+        r5 = rn5.load(LD)
+        r6 = rn6.load(LD)
+        if NC == 8:
+            r7 = rn7.load(LD)
+        else:
+            r7 = r6
+        rope = rr.load(LD16)
+        c0 = rs0.load(ROW)
+        c1 = rs1.load(ROW)
+        if KV_FORMAT == 1:
+            c2 = rs2.load(ROW)
+            c3 = rs3.load(ROW)
+        else:
+            c2 = c0
+            c3 = c1
+        _barrier()                        # every thread's reads of the slot are done
+        _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
+                    pg, of, ok, page_size, page_bytes, KV_FORMAT, LD, LD16)  # block j + 1
+        pg2, of2, ok2 = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size, HAS_BT)
+        if L2_PREFETCH == 1:              # block j + 2's rows into L2
+            _l2_prefetch_rows(kv_ptr, pg2, of2, ok2, page_size, page_bytes, KV_FORMAT, 64)
+        ub = _block_unit(c0, c1, c2, c3, ok_j, ub_i, KV_FORMAT)
+        shift = _pow2(254 - ub)
+
+        mbarrier.wait(empty.index(buf), phase ^ 1)       # the consumer is done with this slot
+        _ws_slot_store(x0.index(buf), r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
+        _ws_slot_store(x1.index(buf), r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
+        _ws_slot_store(x2.index(buf), r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
+        _ws_slot_store(x3.index(buf), r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
+        _ws_slot_store(x4.index(buf), r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
+        _ws_slot_store(x5.index(buf), r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
+        _ws_slot_store(x6.index(buf), r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
+        if NC == 8:
+            _ws_slot_store(x7.index(buf), r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
+        xr.index(buf).store(rope.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
+        ok_s.index(buf).store(ok_j.to(gl.int32))
+        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
+        fence_async_shared()                  # generic-proxy stores -> wgmma (async proxy)
+        _barrier()                            # every producer thread has stored
+        mbarrier.arrive(full.index(buf))
+        ub_i = ub
+        ok_j = ok
+        pg, of, ok = pg2, of2, ok2
+        e2 = _page_entries(bt_row, i3, in3, max_pages, page_size, HAS_BT)
+        i2 = i3
+        in2 = in3
+    async_copy.wait_group(0)                  # the copies past the list (zero-fill) drained
+
+
+@gluon.jit
+def _shws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                   x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                   rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
+                   si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                   page_bytes, chunk, KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr,
+                   HAS_TKL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
+                   L2_PREFETCH: gl.constexpr, STAGE: gl.constexpr):
+    """The producer partition: :func:`_staged_producer` (``STAGE`` 1) or
+    ``gluon_ws._ws_producer``."""
+    if STAGE:
+        _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                         x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                         rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
+                         si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                         page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
+                         L2_PREFETCH)
+    else:
+        _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                     x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                     si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                     page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
+                     L2_PREFETCH)
 
 
 @gluon.jit
@@ -110,15 +316,30 @@ def _q_scale(q_row, qmask, NC: gl.constexpr, LDQ: gl.constexpr, MCOL: gl.constex
 
 
 @gluon.jit
+def _merge_buf(mo, xc, C: gl.constexpr, HN: gl.constexpr, ALIAS: gl.constexpr):
+    """Consumer 1's O^T chunk ``C`` for the merge ([64, HN] float32): ``mo.index(C)``, or with
+    ``ALIAS`` (the staged producer's kernel) the start of chunk ``C``'s X slot 1 (``xc``), which
+    only consumer 1's blocks use (NBUF 2: blocks 1, 3, ...) and which is dead once its last value
+    dots have completed (8,192 bytes a slot; 4,096 at HN 16)."""
+    if ALIAS:
+        FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
+        v = xc.index(1)._reinterpret(gl.float32, [64, HN], FLAT)
+    else:
+        v = mo.index(C)
+    return v
+
+
+@gluon.jit
 def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
                    qn, qr, pt, pth, ptl, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s,
                    full, empty, mo, ml, ubm, done, qbar,
                    sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
                    KV_FORMAT: gl.constexpr, HAS_TKL: gl.constexpr, HAS_SINK: gl.constexpr,
                    FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr, NBUF: gl.constexpr,
-                   HN: gl.constexpr, C: gl.constexpr):
+                   HN: gl.constexpr, C: gl.constexpr, ALIAS: gl.constexpr = 0):
     """Consumer ``C`` (0: the default partition, which merges and stores; 1: a worker that hands
-    its state to consumer 0): blocks ``C, C + 2, ...`` of the program's split."""
+    its state to consumer 0): blocks ``C, C + 2, ...`` of the program's split. ``ALIAS``: consumer
+    1's O^T goes into its own X slot (:func:`_merge_buf`)."""
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     ROPE_IN_V: gl.constexpr = KV_FORMAT == 2
     R_SPLIT: gl.constexpr = ROPE_DTYPE == gl.bfloat16
@@ -179,14 +400,14 @@ def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
 
     if C == 1:
         # ---- hand the state to consumer 0 (generic stores and loads: no proxy fence)
-        mo.index(0).store(o0)
-        mo.index(1).store(o1)
-        mo.index(2).store(o2)
-        mo.index(3).store(o3)
-        mo.index(4).store(o4)
-        mo.index(5).store(o5)
-        mo.index(6).store(o6)
-        mo.index(7).store(o7)
+        _merge_buf(mo, x0, 0, HN, ALIAS).store(o0)
+        _merge_buf(mo, x1, 1, HN, ALIAS).store(o1)
+        _merge_buf(mo, x2, 2, HN, ALIAS).store(o2)
+        _merge_buf(mo, x3, 3, HN, ALIAS).store(o3)
+        _merge_buf(mo, x4, 4, HN, ALIAS).store(o4)
+        _merge_buf(mo, x5, 5, HN, ALIAS).store(o5)
+        _merge_buf(mo, x6, 6, HN, ALIAS).store(o6)
+        _merge_buf(mo, x7, 7, HN, ALIAS).store(o7)
         ml.index(0).store(m_i)
         ml.index(1).store(l_i)
         ubm.store(gl.full([HN], 0, gl.int32, layout=MCOL) + ub_i)
@@ -206,17 +427,17 @@ def _shws_consumer(q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
         ub = gl.maximum(ub_i, ub1)
         f0 = a0 * _pow2(gl.maximum(ub_i - ub + 127, 1))    # nope chunks: to the larger unit
         f1 = a1 * _pow2(gl.maximum(ub1 - ub + 127, 1))
-        o0 = o0 * f0[None, :] + mo.index(0).load(MMA) * f1[None, :]
-        o1 = o1 * f0[None, :] + mo.index(1).load(MMA) * f1[None, :]
-        o2 = o2 * f0[None, :] + mo.index(2).load(MMA) * f1[None, :]
-        o3 = o3 * f0[None, :] + mo.index(3).load(MMA) * f1[None, :]
-        o4 = o4 * f0[None, :] + mo.index(4).load(MMA) * f1[None, :]
-        o5 = o5 * f0[None, :] + mo.index(5).load(MMA) * f1[None, :]
-        o6 = o6 * f0[None, :] + mo.index(6).load(MMA) * f1[None, :]
+        o0 = o0 * f0[None, :] + _merge_buf(mo, x0, 0, HN, ALIAS).load(MMA) * f1[None, :]
+        o1 = o1 * f0[None, :] + _merge_buf(mo, x1, 1, HN, ALIAS).load(MMA) * f1[None, :]
+        o2 = o2 * f0[None, :] + _merge_buf(mo, x2, 2, HN, ALIAS).load(MMA) * f1[None, :]
+        o3 = o3 * f0[None, :] + _merge_buf(mo, x3, 3, HN, ALIAS).load(MMA) * f1[None, :]
+        o4 = o4 * f0[None, :] + _merge_buf(mo, x4, 4, HN, ALIAS).load(MMA) * f1[None, :]
+        o5 = o5 * f0[None, :] + _merge_buf(mo, x5, 5, HN, ALIAS).load(MMA) * f1[None, :]
+        o6 = o6 * f0[None, :] + _merge_buf(mo, x6, 6, HN, ALIAS).load(MMA) * f1[None, :]
         if ROPE_IN_V:           # model1's rope values are in true units (gluon_small._values_t)
-            o7 = o7 * a0[None, :] + mo.index(7).load(MMA) * a1[None, :]
+            o7 = o7 * a0[None, :] + _merge_buf(mo, x7, 7, HN, ALIAS).load(MMA) * a1[None, :]
         else:
-            o7 = o7 * f0[None, :] + mo.index(7).load(MMA) * f1[None, :]
+            o7 = o7 * f0[None, :] + _merge_buf(mo, x7, 7, HN, ALIAS).load(MMA) * f1[None, :]
         l_i = l_i * a0 + l1 * a1
         _epilogue_t(o0, o1, o2, o3, o4, o5, o6, o7, m, l_i, ub, pid_h, pid_s, pid_bn, H, nbn,
                     sink_ptr, lse_ptr, pl_ptr, po_ptr, out_ptr, FINAL, HAS_SINK, ROPE_IN_V, OUT,
@@ -242,12 +463,14 @@ def _sparse_mla_gluon_shws_kernel(
     KV_FORMAT: gl.constexpr, HAS_BT: gl.constexpr, HAS_TKL: gl.constexpr,
     HAS_SINK: gl.constexpr, FINAL: gl.constexpr, ROPE_DTYPE: gl.constexpr,
     NBUF: gl.constexpr = 2, HN: gl.constexpr = 16, PRODUCER_REGS: gl.constexpr = 56,
-    CONSUMER_REGS: gl.constexpr = 200, L2_PREFETCH: gl.constexpr = 0,
+    CONSUMER_REGS: gl.constexpr = 200, L2_PREFETCH: gl.constexpr = 0, STAGE: gl.constexpr = 0,
 ):
     """Same arguments as ``gluon_small._sparse_mla_gluon_sh_kernel`` (``NBUF``: X slots in the
-    ring, at least 2; ``HN``: heads a program, 8 or 16; the partitions' register budgets)."""
+    ring, at least 2; ``HN``: heads a program, 8 or 16; the partitions' register budgets; ``STAGE``
+    1: the staged producer and its raw slot, consumer 1's merge state in its X slot)."""
     gl.static_assert((KV_FORMAT == 1) | (KV_FORMAT == 2), "fp8_ds_mla or fp8_model1 only")
     gl.static_assert(NBUF >= 2, "two consumers: at least two X slots")
+    gl.static_assert((STAGE == 0) | (NBUF == 2), "the staged kernel: consumer 1 owns X slot 1")
     gl.static_assert((HN == 8) | (HN == 16), "8 or 16 heads a program")
     NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
@@ -262,7 +485,13 @@ def _sparse_mla_gluon_shws_kernel(
     x0, x1, x2, x3, x4, x5, x6, x7, xr = _alloc_x(gl.float16, ROPE_DTYPE, NBUF, SH)
     ok_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
     ub_s = gl.allocate_shared_memory(gl.int32, [NBUF, 64], META)
-    mo = gl.allocate_shared_memory(gl.float32, [8, 64, HN], FLAT)   # consumer 1's O^T
+    if STAGE:
+        rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3 = _alloc_raw(KV_FORMAT)
+        mo = rs0                # (a placeholder: consumer 1's O^T is in its X slot)
+    else:
+        mo = gl.allocate_shared_memory(gl.float32, [8, 64, HN], FLAT)   # consumer 1's O^T
+        rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7 = mo, mo, mo, mo, mo, mo, mo, mo  # (no raw
+        rr, rs0, rs1, rs2, rs3 = mo, mo, mo, mo, mo                             # slot)
     ml = gl.allocate_shared_memory(gl.float32, [2, HN], META)       # ... its m and l
     ubm = gl.allocate_shared_memory(gl.int32, [HN], META)           # ... its unit
     full = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
@@ -280,15 +509,15 @@ def _sparse_mla_gluon_shws_kernel(
                            qn, qr, pt, pth, ptl, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s,
                            full, empty, mo, ml, ubm, done, qbar,
                            sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
-                           KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 0)),
+                           KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 0, STAGE)),
          (_shws_consumer, (q_ptr, tkl_ptr, sink_ptr, po_ptr, pl_ptr, out_ptr, lse_ptr,
                            qn, qr, pt, pth, ptl, x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s,
                            full, empty, mo, ml, ubm, done, qbar,
                            sq_b, sq_n, sq_h, N, H, K, chunk, qk_scale_log2,
-                           KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 1)),
-         (_ws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
-                         x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                         si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
-                         page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
-                         L2_PREFETCH))],
+                           KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 1, STAGE)),
+         (_shws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
+                           x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
+                           rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3, si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages,
+                           page_size, page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE,
+                           NBUF, L2_PREFETCH, STAGE))],
         [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
