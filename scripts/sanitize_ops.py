@@ -232,6 +232,20 @@ def torch_mla_few_heads(kv_format, logical, H=16, strided=False):
     return run
 
 
+def _staged(run):
+    """``run`` with the few-heads WS kernel's staged producer (``gluon_small_ws.RAW_STAGE`` 1:
+    masked ``cp.async`` copies of the next block, which must never read an invalid row)."""
+    def staged():
+        from kernels.sparse_mla import gluon_small_ws
+        old = gluon_small_ws.RAW_STAGE
+        gluon_small_ws.RAW_STAGE = 1
+        try:
+            return run()
+        finally:
+            gluon_small_ws.RAW_STAGE = old
+    return staged
+
+
 def _fm_lse(lse):
     """FlashMLA lse [b, h, s_q] (+inf empty) -> native orientation [b, s_q, h] (-inf empty)."""
     import numpy as np
@@ -408,6 +422,11 @@ def cases_for(stack: str) -> list:
              torch_mla_few_heads("fp8_ds_mla", True, H=16, strided=True)),
             ("mla_few_heads_ws_h5_strided_slots_fp8_model1",
              torch_mla_few_heads("fp8_model1", False, H=5, strided=True)),
+            # ... with the staged producer (eighteenth session)
+            ("mla_few_heads_ws_staged_h16_strided_table_fp8_ds_mla",
+             _staged(torch_mla_few_heads("fp8_ds_mla", True, H=16, strided=True))),
+            ("mla_few_heads_ws_staged_h8_strided_slots_fp8_model1",
+             _staged(torch_mla_few_heads("fp8_model1", False, H=8, strided=True))),
             ("compat_v32_strided_pages", torch_compat_v32_strided()),
             ("compat_model1_two_caches", torch_compat_two_caches()),
             ("idx_pages_past_table", torch_indexer(1, False)),

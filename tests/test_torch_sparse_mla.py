@@ -947,14 +947,18 @@ def test_gluon_sh_strided_pages_and_corners(kv_format, d_qk):
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("H,feats,K", [(8, True, 300), (24, True, 300), (16, False, 96)],
                          ids=["H8-bt_tkl_sink", "H24-bt_tkl_sink", "H16-slots-K96"])
-def test_gluon_shws(cfg, kv_format, d_qk, splits, H, feats, K):
+@pytest.mark.parametrize("stage", [0, 1], ids=["gather", "staged"])
+def test_gluon_shws(cfg, kv_format, d_qk, splits, H, feats, K, stage, monkeypatch):
     """The warp-specialised few-heads kernel (kernels/sparse_mla/gluon_small_ws.py; its 8-head
     config picked for fp8_model1 up to 8 heads, its 16-head one for fp8_ds_mla at 9..16)
     on both fp8 formats against the float64 reference, bf16 q: both configs, 1 and 3 splits, H
     below, across and at the head block, every invalid-entry kind, plain slots or a block table
     with topk_length and a sink; K 96 in one split (two blocks: one a consumer) and in "3"
     splits (the plan makes two of one block each: consumer 1 gets none and hands over an empty
-    state); the call must run the Gluon kernel. H200 2026-12-05 (ninth session): 24 passed."""
+    state); the call must run the Gluon kernel. Both producers: ``_ws_producer`` and the staged
+    one (``gluon_small_ws.RAW_STAGE``). H200 2026-12-05 (ninth session): 24 passed (the first)."""
+    from kernels.sparse_mla import gluon_small_ws
+    monkeypatch.setattr(gluon_small_ws, "RAW_STAGE", stage)
     case = cases.make_mla_case(90 + H + splits, B=3, N=2, H=H, K=K, P=64, d_qk=d_qk,
                                kv_format=kv_format, q_dtype="bfloat16", invalid="mix",
                                logical=feats, topk_length=feats, attn_sink=feats)
