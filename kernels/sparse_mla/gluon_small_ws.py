@@ -25,7 +25,10 @@ consumers' chain and two consumers' chains overlap each other:
   the slots resolved two blocks ahead, the block's loads issued before it waits on
   ``empty[slot]``, the unit, the conversion into one X slot of an ``NBUF``-deep ring with the
   row validity and the unit beside it, ``fence_async_shared``, a partition barrier,
-  ``mbarrier.arrive(full[slot])``.
+  ``mbarrier.arrive(full[slot])``. Or (``STAGE`` 1, :data:`RAW_STAGE`; built 2026-12-06, not yet
+  measured on a GPU) :func:`_staged_producer`: block j + 1's raw bytes are copied into a shared
+  staging slot by ``cp.async`` while block j converts (its hand-over ``gluon_ws._ws_fill``, the
+  same as ``_ws_producer``'s); consumer 1's merge state then lives in its own X slot.
 * **Consumers.** Block j of the split goes to consumer ``j % 2`` (slot ``j % NBUF``). Consumer 0
   stores q once into shared memory (fp16 nope chunks scaled per head by a power of two, the
   rope chunk in its dtype), fences it to the async proxy and arrives on ``qbar``; consumer 1
@@ -47,6 +50,8 @@ consumers' chain and two consumers' chains overlap each other:
   lo, one each a consumer) + the merge's O^T (32,768 B at HN 16) + row words and barriers:
   208,424 B at HN 16 (fp8_ds_mla), 163,144-178,504 at HN 8: one CTA an SM. Registers
   (setmaxnreg): consumers 184, producer 72 (16 warps x 128); no spill in any consumer loop.
+  With ``STAGE`` 1: + the 41,984-byte staging slot - the merge's O^T: 217,744 B at HN 16
+  (fp8_ds_mla), 200,592-219,280 B in all; the producer loop reloads 4-6 spilled words.
 
 Only sm_90 (wgmma, setmaxnreg), never in the CPU interpreter (Gluon kernels do not interpret).
 The launcher runs it for a config whose ``kernel`` is ``"gluon_shws"``: the 8-head config
@@ -65,11 +70,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _block_unit, _l2_prefetch_rows,
-                                      _list_range, _program, _q_exponent, _q_rows, _resolve,
-                                      _row_base, _store_q_scaled, _views)
+                                      _list_range, _pipeline_start, _program, _q_exponent,
+                                      _q_rows, _resolve, _row_base, _store_q_scaled, _views)
 from kernels.sparse_mla.gluon_small import _epilogue_t, _scores_t, _softmax_t, _values_t
 from kernels.sparse_mla.gluon_ws import (PRODUCER_WARPS, _async_load, _producer_list,
-                                         _ws_producer, _ws_slot_store)
+                                         _ws_fill, _ws_producer)
 from kernels.sparse_mla.triton import _page_entries, _pow2
 
 NUM_WARPS = 4            # consumer 0 (the default partition): one warpgroup
@@ -204,19 +209,12 @@ def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
     start, end, idx_row, bt_row = _producer_list(idx_ptr, bt_ptr, tkl_ptr, N, K, si_b, si_n,
                                                  sbt_b, chunk, HAS_TKL)
     ar = gl.arange(0, 64, layout=ROW)
-    in0 = start + ar < end
-    i0 = gl.load(idx_row + start + ar, mask=in0, other=-1)
-    in1 = start + 64 + ar < end
-    i1 = gl.load(idx_row + start + 64 + ar, mask=in1, other=-1)
+    i2, pg0, of0, ok0, pg, of, ok = _pipeline_start(idx_row, bt_row, start, end, ar, num_slots,
+                                                    num_pages, max_pages, page_size, HAS_BT)
+    _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr,
+                rs0, rs1, rs2, rs3, pg0, of0, ok0, page_size, page_bytes, KV_FORMAT, LD, LD16)
+    ok_j = ok0                              # block j's row validity; pg, of, ok: block j + 1's
     in2 = start + 128 + ar < end
-    i2 = gl.load(idx_row + start + 128 + ar, mask=in2, other=-1)
-    pg, of, ok = _resolve(i0, _page_entries(bt_row, i0, in0, max_pages, page_size, HAS_BT),
-                          in0, num_slots, num_pages, max_pages, page_size, HAS_BT)
-    _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
-                pg, of, ok, page_size, page_bytes, KV_FORMAT, LD, LD16)
-    ok_j = ok                               # block j's row validity
-    pg, of, ok = _resolve(i1, _page_entries(bt_row, i1, in1, max_pages, page_size, HAS_BT),
-                          in1, num_slots, num_pages, max_pages, page_size, HAS_BT)  # block j + 1
     e2 = _page_entries(bt_row, i2, in2, max_pages, page_size, HAS_BT)
     ub_i = start * 0 + 1
 
@@ -249,30 +247,16 @@ def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
             c2 = c0
             c3 = c1
         _barrier()                        # every thread's reads of the slot are done
-        _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
-                    pg, of, ok, page_size, page_bytes, KV_FORMAT, LD, LD16)  # block j + 1
+        _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr,
+                    rs0, rs1, rs2, rs3, pg, of, ok, page_size, page_bytes, KV_FORMAT, LD,
+                    LD16)                 # block j + 1, in flight while block j converts
         pg2, of2, ok2 = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size, HAS_BT)
         if L2_PREFETCH == 1:              # block j + 2's rows into L2
             _l2_prefetch_rows(kv_ptr, pg2, of2, ok2, page_size, page_bytes, KV_FORMAT, 64)
         ub = _block_unit(c0, c1, c2, c3, ok_j, ub_i, KV_FORMAT)
-        shift = _pow2(254 - ub)
-
-        mbarrier.wait(empty.index(buf), phase ^ 1)       # the consumer is done with this slot
-        _ws_slot_store(x0.index(buf), r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
-        _ws_slot_store(x1.index(buf), r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
-        _ws_slot_store(x2.index(buf), r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
-        _ws_slot_store(x3.index(buf), r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
-        _ws_slot_store(x4.index(buf), r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
-        _ws_slot_store(x5.index(buf), r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
-        _ws_slot_store(x6.index(buf), r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
-        if NC == 8:
-            _ws_slot_store(x7.index(buf), r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
-        xr.index(buf).store(rope.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
-        ok_s.index(buf).store(ok_j.to(gl.int32))
-        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
-        fence_async_shared()                  # generic-proxy stores -> wgmma (async proxy)
-        _barrier()                            # every producer thread has stored
-        mbarrier.arrive(full.index(buf))
+        _ws_fill(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty, buf, phase,
+                 r0, r1, r2, r3, r4, r5, r6, r7, rope, c0, c1, c2, c3, ok_j, ub, KV_FORMAT,
+                 ROPE_DTYPE, ROW)
         ub_i = ub
         ok_j = ok
         pg, of, ok = pg2, of2, ok2
@@ -517,7 +501,8 @@ def _sparse_mla_gluon_shws_kernel(
                            KV_FORMAT, HAS_TKL, HAS_SINK, FINAL, ROPE_DTYPE, NBUF, HN, 1, STAGE)),
          (_shws_producer, (kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                            x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
-                           rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3, si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages,
-                           page_size, page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE,
-                           NBUF, L2_PREFETCH, STAGE))],
+                           rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
+                           si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size,
+                           page_bytes, chunk, KV_FORMAT, HAS_BT, HAS_TKL, ROPE_DTYPE, NBUF,
+                           L2_PREFETCH, STAGE))],
         [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])

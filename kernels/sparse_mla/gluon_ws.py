@@ -179,6 +179,36 @@ def _ws_slot_store(xc, raw, c0, c1, c2, c3, shift, C: gl.constexpr, KV_FORMAT: g
 
 
 @gluon.jit
+def _ws_fill(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty, buf, phase,
+             r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ok, ub, KV_FORMAT: gl.constexpr,
+             ROPE_DTYPE: gl.constexpr, ROW: gl.constexpr):
+    """A producer's hand-over of one converted row block (the fp8 producers): wait until the
+    consumer is done with X slot ``buf`` (``empty``, ``phase``), the nope chunks dequantized into
+    the unit ``2^(ub - 127)`` and the rope bits in ``ROPE_DTYPE`` stored into it, the row
+    validity ``ok`` and the unit beside it (``ROW`` layout), ``fence_async_shared`` (the generic
+    proxy's stores before the consumers' wgmma), a partition barrier (every producer thread has
+    stored), ``mbarrier.arrive(full)``."""
+    NC: gl.constexpr = 8 if KV_FORMAT == 1 else 7
+    shift = _pow2(254 - ub)
+    mbarrier.wait(empty.index(buf), phase ^ 1)       # the consumer is done with this slot
+    _ws_slot_store(x0.index(buf), r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
+    _ws_slot_store(x1.index(buf), r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
+    _ws_slot_store(x2.index(buf), r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
+    _ws_slot_store(x3.index(buf), r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
+    _ws_slot_store(x4.index(buf), r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
+    _ws_slot_store(x5.index(buf), r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
+    _ws_slot_store(x6.index(buf), r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
+    if NC == 8:
+        _ws_slot_store(x7.index(buf), r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
+    xr.index(buf).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
+    ok_s.index(buf).store(ok.to(gl.int32))
+    ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
+    fence_async_shared()                  # generic-proxy stores -> wgmma (async proxy)
+    _barrier()                            # every producer thread has stored
+    mbarrier.arrive(full.index(buf))
+
+
+@gluon.jit
 def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                  x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                  si_b, si_n, sbt_b, N, K, num_slots, num_pages, max_pages, page_size, page_bytes,
@@ -231,24 +261,9 @@ def _ws_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         if L2_PREFETCH == 1:              # the next block's rows into L2 (:data:`L2_PREFETCH`)
             _l2_prefetch_rows(kv_ptr, pg_n, of_n, ok_n, page_size, page_bytes, KV_FORMAT, 64)
         ub = _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT)
-        shift = _pow2(254 - ub)
-
-        mbarrier.wait(empty.index(buf), phase ^ 1)       # the consumer is done with this slot
-        _ws_slot_store(x0.index(buf), r0, c0, c1, c2, c3, shift, 0, KV_FORMAT)
-        _ws_slot_store(x1.index(buf), r1, c0, c1, c2, c3, shift, 1, KV_FORMAT)
-        _ws_slot_store(x2.index(buf), r2, c0, c1, c2, c3, shift, 2, KV_FORMAT)
-        _ws_slot_store(x3.index(buf), r3, c0, c1, c2, c3, shift, 3, KV_FORMAT)
-        _ws_slot_store(x4.index(buf), r4, c0, c1, c2, c3, shift, 4, KV_FORMAT)
-        _ws_slot_store(x5.index(buf), r5, c0, c1, c2, c3, shift, 5, KV_FORMAT)
-        _ws_slot_store(x6.index(buf), r6, c0, c1, c2, c3, shift, 6, KV_FORMAT)
-        if NC == 8:
-            _ws_slot_store(x7.index(buf), r7, c0, c1, c2, c3, shift, 7, KV_FORMAT)
-        xr.index(buf).store(rr.to(gl.bfloat16, bitcast=True).to(ROPE_DTYPE))
-        ok_s.index(buf).store(ok.to(gl.int32))
-        ub_s.index(buf).store(gl.full([64], 0, gl.int32, layout=ROW) + ub)
-        fence_async_shared()                  # generic-proxy stores -> wgmma (async proxy)
-        _barrier()                            # every producer thread has stored
-        mbarrier.arrive(full.index(buf))
+        _ws_fill(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty, buf, phase,
+                 r0, r1, r2, r3, r4, r5, r6, r7, rr, c0, c1, c2, c3, ok, ub, KV_FORMAT,
+                 ROPE_DTYPE, ROW)
         ub_i = ub
         if L2_PREFETCH == 1:
             pg, of, ok = pg_n, of_n, ok_n
