@@ -304,7 +304,9 @@ def _merge_buf(mo, xc, C: gl.constexpr, HN: gl.constexpr, ALIAS: gl.constexpr):
     """Consumer 1's O^T chunk ``C`` for the merge ([64, HN] float32): ``mo.index(C)``, or with
     ``ALIAS`` (the staged producer's kernel) the start of chunk ``C``'s X slot 1 (``xc``), which
     only consumer 1's blocks use (NBUF 2: blocks 1, 3, ...) and which is dead once its last value
-    dots have completed (8,192 bytes a slot; 4,096 at HN 16)."""
+    dots have completed (8,192 bytes a slot; 4,096 at HN 16). This rests on one tile a program and
+    on blocks dealt ``j % 2``: consumer 0's read of it after ``done`` is not ordered by ``empty[1]``,
+    so a persistent variant or another dealing of the blocks must give it its own buffer again."""
     if ALIAS:
         FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[1, 0])
         v = xc.index(1)._reinterpret(gl.float32, [64, HN], FLAT)
