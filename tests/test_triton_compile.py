@@ -259,22 +259,19 @@ def test_gluon_shws_specs_listed_for_sm90_and_complete():
             + 8 * w.PRODUCER_REGS) == 16 * 128
 
 
-@pytest.mark.slow
-@pytest.mark.sm90
-def test_gluon_shws_compiles_without_spills_in_its_loops(tmp_path, monkeypatch):
-    """The warp-specialised few-heads kernel for sm_90 with the GPU image's Triton, both sweep
-    configs, both fp8 formats, bf16 and fp16 q, partial and final, with and without a block
-    table: it fits the H200's shared memory, its two consumer loops hold the block's wgmmas (68;
-    fp8_model1 with fp16 q 64) and no spill traffic, and the producer's loop none where it
-    reads slots directly (the block-table builds of fp8_model1 at 16 heads reload 5 words: the
-    AOT counts of 2026-12-05 in bench/NOTES.md)."""
+def _shws_compile(tmp_path, monkeypatch, variants, stage: int = 0) -> list:
+    """The few-heads WS kernel's launch specs (both configs, both fp8 formats, each ``(q_dtype,
+    final)`` of ``variants``, with and without a block table; ``STAGE`` as the module has it,
+    asserted to be ``stage``) compiled for sm_90 with the GPU image's Triton. Asserts they fit
+    the H200's shared memory and that each has two consumer loops holding the block's wgmmas
+    (68; fp8_model1 with fp16 q 64) without spill traffic; returns the compile results."""
     specs = []
     for cfg in (configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16):
         for fmt in ("fp8_ds_mla", "fp8_model1"):
-            for q_dtype, final in ((torch.bfloat16, False), (torch.float16, False),
-                                   (torch.bfloat16, True)):
+            for q_dtype, final in variants:
                 specs.extend(_sparse_mla._gluon_specs(fmt, q_dtype, final, cfg.num_stages,
                                                       "gluon_shws", cfg))
+    assert all(s.constexprs["STAGE"] == stage for s in specs)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     results = _aot.compile_specs(specs, (90,), sass=True, triton_path=_gpu_image_triton())
     _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
@@ -286,6 +283,22 @@ def test_gluon_shws_compiles_without_spills_in_its_loops(tmp_path, monkeypatch):
         for lp in mma:
             assert lp["ops"]["HGMMA"] == (64 if model1_fp16 else 68), r["label"]
             assert not lp["ops"].get("LDL") and not lp["ops"].get("STL"), (r["label"], lp["ops"])
+    return results
+
+
+@pytest.mark.slow
+@pytest.mark.sm90
+def test_gluon_shws_compiles_without_spills_in_its_loops(tmp_path, monkeypatch):
+    """The warp-specialised few-heads kernel for sm_90 with the GPU image's Triton, both sweep
+    configs, both fp8 formats, bf16 and fp16 q, partial and final, with and without a block
+    table: it fits the H200's shared memory, its two consumer loops hold the block's wgmmas (68;
+    fp8_model1 with fp16 q 64) and no spill traffic, and the producer's loop none where it
+    reads slots directly (the block-table builds of fp8_model1 at 16 heads reload 5 words: the
+    AOT counts of 2026-12-05 in bench/NOTES.md)."""
+    results = _shws_compile(tmp_path, monkeypatch, ((torch.bfloat16, False),
+                                                    (torch.float16, False), (torch.bfloat16, True)))
+    for r in results:
+        loops = r["sass"]["loops"]
         if "slots" in r["label"]:
             prod = [lp for lp in loops if not lp["ops"].get("HGMMA")]
             assert prod and not any(lp["ops"].get("LDL") for lp in prod), r["label"]
@@ -304,22 +317,9 @@ def test_gluon_shws_staged_producer_compiles(tmp_path, monkeypatch):
     buffer would show as more ``BAR`` than the loop's 5-6)."""
     from kernels.sparse_mla import gluon_small_ws
     monkeypatch.setattr(gluon_small_ws, "RAW_STAGE", 1)
-    specs = []
-    for cfg in (configs.SPARSE_MLA_GLUON_SHWS8, configs.SPARSE_MLA_GLUON_SHWS16):
-        for fmt in ("fp8_ds_mla", "fp8_model1"):
-            specs.extend(_sparse_mla._gluon_specs(fmt, torch.bfloat16, False, cfg.num_stages,
-                                                  "gluon_shws", cfg))
-    assert all(s.constexprs["STAGE"] == 1 for s in specs)
-    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
-    results = _aot.compile_specs(specs, (90,), sass=True, triton_path=_gpu_image_triton())
-    _check_fit(results, 90, hardware.smem_limit(TARGETS[90]))
+    results = _shws_compile(tmp_path, monkeypatch, ((torch.bfloat16, False),), stage=1)
     for r in results:
         loops = r["sass"]["loops"]
-        mma = [lp for lp in loops if lp["ops"].get("HGMMA")]
-        assert len(mma) == 2, (r["label"], [lp["total"] for lp in loops])
-        for lp in mma:
-            assert lp["ops"]["HGMMA"] == 68, r["label"]
-            assert not lp["ops"].get("LDL") and not lp["ops"].get("STL"), (r["label"], lp["ops"])
         prod = [lp for lp in loops if lp["ops"].get("LDGSTS")]
         assert len(prod) == 1, (r["label"], [lp["ops"] for lp in loops])
         want = 14 if "fp8_ds_mla" in r["label"] else 11

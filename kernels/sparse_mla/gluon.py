@@ -124,8 +124,9 @@ def _l2_prefetch_rows(kv_ptr, page, off, ok, page_size, page_bytes, KV_FORMAT: g
 
 
 @gluon.jit
-def _load_rope(kv16_ptr, base, ok, KV_FORMAT: gl.constexpr, LD16: gl.constexpr):
-    """bf16 rope bits ([64 rows, 64] int16) of each row: bytes 528.. (ds_mla), 448.. (model1)."""
+def _rope_ptrs(kv16_ptr, base, ok, KV_FORMAT: gl.constexpr, LD16: gl.constexpr):
+    """Pointers and mask ([64 rows, 64], ``LD16``) of each row's bf16 rope bits as int16: bytes
+    528.. (ds_mla), 448.. (model1); the mask is constant along a row (16-byte vectors)."""
     d = gl.arange(0, 64, layout=gl.SliceLayout(0, LD16))
     b16 = gl.convert_layout(base, gl.SliceLayout(1, LD16)) // 2
     okr = gl.convert_layout(ok, gl.SliceLayout(1, LD16))
@@ -133,21 +134,40 @@ def _load_rope(kv16_ptr, base, ok, KV_FORMAT: gl.constexpr, LD16: gl.constexpr):
         ptrs = kv16_ptr + (b16 + 264)[:, None] + d[None, :]
     else:
         ptrs = kv16_ptr + (b16 + 224)[:, None] + d[None, :]
-    return gl.load(ptrs, mask=okr[:, None] & (d[None, :] >= 0), other=0)
+    return ptrs, okr[:, None] & (d[None, :] >= 0)
+
+
+@gluon.jit
+def _load_rope(kv16_ptr, base, ok, KV_FORMAT: gl.constexpr, LD16: gl.constexpr):
+    """bf16 rope bits ([64 rows, 64] int16) of each row (:func:`_rope_ptrs`), 0 where masked."""
+    ptrs, m = _rope_ptrs(kv16_ptr, base, ok, KV_FORMAT, LD16)
+    return gl.load(ptrs, mask=m, other=0)
+
+
+@gluon.jit
+def _scale_word(page, off, base, page_size, page_bytes, KV_FORMAT: gl.constexpr):
+    """Index (in int32 words of the cache) of each row's first scale word: ds_mla's 4 float32
+    at bytes 512..527 of the row (``base`` its first byte), model1's 8 ue8m0 bytes in the page
+    tail (``page * page_bytes + page_size * 576 + off * 8``)."""
+    if KV_FORMAT == 1:
+        w = base // 4 + 128
+    else:
+        w = (page.to(gl.int64) * page_bytes + page_size * 576 + off * 8) // 4
+    return w
 
 
 @gluon.jit
 def _load_scales(kv32_ptr, page, off, base, ok, page_size, page_bytes, KV_FORMAT: gl.constexpr):
     """Per-row scale words: ds_mla the 4 float32 scales (as int32 bits); model1 the 8 ue8m0
-    bytes as two int32 words. Masked rows read 0 (scale 0.0 / exponent byte 0)."""
+    bytes as two int32 words (:func:`_scale_word`). Masked rows read 0 (scale 0.0 / exponent
+    byte 0)."""
+    w = _scale_word(page, off, base, page_size, page_bytes, KV_FORMAT)
     if KV_FORMAT == 1:
-        w = base // 4 + 128
         s0 = gl.load(kv32_ptr + w, mask=ok, other=0)
         s1 = gl.load(kv32_ptr + w + 1, mask=ok, other=0)
         s2 = gl.load(kv32_ptr + w + 2, mask=ok, other=0)
         s3 = gl.load(kv32_ptr + w + 3, mask=ok, other=0)
     else:
-        w = (page.to(gl.int64) * page_bytes + page_size * 576 + off * 8) // 4
         s0 = gl.load(kv32_ptr + w, mask=ok, other=0)
         s1 = gl.load(kv32_ptr + w + 1, mask=ok, other=0)
         s2 = s0

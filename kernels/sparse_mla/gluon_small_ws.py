@@ -71,7 +71,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _block_unit, _l2_prefetch_rows,
                                       _list_range, _pipeline_start, _program, _q_exponent,
-                                      _q_rows, _resolve, _row_base, _store_q_scaled, _views)
+                                      _q_rows, _resolve, _rope_ptrs, _row_base, _scale_word,
+                                      _store_q_scaled, _views)
 from kernels.sparse_mla.gluon_small import _epilogue_t, _scores_t, _softmax_t, _values_t
 from kernels.sparse_mla.gluon_ws import (PRODUCER_WARPS, _async_load, _producer_list,
                                          _ws_fill, _ws_producer)
@@ -146,9 +147,10 @@ def _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, r
                 LD: gl.constexpr, LD16: gl.constexpr):
     """Copy one 64-row block's raw bytes global -> shared (``cp.async``, one commit group) into
     the staging slot: the ``NC`` e4m3 nope chunks ``rn0..`` ([64, 64] uint8 each, 16 bytes a
-    thread), the bf16 rope bits ``rr`` ([64, 64] int16, two 16-byte copies a thread) and the
-    scale words ``rs0..`` ([64] int32 each, as ``gluon._load_scales`` reads them: ds_mla's 4
-    float32 inside the row, model1's two ue8m0 words in the page tail; 4 bytes a copy). One
+    thread), the bf16 rope bits ``rr`` ([64, 64] int16, two 16-byte copies a thread; where
+    ``gluon._load_rope`` reads them, :func:`gluon._rope_ptrs`) and the scale words ``rs0..``
+    ([64] int32 each from :func:`gluon._scale_word`: ds_mla's 4 float32 inside the row, model1's
+    two ue8m0 words in the page tail; 4 bytes a copy). One
     buffer a copy: the compiler's barrier analysis treats two views of one buffer as overlapping
     and would put a partition barrier between their copies. Rows with ``ok`` false are
     zero-filled and their source never read."""
@@ -166,16 +168,9 @@ def _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, r
     _async_load(rn6, src + 384, mask=m)
     if NC == 8:
         _async_load(rn7, src + 448, mask=m)
-    d16 = gl.arange(0, 64, layout=gl.SliceLayout(0, LD16))
-    b16 = gl.convert_layout(base, gl.SliceLayout(1, LD16)) // 2
-    ok16 = gl.convert_layout(ok, gl.SliceLayout(1, LD16))
-    R16: gl.constexpr = 264 if KV_FORMAT == 1 else 224       # the rope's first int16
-    _async_load(rr, kv16_ptr + (b16 + R16)[:, None] + d16[None, :],
-                mask=ok16[:, None] & (d16[None, :] >= 0))
-    if KV_FORMAT == 1:
-        w = base // 4 + 128
-    else:
-        w = (pg.to(gl.int64) * page_bytes + page_size * 576 + of * 8) // 4
+    rope_ptrs, rope_m = _rope_ptrs(kv16_ptr, base, ok, KV_FORMAT, LD16)
+    _async_load(rr, rope_ptrs, mask=rope_m)
+    w = _scale_word(pg, of, base, page_size, page_bytes, KV_FORMAT)
     _async_load(rs0, kv32_ptr + w, mask=ok)
     _async_load(rs1, kv32_ptr + w + 1, mask=ok)
     if KV_FORMAT == 1:
