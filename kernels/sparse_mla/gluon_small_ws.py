@@ -69,7 +69,7 @@ from triton.experimental.gluon.language.nvidia.ampere import async_copy
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier,
                                                               warpgroup_mma_wait)
 
-from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _block_unit, _l2_prefetch_rows,
+from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _l2_prefetch_rows, _max_exp,
                                       _list_range, _pipeline_start, _program, _q_exponent,
                                       _q_rows, _resolve, _rope_ptrs, _row_base, _scale_word,
                                       _store_q_scaled, _views)
@@ -180,6 +180,35 @@ def _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, r
 
 
 @gluon.jit
+def _read_scale_words(rs0, rs1, rs2, rs3, LAYOUT: gl.constexpr, KV_FORMAT: gl.constexpr):
+    """The staging slot's scale words in ``LAYOUT`` (``gluon._load_scales``'s four, model1's
+    two repeated)."""
+    w0 = rs0.load(LAYOUT)
+    w1 = rs1.load(LAYOUT)
+    if KV_FORMAT == 1:
+        w2 = rs2.load(LAYOUT)
+        w3 = rs3.load(LAYOUT)
+    else:
+        w2 = w0
+        w3 = w1
+    return w0, w1, w2, w3
+
+
+@gluon.jit
+def _staged_unit(rs0, rs1, rs2, rs3, ub_i, KV_FORMAT: gl.constexpr):
+    """``gluon._block_unit`` of the row block in the staging slot, read from its scale words
+    ``rs0..`` in a [64] layout replicated over the partition's warps (two rows a lane, every warp
+    all 64), so the maximum is a reduction inside each warp: no shared-memory exchange and no
+    partition barrier, where ``_block_unit`` on the rows' own layout (8 rows a warp) needs both.
+    The copies zero-fill masked rows (scale word 0: exponent field 0), so no validity mask is
+    needed: the same unit as ``_block_unit(c0, c1, c2, c3, ok, ub_i)``."""
+    REP: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
+    w0, w1, w2, w3 = _read_scale_words(rs0, rs1, rs2, rs3, REP, KV_FORMAT)
+    e = gl.max(_max_exp(w0, w1, w2, w3, KV_FORMAT), axis=0)
+    return gl.maximum(gl.minimum(gl.maximum(e - 6, 1), 253), ub_i)
+
+
+@gluon.jit
 def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                      x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty,
                      rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr, rs0, rs1, rs2, rs3,
@@ -233,14 +262,10 @@ def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         else:
             r7 = r6
         rope = rr.load(LD16)
-        c0 = rs0.load(ROW)
-        c1 = rs1.load(ROW)
-        if KV_FORMAT == 1:
-            c2 = rs2.load(ROW)
-            c3 = rs3.load(ROW)
-        else:
-            c2 = c0
-            c3 = c1
+        c0, c1, c2, c3 = _read_scale_words(rs0, rs1, rs2, rs3, ROW, KV_FORMAT)
+        # the block's unit from all 64 rows' scale words, each warp reading them all (a layout
+        # replicated over the warps): a reduction inside each warp, no partition barrier
+        ub = _staged_unit(rs0, rs1, rs2, rs3, ub_i, KV_FORMAT)
         _barrier()                        # every thread's reads of the slot are done
         _stage_rows(kv_ptr, kv16_ptr, kv32_ptr, rn0, rn1, rn2, rn3, rn4, rn5, rn6, rn7, rr,
                     rs0, rs1, rs2, rs3, pg, of, ok, page_size, page_bytes, KV_FORMAT, LD,
@@ -248,7 +273,6 @@ def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
         pg2, of2, ok2 = _resolve(i2, e2, in2, num_slots, num_pages, max_pages, page_size, HAS_BT)
         if L2_PREFETCH == 1:              # block j + 2's rows into L2
             _l2_prefetch_rows(kv_ptr, pg2, of2, ok2, page_size, page_bytes, KV_FORMAT, 64)
-        ub = _block_unit(c0, c1, c2, c3, ok_j, ub_i, KV_FORMAT)
         _ws_fill(x0, x1, x2, x3, x4, x5, x6, x7, xr, ok_s, ub_s, full, empty, buf, phase,
                  r0, r1, r2, r3, r4, r5, r6, r7, rope, c0, c1, c2, c3, ok_j, ub, KV_FORMAT,
                  ROPE_DTYPE, ROW)
