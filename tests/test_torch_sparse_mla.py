@@ -1241,7 +1241,8 @@ def test_gluon_xs(q_dtype, H, feats, splits):
     warp-specialised kernel: its units, conversion and dots are the same, its row sums and the
     rope dot's addition run in another order, so the two agree to float32 rounding, not bitwise:
     LSE within 1e-5, outputs (16-bit) within 1e-2 of the largest (a few units in the last place
-    of a 16-bit output), both far inside SPEC's bounds (not yet run on a GPU).
+    of a 16-bit output), both far inside SPEC's bounds (passed on an H100, 2026-12-06:
+    docs/logs/tests_mla_gluon_xo_xs_h100_20261206_partial.log).
     K 300 is 5 blocks a split at splits 1 (the odd count that leaves warpgroup 1 a last step
     with only the other's block), 2 at splits 3."""
     case, xs = _cluster_case(90 + H + splits, "fp8_ds_mla", q_dtype, H, feats,

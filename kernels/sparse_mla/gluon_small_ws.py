@@ -25,8 +25,8 @@ consumers' chain and two consumers' chains overlap each other:
   the slots resolved two blocks ahead, the block's loads issued before it waits on
   ``empty[slot]``, the unit, the conversion into one X slot of an ``NBUF``-deep ring with the
   row validity and the unit beside it, ``fence_async_shared``, a partition barrier,
-  ``mbarrier.arrive(full[slot])``. Or (``STAGE`` 1, :data:`RAW_STAGE`; built 2026-12-06, not yet
-  measured on a GPU) :func:`_staged_producer`: block j + 1's raw bytes are copied into a shared
+  ``mbarrier.arrive(full[slot])``. Or (``STAGE`` 1, :data:`RAW_STAGE`; measured 2026-12-06 on an
+  H100, off: a tie at V4 H 8, 6 % slower at V3.2 H 16) :func:`_staged_producer`: block j + 1's raw bytes are copied into a shared
   staging slot by ``cp.async`` while block j converts (its hand-over ``gluon_ws._ws_fill``, the
   same as ``_ws_producer``'s); consumer 1's merge state then lives in its own X slot.
 * **Consumers.** Block j of the split goes to consumer ``j % 2`` (slot ``j % NBUF``). Consumer 0
@@ -105,7 +105,11 @@ L2_PREFETCH_FORMATS: tuple = ("fp8_ds_mla", "fp8_model1")
 # max(gather round trip, conversion) instead of their sum (bench/NOTES.md, eighteenth session);
 # the 41,984-byte (fp8_ds_mla; 37,376 fp8_model1) slot is paid for by placing consumer 1's merge
 # state in its own X slot, dead by then. 0 = ``gluon_ws._ws_producer`` (gathers into registers at
-# the top of each block's iteration)
+# the top of each block's iteration). Measured (H100, 2026-12-06, bench/NOTES.md "Nineteenth
+# session"; mla_sweep_small_heads_staged{,2}_h100_20261206.json, checked against the reference):
+# V3.2 B 64 H 16 60.9 us with 0, 64.4 with 1 (73.2 before the unit moved inside each warp,
+# :func:`_staged_unit`); V4 B 64 H 8 23.1 / 22.8. The round trip is hidden, but issuing the
+# copies (82 LDGSTS warp instructions a block, MIO-throttled) costs as much as it saved
 RAW_STAGE = 0
 
 
