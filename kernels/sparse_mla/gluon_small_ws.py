@@ -109,7 +109,7 @@ L2_PREFETCH_FORMATS: tuple = ("fp8_ds_mla", "fp8_model1")
 # session"; mla_sweep_small_heads_staged{,2}_h100_20261206.json, checked against the reference):
 # V3.2 B 64 H 16 60.9 us with 0, 64.4 with 1 (73.2 before the unit moved inside each warp,
 # :func:`_staged_unit`); V4 B 64 H 8 23.1 / 22.8. The round trip is hidden, but issuing the
-# copies (82 LDGSTS warp instructions a block, MIO-throttled) costs as much as it saved
+# copies (112 LDGSTS warp instructions a block, MIO-throttled) costs as much as it saved
 RAW_STAGE = 0
 
 
