@@ -242,12 +242,19 @@ def _issue_rows(kv_ptr, kv16_ptr, kv32_ptr, pg, of, ok, page_size, page_bytes,
 
 
 @gluon.jit
-def _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT: gl.constexpr):
-    """Biased exponent ``ub`` of the unit ``2^(ub - 127)`` of one row block: the largest scale
-    exponent of its valid rows minus 6 (so e4m3 * scale / unit < 448 * 2^7 < 65504), never
-    below the running unit ``ub_i`` (the unit only grows)."""
-    e = gl.max(gl.where(ok, _max_exp(c0, c1, c2, c3, KV_FORMAT), 0), axis=0)
+def _unit_of(e, ub_i):
+    """Biased exponent ``ub`` of the unit ``2^(ub - 127)`` of a row block whose largest scale
+    exponent is ``e``: ``e - 6`` (so e4m3 * scale / unit < 448 * 2^7 < 65504) within [1, 253],
+    never below the running unit ``ub_i`` (the unit only grows)."""
     return gl.maximum(gl.minimum(gl.maximum(e - 6, 1), 253), ub_i)
+
+
+@gluon.jit
+def _block_unit(c0, c1, c2, c3, ok, ub_i, KV_FORMAT: gl.constexpr):
+    """The unit (:func:`_unit_of`) of one row block from the largest scale exponent of its
+    valid rows (``ok``; ``c0..`` the rows' scale words)."""
+    e = gl.max(gl.where(ok, _max_exp(c0, c1, c2, c3, KV_FORMAT), 0), axis=0)
+    return _unit_of(e, ub_i)
 
 
 @gluon.jit

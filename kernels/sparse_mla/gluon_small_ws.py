@@ -72,7 +72,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from kernels.sparse_mla.gluon import (NEG, _alloc_x, _barrier, _l2_prefetch_rows, _max_exp,
                                       _list_range, _pipeline_start, _program, _q_exponent,
                                       _q_rows, _resolve, _rope_ptrs, _row_base, _scale_word,
-                                      _store_q_scaled, _views)
+                                      _store_q_scaled, _unit_of, _views)
 from kernels.sparse_mla.gluon_small import _epilogue_t, _scores_t, _softmax_t, _values_t
 from kernels.sparse_mla.gluon_ws import (PRODUCER_WARPS, _async_load, _producer_list,
                                          _ws_fill, _ws_producer)
@@ -208,8 +208,7 @@ def _staged_unit(rs0, rs1, rs2, rs3, ub_i, KV_FORMAT: gl.constexpr):
     needed: the same unit as ``_block_unit(c0, c1, c2, c3, ok, ub_i)``."""
     REP: gl.constexpr = gl.BlockedLayout([2], [32], [gl.num_warps()], [0])
     w0, w1, w2, w3 = _read_scale_words(rs0, rs1, rs2, rs3, REP, KV_FORMAT)
-    e = gl.max(_max_exp(w0, w1, w2, w3, KV_FORMAT), axis=0)
-    return gl.maximum(gl.minimum(gl.maximum(e - 6, 1), 253), ub_i)
+    return _unit_of(gl.max(_max_exp(w0, w1, w2, w3, KV_FORMAT), axis=0), ub_i)
 
 
 @gluon.jit
@@ -222,10 +221,10 @@ def _staged_producer(kv_ptr, kv16_ptr, kv32_ptr, idx_ptr, bt_ptr, tkl_ptr,
                      L2_PREFETCH: gl.constexpr = 0):
     """The staged producer (:data:`RAW_STAGE` 1; 8 warps). Per 64-row block j: wait for its raw
     bytes in the staging slot (``cp.async.wait_group 0``, a partition barrier: every thread's
-    copies), read them into registers (as ``gluon_ws._ws_producer`` gathers them), a partition
-    barrier (every read done), then issue block j + 1's copies into the slot, so they are in
-    flight while block j's unit is taken, ``empty`` awaited and the block converted into its X
-    slot (fence, partition barrier, ``full``, as ``_ws_producer``). With ``L2_PREFETCH`` block
+    copies), read them into registers (as ``gluon_ws._ws_producer`` gathers them) and take the
+    block's unit (:func:`_staged_unit`), a partition barrier (every read done), then issue block
+    j + 1's copies into the slot, so they are in flight while ``empty`` is awaited and block j
+    converted into its X slot (fence, partition barrier, ``full``, as ``_ws_producer``). With ``L2_PREFETCH`` block
     j + 2's rows are hinted into L2 as j + 1's copies go out. The slot chain runs one block
     further ahead than ``_ws_producer``'s: indices three blocks ahead, page entries two, slots
     one."""
