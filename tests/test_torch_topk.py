@@ -445,6 +445,42 @@ def test_split_plan_with_window_miss(S):
     assert torch.equal(split, plain) and torch.equal(fused, plain)
 
 
+@pytest.mark.parametrize("S", [1, 4])
+def test_split_descent_in_registers_every_level(S):
+    """The per-row kernel's descent over candidates held in registers (5-bit digits, REG_BINS)
+    at every level it can run: keys that differ only in their low 20 bits (one window digit,
+    all four lower levels), ties down to the last bit (taken by position), a window miss on a
+    short row (all seven levels) and rows whose threshold digit lands on each side of a level's
+    boundary; state read back, set exact, and bitwise the one-program path's output (8-bit
+    levels)."""
+    K, P, N, W = 64, 16, 1, 1024            # W a whole number of pages, as the logits' is
+    rng = np.random.default_rng(31)
+    one = np.float32(1.0)
+    ulp = np.spacing(one)
+    x = np.empty((6, W), np.float32)
+    x[0] = one + ulp * rng.integers(0, 1 << 20, W)                 # bits 19..0 only
+    x[0, rng.integers(0, W, 200)] = x[0, rng.integers(0, W, 200)]  # repeated keys
+    x[1] = one + ulp * rng.integers(0, 4, W)                       # ties down to the last bit
+    x[2] = -(one + ulp * rng.integers(0, 1 << 12, W))              # negative, low bits
+    x[3] = rng.standard_normal(W).astype(np.float32)
+    x[3, 11] = 1e30                                                # window miss, short row
+    x[4] = one + ulp * (rng.integers(0, 2, W) << 15)               # boundary of the 15-bit level
+    x[5] = one + ulp * (np.arange(W) % 33)                         # 33 keys, K ties across 5 bits
+    lens = [W, W, W - 3, 300, W, W]
+    h = _split_hists(x, lens, N, S, P)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    scratch = torch.empty((6, 2 * W), dtype=torch.int32, device=DEVICE)
+    split = torch.full((6, K), -7, dtype=torch.int32, device=DEVICE)
+    state = torch.full((6, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, split, scratch, hist=torch.from_numpy(h).to(DEVICE), n_drafts=N,
+                page_size=P, state=state, config=TopkConfig(cand_block=1024))
+    st = [dict(zip(STATE_FIELDS, row)) for row in state.cpu().tolist()]
+    assert all(0 < r["n_cand"] <= 1024 for r in st[:3]), st        # the in-register path
+    compare.assert_pass(compare.check_topk(split, _ref_rows(x, lens), K))
+    assert torch.equal(split, _run(x, lens, K))
+
+
 @pytest.mark.parametrize("pairs", [False, True])
 def test_many_candidates_compacted(pairs):
     """More than COMPACT_MIN candidates (window misses: a 1e30 outlier over 20K normal or

@@ -123,6 +123,9 @@ LBASE_NONE = tl.constexpr(1 << 20)
 STATE_WORDS = tl.constexpr(16)
 # Candidates above which a radix level compacts them to its bucket before the next level.
 COMPACT_MIN = tl.constexpr(8192)
+# Bins of a level of the per-row kernel's descent over candidates held in registers (5-bit
+# digits; _radix_topk_kernel).
+REG_BINS = tl.constexpr(32)
 # The split top-k's plan runs over groups of PLAN_GROUP split histograms, one program per
 # (row, group): B 1 L 128K has 264 splits, i.e. 33 programs; one program per row over all 264
 # took 57-68 us on the H200 (ncu: one CTA, 10.8 cycles per issued instruction, 3.7 GB/s).
@@ -363,6 +366,31 @@ def _sum_split_hists(h_row, split_stride, num_splits, base, lbase, SB: tl.conste
 
 
 @triton.jit
+def _pack_max(a_total, a_bin, b_total, b_bin):
+    return tl.maximum(a_total, b_total), tl.maximum(a_bin, b_bin)
+
+
+@triton.jit
+def _threshold_bin(ge, hist, bins, need):
+    """``(total, d_sel, n_gt, n_eq)`` of a histogram ``hist`` (counts < 2^27) and its reverse
+    cumsum ``ge``: ``total = ge[0]``; ``d_sel`` the largest bin with ``ge >= need`` (-1 if none),
+    ``n_gt`` the count above it and ``n_eq`` its own. One two-operand max reduction (one
+    cross-warp exchange) instead of a max and three sums: bin ``d``'s word packs ``(d, ge[d],
+    hist[d])`` into 62 bits (8 + 27 + 27; a row's counts are positions, far below 2^27), so the
+    maximum over the qualifying bins is ``d_sel``'s word and ``n_gt = ge[d_sel] - hist[d_sel]``.
+    No bin qualifies (``need > total``, which a consistent plan never asks): ``d_sel`` -1,
+    ``n_gt = total``, ``n_eq`` 0, as the sums gave."""
+    word = ((bins.to(tl.int64) << 54) | (ge.to(tl.int64) << 27) | hist.to(tl.int64))
+    word = tl.where(ge >= need, word, -1)
+    total, best = tl.reduce((ge, word), 0, _pack_max)
+    hit = best >= 0
+    d_sel = tl.where(hit, (best >> 54).to(tl.int32), -1)
+    n_eq = tl.where(hit, (best & 0x7FFFFFF).to(tl.int32), 0)
+    n_gt = tl.where(hit, ((best >> 27) & 0x7FFFFFF).to(tl.int32) - n_eq, total)
+    return total, d_sel, n_gt, n_eq
+
+
+@triton.jit
 def _first_digit(hist, topk):
     """Threshold bin of the windowed histogram. Returns ``(d0, need, done, total, n_eq)``:
     ``d0`` -1 when every qualifying key is taken (``total <= topk``); ``need`` positions still
@@ -370,6 +398,9 @@ def _first_digit(hist, topk):
     bins = tl.arange(0, HIST_BINS)
     total = tl.sum(hist, axis=0)
     ge = tl.cumsum(hist, axis=0, reverse=True)                     # count with bin >= d
+    # (a max and three sums, not _threshold_bin's one packed reduction: in the split pass B's
+    # plan the packed words cost the pass B loop 20 bytes of spills at its 128-register cap;
+    # AOT, Triton 3.6.0, sm_90)
     d_sel = tl.max(tl.where(ge >= topk, bins, -1), axis=0)
     n_gt = tl.sum(tl.where(bins > d_sel, hist, 0), axis=0)
     n_eq = tl.sum(tl.where(bins == d_sel, hist, 0), axis=0)
@@ -382,17 +413,16 @@ def _first_digit(hist, topk):
 
 
 @triton.jit
-def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done):
-    """One radix level over bits ``[SHIFT, SHIFT + 8)`` of the key: pick the threshold digit
-    from ``hist`` (counts of that digit among keys with ``key & mask == prefix``) unless
-    ``done``. Returns (prefix, mask, need, done)."""
+def _descend(hist, SHIFT: tl.constexpr, bins, prefix, mask, need, done,
+             DIGIT: tl.constexpr = 0xFF):
+    """One radix level over bits ``[SHIFT, SHIFT + w)`` of the key (``DIGIT = 2^w - 1``; bits
+    past 31 are none): pick the threshold digit from ``hist`` (counts of that digit among keys
+    with ``key & mask == prefix``) unless ``done``. Returns (prefix, mask, need, done)."""
     ge = tl.cumsum(hist, axis=0, reverse=True)                     # count with digit >= d
-    d_sel = tl.max(tl.where(ge >= need, bins, -1), axis=0)
-    n_gt = tl.sum(tl.where(bins > d_sel, hist, 0), axis=0)
-    n_eq = tl.sum(tl.where(bins == d_sel, hist, 0), axis=0)
+    _, d_sel, n_gt, n_eq = _threshold_bin(ge, hist, bins, need)
     upd = done == 0
     prefix = tl.where(upd, prefix | (d_sel.to(tl.uint32) << SHIFT), prefix)
-    mask = tl.where(upd, mask | tl.full((), 0xFF << SHIFT, tl.uint32), mask)
+    mask = tl.where(upd, mask | (tl.full((), DIGIT, tl.uint32) << SHIFT), mask)
     need = tl.where(upd, need - n_gt, need)
     # The chosen bucket is taken whole: no need to look at lower digits.
     done = tl.where(upd & (n_eq == need), 1, done)
@@ -552,11 +582,19 @@ def _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row):
     hi_bits = key & mask
     gt = m & (hi_bits > prefix)
     eq = m & (hi_bits == prefix)
-    eq_rank = tl.cumsum(eq.to(tl.int32), axis=0) + eq_seen
+    # one scan for both running counts: gt in the low 16 bits, eq in the high (a block has at
+    # most 8,192 elements, so the low count never carries). The eq keys are taken in position
+    # order while their rank is <= need, so the eq keys taken up to i are
+    # max(min(eq_rank_i, need) - eq_seen, 0) and the slot of a taken key follows without a
+    # second scan over ``sel``.
+    c = tl.cumsum(gt.to(tl.int32) | (eq.to(tl.int32) << 16), axis=0)
+    eq_rank = (c >> 16) + eq_seen
     sel = gt | (eq & (eq_rank <= need))
-    slot = tl.cumsum(sel.to(tl.int32), axis=0) + n_out - 1
+    slot = (c & 0xFFFF) + tl.maximum(tl.minimum(eq_rank, need) - eq_seen, 0) + n_out - 1
     tl.store(o_row + slot, pos, mask=sel)
-    return eq_seen + tl.sum(eq.to(tl.int32), axis=0), n_out + tl.sum(sel.to(tl.int32), axis=0)
+    t = tl.sum(gt.to(tl.int32) | (eq.to(tl.int32) << 16), axis=0)
+    eq_all = eq_seen + (t >> 16)
+    return eq_all, n_out + (t & 0xFFFF) + tl.maximum(tl.minimum(eq_all, need) - eq_seen, 0)
 
 
 @triton.jit
@@ -595,6 +633,12 @@ def _radix_topk_kernel(
         n_out = tl.load(st + 6)
         n_cand = tl.load(st + 7)
         pairs = tl.load(st + 8)
+        # The candidate row's first BLOCK words of both halves, issued with the state (not after
+        # it: the count and the layout come from the state, so these loads were a second L2
+        # round trip): the pairs' logit bits (or positions, without pairs) and the pairs'
+        # positions. Words past the count are stale and masked where they are used.
+        w_first = tl.load(c_row + offs, mask=offs < 2 * cap, other=0)
+        w_pos = tl.load(c_row + cap + offs, mask=offs < cap, other=0)
     else:
         # Pass A: windowed histogram of the first digit, summed from the logits kernel's
         # per-split histograms (fused) or built by reading the whole prefix.
@@ -644,16 +688,28 @@ def _radix_topk_kernel(
             # The bench's rows (~0.1-1K candidates): read them once, descend and select in
             # registers.
             m = offs < n_cand
-            key, pos = _cand_keys(x_row, c_row, offs, m, pairs_v, pos_off, True)
+            # _cand_keys over the words loaded with the state: keys from the pairs' logit bits,
+            # or gathered from the logits through the positions
+            kx = order_key(tl.load(x_row + w_first, mask=m & (pairs_v == 0),
+                                   other=float("-inf")))
+            kp = order_key(w_first.to(tl.float32, bitcast=True))
+            key = tl.where(m, tl.where(pairs_v, kp, kx), 0)
+            pos = tl.where(pairs_v, w_pos, w_first)
             visits += n_cand
-            for lvl in tl.static_range(0, 4):
-                SHIFT = 24 - 8 * lvl                               # constexpr (static loop)
-                open_ = ((mask >> SHIFT) & 0xFF) != 0xFF      # digit not fixed by the first one
+            # 5-bit digits (32-bin histograms) from bit 30 down: after a window digit (bits
+            # 31..20 fixed) the levels at 15, 10, 5, 0; after a window miss all seven. Triton's
+            # histogram (a ballot a bit, then each lane's bins) costs ~12 SASS an element at 32
+            # bins against ~45 at 256, and its bins are at least a warp's 32 lanes.
+            bins_r = tl.arange(0, REG_BINS)
+            for lvl in tl.static_range(0, 7):
+                SHIFT = 30 - 5 * lvl                               # constexpr (static loop)
+                full = (tl.full((), 0xFFFFFFFF, tl.uint32) >> SHIFT) & (REG_BINS - 1)
+                open_ = ((mask >> SHIFT) & (REG_BINS - 1)) != full   # digit not yet fixed
                 if (done == 0) & open_:
-                    hist = tl.histogram(((key >> SHIFT) & 0xFF).to(tl.int32), 256,
-                                        mask=m & ((key & mask) == prefix))
-                    prefix, mask, need, done = _descend(hist, SHIFT, bins, prefix, mask, need,
-                                                        done)
+                    hist = tl.histogram(((key >> SHIFT) & (REG_BINS - 1)).to(tl.int32),
+                                        REG_BINS, mask=m & ((key & mask) == prefix))
+                    prefix, mask, need, done = _descend(hist, SHIFT, bins_r, prefix, mask,
+                                                        need, done, REG_BINS - 1)
             _, n_out = _select(key, pos, m, prefix, mask, need, tl.zeros((), tl.int32), n_out,
                                o_row)
             in_regs = n_cand >= 0
