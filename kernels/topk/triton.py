@@ -49,8 +49,13 @@ Algorithm (no atomics, no sort):
    the min) the bucket is "every key between the windows" and the descent runs over the full
    key from bit 31 (four levels): the fallback, exact in every case, costs passes over that
    bucket. The descent stops early when the chosen bucket is taken whole. Up to ``BLOCK``
-   candidates (the bench's rows: 0.1-1K) are read once and every level and the selection run
-   on them in registers; above ``COMPACT_MIN`` a level also compacts them, in place and in
+   candidates (the bench's rows: 0.1-1K) are read once (with the plan state, after a split
+   pass B) and every level and the selection run on them in registers, on **5-bit** digits
+   instead (``REG_BINS``: 32-bin histograms at bit offsets 30, 25, ..., 0; after a window digit
+   the levels at 15, 10, 5 and 0): a 32-bin level is ~430 SASS and 3 barriers at 2,048
+   candidates, a 256-bin one was ~760 and 15 (bench/NOTES.md, twentieth session). The digit
+   widths change how the threshold is found, not the selected set or its order. Above
+   ``COMPACT_MIN`` a level also compacts the candidates, in place and in
    position order, to its chosen bucket (keys above it go to the output then), so a miss or a
    wide tie costs two passes over the bucket and then passes over the old digit's bucket size
    (~1-16K).
