@@ -481,6 +481,37 @@ def test_split_descent_in_registers_every_level(S):
     assert torch.equal(split, _run(x, lens, K))
 
 
+@pytest.mark.parametrize("W,P", [(9, 1), (9, 3), (33, 1)])
+def test_split_descent_odd_scratch_without_pairs(W, P):
+    """A scratch row exactly W wide with W odd (an odd page size): the pairs do not fit (cap =
+    (W - 1) / 2), so the candidate positions fill [0, n_cand) with n_cand up to W = 2 cap + 1,
+    and the per-row kernel's candidate words loaded with the state must reach word W - 1 (a
+    fresh helper's review found it masked at 2 cap, which repeated position 0)."""
+    K = 4
+    x = (1 + np.spacing(np.float32(1)) * np.arange(W)[::-1]).astype(np.float32)[None]
+    h = torch.from_numpy(_split_hists(x, [W], 1, 1, P)).to(DEVICE)
+    out = torch.full((1, K), -7, dtype=torch.int32, device=DEVICE)
+    state = torch.full((1, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(torch.from_numpy(x).to(DEVICE), torch.tensor([W], dtype=torch.int32, device=DEVICE),
+                K, out, torch.empty((1, W), dtype=torch.int32, device=DEVICE), hist=h,
+                page_size=P, state=state, config=TopkConfig(cand_block=64))
+    st = dict(zip(STATE_FIELDS, state[0].tolist()))
+    assert st["pairs"] == 0 and st["n_cand"] == W, st
+    compare.assert_pass(compare.check_topk(out, _ref_rows(x, [W]), K))
+    assert torch.equal(out, _run(x, [W], K))
+
+
+@pytest.mark.parametrize("field,value", [("block", 32768), ("cand_block", 32768), ("block", 3),
+                                         ("cand_block", 8), ("block", 1024.0)])
+def test_config_blocks_checked(field, value):
+    """launch_topk refuses a per-row kernel block outside the powers of two in [16,
+    TOPK_BLOCK_MAX] (its packed scan counts a block's keys in 16-bit halves), naming it."""
+    from kernels.topk.triton import TOPK_BLOCK_MAX
+    x = np.zeros((1, 64), np.float32)
+    with pytest.raises(ValueError, match=f"config.{field}.*{TOPK_BLOCK_MAX}.*{value!r}"):
+        _run(x, [64], 4, TopkConfig(**{field: value}))
+
+
 @pytest.mark.parametrize("pairs", [False, True])
 def test_many_candidates_compacted(pairs):
     """More than COMPACT_MIN candidates (window misses: a 1e30 outlier over 20K normal or

@@ -131,6 +131,9 @@ COMPACT_MIN = tl.constexpr(8192)
 # Bins of a level of the per-row kernel's descent over candidates held in registers (5-bit
 # digits; _radix_topk_kernel).
 REG_BINS = tl.constexpr(32)
+# The largest per-row kernel block (TopkConfig.block / cand_block) launch_topk accepts:
+# _select's packed scan holds a block's eq count in the high 16 bits of an int32.
+TOPK_BLOCK_MAX = 16384
 # The split top-k's plan runs over groups of PLAN_GROUP split histograms, one program per
 # (row, group): B 1 L 128K has 264 splits, i.e. 33 programs; one program per row over all 264
 # took 57-68 us on the H200 (ncu: one CTA, 10.8 cycles per issued instruction, 3.7 GB/s).
@@ -642,7 +645,9 @@ def _radix_topk_kernel(
         # it: the count and the layout come from the state, so these loads were a second L2
         # round trip): the pairs' logit bits (or positions, without pairs) and the pairs'
         # positions. Words past the count are stale and masked where they are used.
-        w_first = tl.load(c_row + offs, mask=offs < 2 * cap, other=0)
+        # (the row holds >= max(W, 2 cap) words: without pairs the positions fill [0, n_cand)
+        # with n_cand up to W, which is 2 cap + 1 for an odd scratch width)
+        w_first = tl.load(c_row + offs, mask=(offs < 2 * cap) | (offs < W), other=0)
         w_pos = tl.load(c_row + cap + offs, mask=offs < cap, other=0)
     else:
         # Pass A: windowed histogram of the first digit, summed from the logits kernel's
@@ -1027,9 +1032,17 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
         ``scatter`` is not in :data:`SCATTER_SPACE`, ``scatter_sub`` (or
-        ``DSA_TOPK_SCATTER_SUB``) is not an int in ``[1, 16]``.
+        ``DSA_TOPK_SCATTER_SUB``) is not an int in ``[1, 16]``, or ``config.block`` /
+        ``config.cand_block`` is not a power of two in ``[16, TOPK_BLOCK_MAX]``.
     """
     cfg = config or TopkConfig()
+    for name in ("block", "cand_block"):
+        v = getattr(cfg, name)
+        # _select's one packed scan counts a block's keys in 16-bit halves of an int32 (eq in
+        # the high half): at most 16,384 keys a block
+        if type(v) is not int or v < 16 or v > TOPK_BLOCK_MAX or v & (v - 1):
+            raise ValueError(f"config.{name}: expected a power of two in [16, {TOPK_BLOCK_MAX}], "
+                             f"got {v!r}")
     if scatter_sub is None:
         scatter_sub = scatter_subsplits()
     elif type(scatter_sub) is not int or not 1 <= scatter_sub <= SCATTER_SUB_MAX:
