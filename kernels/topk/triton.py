@@ -567,6 +567,21 @@ def _count_b(x_row, lo, hi, key_lo, key_hi, done, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _cand_word_keys(x_row, first, second, m, pairs_v):
+    """Keys and positions of candidates (mask ``m``) from their scratch words: ``first`` at
+    ``c_row[c]`` (the logit's bits with pairs, as pass B and the compaction store them, else the
+    position) and ``second`` at ``c_row[cap + c]`` (the position, with pairs); without pairs the
+    key is gathered from the logits through the position. Either way :func:`order_key` of the
+    logit; key 0 where ``m`` is off. The per-row kernel's register path uses it on the words it
+    loads with the plan state; :func:`_cand_keys` (the passes over more candidates) keeps its
+    own loads, masked per layout: built on this helper it took 8 more registers (104 -> 112,
+    AOT, Triton 3.6.0, sm_90)."""
+    kx = order_key(tl.load(x_row + first, mask=m & (pairs_v == 0), other=float("-inf")))
+    kp = order_key(first.to(tl.float32, bitcast=True))
+    return tl.where(m, tl.where(pairs_v, kp, kx), 0), tl.where(pairs_v, second, first)
+
+
+@triton.jit
 def _cand_keys(x_row, c_row, o, m, pairs_v, pos_off, NEED_POS: tl.constexpr):
     """Keys (and positions if ``NEED_POS``) of candidates ``o`` (mask ``m``): from the pairs'
     first words (the logits' bits, as pass B and the compaction store them), or gathered from
@@ -591,16 +606,17 @@ def _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row):
     gt = m & (hi_bits > prefix)
     eq = m & (hi_bits == prefix)
     # one scan for both running counts: gt in the low 16 bits, eq in the high (a block has at
-    # most 8,192 elements, so the low count never carries). The eq keys are taken in position
-    # order while their rank is <= need, so the eq keys taken up to i are
-    # max(min(eq_rank_i, need) - eq_seen, 0) and the slot of a taken key follows without a
-    # second scan over ``sel``.
-    c = tl.cumsum(gt.to(tl.int32) | (eq.to(tl.int32) << 16), axis=0)
+    # most TOPK_BLOCK_MAX = 16,384 elements, so the low count never carries and the high one
+    # stays positive). The eq keys are taken in position order while their rank is <= need, so
+    # the eq keys taken up to i are max(min(eq_rank_i, need) - eq_seen, 0) and the slot of a
+    # taken key follows without a second scan over ``sel``.
+    both = gt.to(tl.int32) | (eq.to(tl.int32) << 16)
+    c = tl.cumsum(both, axis=0)
     eq_rank = (c >> 16) + eq_seen
     sel = gt | (eq & (eq_rank <= need))
     slot = (c & 0xFFFF) + tl.maximum(tl.minimum(eq_rank, need) - eq_seen, 0) + n_out - 1
     tl.store(o_row + slot, pos, mask=sel)
-    t = tl.sum(gt.to(tl.int32) | (eq.to(tl.int32) << 16), axis=0)
+    t = tl.sum(both, axis=0)
     eq_all = eq_seen + (t >> 16)
     return eq_all, n_out + (t & 0xFFFF) + tl.maximum(tl.minimum(eq_all, need) - eq_seen, 0)
 
@@ -698,13 +714,7 @@ def _radix_topk_kernel(
             # The bench's rows (~0.1-1K candidates): read them once, descend and select in
             # registers.
             m = offs < n_cand
-            # _cand_keys over the words loaded with the state: keys from the pairs' logit bits,
-            # or gathered from the logits through the positions
-            kx = order_key(tl.load(x_row + w_first, mask=m & (pairs_v == 0),
-                                   other=float("-inf")))
-            kp = order_key(w_first.to(tl.float32, bitcast=True))
-            key = tl.where(m, tl.where(pairs_v, kp, kx), 0)
-            pos = tl.where(pairs_v, w_pos, w_first)
+            key, pos = _cand_word_keys(x_row, w_first, w_pos, m, pairs_v)   # loaded with the state
             visits += n_cand
             # 5-bit digits (32-bin histograms) from bit 30 down: after a window digit (bits
             # 31..20 fixed) the levels at 15, 10, 5, 0; after a window miss all seven. Triton's
