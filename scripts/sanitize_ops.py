@@ -336,6 +336,36 @@ def _idx_case(seed, *, N=1, cl2d=False, past_table=True, zero_len=True, P=16):
     return c
 
 
+def _idx_long_case(seed):
+    """Rows long enough for the top-k's split path on sm_90 (the fused first-digit histograms,
+    the split pass B, the per-row kernel's in-register descent with its speculative candidate
+    loads): H_I 64, D_I 128, P 64, top-k 2048, lengths 40,000 / 9,000 / 0 (one page past the
+    table's capacity at the 9,000 row: its lengths run past the table), adversarial entries past
+    each request's pages and a -1 page inside request 0's range."""
+    import numpy as np
+    from kernels import cases
+    c = cases.make_indexer_case(seed, B=3, N=1, H_I=64, D_I=128, P=64, lens=[40000, 9000, 0],
+                                topk=2048, neg_pages=True, name=f"idx_long{seed}")
+    rng = np.random.default_rng(seed)
+    bt = c.block_table.copy()
+    bt[bt < 0] = -1
+    bt = _adversarial_table(bt, c.k_cache.shape[0], rng)
+    c.block_table = np.ascontiguousarray(bt[:, : -(-9000 // 64) - 1])   # row 1 past its table
+    return c
+
+
+def torch_indexer_long():
+    def run():
+        torch, dev, _ = _torch_env()
+        from torch_impl import indexer_logits, indexer_topk
+        c = _idx_long_case(71)
+        args = [_t(a, dev) for a in c.args()]
+        lg = indexer_logits(*args, k_format=c.k_format, path="triton")
+        ix = indexer_topk(*args, c.topk, k_format=c.k_format, path="triton")
+        return _check_idx(lg, ix, c)
+    return run
+
+
 def _check_idx(logits, idx, c):
     from kernels import compare
     ref = c.reference_logits()
@@ -431,6 +461,8 @@ def cases_for(stack: str) -> list:
             ("compat_model1_two_caches", torch_compat_two_caches()),
             ("idx_pages_past_table", torch_indexer(1, False)),
             ("idx_pages_mtp2_cl2d", torch_indexer(2, True)),
+            # the top-k's split path and per-row kernel (twentieth session's speculative loads)
+            ("idx_long_rows_split_topk", torch_indexer_long()),
         ]
     return [
         ("mla_slots_fp8_ds_mla", jax_mla_native("fp8_ds_mla", False)),

@@ -567,6 +567,34 @@ def test_split_launches_and_state_summary(S):
     assert 0 < summ["n_cand_max"] == summ["visits_max"] <= W // 8
 
 
+@pytest.mark.parametrize("S", [1, 40])
+def test_vec_pass_b_whole_blocks_and_splits_far_past_the_prefix(S):
+    """The VEC pass B runs its whole blocks without a position mask (the next block's loads
+    unmasked while it is whole) and its last, partial block after the loop (twenty-first
+    session). S 1: a 2,560-position split is two whole 1,024 blocks (the first prefetches
+    unmasked, the second masked) and a partial one. S 40 (one page a split): a split that
+    starts past the row's prefix has an empty range ``hi <= lo`` more than a block below ``lo``
+    (rows of 100 / 70 / 0 positions: split 39 starts at 2,496), where a floor-rounded block
+    count would run a block over another split's positions. The set is exact and bitwise the
+    scalar launch's."""
+    K, P, W = 48, 64, 2560
+    rng = np.random.default_rng(41)
+    x = rng.standard_normal((5, W)).astype(np.float32)
+    lens = [100, 70, 0, 1088, 2560]
+    h = torch.from_numpy(_split_hists(x, lens, 1, S, P)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+    def run(scatter):
+        out = torch.full((5, K), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(xt, lt, K, out, torch.full((5, W), -7, dtype=torch.int32, device=DEVICE),
+                    hist=h, page_size=P, scatter=scatter)
+        return out
+    vec = run((1024, 4, True))
+    compare.assert_pass(compare.check_topk(vec, _ref_rows(x, lens), K))
+    assert torch.equal(vec, run((1024, 4, False)))
+
+
 @pytest.mark.parametrize("S", [3, 20])
 def test_every_scatter_launch_same_bits(S):
     """Every split pass B launch ``launch_topk(scatter=...)`` accepts (SCATTER_SPACE: 512-2,048

@@ -479,6 +479,32 @@ def _b_flags(x, f_dir, f_lo, f_hi):
 
 
 @triton.jit
+def _b_block(x, pos, o_row, c_row, f_dir, f_lo, f_hi, pairs_v, pos_off, n_out, n_cand,
+             VEC: tl.constexpr):
+    """One block of :func:`_pass_b`: logits ``x`` at positions ``pos`` (masked to -inf where
+    they take no part), stored from the offsets ``(n_out, n_cand)``; returns the new offsets."""
+    direct, keep = _b_flags(x, f_dir, f_lo, f_hi)
+    both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
+    cs = tl.cumsum(both, axis=0)
+    if VEC:                         # layout hints only (see _pass_b): stores stay scalar
+        slot = tl.max_contiguous(tl.multiple_of((cs & 0xFFFF) + n_out - 1, 4), 4)
+        cslot = (cs >> 16) + n_cand - 1
+        pslot = tl.max_contiguous(tl.multiple_of(cslot + pos_off, 4), 4)
+        cslot = tl.max_contiguous(tl.multiple_of(cslot, 4), 4)
+        tl.store(o_row + slot, pos, mask=direct)
+        tl.store(c_row + pslot, pos, mask=keep)
+    else:                           # the scalar path as it was (same SASS as before VEC)
+        slot = (cs & 0xFFFF) + n_out - 1
+        tl.store(o_row + slot, pos, mask=direct)
+        cslot = (cs >> 16) + n_cand - 1
+        tl.store(c_row + pos_off + cslot, pos, mask=keep)
+    # the pair's first word: the logit's bits (its key is made where it is read, _cand_keys)
+    tl.store(c_row + cslot, x.to(tl.int32, bitcast=True), mask=keep & pairs_v)
+    tot = tl.sum(both, axis=0)
+    return n_out + (tot & 0xFFFF), n_cand + (tot >> 16)
+
+
+@triton.jit
 def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand,
             BLOCK: tl.constexpr, W=0, VEC: tl.constexpr = False):
     """Pass B over positions ``[lo, hi)`` of one row: keys above the threshold bin (``key >
@@ -491,7 +517,9 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
 
     ``VEC`` (the split pass B with ``lo`` a multiple of 16 and ``W`` the row's width, a
     multiple of 16): the loads run to ``hi`` rounded up to 16 positions (at most ``W``; keys at
-    or past ``hi`` are masked to -inf after the load), so each thread's keys come as 16-byte
+    or past ``hi`` are masked to -inf after the load, in the last, partial block only: the
+    whole blocks run without a mask, the partial one after the loop, :func:`_b_block` for
+    both), so each thread's keys come as 16-byte
     loads, 4 contiguous keys a thread, and the scan runs over those runs instead of one warp scan
     a key. The three scattered stores keep that layout: their slot tensors carry a
     ``multiple_of`` / ``max_contiguous`` hint of 4, which only steers Triton's coalescing pass
@@ -516,32 +544,38 @@ def _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out
     # the next block's loads are issued before this block's scan and stores (one block in
     # flight: the loop was a chain of DRAM round trips, one a block)
     x_next = tl.load(x_row + lo + offs, mask=lo + offs < hi_ld, other=float("-inf"))
-    for start in range(lo, hi, BLOCK):
-        pos = start + offs
-        x = x_next
-        x_next = tl.load(x_row + pos + BLOCK, mask=pos + BLOCK < hi_ld, other=float("-inf"))
-        if VEC:                     # loaded positions past hi (the last block) take no part
-            x = tl.where(pos < hi, x, float("-inf"))
-        direct, keep = _b_flags(x, f_dir, f_lo, f_hi)
-        both = direct.to(tl.int32) + (keep.to(tl.int32) << 16)
-        cs = tl.cumsum(both, axis=0)
-        if VEC:                     # layout hints only (see the docstring): stores stay scalar
-            slot = tl.max_contiguous(tl.multiple_of((cs & 0xFFFF) + n_out - 1, 4), 4)
-            cslot = (cs >> 16) + n_cand - 1
-            pslot = tl.max_contiguous(tl.multiple_of(cslot + pos_off, 4), 4)
-            cslot = tl.max_contiguous(tl.multiple_of(cslot, 4), 4)
-            tl.store(o_row + slot, pos, mask=direct)
-            tl.store(c_row + pslot, pos, mask=keep)
-        else:                       # the scalar path as it was (same SASS as before VEC)
-            slot = (cs & 0xFFFF) + n_out - 1
-            tl.store(o_row + slot, pos, mask=direct)
-            cslot = (cs >> 16) + n_cand - 1
-            tl.store(c_row + pos_off + cslot, pos, mask=keep)
-        # the pair's first word: the logit's bits (its key is made where it is read, _cand_keys)
-        tl.store(c_row + cslot, x.to(tl.int32, bitcast=True), mask=keep & pairs_v)
-        tot = tl.sum(both, axis=0)
-        n_out += tot & 0xFFFF
-        n_cand += tot >> 16
+    if VEC:
+        # Whole blocks first, without a mask on a position (every one is below hi), their next
+        # block's loads unmasked while it is whole; the last, partial block after the loop.
+        # (Per key, the mask, the -inf fill of the masked loads and their copies were ~3 of
+        # ~41 SASS a key, the mask's ISETP / FSEL on the ALU pipe, the loop's limit: Nsight
+        # Compute, H100, 2026-12-06, bench/NOTES.md "Twenty-first session"; as a branch in
+        # the loop ptxas predicated it, so the tail is peeled.)
+        # (hi <= lo, an empty range past the row's prefix, can be more than a block below lo:
+        # clamped, so no block runs whichever way the division rounds)
+        whole_end = lo + tl.maximum(hi - lo, 0) // BLOCK * BLOCK
+        for start in range(lo, whole_end, BLOCK):
+            pos = start + offs
+            x = x_next
+            if start + 2 * BLOCK <= hi_ld:
+                x_next = tl.load(x_row + pos + BLOCK)
+            else:
+                x_next = tl.load(x_row + pos + BLOCK, mask=pos + BLOCK < hi_ld,
+                                 other=float("-inf"))
+            n_out, n_cand = _b_block(x, pos, o_row, c_row, f_dir, f_lo, f_hi, pairs_v, pos_off,
+                                     n_out, n_cand, True)
+        if whole_end < hi:          # loaded positions past hi take no part
+            pos = whole_end + offs
+            x = tl.where(pos < hi, x_next, float("-inf"))
+            n_out, n_cand = _b_block(x, pos, o_row, c_row, f_dir, f_lo, f_hi, pairs_v, pos_off,
+                                     n_out, n_cand, True)
+    else:
+        for start in range(lo, hi, BLOCK):
+            pos = start + offs
+            x = x_next
+            x_next = tl.load(x_row + pos + BLOCK, mask=pos + BLOCK < hi_ld, other=float("-inf"))
+            n_out, n_cand = _b_block(x, pos, o_row, c_row, f_dir, f_lo, f_hi, pairs_v, pos_off,
+                                     n_out, n_cand, False)
     return n_out, n_cand
 
 
@@ -1239,7 +1273,13 @@ SCATTER_CONFIGS = ((512, 4), (1024, 4), (2048, 4))
 # CI compile short), and the ``VEC`` layout (:func:`_pass_b`) at 1,024 and 2,048 positions.
 # 2,048 VEC at 8 warps (80 registers, 432 SASS a warp an iteration) was swept on the H200
 # (2026-12-05, indexer_sweep_ws_h200_20261205e.json: 29.4 / 44.8 / 22.3 us against 2,048 VEC at
-# 4 warps 29.0 / 46.3 / 20.9 at B 64 L 64K / B 64 L 128K / B 1 L 128K) and dropped.
+# 4 warps 29.0 / 46.3 / 20.9 at B 64 L 64K / B 64 L 128K / B 1 L 128K) and dropped. Swept again
+# on the H200 with the peeled pass B (2026-12-06, indexer_sweep_scatter_peel_h200_20261206_after.json,
+# 80 registers: 16 warps an SM at B 64 L 128K's 256 programs against 8): 38.9 / 44.9 / 34.4 / 26.3
+# us against 2,048 VEC at 4 warps 37.1 / 37.7 / 32.1 / 24.7 at B 64 L 128K / N 2 / V4 B 8 1M /
+# L 64K; 4,096 VEC at 8 warps 48.0 / 56.3 / 41.9 / 31.2: twice the warps do not pay (Nsight
+# Compute of the 4-warp launch, ncu_topk_scatter_b64_l128k_h200_20261206_peel.txt: the ALU pipe
+# the busiest at 50 %, issue slots 43 % busy, 7.6 warps an SM).
 SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
                  + ((1024, 2, False), (1024, 4, True), (2048, 4, True)))
 
