@@ -13,7 +13,8 @@ events over a CUDA graph of 20 launches (median of 10 replays) with one input se
 calls; the logits timing flushes L2 before each launch and subtracts the flush, the top-k
 timing does not: in the op the top-k reads the logits the logits kernel has just written):
 
-* ``logits_us``: the logits kernel with its fused first-digit histogram;
+* ``logits_us``: the logits kernel with its fused first-digit histogram; ``logits_nohist_us``:
+  the same launch without it (what ``indexer_logits`` runs), so the histogram's share;
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
   candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
   launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
@@ -359,6 +360,12 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 row["same_topk_set"] = bool(torch.equal(first.sort(-1).values, base[2]))
                 row["num_splits"] = splits
                 row["logits_us"] = timer(lg, flush=True)        # K pages from HBM, as served
+                # the same launch without the fused histogram (``indexer_logits``' own): the
+                # histogram's share of the logits kernel
+                row["logits_nohist_us"] = timer(
+                    lambda: kx.launch_indexer_logits(s["iq"], s["iw"], kv, ks, bt, cl, out,
+                                                     page_size=P, num_sms=dev.num_sms, config=cfg,
+                                                     fp8_upcast=True, fp8_nan_fix=dry), flush=True)
                 row["topk_us"] = timer(tk)
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {

@@ -70,7 +70,10 @@ def _check_case(case: cases.IndexerCase, path: str):
 
 _CORNERS = {c.name: c for c in cases.indexer_corner_cases(seed=3, H_I=16, topk=K, P=16)}
 _N1_FP8 = [n for n, c in _CORNERS.items() if c.q.shape[1] == 1 and c.k_format == "fp8_indexer"]
-_OTHER = [n for n in _CORNERS if n not in _N1_FP8]
+# mtp_N2 is tests/test_contract.py's case of the same name (the same seed, H_I, K and P): there
+# on every path, logits, top-k and sorted top-k (~18 s of interpreter time here on the CPU
+# machine, 2026-12-06)
+_OTHER = [n for n in _CORNERS if n not in _N1_FP8 and n != "mtp_N2"]
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -84,7 +87,7 @@ def test_corner_fp8_n1(name, path):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("name", _OTHER)
 def test_corner_other(name, path):
-    """MTP N = 2, 4 (context_lens [B]), N = 3 (context_lens [B, N]) and the dense float32 cache."""
+    """MTP N = 4 (context_lens [B]), N = 3 (context_lens [B, N]) and the dense float32 cache."""
     _check_case(_CORNERS[name], path)
 
 
