@@ -306,8 +306,9 @@ def test_two_sided_window_edges():
     assert d0[2] == window.UPPER_LO and d0[3] > window.MID_BIN, d0
     assert (x[4] > 0).sum() < K and d0[4] < window.MID_BIN, d0
     _check(x, [W] * 5, K)
-    # the split path gives the same bits, its plan state the model's threshold bin
-    P, S = 16, 3
+    # the split path gives the same bits, its plan state the model's threshold bin (P 8 divides
+    # W: at P 16 the split plan never read the last 8 positions, refused since 2026-12-06)
+    P, S = 8, 3
     h = _split_hists(x, [W] * 5, 1, S, P, base_raise=2)
     state = torch.full((5, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
     out = torch.full((5, K), -7, dtype=torch.int32, device=DEVICE)
@@ -510,6 +511,22 @@ def test_config_blocks_checked(field, value):
     x = np.zeros((1, 64), np.float32)
     with pytest.raises(ValueError, match=f"config.{field}.*{TOPK_BLOCK_MAX}.*{value!r}"):
         _run(x, [64], 4, TopkConfig(**{field: value}))
+
+
+@pytest.mark.parametrize("page_size", [3, 0, 16.0])
+def test_split_page_size_must_divide_the_width(page_size):
+    """With ``hist`` the split plan covers ``W // page_size`` whole pages, so a page size that
+    does not divide W (a partial last page, never read) or is not a positive int is refused
+    before launch, naming it (found by a fresh helper's review, 2026-12-06)."""
+    from kernels.topk.triton import hist_shape
+    W = 64
+    x = torch.zeros((1, W), dtype=torch.float32, device=DEVICE)
+    h = torch.zeros(hist_shape(1, 2, 1), dtype=torch.int32, device=DEVICE)
+    with pytest.raises(ValueError, match=f"page_size: expected a positive int dividing.*W={W}"):
+        launch_topk(x, torch.tensor([W], dtype=torch.int32, device=DEVICE), 4,
+                    torch.empty((1, 4), dtype=torch.int32, device=DEVICE),
+                    torch.empty((1, W), dtype=torch.int32, device=DEVICE), hist=h,
+                    page_size=page_size)
 
 
 @pytest.mark.parametrize("pairs", [False, True])

@@ -1051,7 +1051,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         histograms written by ``kernels.indexer.triton.launch_indexer_logits(hist=...)`` for
         these rows (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
       n_drafts: N (rows per request; N <= 4 with ``page_size``).
-      page_size: P of the logits kernel's pages, with ``hist``: pass B then runs split over
+      page_size: P of the logits kernel's pages (an int dividing W), with ``hist``: pass B then runs split over
         ``R x S`` programs, each over the positions of one logits split (the split histograms
         give every program its output offsets), instead of one program per row.
       state: None, or an int32 ``[R, STATE_WORDS]`` buffer for the split plan's per-row state
@@ -1074,7 +1074,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         still apply).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
-        is narrower than W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
+        is narrower than W, ``page_size`` (with ``hist``) does not divide W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
         ``scatter`` is not in :data:`SCATTER_SPACE`, ``scatter_sub`` (or
         ``DSA_TOPK_SCATTER_SUB``) is not an int in ``[1, 16]``, or ``config.block`` /
         ``config.cand_block`` is not a power of two in ``[16, TOPK_BLOCK_MAX]``.
@@ -1113,6 +1113,12 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                          f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
     if scratch.shape[1] < W:
         raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
+    if hist is not None and page_size is not None and (
+            type(page_size) is not int or page_size < 1 or W % page_size):
+        # the split plan covers W // page_size whole pages (the logits kernel's rows are whole
+        # pages): a partial last page would never be read (found by a review, 2026-12-06)
+        raise ValueError(f"page_size: expected a positive int dividing the logits' width W={W} "
+                         f"(its rows are whole pages), got {page_size!r}")
     cap = scratch.shape[1] // 2
     if hist is not None:
         num_splits, nb = hist.shape[1], hist.shape[2]
