@@ -15,11 +15,7 @@ CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
 # 2 on the CI machine: 18.5 -> 11 min, measured 2026-11-30; tests/TEST_TIME.md has the later runs). On a GPU machine they share one GPU,
 # so they run in one process. --maxschedchunk=2: tests are dealt two at a time in collection
 # order (tests/conftest.py puts the slow ones first), so the workers finish together.
-# One worker more than the cores (at most 4): the suite leaves ~10 % of the CPU machine's two
-# cores idle (subprocess start-up, a sweep child's hang timeout, the gloo ranks' rendezvous;
-# run BN, tests/TEST_TIME.md), which a third worker fills.
-XDIST_WORKERS := $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n + 1 > 4 ? 4 : n + 1 )))
-XDIST := $(if $(HAS_GPU),,-n $(XDIST_WORKERS) --maxschedchunk=2)
+XDIST := $(if $(HAS_GPU),,-n auto --maxprocesses=4 --maxschedchunk=2)
 PYTEST_ARGS ?=
 BENCH_ARGS ?= --write-dispatch
 
