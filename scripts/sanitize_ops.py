@@ -339,9 +339,10 @@ def _idx_case(seed, *, N=1, cl2d=False, past_table=True, zero_len=True, P=16):
 def _idx_long_case(seed):
     """Rows long enough for the top-k's split path on sm_90 (the fused first-digit histograms,
     the split pass B, the per-row kernel's in-register descent with its speculative candidate
-    loads): H_I 64, D_I 128, P 64, top-k 2048, lengths 40,000 / 9,000 / 0 (one page past the
-    table's capacity at the 9,000 row: its lengths run past the table), adversarial entries past
-    each request's pages and a -1 page inside request 0's range."""
+    loads): H_I 64, D_I 128, P 64, top-k 2048, lengths 40,000 / 9,000 / 0 in a table cut to 140
+    pages (8,960 positions, one page short of the 9,000 row: both long rows' lengths run past
+    it and are clamped to the table in-kernel), adversarial entries past each request's pages
+    and a -1 page inside request 0's range."""
     import numpy as np
     from kernels import cases
     c = cases.make_indexer_case(seed, B=3, N=1, H_I=64, D_I=128, P=64, lens=[40000, 9000, 0],
@@ -354,18 +355,6 @@ def _idx_long_case(seed):
     return c
 
 
-def torch_indexer_long():
-    def run():
-        torch, dev, _ = _torch_env()
-        from torch_impl import indexer_logits, indexer_topk
-        c = _idx_long_case(71)
-        args = [_t(a, dev) for a in c.args()]
-        lg = indexer_logits(*args, k_format=c.k_format, path="triton")
-        ix = indexer_topk(*args, c.topk, k_format=c.k_format, path="triton")
-        return _check_idx(lg, ix, c)
-    return run
-
-
 def _check_idx(logits, idx, c):
     from kernels import compare
     ref = c.reference_logits()
@@ -374,10 +363,18 @@ def _check_idx(logits, idx, c):
 
 
 def torch_indexer(N, cl2d):
+    return _torch_indexer_on(lambda: _idx_case(60 + N + cl2d, N=N, cl2d=cl2d))
+
+
+def torch_indexer_long():
+    return _torch_indexer_on(lambda: _idx_long_case(71))
+
+
+def _torch_indexer_on(make_case):
     def run():
         torch, dev, _ = _torch_env()
         from torch_impl import indexer_logits, indexer_topk
-        c = _idx_case(60 + N + cl2d, N=N, cl2d=cl2d)
+        c = make_case()
         args = [_t(a, dev) for a in c.args()]
         lg = indexer_logits(*args, k_format=c.k_format, path="triton")
         ix = indexer_topk(*args, c.topk, k_format=c.k_format, path="triton")

@@ -1051,9 +1051,10 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         histograms written by ``kernels.indexer.triton.launch_indexer_logits(hist=...)`` for
         these rows (``R = B * N``, row ``b * N + i``); replaces pass A over the row.
       n_drafts: N (rows per request; N <= 4 with ``page_size``).
-      page_size: P of the logits kernel's pages (an int dividing W), with ``hist``: pass B then runs split over
-        ``R x S`` programs, each over the positions of one logits split (the split histograms
-        give every program its output offsets), instead of one program per row.
+      page_size: P of the logits kernel's pages (an int dividing W), with ``hist``: pass B
+        then runs split over ``R x S`` programs, each over the positions of one logits split
+        (the split histograms give every program its output offsets), instead of one program
+        per row.
       state: None, or an int32 ``[R, STATE_WORDS]`` buffer for the split plan's per-row state
         (:data:`STATE_FIELDS`: the window bases, the threshold bin ``d0`` (``MID_BIN``: a
         window miss), need, done, total, n_out, n_cand, pairs, and ``visits``, the candidate
@@ -1074,10 +1075,11 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         still apply).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
-        is narrower than W, ``page_size`` (with ``hist``) does not divide W, ``state`` is not a contiguous int32 ``[R, STATE_WORDS]`` tensor, or
-        ``scatter`` is not in :data:`SCATTER_SPACE`, ``scatter_sub`` (or
-        ``DSA_TOPK_SCATTER_SUB``) is not an int in ``[1, 16]``, or ``config.block`` /
-        ``config.cand_block`` is not a power of two in ``[16, TOPK_BLOCK_MAX]``.
+        is narrower than W, ``page_size`` (with ``hist``) does not divide W, ``state`` is not a
+        contiguous int32 ``[R, STATE_WORDS]`` tensor, or ``scatter`` is not in
+        :data:`SCATTER_SPACE`, ``scatter_sub`` (or ``DSA_TOPK_SCATTER_SUB``) is not an int in
+        ``[1, 16]``, or ``config.block`` / ``config.cand_block`` is not a power of two in
+        ``[16, TOPK_BLOCK_MAX]``.
     """
     cfg = config or TopkConfig()
     for name in ("block", "cand_block"):
