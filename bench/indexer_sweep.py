@@ -88,6 +88,34 @@ VARIANTS = {
     # launcher until verified: run with --unguarded)
     "gluon_ws_c4": dict(kernel="gluon_ws", ws_consumers=4),
 }
+# module constants of kernels/indexer/gluon_ws.py a variant sets while it runs (the rest run with
+# the module's values): the fused histogram as one atomic add a key into the program's block
+# (``gluon_ws.HIST_ATOMIC``, bench/NOTES.md "Twenty-second session")
+VARIANTS["gluon_ws_hatom"] = dict(kernel="gluon_ws")
+WS_CONSTANTS = {"gluon_ws_hatom": dict(HIST_ATOMIC=1)}
+
+
+def _ws_constants(name: str) -> dict:
+    """Set the ``gluon_ws`` module constants of variant ``name`` (:data:`WS_CONSTANTS`), the
+    others back to the values they had when this module was imported; returns the values set."""
+    from kernels.indexer import gluon_ws
+    vals = dict(_WS_DEFAULTS)
+    vals.update(WS_CONSTANTS.get(name, {}))
+    for k, v in vals.items():
+        setattr(gluon_ws, k, v)
+    return vals
+
+
+def _ws_defaults() -> dict:
+    try:
+        from kernels.indexer import gluon_ws
+    except ImportError:                   # (a Triton without Gluon: no variant sets any)
+        return {}
+    return {k: getattr(gluon_ws, k) for c in WS_CONSTANTS.values() for k in c}
+
+
+_WS_DEFAULTS = _ws_defaults()
+
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
 DEFAULT_VARIANTS = ("triton", "gluon", "gluon_s4", "gluon_s16")
 # the warp-specialised kernel's set (--ws): today's Gluon kernel first, the base of the checks
@@ -170,7 +198,9 @@ def _gluon_aot_specs(name: str) -> list:
         specs = triton_aot.gluon_specs()
     else:
         specs = triton_aot.gluon_ws_specs((cfg.ws_consumers,), (cfg.ws_convert,))
-    return [dataclasses.replace(s, label=f"{name} N{s.constexprs['N']}") for s in specs
+    consts = WS_CONSTANTS.get(name, {}) if cfg.kernel == "gluon_ws" else {}
+    return [dataclasses.replace(s, label=f"{name} N{s.constexprs['N']}",
+                                constexprs={**s.constexprs, **consts}) for s in specs
             if s.constexprs["WRITE_HIST"] and not s.constexprs["CL_PER_DRAFT"]]
 
 
@@ -300,10 +330,11 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
             if dry and VARIANTS[name].get("kernel", "triton") != "triton":
                 continue                          # Gluon kernels do not interpret
             cfg = kx.IndexerLogitsConfig(**VARIANTS[name])
+            consts = _ws_constants(name)
             t0 = time.time()
             dog = _watchdog(row_timeout, f"{sname} {name}", rows, meta, save)
             row = dict(shape=sname, preset=preset, B=B, N=N, L=L, table_len=W, topk=K,
-                       variant=name, config=dict(cfg.__dict__))
+                       variant=name, config=dict(cfg.__dict__), constants=consts)
             try:
                 splits = kx.logits_splits(B, bt.shape[1], dev.num_sms, cfg)
                 out = torch.empty((B, N, W), device=device)

@@ -336,10 +336,15 @@ def _topk_setup(q, weights, k_cache, block_table, context_lens, topk, sorted, k_
     return B, N, P, W, _draft_lengths(context_lens, B, N, W), topk, min(topk, W)
 
 
+@functools.partial(jax.jit, static_argnames=("k_work", "k_format", "P", "cfg"))
 def _pallas_select(q, weights, k_cache, block_table, lens, k_work, *, k_format, P, cfg):
     """The Pallas logits (with their group maxima) and top-k kernels: ``(raw, idx)``, raw float32
     ``[B, NP, W_pad]`` logits (valid below ``lens``) and int32 ``[B, N, k_work]`` selected
-    positions in ascending order, -1 padded."""
+    positions in ascending order, -1 padded.
+
+    Jitted on its own so that a program calling it twice with the same shapes and statics
+    (``indexer_topk`` sorted and unsorted, ``topk_candidates``) traces and lowers the kernels
+    once; XLA inlines it."""
     N = q.shape[1]
     raw, gmax = _pallas_logits(q, weights, k_cache, block_table, lens, k_format=k_format, P=P,
                                cfg=cfg, group_max=True)

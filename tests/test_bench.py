@@ -1068,6 +1068,25 @@ def test_indexer_sweep_ws_variants():
     assert same[:2] == same[2:]
 
 
+def test_indexer_sweep_ws_constants():
+    """A variant of :data:`bench.indexer_sweep.WS_CONSTANTS` (``gluon_ws_hatom``: the fused
+    histogram as one atomic a key) sets its ``gluon_ws`` module constant while it runs and the
+    next variant finds the module's value again; its AOT specs carry the constant."""
+    pytest.importorskip("triton")
+    from bench import indexer_sweep as sw
+    from kernels.indexer import gluon_ws
+    default = gluon_ws.HIST_ATOMIC
+    try:
+        assert sw._ws_constants("gluon_ws_hatom") == {"HIST_ATOMIC": 1}
+        assert gluon_ws.HIST_ATOMIC == 1
+        assert sw._ws_constants("gluon_ws") == {"HIST_ATOMIC": default}
+        assert gluon_ws.HIST_ATOMIC == default
+    finally:
+        gluon_ws.HIST_ATOMIC = default
+    assert [s.constexprs["HIST_ATOMIC"] for s in sw._gluon_aot_specs("gluon_ws_hatom")] == [1, 1]
+    assert [s.constexprs["HIST_ATOMIC"] for s in sw._gluon_aot_specs("gluon_ws")] == [default] * 2
+
+
 def test_indexer_sweep_row_timeout_saves_and_exits(tmp_path):
     """``--row-timeout``: a row still running after the limit (a hung kernel) leaves the rows so
     far in the JSON with the hung row named, and the process exits 124 instead of holding the

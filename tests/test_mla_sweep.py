@@ -96,15 +96,18 @@ def test_occupancy_and_model_by_hand():
 
 @interpreter
 def test_dry_run_small_heads(tmp_path):
-    """``--small-heads --dry-run`` on the tiny V3.2 H16 and V4-Flash H8 shapes, in this process:
-    every variant runs (or shares the interpreter program of an earlier one) and passes the
-    reference check; the JSON has the rows and the summary."""
+    """``--small-heads --dry-run`` on the tiny V4-Flash H8 shape, in this process: every variant
+    runs (or shares the interpreter program of an earlier one) and passes the reference check;
+    the JSON has the rows and the summary. (The V3.2 H16 row runs the same harness over the same
+    kind of variants, ~12 s more of interpreter time on the CI machine: left to a manual
+    ``python -m bench.mla_sweep --small-heads --dry-run``; its kernels' configs are checked by
+    tests/test_torch_sparse_mla.py.)"""
     out = tmp_path / "s.json"
-    rc = sw.main(["--small-heads", "--dry-run", "--no-isolate", "--shapes", "v32_h16", "v4_h8",
+    rc = sw.main(["--small-heads", "--dry-run", "--no-isolate", "--shapes", "v4_h8",
                   "--out", str(out)])
     doc = json.loads(out.read_text())
     assert rc == 0 and doc["dry_run"] and not doc["partial"]
-    for key in ("v32_h16", "v4_h8"):
+    for key in ("v4_h8",):
         rows = [r for r in doc["rows"] if r["shape_key"] == key]
         assert len(rows) == 1 + len(sw.SMALL_HEAD_VARIANTS[key]), key
         assert rows[0]["variant"] == "baseline"

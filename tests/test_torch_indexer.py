@@ -602,6 +602,53 @@ def test_gluon_logits_recount_when_a_later_tile_rises(N):
 
 
 @gluon_only
+@pytest.mark.parametrize("hist_atomic", [0, 1])
+@pytest.mark.parametrize("N,splits,cl2d", [(1, None, False), (2, 5, True), (1, 1, True)])
+def test_gluon_ws_logits_kernel_both_histograms(N, splits, cl2d, hist_atomic, monkeypatch):
+    """The warp-specialised logits kernel (``kernels.indexer.gluon_ws``) with its fused
+    histogram summed by ``gl.histogram`` (``HIST_ATOMIC = 0``) and added in place by one atomic
+    a key (1): the inputs of :func:`test_gluon_logits_kernel`, logits against the reference,
+    every histogram block exact at its base, the top-k the SPEC set."""
+    from kernels.indexer import gluon_ws
+    from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
+
+    monkeypatch.setattr(gluon_ws, "HIST_ATOMIC", hist_atomic)
+    P, K = 64, 300
+    case = cases.make_indexer_case(660 + N, B=3, N=N, H_I=64, D_I=128, P=P,
+                                   lens=[1000, 77, 3 * 64 + 5], topk=K, nan_rows=True,
+                                   neg_pages=True, context_lens_2d=cl2d)
+    q, w, kc, bt, cl = _args(case)
+    B = q.shape[0]
+    W = bt.shape[1] * P
+    dev = _common.device_info(q.device)
+    cfg = resolve_kernel(IndexerLogitsConfig(num_splits=splits, kernel="gluon_ws"), dev,
+                         "fp8_indexer", N, 64, 128, P)
+    assert cfg.kernel == "gluon_ws"
+    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
+    _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
+
+
+@gluon_only
+@pytest.mark.parametrize("hist_atomic", [0, 1])
+@pytest.mark.parametrize("N", [1, 2])
+def test_gluon_ws_recount_both_histograms(N, hist_atomic, monkeypatch):
+    """The warp-specialised kernel's recount (a later page's keys above the first tile's
+    window) with either histogram form: blocks exact at the final bases, the top-k bitwise the
+    Triton kernel's at 2 splits."""
+    from kernels.indexer import gluon_ws
+    from kernels.indexer.triton import IndexerLogitsConfig
+
+    monkeypatch.setattr(gluon_ws, "HIST_ATOMIC", hist_atomic)
+    P, K = 64, 100
+    case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(670 + N, N, P, K)
+    outs = [_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=s, kernel=k),
+                               P, K, lens)
+            for s, k in ((1, "gluon_ws"), (2, "gluon_ws"), (2, "triton"))]
+    assert torch.equal(outs[0].sort(-1).values, outs[1].sort(-1).values)
+    assert torch.equal(outs[1], outs[2])
+
+
+@gluon_only
 def test_gluon_indexer_topk_binding():
     """``indexer_topk`` with the registry config's ``kernel="gluon"`` through the binding equals
     the reference set; a config the Gluon kernel is not built for (H_I 16) falls back to the
@@ -802,8 +849,9 @@ def _logits_hist(q, w, kc, bt, cl, cfg, P, blocks_only=True):
     W = bt.shape[1] * P
     dev = _common.device_info(q.device)
     logits = torch.full((B, N, W), float("-inf"), device=DEVICE)
-    hist = torch.empty(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N),
-                       dtype=torch.int32, device=DEVICE)
+    # garbage first: a kernel that adds its counts in place must zero its blocks itself
+    hist = torch.full(hist_shape(B, logits_splits(B, bt.shape[1], dev.num_sms, cfg), N), -7,
+                      dtype=torch.int32, device=DEVICE)
     launch_indexer_logits(q, w, kc.view(torch.float8_e4m3fn), kc.view(torch.float32), bt, cl,
                           logits, page_size=P, num_sms=dev.num_sms, config=cfg,
                           fp8_nan_fix=dev.interpret, hist=hist, fp8_upcast=True)

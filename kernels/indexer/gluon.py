@@ -197,9 +197,14 @@ def _head_sum(acc, w, LT: gl.constexpr):
 
 @gluon.jit
 def _draft_step(acc, w, sc, page_ok, j, len_d, pg_in, out_d, hist, hbase, lbase, kmax, kmin,
-                first, WRITE_HIST: gl.constexpr, HL: gl.constexpr, LT: gl.constexpr):
+                first, WRITE_HIST: gl.constexpr, HL: gl.constexpr, LT: gl.constexpr,
+                hrow=None, HIST_ATOMIC: gl.constexpr = False):
     """One draft's epilogue of one step: logits stored, histogram and running key max / min
-    (of the qualifying keys) updated."""
+    (of the qualifying keys) updated. ``HIST_ATOMIC`` (``gluon_ws.HIST_ATOMIC``): the counts go
+    to the draft's histogram block ``hrow`` (int32 ``[HIST_BINS]``, zeroed before the first
+    step) as one relaxed CTA-scope atomic add a key, and ``hist`` is returned as it came, instead
+    of ``gl.histogram`` (a ballot per bin bit, a popcount per bin, shared-memory atomics and two
+    barriers of the warpgroup a call)."""
     logit = _head_sum(acc, w, LT) * sc
     logit = gl.where((j < len_d) & page_ok, logit, float("-inf"))
     gl.store(out_d + j, logit, mask=pg_in)
@@ -211,7 +216,12 @@ def _draft_step(acc, w, sc, page_ok, j, len_d, pg_in, out_d, hist, hbase, lbase,
             lbase = _window_lbase(gl.min(kq, axis=0)) - 32
         kmax = gl.maximum(kmax, key)
         kmin = gl.minimum(kmin, kq)
-        hist += gl.histogram(_window_bin(key, hbase, lbase), HIST_BINS, mask=key != 0, layout=HL)
+        if HIST_ATOMIC:
+            gl.atomic_add(hrow + _window_bin(key, hbase, lbase), gl.full(key.shape, 1, gl.int32, LT),
+                          mask=key != 0, sem="relaxed", scope="cta")
+        else:
+            hist += gl.histogram(_window_bin(key, hbase, lbase), HIST_BINS, mask=key != 0,
+                                 layout=HL)
     return hist, hbase, lbase, kmax, kmin
 
 
@@ -227,10 +237,12 @@ def _hist_init(split, HL: gl.constexpr, LT: gl.constexpr):
 
 @gluon.jit
 def _finish_hist(out_d, len_d, start, end, hist, hbase, lbase, kmax, kmin, hb,
-                 HL: gl.constexpr, LT: gl.constexpr):
+                 HL: gl.constexpr, LT: gl.constexpr, HIST_ATOMIC: gl.constexpr = False):
     """Recount this program's logits of one draft at the final bases when a key rose above
     the first tile's upper window or fell below its lower one
-    (``kernels.indexer.triton._recount``), then store its histogram block."""
+    (``kernels.indexer.triton._recount``), then store its histogram block. ``HIST_ATOMIC``: the
+    counts are already in the block (:func:`_draft_step`; every consumer's atomics ordered
+    before this by the caller's barriers), so only a recount stores them (over the old ones)."""
     kmx = gl.max(kmax, axis=0)
     kmn = gl.min(kmin, axis=0)
     fbase = hbase
@@ -250,7 +262,10 @@ def _finish_hist(out_d, len_d, start, end, hist, hbase, lbase, kmax, kmin, hb,
                                  layout=HL)
         hbase = fbase
         lbase = flbase
-    gl.store(hb + gl.arange(0, HIST_BINS, layout=HL), hist)
+        if HIST_ATOMIC:
+            gl.store(hb + gl.arange(0, HIST_BINS, layout=HL), hist)
+    if not HIST_ATOMIC:
+        gl.store(hb + gl.arange(0, HIST_BINS, layout=HL), hist)
     gl.store(hb + HIST_BINS, hbase)
     gl.store(hb + (HIST_BINS + 1), lbase)
 

@@ -96,6 +96,12 @@ PRODUCER_REGS = 24       # setmaxnreg of the producer (the minimum; PRODUCER_REG
 CONSUMERS = 2            # consumer warpgroups a CTA (1: two CTAs per SM; 3: one at 160 registers)
 CONVERT = 0              # 0: e4m3 rows into wgmma's register A operand; 1: fp16 via shared memory
 CONVERTS = {"regs": 0, "smem": 1}   # IndexerLogitsConfig.ws_convert -> CONVERT
+# The fused histogram's counts (consumers 1-3): 0, ``gl.histogram`` a step (a ballot per bin bit,
+# a popcount per bin, shared-memory atomics and barriers of the warpgroup) summed in registers,
+# the consumers' sums handed to consumer 0; 1, one relaxed CTA-scope atomic add a key into the
+# program's histogram block in global memory (zeroed first; the recount overwrites it). Counted
+# and measured: bench/NOTES.md "Twenty-second session".
+HIST_ATOMIC = 0
 # (maxnreg of the launch, the consumer worker's setmaxnreg) per consumer count: the registers of
 # an SM over the CTAs it holds (12 warps at 1 CTA / SM; 8 warps at 2 CTAs / SM)
 REGS = {4: (96, 112), 3: (128, 160), 2: (168, 240), 1: (128, 232)}
@@ -255,7 +261,7 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                  stride_wb, stride_wn, stride_bt, stride_ob, stride_on,
                  C: gl.constexpr, CONSUMERS: gl.constexpr, N: gl.constexpr,
                  CL_PER_DRAFT: gl.constexpr, WRITE_HIST: gl.constexpr, NSLOT: gl.constexpr,
-                 CONVERT: gl.constexpr):
+                 CONVERT: gl.constexpr, HIST_ATOMIC: gl.constexpr):
     LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])                  # [128] one a thread
     HL: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])                  # [256] bins
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])     # [128, 64] bytes
@@ -291,6 +297,18 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
     out1 = out0 + stride_on
     h0, base0, lb0, km0, kn0 = _hist_init(split, HL, LT)
     h1, base1, lb1, km1, kn1 = h0, base0, lb0, km0, kn0
+    hb = hist_ptr + (b * num_splits + split) * (N * HIST_ROW)    # this program's blocks
+    if WRITE_HIST:
+        if HIST_ATOMIC:
+            if C == 0:
+                # the counts are added in place (HIST_ATOMIC): zeroed before any consumer's
+                # first add (consumer 0's own after the barrier; the others' after base_bar,
+                # which consumer 0 arrives on after step 0)
+                hz = gl.arange(0, HIST_BINS, layout=HL)
+                gl.store(hb + hz, gl.zeros([HIST_BINS], gl.int32, layout=HL))
+                if N == 2:
+                    gl.store(hb + HIST_ROW + hz, gl.zeros([HIST_BINS], gl.int32, layout=HL))
+                _barrier()
 
     for i in range(C, n_steps, CONSUMERS):
         slot = i % NSLOT
@@ -323,7 +341,8 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
         if CONSUMERS == 3:               # 160 registers: the weights from L1 each step
             w0 = gl.load(w_ptr + b * stride_wb + hw)
         h0, base0, lb0, km0, kn0 = _draft_step(acc, w0, s_sc, page_ok, j, len0, pg_in, out0, h0,
-                                               base0, lb0, km0, kn0, first, WRITE_HIST, HL, LT)
+                                               base0, lb0, km0, kn0, first, WRITE_HIST, HL, LT,
+                                               hb, HIST_ATOMIC)
         if N == 2:
             if CONVERT == 0:
                 acc = _scores(a0, a1, qd, 1, MMA)
@@ -334,7 +353,7 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                 w1 = gl.load(w_ptr + b * stride_wb + stride_wn + hw)
             h1, base1, lb1, km1, kn1 = _draft_step(acc, w1, s_sc, page_ok, j, len1, pg_in, out1,
                                                    h1, base1, lb1, km1, kn1, first, WRITE_HIST,
-                                                   HL, LT)
+                                                   HL, LT, hb + HIST_ROW, HIST_ATOMIC)
         if CONSUMERS > 1:
             if WRITE_HIST:
                 if C == 0:
@@ -350,11 +369,13 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
         if CONSUMERS > 1:
             if C > 0:                    # hand the counts and key maxima / minima to consumer 0
                 XC: gl.constexpr = 2 * CONSUMERS - 2
-                xh.index(2 * C - 2).store(h0)
+                if not HIST_ATOMIC:      # (else the counts are in the blocks already)
+                    xh.index(2 * C - 2).store(h0)
+                    if N == 2:
+                        xh.index(2 * C - 1).store(h1)
                 xk.index(2 * C - 2).store(km0)
                 xk.index(XC + 2 * C - 2).store(kn0)
                 if N == 2:
-                    xh.index(2 * C - 1).store(h1)
                     xk.index(2 * C - 1).store(km1)
                     xk.index(XC + 2 * C - 1).store(kn1)
                 _barrier()               # (also: this partition's logit stores before the arrive)
@@ -363,19 +384,21 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                 mbarrier.wait(done_bar, 0)          # every other consumer has arrived
                 XK: gl.constexpr = 2 * CONSUMERS - 2
                 for c in gl.static_range(1, CONSUMERS):
-                    h0 += xh.index(2 * c - 2).load(HL)
+                    if not HIST_ATOMIC:
+                        h0 += xh.index(2 * c - 2).load(HL)
+                        if N == 2:
+                            h1 += xh.index(2 * c - 1).load(HL)
                     km0 = gl.maximum(km0, xk.index(2 * c - 2).load(LT))
                     kn0 = gl.minimum(kn0, xk.index(XK + 2 * c - 2).load(LT))
                     if N == 2:
-                        h1 += xh.index(2 * c - 1).load(HL)
                         km1 = gl.maximum(km1, xk.index(2 * c - 1).load(LT))
                         kn1 = gl.minimum(kn1, xk.index(XK + 2 * c - 1).load(LT))
         if C == 0:
-            hb = hist_ptr + (b * num_splits + split) * (N * HIST_ROW)
-            _finish_hist(out0, len0, start, end, h0, base0, lb0, km0, kn0, hb, HL, LT)
+            _finish_hist(out0, len0, start, end, h0, base0, lb0, km0, kn0, hb, HL, LT,
+                         HIST_ATOMIC)
             if N == 2:
                 _finish_hist(out1, len1, start, end, h1, base1, lb1, km1, kn1, hb + HIST_ROW, HL,
-                             LT)
+                             LT, HIST_ATOMIC)
 
 
 # Four consumers (``CONSUMERS = 4``): each owns one page (64 token rows) of every other step,
@@ -585,6 +608,7 @@ def _indexer_logits_gluon_ws_kernel(
     N: gl.constexpr, CL_PER_DRAFT: gl.constexpr, WRITE_HIST: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, CONVERT: gl.constexpr = 0, NSLOT: gl.constexpr = 8,
     CONSUMER_REGS: gl.constexpr = 240, PRODUCER_REGS: gl.constexpr = 24,
+    HIST_ATOMIC: gl.constexpr = 0,
 ):
     """Arguments of ``gluon._indexer_logits_gluon_kernel`` with the cache as two TMA
     descriptors (:func:`descriptors`) instead of pointers and strides. ``CONSUMERS``: consumer
@@ -655,7 +679,8 @@ def _indexer_logits_gluon_ws_kernel(
                              x0.index(0), x1.index(0), xb, xh, xk, full, empty, sync, num_pages,
                              max_pages, stride_qb, stride_qn, stride_qh, stride_wb, stride_wn,
                              stride_bt, stride_ob, stride_on,
-                             C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT)),
+                             C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
+                             HIST_ATOMIC)),
              (_ws_producer, (kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty, num_pages,
                              max_pages, stride_bt, N, CL_PER_DRAFT, NSLOT))],
             [PRODUCER_WARPS], [PRODUCER_REGS])
@@ -665,12 +690,14 @@ def _indexer_logits_gluon_ws_kernel(
                              x0.index(0), x1.index(0), xb, xh, xk, full, empty, sync, num_pages,
                              max_pages, stride_qb, stride_qn, stride_qh, stride_wb, stride_wn,
                              stride_bt, stride_ob, stride_on,
-                             C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT)),
+                             C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
+                             HIST_ATOMIC)),
              (_ws_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc,
                              x0.index(X1), x1.index(X1), xb, xh, xk, full, empty, sync,
                              num_pages, max_pages, stride_qb, stride_qn, stride_qh, stride_wb,
                              stride_wn, stride_bt, stride_ob, stride_on,
-                             C1, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT)),
+                             C1, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
+                             HIST_ATOMIC)),
              (_ws_producer, (kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty, num_pages,
                              max_pages, stride_bt, N, CL_PER_DRAFT, NSLOT))],
             [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -706,17 +733,20 @@ def _indexer_logits_gluon_ws_kernel(
                              x0.index(0), x1.index(0), xb, xh, xk, full, empty, sync, num_pages,
                              max_pages, stride_qb, stride_qn, stride_qh, stride_wb, stride_wn,
                              stride_bt, stride_ob, stride_on,
-                             C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT)),
+                             C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
+                             HIST_ATOMIC)),
              (_ws_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc,
                              x0.index(X1), x1.index(X1), xb, xh, xk, full, empty, sync,
                              num_pages, max_pages, stride_qb, stride_qn, stride_qh, stride_wb,
                              stride_wn, stride_bt, stride_ob, stride_on,
-                             C1, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT)),
+                             C1, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
+                             HIST_ATOMIC)),
              (_ws_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc,
                              x0.index(X2), x1.index(X2), xb, xh, xk, full, empty, sync,
                              num_pages, max_pages, stride_qb, stride_qn, stride_qh, stride_wb,
                              stride_wn, stride_bt, stride_ob, stride_on,
-                             C2, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT)),
+                             C2, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
+                             HIST_ATOMIC)),
              (_ws_producer, (kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty, num_pages,
                              max_pages, stride_bt, N, CL_PER_DRAFT, NSLOT))],
             [CONSUMER_WARPS, CONSUMER_WARPS, PRODUCER_WARPS],
@@ -756,6 +786,7 @@ def launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist, s
         N=N, CL_PER_DRAFT=context_lens.dim() == 2, WRITE_HIST=hist is not None,
         CONSUMERS=consumers, CONVERT=convert, NSLOT=ring_slots(consumers, convert, N),
         CONSUMER_REGS=cregs, PRODUCER_REGS=PRODUCER_REGS_BY[consumers],
+        HIST_ATOMIC=int(bool(HIST_ATOMIC) and consumers != 4),
         num_warps=NUM_WARPS, maxnreg=maxnreg,
     )
     return out
