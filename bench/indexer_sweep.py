@@ -15,6 +15,9 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 
 * ``logits_us``: the logits kernel with its fused first-digit histogram; ``logits_nohist_us``:
   the same launch without it (what ``indexer_logits`` runs), so the histogram's share;
+* ``topk_nohist_us``: the top-k without the fused histogram (its own first pass over the
+  logits; ``topk_nohist_same_set`` whether it selects the fused pipeline's set), so
+  ``logits_nohist_us + topk_nohist_us`` is the unfused pipeline;
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
   candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
   launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
@@ -348,8 +351,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                                              num_sms=dev.num_sms, config=cfg, hist=h,
                                              fp8_upcast=True, fp8_nan_fix=dry)
 
-                def tk(tcfg=None, st=None, scatter=None):
-                    launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=hist,
+                def tk(tcfg=None, st=None, scatter=None, h=hist):
+                    launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=h,
                                 n_drafts=N, page_size=P, state=st, scatter=scatter,
                                 num_sms=dev.num_sms)
 
@@ -395,6 +398,15 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 # histogram's share of the logits kernel
                 row["logits_nohist_us"] = timer(lambda: lg(None), flush=True)
                 row["topk_us"] = timer(tk)
+                # the top-k without the fused histogram (its own first pass over the logits):
+                # with ``logits_nohist_us``, the unfused pipeline's cost
+                tk(h=None)
+                sync()
+                row["topk_nohist_same_set"] = bool(torch.equal(idx.sort(-1).values,
+                                                               first.sort(-1).values))
+                row["topk_nohist_us"] = timer(lambda: tk(h=None))
+                tk()                              # idx back to the fused pipeline's
+                sync()
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {
                         str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))

@@ -648,6 +648,38 @@ def test_gluon_ws_recount_both_histograms(N, hist_atomic, monkeypatch):
     assert torch.equal(outs[1], outs[2])
 
 
+def test_fuse_hist_rule(monkeypatch):
+    """``kernels.indexer.triton.fuse_hist``: the top-k's histogram is fused into every logits
+    kernel except the warp-specialised one above ``WS_FUSED_HIST_MAX_N`` drafts."""
+    from kernels.indexer import triton as kx
+    for kernel in ("triton", "gluon", "gluon_ws"):
+        cfg = kx.IndexerLogitsConfig(kernel=kernel)
+        for n in (1, 2, 3, 4):
+            assert kx.fuse_hist(cfg, n) == (kernel != "gluon_ws" or n <= kx.WS_FUSED_HIST_MAX_N)
+    monkeypatch.setattr(kx, "WS_FUSED_HIST_MAX_N", 1)
+    assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 1)
+    assert not kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
+    assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon"), 2)
+
+
+@gluon_only
+@pytest.mark.parametrize("max_n", [1, 2])
+def test_gluon_ws_indexer_topk_fused_or_not(max_n, monkeypatch):
+    """``indexer_topk`` through the binding with the warp-specialised kernel at N 2, with the
+    histogram fused (``WS_FUSED_HIST_MAX_N = 2``) or made by the top-k (1): the reference set
+    both ways, bitwise the same indices."""
+    from kernels.indexer import triton as kx
+    case = cases.make_indexer_case(691, B=3, N=2, H_I=64, D_I=128, P=64,
+                                   lens=[1500, 300, 64 * 5 + 3], topk=256, neg_pages=True)
+    q, w, kc, bt, cl = _args(case)
+    cfg = {"kernel": "gluon_ws"}
+    base = tix._triton_topk(q, w, kc, bt, cl, 256, "fp8_indexer", False, cfg)
+    monkeypatch.setattr(kx, "WS_FUSED_HIST_MAX_N", max_n)
+    got = tix._triton_topk(q, w, kc, bt, cl, 256, "fp8_indexer", False, cfg)
+    compare.assert_pass(compare.check_topk(got, case.reference_logits(), 256))
+    assert torch.equal(got.sort(-1).values, base.sort(-1).values)
+
+
 @gluon_only
 def test_gluon_indexer_topk_binding():
     """``indexer_topk`` with the registry config's ``kernel="gluon"`` through the binding equals

@@ -260,11 +260,12 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     dev, lcfg = _triton_gate(q, k_format, P, lcfg)
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
-    from kernels.indexer.triton import logits_splits
+    from kernels.indexer.triton import fuse_hist, logits_splits
     from kernels.topk.triton import hist_shape
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
-    hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
+    hist = (torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
+            if fuse_hist(lcfg, N) else None)   # None: the top-k makes its own histogram
     with _phase(PHASE_LOGITS):
         _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg,
                        logits, hist)

@@ -155,6 +155,19 @@ class IndexerLogitsConfig:
 # that max / min (the bench's logits never recount at 32: bench/NOTES.md).
 HIST_HEAD = tl.constexpr(32)
 HIST_MODES = {"running": 0, "first": 1}
+# The largest next_n at which the warp-specialised logits kernel (``kernel="gluon_ws"``) fuses the
+# top-k's first-digit histogram; above it ``indexer_topk`` launches the logits kernel without the
+# histogram and the top-k makes its own (one more pass over the logits). See :func:`fuse_hist`.
+WS_FUSED_HIST_MAX_N = 2
+
+
+def fuse_hist(config: "IndexerLogitsConfig", n: int) -> bool:
+    """Whether ``indexer_topk`` fuses the top-k's first-digit histogram into the logits kernel of
+    the resolved ``config`` (:func:`resolve_kernel`) at next_n ``n``: always, except the
+    warp-specialised kernel above :data:`WS_FUSED_HIST_MAX_N` drafts (its consumers' epilogue
+    with two drafts' histograms, not the cache reads, bounds the kernel: bench/NOTES.md
+    "Twenty-second session"). Either way the same set is selected."""
+    return not (config.kernel == "gluon_ws" and n > WS_FUSED_HIST_MAX_N)
 
 
 def default_num_splits(batch: int, max_pages: int, num_sms: int, per_sm: int = 2) -> int:
