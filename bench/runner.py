@@ -38,7 +38,8 @@ class RunConfig:
 # Environment variables a bench result file records (top-level ``env``) when set.
 RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET", "DSA_LAYER_OVERLAP", "DSA_LAYER_OVERLAP_CARVEOUT",
                 "DSA_LAYER_LINEAR", "DSA_LINEAR_GEMV", "DSA_LAYER_FUSED_PREP", "DSA_BENCH_COMPILE_LAYER",
-                "DSA_BENCH_LAYER_STEPS", "DSA_TOPK_PDL", "DSA_TOPK_SCATTER_SUB", "DSA_TOPK_SCATTER_MAXNREG")
+                "DSA_BENCH_LAYER_STEPS", "DSA_TOPK_PDL", "DSA_TOPK_SCATTER_SUB", "DSA_TOPK_SCATTER_MAXNREG",
+                "DSA_IDX_WS_FUSED_HIST_MAX_N")
 
 
 def environment(dry: bool) -> dict:

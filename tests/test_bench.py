@@ -761,6 +761,8 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_TOPK_PDL", "on", "environment: DSA_TOPK_PDL: expected '0', '1' or unset, got 'on'"),
     ("DSA_LINEAR_GEMV", "true", "environment: DSA_LINEAR_GEMV: expected '0', '1' or unset, got 'true'"),
     ("DSA_TOPK_SCATTER_SUB", "0", "environment: DSA_TOPK_SCATTER_SUB: expected an integer in [1, 16]"),
+    ("DSA_IDX_WS_FUSED_HIST_MAX_N", "3",
+     "environment: DSA_IDX_WS_FUSED_HIST_MAX_N: expected '0', '1', '2' or unset, got '3'"),
 ])
 def test_cli_bad_environment_exits_2_before_running(tmp_path, stub_registry, monkeypatch, capsys, var,
                                                     value, message):

@@ -660,6 +660,13 @@ def test_fuse_hist_rule(monkeypatch):
     assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 1)
     assert not kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
     assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon"), 2)
+    monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "0")           # the environment overrides it
+    assert not kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 1)
+    monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "2")
+    assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
+    monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "two")
+    with pytest.raises(ValueError, match="DSA_IDX_WS_FUSED_HIST_MAX_N: expected"):
+        kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
 
 
 @gluon_only

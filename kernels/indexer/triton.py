@@ -73,6 +73,7 @@ Shared memory: every config the launcher can choose is compiled for sm_120 and s
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import triton
@@ -159,15 +160,36 @@ HIST_MODES = {"running": 0, "first": 1}
 # top-k's first-digit histogram; above it ``indexer_topk`` launches the logits kernel without the
 # histogram and the top-k makes its own (one more pass over the logits). See :func:`fuse_hist`.
 WS_FUSED_HIST_MAX_N = 2
+WS_FUSED_HIST_ENV = "DSA_IDX_WS_FUSED_HIST_MAX_N"
+"""Overrides :data:`WS_FUSED_HIST_MAX_N` for an A/B in one process (``0``: never fused, ``1``:
+at N 1 only, ``2``: at N 1 and 2); unset or empty: the constant."""
+
+
+def ws_fused_hist_max_n() -> int:
+    """:data:`WS_FUSED_HIST_ENV` as an int, else :data:`WS_FUSED_HIST_MAX_N`.
+
+    Raises:
+      ValueError: the variable is set and not 0, 1 or 2 (named, with the value).
+    """
+    v = os.environ.get(WS_FUSED_HIST_ENV, "").strip()
+    if v == "":
+        return WS_FUSED_HIST_MAX_N
+    if v not in ("0", "1", "2"):
+        raise ValueError(f"{WS_FUSED_HIST_ENV}: expected '0', '1', '2' or unset, got {v!r}")
+    return int(v)
 
 
 def fuse_hist(config: "IndexerLogitsConfig", n: int) -> bool:
     """Whether ``indexer_topk`` fuses the top-k's first-digit histogram into the logits kernel of
     the resolved ``config`` (:func:`resolve_kernel`) at next_n ``n``: always, except the
-    warp-specialised kernel above :data:`WS_FUSED_HIST_MAX_N` drafts (its consumers' epilogue
-    with two drafts' histograms, not the cache reads, bounds the kernel: bench/NOTES.md
-    "Twenty-second session"). Either way the same set is selected."""
-    return not (config.kernel == "gluon_ws" and n > WS_FUSED_HIST_MAX_N)
+    warp-specialised kernel above :func:`ws_fused_hist_max_n` drafts (at N 2 its histogram was
+    45 % of the kernel on an H100, 1-9 % at N 1: bench/NOTES.md "Twenty-second session"). Either
+    way the same set is selected.
+
+    Raises:
+      ValueError: as :func:`ws_fused_hist_max_n`.
+    """
+    return not (config.kernel == "gluon_ws" and n > ws_fused_hist_max_n())
 
 
 def default_num_splits(batch: int, max_pages: int, num_sms: int, per_sm: int = 2) -> int:
