@@ -567,6 +567,12 @@ def test_gluon_logits_kernel(N, splits, cl2d):
     the top-k after it the SPEC set; lengths that end mid-page and mid-step, -1 pages inside
     the valid range, e4m3 NaN keys, stale pages past the lengths, odd page counts per split (a
     2-page step straddles a split's end)."""
+    _check_gluon_logits(N, splits, cl2d, "gluon")
+
+
+def _check_gluon_logits(N, splits, cl2d, kernel):
+    """:func:`test_gluon_logits_kernel`'s case through the Gluon kernel ``kernel`` (it must stay
+    that kernel on this device): logits, histogram blocks and the top-k after them."""
     from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
 
     P, K = 64, 300
@@ -577,9 +583,9 @@ def test_gluon_logits_kernel(N, splits, cl2d):
     B = q.shape[0]
     W = bt.shape[1] * P
     dev = _common.device_info(q.device)
-    cfg = resolve_kernel(IndexerLogitsConfig(num_splits=splits, kernel="gluon"), dev,
+    cfg = resolve_kernel(IndexerLogitsConfig(num_splits=splits, kernel=kernel), dev,
                          "fp8_indexer", N, 64, 128, P)
-    assert cfg.kernel == "gluon"
+    assert cfg.kernel == kernel
     lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
     _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
 
@@ -590,13 +596,19 @@ def test_gluon_logits_recount_when_a_later_tile_rises(N):
     """The Gluon kernel's recount: a later page's keys 2^12 times the first step's (scales x
     4096) land above the first tile's window; the blocks are exact at the final bases, the
     top-k the SPEC set at 1 and 2 splits and, at 2 splits, bitwise the Triton kernel's."""
+    _check_recount(N, "gluon")
+
+
+def _check_recount(N, kernel):
+    """:func:`test_gluon_logits_recount_when_a_later_tile_rises` through the Gluon kernel
+    ``kernel``: 1 and 2 splits the same set, 2 splits bitwise the Triton kernel's."""
     from kernels.indexer.triton import IndexerLogitsConfig
 
     P, K = 64, 100
     case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(670 + N, N, P, K)
     outs = [_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=s, kernel=k),
                                P, K, lens)
-            for s, k in ((1, "gluon"), (2, "gluon"), (2, "triton"))]
+            for s, k in ((1, kernel), (2, kernel), (2, "triton"))]
     assert torch.equal(outs[0].sort(-1).values, outs[1].sort(-1).values)
     assert torch.equal(outs[1], outs[2])
 
@@ -610,22 +622,9 @@ def test_gluon_ws_logits_kernel_both_histograms(N, splits, cl2d, hist_atomic, mo
     a key (1): the inputs of :func:`test_gluon_logits_kernel`, logits against the reference,
     every histogram block exact at its base, the top-k the SPEC set."""
     from kernels.indexer import gluon_ws
-    from kernels.indexer.triton import IndexerLogitsConfig, resolve_kernel
 
     monkeypatch.setattr(gluon_ws, "HIST_ATOMIC", hist_atomic)
-    P, K = 64, 300
-    case = cases.make_indexer_case(660 + N, B=3, N=N, H_I=64, D_I=128, P=P,
-                                   lens=[1000, 77, 3 * 64 + 5], topk=K, nan_rows=True,
-                                   neg_pages=True, context_lens_2d=cl2d)
-    q, w, kc, bt, cl = _args(case)
-    B = q.shape[0]
-    W = bt.shape[1] * P
-    dev = _common.device_info(q.device)
-    cfg = resolve_kernel(IndexerLogitsConfig(num_splits=splits, kernel="gluon_ws"), dev,
-                         "fp8_indexer", N, 64, 128, P)
-    assert cfg.kernel == "gluon_ws"
-    lens = tix._draft_lengths(cl, B, N, W).reshape(B * N)
-    _fused_logits_topk(q, w, kc, bt, cl, case.reference_logits(), cfg, P, K, lens)
+    _check_gluon_logits(N, splits, cl2d, "gluon_ws")
 
 
 @gluon_only
@@ -636,16 +635,9 @@ def test_gluon_ws_recount_both_histograms(N, hist_atomic, monkeypatch):
     window) with either histogram form: blocks exact at the final bases, the top-k bitwise the
     Triton kernel's at 2 splits."""
     from kernels.indexer import gluon_ws
-    from kernels.indexer.triton import IndexerLogitsConfig
 
     monkeypatch.setattr(gluon_ws, "HIST_ATOMIC", hist_atomic)
-    P, K = 64, 100
-    case, (q, w, kc, bt, cl), lens, ref = _rising_tile_case(670 + N, N, P, K)
-    outs = [_fused_logits_topk(q, w, kc, bt, cl, ref, IndexerLogitsConfig(num_splits=s, kernel=k),
-                               P, K, lens)
-            for s, k in ((1, "gluon_ws"), (2, "gluon_ws"), (2, "triton"))]
-    assert torch.equal(outs[0].sort(-1).values, outs[1].sort(-1).values)
-    assert torch.equal(outs[1], outs[2])
+    _check_recount(N, "gluon_ws")
 
 
 def test_fuse_hist_rule(monkeypatch):
