@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -99,25 +100,24 @@ WS_CONSTANTS = {"gluon_ws_hatom": dict(HIST_ATOMIC=1)}
 
 
 def _ws_constants(name: str) -> dict:
-    """Set the ``gluon_ws`` module constants of variant ``name`` (:data:`WS_CONSTANTS`), the
-    others back to the values they had when this module was imported; returns the values set."""
+    """Set the ``gluon_ws`` module constants of a ``gluon_ws`` variant ``name``: its own
+    (:data:`WS_CONSTANTS`), the others back to the module's values; returns the values set
+    (``{}`` for the other kernels, which read none of them)."""
+    if VARIANTS[name].get("kernel") != "gluon_ws":
+        return {}
     from kernels.indexer import gluon_ws
-    vals = dict(_WS_DEFAULTS)
-    vals.update(WS_CONSTANTS.get(name, {}))
+    vals = {**_ws_defaults(), **WS_CONSTANTS.get(name, {})}
     for k, v in vals.items():
         setattr(gluon_ws, k, v)
     return vals
 
 
+@functools.cache
 def _ws_defaults() -> dict:
-    try:
-        from kernels.indexer import gluon_ws
-    except ImportError:                   # (a Triton without Gluon: no variant sets any)
-        return {}
+    """The module's own values of the constants :data:`WS_CONSTANTS` sets (read once, before
+    any variant has set one: :func:`_ws_constants` is the only writer)."""
+    from kernels.indexer import gluon_ws
     return {k: getattr(gluon_ws, k) for c in WS_CONSTANTS.values() for k in c}
-
-
-_WS_DEFAULTS = _ws_defaults()
 
 # the default set (one GPU call of ~100 s: each variant compiles once per N); --variant for more
 DEFAULT_VARIANTS = ("triton", "gluon", "gluon_s4", "gluon_s16")
@@ -405,8 +405,6 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 row["topk_nohist_same_set"] = bool(torch.equal(idx.sort(-1).values,
                                                                first.sort(-1).values))
                 row["topk_nohist_us"] = timer(lambda: tk(h=None))
-                tk()                              # idx back to the fused pipeline's
-                sync()
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {
                         str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))

@@ -1083,6 +1083,7 @@ def test_indexer_sweep_ws_constants():
         assert gluon_ws.HIST_ATOMIC == 1
         assert sw._ws_constants("gluon_ws") == {"HIST_ATOMIC": default}
         assert gluon_ws.HIST_ATOMIC == default
+        assert sw._ws_constants("gluon") == {}           # a kernel that reads none of them
     finally:
         gluon_ws.HIST_ATOMIC = default
     assert [s.constexprs["HIST_ATOMIC"] for s in sw._gluon_aot_specs("gluon_ws_hatom")] == [1, 1]

@@ -157,6 +157,12 @@ def unverified(batch: int, splits: int, num_sms: int, consumers: int) -> str | N
     return None
 
 
+def hist_atomic(consumers: int) -> int:
+    """The kernel's ``HIST_ATOMIC`` for a launch of ``consumers`` consumer warpgroups:
+    :data:`HIST_ATOMIC`, except 0 with four (the half-step consumers keep ``gl.histogram``)."""
+    return int(bool(HIST_ATOMIC) and consumers != 4)
+
+
 def ring_slots(consumers: int, convert: int, n: int) -> int:
     """Ring slots (steps of two pages, 16,896 B of TMA bytes and two barriers each, at most 8)
     that fit the shared memory a CTA gets (one CTA per SM with two or three consumers, two with
@@ -786,7 +792,7 @@ def launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist, s
         N=N, CL_PER_DRAFT=context_lens.dim() == 2, WRITE_HIST=hist is not None,
         CONSUMERS=consumers, CONVERT=convert, NSLOT=ring_slots(consumers, convert, N),
         CONSUMER_REGS=cregs, PRODUCER_REGS=PRODUCER_REGS_BY[consumers],
-        HIST_ATOMIC=int(bool(HIST_ATOMIC) and consumers != 4),
+        HIST_ATOMIC=hist_atomic(consumers),
         num_warps=NUM_WARPS, maxnreg=maxnreg,
     )
     return out

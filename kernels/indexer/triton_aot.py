@@ -141,7 +141,7 @@ def gluon_ws_specs(consumers=(1, 2, 3, 4), converts=("regs", "smem")) -> list:
                         dict(N=n, CL_PER_DRAFT=per_draft, WRITE_HIST=hist, CONSUMERS=cons,
                              CONVERT=conv, NSLOT=ws.ring_slots(cons, conv, n),
                              CONSUMER_REGS=cregs, PRODUCER_REGS=ws.PRODUCER_REGS_BY[cons],
-                             HIST_ATOMIC=int(bool(ws.HIST_ATOMIC) and cons != 4)),
+                             HIST_ATOMIC=ws.hist_atomic(cons)),
                         ws.NUM_WARPS, 1, divisible=GLUON_WS_DIVISIBLE,
                         options={"maxnreg": maxnreg}))
     return specs
