@@ -15,9 +15,13 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 
 * ``logits_us``: the logits kernel with its fused first-digit histogram; ``logits_nohist_us``:
   the same launch without it (what ``indexer_logits`` runs), so the histogram's share;
-* ``topk_nohist_us``: the top-k without the fused histogram (its own first pass over the
-  logits; ``topk_nohist_same_set`` whether it selects the fused pipeline's set), so
-  ``logits_nohist_us + topk_nohist_us`` is the unfused pipeline;
+* ``topk_nohist_us``: the top-k without the fused histogram as ``indexer_topk`` runs it
+  (``kernels.topk.triton.launch_split_hist``, the split pass A over the logits at the logits
+  kernel's split count, then the split top-k over them; ``split_hist_us`` that pass alone,
+  ``split_hist_us_by_config`` at each ``SPLIT_HIST_SPACE`` config; ``topk_nohist_same_set``
+  whether it selects the fused pipeline's set), so ``logits_nohist_us + topk_nohist_us`` is
+  the unfused pipeline;
+  ``topk_perrow_us``: the per-row kernel's own pass A instead (one program a row);
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
   candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
   launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
@@ -301,7 +305,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
     from kernels.indexer import triton as kx
     from kernels.topk import window
     from kernels.topk.triton import (HIST_BINS, SCATTER_SPACE, STATE_WORDS, TopkConfig,
-                                     hist_shape, launch_topk)
+                                     SPLIT_HIST_SPACE, hist_shape, launch_split_hist,
+                                     launch_topk)
     from torch_impl import _common
 
     import triton
@@ -398,13 +403,26 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 # histogram's share of the logits kernel
                 row["logits_nohist_us"] = timer(lambda: lg(None), flush=True)
                 row["topk_us"] = timer(tk)
-                # the top-k without the fused histogram (its own first pass over the logits):
-                # with ``logits_nohist_us``, the unfused pipeline's cost
-                tk(h=None)
+                # the top-k without the fused histogram as indexer_topk runs it (the split
+                # pass A, then the same launches): with ``logits_nohist_us``, the unfused
+                # pipeline's cost
+                def pass_a(h_a, hcfg=None):
+                    launch_split_hist(out.view(B * N, W), cl, h_a, n_drafts=N, page_size=P,
+                                      config=hcfg)
+
+                def tk_unfused(h_a):
+                    pass_a(h_a)
+                    tk(h=h_a)
+                h_a = torch.empty_like(hist)
+                tk_unfused(h_a)
                 sync()
                 row["topk_nohist_same_set"] = bool(torch.equal(idx.sort(-1).values,
                                                                first.sort(-1).values))
-                row["topk_nohist_us"] = timer(lambda: tk(h=None))
+                row["topk_nohist_us"] = timer(lambda: tk_unfused(h_a))
+                row["split_hist_us"] = timer(lambda: pass_a(h_a))
+                row["split_hist_us_by_config"] = {
+                    f"{c[0]}w{c[1]}": timer(lambda c=c: pass_a(h_a, c)) for c in SPLIT_HIST_SPACE}
+                row["topk_perrow_us"] = timer(lambda: tk(h=None))
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {
                         str(cb): timer(lambda cb=cb: tk(TopkConfig(cand_block=cb)))

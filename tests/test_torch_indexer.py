@@ -648,10 +648,14 @@ def test_fuse_hist_rule(monkeypatch):
         cfg = kx.IndexerLogitsConfig(kernel=kernel)
         for n in (1, 2, 3, 4):
             assert kx.fuse_hist(cfg, n) == (kernel != "gluon_ws" or n <= kx.WS_FUSED_HIST_MAX_N)
-    monkeypatch.setattr(kx, "WS_FUSED_HIST_MAX_N", 1)
+    assert kx.WS_FUSED_HIST_MAX_N == 1               # the default (bench/NOTES.md, 2026-12-07)
     assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 1)
     assert not kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
     assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon"), 2)
+    monkeypatch.setattr(kx, "WS_FUSED_HIST_MAX_N", 2)
+    assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
+    assert not kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 3)
+    monkeypatch.setattr(kx, "WS_FUSED_HIST_MAX_N", 1)
     monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "0")           # the environment overrides it
     assert not kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 1)
     monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "2")
@@ -659,6 +663,35 @@ def test_fuse_hist_rule(monkeypatch):
     monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "two")
     with pytest.raises(ValueError, match="DSA_IDX_WS_FUSED_HIST_MAX_N: expected"):
         kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
+
+
+def test_indexer_topk_unfused_histogram_same_set(monkeypatch):
+    """``indexer_topk``'s Triton path where the logits kernel does not fuse the histogram
+    (``fuse_hist`` False: the split pass A, ``launch_split_hist``, over the logits, then the
+    same top-k launches): the reference set and the fused pipeline's set, at N
+    2 with request lengths (the MTP rule), -1 pages and a length mid-page. Runs wherever the
+    Triton kernels run (on the CPU, the interpreter)."""
+    from kernels.indexer import triton as kx
+    case = cases.make_indexer_case(693, B=2, N=2, H_I=16, D_I=128, P=16, lens=[300, 16 * 5 + 3],
+                                   topk=32, neg_pages=True)
+    q, w, kc, bt, cl = _args(case)
+    import kernels.topk.triton as kt
+    calls = []
+    real = kt.launch_split_hist
+
+    def counted(*a, **k):
+        calls.append(k["n_drafts"])
+        return real(*a, **k)
+    monkeypatch.setattr(kt, "launch_split_hist", counted)
+    base = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
+    assert calls == []                                   # fused: no pass A of its own
+    monkeypatch.setattr(kx, "fuse_hist", lambda config, n: False)
+    got = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
+    assert calls == [2]
+    compare.assert_pass(compare.check_topk(got, case.reference_logits(), 32))
+    # the same set; the order within the row may differ (the blocks' bases differ from the
+    # fused kernel's: launch_split_hist's docstring)
+    assert torch.equal(got.sort(-1).values, base.sort(-1).values)
 
 
 @gluon_only

@@ -768,3 +768,71 @@ def test_scatter_maxnreg_switch(monkeypatch):
     with pytest.raises(ValueError, match="DSA_TOPK_SCATTER_MAXNREG"):
         launch_topk(xt, lt, K, outs[0], torch.empty((3, W), dtype=torch.int32, device=DEVICE),
                     hist=ht, page_size=P)
+
+
+@pytest.mark.parametrize("S,N,block", [(1, 1, None), (4, 2, 64), (6, 3, 128)])
+def test_split_pass_a_blocks_and_same_bits(S, N, block):
+    """``launch_split_hist`` (the split pass A, for logits written without the fused
+    histogram): every (request, split, draft) block is the NumPy model's at the split's exact
+    bases (a split without a qualifying key: zero counts and ``BASE_NONE`` / ``LBASE_NONE``),
+    with several blocks a split (rebases as the running max / min move), heavy-tailed rows, a
+    tied row, a window miss, NaN / -inf, a length mid-page, splits past the prefix and MTP
+    request lengths; ``launch_topk`` from those blocks gives the reference set and the same bits
+    as the per-row kernel's own pass A (both at the row's exact bases). Bad arguments are
+    ValueErrors / TypeErrors naming them."""
+    from kernels.topk.triton import BASE_NONE, LBASE_NONE, hist_shape, launch_split_hist
+    K, P, W = 24, 16, 352
+    pool = np.concatenate([_heavy_rows(41, 4, W), _rows(42, 2, W)[1]])
+    pool[4] = np.round(pool[4])                                   # ties
+    pool[1, 11] = 1e30                                            # window miss
+    pool[0, 5], pool[0, 9] = np.nan, -np.inf
+    x = np.ascontiguousarray(pool[[0, 1, 2, 3, 4, 5][: 2 * N]])   # B 2
+    if N == 1:
+        lens = row_lens = [W - 3, 37]                             # per row; mid-page, short
+    else:                                                         # request lengths, MTP rule
+        lens = [W - 5, 201]
+        row_lens = [L - (N - 1 - i) for L in lens for i in range(N)]
+    want = _split_hists(x, row_lens, N, S, P)
+    empty = want[..., :256].sum(-1) == 0
+    want[..., 256][empty] = BASE_NONE.value
+    want[..., 257][empty] = LBASE_NONE.value
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    h = torch.full(hist_shape(2, S, N), -7, dtype=torch.int32, device=DEVICE)
+    cfg = None if block is None else (block, 4)
+    launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=cfg)
+    got = h.cpu().numpy()
+    np.testing.assert_array_equal(got[:, :, :N, :258], want[:, :, :N, :258])
+    assert (got[:, :, :N, 258:] == -7).all() and (got[:, :, N:] == -7).all()   # not written
+    out = torch.full((2 * N, K), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, out, torch.empty((2 * N, W), dtype=torch.int32, device=DEVICE),
+                hist=h, n_drafts=N, page_size=P)
+    compare.assert_pass(compare.check_topk(out, _ref_rows(x, row_lens), K))
+    plain = torch.full((2 * N, K), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, plain, torch.empty((2 * N, W), dtype=torch.int32, device=DEVICE),
+                n_drafts=N)
+    assert torch.equal(out, plain)
+    if S != 1:
+        return
+    for kw, match in ((dict(hist=h[:1]), "hist: expected a contiguous int32"),
+                      (dict(hist=h[:, :, :, :8]), "hist: expected a contiguous int32"),
+                      (dict(page_size=24), "page_size: expected a positive int dividing"),
+                      (dict(page_size=16.0), "page_size: expected a positive int dividing"),
+                      (dict(n_drafts=5), "n_drafts: expected an int in"),
+                      (dict(lengths=lt[:1]), "lengths: expected 2 row lengths or 2 request")):
+        args = {**dict(lengths=lt, hist=h, n_drafts=N, page_size=P), **kw}
+        with pytest.raises(ValueError, match=match):
+            launch_split_hist(xt, args.pop("lengths"), args.pop("hist"), **args)
+    for bad in ((64, 4, 1), (48, 4), (2048, 3), (2048.0, 4), "2048x4"):
+        with pytest.raises(ValueError, match="config: expected None or"):
+            launch_split_hist(xt, lt, h, page_size=P, config=bad)
+    with pytest.raises(ValueError, match="logits: expected a 2-D"):
+        launch_split_hist(xt.t(), lt, h, page_size=P)
+    with pytest.raises(ValueError, match="lengths: expected a contiguous"):
+        launch_split_hist(xt, torch.stack([lt, lt], 1)[:, 0], h, page_size=P)
+    with pytest.raises(TypeError, match="logits: expected a torch.float32 tensor, got torch.float64"):
+        launch_split_hist(xt.double(), lt, h, page_size=P)
+    with pytest.raises(TypeError, match="lengths: expected a torch.int32 tensor, got torch.int64"):
+        launch_split_hist(xt, lt.long(), h, page_size=P)
+    with pytest.raises(TypeError, match="hist: expected a torch.int32 tensor, got torch.int64"):
+        launch_split_hist(xt, lt, h.long(), page_size=P)

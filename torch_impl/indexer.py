@@ -261,20 +261,23 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
     from kernels.indexer.triton import fuse_hist, logits_splits
-    from kernels.topk.triton import hist_shape
+    from kernels.topk.triton import hist_shape, launch_split_hist
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
-    hist = (torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
-            if fuse_hist(lcfg, N) else None)   # None: the top-k makes its own histogram
+    fused = fuse_hist(lcfg, N)
+    hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
     with _phase(PHASE_LOGITS):
         _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg,
-                       logits, hist)
+                       logits, hist if fused else None)
     # The top-k kernels compute each row's length from context_lens themselves ([B, N]: per
     # row; [B]: the MTP rule), clamped to [0, W]: no torch op in front of their launches.
     lens = context_lens.contiguous()
     out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
     with _phase(PHASE_TOPK):
+        if not fused:                    # the blocks from the logits (the same set selected)
+            launch_split_hist(logits.view(B * N, W), lens.view(-1), hist, n_drafts=N,
+                              page_size=P)
         launch_topk(logits.view(B * N, W), lens.view(-1), topk, out, scratch, config=tcfg,
                     hist=hist, n_drafts=N, page_size=P, num_sms=dev.num_sms)
     return logits, out

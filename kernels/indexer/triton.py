@@ -158,8 +158,12 @@ HIST_HEAD = tl.constexpr(32)
 HIST_MODES = {"running": 0, "first": 1}
 # The largest next_n at which the warp-specialised logits kernel (``kernel="gluon_ws"``) fuses the
 # top-k's first-digit histogram; above it ``indexer_topk`` launches the logits kernel without the
-# histogram and the top-k makes its own (one more pass over the logits). See :func:`fuse_hist`.
-WS_FUSED_HIST_MAX_N = 2
+# histogram and the top-k makes its own (``kernels.topk.triton.launch_split_hist``: one more pass
+# over the logits, split over programs). See :func:`fuse_hist`. 1 since 2026-12-07: at B 64 N 2
+# L 64K the op took 393.6 us unfused against 500.7 fused on an H100 even with the per-row
+# kernel's own pass A (one program a row, ~94 us; bench/NOTES.md "Twenty-third session"); the
+# split pass A replaces it.
+WS_FUSED_HIST_MAX_N = 1
 WS_FUSED_HIST_ENV = "DSA_IDX_WS_FUSED_HIST_MAX_N"
 """Overrides :data:`WS_FUSED_HIST_MAX_N` for an A/B in one process (``0``: never fused, ``1``:
 at N 1 only, ``2``: at N 1 and 2); unset or empty: the constant."""
@@ -183,8 +187,9 @@ def fuse_hist(config: "IndexerLogitsConfig", n: int) -> bool:
     """Whether ``indexer_topk`` fuses the top-k's first-digit histogram into the logits kernel of
     the resolved ``config`` (:func:`resolve_kernel`) at next_n ``n``: always, except the
     warp-specialised kernel above :func:`ws_fused_hist_max_n` drafts (at N 2 its histogram was
-    45 % of the kernel on an H100, 1-9 % at N 1: bench/NOTES.md "Twenty-second session"). Either
-    way the same set is selected.
+    45 % of the kernel on an H100, 1-11 % at N 1: bench/NOTES.md "Twenty-second session",
+    "Twenty-third session"); unfused, the top-k runs ``launch_split_hist`` first. Either way the
+    same set is selected.
 
     Raises:
       ValueError: as :func:`ws_fused_hist_max_n`.

@@ -1006,6 +1006,149 @@ def _topk_scatter_kernel(
             key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
 
 
+@triton.jit
+def _topk_hist_kernel(
+    x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
+    len_ptr,          # [R] int32 row lengths (per_row), or [B] request lengths (MTP rule)
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 out: per-split windowed histograms
+    W, P, stride_x, n_drafts, per_row, n_drafts_pow2, num_splits,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
+):
+    """Split pass A (grid ``(R, S)``): the windowed first-digit histogram of logits split ``s``
+    of row ``row = b * N + i`` (the positions :func:`_split_range` gives that split, clipped to
+    the row's valid prefix), written as the fused logits kernel writes it: the 256 counts at
+    the split's own bases (:func:`window_hist_add`: the largest key's digit in bin 255, the
+    smallest's in bin 0), then the upper and the lower base, at ``hist[b, s, i]``. A split with
+    no qualifying key writes zero counts and ``(BASE_NONE, LBASE_NONE)``, which the plan's
+    rebase reads as empty. For the top-k of logits whose kernel did not fuse the histogram
+    (:func:`launch_split_hist`)."""
+    if PDL:                         # (see _radix_topk_kernel)
+        gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    s = tl.program_id(1)
+    _, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, 0, 1)
+    x_row = x_ptr + row * stride_x
+    offs = tl.arange(0, BLOCK)
+    hist = tl.zeros((HIST_BINS,), tl.int32)
+    base = tl.full((1,), BASE_NONE, tl.int32)
+    lbase = tl.full((1,), LBASE_NONE, tl.int32)
+    for start in range(lo, hi, BLOCK):
+        o = start + offs
+        key = order_key(tl.load(x_row + o, mask=o < hi, other=float("-inf")))
+        hist, base, lbase = window_hist_add(hist, base, lbase, tl.reshape(key, (1, BLOCK)), 1,
+                                            BLOCK)
+    b = row // n_drafts
+    i = row % n_drafts
+    blk = hist_ptr + ((b * num_splits + s) * n_drafts_pow2 + i) * HIST_ROW
+    c = tl.arange(0, HIST_BINS)
+    tl.store(blk + c, hist)
+    w = tl.arange(0, 2)
+    tl.store(blk + HIST_BINS + w, tl.where(w == 0, tl.max(base, axis=0), tl.min(lbase, axis=0)))
+
+
+# (positions per loop iteration, num_warps) of the split pass A (_topk_hist_kernel). AOT
+# (Triton 3.6.0, sm_90; the loop's SASS a warp, the warp-instructions a position): 1,024 x 4
+# warps 1,125, 4.39, 96 registers; 2,048 x 4 1,597, 3.12, 108 (4 CTAs an SM); 4,096 x 4 2,947,
+# 2.88, 168 (3 CTAs an SM); 4,096 x 8 1,600, 3.13, 111. Triton's 256-bin histogram (a ballot
+# per bin bit, then each lane's eight bins: VOTE, LOP3, POPC) is ~2 of the ~3 a position.
+# Measured (H100, 2026-12-07, B 64 N 2 L 64K, 8.4M positions, 5 splits): 2,048 x 4 55.0 us,
+# 4,096 x 4 61.0, 1,024 x 4 63.9; at 4 splits 49.0 (0.53e12 warp-instructions a second, about
+# 57 % of the SMs' issue slots: the pass is issue-bound, not bound by its 34 MB of reads).
+SPLIT_HIST_CONFIG = (2048, 4)
+# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG).
+SPLIT_HIST_SPACE = ((2048, 4), (4096, 4), (1024, 4))
+
+
+def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: int,
+                      config: tuple | None = None):
+    """Pass A of the split top-k as its own launch: the per-split windowed histograms that
+    ``kernels.indexer.triton.launch_indexer_logits(hist=...)`` fuses into the logits kernel,
+    for logits written without them; ``launch_topk(hist=hist, page_size=page_size)`` then runs
+    its split path as after the fused kernel and selects the same set. The order of the output
+    row (unspecified in the SPEC) can differ from the fused pipeline's: these blocks are at
+    each split's exact bases, the fused kernel's ``"first"`` mode leaves ``HIST_HEAD`` bins of
+    headroom, so the row's threshold bucket (and so which selected positions come first) can
+    differ. Grid ``(R, S)``: the program of split ``s`` reads that split's positions of its row
+    once (4 bytes a position), so the pass spreads over ``R x S`` programs where the per-row
+    kernel's own pass A is one program a row.
+
+    Args:
+      logits: float32 ``[R, W]`` with contiguous last dim (``R = B * N``, row ``b * N + i``);
+        only ``[r, :len[r]]`` is read.
+      lengths: contiguous int32 ``[R]`` row lengths, or ``[B]`` request lengths (the MTP rule,
+        as :func:`launch_topk`).
+      hist: int32 ``[B, S, next_pow2(N), HIST_ROW]`` (:func:`hist_shape`), contiguous: receives
+        block ``[b, s, i]`` of every row and split (padding words and the blocks of padded
+        drafts are not written). Any ``S >= 1`` (the split pass B after it runs over the same
+        S; ``indexer_topk`` uses the logits kernel's count: at B 64 N 2 L 64K 5 splits took
+        104.8 us of top-k against 88.8 at its 4 on an H100, bench/NOTES.md "Twenty-third
+        session"): split ``s`` covers pages ``[s * per, (s + 1) * per)``, ``per =
+        ceil(ceil(max_i len[b, i] / P) / S)``, as the logits kernel's splits.
+      n_drafts: N, at most 4.
+      page_size: P, a positive int dividing ``W``.
+      config: ``(BLOCK, num_warps)``; None: :data:`SPLIT_HIST_CONFIG`.
+    Raises:
+      TypeError: ``logits`` is not a float32 tensor, ``lengths`` or ``hist`` not an int32 one.
+      ValueError: ``logits`` is not 2-D with a contiguous last dim, ``lengths`` is not
+        contiguous, the tensors are on different devices, ``hist`` is not a contiguous tensor
+        of ``hist_shape(B, S, N)`` for some S >= 1, ``page_size`` does not divide W,
+        ``logits`` has no ``B * n_drafts`` rows, ``lengths`` has neither R nor R / N elements,
+        ``n_drafts`` is outside [1, 4], or ``config`` is not a pair (power-of-two BLOCK in
+        [16, TOPK_BLOCK_MAX], num_warps in 1, 2, 4, 8, 16).
+    """
+    import torch
+    for name, t, dt in (("logits", logits, torch.float32), ("lengths", lengths, torch.int32),
+                        ("hist", hist, torch.int32)):
+        if not isinstance(t, torch.Tensor) or t.dtype != dt:
+            got = t.dtype if isinstance(t, torch.Tensor) else type(t).__name__
+            raise TypeError(f"{name}: expected a {dt} tensor, got {got}")
+    if logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"logits: expected a 2-D [R, W] tensor with a contiguous last dim, got "
+                         f"shape {tuple(logits.shape)} strides {tuple(logits.stride())}")
+    if not lengths.is_contiguous():
+        raise ValueError("lengths: expected a contiguous tensor")
+    if lengths.device != logits.device or hist.device != logits.device:
+        raise ValueError(f"lengths, hist: expected on the logits' device {logits.device}, got "
+                         f"{lengths.device}, {hist.device}")
+    if config is not None:
+        ok = (isinstance(config, (tuple, list)) and len(config) == 2
+              and all(type(v) is int for v in config))
+        if not ok or not (16 <= config[0] <= TOPK_BLOCK_MAX and config[0] & (config[0] - 1) == 0
+                          and config[1] in (1, 2, 4, 8, 16)):
+            raise ValueError(f"config: expected None or (BLOCK, num_warps): a power of two in "
+                             f"[16, {TOPK_BLOCK_MAX}] and 1, 2, 4, 8 or 16, got {config!r}")
+    R, W = logits.shape
+    if type(n_drafts) is not int or not 1 <= n_drafts <= 4:
+        raise ValueError(f"n_drafts: expected an int in [1, 4], got {n_drafts!r}")
+    if type(page_size) is not int or page_size < 1 or W % page_size:
+        raise ValueError(f"page_size: expected a positive int dividing the logits' width W={W}, "
+                         f"got {page_size!r}")
+    if R % n_drafts:
+        raise ValueError(f"logits: expected B * n_drafts rows (n_drafts={n_drafts}), got {R}")
+    B = R // n_drafts
+    nb = triton.next_power_of_2(n_drafts)
+    if (hist.dtype != torch.int32 or hist.dim() != 4 or hist.shape[1] < 1
+            or tuple(hist.shape) != (B, hist.shape[1], nb, HIST_ROW.value)
+            or not hist.is_contiguous()):
+        raise ValueError(f"hist: expected a contiguous int32 [{B}, S, {nb}, {HIST_ROW.value}] "
+                         f"tensor (S >= 1), got {hist.dtype} {tuple(hist.shape)}")
+    if lengths.numel() == R:
+        per_row = 1
+    elif lengths.numel() * n_drafts == R:
+        per_row = 0
+    else:
+        raise ValueError(f"lengths: expected {R} row lengths or {B} request lengths "
+                         f"(n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
+    if R == 0:
+        return hist
+    block, warps = config or SPLIT_HIST_CONFIG
+    launch = dict(PDL=True, launch_pdl=True) if pdl_enabled(logits.device) else {}
+    _topk_hist_kernel[(R, hist.shape[1])](logits, lengths, hist, W, page_size, logits.stride(0),
+                                         n_drafts, per_row, nb, hist.shape[1], BLOCK=block,
+                                         num_warps=warps, **launch)
+    return hist
+
+
 # The split pass B plans in its own programs (no plan kernels) up to this many splits a row:
 # each of the R x S programs then reads the row's S histogram blocks (S x 2 KB from L2).
 SCATTER_PLAN_SPLITS = 16

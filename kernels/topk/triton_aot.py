@@ -13,7 +13,8 @@ def aot_specs(smem_class: str) -> list:
     tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
     from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
-                                     SCATTER_SPACE, TopkConfig, plan_blocks, scatter_plan_blocks)
+                                     SCATTER_SPACE, SPLIT_HIST_CONFIG, TopkConfig, plan_blocks,
+                                     scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
            "stride_c": "i32", "cap": "i32", "n_drafts": "i32", "per_row": "i32",
@@ -59,6 +60,15 @@ def aot_specs(smem_class: str) -> list:
                                     "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
                                     dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp, VEC=vec), nw, 1,
                                     divisible=div))
+    # the split pass A (launch_split_hist: the indexer's top-k when its logits kernel did not
+    # fuse the histogram), at its one config
+    hblock, hwarps = SPLIT_HIST_CONFIG
+    specs.append(LaunchSpec(f"topk split hist block{hblock} w{hwarps}", "kernels.topk.triton",
+                            "_topk_hist_kernel",
+                            {"x_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32", "W": "i32",
+                             "P": "i32", "stride_x": "i32", "n_drafts": "i32", "per_row": "i32",
+                             "n_drafts_pow2": "i32", "num_splits": "i32"},
+                            dict(BLOCK=hblock), hwarps, 1, divisible=("W", "P", "stride_x")))
     # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
     # griddepcontrol.wait, nothing else changes; one launch of each kernel (the plan part, the
     # scatter, the per-row kernel after a split pass B), compiled to show
@@ -89,4 +99,4 @@ SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w
 
 # the launches compiled again with PDL=True (aot_specs)
 PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
-             "topk scatter block2048 w4 vec plan SP4")
+             "topk scatter block2048 w4 vec plan SP4", "topk split hist block2048 w4")
