@@ -91,6 +91,11 @@ every scatter program sums the row's group partials, picks the threshold bin, an
 the keys above the bin and in it of the groups before its group (counted from their partials)
 and of the splits before it in its group (their rebased histograms): three launches in all.
 The per-row kernel then continues from the candidates (``FROM_PLAN``).
+
+Split pass A (``launch_split_hist``): the same blocks from logits written without them, one
+program per (row, split), for the indexer's warp-specialised logits kernel at N > 1, where the
+fused histogram cost 45 % of the kernel (bench/NOTES.md, twenty-second and twenty-third
+sessions); the split path then runs as above.
 """
 from __future__ import annotations
 
