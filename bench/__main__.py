@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -155,7 +156,7 @@ def _bad_environment() -> str | None:
     """The first environment switch the timed paths read that holds a value they refuse
     (``DSA_LAYER_OVERLAP``, ``DSA_LAYER_OVERLAP_CARVEOUT``, ``DSA_LAYER_FUSED_PREP``,
     ``DSA_LAYER_LINEAR``, ``DSA_BENCH_LAYER_STEPS``, ``DSA_TOPK_PDL``, ``DSA_LINEAR_GEMV``,
-    ``DSA_TOPK_SCATTER_SUB``, ``DSA_IDX_WS_FUSED_HIST_MAX_N``), as its
+    ``DSA_TOPK_SCATTER_SUB``, ``DSA_IDX_WS_FUSED_HIST_MAX_N``, ``DSA_TOPK_SPLIT_PLAN``), as its
     error message; None when all are good. Checked before anything runs, so a typo is a usage
     error, not a failed row."""
     from bench.paths import layer_group_steps
@@ -168,12 +169,13 @@ def _bad_environment() -> str | None:
         import torch
         from kernels.scalars import env_switch
         from kernels.indexer.triton import ws_fused_hist_max_n
-        from kernels.topk.triton import pdl_enabled, scatter_subsplits
+        from kernels.topk.triton import pdl_enabled, scatter_subsplits, split_plan
         from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
-                   lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n]
+                   lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,
+                   lambda: split_plan(1, 1 << 20, 1)]
     for check in checks:
         try:
             check()
@@ -265,6 +267,10 @@ def _compat_only(args, dry: bool) -> int:
             "versions": env["versions"], "date": date, "dry_run": dry, "mode": "compat",
             "command": "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
             "compat_rows": crows}
+    from bench.runner import RECORDED_ENV
+    flags = {k: os.environ[k] for k in RECORDED_ENV if os.environ.get(k)}
+    if flags:
+        meta["env"] = flags
     report.write_json(path, meta, [])
     print(f"json: {path}")
     if dry:

@@ -336,16 +336,17 @@ def _idx_case(seed, *, N=1, cl2d=False, past_table=True, zero_len=True, P=16):
     return c
 
 
-def _idx_long_case(seed):
+def _idx_long_case(seed, N=1):
     """Rows long enough for the top-k's split path on sm_90 (the fused first-digit histograms,
     the split pass B, the per-row kernel's in-register descent with its speculative candidate
     loads): H_I 64, D_I 128, P 64, top-k 2048, lengths 40,000 / 9,000 / 0 in a table cut to 140
     pages (8,960 positions, one page short of the 9,000 row: both long rows' lengths run past
     it and are clamped to the table in-kernel), adversarial entries past each request's pages
-    and a -1 page inside request 0's range."""
+    and a -1 page inside request 0's range. ``N`` 2: the MTP rows, where the WS logits kernel
+    runs without the histogram and the top-k's split pass A (``launch_split_hist``) makes it."""
     import numpy as np
     from kernels import cases
-    c = cases.make_indexer_case(seed, B=3, N=1, H_I=64, D_I=128, P=64, lens=[40000, 9000, 0],
+    c = cases.make_indexer_case(seed, B=3, N=N, H_I=64, D_I=128, P=64, lens=[40000, 9000, 0],
                                 topk=2048, neg_pages=True, name=f"idx_long{seed}")
     rng = np.random.default_rng(seed)
     bt = c.block_table.copy()
@@ -366,8 +367,27 @@ def torch_indexer(N, cl2d):
     return _torch_indexer_on(lambda: _idx_case(60 + N + cl2d, N=N, cl2d=cl2d))
 
 
-def torch_indexer_long():
-    return _torch_indexer_on(lambda: _idx_long_case(71))
+def torch_indexer_long(N=1):
+    return _torch_indexer_on(lambda: _idx_long_case(71 + N - 1, N=N))
+
+
+def torch_compat_select_topk_split():
+    """``select_topk`` on two long rows (the split pass A and the split top-k:
+    ``kernels.topk.triton.split_plan``), lengths past the width (clamped) and mid-row."""
+    def run():
+        import numpy as np
+        torch, dev, _ = _torch_env()
+        from kernels import compare
+        from torch_impl.compat.topk import select_topk
+        W, k = 40960, 2048
+        x = np.random.default_rng(81).standard_normal((2, W)).astype(np.float32)
+        lens = np.array([W + 1000, 30001], np.int32)
+        got = select_topk(torch.from_numpy(x).to(dev), torch.from_numpy(lens).to(dev), k,
+                          path="triton")
+        ref = x.astype(np.float64)
+        ref[1, 30001:] = -np.inf
+        return compare.check_topk(got, ref, k)
+    return run
 
 
 def _torch_indexer_on(make_case):
@@ -460,6 +480,9 @@ def cases_for(stack: str) -> list:
             ("idx_pages_mtp2_cl2d", torch_indexer(2, True)),
             # the top-k's split path and per-row kernel (twentieth session's speculative loads)
             ("idx_long_rows_split_topk", torch_indexer_long()),
+            # N 2: the WS logits kernel without the histogram, the split pass A (2026-12-07)
+            ("idx_long_rows_mtp2_split_pass_a", torch_indexer_long(2)),
+            ("compat_select_topk_split_pass_a", torch_compat_select_topk_split()),
         ]
     return [
         ("mla_slots_fp8_ds_mla", jax_mla_native("fp8_ds_mla", False)),

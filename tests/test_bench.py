@@ -763,6 +763,7 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_TOPK_SCATTER_SUB", "0", "environment: DSA_TOPK_SCATTER_SUB: expected an integer in [1, 16]"),
     ("DSA_IDX_WS_FUSED_HIST_MAX_N", "3",
      "environment: DSA_IDX_WS_FUSED_HIST_MAX_N: expected '0', '1', '2' or unset, got '3'"),
+    ("DSA_TOPK_SPLIT_PLAN", "off", "environment: DSA_TOPK_SPLIT_PLAN: expected '0', '1' or unset, got 'off'"),
 ])
 def test_cli_bad_environment_exits_2_before_running(tmp_path, stub_registry, monkeypatch, capsys, var,
                                                     value, message):

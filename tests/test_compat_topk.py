@@ -203,3 +203,29 @@ def test_fast_topk_transform_fused_bad_input():
     one = call(pt[:1], torch.tensor([0, 2], dtype=torch.int64, device=DEVICE))
     pos = ctk.fast_topk_v2(score, lens, 4)
     assert torch.equal(one, torch.where(pos >= 0, pos + 1000, -1))
+
+
+@pytest.mark.parametrize("W", [4608, 4097])
+def test_select_topk_few_long_rows_split(W, monkeypatch):
+    """``select_topk`` on the Triton path with few long rows: ``split_plan`` splits them over
+    programs (the split pass A, then the split top-k; page size 64, or 1 for an odd width);
+    the exact set, ties at the threshold, NaN / +-inf, a short and an empty row, and the same
+    set as one program a row."""
+    from kernels.topk import triton as kt
+    R, k = 3, 96
+    x = _logits(6, R, W)
+    lens = np.array([W, W - 700, 0], np.int32)
+    assert kt.split_plan(R, W, 4) == ((64 if W % 64 == 0 else 1), 2)
+    xt, lt = torch.from_numpy(x).to(DEVICE), torch.from_numpy(lens).to(DEVICE)
+    calls = []
+    real = kt.launch_split_hist
+    monkeypatch.setattr(kt, "launch_split_hist",
+                        lambda *a, **kw: calls.append(kw["page_size"]) or real(*a, **kw))
+    got = ctk.select_topk(xt, lt, k, path="triton")
+    assert calls == [64 if W % 64 == 0 else 1]      # split (2 splits on any GPU of >= 3 SMs)
+    compare.assert_pass(compare.check_topk(got, _ref(x, lens), k))
+    monkeypatch.setenv(kt.SPLIT_PLAN_ENV, "0")                  # the A/B switch: one program a row
+    assert kt.split_plan(R, W, 4) is None
+    one = ctk.select_topk(xt, lt, k, path="triton")
+    assert len(calls) == 1
+    assert torch.equal(got.sort(-1).values, one.sort(-1).values)

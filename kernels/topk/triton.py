@@ -1064,6 +1064,43 @@ SPLIT_HIST_CONFIG = (2048, 4)
 SPLIT_HIST_SPACE = ((2048, 4), (4096, 4), (1024, 4))
 
 
+# Rows without a fused histogram (launch_split_hist then the split path, split_plan): the
+# programs an SM the split count aims at, and the fewest positions a split holds (one
+# SPLIT_HIST_CONFIG block).
+SPLIT_PLAN_PER_SM = 2
+SPLIT_PLAN_MIN_POSITIONS = 2048
+SPLIT_PLAN_ENV = "DSA_TOPK_SPLIT_PLAN"
+"""``0``: :func:`split_plan` returns None (one program a row everywhere), for an A/B in one
+process; unset, empty or ``1``: the rule."""
+
+
+def split_plan(rows: int, W: int, num_sms: int) -> tuple | None:
+    """``(page_size, splits)`` for the top-k of ``rows`` logits rows of width ``W`` that come
+    without a fused histogram (``torch_impl.compat.topk.select_topk``): :func:`launch_split_hist`
+    then ``launch_topk(hist=..., page_size=...)`` over ``rows x splits`` programs, where the
+    per-row kernel would run one program a row; None (one program a row) when that gives fewer
+    than two splits: ``rows >= SPLIT_PLAN_PER_SM x num_sms`` (the per-row kernel already
+    fills the GPU) or rows shorter than two ``SPLIT_PLAN_MIN_POSITIONS`` splits. The page size
+    only sets the split boundaries: the largest power of two up to 64 dividing ``W``.
+    Measured on an H100 with the indexer's splits (bench/NOTES.md "Twenty-third session"): one
+    program a row took 203 us at B 1 L 128K and 116 at B 64 L 64K, the split top-k after the
+    fused histogram 19 and 24. Not yet measured on this path (the next GPU session's A/B:
+    :data:`SPLIT_PLAN_ENV`).
+
+    Raises:
+      ValueError: :data:`SPLIT_PLAN_ENV` holds something other than ``0``, ``1`` or nothing.
+    """
+    from kernels.scalars import env_switch
+    if env_switch(SPLIT_PLAN_ENV) is False:
+        return None
+    want = -(-SPLIT_PLAN_PER_SM * max(num_sms, 1) // max(rows, 1))
+    splits = min(want, W // SPLIT_PLAN_MIN_POSITIONS)
+    if splits < 2:
+        return None
+    page = next(p for p in (64, 32, 16, 8, 4, 2, 1) if W % p == 0)
+    return page, splits
+
+
 def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: int,
                       config: tuple | None = None):
     """Pass A of the split top-k as its own launch: the per-split windowed histograms that

@@ -66,6 +66,10 @@ def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
       path: ``"auto"`` (Triton where it runs, else torch), ``"triton"`` or ``"torch"``.
     Returns:
       int32 ``[R, k]``: selected positions (order unspecified), then -1.
+
+    On the Triton path, few long rows (``kernels.topk.triton.split_plan``: fewer than two
+    programs an SM, rows of at least 4,096 positions) run split over programs (the split pass A,
+    then the split top-k); otherwise one program a row. Same set either way.
     """
     _common.check_tensor("logits", logits, ndim=2,
                          dtypes=(torch.float32, torch.bfloat16, torch.float16))
@@ -84,13 +88,22 @@ def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
 
     def triton():
         from kernels import hardware
-        from kernels.topk.triton import launch_topk
+        from kernels.topk.triton import hist_shape, launch_split_hist, launch_topk, split_plan
         dev = _common.device_info(logits.device)
         hardware.require_arch(dev, "select_topk (triton)")
         dst = out if out.stride(1) == 1 else torch.empty((R, k), dtype=torch.int32,
                                                          device=logits.device)
         scratch = torch.empty((R, W), dtype=torch.int32, device=logits.device)
-        launch_topk(logits, lens, k, dst, scratch)
+        plan = split_plan(R, W, dev.num_sms)
+        if plan is None:                 # one program a row
+            launch_topk(logits, lens, k, dst, scratch)
+        else:                            # few, long rows: passes A and B split over programs
+            page, splits = plan
+            hist = torch.empty(hist_shape(R, splits, 1), dtype=torch.int32,
+                               device=logits.device)
+            launch_split_hist(logits, lens, hist, page_size=page)
+            launch_topk(logits, lens, k, dst, scratch, hist=hist, page_size=page,
+                        num_sms=dev.num_sms)
         if dst is not out:
             out.copy_(dst)
         return out
