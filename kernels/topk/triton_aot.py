@@ -13,7 +13,7 @@ def aot_specs(smem_class: str) -> list:
     tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
     from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
-                                     SCATTER_SPACE, SPLIT_HIST_CONFIG, TopkConfig, plan_blocks,
+                                     SCATTER_SPACE, SPLIT_HIST_SPACE, TopkConfig, plan_blocks,
                                      scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
@@ -61,14 +61,16 @@ def aot_specs(smem_class: str) -> list:
                                     dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp, VEC=vec), nw, 1,
                                     divisible=div))
     # the split pass A (launch_split_hist: the indexer's top-k when its logits kernel did not
-    # fuse the histogram), at its one config
-    hblock, hwarps = SPLIT_HIST_CONFIG
-    specs.append(LaunchSpec(f"topk split hist block{hblock} w{hwarps}", "kernels.topk.triton",
-                            "_topk_hist_kernel",
-                            {"x_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32", "W": "i32",
-                             "P": "i32", "stride_x": "i32", "n_drafts": "i32", "per_row": "i32",
-                             "n_drafts_pow2": "i32", "num_splits": "i32"},
-                            dict(BLOCK=hblock), hwarps, 1, divisible=("W", "P", "stride_x")))
+    # fuse the histogram, select_topk on few long rows), at every SPLIT_HIST_SPACE config
+    for hblock, hwarps, hatom in SPLIT_HIST_SPACE:
+        a = " atomic" if hatom else ""
+        specs.append(LaunchSpec(f"topk split hist block{hblock} w{hwarps}{a}",
+                                "kernels.topk.triton", "_topk_hist_kernel",
+                                {"x_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32",
+                                 "W": "i32", "P": "i32", "stride_x": "i32", "n_drafts": "i32",
+                                 "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32"},
+                                dict(BLOCK=hblock, ATOMIC=hatom), hwarps, 1,
+                                divisible=("W", "P", "stride_x")))
     # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
     # griddepcontrol.wait, nothing else changes; one launch of each kernel (the plan part, the
     # scatter, the per-row kernel after a split pass B), compiled to show
