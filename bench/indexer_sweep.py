@@ -424,13 +424,18 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 row["split_hist_us_by_config"] = {
                     f"{c[0]}w{c[1]}{'a' if c[2] else ''}": timer(lambda c=c: pass_a(h_a, c))
                     for c in SPLIT_HIST_SPACE}
-                # the atomic form's blocks against the histogram's (the same integer counts)
+                # every atomic config's blocks against the histogram's (the same integer counts;
+                # the blocks of real drafts, counts and bases)
                 h_b = torch.empty_like(hist)
                 pass_a(h_a)
-                pass_a(h_b, next(c for c in SPLIT_HIST_SPACE if c[2]))
-                sync()
-                row["split_hist_atomic_same_blocks"] = bool(torch.equal(
-                    h_a[..., : HIST_BINS.value + 2], h_b[..., : HIST_BINS.value + 2]))
+                same = True
+                for c in SPLIT_HIST_SPACE:
+                    if c[2]:
+                        pass_a(h_b, c)
+                        sync()
+                        same &= bool(torch.equal(h_a[:, :, :N, : HIST_BINS.value + 2],
+                                                 h_b[:, :, :N, : HIST_BINS.value + 2]))
+                row["split_hist_atomic_same_blocks"] = same
                 row["topk_perrow_us"] = timer(lambda: tk(h=None))
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {

@@ -775,9 +775,9 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
     """``launch_split_hist`` (the split pass A, for logits written without the fused
     histogram): every (request, split, draft) block is the NumPy model's at the split's exact
     bases (a split without a qualifying key: zero counts and ``BASE_NONE`` / ``LBASE_NONE``),
-    from Triton's histogram and from the atomic form alike, with several blocks a split (rebases as the running max / min move), heavy-tailed rows, a
-    tied row, a window miss, NaN / -inf, a length mid-page, splits past the prefix and MTP
-    request lengths; ``launch_topk`` from those blocks gives the reference set and the same bits
+    from Triton's histogram and from the atomic form alike, with several blocks a split
+    (rebases as the running max / min move), heavy-tailed rows, a tied row, a window miss,
+    NaN / -inf, a length mid-page, splits past the prefix and MTP request lengths; ``launch_topk`` from those blocks gives the reference set and the same bits
     as the per-row kernel's own pass A (both at the row's exact bases). Bad arguments are
     ValueErrors / TypeErrors naming them."""
     from kernels.topk.triton import BASE_NONE, LBASE_NONE, hist_shape, launch_split_hist

@@ -63,8 +63,7 @@ def aot_specs(smem_class: str) -> list:
     # the split pass A (launch_split_hist: the indexer's top-k when its logits kernel did not
     # fuse the histogram, select_topk on few long rows), at every SPLIT_HIST_SPACE config
     for hblock, hwarps, hatom in SPLIT_HIST_SPACE:
-        a = " atomic" if hatom else ""
-        specs.append(LaunchSpec(f"topk split hist block{hblock} w{hwarps}{a}",
+        specs.append(LaunchSpec(_split_hist_label(hblock, hwarps, hatom),
                                 "kernels.topk.triton", "_topk_hist_kernel",
                                 {"x_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32",
                                  "W": "i32", "P": "i32", "stride_x": "i32", "n_drafts": "i32",
@@ -100,5 +99,15 @@ SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w
 
 
 # the launches compiled again with PDL=True (aot_specs)
+def _split_hist_label(block: int, warps: int, atomic: bool) -> str:
+    return f"topk split hist block{block} w{warps}" + (" atomic" if atomic else "")
+
+
+def _default_split_hist_label() -> str:
+    from kernels.topk.triton import SPLIT_HIST_CONFIG
+    return _split_hist_label(*SPLIT_HIST_CONFIG)
+
+
+# (the split pass A's twin: its default config, whichever it is)
 PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
-             "topk scatter block2048 w4 vec plan SP4", "topk split hist block2048 w4")
+             "topk scatter block2048 w4 vec plan SP4", _default_split_hist_label())

@@ -82,7 +82,7 @@ def select_topk(logits: torch.Tensor, lengths: torch.Tensor, k: int,
     _common.check_tensor("out", out, shape=(R, k), dtypes=(torch.int32,), device=logits.device)
     if logits.dtype != torch.float32 or logits.stride(1) != 1:
         logits = logits.float().contiguous()
-    lens = lengths.to(torch.int32).clamp(0, W).contiguous()
+    lens = lengths.clamp(0, W).to(torch.int32).contiguous()   # (clamped first: int64 >= 2^31)
     if R == 0:
         return out
 
