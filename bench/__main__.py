@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -169,13 +168,13 @@ def _bad_environment() -> str | None:
         import torch
         from kernels.scalars import env_switch
         from kernels.indexer.triton import ws_fused_hist_max_n
-        from kernels.topk.triton import pdl_enabled, scatter_subsplits, split_plan
+        from kernels.topk.triton import SPLIT_PLAN_ENV, pdl_enabled, scatter_subsplits
         from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,
-                   lambda: split_plan(1, 1 << 20, 1)]
+                   lambda: env_switch(SPLIT_PLAN_ENV)]
     for check in checks:
         try:
             check()
@@ -267,8 +266,8 @@ def _compat_only(args, dry: bool) -> int:
             "versions": env["versions"], "date": date, "dry_run": dry, "mode": "compat",
             "command": "python -m bench " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
             "compat_rows": crows}
-    from bench.runner import RECORDED_ENV
-    flags = {k: os.environ[k] for k in RECORDED_ENV if os.environ.get(k)}
+    from bench.runner import recorded_env
+    flags = recorded_env()
     if flags:
         meta["env"] = flags
     report.write_json(path, meta, [])

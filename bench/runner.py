@@ -42,6 +42,12 @@ RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET", "DSA_LAYER_OVERLAP", "DSA_LAYER
                 "DSA_IDX_WS_FUSED_HIST_MAX_N", "DSA_TOPK_SPLIT_PLAN")
 
 
+def recorded_env() -> dict:
+    """The :data:`RECORDED_ENV` variables set (non-empty) in this process: a result file's
+    ``env``."""
+    return {k: os.environ[k] for k in RECORDED_ENV if os.environ.get(k)}
+
+
 def environment(dry: bool) -> dict:
     """GPU name, compute capability, arch tag, device string and library versions: parity's
     machine metadata (``parity.report.machine_info``) plus what the bench needs from torch (SM
@@ -204,7 +210,7 @@ def run(cfg: RunConfig) -> dict:
             "q_dtype": q_dtype, "latent_dtype": latent_dtype, "unavailable": {}}
     # compiler flags set in the environment change what the timings mean (e.g. XLA's command
     # buffers): part of the reproducing command
-    flags = {k: os.environ[k] for k in RECORDED_ENV if os.environ.get(k)}
+    flags = recorded_env()
     if flags:
         meta["env"] = flags
     if dry:

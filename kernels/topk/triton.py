@@ -192,6 +192,17 @@ class TopkConfig:
     SEARCH_SPACE = dict(block=(2048, 4096, 8192), num_warps=(8, 16), cand_block=(1024, 2048, 4096))
 
 
+def _lengths_per_row(lengths, R: int, n_drafts: int) -> int:
+    """The kernels' ``per_row`` flag for ``lengths`` of ``R`` rows: 1 for ``R`` row lengths, 0
+    for ``R / n_drafts`` request lengths (the MTP rule). Raises ValueError otherwise."""
+    if lengths.numel() == R:
+        return 1
+    if n_drafts >= 1 and lengths.numel() * n_drafts == R:
+        return 0
+    raise ValueError(f"lengths: expected {R} row lengths or {R // max(n_drafts, 1)} request "
+                     f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
+
+
 @triton.jit
 def order_key(x):
     """Order-preserving uint32 key of float32 ``x``; 0 for NaN and -inf (never selected).
@@ -319,6 +330,24 @@ def window_hist_add(hist, base, lbase, key, NB: tl.constexpr, T: tl.constexpr):
     hist += tl.histogram(tl.reshape(bins, (NB * T,)), NB * HIST_BINS,
                          mask=tl.reshape(key != 0, (NB * T,)))
     return hist, new_base, new_lbase
+
+
+@triton.jit
+def _window_hist(x_row, lo, hi, BLOCK: tl.constexpr):
+    """Pass A over positions ``[lo, hi)`` of a row (one read): the windowed first-digit
+    histogram (int32 ``[256]``) of its qualifying keys at their exact bases, and the bases
+    (int32 scalars; ``BASE_NONE`` / ``LBASE_NONE`` without a qualifying key), accumulated
+    against the running max / min (:func:`window_hist_add`)."""
+    offs = tl.arange(0, BLOCK)
+    hist = tl.zeros((HIST_BINS,), tl.int32)
+    base = tl.full((1,), BASE_NONE, tl.int32)
+    lbase = tl.full((1,), LBASE_NONE, tl.int32)
+    for start in range(lo, hi, BLOCK):
+        o = start + offs
+        key = order_key(tl.load(x_row + o, mask=o < hi, other=float("-inf")))
+        hist, base, lbase = window_hist_add(hist, base, lbase, tl.reshape(key, (1, BLOCK)), 1,
+                                            BLOCK)
+    return hist, tl.max(base, axis=0), tl.min(lbase, axis=0)
 
 
 @triton.jit
@@ -712,16 +741,7 @@ def _radix_topk_kernel(
                                                          num_splits, PLAN_SB)
             hist = _sum_split_hists(h_row, split_stride, num_splits, base, lbase, PLAN_SB)
         else:
-            hist = tl.zeros((HIST_BINS,), tl.int32)
-            base1 = tl.full((1,), BASE_NONE, tl.int32)
-            lbase1 = tl.full((1,), LBASE_NONE, tl.int32)
-            for start in range(0, L, BLOCK):
-                o = start + offs
-                key = order_key(tl.load(x_row + o, mask=o < L, other=float("-inf")))
-                hist, base1, lbase1 = window_hist_add(hist, base1, lbase1,
-                                                      tl.reshape(key, (1, BLOCK)), 1, BLOCK)
-            base = tl.max(base1, axis=0)
-            lbase = tl.min(lbase1, axis=0)
+            hist, base, lbase = _window_hist(x_row, 0, L, BLOCK)
         d0, need, done, total, n_eq = _first_digit(hist, topk)
         pairs = (n_eq <= cap).to(tl.int32)
         # Pass B (whole prefix): keys above the threshold bin go straight to the output; keys in
@@ -1027,8 +1047,8 @@ def _topk_hist_kernel(
     zero counts and ``(BASE_NONE, LBASE_NONE)``, which the plan's rebase reads as empty. For
     the top-k of logits whose kernel did not fuse the histogram (:func:`launch_split_hist`).
 
-    ``ATOMIC`` False: one read, :func:`window_hist_add` (Triton's histogram, rebased as the
-    running max / min move). True: two reads of the split, the first for its largest and
+    ``ATOMIC`` False: one read, :func:`_window_hist` (the per-row kernel's pass A over the
+    split: Triton's histogram, rebased as the running max / min move). True: two reads of the split, the first for its largest and
     smallest keys (the exact bases), the second adding each key to its bin of the program's
     block with a relaxed CTA-scope atomic (the block zeroed first): the same block, bitwise
     (integer counts), with ~1 atomic a key instead of the histogram's ~2 warp-instructions a
@@ -1066,17 +1086,9 @@ def _topk_hist_kernel(
                           mask=key != 0, sem="relaxed", scope="cta")
         tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase))
     else:
-        hist = tl.zeros((HIST_BINS,), tl.int32)
-        base1 = tl.full((1,), BASE_NONE, tl.int32)
-        lbase1 = tl.full((1,), LBASE_NONE, tl.int32)
-        for start in range(lo, hi, BLOCK):
-            o = start + offs
-            key = order_key(tl.load(x_row + o, mask=o < hi, other=float("-inf")))
-            hist, base1, lbase1 = window_hist_add(hist, base1, lbase1,
-                                                  tl.reshape(key, (1, BLOCK)), 1, BLOCK)
+        hist, base, lbase = _window_hist(x_row, lo, hi, BLOCK)
         tl.store(blk + c, hist)
-        tl.store(blk + HIST_BINS + w,
-                 tl.where(w == 0, tl.max(base1, axis=0), tl.min(lbase1, axis=0)))
+        tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase))
 
 
 # (positions per loop iteration, num_warps) of the split pass A (_topk_hist_kernel). AOT
@@ -1205,18 +1217,12 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
         raise ValueError(f"logits: expected B * n_drafts rows (n_drafts={n_drafts}), got {R}")
     B = R // n_drafts
     nb = triton.next_power_of_2(n_drafts)
-    if (hist.dtype != torch.int32 or hist.dim() != 4 or hist.shape[1] < 1
+    if (hist.dim() != 4 or hist.shape[1] < 1
             or tuple(hist.shape) != (B, hist.shape[1], nb, HIST_ROW.value)
             or not hist.is_contiguous()):
         raise ValueError(f"hist: expected a contiguous int32 [{B}, S, {nb}, {HIST_ROW.value}] "
                          f"tensor (S >= 1), got {hist.dtype} {tuple(hist.shape)}")
-    if lengths.numel() == R:
-        per_row = 1
-    elif lengths.numel() * n_drafts == R:
-        per_row = 0
-    else:
-        raise ValueError(f"lengths: expected {R} row lengths or {B} request lengths "
-                         f"(n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
+    per_row = _lengths_per_row(lengths, R, n_drafts)
     if R == 0:
         return hist
     block, warps, atomic = config or SPLIT_HIST_CONFIG
@@ -1327,13 +1333,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         scatter = sc
     if R == 0 or topk == 0:
         return out
-    if lengths.numel() == R:
-        per_row = 1
-    elif n_drafts >= 1 and lengths.numel() * n_drafts == R:
-        per_row = 0
-    else:
-        raise ValueError(f"lengths: expected {R} row lengths or {R // max(n_drafts, 1)} request "
-                         f"lengths (n_drafts={n_drafts}), got shape {tuple(lengths.shape)}")
+    per_row = _lengths_per_row(lengths, R, n_drafts)
     if scratch.shape[1] < W:
         raise ValueError(f"scratch: expected at least {W} columns, got shape {tuple(scratch.shape)}")
     if hist is not None and page_size is not None and (

@@ -98,7 +98,6 @@ def aot_specs(smem_class: str) -> list:
 SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w4 vec parts")
 
 
-# the launches compiled again with PDL=True (aot_specs)
 def _split_hist_label(block: int, warps: int, atomic: bool) -> str:
     return f"topk split hist block{block} w{warps}" + (" atomic" if atomic else "")
 
@@ -108,6 +107,7 @@ def _default_split_hist_label() -> str:
     return _split_hist_label(*SPLIT_HIST_CONFIG)
 
 
-# (the split pass A's twin: its default config, whichever it is)
+# the launches compiled again with PDL=True (aot_specs; the split pass A's at its default
+# config, whichever it is)
 PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
              "topk scatter block2048 w4 vec plan SP4", _default_split_hist_label())
