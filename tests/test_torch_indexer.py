@@ -665,6 +665,28 @@ def test_fuse_hist_rule(monkeypatch):
         kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon_ws"), 2)
 
 
+def test_fuse_hist_device_rule(monkeypatch):
+    """On a GPU of ``UNFUSED_DEVICES`` (the H200) the warp-specialised kernel runs without the
+    histogram at N 1 too once the table holds ``UNFUSED_MIN_POSITIONS`` positions (B x W); other
+    GPUs, smaller tables and the other kernels keep it; the environment variable restores the
+    next_n rule alone (the A/B)."""
+    from kernels.indexer import triton as kx
+    monkeypatch.delenv(kx.WS_FUSED_HIST_ENV, raising=False)
+    ws = kx.IndexerLogitsConfig(kernel="gluon_ws")
+    big, small = 64 * 65536, 131072
+    assert kx.UNFUSED_MIN_POSITIONS == 1 << 20
+    assert not kx.fuse_hist(ws, 1, big, "NVIDIA H200")
+    assert not kx.fuse_hist(ws, 1, 1 << 20, "NVIDIA H200")
+    assert kx.fuse_hist(ws, 1, (1 << 20) - 1, "NVIDIA H200")
+    assert kx.fuse_hist(ws, 1, small, "NVIDIA H200")
+    assert kx.fuse_hist(ws, 1, big, "NVIDIA H100 80GB HBM3")
+    assert kx.fuse_hist(ws, 1, big)                  # no device name: the next_n rule
+    assert kx.fuse_hist(kx.IndexerLogitsConfig(kernel="gluon"), 1, big, "NVIDIA H200")
+    assert not kx.fuse_hist(ws, 2, small, "NVIDIA H100 80GB HBM3")
+    monkeypatch.setenv(kx.WS_FUSED_HIST_ENV, "1")
+    assert kx.fuse_hist(ws, 1, big, "NVIDIA H200")
+
+
 def test_indexer_topk_unfused_histogram_same_set(monkeypatch):
     """``indexer_topk``'s Triton path where the logits kernel does not fuse the histogram
     (``fuse_hist`` False: the split pass A, ``launch_split_hist``, over the logits, then the
@@ -685,7 +707,7 @@ def test_indexer_topk_unfused_histogram_same_set(monkeypatch):
     monkeypatch.setattr(kt, "launch_split_hist", counted)
     base = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
     assert calls == []                                   # fused: no pass A of its own
-    monkeypatch.setattr(kx, "fuse_hist", lambda config, n: False)
+    monkeypatch.setattr(kx, "fuse_hist", lambda config, n, *args: False)
     got = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
     assert calls == [2]
     compare.assert_pass(compare.check_topk(got, case.reference_logits(), 32))

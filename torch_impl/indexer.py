@@ -264,7 +264,7 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     from kernels.topk.triton import hist_shape, launch_split_hist
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
-    fused = fuse_hist(lcfg, N)
+    fused = fuse_hist(lcfg, N, B * W, dev.name)
     hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
     with _phase(PHASE_LOGITS):
         _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg,

@@ -166,7 +166,19 @@ HIST_MODES = {"running": 0, "first": 1}
 WS_FUSED_HIST_MAX_N = 1
 WS_FUSED_HIST_ENV = "DSA_IDX_WS_FUSED_HIST_MAX_N"
 """Overrides :data:`WS_FUSED_HIST_MAX_N` for an A/B in one process (``0``: never fused, ``1``:
-at N 1 only, ``2``: at N 1 and 2); unset or empty: the constant."""
+at N 1 only, ``2``: at N 1 and 2) and turns :data:`UNFUSED_DEVICES` off; unset or empty: the
+constants."""
+# ... and not even at N 1 on these GPUs (a substring of the device name) once a call's table
+# holds UNFUSED_MIN_POSITIONS positions or more (B x W): there the logits kernel is bound by its
+# consumers, not by the cache reads, and the fused histogram is what they add. Measured on an
+# H200 (2026-12-07, bench/NOTES.md "Twenty-fourth session"; op medians fused -> unfused): B 64
+# L 64K 228.7 -> 208.7 us, L 128K 432.7 -> 384.0, V4 B 8 1M 423.8 -> 382.4, V4 B 1 1M 82.1 ->
+# 78.9; smaller tables lose (B 1 L 128K 28.3 -> 30.3, B 1 L 64K 23.5 -> 26.2). V4 B 64 with 4K
+# of a 1M table (64M table positions, 262K read) loses 1.3 us (34.8 -> 36.1): the host sees the
+# table, not the lengths. On an H100 the kernel runs near the cache's read rate and hides the
+# histogram (L 128K: 1.1 us of 419), so it stays fused there ("Twenty-second session").
+UNFUSED_DEVICES = ("H200",)
+UNFUSED_MIN_POSITIONS = 1 << 20
 
 
 def ws_fused_hist_max_n() -> int:
@@ -183,18 +195,28 @@ def ws_fused_hist_max_n() -> int:
     return int(v)
 
 
-def fuse_hist(config: "IndexerLogitsConfig", n: int) -> bool:
+def fuse_hist(config: "IndexerLogitsConfig", n: int, positions: int = 0,
+              device_name: str = "") -> bool:
     """Whether ``indexer_topk`` fuses the top-k's first-digit histogram into the logits kernel of
     the resolved ``config`` (:func:`resolve_kernel`) at next_n ``n``: always, except the
     warp-specialised kernel above :func:`ws_fused_hist_max_n` drafts (at N 2 its histogram was
     45 % of the kernel on an H100, 1-11 % at N 1: bench/NOTES.md "Twenty-second session",
-    "Twenty-third session"); unfused, the top-k runs ``launch_split_hist`` first. Either way the
-    same set is selected.
+    "Twenty-third session"), and at any ``n`` on a GPU whose ``device_name`` contains one of
+    :data:`UNFUSED_DEVICES` when the call's ``positions`` (B x W, the table's positions over the
+    batch) reach :data:`UNFUSED_MIN_POSITIONS` (unless :data:`WS_FUSED_HIST_ENV` is set);
+    unfused, the top-k runs ``launch_split_hist`` first. Either way the same set is selected.
 
     Raises:
       ValueError: as :func:`ws_fused_hist_max_n`.
     """
-    return not (config.kernel == "gluon_ws" and n > ws_fused_hist_max_n())
+    if config.kernel != "gluon_ws":
+        return True
+    if n > ws_fused_hist_max_n():
+        return False
+    if os.environ.get(WS_FUSED_HIST_ENV, "").strip():
+        return True
+    return not (positions >= UNFUSED_MIN_POSITIONS
+                and any(d in device_name for d in UNFUSED_DEVICES))
 
 
 def default_num_splits(batch: int, max_pages: int, num_sms: int, per_sm: int = 2) -> int:
