@@ -101,9 +101,7 @@ VARIANTS = {
 # the module's values): the fused histogram as one atomic add a key into the program's block
 # (``gluon_ws.HIST_ATOMIC``, bench/NOTES.md "Twenty-second session")
 VARIANTS["gluon_ws_hatom"] = dict(kernel="gluon_ws")
-# ... and the two consumers' dots in turns (``gluon_ws.PINGPONG``, "Twenty-fourth session")
-VARIANTS["gluon_ws_pp"] = dict(kernel="gluon_ws")
-WS_CONSTANTS = {"gluon_ws_hatom": dict(HIST_ATOMIC=1), "gluon_ws_pp": dict(PINGPONG=1)}
+WS_CONSTANTS = {"gluon_ws_hatom": dict(HIST_ATOMIC=1)}
 
 
 def _ws_constants(name: str) -> dict:

@@ -102,13 +102,6 @@ CONVERTS = {"regs": 0, "smem": 1}   # IndexerLogitsConfig.ws_convert -> CONVERT
 # program's histogram block in global memory (zeroed first; the recount overwrites it). Counted
 # and measured: bench/NOTES.md "Twenty-second session".
 HIST_ATOMIC = 0
-# 1: the two consumers' dots take turns (consumer 0 first; each issues after the other's last
-# dot has completed), so one consumer's conversion and epilogue run under the other's dots;
-# FlashAttention-3's ping-pong schedule. Without it nothing keeps the two consumers from
-# running their dots, and then their epilogues, at the same time. Two consumers only
-# (:func:`pingpong`); sweep variant ``gluon_ws_pp`` until measured (bench/NOTES.md
-# "Twenty-fourth session").
-PINGPONG = 0
 # (maxnreg of the launch, the consumer worker's setmaxnreg) per consumer count: the registers of
 # an SM over the CTAs it holds (12 warps at 1 CTA / SM; 8 warps at 2 CTAs / SM)
 REGS = {4: (96, 112), 3: (128, 160), 2: (168, 240), 1: (128, 232)}
@@ -168,12 +161,6 @@ def hist_atomic(consumers: int) -> int:
     """The kernel's ``HIST_ATOMIC`` for a launch of ``consumers`` consumer warpgroups:
     :data:`HIST_ATOMIC`, except 0 with four (the half-step consumers keep ``gl.histogram``)."""
     return int(bool(HIST_ATOMIC) and consumers != 4)
-
-
-def pingpong(consumers: int) -> int:
-    """The kernel's ``PINGPONG`` for a launch of ``consumers`` consumer warpgroups:
-    :data:`PINGPONG` with two, else 0."""
-    return int(bool(PINGPONG) and consumers == 2)
 
 
 def ring_slots(consumers: int, convert: int, n: int) -> int:
@@ -275,31 +262,12 @@ def _release(empty_bar):
 
 
 @gluon.jit
-def _turn_wait(sync, C: gl.constexpr, m, n_other):
-    """Before this consumer's m-th dot (PINGPONG): consumer 0 waits for consumer 1's
-    (m - 1)-th dot to complete (none before its first, nor past consumer 1's ``n_other``
-    dots), consumer 1 for consumer 0's m-th (``sync`` [3 + C]: one phase a dot)."""
-    if C == 0:
-        if (m > 0) & (m - 1 < n_other):
-            mbarrier.wait(sync.index(3), (m - 1) & 1)
-    else:
-        mbarrier.wait(sync.index(4), m & 1)
-
-
-@gluon.jit
-def _turn_pass(sync, C: gl.constexpr):
-    """This consumer's dot has completed in every warp: the other consumer's turn."""
-    _barrier()
-    mbarrier.arrive(sync.index(4 - C))
-
-
-@gluon.jit
 def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc, x0, x1, xb, xh,
                  xk, full, empty, sync, num_pages, max_pages, stride_qb, stride_qn, stride_qh,
                  stride_wb, stride_wn, stride_bt, stride_ob, stride_on,
                  C: gl.constexpr, CONSUMERS: gl.constexpr, N: gl.constexpr,
                  CL_PER_DRAFT: gl.constexpr, WRITE_HIST: gl.constexpr, NSLOT: gl.constexpr,
-                 CONVERT: gl.constexpr, HIST_ATOMIC: gl.constexpr, PINGPONG: gl.constexpr = 0):
+                 CONVERT: gl.constexpr, HIST_ATOMIC: gl.constexpr):
     LT: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])                  # [128] one a thread
     HL: gl.constexpr = gl.BlockedLayout([2], [32], [4], [0])                  # [256] bins
     LD: gl.constexpr = gl.BlockedLayout([1, 16], [16, 2], [4, 1], [1, 0])     # [128, 64] bytes
@@ -348,12 +316,6 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                     gl.store(hb + HIST_ROW + hz, gl.zeros([HIST_BINS], gl.int32, layout=HL))
                 _barrier()
 
-    # PINGPONG (two consumers): the consumers' dots take turns, consumer 0 first; a consumer
-    # issues its m-th dot after the other's (m - 1)-th (consumer 0) or m-th (consumer 1) has
-    # completed, so each one's conversion and epilogue run under the other's dots
-    # (:func:`_turn_wait`). Consumer 1 has n_steps // 2 steps, consumer 0 the rest.
-    n_other = (n_steps // 2) * N
-    m = 0
     for i in range(C, n_steps, CONSUMERS):
         slot = i % NSLOT
         pg0 = start + 2 * i
@@ -363,21 +325,7 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
         first = i == 0
         mbarrier.wait(full.index(slot), (i // NSLOT) & 1)       # the step's pages have landed
         s_sc = sc.index(slot).load(LT)
-        if PINGPONG:
-            if CONVERT == 0:
-                a0 = v0.index(slot).load(AOP).to(gl.float16)
-                a1 = v1.index(slot).load(AOP).to(gl.float16)
-                _release(empty.index(slot))
-                _turn_wait(sync, C, m, n_other)
-                acc = _scores(a0, a1, qd, 0, MMA)
-            else:
-                _barrier()               # the previous step's dots have read x0 / x1
-                x0.store(v0.index(slot).load(LD).to(gl.float16))
-                x1.store(v1.index(slot).load(LD).to(gl.float16))
-                _release(empty.index(slot))
-                _turn_wait(sync, C, m, n_other)
-                acc = _scores(x0, x1, qd, 0, MMA)
-        elif CONVERT == 0:
+        if CONVERT == 0:
             a0, a1, acc = _scores_regs(v0.index(slot), v1.index(slot), qd, 0, AOP, MMA)
             _release(empty.index(slot))
         else:
@@ -387,9 +335,6 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
             _release(empty.index(slot))  # (its fence also orders the stores before the dots)
             acc = _scores(x0, x1, qd, 0, MMA)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        if PINGPONG:
-            _turn_pass(sync, C)
-            m += 1
         if CONSUMERS > 1:
             if WRITE_HIST:
                 if C > 0:
@@ -405,16 +350,11 @@ def _ws_consumer(q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc
                                                base0, lb0, km0, kn0, first, WRITE_HIST, HL, LT,
                                                hb, HIST_ATOMIC)
         if N == 2:
-            if PINGPONG:
-                _turn_wait(sync, C, m, n_other)
             if CONVERT == 0:
                 acc = _scores(a0, a1, qd, 1, MMA)
             else:
                 acc = _scores(x0, x1, qd, 1, MMA)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            if PINGPONG:
-                _turn_pass(sync, C)
-                m += 1
             if CONSUMERS == 3:
                 w1 = gl.load(w_ptr + b * stride_wb + stride_wn + hw)
             h1, base1, lb1, km1, kn1 = _draft_step(acc, w1, s_sc, page_ok, j, len1, pg_in, out1,
@@ -674,7 +614,7 @@ def _indexer_logits_gluon_ws_kernel(
     N: gl.constexpr, CL_PER_DRAFT: gl.constexpr, WRITE_HIST: gl.constexpr,
     CONSUMERS: gl.constexpr = 2, CONVERT: gl.constexpr = 0, NSLOT: gl.constexpr = 8,
     CONSUMER_REGS: gl.constexpr = 240, PRODUCER_REGS: gl.constexpr = 24,
-    HIST_ATOMIC: gl.constexpr = 0, PINGPONG: gl.constexpr = 0,
+    HIST_ATOMIC: gl.constexpr = 0,
 ):
     """Arguments of ``gluon._indexer_logits_gluon_kernel`` with the cache as two TMA
     descriptors (:func:`descriptors`) instead of pointers and strides. ``CONSUMERS``: consumer
@@ -684,7 +624,6 @@ def _indexer_logits_gluon_ws_kernel(
     gl.static_assert((N == 1) | (N == 2), "N (next_n) 1 or 2")
     gl.static_assert((CONSUMERS >= 1) & (CONSUMERS <= 4), "one to four consumer warpgroups")
     gl.static_assert((CONSUMERS < 4) | (CONVERT == 0), "four consumers convert in registers")
-    gl.static_assert((PINGPONG == 0) | (CONSUMERS == 2), "PINGPONG: two consumers")
     SH: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     FLAT: gl.constexpr = gl.SwizzledSharedLayout(vec=1, per_phase=1, max_phase=1, order=[0])
     KL: gl.constexpr = kv_desc.layout
@@ -717,7 +656,7 @@ def _indexer_logits_gluon_ws_kernel(
     TK: gl.constexpr = 64 if CONSUMERS == 4 else 128        # token rows a consumer's step
     xk = gl.allocate_shared_memory(gl.uint32, [2 * XC, TK], FLAT)
     # four consumers: consumer 1 -> 0, its half of step 0's key maxima / minima (half_bar)
-    NSYNC: gl.constexpr = 4 if CONSUMERS == 4 else (5 if PINGPONG else 3)
+    NSYNC: gl.constexpr = 4 if CONSUMERS == 4 else 3
     sync = gl.allocate_shared_memory(gl.int64, [NSYNC, 1], mbarrier.MBarrierLayout())
     if CONSUMERS > 1:
         # One consumer never touches these barriers after this point, and the compiler then
@@ -729,9 +668,6 @@ def _indexer_logits_gluon_ws_kernel(
         mbarrier.init(sync.index(0), count=1)
         mbarrier.init(sync.index(1), count=1)
         mbarrier.init(sync.index(2), count=CONSUMERS - 1)
-    if PINGPONG:
-        mbarrier.init(sync.index(3), count=1)        # consumer 1's dot done: consumer 0's turn
-        mbarrier.init(sync.index(4), count=1)        # consumer 0's dot done: consumer 1's turn
     if CONSUMERS == 4:
         mbarrier.init(sync.index(3), count=1)
         xm = gl.allocate_shared_memory(gl.uint32, [HALF_XM, 128], FLAT)
@@ -761,13 +697,13 @@ def _indexer_logits_gluon_ws_kernel(
                              max_pages, stride_qb, stride_qn, stride_qh, stride_wb, stride_wn,
                              stride_bt, stride_ob, stride_on,
                              C0, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
-                             HIST_ATOMIC, PINGPONG)),
+                             HIST_ATOMIC)),
              (_ws_consumer, (q_ptr, w_ptr, bt_ptr, cl_ptr, out_ptr, hist_ptr, qd, v0, v1, sc,
                              x0.index(X1), x1.index(X1), xb, xh, xk, full, empty, sync,
                              num_pages, max_pages, stride_qb, stride_qn, stride_qh, stride_wb,
                              stride_wn, stride_bt, stride_ob, stride_on,
                              C1, CONSUMERS, N, CL_PER_DRAFT, WRITE_HIST, NSLOT, CONVERT,
-                             HIST_ATOMIC, PINGPONG)),
+                             HIST_ATOMIC)),
              (_ws_producer, (kv_desc, ks_desc, bt_ptr, cl_ptr, v0, v1, sc, full, empty, num_pages,
                              max_pages, stride_bt, N, CL_PER_DRAFT, NSLOT))],
             [CONSUMER_WARPS, PRODUCER_WARPS], [CONSUMER_REGS, PRODUCER_REGS])
@@ -856,7 +792,7 @@ def launch(q, weights, k_vals, k_scales, block_table, context_lens, out, hist, s
         N=N, CL_PER_DRAFT=context_lens.dim() == 2, WRITE_HIST=hist is not None,
         CONSUMERS=consumers, CONVERT=convert, NSLOT=ring_slots(consumers, convert, N),
         CONSUMER_REGS=cregs, PRODUCER_REGS=PRODUCER_REGS_BY[consumers],
-        HIST_ATOMIC=hist_atomic(consumers), PINGPONG=pingpong(consumers),
+        HIST_ATOMIC=hist_atomic(consumers),
         num_warps=NUM_WARPS, maxnreg=maxnreg,
     )
     return out

@@ -141,22 +141,9 @@ def gluon_ws_specs(consumers=(1, 2, 3, 4), converts=("regs", "smem")) -> list:
                         dict(N=n, CL_PER_DRAFT=per_draft, WRITE_HIST=hist, CONSUMERS=cons,
                              CONVERT=conv, NSLOT=ws.ring_slots(cons, conv, n),
                              CONSUMER_REGS=cregs, PRODUCER_REGS=ws.PRODUCER_REGS_BY[cons],
-                             HIST_ATOMIC=ws.hist_atomic(cons), PINGPONG=ws.pingpong(cons)),
+                             HIST_ATOMIC=ws.hist_atomic(cons)),
                         ws.NUM_WARPS, 1, divisible=GLUON_WS_DIVISIBLE,
                         options={"maxnreg": maxnreg}))
-    if 2 in consumers and "regs" in converts and not ws.PINGPONG:
-        # the sweep's ``gluon_ws_pp`` (the two consumers' dots in turns; ``gluon_ws.PINGPONG``)
-        maxnreg, cregs = ws.REGS[2]
-        for n in ws.DRAFTS:
-            for hist in (True, False):
-                specs.append(LaunchSpec(
-                    f"logits gluon_ws c2 regs N{n} hist={hist} cl_per_draft=False pingpong",
-                    "kernels.indexer.gluon_ws", "_indexer_logits_gluon_ws_kernel", sig,
-                    dict(N=n, CL_PER_DRAFT=False, WRITE_HIST=hist, CONSUMERS=2, CONVERT=0,
-                         NSLOT=ws.ring_slots(2, 0, n), CONSUMER_REGS=cregs,
-                         PRODUCER_REGS=ws.PRODUCER_REGS_BY[2], HIST_ATOMIC=ws.hist_atomic(2),
-                         PINGPONG=1),
-                    ws.NUM_WARPS, 1, divisible=GLUON_WS_DIVISIBLE, options={"maxnreg": maxnreg}))
     return specs
 
 
