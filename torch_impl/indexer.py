@@ -14,8 +14,10 @@ shape-dependent allocations: CUDA-graph capturable and traceable by ``torch.comp
 the custom op's fake implementation. ``indexer_topk`` materialises a ``[B, N, W]`` float32
 logits scratch buffer and a ``[B * N, W]`` int32 candidate buffer (both uninitialised; only
 valid prefixes are written and read): 8 bytes per table position per (request, draft), plus
-the fused first-digit histograms (``B x S x next_pow2(N) x 264`` int32, S = logits splits)
-and the top-k plan (64 bytes of state per row; with more than 16 splits a row, B <= 8 on the
+the first-digit histograms (``B x S x next_pow2(N) x 264`` int32, S = logits splits; written
+by the logits kernel, or by the top-k's own first pass where ``kernels.indexer.triton.fuse_hist``
+says so: the warp-specialised kernel at next_n 2, and on an H200 for tables of 2^20 positions
+or more) and the top-k plan (64 bytes of state per row; with more than 16 splits a row, B <= 8 on the
 H200 with the warp-specialised logits kernel, also ~128 S bytes of group partials). The top-k kernels compute each
 row's length from ``context_lens`` themselves: no torch op runs between the two kernels'
 launches.
