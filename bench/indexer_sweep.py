@@ -18,8 +18,7 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 * ``topk_nohist_us``: the top-k without the fused histogram as ``indexer_topk`` runs it
   (``kernels.topk.triton.launch_split_hist``, the split pass A over the logits at the logits
   kernel's split count, then the split top-k over them; ``split_hist_us`` that pass alone,
-  ``split_hist_us_by_config`` at each ``SPLIT_HIST_SPACE`` config (``a``: the atomic form;
-  ``split_hist_atomic_same_blocks`` whether its blocks are the histogram's); ``topk_nohist_same_set``
+  ``split_hist_us_by_config`` at each ``SPLIT_HIST_SPACE`` config); ``topk_nohist_same_set``
   whether it selects the fused pipeline's set), so ``logits_nohist_us + topk_nohist_us`` is
   the unfused pipeline;
   ``topk_perrow_us``: the per-row kernel's own pass A instead (one program a row);
@@ -422,20 +421,7 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                 row["topk_nohist_us"] = timer(lambda: tk_unfused(h_a))
                 row["split_hist_us"] = timer(lambda: pass_a(h_a))
                 row["split_hist_us_by_config"] = {
-                    f"{c[0]}w{c[1]}{'a' if c[2] else ''}": timer(lambda c=c: pass_a(h_a, c))
-                    for c in SPLIT_HIST_SPACE}
-                # every atomic config's blocks against the histogram's (the same integer counts;
-                # the blocks of real drafts, counts and bases)
-                h_b = torch.empty_like(hist)
-                pass_a(h_a)
-                same = True
-                for c in SPLIT_HIST_SPACE:
-                    if c[2]:
-                        pass_a(h_b, c)
-                        sync()
-                        same &= bool(torch.equal(h_a[:, :, :N, : HIST_BINS.value + 2],
-                                                 h_b[:, :, :N, : HIST_BINS.value + 2]))
-                row["split_hist_atomic_same_blocks"] = same
+                    f"{c[0]}w{c[1]}": timer(lambda c=c: pass_a(h_a, c)) for c in SPLIT_HIST_SPACE}
                 row["topk_perrow_us"] = timer(lambda: tk(h=None))
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {

@@ -775,7 +775,7 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
     """``launch_split_hist`` (the split pass A, for logits written without the fused
     histogram): every (request, split, draft) block is the NumPy model's at the split's exact
     bases (a split without a qualifying key: zero counts and ``BASE_NONE`` / ``LBASE_NONE``),
-    from Triton's histogram and from the atomic form alike, with several blocks a split
+    at the default config and at other BLOCK sizes, with several blocks a split
     (rebases as the running max / min move), heavy-tailed rows, a tied row, a window miss,
     NaN / -inf, a length mid-page, splits past the prefix and MTP request lengths; ``launch_topk`` from those blocks gives the reference set and the same bits
     as the per-row kernel's own pass A (both at the row's exact bases). Bad arguments are
@@ -798,13 +798,12 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
     want[..., 257][empty] = LBASE_NONE.value
     xt = torch.from_numpy(x).to(DEVICE)
     lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    for atomic in (True, False):     # the atomic form's blocks too (the last run is used below)
-        h = torch.full(hist_shape(2, S, N), -7, dtype=torch.int32, device=DEVICE)
-        cfg = (block or 2048, 4, atomic) if block or atomic else None
-        launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=cfg)
-        got = h.cpu().numpy()
-        np.testing.assert_array_equal(got[:, :, :N, :258], want[:, :, :N, :258], str(cfg))
-        assert (got[:, :, :N, 258:] == -7).all() and (got[:, :, N:] == -7).all()   # not written
+    h = torch.full(hist_shape(2, S, N), -7, dtype=torch.int32, device=DEVICE)
+    cfg = (block, 4) if block else None
+    launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=cfg)
+    got = h.cpu().numpy()
+    np.testing.assert_array_equal(got[:, :, :N, :258], want[:, :, :N, :258], str(cfg))
+    assert (got[:, :, :N, 258:] == -7).all() and (got[:, :, N:] == -7).all()   # not written
     out = torch.full((2 * N, K), -7, dtype=torch.int32, device=DEVICE)
     launch_topk(xt, lt, K, out, torch.empty((2 * N, W), dtype=torch.int32, device=DEVICE),
                 hist=h, n_drafts=N, page_size=P)
@@ -824,8 +823,7 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
         args = {**dict(lengths=lt, hist=h, n_drafts=N, page_size=P), **kw}
         with pytest.raises(ValueError, match=match):
             launch_split_hist(xt, args.pop("lengths"), args.pop("hist"), **args)
-    for bad in ((64, 4, 1), (64, 4), (48, 4, False), (2048, 3, False), (2048.0, 4, False),
-                "2048x4"):
+    for bad in ((64, 4, False), (64,), (48, 4), (2048, 3), (2048.0, 4), (64, True), "2048x4"):
         with pytest.raises(ValueError, match="config: expected None or"):
             launch_split_hist(xt, lt, h, page_size=P, config=bad)
     with pytest.raises(ValueError, match="logits: expected a 2-D"):

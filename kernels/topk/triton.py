@@ -1037,7 +1037,7 @@ def _topk_hist_kernel(
     len_ptr,          # [R] int32 row lengths (per_row), or [B] request lengths (MTP rule)
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 out: per-split windowed histograms
     W, P, stride_x, n_drafts, per_row, n_drafts_pow2, num_splits,
-    BLOCK: tl.constexpr, PDL: tl.constexpr = False, ATOMIC: tl.constexpr = False,
+    BLOCK: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Split pass A (grid ``(R, S)``): the windowed first-digit histogram of logits split ``s``
     of row ``row = b * N + i`` (the positions :func:`_split_range` gives that split, clipped to
@@ -1046,13 +1046,11 @@ def _topk_hist_kernel(
     the upper and the lower base, at ``hist[b, s, i]``. A split with no qualifying key writes
     zero counts and ``(BASE_NONE, LBASE_NONE)``, which the plan's rebase reads as empty. For
     the top-k of logits whose kernel did not fuse the histogram (:func:`launch_split_hist`).
-
-    ``ATOMIC`` False: one read, :func:`_window_hist` (the per-row kernel's pass A over the
-    split: Triton's histogram, rebased as the running max / min move). True: two reads of the split, the first for its largest and
-    smallest keys (the exact bases), the second adding each key to its bin of the program's
-    block with a relaxed CTA-scope atomic (the block zeroed first): the same block, bitwise
-    (integer counts), with ~1 atomic a key instead of the histogram's ~2 warp-instructions a
-    position."""
+    One read: :func:`_window_hist` (the per-row kernel's pass A over the split: Triton's
+    histogram, rebased as the running max / min move). A form with two reads and one relaxed
+    CTA-scope atomic add a key instead of the histogram (the same blocks, half the
+    instructions) was 1.6-1.8x slower on the H200 and was removed (bench/NOTES.md,
+    "Twenty-fourth session"; commit 7ac1970 has it)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -1065,30 +1063,9 @@ def _topk_hist_kernel(
     blk = hist_ptr + ((b * num_splits + s) * n_drafts_pow2 + i) * HIST_ROW
     c = tl.arange(0, HIST_BINS)
     w = tl.arange(0, 2)
-    if ATOMIC:
-        kmax = tl.zeros((BLOCK,), tl.uint32)
-        kmin = ~tl.zeros((BLOCK,), tl.uint32)
-        for start in range(lo, hi, BLOCK):
-            o = start + offs
-            key = order_key(tl.load(x_row + o, mask=o < hi, other=float("-inf")))
-            kmax = tl.maximum(kmax, key)
-            kmin = tl.minimum(kmin, min_key(key))
-        top = tl.max(kmax, axis=0)
-        has = top != 0
-        base = tl.where(has, window_base(top), BASE_NONE)
-        lbase = tl.where(has, window_lbase(tl.min(kmin, axis=0)), LBASE_NONE)
-        tl.store(blk + c, tl.zeros((HIST_BINS,), tl.int32))
-        tl.debug_barrier()          # the zeros before any thread's first add (CTA scope)
-        for start in range(lo, hi, BLOCK):
-            o = start + offs
-            key = order_key(tl.load(x_row + o, mask=o < hi, other=float("-inf")))
-            tl.atomic_add(blk + window_bin(key, base, lbase), tl.full((BLOCK,), 1, tl.int32),
-                          mask=key != 0, sem="relaxed", scope="cta")
-        tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase))
-    else:
-        hist, base, lbase = _window_hist(x_row, lo, hi, BLOCK)
-        tl.store(blk + c, hist)
-        tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase))
+    hist, base, lbase = _window_hist(x_row, lo, hi, BLOCK)
+    tl.store(blk + c, hist)
+    tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase))
 
 
 # (positions per loop iteration, num_warps) of the split pass A (_topk_hist_kernel). AOT
@@ -1098,16 +1075,13 @@ def _topk_hist_kernel(
 # per bin bit, then each lane's eight bins: VOTE, LOP3, POPC) is ~2 of the ~3 a position.
 # Measured (H100, 2026-12-07, B 64 N 2 L 64K, 8.4M positions, 5 splits): 2,048 x 4 55.0 us,
 # 4,096 x 4 61.0, 1,024 x 4 63.9; at 4 splits 49.0 (0.53e12 warp-instructions a second, about
-# 57 % of the SMs' issue slots: the pass is issue-bound, not bound by its 34 MB of reads).
-# The third field is the kernel's ATOMIC: two reads, one relaxed CTA-scope atomic add a key into
-# the block instead of Triton's histogram; AOT (sm_90, 2,048 x 4 warps): 265 + 477 SASS a warp
-# in its two loops, 1.45 warp-instructions a position against 3.07, 64 registers; its time
-# hangs on the L2's atomic throughput (8.4M adds at B 64 N 2 L 64K), not measured yet.
-SPLIT_HIST_CONFIG = (2048, 4, False)
-# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG); (BLOCK, num_warps,
-# ATOMIC).
-SPLIT_HIST_SPACE = ((2048, 4, False), (4096, 4, False), (1024, 4, False), (2048, 4, True),
-                    (4096, 8, True))
+# 57 % of the SMs' issue slots, not bound by its 34 MB of reads). On the H200 (2026-12-07,
+# L 64K / N 2 / L 128K) 2,048 x 4 27.7 / 47.9 / 52.3 us, 4,096 x 4 27.1 / 50.6 / 51.4, 1,024 x 4
+# 38.1 / 61.2 / 70.7: the times follow ~2 cycles an integer instruction of Hopper's ALU pipe
+# (bench/NOTES.md, "Twenty-fourth session").
+SPLIT_HIST_CONFIG = (2048, 4)
+# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG): (BLOCK, num_warps).
+SPLIT_HIST_SPACE = ((2048, 4), (4096, 4), (1024, 4))
 
 
 # Rows without a fused histogram (launch_split_hist then the split path, split_plan): the
@@ -1174,16 +1148,15 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
         ceil(ceil(max_i len[b, i] / P) / S)``, as the logits kernel's splits.
       n_drafts: N, at most 4.
       page_size: P, a positive int dividing ``W``.
-      config: ``(BLOCK, num_warps, atomic)`` (the kernel's ``ATOMIC``: the same blocks either
-        way); None: :data:`SPLIT_HIST_CONFIG`.
+      config: ``(BLOCK, num_warps)``; None: :data:`SPLIT_HIST_CONFIG`.
     Raises:
       TypeError: ``logits`` is not a float32 tensor, ``lengths`` or ``hist`` not an int32 one.
       ValueError: ``logits`` is not 2-D with a contiguous last dim, ``lengths`` is not
         contiguous, the tensors are on different devices, ``hist`` is not a contiguous tensor
         of ``hist_shape(B, S, N)`` for some S >= 1, ``page_size`` does not divide W,
         ``logits`` has no ``B * n_drafts`` rows, ``lengths`` has neither R nor R / N elements,
-        ``n_drafts`` is outside [1, 4], or ``config`` is not a triple (power-of-two BLOCK in
-        [16, TOPK_BLOCK_MAX], num_warps in 1, 2, 4, 8, 16, a bool).
+        ``n_drafts`` is outside [1, 4], or ``config`` is not a pair (power-of-two BLOCK in
+        [16, TOPK_BLOCK_MAX], num_warps in 1, 2, 4, 8, 16).
     """
     import torch
     for name, t, dt in (("logits", logits, torch.float32), ("lengths", lengths, torch.int32),
@@ -1200,13 +1173,12 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
         raise ValueError(f"lengths, hist: expected on the logits' device {logits.device}, got "
                          f"{lengths.device}, {hist.device}")
     if config is not None:
-        ok = (isinstance(config, (tuple, list)) and len(config) == 3
-              and tuple(map(type, config)) == (int, int, bool))
+        ok = (isinstance(config, (tuple, list)) and len(config) == 2
+              and tuple(map(type, config)) == (int, int))
         if not ok or not (16 <= config[0] <= TOPK_BLOCK_MAX and config[0] & (config[0] - 1) == 0
                           and config[1] in (1, 2, 4, 8, 16)):
-            raise ValueError(f"config: expected None or (BLOCK, num_warps, atomic): a power of "
-                             f"two in [16, {TOPK_BLOCK_MAX}], 1, 2, 4, 8 or 16, and a bool, got "
-                             f"{config!r}")
+            raise ValueError(f"config: expected None or (BLOCK, num_warps): a power of two in "
+                             f"[16, {TOPK_BLOCK_MAX}] and 1, 2, 4, 8 or 16, got {config!r}")
     R, W = logits.shape
     if type(n_drafts) is not int or not 1 <= n_drafts <= 4:
         raise ValueError(f"n_drafts: expected an int in [1, 4], got {n_drafts!r}")
@@ -1225,11 +1197,11 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
     per_row = _lengths_per_row(lengths, R, n_drafts)
     if R == 0:
         return hist
-    block, warps, atomic = config or SPLIT_HIST_CONFIG
+    block, warps = config or SPLIT_HIST_CONFIG
     launch = dict(PDL=True, launch_pdl=True) if pdl_enabled(logits.device) else {}
     _topk_hist_kernel[(R, hist.shape[1])](logits, lengths, hist, W, page_size, logits.stride(0),
                                          n_drafts, per_row, nb, hist.shape[1], BLOCK=block,
-                                         ATOMIC=atomic, num_warps=warps, **launch)
+                                         num_warps=warps, **launch)
     return hist
 
 

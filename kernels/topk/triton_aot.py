@@ -62,13 +62,13 @@ def aot_specs(smem_class: str) -> list:
                                     divisible=div))
     # the split pass A (launch_split_hist: the indexer's top-k when its logits kernel did not
     # fuse the histogram, select_topk on few long rows), at every SPLIT_HIST_SPACE config
-    for hblock, hwarps, hatom in SPLIT_HIST_SPACE:
-        specs.append(LaunchSpec(_split_hist_label(hblock, hwarps, hatom),
+    for hblock, hwarps in SPLIT_HIST_SPACE:
+        specs.append(LaunchSpec(_split_hist_label(hblock, hwarps),
                                 "kernels.topk.triton", "_topk_hist_kernel",
                                 {"x_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32",
                                  "W": "i32", "P": "i32", "stride_x": "i32", "n_drafts": "i32",
                                  "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32"},
-                                dict(BLOCK=hblock, ATOMIC=hatom), hwarps, 1,
+                                dict(BLOCK=hblock), hwarps, 1,
                                 divisible=("W", "P", "stride_x")))
     # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
     # griddepcontrol.wait, nothing else changes; one launch of each kernel (the plan part, the
@@ -98,8 +98,8 @@ def aot_specs(smem_class: str) -> list:
 SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w4 vec parts")
 
 
-def _split_hist_label(block: int, warps: int, atomic: bool) -> str:
-    return f"topk split hist block{block} w{warps}" + (" atomic" if atomic else "")
+def _split_hist_label(block: int, warps: int) -> str:
+    return f"topk split hist block{block} w{warps}"
 
 
 def _default_split_hist_label() -> str:
