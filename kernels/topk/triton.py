@@ -93,9 +93,11 @@ and of the splits before it in its group (their rebased histograms): three launc
 The per-row kernel then continues from the candidates (``FROM_PLAN``).
 
 Split pass A (``launch_split_hist``): the same blocks from logits written without them, one
-program per (row, split), for the indexer's warp-specialised logits kernel at N > 1, where the
-fused histogram cost 45 % of the kernel (bench/NOTES.md, twenty-second and twenty-third
-sessions); the split path then runs as above.
+program per (row, split), where the indexer's warp-specialised logits kernel runs without the
+histogram (``kernels.indexer.triton.fuse_hist``: at N > 1, where the fused histogram cost 45 %
+of the kernel, and on an H200 for large tables: bench/NOTES.md, twenty-second to twenty-fourth
+sessions) and for ``select_topk`` on few long rows (:func:`split_plan`); the split path then
+runs as above.
 """
 from __future__ import annotations
 
@@ -1057,7 +1059,6 @@ def _topk_hist_kernel(
     s = tl.program_id(1)
     _, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, 0, 1)
     x_row = x_ptr + row * stride_x
-    offs = tl.arange(0, BLOCK)
     b = row // n_drafts
     i = row % n_drafts
     blk = hist_ptr + ((b * num_splits + s) * n_drafts_pow2 + i) * HIST_ROW
@@ -1102,10 +1103,9 @@ def split_plan(rows: int, W: int, num_sms: int) -> tuple | None:
     than two splits: ``rows >= SPLIT_PLAN_PER_SM x num_sms`` (the per-row kernel already
     fills the GPU) or rows shorter than two ``SPLIT_PLAN_MIN_POSITIONS`` splits. The page size
     only sets the split boundaries: the largest power of two up to 64 dividing ``W``.
-    Measured on an H100 with the indexer's splits (bench/NOTES.md "Twenty-third session"): one
-    program a row took 203 us at B 1 L 128K and 116 at B 64 L 64K, the split top-k after the
-    fused histogram 19 and 24. Not yet measured on this path (the next GPU session's A/B:
-    :data:`SPLIT_PLAN_ENV`).
+    Measured on an H200 through ``select_topk`` (bench/NOTES.md "Twenty-fourth session", A/B
+    with :data:`SPLIT_PLAN_ENV`): L 32K, B 1 26.5 us against 68.3 one program a row, B 64 51.7
+    against 74.3.
 
     Raises:
       ValueError: :data:`SPLIT_PLAN_ENV` holds something other than ``0``, ``1`` or nothing.
