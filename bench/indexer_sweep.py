@@ -18,7 +18,9 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 * ``topk_nohist_us``: the top-k without the fused histogram as ``indexer_topk`` runs it
   (``kernels.topk.triton.launch_split_hist``, the split pass A over the logits at the logits
   kernel's split count, then the split top-k over them; ``split_hist_us`` that pass alone,
-  ``split_hist_us_by_config`` at each ``SPLIT_HIST_SPACE`` config); ``topk_nohist_same_set``
+  ``split_hist_us_by_config`` at each ``SPLIT_HIST_SPACE`` config, keys
+  ``"{form}{BLOCK}w{warps}"``, "MISMATCH" where its blocks differ from the default config's);
+  ``topk_nohist_same_set``
   whether it selects the fused pipeline's set), so ``logits_nohist_us + topk_nohist_us`` is
   the unfused pipeline;
   ``topk_perrow_us``: the per-row kernel's own pass A instead (one program a row);
@@ -420,8 +422,18 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                                                                first.sort(-1).values))
                 row["topk_nohist_us"] = timer(lambda: tk_unfused(h_a))
                 row["split_hist_us"] = timer(lambda: pass_a(h_a))
-                row["split_hist_us_by_config"] = {
-                    f"{c[0]}w{c[1]}": timer(lambda c=c: pass_a(h_a, c)) for c in SPLIT_HIST_SPACE}
+                # every config's blocks bitwise the default's (written words only), then timed
+                by_cfg, h_c = {}, torch.empty_like(hist)
+                for c in SPLIT_HIST_SPACE:
+                    h_c.fill_(-7)
+                    h_a.fill_(-7)
+                    pass_a(h_a)
+                    pass_a(h_c, c)
+                    sync()
+                    same = bool(torch.equal(h_c[:, :, :N, :258], h_a[:, :, :N, :258]))
+                    by_cfg[f"{c[2]}{c[0]}w{c[1]}"] = (timer(lambda c=c: pass_a(h_c, c)) if same
+                                                      else "MISMATCH")
+                row["split_hist_us_by_config"] = by_cfg
                 row["topk_perrow_us"] = timer(lambda: tk(h=None))
                 if name == (names[0] if first_name is None else first_name):
                     row["topk_us_by_cand_block"] = {

@@ -770,18 +770,25 @@ def test_scatter_maxnreg_switch(monkeypatch):
                     hist=ht, page_size=P)
 
 
-@pytest.mark.parametrize("S,N,block", [(1, 1, None), (4, 2, 64), (6, 3, 128)])
-def test_split_pass_a_blocks_and_same_bits(S, N, block):
+@pytest.mark.parametrize("S,N,cfg,P", [(1, 1, None, 16), (4, 2, (64, 4, "ballot"), 16),
+                                        (6, 3, (128, 4, "ballot"), 16),
+                                        (1, 1, (128, 1, "smem"), 16),
+                                        (4, 2, (256, 2, "smem"), 8),
+                                        (3, 1, (512, 4, "smem"), 16)])
+def test_split_pass_a_blocks_and_same_bits(S, N, cfg, P):
     """``launch_split_hist`` (the split pass A, for logits written without the fused
     histogram): every (request, split, draft) block is the NumPy model's at the split's exact
     bases (a split without a qualifying key: zero counts and ``BASE_NONE`` / ``LBASE_NONE``),
-    at the default config and at other BLOCK sizes, with several blocks a split
-    (rebases as the running max / min move), heavy-tailed rows, a tied row, a window miss,
+    at the default config and at other BLOCK sizes of both forms (the ballot kernel: several
+    blocks a split, rebases as the running max / min move; the Gluon smem kernel on the GPU:
+    whole blocks and a masked tail, a page size that is not a multiple of 16, so scalar loads;
+    in the interpreter a smem config runs the ballot kernel), heavy-tailed rows, a tied row, a
+    window miss,
     NaN / -inf, a length mid-page, splits past the prefix and MTP request lengths; ``launch_topk`` from those blocks gives the reference set and the same bits
     as the per-row kernel's own pass A (both at the row's exact bases). Bad arguments are
     ValueErrors / TypeErrors naming them."""
     from kernels.topk.triton import BASE_NONE, LBASE_NONE, hist_shape, launch_split_hist
-    K, P, W = 24, 16, 352
+    K, W = 24, 352
     pool = np.concatenate([_heavy_rows(41, 4, W), _rows(42, 2, W)[1]])
     pool[4] = np.round(pool[4])                                   # ties
     pool[1, 11] = 1e30                                            # window miss
@@ -799,7 +806,6 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
     xt = torch.from_numpy(x).to(DEVICE)
     lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     h = torch.full(hist_shape(2, S, N), -7, dtype=torch.int32, device=DEVICE)
-    cfg = (block, 4) if block else None
     launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=cfg)
     got = h.cpu().numpy()
     np.testing.assert_array_equal(got[:, :, :N, :258], want[:, :, :N, :258], str(cfg))
@@ -812,7 +818,7 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
     launch_topk(xt, lt, K, plain, torch.empty((2 * N, W), dtype=torch.int32, device=DEVICE),
                 n_drafts=N)
     assert torch.equal(out, plain)
-    if S != 1:
+    if S != 1 or cfg is not None:
         return
     for kw, match in ((dict(hist=h[:1]), "hist: expected a contiguous int32"),
                       (dict(hist=h[:, :, :, :8]), "hist: expected a contiguous int32"),
@@ -823,7 +829,9 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
         args = {**dict(lengths=lt, hist=h, n_drafts=N, page_size=P), **kw}
         with pytest.raises(ValueError, match=match):
             launch_split_hist(xt, args.pop("lengths"), args.pop("hist"), **args)
-    for bad in ((64, 4, False), (64,), (48, 4), (2048, 3), (2048.0, 4), (64, True), "2048x4"):
+    for bad in ((64, 4), (64, 4, "ballot", 1), (48, 4, "ballot"), (2048, 3, "smem"),
+                (2048.0, 4, "smem"), (64, True, "ballot"), "2048x4", (256, 4, "smem"),
+                (2048, 4, "fast"), (2048, 4, None)):
         with pytest.raises(ValueError, match="config: expected None or"):
             launch_split_hist(xt, lt, h, page_size=P, config=bad)
     with pytest.raises(ValueError, match="logits: expected a 2-D"):
@@ -836,3 +844,52 @@ def test_split_pass_a_blocks_and_same_bits(S, N, block):
         launch_split_hist(xt, lt.long(), h, page_size=P)
     with pytest.raises(TypeError, match="hist: expected a torch.int32 tensor, got torch.int64"):
         launch_split_hist(xt, lt, h.long(), page_size=P)
+
+
+@pytest.mark.skipif(not CUDA, reason="the Gluon smem split pass A runs on the GPU only")
+@pytest.mark.parametrize("dist", ["normal", "heavy", "ties", "specials", "one_bin"])
+def test_split_pass_a_smem_form_bitwise_ballot(dist):
+    """The split pass A's two forms at the default BLOCK / warps (``launch_split_hist`` config
+    ``(2048, 4, "smem")``, the Gluon kernel with a shared atomic add a key, against ``(2048, 4,
+    "ballot")``, Triton's histogram) write bitwise the same blocks at an indexer-like shape (B 3,
+    N 2, rows of 64 pages of 64 past several whole blocks a split, request lengths mid-page, one
+    request empty) on rows that stress the atomics and the bases: i.i.d. normal, heavy-tailed,
+    a few tied values, NaN / +-inf / -0.0 / +0.0 / subnormals / +-FLT_MAX mixed in, and every key
+    in one bin (all conflicting in the shared atomic unit); and the top-k from them is the
+    reference set."""
+    from kernels.topk.triton import hist_shape, launch_split_hist
+    B, N, P, S, K = 3, 2, 64, 5, 512
+    W = 64 * P
+    rng = np.random.default_rng(7)
+    if dist == "normal":
+        x = rng.standard_normal((B * N, W)).astype(np.float32)
+    elif dist == "heavy":
+        x = np.concatenate([_heavy_rows(8, 4, W), rng.standard_normal((2, W)).astype(np.float32)])
+    elif dist == "ties":
+        x = rng.integers(-3, 4, (B * N, W)).astype(np.float32)
+    elif dist == "specials":
+        x = rng.standard_normal((B * N, W)).astype(np.float32)
+        pick = rng.integers(0, W, (B * N, 400))
+        vals = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-42, -1e-42,
+                         np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
+        for r in range(B * N):
+            x[r, pick[r]] = vals[rng.integers(0, len(vals), 400)]
+        x[1, :] = -np.inf                                      # a row with no qualifying key
+    else:
+        x = np.full((B * N, W), 1.5, np.float32) + rng.random((B * N, W)).astype(np.float32) * 0.1
+    lens = [W - 37, 0, W // 2 + 5]
+    row_lens = [max(L - (N - 1 - i), 0) for L in lens for i in range(N)]
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    got = {}
+    for form in ("smem", "ballot"):
+        h = torch.full(hist_shape(B, S, N), -7, dtype=torch.int32, device=DEVICE)
+        launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=(2048, 4, form))
+        got[form] = h
+    assert torch.equal(got["smem"], got["ballot"])
+    want = _split_hists(x, row_lens, N, S, P)
+    np.testing.assert_array_equal(got["smem"].cpu().numpy()[:, :, :N, :256], want[:, :, :N, :256])
+    out = torch.full((B * N, K), -7, dtype=torch.int32, device=DEVICE)
+    launch_topk(xt, lt, K, out, torch.empty((B * N, W), dtype=torch.int32, device=DEVICE),
+                hist=got["smem"], n_drafts=N, page_size=P)
+    compare.assert_pass(compare.check_topk(out, _ref_rows(x, row_lens), K))

@@ -121,6 +121,27 @@ def _check_fit(results, cc: int, limit: int) -> None:
                          + "; ".join(f"{r['label']} needs {r['shared']}" for r in too_big))
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", CCS)
+def test_split_pass_a_smem_buffer_is_the_only_shared_memory(cc):
+    """The Gluon split pass A (``kernels.topk.gluon_hist``) adds to its histogram through inline
+    PTX at ``global_smem + HIST_SMEM_OFFSET``: correct only while its one shared buffer is all
+    the shared memory the kernel takes (no reduction or layout conversion through shared
+    memory), so Triton's allocator puts it at 0. Every smem launch of ``SPLIT_HIST_SPACE``,
+    compiled with the GPU image's Triton (the installed one for sm_90; the default's PDL twin
+    too), takes exactly ``SMEM_WORDS * 4`` bytes."""
+    from kernels.topk import gluon_hist
+    from kernels.topk.triton import SPLIT_HIST_SPACE
+    path = _gpu_image_triton() if cc == 120 else None
+    res = [r for r in _compiled(cc, "indexer_topk", path) if " split hist smem " in r["label"]]
+    assert (len([r for r in res if not r["label"].endswith(" pdl")])
+            == sum(form == "smem" for _, _, form in SPLIT_HIST_SPACE))
+    assert gluon_hist.HIST_SMEM_OFFSET.value == 0
+    for r in res:
+        assert "error" not in r, r.get("error")
+        assert r["shared"] == gluon_hist.SMEM_WORDS.value * 4, (r["label"], r["shared"])
+
+
 def test_aot_compile_one_kernel_without_gpu():
     """Fast check that AOT compilation works here (subprocess, TRITON_INTERPRET cleared): the
     heuristic's config for 64 heads on the fp8_ds_mla split kernel, for sm_120, reports a

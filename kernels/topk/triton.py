@@ -1069,20 +1069,26 @@ def _topk_hist_kernel(
     tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase))
 
 
-# (positions per loop iteration, num_warps) of the split pass A (_topk_hist_kernel). AOT
-# (Triton 3.6.0, sm_90; the loop's SASS a warp, the warp-instructions a position): 1,024 x 4
-# warps 1,125, 4.39, 96 registers; 2,048 x 4 1,597, 3.12, 108 (4 CTAs an SM); 4,096 x 4 2,947,
-# 2.88, 168 (3 CTAs an SM); 4,096 x 8 1,600, 3.13, 111. Triton's 256-bin histogram (a ballot
-# per bin bit, then each lane's eight bins: VOTE, LOP3, POPC) is ~2 of the ~3 a position.
-# Measured (H100, 2026-12-07, B 64 N 2 L 64K, 8.4M positions, 5 splits): 2,048 x 4 55.0 us,
-# 4,096 x 4 61.0, 1,024 x 4 63.9; at 4 splits 49.0 (0.53e12 warp-instructions a second, about
-# 57 % of the SMs' issue slots, not bound by its 34 MB of reads). On the H200 (2026-12-07,
+# (positions per loop iteration, num_warps, form) of the split pass A. Form "ballot":
+# _topk_hist_kernel (Triton's tl.histogram, one read, rebased as the running max / min move);
+# "smem": kernels.topk.gluon_hist._topk_hist_smem_kernel (two reads, the float max / min then one
+# shared-memory atomic add a key; GPU only: in the CPU interpreter a "smem" config runs the
+# ballot kernel at the same BLOCK and num_warps). The same blocks either way.
+# Ballot, AOT (Triton 3.6.0, sm_90; the loop's SASS a warp, the warp-instructions a position):
+# 1,024 x 4 warps 1,125, 4.39, 96 registers; 2,048 x 4 1,597, 3.12, 108 (4 CTAs an SM); 4,096 x 4
+# 2,947, 2.88, 168 (3 CTAs an SM). Triton's 256-bin histogram (a ballot per bin bit, then each
+# lane's eight bins: VOTE, LOP3, POPC) is ~2 of the ~3 a position. Measured (H200, 2026-12-07,
 # L 64K / N 2 / L 128K) 2,048 x 4 27.7 / 47.9 / 52.3 us, 4,096 x 4 27.1 / 50.6 / 51.4, 1,024 x 4
-# 38.1 / 61.2 / 70.7: the times follow ~2 cycles an integer instruction of Hopper's ALU pipe
-# (bench/NOTES.md, "Twenty-fourth session").
-SPLIT_HIST_CONFIG = (2048, 4)
-# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG): (BLOCK, num_warps).
-SPLIT_HIST_SPACE = ((2048, 4), (4096, 4), (1024, 4))
+# 38.1 / 61.2 / 70.7: ~2 cycles an integer instruction of Hopper's ALU pipe (ncu, H100, N 2:
+# ALU pipe 72.8 % of the elapsed cycles, bench/NOTES.md "Twenty-fifth session").
+# Smem, AOT (sm_90): 2,048 x 4 the first read's loop 75 SASS a warp (4.7 a 32-key slot), the
+# second's 188 (11.8): 0.51 warp-instructions a position against 3.07, 80 registers, 2,064 B of
+# shared memory.
+SPLIT_HIST_CONFIG = (2048, 4, "smem")
+# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG).
+SPLIT_HIST_SPACE = ((2048, 4, "smem"), (2048, 8, "smem"), (4096, 8, "smem"), (1024, 4, "smem"),
+                    (2048, 4, "ballot"), (4096, 4, "ballot"))
+SPLIT_HIST_FORMS = ("smem", "ballot")
 
 
 # Rows without a fused histogram (launch_split_hist then the split path, split_plan): the
@@ -1148,15 +1154,18 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
         ceil(ceil(max_i len[b, i] / P) / S)``, as the logits kernel's splits.
       n_drafts: N, at most 4.
       page_size: P, a positive int dividing ``W``.
-      config: ``(BLOCK, num_warps)``; None: :data:`SPLIT_HIST_CONFIG`.
+      config: ``(BLOCK, num_warps, form)`` (:data:`SPLIT_HIST_SPACE`; form ``"smem"``: the
+        Gluon kernel ``kernels.topk.gluon_hist``, on a GPU only: in the CPU interpreter the
+        ballot kernel runs at the same BLOCK and num_warps); None: :data:`SPLIT_HIST_CONFIG`.
     Raises:
       TypeError: ``logits`` is not a float32 tensor, ``lengths`` or ``hist`` not an int32 one.
       ValueError: ``logits`` is not 2-D with a contiguous last dim, ``lengths`` is not
         contiguous, the tensors are on different devices, ``hist`` is not a contiguous tensor
         of ``hist_shape(B, S, N)`` for some S >= 1, ``page_size`` does not divide W,
         ``logits`` has no ``B * n_drafts`` rows, ``lengths`` has neither R nor R / N elements,
-        ``n_drafts`` is outside [1, 4], or ``config`` is not a pair (power-of-two BLOCK in
-        [16, TOPK_BLOCK_MAX], num_warps in 1, 2, 4, 8, 16).
+        ``n_drafts`` is outside [1, 4], or ``config`` is not a triple (power-of-two BLOCK in
+        [16, TOPK_BLOCK_MAX], num_warps in 1, 2, 4, 8, 16, a form of
+        :data:`SPLIT_HIST_FORMS`; the smem form's BLOCK at least 128 x num_warps).
     """
     import torch
     for name, t, dt in (("logits", logits, torch.float32), ("lengths", lengths, torch.int32),
@@ -1173,12 +1182,15 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
         raise ValueError(f"lengths, hist: expected on the logits' device {logits.device}, got "
                          f"{lengths.device}, {hist.device}")
     if config is not None:
-        ok = (isinstance(config, (tuple, list)) and len(config) == 2
-              and tuple(map(type, config)) == (int, int))
+        ok = (isinstance(config, (tuple, list)) and len(config) == 3
+              and tuple(map(type, config)) == (int, int, str))
         if not ok or not (16 <= config[0] <= TOPK_BLOCK_MAX and config[0] & (config[0] - 1) == 0
-                          and config[1] in (1, 2, 4, 8, 16)):
-            raise ValueError(f"config: expected None or (BLOCK, num_warps): a power of two in "
-                             f"[16, {TOPK_BLOCK_MAX}] and 1, 2, 4, 8 or 16, got {config!r}")
+                          and config[1] in (1, 2, 4, 8, 16) and config[2] in SPLIT_HIST_FORMS
+                          and (config[2] != "smem" or config[0] >= 128 * config[1])):
+            raise ValueError(f"config: expected None or (BLOCK, num_warps, form): a power of two "
+                             f"in [16, {TOPK_BLOCK_MAX}], 1, 2, 4, 8 or 16, one of "
+                             f"{SPLIT_HIST_FORMS} (smem: BLOCK >= 128 x num_warps), got "
+                             f"{config!r}")
     R, W = logits.shape
     if type(n_drafts) is not int or not 1 <= n_drafts <= 4:
         raise ValueError(f"n_drafts: expected an int in [1, 4], got {n_drafts!r}")
@@ -1197,11 +1209,13 @@ def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: in
     per_row = _lengths_per_row(lengths, R, n_drafts)
     if R == 0:
         return hist
-    block, warps = config or SPLIT_HIST_CONFIG
+    block, warps, form = config or SPLIT_HIST_CONFIG
     launch = dict(PDL=True, launch_pdl=True) if pdl_enabled(logits.device) else {}
-    _topk_hist_kernel[(R, hist.shape[1])](logits, lengths, hist, W, page_size, logits.stride(0),
-                                         n_drafts, per_row, nb, hist.shape[1], BLOCK=block,
-                                         num_warps=warps, **launch)
+    kernel = _topk_hist_kernel
+    if form == "smem" and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        from kernels.topk.gluon_hist import _topk_hist_smem_kernel as kernel
+    kernel[(R, hist.shape[1])](logits, lengths, hist, W, page_size, logits.stride(0), n_drafts,
+                               per_row, nb, hist.shape[1], BLOCK=block, num_warps=warps, **launch)
     return hist
 
 

@@ -61,10 +61,13 @@ def aot_specs(smem_class: str) -> list:
                                     dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp, VEC=vec), nw, 1,
                                     divisible=div))
     # the split pass A (launch_split_hist: the indexer's top-k when its logits kernel did not
-    # fuse the histogram, select_topk on few long rows), at every SPLIT_HIST_SPACE config
-    for hblock, hwarps in SPLIT_HIST_SPACE:
-        specs.append(LaunchSpec(_split_hist_label(hblock, hwarps),
-                                "kernels.topk.triton", "_topk_hist_kernel",
+    # fuse the histogram, select_topk on few long rows), at every SPLIT_HIST_SPACE config: the
+    # ballot form the Triton kernel, the smem form the Gluon one (whose one shared buffer must
+    # sit at gluon_hist.HIST_SMEM_OFFSET: tests/test_triton_compile.py)
+    for hblock, hwarps, form in SPLIT_HIST_SPACE:
+        module, kernel = (("kernels.topk.gluon_hist", "_topk_hist_smem_kernel") if form == "smem"
+                          else ("kernels.topk.triton", "_topk_hist_kernel"))
+        specs.append(LaunchSpec(_split_hist_label(hblock, hwarps, form), module, kernel,
                                 {"x_ptr": "*fp32", "len_ptr": "*i32", "hist_ptr": "*i32",
                                  "W": "i32", "P": "i32", "stride_x": "i32", "n_drafts": "i32",
                                  "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32"},
@@ -98,8 +101,8 @@ def aot_specs(smem_class: str) -> list:
 SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w4 vec parts")
 
 
-def _split_hist_label(block: int, warps: int) -> str:
-    return f"topk split hist block{block} w{warps}"
+def _split_hist_label(block: int, warps: int, form: str) -> str:
+    return f"topk split hist {form} block{block} w{warps}"
 
 
 def _default_split_hist_label() -> str:
