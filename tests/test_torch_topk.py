@@ -849,16 +849,17 @@ def test_split_pass_a_blocks_and_same_bits(S, N, cfg, P):
 @pytest.mark.skipif(not CUDA, reason="the Gluon smem split pass A runs on the GPU only")
 @pytest.mark.parametrize("dist", ["normal", "heavy", "ties", "specials", "one_bin"])
 def test_split_pass_a_smem_form_bitwise_ballot(dist):
-    """The split pass A's two forms at the default BLOCK / warps (``launch_split_hist`` config
-    ``(2048, 4, "smem")``, the Gluon kernel with a shared atomic add a key, against ``(2048, 4,
-    "ballot")``, Triton's histogram) write bitwise the same blocks at an indexer-like shape (B 3,
+    """The split pass A's two forms at the default BLOCK / warps (``SPLIT_HIST_CONFIG``, the
+    Gluon kernel with a shared atomic add a key, against the same BLOCK / warps in the
+    ``"ballot"`` form, Triton's histogram) write bitwise the same blocks at an indexer-like shape (B 3,
     N 2, rows of 64 pages of 64 past several whole blocks a split, request lengths mid-page, one
     request empty) on rows that stress the atomics and the bases: i.i.d. normal, heavy-tailed,
     a few tied values, NaN / +-inf / -0.0 / +0.0 / subnormals / +-FLT_MAX mixed in, and every key
     in one bin (all conflicting in the shared atomic unit); and the top-k from them is the
     reference set."""
-    from kernels.topk.triton import hist_shape, launch_split_hist
+    from kernels.topk.triton import SPLIT_HIST_CONFIG, hist_shape, launch_split_hist
     B, N, P, S, K = 3, 2, 64, 5, 512
+    assert SPLIT_HIST_CONFIG[2] == "smem"
     W = 64 * P
     rng = np.random.default_rng(7)
     if dist == "normal":
@@ -884,7 +885,7 @@ def test_split_pass_a_smem_form_bitwise_ballot(dist):
     got = {}
     for form in ("smem", "ballot"):
         h = torch.full(hist_shape(B, S, N), -7, dtype=torch.int32, device=DEVICE)
-        launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=(2048, 4, form))
+        launch_split_hist(xt, lt, h, n_drafts=N, page_size=P, config=(*SPLIT_HIST_CONFIG[:2], form))
         got[form] = h
     assert torch.equal(got["smem"], got["ballot"])
     want = _split_hists(x, row_lens, N, S, P)

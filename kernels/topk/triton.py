@@ -1082,11 +1082,14 @@ def _topk_hist_kernel(
 # 38.1 / 61.2 / 70.7: ~2 cycles an integer instruction of Hopper's ALU pipe (ncu, H100, N 2:
 # ALU pipe 72.8 % of the elapsed cycles, bench/NOTES.md "Twenty-fifth session").
 # Smem, AOT (sm_90): 2,048 x 4 the first read's loop 75 SASS a warp (4.7 a 32-key slot), the
-# second's 188 (11.8): 0.51 warp-instructions a position against 3.07, 80 registers, 2,064 B of
-# shared memory.
-SPLIT_HIST_CONFIG = (2048, 4, "smem")
+# second's 187 (11.7): 0.51 warp-instructions a position against 3.07, 80 registers, 2,048 B of
+# shared memory; 2,048 x 8 62 registers. Measured (H100, 2026-12-07, L 64K / N 2 / L 128K / V4
+# B 8 1M, us; bench/results/indexer_sweep_smem_pass_a_c_h100_20261207.json): 2,048 x 8 7.4 /
+# 13.6 / 14.9 / 14.6, 2,048 x 4 7.5 / 13.4 / 17.2 / 16.4, 4,096 x 8 7.5 / 16.0 / 13.4 / 13.5,
+# 1,024 x 4 7.7 / 15.0 / 21.3 / 21.4; the ballot form at 2,048 x 4 27.8 / 48.0 / 53.5 / 51.7.
+SPLIT_HIST_CONFIG = (2048, 8, "smem")
 # The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG).
-SPLIT_HIST_SPACE = ((2048, 4, "smem"), (2048, 8, "smem"), (4096, 8, "smem"), (1024, 4, "smem"),
+SPLIT_HIST_SPACE = ((2048, 8, "smem"), (2048, 4, "smem"), (4096, 8, "smem"), (1024, 4, "smem"),
                     (2048, 4, "ballot"), (4096, 4, "ballot"))
 SPLIT_HIST_FORMS = ("smem", "ballot")
 
