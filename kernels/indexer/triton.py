@@ -175,9 +175,12 @@ constants."""
 # L 64K 228.7 -> 208.7 us, L 128K 432.7 -> 384.0, V4 B 8 1M 423.8 -> 382.4, V4 B 1 1M 82.1 ->
 # 78.9; smaller tables lose (B 1 L 128K 28.3 -> 30.3, B 1 L 64K 23.5 -> 26.2). V4 B 64 with 4K
 # of a 1M table (64M table positions, 262K read) loses 1.3 us (34.8 -> 36.1): the host sees the
-# table, not the lengths. On an H100 the kernel runs near the cache's read rate and the histogram
-# costs less than the split pass A would (20.6 us at L 64K, 1.1 at L 128K, "Twenty-second
-# session", against the pass's ~28 / ~52 us on the H200), so it stays fused there. (The
+# table, not the lengths. (Those A/Bs ran the ballot split pass A, 27.7 / 52.3 us at L 64K / 128K;
+# the shared-atomic one, kernels.topk.gluon_hist, is ~4x faster: "Twenty-fifth session"; the
+# H200 rule with it is not yet measured.) On an H100 the kernel runs near the cache's read rate
+# and the histogram costs little; with the shared-atomic pass an A/B on one H100 (2026-12-07,
+# fused -> unfused) gave B 64 L 64K 253.5 -> 245.9, V4 B 1 1M 91.3 -> 87.7, but L 128K 445.4 ->
+# 467.1, V4 B 8 1M 449.4 -> 465.9, B 1 L 128K / 64K +1.1 / +1.2, so it stays fused there. (The
 # substring also matches a GH200, whose HBM3e reads at the H200's rate: unmeasured.)
 UNFUSED_DEVICES = ("H200",)
 UNFUSED_MIN_POSITIONS = 1 << 20

@@ -97,7 +97,10 @@ program per (row, split), where the indexer's warp-specialised logits kernel run
 histogram (``kernels.indexer.triton.fuse_hist``: at N > 1, where the fused histogram cost 45 %
 of the kernel, and on an H200 for large tables: bench/NOTES.md, twenty-second to twenty-fourth
 sessions) and for ``select_topk`` on few long rows (:func:`split_plan`); the split path then
-runs as above.
+runs as above. On a GPU it is ``kernels.topk.gluon_hist`` (two reads of the split, one
+shared-memory atomic add a key: 0.5 warp-instructions a position, read-bound; 3.5-3.8x faster
+than this module's ``_topk_hist_kernel``, Triton's ballot histogram, which the CPU interpreter
+runs: bench/NOTES.md "Twenty-fifth session").
 """
 from __future__ import annotations
 
