@@ -1091,9 +1091,9 @@ def _topk_hist_kernel(
 # 13.6 / 14.9 / 14.6, 2,048 x 4 7.5 / 13.4 / 17.2 / 16.4, 4,096 x 8 7.5 / 16.0 / 13.4 / 13.5,
 # 1,024 x 4 7.7 / 15.0 / 21.3 / 21.4; the ballot form at 2,048 x 4 27.8 / 48.0 / 53.5 / 51.7.
 SPLIT_HIST_CONFIG = (2048, 8, "smem")
-# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG).
-SPLIT_HIST_SPACE = ((2048, 8, "smem"), (2048, 4, "smem"), (4096, 8, "smem"), (1024, 4, "smem"),
-                    (2048, 4, "ballot"), (4096, 4, "ballot"))
+# The configs bench.indexer_sweep times (the first is SPLIT_HIST_CONFIG; 1,024 x 4 smem and
+# 4,096 x 4 ballot, measured above, left out: AOT-checked for sm_120 in CI, ~3.5 s a spec).
+SPLIT_HIST_SPACE = ((2048, 8, "smem"), (2048, 4, "smem"), (4096, 8, "smem"), (2048, 4, "ballot"))
 SPLIT_HIST_FORMS = ("smem", "ballot")
 
 
