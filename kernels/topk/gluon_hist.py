@@ -41,8 +41,17 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
-from kernels.topk.triton import (BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE, MID_BIN, UPPER_LO,
-                                 WINDOW_SHIFT)
+from kernels.topk import window as _window
+
+# The histogram block's layout and the first digit (kernels.topk.window's values, as
+# kernels.topk.triton's constants; not imported from there: its launcher imports this module)
+BASE_NONE = gl.constexpr(_window.BASE_NONE)
+LBASE_NONE = gl.constexpr(_window.LBASE_NONE)
+HIST_BINS = gl.constexpr(_window.HIST_BINS)
+HIST_ROW = gl.constexpr(_window.HIST_ROW)
+MID_BIN = gl.constexpr(_window.MID_BIN)
+UPPER_LO = gl.constexpr(_window.UPPER_LO)
+WINDOW_SHIFT = gl.constexpr(_window.WINDOW_SHIFT)
 
 # CTA-wide barrier: ``gl.thread_barrier`` in Triton 3.6 (the H200 image), ``gl.barrier`` later
 _barrier = getattr(gl, "thread_barrier", None) or gl.barrier

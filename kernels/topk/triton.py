@@ -111,28 +111,29 @@ import triton
 import triton.language as tl
 from triton.language.extra.cuda import gdc_wait
 
+from kernels.topk import window as _window
 from kernels.topk.window import STATE_FIELDS  # noqa: F401 (re-exported: launch_topk's state)
 
 
 # Bins of the first-digit histogram; the logits kernel (kernels/indexer/triton.py, fused pass A)
 # histograms with the same bin function (window_hist_add).
-HIST_BINS = tl.constexpr(256)
+HIST_BINS = tl.constexpr(_window.HIST_BINS)
 # int32 words per (request, split, draft) histogram block: HIST_BINS counts, then the block's
 # upper window base (word HIST_BINS) and lower window base (word HIST_BINS + 1), then padding.
 # Hist buffers are [B, S, next_pow2(N), HIST_ROW].
-HIST_ROW = tl.constexpr(264)
+HIST_ROW = tl.constexpr(_window.HIST_ROW)
 # The first digit of a key is key >> WINDOW_SHIFT (12 bits: sign, 8 exponent bits, 3 mantissa
 # bits; 1/8 binade).
-WINDOW_SHIFT = tl.constexpr(20)
+WINDOW_SHIFT = tl.constexpr(_window.WINDOW_SHIFT)
 # Bins UPPER_LO..255: the upper window, one digit each, base + UPPER_LO .. base + 255 (the 16
 # binades below the largest key); bins 0..MID_BIN - 1: the lower window, one digit each,
 # lbase .. lbase + MID_BIN - 1 (the 16 binades above the smallest key); bin MID_BIN: every digit
 # between the two windows (window_bin).
-UPPER_LO = tl.constexpr(128)
-MID_BIN = tl.constexpr(127)
+UPPER_LO = tl.constexpr(_window.UPPER_LO)
+MID_BIN = tl.constexpr(_window.MID_BIN)
 # Window bases of a histogram that has seen no key yet (below / above every real base).
-BASE_NONE = tl.constexpr(-(1 << 20))
-LBASE_NONE = tl.constexpr(1 << 20)
+BASE_NONE = tl.constexpr(_window.BASE_NONE)
+LBASE_NONE = tl.constexpr(_window.LBASE_NONE)
 # Plan state words per row (launch_topk(state=...)): the fields of STATE_FIELDS (defined with
 # the NumPy model, kernels.topk.window), then zeros.
 STATE_WORDS = tl.constexpr(16)

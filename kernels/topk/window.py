@@ -17,6 +17,12 @@ WINDOW_SHIFT = 20
 HIST_BINS = 256
 UPPER_LO = 128
 MID_BIN = 127
+# int32 words of one (request, split, draft) histogram block (HIST_BINS counts, the upper and
+# the lower base, padding), and the bases of a block that has seen no key. The kernels' constants
+# (kernels.topk.triton, kernels.topk.gluon_hist) are these values.
+HIST_ROW = 264
+BASE_NONE = -(1 << 20)
+LBASE_NONE = 1 << 20
 
 
 def order_keys(x: np.ndarray) -> np.ndarray:
