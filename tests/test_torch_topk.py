@@ -852,15 +852,16 @@ def test_split_pass_a_smem_form_bitwise_ballot(dist):
     """The split pass A's two forms at the default BLOCK / warps (``SPLIT_HIST_CONFIG``, the
     Gluon kernel with a shared atomic add a key, against the same BLOCK / warps in the
     ``"ballot"`` form, Triton's histogram) write bitwise the same blocks at an indexer-like shape (B 3,
-    N 2, rows of 64 pages of 64 past several whole blocks a split, request lengths mid-page, one
-    request empty) on rows that stress the atomics and the bases: i.i.d. normal, heavy-tailed,
+    N 2, rows of 256 pages of 64 in 3 splits: ~5.5K positions a split, so whole unmasked blocks
+    and a masked tail; request lengths mid-page, one request empty) on rows that stress the atomics and the bases: i.i.d. normal, heavy-tailed,
     a few tied values, NaN / +-inf / -0.0 / +0.0 / subnormals / +-FLT_MAX mixed in, and every key
     in one bin (all conflicting in the shared atomic unit); and the top-k from them is the
     reference set."""
     from kernels.topk.triton import SPLIT_HIST_CONFIG, hist_shape, launch_split_hist
-    B, N, P, S, K = 3, 2, 64, 5, 512
+    B, N, P, S, K = 3, 2, 64, 3, 512
     assert SPLIT_HIST_CONFIG[2] == "smem"
-    W = 64 * P
+    W = 256 * P
+    assert W // S > 2 * SPLIT_HIST_CONFIG[0]                   # whole blocks in every full split
     rng = np.random.default_rng(7)
     if dist == "normal":
         x = rng.standard_normal((B * N, W)).astype(np.float32)
@@ -870,11 +871,13 @@ def test_split_pass_a_smem_form_bitwise_ballot(dist):
         x = rng.integers(-3, 4, (B * N, W)).astype(np.float32)
     elif dist == "specials":
         x = rng.standard_normal((B * N, W)).astype(np.float32)
-        pick = rng.integers(0, W, (B * N, 400))
+        pick = rng.integers(0, W, (B * N, 1600))
         vals = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-42, -1e-42,
                          np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
+        nans = np.array([0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0xFF800001], np.uint32)
+        vals = np.concatenate([vals, nans.view(np.float32)])  # NaN payloads of either sign
         for r in range(B * N):
-            x[r, pick[r]] = vals[rng.integers(0, len(vals), 400)]
+            x[r, pick[r]] = vals[rng.integers(0, len(vals), 1600)]
         x[1, :] = -np.inf                                      # a row with no qualifying key
     else:
         x = np.full((B * N, W), 1.5, np.float32) + rng.random((B * N, W)).astype(np.float32) * 0.1

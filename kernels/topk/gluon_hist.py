@@ -27,7 +27,8 @@ without a qualifying key). Only the way the counts are made differs:
 
 Measured (H100, 2026-12-07, bench/NOTES.md "Twenty-fifth session"): 3.5-3.8x faster than the
 ballot kernel (B 64 L 64K 27.8 -> 7.4 us, N 2 48.0 -> 13.6, L 128K 53.5 -> 14.9), about the read
-time of its two passes.
+time of its two passes. Since then the qualifying test became an integer one and the bin got
+``digit_bin``'s clamps (3 more SASS a key in the second read, AOT): not yet run on a GPU.
 
 Keys that share an address in a warp serialise in the shared atomic unit (a tied row: 32 passes
 a warp-instruction). The counts are integers, so the result does not depend on the order.
@@ -117,10 +118,12 @@ def _key_digit(x):
     ``kernels.topk.triton.order_key`` (-0.0 as +0.0) where ``ok`` (x qualifies: not NaN, not
     -inf), anything where not. ``x + 0.0`` turns -0.0 into +0.0 (IEEE round to nearest); the
     key is ``u ^ 0x80000000`` for a sign bit 0 and ``~u`` for 1, ``u ^ ((u >> 31) | 2^31)``
-    with an arithmetic shift."""
+    with an arithmetic shift. ``ok`` is an integer test on the key (the qualifying keys are
+    ``[0x00800000, 0xFF800000]``: -FLT_MAX .. +inf; NaNs key above or below, -inf at
+    0x007FFFFF), not a float compare, which a compiler assuming no NaN could invert."""
     u = (x + 0.0).to(gl.int32, bitcast=True)
     key = (u ^ ((u >> 31) | (-2147483647 - 1))).to(gl.uint32, bitcast=True)
-    return key, x >= -3.4028234663852886e38
+    return key, (key - 0x00800000) <= 0xFF000000
 
 
 @gluon.jit
@@ -140,13 +143,16 @@ def _min_max(x, mx, mn):
 
 @gluon.jit
 def _add_keys(x, sbase, base, lbase):
-    """One shared add a value of ``x`` to its bin at the split's bases (no clamp: the bases come
-    from this split's own max / min, so ``d - base <= 255`` and ``d - lbase >= 0`` for every
-    qualifying key); values that do not qualify add to :data:`TRASH_BIN`."""
+    """One shared add a value of ``x`` to its bin at the split's bases; values that do not
+    qualify add to :data:`TRASH_BIN`. The bin is ``kernels.topk.triton.digit_bin``, clamps
+    included: at the split's own bases they never bind (``d - base <= 255`` and ``d - lbase >=
+    0`` for every qualifying key), and they keep every address inside the buffer whatever the
+    keys."""
     key, ok = _key_digit(x)
     d = (key >> WINDOW_SHIFT).to(gl.int32)
     u = d - base
-    c = gl.where(u >= UPPER_LO, u, gl.minimum(d - lbase, MID_BIN))
+    c = gl.where(u >= UPPER_LO, gl.minimum(u, HIST_BINS - 1),
+                 gl.minimum(gl.maximum(d - lbase, 0), MID_BIN))
     c = gl.where(ok, c, TRASH_BIN)
     _shared_add_one(sbase + c * 4)
 
@@ -194,6 +200,8 @@ def _topk_hist_smem_kernel(
         _gdc_wait()
     NW: gl.constexpr = gl.num_warps()
     C: gl.constexpr = BLOCK // NW
+    # each warp's row at least one 4 x 32 tile: no element held twice, so no key added twice
+    gl.static_assert(C >= 128, "BLOCK must be at least 128 x num_warps")
     # [NW, C]: warp r reads positions [r C, (r + 1) C) of a block, four a thread (16-byte loads),
     # so a row reduction stays inside the warp (shuffles, no shared memory)
     LX: gl.constexpr = gl.BlockedLayout([1, 4], [1, 32], [NW, 1], [1, 0])
