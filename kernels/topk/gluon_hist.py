@@ -42,6 +42,7 @@ from __future__ import annotations
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from kernels.sparse_mla.gluon_cluster import _smem_base   # global_smem's shared address
 from kernels.topk import window as _window
 
 # The histogram block's layout and the first digit (kernels.topk.window's values, as
@@ -69,13 +70,6 @@ SMEM_WORDS = gl.constexpr(512)
 TRASH_BIN = gl.constexpr(256)
 KMAX_WORD = gl.constexpr(384)
 KMIN_WORD = gl.constexpr(385)
-
-
-@gluon.jit
-def _smem_base():
-    """The shared-window address of ``global_smem`` (int32 scalar)."""
-    return gl.inline_asm_elementwise("mov.u32 $0, global_smem;", "=r", [], dtype=gl.int32,
-                                     is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -227,9 +221,10 @@ def _topk_hist_smem_kernel(
     if full_end < hi:
         o = full_end + offs
         mx, mn = _min_max(gl.load(x_row + o, mask=o < hi, other=float("-inf")), mx, mn)
-    kq = _order_key(mn)
-    kmax_w = gl.max(_order_key(mx), axis=1)                        # [NW]: each warp's
-    kmin_w = gl.min(gl.where(kq != 0, kq, ~gl.zeros_like(kq)), axis=1)
+    # [NW]: each warp's largest and smallest key (mn is +inf or a qualifying value, never NaN
+    # or -inf, so its key is never 0; +inf's key is above every qualifying one)
+    kmax_w = gl.max(_order_key(mx), axis=1)
+    kmin_w = gl.min(_order_key(mn), axis=1)
     sbase = _smem_base() + HIST_SMEM_OFFSET
     _barrier()                                       # the initialised words, before any atomic
     _shared_max_min(gl.zeros_like(kmax_w.to(gl.int32)) + (sbase + KMAX_WORD * 4),
