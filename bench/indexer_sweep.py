@@ -27,7 +27,8 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
   candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
   launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
-  the indices differ from the default's), and for the per-row kernel's warps at the first two
+  the indices differ from the default's; keys ``"smem{BLOCK}w{warps}"``: the Gluon split pass B,
+  ``scatter_form="smem"``, its indices and plan state checked likewise), and for the per-row kernel's warps at the first two
   candidate blocks (``topk_us_by_warps``, keys ``"{cand_block}w{warps}"``, "MISMATCH" likewise)
   (first variant only; the others use the default);
 
@@ -358,10 +359,10 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                                              num_sms=dev.num_sms, config=cfg, hist=h,
                                              fp8_upcast=True, fp8_nan_fix=dry)
 
-                def tk(tcfg=None, st=None, scatter=None, h=hist):
+                def tk(tcfg=None, st=None, scatter=None, h=hist, form=None):
                     launch_topk(out.view(B * N, W), cl, K, idx, scratch, config=tcfg, hist=h,
                                 n_drafts=N, page_size=P, state=st, scatter=scatter,
-                                num_sms=dev.num_sms)
+                                num_sms=dev.num_sms, scatter_form=form)
 
                 def sync():
                     if not dry:
@@ -459,6 +460,18 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                         by_sc[f"{sc[0]}w{sc[1]}" + ("v" if sc[2] else "")] = (
                             timer(lambda sc=sc: tk(scatter=sc))
                             if torch.equal(first, idx) else "MISMATCH")
+                    # the smem form (the Gluon kernel) at each (BLOCK, warps): output and plan
+                    # state checked against the first run, keys "smem{BLOCK}w{warps}"
+                    st2 = torch.empty_like(state)
+                    # (the launch's vec flag is the Triton form's: the smem form's loads are
+                    # always 16-byte)
+                    for (b_, w_), sc in sorted({sc[:2]: sc for sc in SCATTER_SPACE}.items()):
+                        tk(scatter=sc, st=st2, form="smem")
+                        sync()
+                        same = torch.equal(first, idx) and torch.equal(st2, state)
+                        by_sc[f"smem{b_}w{w_}"] = (
+                            timer(lambda sc=sc: tk(scatter=sc, form="smem")) if same
+                            else "MISMATCH")
                     row["topk_us_by_scatter"] = by_sc
                 row["error"] = None
             except Exception as e:  # noqa: BLE001 - recorded per variant

@@ -62,6 +62,7 @@
 #                   API; torch's caching allocator off so every tensor is its own allocation)
 #   sanitize:jax    the same for the Pallas kernels (XLA's platform allocator, no command buffers)
 #   sanitize:all    both, as two invocations (two logs); a memcheck error or a FAIL line: rc != 0
+#                   (SANITIZE_ARGS: extra flags, e.g. "-k idx_long -k compat_select": those cases)
 #   picks:picks     scripts/apply_picks.py on this call's sweep_mlasmall / sweep_idxws JSON (else an
 #                   earlier call's on this machine, kept in /tmp/dsa_state): sets the switches the
 #                   sweeps support (and the sm_90 dispatch entries) in the device's copy of the
@@ -191,7 +192,7 @@ for step in "$@"; do
         XLA_FLAGS="${XLA_FLAGS:-} --xla_gpu_enable_command_buffer=" \
         timeout "$secs" compute-sanitizer --tool memcheck --target-processes all \
           --error-exitcode 3 --print-limit 50 \
-          python3 scripts/sanitize_ops.py --stack "$st" > "$slog" 2>&1 || rc_s=$?
+          python3 scripts/sanitize_ops.py --stack "$st" ${SANITIZE_ARGS:-} > "$slog" 2>&1 || rc_s=$?
         grep -E '^(PASS|FAIL|SKIP) |sanitize_ops|ERROR SUMMARY' "$slog" >> "$log"
       done
       (exit $rc_s) ;;

@@ -764,6 +764,8 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_IDX_WS_FUSED_HIST_MAX_N", "3",
      "environment: DSA_IDX_WS_FUSED_HIST_MAX_N: expected '0', '1', '2' or unset, got '3'"),
     ("DSA_TOPK_SPLIT_PLAN", "off", "environment: DSA_TOPK_SPLIT_PLAN: expected '0', '1' or unset, got 'off'"),
+    ("DSA_TOPK_SCATTER_FORM", "gluon",
+     "environment: DSA_TOPK_SCATTER_FORM: expected one of ('triton', 'smem') or unset, got 'gluon'"),
 ])
 def test_cli_bad_environment_exits_2_before_running(tmp_path, stub_registry, monkeypatch, capsys, var,
                                                     value, message):

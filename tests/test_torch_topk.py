@@ -708,6 +708,108 @@ def test_scatter_subsplits_same_bits(S, N, monkeypatch):
             run(bad)
 
 
+def test_scatter_form_switch(monkeypatch):
+    """``launch_topk(scatter_form=...)`` / ``DSA_TOPK_SCATTER_FORM``: ``"triton"`` and ``"smem"``
+    give the same bits (here, in the interpreter, both run the Triton kernel: the Gluon one does
+    not interpret; the GPU test below compares the two kernels); anything else is a ValueError
+    naming the argument or the variable, even with nothing to launch. The Gluon kernel's
+    constants are the Triton module's."""
+    from kernels.topk import gluon_scatter
+    from kernels.topk.triton import (PLAN_GROUP, SCATTER_FORM, SCATTER_FORM_ENV, SCATTER_FORMS,
+                                     STATE_WORDS, scatter_form_default)
+    assert gluon_scatter.STATE_WORDS.value == STATE_WORDS.value
+    assert gluon_scatter.PLAN_GROUP.value == PLAN_GROUP.value
+    assert SCATTER_FORM in SCATTER_FORMS
+    K, P, W, S = 24, 16, 352, 3
+    x = _heavy_rows(36, 4, W)[:3]
+    lens = [W, 200, 0]
+    h = torch.from_numpy(_split_hists(x, lens, 1, S, P)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+
+    def run(form, k=K):
+        out = torch.full((3, k), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(xt, lt, k, out, torch.empty((3, W), dtype=torch.int32, device=DEVICE),
+                    hist=h, page_size=P, scatter_form=form)
+        return out
+    monkeypatch.delenv(SCATTER_FORM_ENV, raising=False)
+    assert scatter_form_default() == SCATTER_FORM
+    base = run("triton")
+    compare.assert_pass(compare.check_topk(base, _ref_rows(x, lens), K))
+    assert torch.equal(run("smem"), base)
+    monkeypatch.setenv(SCATTER_FORM_ENV, "smem")
+    assert scatter_form_default() == "smem"
+    assert torch.equal(run(None), base)
+    for bad in ("gluon", "SMEM", "1"):
+        monkeypatch.setenv(SCATTER_FORM_ENV, bad)
+        with pytest.raises(ValueError, match=f"^{SCATTER_FORM_ENV}: expected one of"):
+            run(None)
+    monkeypatch.delenv(SCATTER_FORM_ENV)
+    for bad in ("gluon", 1, True, ("smem",)):
+        with pytest.raises(ValueError, match="^scatter_form: expected None or one of"):
+            run(bad)
+        with pytest.raises(ValueError, match="^scatter_form: expected None or one of"):
+            run(bad, 0)
+
+
+@pytest.mark.skipif(not CUDA, reason="the Gluon smem split pass B runs on the GPU only")
+@pytest.mark.parametrize("S", [3, 20])
+@pytest.mark.parametrize("dist", ["normal", "heavy", "ties", "specials", "one_bin"])
+def test_split_pass_b_smem_form_bitwise_triton(dist, S):
+    """The split pass B's two forms (``scatter_form="smem"``, the Gluon kernel that compacts each
+    block's selected keys in shared memory, against ``"triton"``) at every ``SCATTER_SPACE``
+    (BLOCK, warps) give bitwise the same output rows, plan state and scratch (candidates and
+    what the per-row kernel wrote after them), planning itself (S 3) or after the plan kernels
+    (S 20), at an indexer-like shape (B 4, N 2 MTP rows of 256 pages of 64: whole blocks and
+    a masked tail; request lengths mid-page, one empty, one shorter than K: every key taken) on
+    i.i.d. normal, heavy-tailed, tied (the threshold bin taken whole or not), special values
+    (NaN payloads, +-inf, -0.0, subnormals, +-FLT_MAX; a row of -inf) and one-bin rows (more
+    candidates than the pairs' half of the scratch: positions only); and the set is the
+    reference's."""
+    from kernels.topk.triton import SCATTER_SPACE, STATE_WORDS, hist_shape, launch_split_hist
+    B, N, P, K = 4, 2, 64, 2048
+    W = 256 * P
+    rng = np.random.default_rng(11)
+    if dist == "normal":
+        x = rng.standard_normal((B * N, W)).astype(np.float32)
+    elif dist == "heavy":
+        x = np.concatenate([_heavy_rows(9, 4, W), rng.standard_normal((4, W)).astype(np.float32)])
+    elif dist == "ties":
+        x = rng.integers(-3, 4, (B * N, W)).astype(np.float32)
+    elif dist == "specials":
+        x = rng.standard_normal((B * N, W)).astype(np.float32)
+        pick = rng.integers(0, W, (B * N, 1600))
+        vals = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-42, -1e-42,
+                         np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
+        nans = np.array([0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0xFF800001], np.uint32)
+        vals = np.concatenate([vals, nans.view(np.float32)])
+        for r in range(B * N):
+            x[r, pick[r]] = vals[rng.integers(0, len(vals), 1600)]
+        x[1, :] = -np.inf
+    else:
+        x = np.full((B * N, W), 1.5, np.float32) + rng.random((B * N, W)).astype(np.float32) * 0.1
+    lens = [W - 37, 0, W // 2 + 5, 1000]
+    row_lens = [max(L - (N - 1 - i), 0) for L in lens for i in range(N)]
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    h = torch.full(hist_shape(B, S, N), -7, dtype=torch.int32, device=DEVICE)
+    launch_split_hist(xt, lt, h, n_drafts=N, page_size=P)
+
+    def run(form, sc):
+        out = torch.full((B * N, K), -7, dtype=torch.int32, device=DEVICE)
+        state = torch.full((B * N, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+        scratch = torch.full((B * N, W), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(xt, lt, K, out, scratch, hist=h, n_drafts=N, page_size=P, state=state,
+                    scatter=sc, scatter_form=form)
+        return out, state, scratch
+    for sc in sorted({sc[:2]: sc for sc in SCATTER_SPACE}.values()):
+        want = run("triton", sc)
+        got = run("smem", sc)
+        for name, g, t in zip(("out", "state", "scratch"), got, want):
+            assert torch.equal(g, t), (dist, S, sc, name)
+    compare.assert_pass(compare.check_topk(want[0], _ref_rows(x, row_lens), K))
+
+
 def test_pdl_switch_and_twins(monkeypatch):
     """``DSA_TOPK_PDL``: only ``1`` turns programmatic dependent launch on, and only for a CUDA
     device of compute capability >= 9 outside the interpreter (never here); a bad value is a

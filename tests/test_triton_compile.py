@@ -142,6 +142,30 @@ def test_split_pass_a_smem_buffer_is_the_only_shared_memory(cc):
         assert r["shared"] == gluon_hist.SMEM_WORDS.value * 4, (r["label"], r["shared"])
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("cc", CCS)
+def test_split_pass_b_smem_buffer_is_the_only_shared_memory(cc):
+    """The Gluon split pass B (``kernels.topk.gluon_scatter``) stages each block's selected keys
+    through inline PTX at ``global_smem + STAGE_SMEM_OFFSET``: correct only while its one shared
+    buffer (``2 x BLOCK`` words) is all the shared memory the kernel takes (every reduction and
+    scan inside a warp), so Triton's allocator puts it at 0. Every smem launch (each (BLOCK,
+    warps) of ``SCATTER_SPACE``, planning itself and after the part kernel; the PDL twin too),
+    compiled with the GPU image's Triton, takes exactly that."""
+    import re
+    from kernels.topk import gluon_scatter
+    from kernels.topk.triton import SCATTER_SPACE
+    path = _gpu_image_triton() if cc == 120 else None
+    res = [r for r in _compiled(cc, "indexer_topk", path) if " scatter smem " in r["label"]]
+    assert len([r for r in res if r["label"].endswith(" parts")]) == len(
+        {(b, w) for b, w, _ in SCATTER_SPACE})
+    assert any(r["label"].endswith(" pdl") for r in res)
+    assert gluon_scatter.STAGE_SMEM_OFFSET.value == 0
+    for r in res:
+        assert "error" not in r, r.get("error")
+        block = int(re.search(r" block(\d+) ", r["label"]).group(1))
+        assert r["shared"] == 2 * block * 4, (r["label"], r["shared"])
+
+
 def test_aot_compile_one_kernel_without_gpu():
     """Fast check that AOT compilation works here (subprocess, TRITON_INTERPRET cleared): the
     heuristic's config for 64 heads on the fp8_ds_mla split kernel, for sm_120, reports a

@@ -1250,7 +1250,7 @@ def scatter_plan_blocks() -> tuple:
 def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig | None = None,
                 hist=None, n_drafts: int = 1, page_size: int | None = None, state=None,
                 scatter: tuple | None = None, scatter_sub: int | None = None,
-                num_sms: int | None = None):
+                num_sms: int | None = None, scatter_form: str | None = None):
     """Exact top-k positions of each row's valid prefix (no host sync, graph capturable).
 
     Args:
@@ -1293,15 +1293,28 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
       num_sms: the GPU's SM count (the caller's ``device_info``), for the split pass B's register
         cap rule (:data:`SCATTER_MAXNREG_ENV`); None: no rule (the variable's explicit values
         still apply).
+      scatter_form: the split pass B's kernel, one of :data:`SCATTER_FORMS`: ``"triton"``
+        (:func:`_topk_scatter_kernel`) or ``"smem"`` (``kernels.topk.gluon_scatter``: each
+        block's selected keys compacted in shared memory first, then one store a selected key;
+        bitwise the same output, candidates and state). The smem form runs where it is built
+        for: a CUDA tensor outside the CPU interpreter, no sub-ranges (``scatter_sub`` 1), and
+        16-byte loads (``W``, the page size and the logits' row stride multiples of 16); the
+        Triton kernel runs elsewhere. None: :func:`scatter_form_default`.
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``page_size`` (with ``hist``) does not divide W, ``state`` is not a
         contiguous int32 ``[R, STATE_WORDS]`` tensor, or ``scatter`` is not in
         :data:`SCATTER_SPACE`, ``scatter_sub`` (or ``DSA_TOPK_SCATTER_SUB``) is not an int in
         ``[1, 16]``, or ``config.block`` / ``config.cand_block`` is not a power of two in
-        ``[16, TOPK_BLOCK_MAX]``.
+        ``[16, TOPK_BLOCK_MAX]``, or ``scatter_form`` (or ``DSA_TOPK_SCATTER_FORM``) is not
+        one of :data:`SCATTER_FORMS`.
     """
     cfg = config or TopkConfig()
+    if scatter_form is None:
+        scatter_form = scatter_form_default()
+    elif scatter_form not in SCATTER_FORMS:
+        raise ValueError(f"scatter_form: expected None or one of {SCATTER_FORMS}, got "
+                         f"{scatter_form!r}")
     for name in ("block", "cand_block"):
         v = getattr(cfg, name)
         # _select's one packed scan counts a block's keys in 16-bit halves of an int32 (eq in
@@ -1363,10 +1376,18 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         slaunch = dict(launch)                                # the scatter launches' options
         if cap_regs is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
             slaunch["maxnreg"] = cap_regs                     # (the interpreter has no cap)
-        svec = bool(svec) and W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
+        aligned = W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
+        svec = bool(svec) and aligned
+        scatter_kernel = _topk_scatter_kernel
+        if (scatter_form == "smem" and aligned and scatter_sub == 1 and logits.is_cuda
+                and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")):
+            # the Gluon form: always its 16-byte loads, no register cap (95-163 registers, AOT)
+            from kernels.topk.gluon_scatter import _topk_scatter_smem_kernel as scatter_kernel
+            svec = True
+            slaunch = dict(launch)
         if num_splits <= SCATTER_PLAN_SPLITS:
             sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
-            _topk_scatter_kernel[(R, num_splits * scatter_sub)](
+            scatter_kernel[(R, num_splits * scatter_sub)](
                 logits, lengths, out, scratch, state, state, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
@@ -1377,7 +1398,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                                device=logits.device)
             _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
                                                 SBASE=sbase, num_warps=4, **launch)
-            _topk_scatter_kernel[(R, num_splits * scatter_sub)](
+            scatter_kernel[(R, num_splits * scatter_sub)](
                 logits, lengths, out, scratch, state, part, hist, W, page_size,
                 logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
                 per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
@@ -1390,6 +1411,33 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                              HAS_HIST=hist is not None, FROM_PLAN=split,
                              PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps, **launch)
     return out
+
+
+# The split pass B's kernels (launch_topk(scatter_form=...)): "triton", _topk_scatter_kernel;
+# "smem", kernels.topk.gluon_scatter._topk_scatter_smem_kernel (the block's selected keys
+# compacted in shared memory, then one store a selected key). AOT (Triton 3.6.0, sm_90, 2,048
+# positions at 4 warps, the block loop to its second barrier): 346 SASS a warp an iteration, 21.6
+# a key-slot, against the Triton kernel's 651 (40.7); 95-163 registers, 2 x BLOCK x 4 bytes of
+# shared memory (bench/NOTES.md "Twenty-sixth session").
+SCATTER_FORMS = ("triton", "smem")
+SCATTER_FORM = "triton"
+SCATTER_FORM_ENV = "DSA_TOPK_SCATTER_FORM"
+"""One of :data:`SCATTER_FORMS`: the split pass B's kernel where ``launch_topk`` is given none;
+unset or empty: :data:`SCATTER_FORM`."""
+
+
+def scatter_form_default() -> str:
+    """:data:`SCATTER_FORM_ENV`, else :data:`SCATTER_FORM`.
+
+    Raises:
+      ValueError: the variable holds something other than one of :data:`SCATTER_FORMS`.
+    """
+    v = os.environ.get(SCATTER_FORM_ENV, "").strip()
+    if not v:
+        return SCATTER_FORM
+    if v not in SCATTER_FORMS:
+        raise ValueError(f"{SCATTER_FORM_ENV}: expected one of {SCATTER_FORMS} or unset, got {v!r}")
+    return v
 
 
 SCATTER_SUB_ENV = "DSA_TOPK_SCATTER_SUB"

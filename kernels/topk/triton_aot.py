@@ -73,6 +73,22 @@ def aot_specs(smem_class: str) -> list:
                                  "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32"},
                                 dict(BLOCK=hblock), hwarps, 1,
                                 divisible=("W", "P", "stride_x")))
+    # the split pass B's smem form (launch_topk(scatter_form="smem"): the Gluon kernel, whose
+    # one shared buffer must sit at gluon_scatter.STAGE_SMEM_OFFSET: tests/test_triton_compile.py)
+    # at every (BLOCK, warps) of SCATTER_SPACE, after the part kernel and planning itself at the
+    # smallest and the largest split tile (the tile only sizes the bases' load)
+    tiles = scatter_plan_blocks()
+    for blk, nw in sorted({(b, w) for b, w, _ in SCATTER_SPACE}):
+        specs.append(LaunchSpec(f"topk scatter smem block{blk} w{nw} parts",
+                                "kernels.topk.gluon_scatter", "_topk_scatter_smem_kernel",
+                                scatter_sig, dict(BLOCK=blk, GB=SCATTER_PART_GB, PLAN=False,
+                                                  SP=SCATTER_PART_SBASE, VEC=True, SUB=False),
+                                nw, 1, divisible=div))
+        for sp in sorted({tiles[0], tiles[-1]}):
+            specs.append(LaunchSpec(f"topk scatter smem block{blk} w{nw} plan SP{sp}",
+                                    "kernels.topk.gluon_scatter", "_topk_scatter_smem_kernel",
+                                    scatter_sig, dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp,
+                                                      VEC=True, SUB=False), nw, 1, divisible=div))
     # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
     # griddepcontrol.wait, nothing else changes; one launch of each kernel (the plan part, the
     # scatter, the per-row kernel after a split pass B), compiled to show
@@ -113,4 +129,5 @@ def _default_split_hist_label() -> str:
 # the launches compiled again with PDL=True (aot_specs; the split pass A's at its default
 # config, whichever it is)
 PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
-             "topk scatter block2048 w4 vec plan SP4", _default_split_hist_label())
+             "topk scatter block2048 w4 vec plan SP4", _default_split_hist_label(),
+             "topk scatter smem block2048 w4 plan SP2")
