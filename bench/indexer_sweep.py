@@ -27,8 +27,9 @@ timing does not: in the op the top-k reads the logits the logits kernel has just
 * ``topk_us``: the top-k kernels after it (``launch_topk`` on those logits: plan, split pass B,
   candidate levels), for each ``cand_block`` of :data:`CAND_BLOCKS` and each split pass B
   launch of ``kernels.topk.triton.SCATTER_SPACE`` (``topk_us_by_scatter``, "MISMATCH" where
-  the indices differ from the default's; keys ``"smem{BLOCK}w{warps}"``: the Gluon split pass B,
-  ``scatter_form="smem"``, its indices and plan state checked likewise), and for the per-row kernel's warps at the first two
+  the indices differ from the default's; keys ``"smem{BLOCK}w{warps}"``: the Gluon split pass
+  B, ``scatter_form="smem"``, at each (BLOCK, warps) of ``SCATTER_SMEM_SPACE``, its indices
+  and plan state checked likewise), and for the per-row kernel's warps at the first two
   candidate blocks (``topk_us_by_warps``, keys ``"{cand_block}w{warps}"``, "MISMATCH" likewise)
   (first variant only; the others use the default);
 
@@ -307,8 +308,8 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
     from bench.inputs import make_inputs
     from kernels.indexer import triton as kx
     from kernels.topk import window
-    from kernels.topk.triton import (HIST_BINS, SCATTER_SPACE, STATE_WORDS, TopkConfig,
-                                     SPLIT_HIST_SPACE, hist_shape, launch_split_hist,
+    from kernels.topk.triton import (HIST_BINS, SCATTER_SMEM_SPACE, SCATTER_SPACE, STATE_WORDS,
+                                     TopkConfig, SPLIT_HIST_SPACE, hist_shape, launch_split_hist,
                                      launch_topk)
     from torch_impl import _common
 
@@ -460,12 +461,11 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                         by_sc[f"{sc[0]}w{sc[1]}" + ("v" if sc[2] else "")] = (
                             timer(lambda sc=sc: tk(scatter=sc))
                             if torch.equal(first, idx) else "MISMATCH")
-                    # the smem form (the Gluon kernel) at each (BLOCK, warps): output and plan
-                    # state checked against the first run, keys "smem{BLOCK}w{warps}"
+                    # the smem form (the Gluon kernel) at each (BLOCK, warps) of its space: output
+                    # and plan state checked against the first run, keys "smem{BLOCK}w{warps}"
                     st2 = torch.empty_like(state)
-                    # (the launch's vec flag is the Triton form's: the smem form's loads are
-                    # always 16-byte)
-                    for (b_, w_), sc in sorted({sc[:2]: sc for sc in SCATTER_SPACE}.items()):
+                    for b_, w_ in SCATTER_SMEM_SPACE:
+                        sc = (b_, w_, True)
                         tk(scatter=sc, st=st2, form="smem")
                         sync()
                         same = torch.equal(first, idx) and torch.equal(st2, state)

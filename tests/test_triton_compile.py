@@ -149,15 +149,14 @@ def test_split_pass_b_smem_buffer_is_the_only_shared_memory(cc):
     through inline PTX at ``global_smem + STAGE_SMEM_OFFSET``: correct only while its one shared
     buffer (``2 x BLOCK`` words) is all the shared memory the kernel takes (every reduction and
     scan inside a warp), so Triton's allocator puts it at 0. Every smem launch (each (BLOCK,
-    warps) of ``SCATTER_SPACE``, planning itself and after the part kernel; the PDL twin too),
+    warps) of ``SCATTER_SMEM_SPACE``, planning itself and after the part kernel; the PDL twin too),
     compiled with the GPU image's Triton, takes exactly that."""
     import re
     from kernels.topk import gluon_scatter
-    from kernels.topk.triton import SCATTER_SPACE
+    from kernels.topk.triton import SCATTER_SMEM_SPACE
     path = _gpu_image_triton() if cc == 120 else None
     res = [r for r in _compiled(cc, "indexer_topk", path) if " scatter smem " in r["label"]]
-    assert len([r for r in res if r["label"].endswith(" parts")]) == len(
-        {(b, w) for b, w, _ in SCATTER_SPACE})
+    assert len([r for r in res if r["label"].endswith(" parts")]) == len(SCATTER_SMEM_SPACE)
     assert any(r["label"].endswith(" pdl") for r in res)
     assert gluon_scatter.STAGE_SMEM_OFFSET.value == 0
     for r in res:

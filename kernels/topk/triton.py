@@ -1333,9 +1333,10 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         # exact Python types: equal values of other types (1024.0, NumPy scalars, arrays)
         # would pass `in` and then fail inside the launch
         if (sc is None or len(sc) != 3 or tuple(map(type, sc)) != (int, int, bool)
-                or sc not in SCATTER_SPACE):
+                or (sc not in SCATTER_SPACE and not (sc[2] and sc[:2] in SCATTER_SMEM_SPACE))):
             raise ValueError(f"scatter: expected None or one of {SCATTER_SPACE} (a tuple of "
-                             f"int, int, bool), got {scatter!r}")
+                             f"int, int, bool), or (BLOCK, num_warps, True) with (BLOCK, "
+                             f"num_warps) one of {SCATTER_SMEM_SPACE}, got {scatter!r}")
         scatter = sc
     if R == 0 or topk == 0:
         return out
@@ -1367,6 +1368,9 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
               or not state.is_contiguous()):
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
+        if scatter is not None and scatter not in SCATTER_SPACE and not (
+                _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
+            scatter = None          # a launch of the smem form's space only, where it cannot run
         sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
         # the cap rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
         # (capped, the SUB twin spills and the smaller blocks lose a CTA an SM: AOT, sm_90)
@@ -1379,8 +1383,7 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         aligned = W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
         svec = bool(svec) and aligned
         scatter_kernel = _topk_scatter_kernel
-        if (scatter_form == "smem" and aligned and scatter_sub == 1 and logits.is_cuda
-                and os.environ.get("TRITON_INTERPRET", "0") in ("", "0")):
+        if _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub):
             # the Gluon form: always its 16-byte loads, no register cap (95-163 registers, AOT)
             from kernels.topk.gluon_scatter import _topk_scatter_smem_kernel as scatter_kernel
             svec = True
@@ -1420,10 +1423,23 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
 # a key-slot, against the Triton kernel's 651 (40.7); 95-163 registers, 2 x BLOCK x 4 bytes of
 # shared memory (bench/NOTES.md "Twenty-sixth session").
 SCATTER_FORMS = ("triton", "smem")
+# (BLOCK, num_warps) of the smem form: SCATTER_SPACE's and twice the warps at 2,048 and 4,096
+# positions (launch_topk(scatter=(BLOCK, num_warps, True)); where the Triton kernel runs instead,
+# a launch outside SCATTER_SPACE takes scatter_config's).
+SCATTER_SMEM_SPACE = ((512, 4), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8))
 SCATTER_FORM = "triton"
 SCATTER_FORM_ENV = "DSA_TOPK_SCATTER_FORM"
 """One of :data:`SCATTER_FORMS`: the split pass B's kernel where ``launch_topk`` is given none;
 unset or empty: :data:`SCATTER_FORM`."""
+
+
+def _smem_scatter_runs(form: str, W: int, page_size: int, logits, scatter_sub: int) -> bool:
+    """Whether the split pass B's smem form (the Gluon kernel) runs for this launch: asked for,
+    16-byte loads (``W``, the page size and the logits' row stride multiples of 16), no
+    sub-ranges, a CUDA tensor outside the CPU interpreter."""
+    return (form == "smem" and W % 16 == 0 and page_size % 16 == 0
+            and logits.stride(0) % 16 == 0 and scatter_sub == 1 and logits.is_cuda
+            and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 
 
 def scatter_form_default() -> str:

@@ -13,7 +13,8 @@ def aot_specs(smem_class: str) -> list:
     tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
     from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
-                                     SCATTER_SPACE, SPLIT_HIST_SPACE, TopkConfig, plan_blocks,
+                                     SCATTER_SMEM_SPACE, SCATTER_SPACE, SPLIT_HIST_SPACE,
+                                     TopkConfig, plan_blocks,
                                      scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
@@ -75,16 +76,16 @@ def aot_specs(smem_class: str) -> list:
                                 divisible=("W", "P", "stride_x")))
     # the split pass B's smem form (launch_topk(scatter_form="smem"): the Gluon kernel, whose
     # one shared buffer must sit at gluon_scatter.STAGE_SMEM_OFFSET: tests/test_triton_compile.py)
-    # at every (BLOCK, warps) of SCATTER_SPACE, after the part kernel and planning itself at the
-    # smallest and the largest split tile (the tile only sizes the bases' load)
+    # at every (BLOCK, warps) of SCATTER_SMEM_SPACE, after the part kernel and planning itself at
+    # the smallest split tile (the tile only sizes the bases' load: [SP] in registers)
     tiles = scatter_plan_blocks()
-    for blk, nw in sorted({(b, w) for b, w, _ in SCATTER_SPACE}):
+    for blk, nw in SCATTER_SMEM_SPACE:
         specs.append(LaunchSpec(f"topk scatter smem block{blk} w{nw} parts",
                                 "kernels.topk.gluon_scatter", "_topk_scatter_smem_kernel",
                                 scatter_sig, dict(BLOCK=blk, GB=SCATTER_PART_GB, PLAN=False,
                                                   SP=SCATTER_PART_SBASE, VEC=True, SUB=False),
                                 nw, 1, divisible=div))
-        for sp in sorted({tiles[0], tiles[-1]}):
+        for sp in (tiles[0],):
             specs.append(LaunchSpec(f"topk scatter smem block{blk} w{nw} plan SP{sp}",
                                     "kernels.topk.gluon_scatter", "_topk_scatter_smem_kernel",
                                     scatter_sig, dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp,
