@@ -715,11 +715,16 @@ def test_scatter_form_switch(monkeypatch):
     naming the argument or the variable, even with nothing to launch. The Gluon kernel's
     constants are the Triton module's."""
     from kernels.topk import gluon_scatter
-    from kernels.topk.triton import (PLAN_GROUP, SCATTER_FORM, SCATTER_FORM_ENV, SCATTER_FORMS,
-                                     STATE_WORDS, scatter_form_default)
+    from kernels.topk.triton import (PLAN_GROUP, SCATTER_FORM_ENV, STATE_WORDS,
+                                     scatter_form_default, scatter_form_for)
     assert gluon_scatter.STATE_WORDS.value == STATE_WORDS.value
     assert gluon_scatter.PLAN_GROUP.value == PLAN_GROUP.value
-    assert SCATTER_FORM in SCATTER_FORMS
+    # the rule: the smem form on splits of at least 4,096 table positions (the B 64 rows)
+    assert scatter_form_for(65536, 64, 4) == "smem"               # B 64 L 64K: 16K a split
+    assert scatter_form_for(1 << 20, 64, 33) == "smem"            # V4 B 8 1M
+    assert scatter_form_for(131072, 64, 264) == "triton"          # B 1 L 128K: 512
+    assert scatter_form_for(4096 * 64, 64, 64) == "smem"          # exactly 4,096
+    assert scatter_form_for(63 * 64 * 64, 64, 64) == "triton"       # 63 pages: 4,032
     K, P, W, S = 24, 16, 352, 3
     x = _heavy_rows(36, 4, W)[:3]
     lens = [W, 200, 0]
@@ -733,8 +738,9 @@ def test_scatter_form_switch(monkeypatch):
                     hist=h, page_size=P, scatter_form=form)
         return out
     monkeypatch.delenv(SCATTER_FORM_ENV, raising=False)
-    assert scatter_form_default() == SCATTER_FORM
+    assert scatter_form_default() is None
     base = run("triton")
+    assert torch.equal(run(None), base)
     compare.assert_pass(compare.check_topk(base, _ref_rows(x, lens), K))
     assert torch.equal(run("smem"), base)
     monkeypatch.setenv(SCATTER_FORM_ENV, "smem")

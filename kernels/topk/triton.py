@@ -1299,7 +1299,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         bitwise the same output, candidates and state). The smem form runs where it is built
         for: a CUDA tensor outside the CPU interpreter, no sub-ranges (``scatter_sub`` 1), and
         16-byte loads (``W``, the page size and the logits' row stride multiples of 16); the
-        Triton kernel runs elsewhere. None: :func:`scatter_form_default`.
+        Triton kernel runs elsewhere. None: :data:`SCATTER_FORM_ENV` when set, else
+        :func:`scatter_form_for` (the smem form on the B 64 rows' long splits).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``page_size`` (with ``hist``) does not divide W, ``state`` is not a
@@ -1368,6 +1369,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
               or not state.is_contiguous()):
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
+        if scatter_form is None:
+            scatter_form = scatter_form_for(W, page_size, num_splits)
         if scatter is not None and scatter not in SCATTER_SPACE and not (
                 _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
             scatter = None          # a launch of the smem form's space only, where it cannot run
@@ -1423,14 +1426,23 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
 # a key-slot, against the Triton kernel's 651 (40.7); 95-163 registers, 2 x BLOCK x 4 bytes of
 # shared memory (bench/NOTES.md "Twenty-sixth session").
 SCATTER_FORMS = ("triton", "smem")
-# (BLOCK, num_warps) of the smem form: SCATTER_SPACE's and twice the warps at 2,048 and 4,096
+# (BLOCK, num_warps) of the smem form: SCATTER_SPACE's, 4,096 at 4 warps (201 registers, AOT sm_90)
+# and twice the warps at 2,048 and 4,096
 # positions (launch_topk(scatter=(BLOCK, num_warps, True)); where the Triton kernel runs instead,
 # a launch outside SCATTER_SPACE takes scatter_config's).
-SCATTER_SMEM_SPACE = ((512, 4), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 8))
-SCATTER_FORM = "triton"
+SCATTER_SMEM_SPACE = ((512, 4), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8))
+# The rule (launch_topk without a form): the smem form where a logits split holds at least this
+# many table positions (``ceil(W / P / S) * P``: the B 64 rows, 16-32K), the Triton kernel on
+# shorter splits (B 1: 256-512 positions, one block, where the smem form's plan prologue costs
+# more than its loop saves). Measured (H100, 2026-12-07, CUDA-graph timed top-k, us; Triton
+# 2,048 VEC -> smem 2,048 x 4; bench/results/indexer_sweep_smem_scatter_h100_20261207.json):
+# B 64 L 64K 24.7 -> 23.5, N 2 38.3 -> 34.6, L 128K 37.8 -> 34.3, V4 B 8 1M 33.0 -> 30.0,
+# V4 B 64 4K in a 1M table 10.3 -> 11.0 (its W is the table's: the rule cannot tell), B 1 L 128K
+# 19.5 -> 22.0.
+SCATTER_SMEM_MIN_POSITIONS = 4096
 SCATTER_FORM_ENV = "DSA_TOPK_SCATTER_FORM"
 """One of :data:`SCATTER_FORMS`: the split pass B's kernel where ``launch_topk`` is given none;
-unset or empty: :data:`SCATTER_FORM`."""
+unset or empty: the rule (:func:`scatter_form_for`)."""
 
 
 def _smem_scatter_runs(form: str, W: int, page_size: int, logits, scatter_sub: int) -> bool:
@@ -1442,15 +1454,23 @@ def _smem_scatter_runs(form: str, W: int, page_size: int, logits, scatter_sub: i
             and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"))
 
 
-def scatter_form_default() -> str:
-    """:data:`SCATTER_FORM_ENV`, else :data:`SCATTER_FORM`.
+def scatter_form_for(W: int, page_size: int, num_splits: int) -> str:
+    """The split pass B's form from the shape alone: ``"smem"`` where a logits split holds at
+    least :data:`SCATTER_SMEM_MIN_POSITIONS` table positions (``ceil(W / P / S) * P``), else
+    ``"triton"``."""
+    per = -(-(W // max(page_size, 1)) // max(num_splits, 1)) * page_size
+    return "smem" if per >= SCATTER_SMEM_MIN_POSITIONS else "triton"
+
+
+def scatter_form_default() -> str | None:
+    """:data:`SCATTER_FORM_ENV` when set, else None (the rule, :func:`scatter_form_for`).
 
     Raises:
       ValueError: the variable holds something other than one of :data:`SCATTER_FORMS`.
     """
     v = os.environ.get(SCATTER_FORM_ENV, "").strip()
     if not v:
-        return SCATTER_FORM
+        return None
     if v not in SCATTER_FORMS:
         raise ValueError(f"{SCATTER_FORM_ENV}: expected one of {SCATTER_FORMS} or unset, got {v!r}")
     return v
