@@ -455,11 +455,14 @@ def _sweep(shapes, names, save=lambda rows, meta: None, row_timeout: float = 0,
                     row["topk_us_by_warps"] = by_w
                     # the split pass B's (BLOCK, warps), each checked against the first run
                     by_sc = {}
+                    # (the Triton form named: without a form the shape's rule may pick the smem
+                    # one, as on 2026-12-07, whose first such run timed the smem kernel under
+                    # these keys)
                     for sc in SCATTER_SPACE:
-                        tk(scatter=sc)
+                        tk(scatter=sc, form="triton")
                         sync()
                         by_sc[f"{sc[0]}w{sc[1]}" + ("v" if sc[2] else "")] = (
-                            timer(lambda sc=sc: tk(scatter=sc))
+                            timer(lambda sc=sc: tk(scatter=sc, form="triton"))
                             if torch.equal(first, idx) else "MISMATCH")
                     # the smem form (the Gluon kernel) at each (BLOCK, warps) of its space: output
                     # and plan state checked against the first run, keys "smem{BLOCK}w{warps}"

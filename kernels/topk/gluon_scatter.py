@@ -28,6 +28,17 @@ scan stays inside a warp (the plan's ``[*, 256]`` tiles are replicated across th
 computing the same values; the block's rows are one warp each), and the warps' counts cross
 through the buffer. ``tests/test_triton_compile.py`` checks the size of every compiled launch.
 
+Counted (AOT, Triton 3.6.0, sm_90, 2,048 positions at 4 warps): 346 SASS a warp to the block
+loop's second barrier (21.6 a key-slot) against the Triton loop's 651 (40.7), 116 registers.
+Measured (H100, 2026-12-07, bench/NOTES.md "Twenty-sixth session"): the top-k 1.2-4.2 us less
+at B 64 (L 64K 24.7 -> 23.5, N 2 38.3 -> 34.6, L 128K 37.8 -> 34.3, V4 B 8 1M 33.0 -> 30.0;
+the scatter alone at L 128K 25.4 -> 22.0 us), 2.5 us more at B 1 L 128K (one block a split,
+where the plan prologue dominates): ``launch_topk``'s rule picks it on long splits only. Nsight
+Compute at B 64 L 128K: 1.86 warps a scheduler (256 CTAs of 4 warps, half a wave), issue
+slots 35 % busy, stalls on fixed-latency dependencies and the shuffles / shared memory: the
+two CTA barriers a block hold each CTA's four warps in step, so too few independent warps hide
+the chain.
+
 Never in the CPU interpreter (Gluon kernels do not interpret): ``launch_topk`` runs the Triton
 kernel there, which the GPU tests compare this one with bit for bit.
 """
