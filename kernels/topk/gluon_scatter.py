@@ -290,7 +290,8 @@ def _topk_scatter_smem_kernel(
     C: gl.constexpr = BLOCK // NW
     gl.static_assert(C >= 128, "BLOCK must be at least 128 x num_warps")
     gl.static_assert(NW <= STAGE_WORDS_PAD, "at most 32 warps")
-    LX: gl.constexpr = gl.BlockedLayout([1, C // 32], [1, 32], [NW, 1], [1, 0])
+    SPT: gl.constexpr = C // 32 if C <= 512 else 16
+    LX: gl.constexpr = gl.BlockedLayout([1, SPT], [1, 32], [NW, 1], [1, 0])
     # the plan's tiles: [PS, 256], 8 bins a thread, one warp covering the 256 bins (the tile is
     # replicated across the warps), the PS rows in each thread's registers
     L2: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [1, NW], [1, 0])
