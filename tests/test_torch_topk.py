@@ -758,62 +758,94 @@ def test_scatter_form_switch(monkeypatch):
             run(bad, 0)
 
 
+# (S, N, per-row lengths, PDL) of the smem split pass B's GPU test: planning itself in one tile
+# of 4 splits and in three (S 11), after the plan kernels in one tile of group partials (S 20)
+# and in two (S 150: 19 groups, GB 16); MTP request lengths at N 2 and N 3 (padded to 4 draft
+# slots), per-row lengths at N 1; programmatic dependent launch once
+_SMEM_SCATTER_CASES = [(3, 2, False, False), (11, 1, True, True), (20, 3, False, False),
+                       (150, 1, True, False)]
+
+
 @pytest.mark.skipif(not CUDA, reason="the Gluon smem split pass B runs on the GPU only")
-@pytest.mark.parametrize("S", [3, 20])
-@pytest.mark.parametrize("dist", ["normal", "heavy", "ties", "specials", "one_bin"])
-def test_split_pass_b_smem_form_bitwise_triton(dist, S):
+@pytest.mark.parametrize("S,N,per_row,pdl", _SMEM_SCATTER_CASES)
+@pytest.mark.parametrize("dist", ["normal", "heavy", "ties", "specials", "one_bin", "exact_k"])
+def test_split_pass_b_smem_form_bitwise_triton(dist, S, N, per_row, pdl, monkeypatch):
     """The split pass B's two forms (``scatter_form="smem"``, the Gluon kernel that compacts each
-    block's selected keys in shared memory, at every (BLOCK, warps) of ``SCATTER_SMEM_SPACE``,
-    against ``"triton"`` at the shape's own launch) give bitwise the same output rows, plan state and scratch (candidates and
-    what the per-row kernel wrote after them), planning itself (S 3) or after the plan kernels
-    (S 20), at an indexer-like shape (B 4, N 2 MTP rows of 256 pages of 64: whole blocks and
-    a masked tail; request lengths mid-page, one empty, one shorter than K: every key taken) on
-    i.i.d. normal, heavy-tailed, tied (the threshold bin taken whole or not), special values
-    (NaN payloads, +-inf, -0.0, subnormals, +-FLT_MAX; a row of -inf) and one-bin rows (more
-    candidates than the pairs' half of the scratch: positions only); and the set is the
-    reference's."""
-    from kernels.topk.triton import SCATTER_SMEM_SPACE, STATE_WORDS, hist_shape, launch_split_hist
-    B, N, P, K = 4, 2, 64, 2048
+    block's selected keys in shared memory, against ``"triton"``) write bitwise the same output
+    head, plan state and scratch, compared right after the scatter (before the per-row kernel
+    rewrites any of it), and the smem launch is the Gluon kernel; then the whole top-k is the
+    reference's. Every (BLOCK, warps) of ``SCATTER_SMEM_SPACE`` at S 3, the shape's own
+    elsewhere. Rows of 256 pages of 64 (whole blocks and a masked tail; lengths mid-page, one
+    empty, one shorter than K: every key taken) of i.i.d. normal, heavy-tailed, tied (the bin
+    taken whole or not), special values (NaN payloads, +-inf, -0.0, subnormals, +-FLT_MAX; a
+    row of -inf), one-bin (more candidates than the pairs' half of the scratch: positions only)
+    and exactly K copies of each row's largest value (the threshold bin taken whole, ``done``
+    with a bin); the plan modes and length modes of ``_SMEM_SCATTER_CASES``."""
+    from kernels.topk import gluon_scatter
+    from kernels.topk import triton as tk
+    monkeypatch.delenv("DSA_TOPK_SCATTER_SUB", raising=False)
+    monkeypatch.setenv("DSA_TOPK_PDL", "1" if pdl else "0")
+    B, P, K = 4, 64, 2048
     W = 256 * P
-    rng = np.random.default_rng(11)
+    R = B * N
+    rng = np.random.default_rng(11 + S)
     if dist == "normal":
-        x = rng.standard_normal((B * N, W)).astype(np.float32)
+        x = rng.standard_normal((R, W)).astype(np.float32)
     elif dist == "heavy":
-        x = np.concatenate([_heavy_rows(9, 4, W), rng.standard_normal((4, W)).astype(np.float32)])
+        x = np.concatenate([_heavy_rows(9, 4, W)] * N)[:R]
     elif dist == "ties":
-        x = rng.integers(-3, 4, (B * N, W)).astype(np.float32)
+        x = rng.integers(-3, 4, (R, W)).astype(np.float32)
     elif dist == "specials":
-        x = rng.standard_normal((B * N, W)).astype(np.float32)
-        pick = rng.integers(0, W, (B * N, 1600))
+        x = rng.standard_normal((R, W)).astype(np.float32)
+        pick = rng.integers(0, W, (R, 1600))
         vals = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-42, -1e-42,
                          np.finfo(np.float32).max, -np.finfo(np.float32).max], np.float32)
         nans = np.array([0xFFC00000, 0x7F800001, 0xFFFFFFFF, 0xFF800001], np.uint32)
         vals = np.concatenate([vals, nans.view(np.float32)])
-        for r in range(B * N):
+        for r in range(R):
             x[r, pick[r]] = vals[rng.integers(0, len(vals), 1600)]
         x[1, :] = -np.inf
+    elif dist == "one_bin":
+        x = np.full((R, W), 1.5, np.float32) + rng.random((R, W)).astype(np.float32) * 0.1
+    else:                           # exactly K copies of 9.0 in each row, the rest below 1
+        x = rng.random((R, W)).astype(np.float32)
+        for r in range(R):
+            x[r, rng.choice(W, K, replace=False)] = 9.0
+    req = [W - 37, 0, W // 2 + 5, 1000]
+    if per_row:
+        row_lens = [req[r % B] for r in range(R)]
+        lens = row_lens
     else:
-        x = np.full((B * N, W), 1.5, np.float32) + rng.random((B * N, W)).astype(np.float32) * 0.1
-    lens = [W - 37, 0, W // 2 + 5, 1000]
-    row_lens = [max(L - (N - 1 - i), 0) for L in lens for i in range(N)]
+        row_lens = [max(L - (N - 1 - i), 0) for L in req for i in range(N)]
+        lens = req
     xt = torch.from_numpy(x).to(DEVICE)
     lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    h = torch.full(hist_shape(B, S, N), -7, dtype=torch.int32, device=DEVICE)
-    launch_split_hist(xt, lt, h, n_drafts=N, page_size=P)
+    h = torch.full(tk.hist_shape(B, S, N), -7, dtype=torch.int32, device=DEVICE)
+    tk.launch_split_hist(xt, lt, h, n_drafts=N, page_size=P)
+    launch = dict(PDL=True, launch_pdl=True) if tk.pdl_enabled(xt.device) else {}
+    assert bool(launch) == pdl
 
-    def run(form, sc):
-        out = torch.full((B * N, K), -7, dtype=torch.int32, device=DEVICE)
-        state = torch.full((B * N, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
-        scratch = torch.full((B * N, W), -7, dtype=torch.int32, device=DEVICE)
-        launch_topk(xt, lt, K, out, scratch, hist=h, n_drafts=N, page_size=P, state=state,
-                    scatter=sc, scatter_form=form)
-        return out, state, scratch
-    want = run("triton", None)
-    for b, w in SCATTER_SMEM_SPACE:
-        got = run("smem", (b, w, True))
+    def scatter_only(form, sc):
+        out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
+        state = torch.full((R, tk.STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+        scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
+        kernel = tk._split_pass_b(xt, lt, out, scratch, state, h, topk=K, n_drafts=N,
+                                  per_row=int(per_row), page_size=P, cap=W // 2, num_splits=S,
+                                  nb=h.shape[2], scatter=sc, scatter_sub=1, scatter_form=form,
+                                  num_sms=None, launch=launch)
+        return kernel, out, state, scratch
+    k_t, *want = scatter_only("triton", None)
+    assert k_t is tk._topk_scatter_kernel
+    configs = tk.SCATTER_SMEM_SPACE if S == 3 else (None,)
+    for b_w in configs:
+        k_s, *got = scatter_only("smem", None if b_w is None else (*b_w, True))
+        assert k_s is gluon_scatter._topk_scatter_smem_kernel
         for name, g, t in zip(("out", "state", "scratch"), got, want):
-            assert torch.equal(g, t), (dist, S, (b, w), name)
-    compare.assert_pass(compare.check_topk(want[0], _ref_rows(x, row_lens), K))
+            assert torch.equal(g, t), (dist, S, N, b_w, name)
+    out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
+    tk.launch_topk(xt, lt, K, out, torch.empty((R, W), dtype=torch.int32, device=DEVICE),
+                   hist=h, n_drafts=N, page_size=P, scatter_form="smem")
+    compare.assert_pass(compare.check_topk(out, _ref_rows(x, row_lens), K))
 
 
 def test_pdl_switch_and_twins(monkeypatch):

@@ -11,16 +11,16 @@ position order, from its offsets. Bitwise the same output, candidates and state.
 Why (bench/NOTES.md "The B 64 scatter under Nsight Compute", "Twenty-fifth session"): the
 Triton loop issues three predicated stores for every key, each with its own 64-bit address,
 though only ~1-5 % of the keys are stored (~41 SASS a key, AOT; the ALU pipe the busiest).
-Here a block of ``BLOCK`` keys, held ``[num_warps, BLOCK / num_warps]`` (one warp a row, four
-contiguous keys a thread: 16-byte loads), costs per key the three float compares, the in-warp
+Here a block of ``BLOCK`` keys, held ``[num_warps, BLOCK / num_warps]`` (one warp a row, up to
+16 contiguous keys a lane a repetition: 16-byte loads), costs per key the three float compares, the in-warp
 scan of the packed (output, candidate) counts and one predicated ``st.shared`` of the key's
 block offset at its rank: the output keys first, then the candidates. After a barrier the
 block's selected keys are written to global memory from that list, one lane a key: one
 store a selected key (two for a candidate pair: the logit's bits are reloaded through the
 position, from L1 / L2).
 
-Shared memory: one buffer of ``BLOCK + 32`` words, reached by inline PTX at ``global_smem +
-STAGE_SMEM_OFFSET`` (``st.shared`` / ``ld.shared``; Gluon in Triton 3.6 has no shared scatter and
+Shared memory: one buffer of ``2 x BLOCK`` words (a power of two; words ``[BLOCK + num_warps,
+2 x BLOCK)`` unused), reached by inline PTX at ``global_smem + STAGE_SMEM_OFFSET`` (``st.shared`` / ``ld.shared``; Gluon in Triton 3.6 has no shared scatter and
 a shared buffer has no address a program can read, as in ``kernels.topk.gluon_hist``): words
 ``[0, BLOCK)`` the block's list, ``[BLOCK, BLOCK + num_warps)`` the warps' packed counts. The
 offset is 0 because the buffer is all the shared memory the kernel takes: every reduction and
@@ -63,13 +63,13 @@ WINDOW_SHIFT = gl.constexpr(_window.WINDOW_SHIFT)
 # kernels.topk.triton's plan constants (checked equal there)
 STATE_WORDS = gl.constexpr(16)
 PLAN_GROUP = gl.constexpr(8)
-# Split histograms (or group partials) summed a tile at a time: [PS, 256] int32, 8 registers a
-# row a thread (the tile is replicated across the warps)
+# Split histograms summed a tile at a time: [PS, 256] int32, 8 registers a row a thread (the
+# tile is replicated across the warps); the group partials GB at a time
 PS = gl.constexpr(4)
 
 # Byte offset of the buffer from ``global_smem`` (module docstring): 0, the kernel's only shared
-# memory (tests/test_triton_compile.py checks every compiled launch's size is STAGE_WORDS_PAD
-# words beyond BLOCK).
+# memory (tests/test_triton_compile.py checks every compiled launch takes exactly 2 x BLOCK
+# words).
 STAGE_SMEM_OFFSET = gl.constexpr(0)
 # Words past the block's list: the warps' packed counts (at most 32 warps)
 STAGE_WORDS_PAD = gl.constexpr(32)
@@ -279,9 +279,10 @@ def _topk_scatter_smem_kernel(
     VEC: gl.constexpr = True, PDL: gl.constexpr = False, SUB: gl.constexpr = False,
 ):
     """Split pass B (grid ``(R, S)``): ``kernels.topk.triton._topk_scatter_kernel`` with ``VEC``
-    and ``sub = 1`` (module docstring). ``GB``, ``VEC``, ``SUB`` and ``sub`` are the Triton
-    kernel's arguments, taken for the same launch and not used (the partials are summed
-    :data:`PS` at a time; the loads are always 16-byte; no sub-ranges)."""
+    and ``sub = 1`` (module docstring). ``VEC``, ``SUB`` and ``sub`` are the Triton kernel's
+    arguments, taken for the same launch and not used (the loads are always 16-byte; no
+    sub-ranges); ``GB`` sizes the group partials' tile (not ``PLAN``; with ``PLAN`` the split
+    histograms are summed :data:`PS` at a time)."""
     gl.static_assert(VEC, "the Gluon split pass B has the VEC loads only")
     gl.static_assert(not SUB, "the Gluon split pass B has no sub-ranges")
     if PDL:                         # (see kernels.topk.triton._radix_topk_kernel)
@@ -354,7 +355,7 @@ def _topk_scatter_smem_kernel(
     o_row = out_ptr + row * stride_o
     c_row = cand_ptr + row * stride_c
     sbase = _smem_base() + STAGE_SMEM_OFFSET
-    # [NW, C]: warp r holds positions [r C, (r + 1) C) of a block, four a thread
+    # [NW, C]: warp r holds positions [r C, (r + 1) C) of a block, SPT contiguous a lane
     offs = (gl.arange(0, NW, layout=gl.SliceLayout(1, LX))[:, None] * C
             + gl.arange(0, C, layout=gl.SliceLayout(0, LX))[None, :])
     hi_ld = gl.minimum((hi + 15) // 16 * 16, W)
@@ -378,4 +379,4 @@ def _topk_scatter_smem_kernel(
     # only), so it stays allocated: a store no program makes (n_out is never negative)
     w = gl.arange(0, STAGE_WORDS_PAD, layout=LS)
     keep_alive = stage.slice(BLOCK, STAGE_WORDS_PAD).load(LS)
-    gl.store(state_ptr + row * STATE_WORDS + w, keep_alive, mask=(w < 0) | (n_out < 0))
+    gl.store(state_ptr + row * STATE_WORDS + w, keep_alive, mask=(w < STATE_WORDS) & (n_out < 0))

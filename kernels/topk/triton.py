@@ -1373,47 +1373,14 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
               or not state.is_contiguous()):
             raise ValueError(f"state: expected a contiguous int32 [{R}, {STATE_WORDS.value}] "
                              f"tensor, got {state.dtype} {tuple(state.shape)}")
-        if scatter_form is None:
-            scatter_form = scatter_form_for(W, page_size, num_splits)
-        if scatter is not None and scatter not in SCATTER_SPACE and not (
-                _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
-            scatter = None          # a launch of the smem form's space only, where it cannot run
-        sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
-        # the cap rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
-        # (capped, the SUB twin spills and the smaller blocks lose a CTA an SM: AOT, sm_90)
-        ruled = (num_sms is not None and scatter_sub == 1
-                 and (sblock, swarps, svec) == SCATTER_CAP_CONFIG)
-        cap_regs = scatter_maxnreg(R * num_splits if ruled else 0, num_sms or 1)
-        slaunch = dict(launch)                                # the scatter launches' options
-        if cap_regs is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
-            slaunch["maxnreg"] = cap_regs                     # (the interpreter has no cap)
-        aligned = W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
-        svec = bool(svec) and aligned
-        scatter_kernel = _topk_scatter_kernel
-        if _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub):
-            # the Gluon form: always its 16-byte loads, no register cap (95-163 registers, AOT)
-            from kernels.topk.gluon_scatter import _topk_scatter_smem_kernel as scatter_kernel
-            svec = True
-            slaunch = dict(launch)
-        if num_splits <= SCATTER_PLAN_SPLITS:
-            sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
-            scatter_kernel[(R, num_splits * scatter_sub)](
-                logits, lengths, out, scratch, state, state, hist, W, page_size,
-                logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
-                per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
-                SP=sp, VEC=svec, SUB=scatter_sub > 1, num_warps=swarps, **slaunch)
-        else:
-            groups, sbase = plan_blocks(num_splits)
-            part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
-                               device=logits.device)
-            _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
-                                                SBASE=sbase, num_warps=4, **launch)
-            scatter_kernel[(R, num_splits * scatter_sub)](
-                logits, lengths, out, scratch, state, part, hist, W, page_size,
-                logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
-                per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
-                PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, SUB=scatter_sub > 1,
-                num_warps=swarps, **slaunch)
+        if type(n_drafts) is not int or not 1 <= n_drafts <= 4:
+            # _split_range reads at most 4 drafts' lengths (tl.arange(0, 4))
+            raise ValueError(f"n_drafts: expected an int in [1, 4] with page_size, got "
+                             f"{n_drafts!r}")
+        _split_pass_b(logits, lengths, out, scratch, state, hist, topk=topk, n_drafts=n_drafts,
+                      per_row=per_row, page_size=page_size, cap=cap, num_splits=num_splits,
+                      nb=nb, scatter=scatter, scatter_sub=scatter_sub,
+                      scatter_form=scatter_form, num_sms=num_sms, launch=launch)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -1421,6 +1388,60 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
                              HAS_HIST=hist is not None, FROM_PLAN=split,
                              PLAN_SB=PLAN_SPLITS, num_warps=cfg.num_warps, **launch)
     return out
+
+
+def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_drafts: int,
+                  per_row: int, page_size: int, cap: int, num_splits: int, nb: int,
+                  scatter, scatter_sub: int, scatter_form, num_sms, launch: dict):
+    """The split pass B of :func:`launch_topk` (its arguments, checked there): the plan part
+    kernel where the plan runs over groups, then the scatter, ``scatter_form``'s kernel where it
+    runs (:func:`_smem_scatter_runs`), else the Triton one. Writes ``out``'s selected head, the
+    candidates in ``scratch`` and the plan ``state``; returns the scatter kernel launched (the
+    GPU tests check which ran)."""
+    import torch
+    R, W = logits.shape
+    if scatter_form is None:
+        scatter_form = scatter_form_for(W, page_size, num_splits)
+    if scatter is not None and scatter not in SCATTER_SPACE and not (
+            _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
+        scatter = None          # a launch of the smem form's space only, where it cannot run
+    sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
+    # the cap rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
+    # (capped, the SUB twin spills and the smaller blocks lose a CTA an SM: AOT, sm_90)
+    ruled = (num_sms is not None and scatter_sub == 1
+             and (sblock, swarps, svec) == SCATTER_CAP_CONFIG)
+    cap_regs = scatter_maxnreg(R * num_splits if ruled else 0, num_sms or 1)
+    slaunch = dict(launch)                                # the scatter launches' options
+    if cap_regs is not None and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        slaunch["maxnreg"] = cap_regs                     # (the interpreter has no cap)
+    aligned = W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
+    svec = bool(svec) and aligned
+    scatter_kernel = _topk_scatter_kernel
+    if _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub):
+        # the Gluon form: always its 16-byte loads, no register cap (95-163 registers, AOT)
+        from kernels.topk.gluon_scatter import _topk_scatter_smem_kernel as scatter_kernel
+        svec = True
+        slaunch = dict(launch)
+    if num_splits <= SCATTER_PLAN_SPLITS:
+        sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
+        scatter_kernel[(R, num_splits * scatter_sub)](
+            logits, lengths, out, scratch, state, state, hist, W, page_size,
+            logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
+            per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
+            SP=sp, VEC=svec, SUB=scatter_sub > 1, num_warps=swarps, **slaunch)
+    else:
+        groups, sbase = plan_blocks(num_splits)
+        part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
+                           device=logits.device)
+        _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
+                                            SBASE=sbase, num_warps=4, **launch)
+        scatter_kernel[(R, num_splits * scatter_sub)](
+            logits, lengths, out, scratch, state, part, hist, W, page_size,
+            logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
+            per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
+            PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, SUB=scatter_sub > 1,
+            num_warps=swarps, **slaunch)
+    return scatter_kernel
 
 
 # The split pass B's kernels (launch_topk(scatter_form=...)): "triton", _topk_scatter_kernel;
@@ -1503,7 +1524,9 @@ loop is 664 SASS a warp (833 before) at 160 registers, 3 CTAs of 4 warps an SM w
 rows of at most 264 programs 26.5 / 27.0 (B 64 L 64K), 37.8 / 39.3 (L 128K), 37.6 / 38.0 (V4 B 8
 1M): uncapped. The rule applies to that launch (:data:`SCATTER_CAP_CONFIG`, no sub-ranges) only:
 capped, the ``SUB`` twin spills 8 bytes and the 512 / 1,024-position launches rise from 48 / 80
-to 62 / 96 registers (a CTA an SM fewer; AOT, Triton 3.6.0, sm_90), neither measured."""
+to 62 / 96 registers (a CTA an SM fewer; AOT, Triton 3.6.0, sm_90), neither measured. The
+smem form (``scatter_form="smem"``, the Gluon kernel: 95-203 registers) takes no cap, explicit
+or by rule."""
 SCATTER_CAP_REGS = 128
 SCATTER_CAP_CTAS = 3
 SCATTER_CAP_CONFIG = (2048, 4, True)
