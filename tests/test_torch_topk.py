@@ -774,8 +774,7 @@ def test_split_pass_b_smem_form_bitwise_triton(dist, S, N, per_row, pdl, monkeyp
     block's selected keys in shared memory, against ``"triton"``) write bitwise the same output
     head, plan state and scratch, compared right after the scatter (before the per-row kernel
     rewrites any of it), and the smem launch is the Gluon kernel; then the whole top-k is the
-    reference's. Every (BLOCK, warps) of ``SCATTER_SMEM_SPACE`` at S 3, the shape's own
-    elsewhere. Rows of 256 pages of 64 (whole blocks and a masked tail; lengths mid-page, one
+    reference's. Every (BLOCK, warps) of ``SCATTER_SMEM_SPACE`` at S 3, 2,048 x 4 elsewhere. Rows of 256 pages of 64 (whole blocks and a masked tail; lengths mid-page, one
     empty, one shorter than K: every key taken) of i.i.d. normal, heavy-tailed, tied (the bin
     taken whole or not), special values (NaN payloads, +-inf, -0.0, subnormals, +-FLT_MAX; a
     row of -inf), one-bin (more candidates than the pairs' half of the scratch: positions only)
@@ -836,9 +835,8 @@ def test_split_pass_b_smem_form_bitwise_triton(dist, S, N, per_row, pdl, monkeyp
         return kernel, out, state, scratch
     k_t, *want = scatter_only("triton", None)
     assert k_t is tk._topk_scatter_kernel
-    configs = tk.SCATTER_SMEM_SPACE if S == 3 else (None,)
-    for b_w in configs:
-        k_s, *got = scatter_only("smem", None if b_w is None else (*b_w, True))
+    for b_w in tk.SCATTER_SMEM_SPACE if S == 3 else ((2048, 4),):
+        k_s, *got = scatter_only("smem", (*b_w, True))
         assert k_s is gluon_scatter._topk_scatter_smem_kernel
         for name, g, t in zip(("out", "state", "scratch"), got, want):
             assert torch.equal(g, t), (dist, S, N, b_w, name)
@@ -846,6 +844,35 @@ def test_split_pass_b_smem_form_bitwise_triton(dist, S, N, per_row, pdl, monkeyp
     tk.launch_topk(xt, lt, K, out, torch.empty((R, W), dtype=torch.int32, device=DEVICE),
                    hist=h, n_drafts=N, page_size=P, scatter_form="smem")
     compare.assert_pass(compare.check_topk(out, _ref_rows(x, row_lens), K))
+
+
+def test_smem_scatter_routing(monkeypatch):
+    """Where the split pass B's smem form runs (``_smem_scatter_runs``, and ``_split_pass_b``'s
+    check of ``SCATTER_SMEM_SPACE``): asked for, a CUDA tensor outside the interpreter, no
+    sub-ranges, W, the page size and the row stride multiples of 16; anything else runs the
+    Triton kernel. Checked with a stand-in tensor (no GPU here)."""
+    from kernels.topk import triton as tk
+
+    class FakeLogits:
+        def __init__(self, stride=65536, is_cuda=True):
+            self._s, self.is_cuda = stride, is_cuda
+
+        def stride(self, dim):
+            return self._s
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    ok = FakeLogits()
+    assert tk._smem_scatter_runs("smem", 65536, 64, ok, 1)
+    assert not tk._smem_scatter_runs("triton", 65536, 64, ok, 1)
+    assert not tk._smem_scatter_runs("smem", 65536, 64, ok, 2)               # sub-ranges
+    assert not tk._smem_scatter_runs("smem", 65536 - 8, 8, ok, 1)            # W % 16
+    assert not tk._smem_scatter_runs("smem", 65536, 8, ok, 1)                # P % 16
+    assert not tk._smem_scatter_runs("smem", 65536, 64, FakeLogits(65544), 1)  # stride % 16
+    assert not tk._smem_scatter_runs("smem", 65536, 64, FakeLogits(is_cuda=False), 1)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not tk._smem_scatter_runs("smem", 65536, 64, ok, 1)
+    # the rule's launch is in the smem space; SCATTER_SPACE's smaller blocks are not
+    assert tk.scatter_config(65536, 64, 4)[:2] in tk.SCATTER_SMEM_SPACE
+    assert (512, 4) not in tk.SCATTER_SMEM_SPACE
 
 
 def test_pdl_switch_and_twins(monkeypatch):

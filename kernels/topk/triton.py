@@ -1301,10 +1301,11 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         (:func:`_topk_scatter_kernel`) or ``"smem"`` (``kernels.topk.gluon_scatter``: each
         block's selected keys compacted in shared memory first, then one store a selected key;
         bitwise the same output, candidates and state). The smem form runs where it is built
-        for: a CUDA tensor outside the CPU interpreter, no sub-ranges (``scatter_sub`` 1), and
-        16-byte loads (``W``, the page size and the logits' row stride multiples of 16); the
-        Triton kernel runs elsewhere. None: :data:`SCATTER_FORM_ENV` when set, else
-        :func:`scatter_form_for` (the smem form on the B 64 rows' long splits).
+        for: a CUDA tensor outside the CPU interpreter, no sub-ranges (``scatter_sub`` 1),
+        16-byte loads (``W``, the page size and the logits' row stride multiples of 16) and a
+        (BLOCK, warps) of :data:`SCATTER_SMEM_SPACE`; the Triton kernel runs elsewhere.
+        None: :data:`SCATTER_FORM_ENV` when set, else :func:`scatter_form_for` (the smem form
+        on the B 64 rows' long splits).
     Raises:
       ValueError: ``lengths`` has neither ``R`` nor ``R / n_drafts`` elements, the scratch
         is narrower than W, ``page_size`` (with ``hist``) does not divide W, ``state`` is not a
@@ -1417,7 +1418,8 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
     aligned = W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
     svec = bool(svec) and aligned
     scatter_kernel = _topk_scatter_kernel
-    if _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub):
+    if ((sblock, swarps) in SCATTER_SMEM_SPACE
+            and _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
         # the Gluon form: always its 16-byte loads, no register cap (95-163 registers, AOT)
         from kernels.topk.gluon_scatter import _topk_scatter_smem_kernel as scatter_kernel
         svec = True
@@ -1451,11 +1453,14 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
 # a key-slot, against the Triton kernel's 651 (40.7); 95-163 registers, 2 x BLOCK x 4 bytes of
 # shared memory (bench/NOTES.md "Twenty-sixth session").
 SCATTER_FORMS = ("triton", "smem")
-# (BLOCK, num_warps) of the smem form: SCATTER_SPACE's, 4,096 at 4 warps (201 registers, AOT sm_90)
-# and twice the warps at 2,048 and 4,096
-# positions (launch_topk(scatter=(BLOCK, num_warps, True)); where the Triton kernel runs instead,
-# a launch outside SCATTER_SPACE takes scatter_config's).
-SCATTER_SMEM_SPACE = ((512, 4), (1024, 2), (1024, 4), (2048, 4), (2048, 8), (4096, 4), (4096, 8))
+# (BLOCK, num_warps) of the smem form (launch_topk(scatter=(BLOCK, num_warps, True)), AOT-checked
+# for sm_90 and sm_120): 2,048 at 4 warps, the rule's (scatter_config on splits of >= 4,096
+# positions), one smaller and one larger block (4,096 x 4: two 16-key chains a lane, 203
+# registers, AOT sm_90). A launch of the smem form at any other (BLOCK, warps) runs the Triton
+# kernel; a launch outside SCATTER_SPACE where the Triton kernel runs takes scatter_config's.
+# Measured and dropped (H100, 2026-12-07, bench/NOTES.md "Twenty-sixth session"): 512 x 4,
+# 1,024 x 2, 2,048 x 8 and 4,096 x 8 (slower than 2,048 x 4 on every B 64 row but one).
+SCATTER_SMEM_SPACE = ((1024, 4), (2048, 4), (4096, 4))
 # The rule (launch_topk without a form): the smem form where a logits split holds at least this
 # many table positions (``ceil(W / P / S) * P``: the B 64 rows, 16-32K), the Triton kernel on
 # shorter splits (B 1: 256-512 positions, one block, where the smem form's plan prologue costs
