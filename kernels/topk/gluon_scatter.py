@@ -39,6 +39,9 @@ slots 35 % busy, stalls on fixed-latency dependencies and the shuffles / shared 
 two CTA barriers a block hold each CTA's four warps in step, so too few independent warps hide
 the chain.
 
+The plan's helpers below (``_digit_bin`` ... ``_store_state``) are line-for-line ports of
+``kernels.topk.triton``'s: a Gluon kernel cannot call ``@triton.jit`` functions.
+
 Never in the CPU interpreter (Gluon kernels do not interpret): ``launch_topk`` runs the Triton
 kernel there, which the GPU tests compare this one with bit for bit.
 """
@@ -48,18 +51,12 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from kernels.sparse_mla.gluon_cluster import _smem_base   # global_smem's shared address
-from kernels.topk import window as _window
-from kernels.topk.gluon_hist import _barrier, _gdc_wait, _shared_load, _split_bounds
+# the histogram block's layout and the first digit (kernels.topk.window's values) as gluon_hist's
+# constexprs (kernels.topk.triton's are not imported: its launcher imports this module)
+from kernels.topk.gluon_hist import (BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE, MID_BIN,
+                                     UPPER_LO, WINDOW_SHIFT, _barrier, _gdc_wait, _shared_load,
+                                     _split_bounds)
 
-# kernels.topk.window's values (as kernels.topk.triton's constants; not imported from there: its
-# launcher imports this module)
-BASE_NONE = gl.constexpr(_window.BASE_NONE)
-LBASE_NONE = gl.constexpr(_window.LBASE_NONE)
-HIST_BINS = gl.constexpr(_window.HIST_BINS)
-HIST_ROW = gl.constexpr(_window.HIST_ROW)
-MID_BIN = gl.constexpr(_window.MID_BIN)
-UPPER_LO = gl.constexpr(_window.UPPER_LO)
-WINDOW_SHIFT = gl.constexpr(_window.WINDOW_SHIFT)
 # kernels.topk.triton's plan constants (checked equal there)
 STATE_WORDS = gl.constexpr(16)
 PLAN_GROUP = gl.constexpr(8)
