@@ -13,8 +13,8 @@ def aot_specs(smem_class: str) -> list:
     tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
     from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
-                                     SCATTER_SMEM_SPACE, SCATTER_SPACE, SPLIT_HIST_SPACE,
-                                     TopkConfig, plan_blocks,
+                                     SCATTER_PLAN_SPLITS, SCATTER_SMEM_SPACE, SCATTER_SPACE,
+                                     SPLIT_HIST_SPACE, TopkConfig, plan_blocks,
                                      scatter_plan_blocks)
     sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
            "hist_ptr": "*i32", "W": "i32", "topk": "i32", "stride_x": "i32", "stride_o": "i32",
@@ -34,7 +34,9 @@ def aot_specs(smem_class: str) -> list:
                                     "kernels.topk.triton", "_radix_topk_kernel", sig,
                                     dict(BLOCK=blk, HAS_HIST=True, FROM_PLAN=True,
                                          PLAN_SB=PLAN_SPLITS), nw, 1))
-    sbases = sorted({plan_blocks(1 << e)[1] for e in range(0, 14)})   # S 1..8K
+    # the plan part runs only above SCATTER_PLAN_SPLITS splits (S 17..8K: SBASE 32..1024)
+    sbases = sorted({plan_blocks(s)[1] for s in [SCATTER_PLAN_SPLITS + 1]
+                     + [1 << e for e in range(5, 14)]})
     common = {"n_drafts": "i32", "n_drafts_pow2": "i32", "num_splits": "i32", "num_groups": "i32"}
     for sbase in sbases:
         specs.append(LaunchSpec(f"topk plan part SBASE{sbase}", "kernels.topk.triton",
@@ -129,6 +131,6 @@ def _default_split_hist_label() -> str:
 
 # the launches compiled again with PDL=True (aot_specs; the split pass A's at its default
 # config, whichever it is)
-PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE16",
+PDL_TWINS = ("topk block2048 w8 hist=True plan=True", "topk plan part SBASE32",
              "topk scatter block2048 w4 vec plan SP4", _default_split_hist_label(),
              "topk scatter smem block2048 w4 plan SP2")
