@@ -136,6 +136,15 @@ def _min_max(x, mx, mn):
 
 
 @gluon.jit
+def _digit_bin(d, base, lbase):
+    """``kernels.topk.triton.digit_bin``: the bin of first digit ``d`` under window bases
+    ``(base, lbase)``, clamped to ``[0, 256)``."""
+    u = d - base
+    low = gl.minimum(gl.maximum(d - lbase, 0), MID_BIN)
+    return gl.where(u >= UPPER_LO, gl.minimum(u, HIST_BINS - 1), low)
+
+
+@gluon.jit
 def _add_keys(x, sbase, base, lbase):
     """One shared add a value of ``x`` to its bin at the split's bases; values that do not
     qualify add to :data:`TRASH_BIN`. The bin is ``kernels.topk.triton.digit_bin``, clamps
@@ -143,11 +152,7 @@ def _add_keys(x, sbase, base, lbase):
     0`` for every qualifying key), and they keep every address inside the buffer whatever the
     keys."""
     key, ok = _key_digit(x)
-    d = (key >> WINDOW_SHIFT).to(gl.int32)
-    u = d - base
-    c = gl.where(u >= UPPER_LO, gl.minimum(u, HIST_BINS - 1),
-                 gl.minimum(gl.maximum(d - lbase, 0), MID_BIN))
-    c = gl.where(ok, c, TRASH_BIN)
+    c = gl.where(ok, _digit_bin((key >> WINDOW_SHIFT).to(gl.int32), base, lbase), TRASH_BIN)
     _shared_add_one(sbase + c * 4)
 
 

@@ -39,8 +39,9 @@ slots 35 % busy, stalls on fixed-latency dependencies and the shuffles / shared 
 two CTA barriers a block hold each CTA's four warps in step, so too few independent warps hide
 the chain.
 
-The plan's helpers below (``_digit_bin`` ... ``_store_state``) are line-for-line ports of
-``kernels.topk.triton``'s: a Gluon kernel cannot call ``@triton.jit`` functions.
+The plan's helpers below (``_bin_digit`` ... ``_store_state``; ``_digit_bin`` is gluon_hist's)
+are line-for-line ports of ``kernels.topk.triton``'s: a Gluon kernel cannot call
+``@triton.jit`` functions.
 
 Never in the CPU interpreter (Gluon kernels do not interpret): ``launch_topk`` runs the Triton
 kernel there, which the GPU tests compare this one with bit for bit.
@@ -54,8 +55,8 @@ from kernels.sparse_mla.gluon_cluster import _smem_base   # global_smem's shared
 # the histogram block's layout and the first digit (kernels.topk.window's values) as gluon_hist's
 # constexprs (kernels.topk.triton's are not imported: its launcher imports this module)
 from kernels.topk.gluon_hist import (BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE, MID_BIN,
-                                     UPPER_LO, WINDOW_SHIFT, _barrier, _gdc_wait, _shared_load,
-                                     _split_bounds)
+                                     UPPER_LO, WINDOW_SHIFT, _barrier, _digit_bin, _gdc_wait,
+                                     _shared_load, _split_bounds)
 
 # kernels.topk.triton's plan constants (checked equal there)
 STATE_WORDS = gl.constexpr(16)
@@ -91,14 +92,6 @@ def _shared_store_if(addr, value, flag):
 def _u32(v):
     """A uint32 scalar of the Python int ``v``."""
     return gl.to_tensor(v).to(gl.uint32)
-
-
-@gluon.jit
-def _digit_bin(d, base, lbase):
-    """``kernels.topk.triton.digit_bin``."""
-    u = d - base
-    low = gl.minimum(gl.maximum(d - lbase, 0), MID_BIN)
-    return gl.where(u >= UPPER_LO, gl.minimum(u, HIST_BINS - 1), low)
 
 
 @gluon.jit

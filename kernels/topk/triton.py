@@ -1403,8 +1403,8 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
     R, W = logits.shape
     if scatter_form is None:
         scatter_form = scatter_form_for(W, page_size, num_splits)
-    if scatter is not None and scatter not in SCATTER_SPACE and not (
-            _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
+    smem_runs = _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)
+    if scatter is not None and scatter not in SCATTER_SPACE and not smem_runs:
         scatter = None          # a launch of the smem form's space only, where it cannot run
     sblock, swarps, svec = scatter or scatter_config(W, page_size, num_splits)
     # the cap rule only where it was measured: the 2,048-position VEC launch, no sub-ranges
@@ -1418,8 +1418,7 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
     aligned = W % 16 == 0 and page_size % 16 == 0 and logits.stride(0) % 16 == 0
     svec = bool(svec) and aligned
     scatter_kernel = _topk_scatter_kernel
-    if ((sblock, swarps) in SCATTER_SMEM_SPACE
-            and _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)):
+    if smem_runs and (sblock, swarps) in SCATTER_SMEM_SPACE:
         # the Gluon form: always its 16-byte loads, no register cap (95-163 registers, AOT)
         from kernels.topk.gluon_scatter import _topk_scatter_smem_kernel as scatter_kernel
         svec = True
@@ -1488,8 +1487,8 @@ def scatter_form_for(W: int, page_size: int, num_splits: int) -> str:
     """The split pass B's form from the shape alone: ``"smem"`` where a logits split holds at
     least :data:`SCATTER_SMEM_MIN_POSITIONS` table positions (``ceil(W / P / S) * P``), else
     ``"triton"``."""
-    per = -(-(W // max(page_size, 1)) // max(num_splits, 1)) * page_size
-    return "smem" if per >= SCATTER_SMEM_MIN_POSITIONS else "triton"
+    return ("smem" if _split_positions(W, page_size, num_splits) >= SCATTER_SMEM_MIN_POSITIONS
+            else "triton")
 
 
 def scatter_form_default() -> str | None:
@@ -1622,6 +1621,12 @@ SCATTER_SPACE = (tuple((b, w, False) for b, w in SCATTER_CONFIGS)
                  + ((1024, 2, False), (1024, 4, True), (2048, 4, True)))
 
 
+def _split_positions(W: int, page_size: int, num_splits: int) -> int:
+    """Table positions of a logits split: ``ceil(W / P / S) * P`` (the largest page range a
+    split of a full row holds)."""
+    return -(-(W // page_size) // max(num_splits, 1)) * page_size
+
+
 def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     """(BLOCK, num_warps, vec) of the split pass B from the shape alone: the smallest block
     that covers a split's largest page range (``ceil(W / P / S)`` pages) in one iteration,
@@ -1635,7 +1640,7 @@ def scatter_config(W: int, page_size: int, num_splits: int) -> tuple:
     if W < 0 or page_size < 1:
         raise ValueError(f"scatter_config: expected W >= 0 and page_size >= 1, got W={W}, "
                          f"page_size={page_size}")
-    per = -(-(W // page_size) // max(num_splits, 1)) * page_size
+    per = _split_positions(W, page_size, num_splits)
     for blk, nw in SCATTER_CONFIGS:
         if blk >= per:
             return blk, nw, blk >= 1024
