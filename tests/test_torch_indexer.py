@@ -716,6 +716,56 @@ def test_indexer_topk_unfused_histogram_same_set(monkeypatch):
     assert torch.equal(got.sort(-1).values, base.sort(-1).values)
 
 
+@pytest.mark.parametrize("per_sm", [16, 64])
+def test_indexer_topk_unfused_own_split_count_same_bits(per_sm, monkeypatch):
+    """Unfused, the split passes run at their own split count (``unfused_topk_splits``, here
+    raised through ``DSA_TOPK_UNFUSED_PER_SM``): more splits than the logits kernel's, the
+    reference set, and bitwise the indices (the order too) of the logits kernel's count, since
+    the row's window bases are those of its extreme keys whatever the splits."""
+    from kernels.indexer import triton as kx
+    import kernels.topk.triton as kt
+    case = cases.make_indexer_case(694, B=2, N=2, H_I=16, D_I=128, P=16,
+                                   lens=[700, 16 * 9 + 5], topk=32, neg_pages=True)
+    q, w, kc, bt, cl = _args(case)
+    monkeypatch.setattr(kx, "fuse_hist", lambda config, n, *args: False)
+    splits = []
+    real = kt.launch_split_hist
+
+    def counted(logits, lengths, hist, **k):
+        splits.append(hist.shape[1])
+        return real(logits, lengths, hist, **k)
+    monkeypatch.setattr(kt, "launch_split_hist", counted)
+    monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, "0")
+    base = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
+    monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, str(per_sm))
+    got = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
+    n_pages = bt.shape[1]
+    num_sms = _common.device_info(q.device).num_sms
+    assert splits[1] == kt.unfused_topk_splits(4, n_pages, num_sms, splits[0])
+    assert splits[1] > splits[0]
+    compare.assert_pass(compare.check_topk(got, case.reference_logits(), 32))
+    assert torch.equal(got, base)
+
+
+def test_unfused_topk_splits_rule(monkeypatch):
+    """``unfused_topk_splits``: the logits kernel's count at per-SM 0; else at least that many,
+    ``ceil(per_sm x SMs / rows)`` capped by the planning scatter's 16 and half the pages; the
+    variable's bad values are a ValueError naming it."""
+    import kernels.topk.triton as kt
+    monkeypatch.delenv(kt.UNFUSED_SPLITS_ENV, raising=False)
+    assert kt.unfused_topk_splits(64, 1024, 132, 4) == 4          # the constant: 0 -> S as given
+    monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, "4")
+    assert kt.unfused_topk_splits(64, 1024, 132, 4) == 9          # ceil(4 * 132 / 64)
+    assert kt.unfused_topk_splits(8, 16384, 132, 33) == 33        # never fewer than the logits'
+    assert kt.unfused_topk_splits(1, 2048, 132, 4) == kt.SCATTER_PLAN_SPLITS
+    assert kt.unfused_topk_splits(64, 6, 132, 1) == 3              # at least two pages a split
+    assert kt.unfused_topk_splits(64, 1, 132, 1) == 1
+    for bad in ("-1", "65", "two", "1.5"):
+        monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, bad)
+        with pytest.raises(ValueError, match=kt.UNFUSED_SPLITS_ENV):
+            kt.unfused_topk_splits(64, 1024, 132, 4)
+
+
 @gluon_only
 @pytest.mark.parametrize("max_n", [1, 2])
 def test_gluon_ws_indexer_topk_fused_or_not(max_n, monkeypatch):

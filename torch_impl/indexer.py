@@ -263,10 +263,12 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     # Scratch logits: the logits kernel writes every position j < ceil(max_i len / P) * P of a
     # request, the top-k reads only j < len[b, i]; nothing else is touched, so no fill.
     from kernels.indexer.triton import fuse_hist, logits_splits
-    from kernels.topk.triton import hist_shape, launch_split_hist
+    from kernels.topk.triton import hist_shape, launch_split_hist, unfused_topk_splits
     logits = torch.empty((B, N, W), dtype=torch.float32, device=q.device)
     splits = logits_splits(B, block_table.shape[1], dev.num_sms, lcfg)
     fused = fuse_hist(lcfg, N, B * W, dev.name)
+    if not fused:                # the split passes' own count (the same set, the same order)
+        splits = unfused_topk_splits(B * N, block_table.shape[1], dev.num_sms, splits)
     hist = torch.empty(hist_shape(B, splits, N), dtype=torch.int32, device=q.device)
     with _phase(PHASE_LOGITS):
         _launch_logits(q, weights, k_cache, block_table, context_lens, k_format, P, dev, lcfg,

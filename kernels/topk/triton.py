@@ -113,7 +113,7 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_wait
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from kernels.topk import window as _window
 from kernels.topk.window import STATE_FIELDS  # noqa: F401 (re-exported: launch_topk's state)
@@ -953,6 +953,7 @@ def _topk_plan_part_kernel(
     brought to the row's bases (the largest split base, the smallest lower base) and summed."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
+        gdc_launch_dependents()     # (see PDL_ENV)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
@@ -994,6 +995,7 @@ def _topk_scatter_kernel(
     Compute")."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
+        gdc_launch_dependents()     # (see PDL_ENV)
     row = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
     s, k, n_sub = pid, 0, 1
@@ -1063,6 +1065,7 @@ def _topk_hist_kernel(
     "Twenty-fourth session"; commit 7ac1970 has it)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
+        gdc_launch_dependents()     # (see PDL_ENV)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     _, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, 0, 1)
@@ -1136,6 +1139,46 @@ def split_plan(rows: int, W: int, num_sms: int) -> tuple | None:
         return None
     page = next(p for p in (64, 32, 16, 8, 4, 2, 1) if W % p == 0)
     return page, splits
+
+
+# The split count of the top-k where ``indexer_topk`` runs the logits kernel without the fused
+# histogram (kernels.indexer.triton.fuse_hist false): launch_split_hist then writes the blocks
+# at any split count, so the split passes A and B need not run on the logits kernel's S (4 at
+# B 64 L 64K: 256 programs, two an SM, the split pass B's four-warp programs then a latency
+# chain on 1.86 warps a scheduler, Nsight Compute, H100, bench/NOTES.md "Twenty-sixth
+# session"). 0: the logits kernel's S (the rule until measured); n > 0: at least n programs an
+# SM over the call's rows (``unfused_topk_splits``).
+UNFUSED_SPLITS_PER_SM = 0
+UNFUSED_SPLITS_ENV = "DSA_TOPK_UNFUSED_PER_SM"
+"""Overrides :data:`UNFUSED_SPLITS_PER_SM` (an int in ``[0, 64]``) for an A/B in one process;
+unset or empty: the constant."""
+
+
+def unfused_topk_splits(rows: int, n_pages: int, num_sms: int, logits_splits: int) -> int:
+    """The split count of the split passes A and B (``launch_split_hist`` then
+    ``launch_topk(hist=...)``) for ``rows`` logits rows of ``n_pages`` pages whose logits kernel
+    ran ``logits_splits`` programs a request without the fused histogram: ``logits_splits``
+    where the per-SM target (:data:`UNFUSED_SPLITS_ENV`, else :data:`UNFUSED_SPLITS_PER_SM`) is
+    0, else ``max(logits_splits, min(ceil(per_sm x num_sms / rows), cap))`` with ``cap`` the
+    planning scatter's :data:`SCATTER_PLAN_SPLITS` (more would add the plan part kernel) and
+    ``n_pages // 2`` (splits of at least two pages). Any split count selects the same set in the
+    same order (the row's window bases are those of its largest and smallest keys whatever the
+    splits: ``tests/test_torch_topk.py``).
+
+    Raises:
+      ValueError: :data:`UNFUSED_SPLITS_ENV` is not an int in ``[0, 64]``.
+    """
+    v = os.environ.get(UNFUSED_SPLITS_ENV, "").strip()
+    per_sm = UNFUSED_SPLITS_PER_SM
+    if v:
+        if not v.isdigit() or not 0 <= int(v) <= 64:
+            raise ValueError(f"{UNFUSED_SPLITS_ENV}: expected an int in [0, 64] or unset, got "
+                             f"{v!r}")
+        per_sm = int(v)
+    if per_sm == 0:
+        return logits_splits
+    want = -(-per_sm * max(num_sms, 1) // max(rows, 1))
+    return max(logits_splits, min(want, SCATTER_PLAN_SPLITS, max(n_pages // 2, 1)))
 
 
 def launch_split_hist(logits, lengths, hist, *, n_drafts: int = 1, page_size: int,
