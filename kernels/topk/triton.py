@@ -1618,10 +1618,14 @@ PDL_ENV = "DSA_TOPK_PDL"
 """``1``: the top-k's launches (the plan part, the split pass B, the per-row kernel) use
 programmatic dependent launch on sm_90 and later: each may start while the kernel before it in
 the stream finishes, and waits (``griddepcontrol.wait``, its first instruction) for that
-kernel's writes before touching memory. Unset or ``0`` (default until measured): plain launches,
-the kernels as before. At B 1 the top-k is three short launches after the logits kernel
-(~6 us each on the H200); each boundary costs the drain of one grid and the start of the
-next (bench/NOTES.md, tenth session)."""
+kernel's writes before touching memory; then every kernel but the per-row one (the chain's last)
+triggers its own dependents (``griddepcontrol.launch_dependents``), as the WS logits kernel
+does at its start, so the next grid's programs are placed once every program of this one has
+started. Unset or ``0`` (default until measured): plain launches, the kernels as before. At B 1
+the top-k is three short launches after the logits kernel (~6 us each on the H200); each
+boundary costs the drain of one grid and the start of the next (bench/NOTES.md, tenth session).
+Without the trigger (before 2026-12-07) a grid triggered only at its completion and PDL
+measured no effect ("Twenty-seventh session")."""
 
 
 def pdl_enabled(device) -> bool:
