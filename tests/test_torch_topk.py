@@ -446,6 +446,41 @@ def test_split_plan_with_window_miss(S):
     assert torch.equal(split, plain) and torch.equal(fused, plain)
 
 
+@pytest.mark.parametrize("S,N", [(20, 2), (33, 1)])
+def test_part_pre_prologue_same_bits(S, N, monkeypatch):
+    """After the plan part kernel (S > 16) the Triton split pass B takes its split's pre block
+    (the row's bases and its group's earlier splits summed, written by the part kernel) instead
+    of planning them itself (``DSA_TOPK_PART_PRE``): the output, the candidates and the state
+    bitwise those of the old prologue, on rows whose split bases differ, a window miss, ties
+    and a short row; a bad switch value is a ValueError naming it."""
+    from kernels.topk.triton import SCATTER_PART_PRE_ENV
+    K, P, W = 64, 16, 1600
+    x = _heavy_rows(27, 4, W)[: 2 * N].copy()
+    x[1, 77] = 1e30                                               # window miss
+    x[2 * N - 2] = np.round(x[2 * N - 2])                         # ties
+    lens = [W, W - 5, 1200, 90] if N == 2 else [W, 700]
+    h = torch.from_numpy(_split_hists(x, lens, N, S, P, base_raise=3)).to(DEVICE)
+    xt = torch.from_numpy(x).to(DEVICE)
+    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    R = len(lens)
+
+    def run(pre):
+        monkeypatch.setenv(SCATTER_PART_PRE_ENV, pre)
+        out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
+        scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
+        state = torch.full((R, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+        launch_topk(xt, lt, K, out, scratch, hist=h, n_drafts=N, page_size=P, state=state)
+        return out, scratch, state
+    on, off = run("1"), run("0")
+    compare.assert_pass(compare.check_topk(on[0], _ref_rows(x, lens), K))
+    for a, b in zip(on, off):
+        assert torch.equal(a, b)
+    assert all(torch.equal(a, b) for a, b in zip(run(""), on))   # unset: on
+    monkeypatch.setenv(SCATTER_PART_PRE_ENV, "yes")
+    with pytest.raises(ValueError, match=SCATTER_PART_PRE_ENV):
+        launch_topk(xt, lt, K, on[0], on[1], hist=h, n_drafts=N, page_size=P)
+
+
 @pytest.mark.parametrize("S", [1, 4])
 def test_split_descent_in_registers_every_level(S):
     """The per-row kernel's descent over candidates held in registers (5-bit digits, REG_BINS)

@@ -263,6 +263,7 @@ def _topk_scatter_smem_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr,
     state_ptr,        # [R, STATE_WORDS] int32 out: the plan state (written by split 0)
     part_ptr,         # [R, G, 256] int32: the groups' histograms at the row's bases (not PLAN)
+    pre_ptr,          # the Triton kernel's PRE blocks: taken for the same launch, not read
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
     num_splits, num_groups, sub,

@@ -946,11 +946,16 @@ def _store_state(st, base, lbase, d0, need, done, total, n_eq, run, pairs):
 def _topk_plan_part_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
     part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's bases, summed
+    pre_ptr,          # [R, S, HIST_ROW] int32 out: per split, its group's splits before it
     n_drafts, n_drafts_pow2, num_splits, num_groups,
     SBASE: tl.constexpr, PDL: tl.constexpr = False,
 ):
     """Split plan, step 1 (grid ``(R, G)``): the PLAN_GROUP split histograms of group ``g``
-    brought to the row's bases (the largest split base, the smallest lower base) and summed."""
+    brought to the row's bases (the largest split base, the smallest lower base) and summed
+    into ``part``; and for each split ``s`` of the group, the block ``pre[row, s]``: at words
+    ``[0, 256)`` the sum of the rebased histograms of the splits before ``s`` in its group, at
+    ``HIST_BINS`` and ``HIST_BINS + 1`` the row's bases (the split pass B's ``PRE`` prologue:
+    one load of its own block instead of the bases and the rebased group histograms)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
         gdc_launch_dependents()     # (see PDL_ENV)
@@ -960,8 +965,15 @@ def _topk_plan_part_kernel(
     h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
                                                  num_splits, SBASE)
     s = g * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
-    h = tl.sum(_load_rebased(h_row, s, s < num_splits, split_stride, base, lbase), axis=0)
+    ms = s < num_splits
+    hs = _load_rebased(h_row, s, ms, split_stride, base, lbase)           # [PLAN_GROUP, 256]
+    h = tl.sum(hs, axis=0)
     tl.store(part_ptr + (row * num_groups + g) * HIST_BINS + c, h)
+    before = tl.cumsum(hs, axis=0) - hs                      # exclusive, within the group
+    blk = pre_ptr + (row * num_splits + s.to(tl.int64))[:, None] * HIST_ROW
+    tl.store(blk + c[None, :], before, mask=ms[:, None])
+    w = tl.arange(0, 2)[None, :]
+    tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase), mask=ms[:, None])
 
 
 @triton.jit
@@ -969,11 +981,13 @@ def _topk_scatter_kernel(
     x_ptr, len_ptr, out_ptr, cand_ptr,
     state_ptr,        # [R, STATE_WORDS] int32 out: the plan state (written by split 0)
     part_ptr,         # [R, G, 256] int32: the groups' histograms at the row's bases (not PLAN)
+    pre_ptr,          # [R, S, HIST_ROW] int32: _topk_plan_part_kernel's pre blocks (PRE)
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms
     W, P, stride_x, stride_o, stride_c, cap, topk, n_drafts, per_row, n_drafts_pow2,
     num_splits, num_groups, sub,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
     VEC: tl.constexpr = False, PDL: tl.constexpr = False, SUB: tl.constexpr = False,
+    PRE: tl.constexpr = False,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
@@ -984,7 +998,10 @@ def _topk_scatter_kernel(
     the row's bases read ``SP`` at a time): their sum gives the threshold bin, the partials of
     the groups before its group and the rebased histograms of the splits before it in its
     group give its offsets. Both give every program the same bin and the same offsets as one
-    plan over the row would (integer counts), so the output is bitwise the same.
+    plan over the row would (integer counts), so the output is bitwise the same. With ``PRE``
+    (not ``PLAN``) the row's bases and the histograms of the splits before it in its group come
+    summed in one block the plan part kernel wrote (``pre[row, s]``), one load instead of the
+    bases' and then the rebased histograms' dependent loads.
 
     ``SUB`` with ``sub`` (grid ``(R, S * sub)``; without ``SUB`` ``sub`` is 1 and none of this
     is compiled): each split's pages cut into ``sub`` contiguous sub-ranges,
@@ -1003,8 +1020,14 @@ def _topk_scatter_kernel(
         s, k, n_sub = pid // sub, pid % sub, sub
     lo_split, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, k, n_sub,
                                     VEC)
-    h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
-                                                 num_splits, SP)
+    if PRE:
+        tl.static_assert(not PLAN, "PRE reads the plan part kernel's blocks")
+        pb = pre_ptr + (row * num_splits + s) * HIST_ROW
+        base = tl.load(pb + HIST_BINS)
+        lbase = tl.load(pb + (HIST_BINS + 1))
+    else:
+        h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                     num_splits, SP)
     if PLAN:
         sv = tl.arange(0, SP)
         h = _load_rebased(h_row, sv, sv < num_splits, split_stride, base, lbase)   # [SP, 256]
@@ -1012,9 +1035,11 @@ def _topk_scatter_kernel(
         before = tl.sum(tl.where((sv < s)[:, None], h, 0), axis=0)   # the splits before s
     else:
         grp = s // PLAN_GROUP
-        # the splits before s in its group, rebased (issued first: they need only the bases)
-        sg = grp * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
-        before = tl.sum(_load_rebased(h_row, sg, sg < s, split_stride, base, lbase), axis=0)
+        if PRE:                     # the splits before s in its group, summed by the part kernel
+            before = tl.load(pb + tl.arange(0, HIST_BINS))
+        else:                       # ... rebased here (issued first: they need only the bases)
+            sg = grp * PLAN_GROUP + tl.arange(0, PLAN_GROUP)
+            before = tl.sum(_load_rebased(h_row, sg, sg < s, split_stride, base, lbase), axis=0)
         c = tl.arange(0, HIST_BINS)[None, :]
         p_row = part_ptr + row * num_groups * HIST_BINS
         run = tl.zeros((HIST_BINS,), tl.int32)
@@ -1286,6 +1311,25 @@ SCATTER_PLAN_SPLITS = 16
 # VEC, 126 at 2,048 VEC.
 SCATTER_PART_SBASE = PLAN_BASES
 SCATTER_PART_GB = 16
+# After the plan part kernel the Triton split pass B reads its split's pre block (the row's
+# bases and the summed histograms of the splits before it in its group, written by the part
+# kernel) instead of the row's split bases and then its group's rebased histograms: two
+# dependent L2 round trips fewer in each program's prologue, which is most of the B 1 scatter
+# (one block a split: 6.5 us at B 1 L 128K on an H100, bench/NOTES.md "Twenty-seventh
+# session"). Same counts, so the same bits. DSA_TOPK_PART_PRE=0 turns it off (an A/B in one
+# process).
+SCATTER_PART_PRE_ENV = "DSA_TOPK_PART_PRE"
+
+
+def scatter_part_pre() -> bool:
+    """Whether the Triton split pass B after the plan part kernel takes its ``PRE`` prologue:
+    :data:`SCATTER_PART_PRE_ENV` unset, empty or ``1``: yes; ``0``: no.
+
+    Raises:
+      ValueError: the variable holds something else.
+    """
+    from kernels.scalars import env_switch
+    return env_switch(SCATTER_PART_PRE_ENV) is not False
 
 
 def scatter_plan_blocks() -> tuple:
@@ -1469,7 +1513,7 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
     if num_splits <= SCATTER_PLAN_SPLITS:
         sp = _p2(num_splits, 2, SCATTER_PLAN_SPLITS)
         scatter_kernel[(R, num_splits * scatter_sub)](
-            logits, lengths, out, scratch, state, state, hist, W, page_size,
+            logits, lengths, out, scratch, state, state, state, hist, W, page_size,
             logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
             per_row, nb, num_splits, 1, scatter_sub, BLOCK=sblock, GB=PLAN_MIN, PLAN=True,
             SP=sp, VEC=svec, SUB=scatter_sub > 1, num_warps=swarps, **slaunch)
@@ -1477,14 +1521,19 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
         groups, sbase = plan_blocks(num_splits)
         part = torch.empty((R, groups, HIST_BINS.value), dtype=torch.int32,
                            device=logits.device)
-        _topk_plan_part_kernel[(R, groups)](hist, part, n_drafts, nb, num_splits, groups,
+        pre = torch.empty((R, num_splits, HIST_ROW.value), dtype=torch.int32,
+                          device=logits.device)
+        _topk_plan_part_kernel[(R, groups)](hist, part, pre, n_drafts, nb, num_splits, groups,
                                             SBASE=sbase, num_warps=4, **launch)
+        extra = {}
+        if scatter_kernel is _topk_scatter_kernel:      # (the Gluon form plans as before)
+            extra["PRE"] = scatter_part_pre()
         scatter_kernel[(R, num_splits * scatter_sub)](
-            logits, lengths, out, scratch, state, part, hist, W, page_size,
+            logits, lengths, out, scratch, state, part, pre, hist, W, page_size,
             logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
             per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
             PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, SUB=scatter_sub > 1,
-            num_warps=swarps, **slaunch)
+            num_warps=swarps, **extra, **slaunch)
     return scatter_kernel
 
 

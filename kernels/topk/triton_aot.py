@@ -41,10 +41,11 @@ def aot_specs(smem_class: str) -> list:
     for sbase in sbases:
         specs.append(LaunchSpec(f"topk plan part SBASE{sbase}", "kernels.topk.triton",
                                 "_topk_plan_part_kernel",
-                                {"hist_ptr": "*i32", "part_ptr": "*i32", **common},
+                                {"hist_ptr": "*i32", "part_ptr": "*i32", "pre_ptr": "*i32",
+                                 **common},
                                 dict(SBASE=sbase), 4, 1))
     scatter_sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
-                   "state_ptr": "*i32", "part_ptr": "*i32", "hist_ptr": "*i32",
+                   "state_ptr": "*i32", "part_ptr": "*i32", "pre_ptr": "*i32", "hist_ptr": "*i32",
                    "W": "i32", "P": "i32", "stride_x": "i32", "stride_o": "i32",
                    "stride_c": "i32", "cap": "i32", "topk": "i32", "n_drafts": "i32",
                    "per_row": "i32", "n_drafts_pow2": "i32", "num_splits": "i32",
@@ -57,7 +58,8 @@ def aot_specs(smem_class: str) -> list:
         specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} parts",   # after the part kernel
                                 "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
                                 dict(BLOCK=blk, GB=SCATTER_PART_GB, PLAN=False,
-                                     SP=SCATTER_PART_SBASE, VEC=vec), nw, 1, divisible=div))
+                                     SP=SCATTER_PART_SBASE, VEC=vec, PRE=True), nw, 1,
+                                divisible=div))
         for sp in scatter_plan_blocks():                  # planning in its own programs
             specs.append(LaunchSpec(f"topk scatter block{blk} w{nw}{v} plan SP{sp}",
                                     "kernels.topk.triton", "_topk_scatter_kernel", scatter_sig,
@@ -102,10 +104,17 @@ def aot_specs(smem_class: str) -> list:
         sp.constexprs.setdefault("PDL", False)
         if sp.kernel == "_topk_scatter_kernel":
             sp.constexprs.setdefault("SUB", False)
+            sp.constexprs.setdefault("PRE", False)
     for sp in list(specs):
         if sp.label in PDL_TWINS:
             specs.append(LaunchSpec(sp.label + " pdl", sp.module, sp.kernel, sp.signature,
                                     dict(sp.constexprs, PDL=True), sp.num_warps, sp.num_stages,
+                                    divisible=sp.divisible))
+    # the parts launch without its PRE prologue (DSA_TOPK_PART_PRE=0), at the B 1 launch
+    for sp in list(specs):
+        if sp.label in PRE_OFF_TWINS:
+            specs.append(LaunchSpec(sp.label + " nopre", sp.module, sp.kernel, sp.signature,
+                                    dict(sp.constexprs, PRE=False), sp.num_warps, sp.num_stages,
                                     divisible=sp.divisible))
     # the split pass B's sub-splits (DSA_TOPK_SCATTER_SUB > 1: SUB=True), at the B 64 launches
     # (the one the shape picks, planning itself and after the plan kernels)
@@ -117,6 +126,8 @@ def aot_specs(smem_class: str) -> list:
     return specs
 
 
+# the parts launches compiled again with PRE=False (aot_specs): scatter_config's at B 1 L 64K and 128K
+PRE_OFF_TWINS = ("topk scatter block512 w4 parts", "topk scatter block1024 w4 vec parts")
 # the scatter launches compiled again with SUB=True (aot_specs)
 SUB_TWINS = ("topk scatter block2048 w4 vec plan SP4", "topk scatter block2048 w4 vec parts")
 
