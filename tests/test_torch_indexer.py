@@ -716,12 +716,13 @@ def test_indexer_topk_unfused_histogram_same_set(monkeypatch):
     assert torch.equal(got.sort(-1).values, base.sort(-1).values)
 
 
-@pytest.mark.parametrize("per_sm", [16, 64])
-def test_indexer_topk_unfused_own_split_count_same_bits(per_sm, monkeypatch):
-    """Unfused, the split passes run at their own split count (``unfused_topk_splits``, here
-    raised through ``DSA_TOPK_UNFUSED_PER_SM``): more splits than the logits kernel's, the
-    reference set, and bitwise the indices (the order too) of the logits kernel's count, since
-    the row's window bases are those of its extreme keys whatever the splits."""
+@pytest.mark.parametrize("S", [3, 7])
+def test_indexer_topk_unfused_own_split_count_same_bits(S, monkeypatch):
+    """Unfused, the split passes run at the split count ``unfused_topk_splits`` returns (here
+    forced to S, which differs from the logits kernel's on the CPU and on a GPU): its
+    histograms have S splits, the reference set, and bitwise the indices (the order too) of the
+    logits kernel's count, since the row's window bases are those of its extreme keys whatever
+    the splits."""
     from kernels.indexer import triton as kx
     import kernels.topk.triton as kt
     case = cases.make_indexer_case(694, B=2, N=2, H_I=16, D_I=128, P=16,
@@ -737,12 +738,10 @@ def test_indexer_topk_unfused_own_split_count_same_bits(per_sm, monkeypatch):
     monkeypatch.setattr(kt, "launch_split_hist", counted)
     monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, "0")
     base = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
-    monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, str(per_sm))
+    assert splits[0] != S
+    monkeypatch.setattr(kt, "unfused_topk_splits", lambda rows, n_pages, num_sms, ls: S)
     got = tix._triton_topk(q, w, kc, bt, cl, 32, "fp8_indexer", False, None)
-    n_pages = bt.shape[1]
-    num_sms = _common.device_info(q.device).num_sms
-    assert splits[1] == kt.unfused_topk_splits(4, n_pages, num_sms, splits[0])
-    assert splits[1] > splits[0]
+    assert splits[1] == S
     compare.assert_pass(compare.check_topk(got, case.reference_logits(), 32))
     assert torch.equal(got, base)
 

@@ -83,7 +83,6 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from kernels.indexer.gluon import (DIMS, DRAFTS, PAGE, _barrier, _draft_step, _entries,
                                    _finish_hist, _head_sum, _hist_init, _order_key, _range,
                                    _scores, _window_base, _window_bin, _window_lbase)
-from kernels.topk.gluon_hist import _gdc_launch_dependents
 from kernels.topk.triton import BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE
 
 # TMA load of a descriptor box into shared memory: ``async_copy_global_to_shared`` in Triton 3.6
@@ -674,10 +673,6 @@ def _indexer_logits_gluon_ws_kernel(
         xm = gl.allocate_shared_memory(gl.uint32, [HALF_XM, 128], FLAT)
         wsm = gl.allocate_shared_memory(gl.float32, [N, 64], FLAT)      # the weights
     fence_async_shared()             # the barriers initialised before any TMA completes on them
-    # the top-k's first kernel (launched with programmatic dependent launch where
-    # kernels.topk.triton.pdl_enabled) may start its programs now; it waits for this grid's
-    # completion (griddepcontrol.wait) before it reads anything
-    _gdc_launch_dependents()
 
     C0: gl.constexpr = 0
     C1: gl.constexpr = 1

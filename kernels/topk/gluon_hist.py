@@ -99,17 +99,6 @@ def _gdc_wait():
 
 
 @gluon.jit
-def _gdc_launch_dependents():
-    """``griddepcontrol.launch_dependents`` (``triton.language.extra.cuda.gdc_launch_dependents``
-    for Gluon): the next kernel in the stream, launched with programmatic dependent launch, may
-    start once every program of this one has executed it (or exited); it still waits
-    (``griddepcontrol.wait``) for this kernel's completion and writes before touching memory.
-    A no-op where the next kernel is launched plainly."""
-    gl.inline_asm_elementwise("griddepcontrol.launch_dependents; // dummy $0", "=r", [],
-                              dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
 def _shared_add_one(addr):
     """``red.shared.add.u32 [addr], 1`` for every element of ``addr`` (int32 shared-window
     addresses); the result is a dummy zero (an elementwise asm needs one output)."""
@@ -208,7 +197,6 @@ def _topk_hist_smem_kernel(
     a shared-memory atomic add a key (module docstring)."""
     if PDL:                         # (see kernels.topk.triton._radix_topk_kernel)
         _gdc_wait()
-        _gdc_launch_dependents()
     NW: gl.constexpr = gl.num_warps()
     C: gl.constexpr = BLOCK // NW
     # each warp's row at least one 4 x 32 tile: no element held twice, so no key added twice

@@ -55,9 +55,8 @@ from kernels.sparse_mla.gluon_cluster import _smem_base   # global_smem's shared
 # the histogram block's layout and the first digit (kernels.topk.window's values) as gluon_hist's
 # constexprs (kernels.topk.triton's are not imported: its launcher imports this module)
 from kernels.topk.gluon_hist import (BASE_NONE, HIST_BINS, HIST_ROW, LBASE_NONE, MID_BIN,
-                                     UPPER_LO, WINDOW_SHIFT, _barrier, _digit_bin,
-                                     _gdc_launch_dependents, _gdc_wait, _shared_load,
-                                     _split_bounds)
+                                     UPPER_LO, WINDOW_SHIFT, _barrier, _digit_bin, _gdc_wait,
+                                     _shared_load, _split_bounds)
 
 # kernels.topk.triton's plan constants (checked equal there)
 STATE_WORDS = gl.constexpr(16)
@@ -279,7 +278,6 @@ def _topk_scatter_smem_kernel(
     gl.static_assert(not SUB, "the Gluon split pass B has no sub-ranges")
     if PDL:                         # (see kernels.topk.triton._radix_topk_kernel)
         _gdc_wait()
-        _gdc_launch_dependents()
     NW: gl.constexpr = gl.num_warps()
     C: gl.constexpr = BLOCK // NW
     gl.static_assert(C >= 128, "BLOCK must be at least 128 x num_warps")

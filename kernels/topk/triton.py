@@ -113,7 +113,7 @@ from dataclasses import dataclass
 
 import triton
 import triton.language as tl
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+from triton.language.extra.cuda import gdc_wait
 
 from kernels.topk import window as _window
 from kernels.topk.window import STATE_FIELDS  # noqa: F401 (re-exported: launch_topk's state)
@@ -958,7 +958,6 @@ def _topk_plan_part_kernel(
     one load of its own block instead of the bases and the rebased group histograms)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
-        gdc_launch_dependents()     # (see PDL_ENV)
     row = tl.program_id(0).to(tl.int64)
     g = tl.program_id(1)
     c = tl.arange(0, HIST_BINS)
@@ -1012,7 +1011,6 @@ def _topk_scatter_kernel(
     Compute")."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
-        gdc_launch_dependents()     # (see PDL_ENV)
     row = tl.program_id(0).to(tl.int64)
     pid = tl.program_id(1)
     s, k, n_sub = pid, 0, 1
@@ -1090,7 +1088,6 @@ def _topk_hist_kernel(
     "Twenty-fourth session"; commit 7ac1970 has it)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
-        gdc_launch_dependents()     # (see PDL_ENV)
     row = tl.program_id(0).to(tl.int64)
     s = tl.program_id(1)
     _, lo, hi = _split_range(len_ptr, row, n_drafts, per_row, s, num_splits, W, P, 0, 1)
@@ -1667,14 +1664,14 @@ PDL_ENV = "DSA_TOPK_PDL"
 """``1``: the top-k's launches (the plan part, the split pass B, the per-row kernel) use
 programmatic dependent launch on sm_90 and later: each may start while the kernel before it in
 the stream finishes, and waits (``griddepcontrol.wait``, its first instruction) for that
-kernel's writes before touching memory; then every kernel but the per-row one (the chain's last)
-triggers its own dependents (``griddepcontrol.launch_dependents``), as the WS logits kernel
-does at its start, so the next grid's programs are placed once every program of this one has
-started. Unset or ``0`` (default until measured): plain launches, the kernels as before. At B 1
-the top-k is three short launches after the logits kernel (~6 us each on the H200); each
-boundary costs the drain of one grid and the start of the next (bench/NOTES.md, tenth session).
-Without the trigger (before 2026-12-07) a grid triggered only at its completion and PDL
-measured no effect ("Twenty-seventh session")."""
+kernel's writes before touching memory. No kernel triggers its dependents early
+(``griddepcontrol.launch_dependents``), so each grid triggers when it completes. Unset or ``0``
+(the default): plain launches. At B 1 the top-k is three short launches after the logits kernel
+(~6 us each on the H200); each boundary costs the drain of one grid and the start of the next
+(bench/NOTES.md, tenth session). Measured (H100): no effect as built (2026-12-06); with an early
+trigger after each kernel's wait and at the WS logits kernel's start, slower everywhere (B 1 L
+128K 27.4 -> 32.4 us, B 64 L 128K 457.5 -> 464.1; 2026-12-07, bench/NOTES.md "Twenty-seventh
+session"), so the trigger was removed."""
 
 
 def pdl_enabled(device) -> bool:

@@ -94,9 +94,8 @@ def aot_specs(smem_class: str) -> list:
                                     "kernels.topk.gluon_scatter", "_topk_scatter_smem_kernel",
                                     scatter_sig, dict(BLOCK=blk, GB=PLAN_MIN, PLAN=True, SP=sp,
                                                       VEC=True, SUB=False), nw, 1, divisible=div))
-    # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instructions a
-    # griddepcontrol.wait, then (all but the per-row kernel) griddepcontrol.launch_dependents,
-    # nothing else changes; one launch of each kernel (the plan part, the
+    # programmatic dependent launch (DSA_TOPK_PDL=1): each kernel's first instruction a
+    # griddepcontrol.wait, nothing else changes; one launch of each kernel (the plan part, the
     # scatter, the per-row kernel after a split pass B), compiled to show
     # the instruction assembles for every target and the resources stay those of its twin
     # (tests/test_triton_compile.py)
