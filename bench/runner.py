@@ -43,9 +43,11 @@ RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET", "DSA_LAYER_OVERLAP", "DSA_LAYER
 
 
 def recorded_env() -> dict:
-    """The :data:`RECORDED_ENV` variables set (non-empty) in this process: a result file's
-    ``env``."""
-    return {k: os.environ[k] for k in RECORDED_ENV if os.environ.get(k)}
+    """The :data:`RECORDED_ENV` variables and every ``DSA_*`` switch set (non-empty) in this
+    process, sorted by name: a result file's ``env`` (a switch added later is recorded without
+    being listed: the unfused top-k's split count was not, 2026-12-07)."""
+    return {k: os.environ[k] for k in sorted(os.environ)
+            if os.environ[k] and (k in RECORDED_ENV or k.startswith("DSA_"))}
 
 
 def environment(dry: bool) -> dict:

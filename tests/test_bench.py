@@ -1190,3 +1190,18 @@ def test_targets_report_on_the_committed_results(tmp_path):
             if ln["metric"] == "glue_frac" and ln["stack"] == "torch/triton"}
     assert glue["layer DSV4_FLASH B1 N1 fp8_model1"]["status"] == "missed"
     assert glue["layer DSV32 B64 N1 fp8_ds_mla"]["status"] == "met"
+
+
+def test_recorded_env_takes_every_dsa_switch(monkeypatch):
+    """A result file's ``env``: the listed variables and any ``DSA_*`` switch that is set (the
+    unfused top-k's split count was run unrecorded once), empty values left out."""
+    from bench.runner import recorded_env
+    for k in list(__import__("os").environ):
+        if k.startswith("DSA_") or k in ("XLA_FLAGS", "TRITON_INTERPRET"):
+            monkeypatch.delenv(k)
+    monkeypatch.setenv("DSA_TOPK_UNFUSED_PER_SM", "4")
+    monkeypatch.setenv("DSA_TOPK_PART_PRE", "")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    monkeypatch.setenv("DSAX_OTHER", "1")
+    assert recorded_env() == {"DSA_TOPK_UNFUSED_PER_SM": "4",
+                              "XLA_FLAGS": "--xla_gpu_enable_command_buffer="}

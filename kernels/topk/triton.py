@@ -1168,8 +1168,14 @@ def split_plan(rows: int, W: int, num_sms: int) -> tuple | None:
 # at any split count, so the split passes A and B need not run on the logits kernel's S (4 at
 # B 64 L 64K: 256 programs, two an SM, the split pass B's four-warp programs then a latency
 # chain on 1.86 warps a scheduler, Nsight Compute, H100, bench/NOTES.md "Twenty-sixth
-# session"). 0: the logits kernel's S (the rule until measured); n > 0: at least n programs an
-# SM over the call's rows (``unfused_topk_splits``).
+# session"). 0: the logits kernel's S (the rule); n > 0: at least n programs an SM over the
+# call's rows (``unfused_topk_splits``). Measured slower (H100, 2026-12-07, unfused everywhere,
+# op us (topk_us), n = 0 / 4 / 8: B 64 L 64K 249.3 (32.0) / 261.7 (44.7) / 269.6 (52.7), L 128K
+# 472.7 (51.0) / 483.8 (62.6) / 488.8 (66.9), N 2 306.9 (48.8) / 314.5 (58.3) / 328.3 (71.9);
+# bench/results/bench_h100_targets_idx_unfused_s{0,4,8}_20261207.json): the planning scatter
+# sums its S histograms a tile at a time and each program pays that chain, so more programs
+# did not buy the occupancy they were for. Kept as the A/B switch (bench/NOTES.md
+# "Twenty-seventh session").
 UNFUSED_SPLITS_PER_SM = 0
 UNFUSED_SPLITS_ENV = "DSA_TOPK_UNFUSED_PER_SM"
 """Overrides :data:`UNFUSED_SPLITS_PER_SM` (an int in ``[0, 64]``) for an A/B in one process;
@@ -1312,9 +1318,11 @@ SCATTER_PART_GB = 16
 # bases and the summed histograms of the splits before it in its group, written by the part
 # kernel) instead of the row's split bases and then its group's rebased histograms: two
 # dependent L2 round trips fewer in each program's prologue, which is most of the B 1 scatter
-# (one block a split: 6.5 us at B 1 L 128K on an H100, bench/NOTES.md "Twenty-seventh
-# session"). Same counts, so the same bits. DSA_TOPK_PART_PRE=0 turns it off (an A/B in one
-# process).
+# (one block a split: 6.3 us at B 1 L 128K on an H100). Same counts, so the same bits.
+# Measured (H100, 2026-12-07, one machine, op us against DSA_TOPK_PART_PRE=0): B 1 L 128K 29.2
+# -> 27.4, B 1 L 64K 24.2 -> 22.3, V4 B 1 1M 92.2 -> 90.1; the scatter alone at B 1 L 128K 6.26
+# -> 4.69 us, the part kernel 3.01 -> 3.12 (bench/NOTES.md "Twenty-seventh session").
+# DSA_TOPK_PART_PRE=0 turns it off (an A/B in one process).
 SCATTER_PART_PRE_ENV = "DSA_TOPK_PART_PRE"
 
 
