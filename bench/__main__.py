@@ -156,7 +156,7 @@ def _bad_environment() -> str | None:
     (``DSA_LAYER_OVERLAP``, ``DSA_LAYER_OVERLAP_CARVEOUT``, ``DSA_LAYER_FUSED_PREP``,
     ``DSA_LAYER_LINEAR``, ``DSA_BENCH_LAYER_STEPS``, ``DSA_TOPK_PDL``, ``DSA_LINEAR_GEMV``,
     ``DSA_TOPK_SCATTER_SUB``, ``DSA_IDX_WS_FUSED_HIST_MAX_N``, ``DSA_TOPK_SPLIT_PLAN``,
-    ``DSA_TOPK_SCATTER_FORM``), as its
+    ``DSA_TOPK_SCATTER_FORM``, ``DSA_TOPK_PART_PRE``, ``DSA_TOPK_UNFUSED_PER_SM``), as its
     error message; None when all are good. Checked before anything runs, so a typo is a usage
     error, not a failed row."""
     from bench.paths import layer_group_steps
@@ -170,13 +170,15 @@ def _bad_environment() -> str | None:
         from kernels.scalars import env_switch
         from kernels.indexer.triton import ws_fused_hist_max_n
         from kernels.topk.triton import (SPLIT_PLAN_ENV, pdl_enabled, scatter_form_default,
-                                         scatter_subsplits)
+                                         scatter_part_pre, scatter_subsplits,
+                                         unfused_topk_splits)
         from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,
-                   lambda: env_switch(SPLIT_PLAN_ENV), scatter_form_default]
+                   lambda: env_switch(SPLIT_PLAN_ENV), scatter_form_default, scatter_part_pre,
+                   lambda: unfused_topk_splits(1, 1, 1, 1)]
     for check in checks:
         try:
             check()

@@ -143,6 +143,7 @@ def main(argv=None) -> int:
               file=sys.stderr)
         return 2
     from bench import paths
+    from bench.runner import recorded_env
     from bench.inputs import make_inputs
     from torch_impl.layer import fused_prep_default
     be = paths.TorchBackend()
@@ -183,11 +184,8 @@ def main(argv=None) -> int:
                 "layer_torch_compile_fullgraph": paths._compile_layer("cuda"),
                 "layer_fused_prep": fused_prep_default(),                # DSA_LAYER_FUSED_PREP
                 # the layer's two-stream step (DSA_LAYER_OVERLAP, DSA_LAYER_OVERLAP_CARVEOUT)
-                "env": {k: os.environ[k] for k in ("DSA_LAYER_OVERLAP", "DSA_LAYER_OVERLAP_CARVEOUT",
-                                                   "DSA_LAYER_LINEAR", "DSA_LINEAR_GEMV", "DSA_TOPK_PDL",
-                                                   "DSA_TOPK_SCATTER_SUB",
-                                                   "DSA_BENCH_COMPILE_LAYER")
-                        if os.environ.get(k)},
+                # every DSA_* switch set (bench.runner.recorded_env)
+                "env": recorded_env(),
                 "command": "python scripts/profile_kernels.py " + " ".join(argv or sys.argv[1:])}
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": res}, indent=1))
     return 1 if any("error" in r for r in res) else 0

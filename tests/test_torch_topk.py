@@ -1099,3 +1099,84 @@ def test_split_pass_a_smem_form_bitwise_ballot(dist):
     launch_topk(xt, lt, K, out, torch.empty((B * N, W), dtype=torch.int32, device=DEVICE),
                 hist=got["smem"], n_drafts=N, page_size=P)
     compare.assert_pass(compare.check_topk(out, _ref_rows(x, row_lens), K))
+
+
+# ~1.5 min a case in the CPU interpreter (CI is over its 15-minute budget: tests/TEST_TIME.md):
+# cpu_heavy, so it runs on GPU machines and with DSA_HEAVY=1
+@pytest.mark.cpu_heavy
+@pytest.mark.parametrize("S,N,per_row,sub", [(17, 3, False, 3), (25, 2, True, 2)])
+def test_part_pre_blocks_and_subsplits(S, N, per_row, sub, monkeypatch):
+    """PRE (review, 2026-12-07): the pre blocks hold exactly the rebased counts of the splits
+    before each split in its group and the row's bases (NumPy model), nothing outside them is
+    written, the launch really takes PRE=True / False, and with sub-splits, the MTP rule, a
+    padded draft (N 3), a one-split last group (S 17), empty and short rows the output,
+    candidates and state are bitwise those of DSA_TOPK_PART_PRE=0."""
+    import kernels.topk.triton as tk
+    K, P, W, G = 48, 8, 8 * 40, 512
+    rng = np.random.default_rng(S * 10 + N)
+    B = 2
+    R = B * N
+    x = rng.standard_normal((R, W)).astype(np.float32)
+    x[0, 5] = 1e30                                               # window miss
+    x[1] = np.round(x[1])                                        # ties
+    x[R - 1, ::7] = np.nan
+    lens = ([W, 3 * S] if not per_row else [W, 0, 2 * S, W - 3][:R] + [W] * max(0, R - 4))
+    xt, lt = torch.from_numpy(x).to(DEVICE), torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    h = torch.full(tk.hist_shape(B, S, N), 99, dtype=torch.int32, device=DEVICE)
+    tk.launch_split_hist(xt, lt, h, n_drafts=N, page_size=P)
+    row_lens = ([lens[r] for r in range(R)] if per_row
+                else [max(0, min(lens[r // N] - (N - 1 - r % N), W)) for r in range(R)])
+    seen, real_empty, real_kernel = {}, torch.empty, tk._topk_scatter_kernel
+
+    class Spy:                                   # records the scatter's PRE (same object test)
+        def __getitem__(self, grid):
+            def launch(*a, **kw):
+                seen["PRE"] = kw.get("PRE")
+                return real_kernel[grid](*a, **kw)
+            return launch
+
+    def guarded_empty(*shape, dtype=None, device=None, **kw):
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        n = int(np.prod(shape))
+        buf = torch.full((n + 2 * G,), -555, dtype=dtype, device=device)
+        seen.setdefault("bufs", []).append(buf)
+        return buf[G:G + n].view(*shape)
+
+    monkeypatch.setattr(tk, "_topk_scatter_kernel", Spy())
+    res = {}
+    for pre in ("1", "0"):
+        monkeypatch.setenv(tk.SCATTER_PART_PRE_ENV, pre)
+        seen.clear()
+        out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
+        scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
+        state = torch.full((R, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
+        monkeypatch.setattr(torch, "empty", guarded_empty)
+        try:
+            launch_topk(xt, lt, K, out, scratch, hist=h, n_drafts=N, page_size=P, state=state,
+                        scatter_sub=sub)
+        finally:
+            monkeypatch.setattr(torch, "empty", real_empty)
+        assert seen["PRE"] is (pre == "1")
+        for buf in seen["bufs"]:                 # part and pre: nothing written outside
+            assert (buf[:G] == -555).all() and (buf[-G:] == -555).all()
+        pre_blk = seen["bufs"][1][G:-G].view(R, S, tk.HIST_ROW.value)
+        res[pre] = (out, scratch, state, pre_blk)
+    for a, b in zip(res["1"][:3], res["0"][:3]):
+        assert torch.equal(a, b)
+    compare.assert_pass(compare.check_topk(res["1"][0], _ref_rows(x, row_lens), K))
+    hn = h.cpu().numpy()
+    got = res["1"][3].cpu().numpy()
+    n_pages = [min(-(-max(row_lens[b * N:(b + 1) * N]) // P), W // P) for b in range(B)]
+    for r in range(R):
+        b, i = divmod(r, N)
+        base, lbase = int(hn[b, :, i, 256].max()), int(hn[b, :, i, 257].min())
+        per = -(-n_pages[b] // S)
+        hs = []
+        for s in range(S):
+            lo, hi = min(s * per * P, row_lens[r]), min((s + 1) * per * P, row_lens[r])
+            k = window.order_keys(x[r, lo:hi])
+            hs.append(window.histogram(k, base, lbase))
+        for s in range(S):
+            want = sum((hs[j] for j in range((s // 8) * 8, s)), np.zeros(256, np.int64))
+            assert np.array_equal(got[r, s, :256], want), (r, s)
+            assert (got[r, s, 256], got[r, s, 257]) == (base, lbase), (r, s)

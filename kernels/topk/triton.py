@@ -1318,11 +1318,14 @@ SCATTER_PART_GB = 16
 # bases and the summed histograms of the splits before it in its group, written by the part
 # kernel) instead of the row's split bases and then its group's rebased histograms: two
 # dependent L2 round trips fewer in each program's prologue, which is most of the B 1 scatter
-# (one block a split: 6.3 us at B 1 L 128K on an H100). Same counts, so the same bits.
-# Measured (H100, 2026-12-07, one machine, op us against DSA_TOPK_PART_PRE=0): B 1 L 128K 29.2
-# -> 27.4, B 1 L 64K 24.2 -> 22.3, V4 B 1 1M 92.2 -> 90.1; the scatter alone at B 1 L 128K 6.26
-# -> 4.69 us, the part kernel 3.01 -> 3.12 (bench/NOTES.md "Twenty-seventh session").
-# DSA_TOPK_PART_PRE=0 turns it off (an A/B in one process).
+# (one block a split: 6.3-6.5 us at B 1 L 128K on H100s before). Same counts, so the same bits.
+# Measured (H100, 2026-12-07, one machine, op us against DSA_TOPK_PART_PRE=0, whose part kernel
+# writes the blocks too): B 1 L 128K 29.2 -> 27.4, B 1 L 64K 24.2 -> 22.3, V4 B 1 1M 92.2 ->
+# 90.1. Per kernel (profiles, other H100 starts): the scatter at B 1 L 128K 6.26-6.52 us before
+# (2026-12-06 / 12-07) -> 4.69, the part kernel 3.00-3.01 -> 3.12 (bench/NOTES.md
+# "Twenty-seventh session"). DSA_TOPK_PART_PRE=0 turns it off (an A/B in one process). The part
+# kernel writes the blocks whether or not a scatter reads them (the Gluon form, PRE off): R x S
+# x 1 KB, ~0.1 MB at B 1 L 128K.
 SCATTER_PART_PRE_ENV = "DSA_TOPK_PART_PRE"
 
 
@@ -1405,7 +1408,8 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
         :data:`SCATTER_SPACE`, ``scatter_sub`` (or ``DSA_TOPK_SCATTER_SUB``) is not an int in
         ``[1, 16]``, or ``config.block`` / ``config.cand_block`` is not a power of two in
         ``[16, TOPK_BLOCK_MAX]``, or ``scatter_form`` (or ``DSA_TOPK_SCATTER_FORM``) is not
-        one of :data:`SCATTER_FORMS`.
+        one of :data:`SCATTER_FORMS`, or (the split path) :data:`SCATTER_PART_PRE_ENV` holds
+        something other than ``0``, ``1`` or nothing.
     """
     cfg = config or TopkConfig()
     if scatter_form is None:
@@ -1495,6 +1499,7 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
     R, W = logits.shape
     if scatter_form is None:
         scatter_form = scatter_form_for(W, page_size, num_splits)
+    part_pre = scatter_part_pre()          # (read before any launch: a bad value raises first)
     smem_runs = _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)
     if scatter is not None and scatter not in SCATTER_SPACE and not smem_runs:
         scatter = None          # a launch of the smem form's space only, where it cannot run
@@ -1532,7 +1537,7 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
                                             SBASE=sbase, num_warps=4, **launch)
         extra = {}
         if scatter_kernel is _topk_scatter_kernel:      # (the Gluon form plans as before)
-            extra["PRE"] = scatter_part_pre()
+            extra["PRE"] = part_pre
         scatter_kernel[(R, num_splits * scatter_sub)](
             logits, lengths, out, scratch, state, part, pre, hist, W, page_size,
             logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
