@@ -716,7 +716,7 @@ def test_indexer_topk_unfused_histogram_same_set(monkeypatch):
     assert torch.equal(got.sort(-1).values, base.sort(-1).values)
 
 
-@pytest.mark.parametrize("S", [3, 7])
+@pytest.mark.parametrize("S", [3])
 def test_indexer_topk_unfused_own_split_count_same_bits(S, monkeypatch):
     """Unfused, the split passes run at the split count ``unfused_topk_splits`` returns (here
     forced to S, which differs from the logits kernel's on the CPU and on a GPU): its

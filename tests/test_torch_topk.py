@@ -446,7 +446,8 @@ def test_split_plan_with_window_miss(S):
     assert torch.equal(split, plain) and torch.equal(fused, plain)
 
 
-@pytest.mark.parametrize("S,N", [(20, 2), (33, 1)])
+# (one case on the CPU CI; test_part_pre_blocks_and_subsplits covers more on GPU machines)
+@pytest.mark.parametrize("S,N", [(20, 2)])
 def test_part_pre_prologue_same_bits(S, N, monkeypatch):
     """After the plan part kernel (S > 16) the Triton split pass B takes its split's pre block
     (the row's bases and its group's earlier splits summed, written by the part kernel) instead
