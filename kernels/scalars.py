@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 
@@ -98,6 +99,24 @@ def check_shape(name: str, got, want) -> None:
     if len(want) != len(got) or any(not (w is None or isinstance(w, str)) and w != s
                                     for w, s in zip(want, got)):
         raise ValueError(f"{name}: expected shape {format_shape(want)}, got {got}")
+
+
+def env_int(name: str, lo: int, hi: int, unset=None, what: str = ""):
+    """The environment variable ``name`` as an int in ``[lo, hi]``, surrounding blanks ignored;
+    ``unset`` when it is unset or empty.
+
+    Raises:
+      ValueError: the variable holds anything but ASCII digits of a value in ``[lo, hi]`` (names
+        the variable, ``what`` it accepts, default "an integer in [lo, hi]", and the value; a
+        digit ``str.isdigit`` accepts but ``int`` does not, such as "²", is refused here too).
+    """
+    v = os.environ.get(name, "").strip()
+    if v == "":
+        return unset
+    if not re.fullmatch(r"[0-9]{1,9}", v) or not lo <= int(v) <= hi:
+        raise ValueError(f"{name}: expected {what or f'an integer in [{lo}, {hi}]'} or unset, "
+                         f"got {v!r}")
+    return int(v)
 
 
 def env_switch(name: str) -> bool | None:

@@ -759,7 +759,7 @@ def test_unfused_topk_splits_rule(monkeypatch):
     assert kt.unfused_topk_splits(1, 2048, 132, 4) == kt.SCATTER_PLAN_SPLITS
     assert kt.unfused_topk_splits(64, 6, 132, 1) == 3              # at least two pages a split
     assert kt.unfused_topk_splits(64, 1, 132, 1) == 1
-    for bad in ("-1", "65", "two", "1.5"):
+    for bad in ("-1", "65", "two", "1.5", "\u00b2"):
         monkeypatch.setenv(kt.UNFUSED_SPLITS_ENV, bad)
         with pytest.raises(ValueError, match=kt.UNFUSED_SPLITS_ENV):
             kt.unfused_topk_splits(64, 1024, 132, 4)

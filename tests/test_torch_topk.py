@@ -734,7 +734,7 @@ def test_scatter_subsplits_same_bits(S, N, monkeypatch):
     monkeypatch.setenv(SCATTER_SUB_ENV, "3")
     got, gst = run(None)
     assert torch.equal(got, base) and torch.equal(gst, st)
-    for bad in ("0", "17", "two"):
+    for bad in ("0", "17", "two", "\u00b2"):
         monkeypatch.setenv(SCATTER_SUB_ENV, bad)
         with pytest.raises(ValueError, match=f"^{SCATTER_SUB_ENV}: expected an integer in"):
             run(None)
@@ -948,7 +948,7 @@ def test_scatter_maxnreg_switch(monkeypatch):
     assert kt.scatter_maxnreg(512, 132) == kt.SCATTER_CAP_REGS == 128
     monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, "0")
     assert kt.scatter_maxnreg(512, 132) is None
-    for bad in ("63", "256", "x", "-1", "1e2"):
+    for bad in ("63", "256", "x", "-1", "1e2", "\u00b2"):
         monkeypatch.setenv(kt.SCATTER_MAXNREG_ENV, bad)
         with pytest.raises(ValueError, match="DSA_TOPK_SCATTER_MAXNREG.*" + repr(bad.strip())[1:-1]):
             kt.scatter_maxnreg()

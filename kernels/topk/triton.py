@@ -1196,13 +1196,8 @@ def unfused_topk_splits(rows: int, n_pages: int, num_sms: int, logits_splits: in
     Raises:
       ValueError: :data:`UNFUSED_SPLITS_ENV` is not an int in ``[0, 64]``.
     """
-    v = os.environ.get(UNFUSED_SPLITS_ENV, "").strip()
-    per_sm = UNFUSED_SPLITS_PER_SM
-    if v:
-        if not v.isdigit() or not 0 <= int(v) <= 64:
-            raise ValueError(f"{UNFUSED_SPLITS_ENV}: expected an int in [0, 64] or unset, got "
-                             f"{v!r}")
-        per_sm = int(v)
+    from kernels.scalars import env_int
+    per_sm = env_int(UNFUSED_SPLITS_ENV, 0, 64, UNFUSED_SPLITS_PER_SM)
     if per_sm == 0:
         return logits_splits
     want = -(-per_sm * max(num_sms, 1) // max(rows, 1))
@@ -1646,15 +1641,13 @@ def scatter_maxnreg(programs: int = 0, num_sms: int = 1) -> int | None:
       ValueError: the variable is not empty, 0 or an integer in ``[64, 255]`` (named, with the
         value).
     """
+    from kernels.scalars import env_int
     v = os.environ.get(SCATTER_MAXNREG_ENV, "").strip()
     if v == "":
         return SCATTER_CAP_REGS if programs > SCATTER_CAP_CTAS * num_sms else None
     if v == "0":
         return None
-    if not v.isdigit() or not 64 <= int(v) <= 255:
-        raise ValueError(f"{SCATTER_MAXNREG_ENV}: expected 0 or an integer in [64, 255] or unset, "
-                         f"got {v!r}")
-    return int(v)
+    return env_int(SCATTER_MAXNREG_ENV, 64, 255, what="0 or an integer in [64, 255]")
 
 
 def scatter_subsplits() -> int:
@@ -1664,13 +1657,8 @@ def scatter_subsplits() -> int:
       ValueError: the variable is not an integer in ``[1, SCATTER_SUB_MAX]`` (named, with the
         value).
     """
-    v = os.environ.get(SCATTER_SUB_ENV, "").strip()
-    if v == "":
-        return 1
-    if not v.isdigit() or not 1 <= int(v) <= SCATTER_SUB_MAX:
-        raise ValueError(f"{SCATTER_SUB_ENV}: expected an integer in [1, {SCATTER_SUB_MAX}] or "
-                         f"unset, got {v!r}")
-    return int(v)
+    from kernels.scalars import env_int
+    return env_int(SCATTER_SUB_ENV, 1, SCATTER_SUB_MAX, 1)
 
 
 PDL_ENV = "DSA_TOPK_PDL"
