@@ -1398,19 +1398,22 @@ def scatter_part_pre() -> bool:
 
 # The per-row kernel's work folded into the split pass B's last program of a row (``FINISH``),
 # one launch fewer, where the B 1 rows run: the Triton scatter after the plan part kernel with
-# its PRE prologue, at the launches scatter_config picks there (B 1 L 64K and L 128K at one wave:
-# 512 / 1,024 positions a split) and the per-row kernel's candidate blocks at B 1 (the registry:
-# 1,024, or 2,048 above L 64K). Elsewhere, and with DSA_TOPK_FINISH=0, the per-row kernel runs
-# as its own launch. Either way the same output, candidates and state, bitwise.
-SCATTER_FINISH_CONFIGS = ((512, 4, False), (1024, 4, True))
-SCATTER_FINISH_CAND_BLOCKS = (1024, 2048)
+# its PRE prologue, at the (scatter launch, candidate block) pairs of the B 1 rows
+# (scatter_config and the registry's cand_block: L 64K 512 x 4 with 1,024, L 128K 1,024 x 4 VEC
+# with 2,048; each pair is one more sm_120 fit spec, ~25 s of CI compile). Elsewhere, and with
+# DSA_TOPK_FINISH=0, the per-row kernel runs as its own launch. Either way the same output,
+# candidates and state, bitwise.
+SCATTER_FINISH_LAUNCHES = (((512, 4, False), 1024), ((1024, 4, True), 2048))
+# The warps of a finishing launch (the per-row kernel's TopkConfig.num_warps: its tail at 4
+# warps, the scatter's, measured slower, bench/NOTES.md "Twenty-eighth session")
+SCATTER_FINISH_WARPS = 8
 SCATTER_FINISH = False
 SCATTER_FINISH_ENV = "DSA_TOPK_FINISH"
 
 
 def scatter_finish() -> bool:
-    """Whether the split pass B may finish its rows (``FINISH``, where
-    :data:`SCATTER_FINISH_CONFIGS` and :data:`SCATTER_FINISH_CAND_BLOCKS` allow):
+    """Whether the split pass B may finish its rows (``FINISH``, at the pairs of
+    :data:`SCATTER_FINISH_LAUNCHES`):
     :data:`SCATTER_FINISH_ENV` ``1`` / ``0``; unset or empty: :data:`SCATTER_FINISH`.
 
     Raises:
@@ -1626,10 +1629,11 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
         extra = {}
         if scatter_kernel is _topk_scatter_kernel:      # (the Gluon form plans as before)
             extra["PRE"] = part_pre
-            finish = (finish and part_pre and (sblock, swarps, svec) in SCATTER_FINISH_CONFIGS
-                      and cand_block in SCATTER_FINISH_CAND_BLOCKS)
+            finish = (finish and part_pre
+                      and ((sblock, swarps, svec), cand_block) in SCATTER_FINISH_LAUNCHES)
             if finish:
                 extra.update(FINISH=True, CBLOCK=cand_block)
+                swarps = SCATTER_FINISH_WARPS
         else:
             finish = False
         scatter_kernel[(R, num_splits * scatter_sub)](

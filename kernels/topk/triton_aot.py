@@ -13,7 +13,7 @@ def aot_specs(smem_class: str) -> list:
     tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
     from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
-                                     SCATTER_FINISH_CAND_BLOCKS, SCATTER_FINISH_CONFIGS,
+                                     SCATTER_FINISH_LAUNCHES, SCATTER_FINISH_WARPS,
                                      SCATTER_PLAN_SPLITS, SCATTER_SMEM_SPACE, SCATTER_SPACE,
                                      SPLIT_HIST_SPACE, TopkConfig, plan_blocks,
                                      scatter_plan_blocks)
@@ -119,16 +119,16 @@ def aot_specs(smem_class: str) -> list:
                                     dict(sp.constexprs, PRE=False), sp.num_warps, sp.num_stages,
                                     divisible=sp.divisible))
     # the parts launches that finish their rows (FINISH: the per-row kernel's work in the row's
-    # last program) at every candidate block they take (SCATTER_FINISH_CONFIGS x
-    # SCATTER_FINISH_CAND_BLOCKS: the B 1 launches)
+    # last program) at their candidate block (SCATTER_FINISH_LAUNCHES: the B 1 launches)
     for sp in list(specs):
-        for blk, nw, vec in SCATTER_FINISH_CONFIGS:
+        for (blk, nw, vec), cblk in SCATTER_FINISH_LAUNCHES:
             if sp.label == f"topk scatter block{blk} w{nw}{' vec' if vec else ''} parts":
-                for cblk in SCATTER_FINISH_CAND_BLOCKS:
-                    specs.append(LaunchSpec(f"{sp.label} finish{cblk}", sp.module, sp.kernel,
-                                            sp.signature, dict(sp.constexprs, FINISH=True,
-                                                               CBLOCK=cblk),
-                                            sp.num_warps, sp.num_stages, divisible=sp.divisible))
+                label = sp.label.replace(f" w{nw}", f" w{SCATTER_FINISH_WARPS}")
+                specs.append(LaunchSpec(f"{label} finish{cblk}", sp.module, sp.kernel,
+                                        sp.signature, dict(sp.constexprs, FINISH=True,
+                                                           CBLOCK=cblk),
+                                        SCATTER_FINISH_WARPS, sp.num_stages,
+                                        divisible=sp.divisible))
     # the split pass B's sub-splits (DSA_TOPK_SCATTER_SUB > 1: SUB=True), at the B 64 launches
     # (the one the shape picks, planning itself and after the plan kernels)
     for sp in list(specs):
