@@ -552,11 +552,11 @@ def test_finish_same_bits(monkeypatch):
 # cpu_heavy (~1.5 min a case in the interpreter), so it runs on GPU machines and with DSA_HEAVY=1
 @pytest.mark.cpu_heavy
 @pytest.mark.parametrize("N,sub,cblock,scatter", [(2, 3, 2048, (1024, 4, True)),
-                                                   (1, 2, 1024, None), (2, 1, 2048, None)])
+                                                   (1, 2, 1024, None), (2, 1, 1024, None)])
 def test_finish_blocks_and_subsplits(N, sub, cblock, scatter, monkeypatch):
     """``FINISH`` as :func:`test_finish_same_bits`, with sub-ranges (the row's last of ``S x
-    sub`` programs finishes it), MTP drafts (request lengths), both candidate blocks and the
-    1,024-position VEC launch as well as the 512 one."""
+    sub`` programs finishes it), MTP drafts (request lengths), and both launches of
+    ``SCATTER_FINISH_LAUNCHES``."""
     from kernels.topk import triton as tk
     S, W, P, K, B = 40, 1600, 16, 128, 2
     R = B * N
