@@ -90,8 +90,11 @@ group's histograms to the row's bases (indexed loads, no register gather) and su
 every scatter program sums the row's group partials, picks the threshold bin, and starts after
 the keys above the bin and in it of the groups before its group (counted from their partials)
 and of the splits before it in its group (their rebased histograms): three launches in all.
-The per-row kernel then continues from the candidates (``FROM_PLAN``). On a GPU, splits of at
-least ``SCATTER_SMEM_MIN_POSITIONS`` table positions (the B 64 rows) run the scatter as
+The per-row kernel then continues from the candidates (``FROM_PLAN``), or, at the B 1
+launches with ``DSA_TOPK_FINISH=1`` (``FINISH``, off by default: measured slower at 4 warps),
+the scatter's last program of the row does (:func:`_row_tail`, a ticket a program). On a GPU,
+splits of at least ``SCATTER_SMEM_MIN_POSITIONS`` table positions (the B 64 rows) run the
+scatter as
 ``kernels.topk.gluon_scatter`` (``scatter_form="smem"``: each block's selected keys compacted
 in shared memory, then one store a selected key; bitwise the same output, candidates and
 state; 1-5 us less top-k at B 64 on an H100, bench/NOTES.md "Twenty-sixth session").
