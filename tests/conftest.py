@@ -30,6 +30,81 @@ if not HAS_CUDA and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _jax_cache
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
     atexit.register(shutil.rmtree, _jax_cache, True)
+if not HAS_CUDA and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    # One pytest-xdist worker per core (the Makefile's -n auto): each worker's OpenMP (torch),
+    # MKL and OpenBLAS (NumPy) pools would otherwise start a thread per core as well, 2 x 2
+    # spinning threads on the 2-core CI machine. Set in the worker before torch or NumPy loads
+    # (pytest-xdist sets the count before it imports this file); child processes (the parity /
+    # bench CLIs under test, the AOT compiles, the TP ranks) inherit it. JAX's XLA:CPU pools are
+    # left alone (--xla_cpu_multi_thread_eigen=false made tests/test_jax_sparse_mla.py slower,
+    # 97 -> 139 s). 2026-12-07, 2-core AMD EPYC, tests/test_torch_sparse_mla.py with -n 2:
+    # 170 -> 148 s and 193 -> 157 s (tests/TEST_TIME.md, run CC).
+    _per_worker = max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_var, str(_per_worker))
+
+
+def _skip_repeated_interpreter_patching() -> None:
+    """Triton's interpreter (``triton.runtime.interpreter``, 3.9) re-patches the language
+    modules on every call of a ``@triton.jit`` helper inside a kernel (``InterpretedFunction.
+    __call__`` runs ``_patch_lang``: an ``inspect.getmembers`` scan of ``tl``, ``tl.tensor``,
+    ``tl.math`` and more). Within one launch a repeat finds nothing left to patch: the launch's
+    own ``_patch_lang`` and the helper's first call have replaced every builtin of those modules
+    (a rescan only sets the same interpreter closures again). So within one launch (``GridExecutor
+    .__call__``), a helper whose language modules were all patched already in that launch skips
+    the rescan; the first helper call with another module (``tl.core`` for ``tl.max`` /
+    ``tl.sum`` / ``tl.zeros``) still patches it as before, and the launch's restore is unchanged.
+    Nothing of the kernel or its numerics changes: the same interpreted operations run. It was
+    ~20 % of a Triton-interpreter test's time (cProfile, tests/TEST_TIME.md run CC). Any other
+    Triton (no ``GridExecutor`` / ``_patch_lang`` / ``_LangPatchScope``): left alone."""
+    import inspect
+
+    try:
+        import triton.language as tl
+        from triton.runtime import interpreter as ti
+    except ImportError:
+        return
+    if not all(hasattr(ti, n) for n in ("GridExecutor", "_patch_lang", "_LangPatchScope")):
+        return
+    if getattr(ti._patch_lang, "_dsa_tests", False):
+        return
+    patch_lang, grid_call = ti._patch_lang, ti.GridExecutor.__call__
+    patched = []        # per running launch: ids of the language modules patched in it so far
+
+    known = {}          # helper -> ids of the language modules its globals hold
+
+    def langs(fn) -> frozenset:
+        if fn not in known:
+            known[fn] = frozenset(id(v) for v in fn.__globals__.values()
+                                  if inspect.ismodule(v) and v in (tl, tl.core))
+        return known[fn]
+
+    def once_per_launch(fn):
+        if not patched:
+            return patch_lang(fn)
+        mods = langs(fn)
+        if patched[-1] is not None and mods and mods <= patched[-1]:
+            return ti._LangPatchScope()              # nothing left to patch; nothing to restore
+        scope = patch_lang(fn)
+        patched[-1] = (patched[-1] or frozenset()) | mods
+        return scope
+
+    def launch(self, *args, **kwargs):
+        patched.append(None)
+        try:
+            return grid_call(self, *args, **kwargs)
+        finally:
+            patched.pop()
+
+    once_per_launch._dsa_tests = True
+    ti._patch_lang = once_per_launch
+    ti.GridExecutor.__call__ = launch
+
+
+# DSA_TESTS_PLAIN_INTERPRETER=1: Triton's interpreter as shipped (to rule this out when debugging)
+if (not HAS_CUDA and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        and os.environ.get("DSA_TESTS_PLAIN_INTERPRETER", "") in ("", "0")):
+    _skip_repeated_interpreter_patching()
 
 
 def pytest_collection_modifyitems(config, items):
