@@ -492,26 +492,24 @@ def _finish_ab(x, lens, h, K, P, N, monkeypatch, **kw):
     lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
     res = {}
     for fin in ("1", "0"):
-        monkeypatch.setenv(tk.SCATTER_FINISH_ENV, fin)
         seen = {}
-        for name in ("_topk_scatter_kernel", "_radix_topk_kernel"):
-            real = getattr(tk, name)
+        with monkeypatch.context() as mp:
+            mp.setenv(tk.SCATTER_FINISH_ENV, fin)
+            for name in ("_topk_scatter_kernel", "_radix_topk_kernel"):
+                real = getattr(tk, name)
 
-            class Spy:                           # records each launch's FINISH
-                def __getitem__(self, grid, real=real, name=name):
-                    def launch(*a, **k):
-                        seen[name] = k.get("FINISH")
-                        return real[grid](*a, **k)
-                    return launch
-            monkeypatch.setattr(tk, name, Spy())
-        out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
-        scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
-        state = torch.full((R, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
-        try:
+                class Spy:                       # records each launch's FINISH and warps
+                    def __getitem__(self, grid, real=real, name=name):
+                        def launch(*a, **k):
+                            seen[name] = (k.get("FINISH"), k.get("num_warps"))
+                            return real[grid](*a, **k)
+                        return launch
+                mp.setattr(tk, name, Spy())
+            out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
+            scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
+            state = torch.full((R, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
             tk.launch_topk(xt, lt, K, out, scratch, hist=h, n_drafts=N, page_size=P, state=state,
                            **kw)
-        finally:
-            monkeypatch.undo()
         res[fin] = (out, scratch, state, seen)
     return res
 
@@ -535,9 +533,17 @@ def test_finish_same_bits(monkeypatch):
     h = torch.from_numpy(_split_hists(x, lens, N, S, P, base_raise=2)).to(DEVICE)
     res = _finish_ab(x, lens, h, K, P, N, monkeypatch)
     on, off = res["1"], res["0"]
-    assert on[3] == {"_topk_scatter_kernel": True}                # no per-row launch
-    assert off[3] == {"_topk_scatter_kernel": None, "_radix_topk_kernel": None}
+    warps = tk.SCATTER_FINISH_WARPS
+    assert on[3] == {"_topk_scatter_kernel": (True, warps)}       # no per-row launch
+    assert off[3] == {"_topk_scatter_kernel": (None, 4), "_radix_topk_kernel": (None, 8)}
     for a, b in zip(on[:3], off[:3]):
+        assert torch.equal(a, b)
+    # a pair outside SCATTER_FINISH_LAUNCHES (the 512 launch with 2,048 candidates): the per-row
+    # kernel runs, FINISH or not, with the same output and candidates (the state's ``visits``
+    # counts the candidate block's reads)
+    wide = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=tk.TopkConfig(cand_block=2048))
+    assert wide["1"][3] == {"_topk_scatter_kernel": (None, 4), "_radix_topk_kernel": (None, 8)}
+    for a, b in zip(wide["1"][:2], on[:2]):
         assert torch.equal(a, b)
     assert (on[2][:, tk.TICKET_WORD.value] == 0).all()
     assert int(on[2][0, STATE_FIELDS.index("n_cand")]) > tk.TopkConfig.cand_block
@@ -551,34 +557,42 @@ def test_finish_same_bits(monkeypatch):
 
 # cpu_heavy (~1.5 min a case in the interpreter), so it runs on GPU machines and with DSA_HEAVY=1
 @pytest.mark.cpu_heavy
-@pytest.mark.parametrize("N,sub,cblock,scatter", [(2, 3, 2048, (1024, 4, True)),
-                                                   (1, 2, 1024, None), (2, 1, 1024, None)])
-def test_finish_blocks_and_subsplits(N, sub, cblock, scatter, monkeypatch):
-    """``FINISH`` as :func:`test_finish_same_bits`, with sub-ranges (the row's last of ``S x
-    sub`` programs finishes it), MTP drafts (request lengths), and both launches of
-    ``SCATTER_FINISH_LAUNCHES``."""
+@pytest.mark.parametrize("N,per_row,cblock,P", [(2, False, 2048, 32), (1, True, 1024, 16),
+                                                (2, True, 1024, 16)])
+def test_finish_blocks_and_subsplits(N, per_row, cblock, P, monkeypatch):
+    """``FINISH`` as :func:`test_finish_same_bits` with MTP drafts (request lengths, or row
+    lengths) and both launches of ``SCATTER_FINISH_LAUNCHES`` (P 32: the 1,024-position VEC
+    launch with 2,048 candidates); with sub-ranges (``scatter_sub`` 2) the per-row kernel runs
+    instead, with the same bits."""
     from kernels.topk import triton as tk
-    S, W, P, K, B = 40, 1600, 16, 128, 2
+    S, K, B = 40, 128, 2
+    W = 1600 if P == 16 else 40 * 1024
     R = B * N
-    x = _heavy_rows(41 + N + sub, max(R, 4), W)[:R].copy()
+    x = _heavy_rows(41 + N + int(per_row), max(R, 4), W)[:R].copy()
     x[0, 5] = 1e30                                                # window miss
     x[R - 1] = np.round(x[R - 1] * 2)                             # ties
-    lens = [W, W - 37] if N == 2 else [W, 300]
-    row_lens = ([max(0, min(lens[r // N] - (N - 1 - r % N), W)) for r in range(R)] if N == 2
-                else lens)
+    if per_row:
+        lens = [W, W - 37, 300, 5][:R]
+        row_lens = lens
+    else:
+        lens = [W, W - 37]
+        row_lens = [max(0, min(lens[r // N] - (N - 1 - r % N), W)) for r in range(R)]
     h = torch.full(tk.hist_shape(B, S, N), 99, dtype=torch.int32, device=DEVICE)
     tk.launch_split_hist(torch.from_numpy(x).to(DEVICE),
                          torch.tensor(lens, dtype=torch.int32, device=DEVICE), h, n_drafts=N,
                          page_size=P)
     cfg = tk.TopkConfig(cand_block=cblock)
-    res = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=cfg, scatter_sub=sub,
-                     scatter=scatter)
+    res = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=cfg)
     on, off = res["1"], res["0"]
-    assert on[3] == {"_topk_scatter_kernel": True}
+    assert on[3] == {"_topk_scatter_kernel": (True, tk.SCATTER_FINISH_WARPS)}
     for a, b in zip(on[:3], off[:3]):
         assert torch.equal(a, b)
     assert (on[2][:, tk.TICKET_WORD.value] == 0).all()
     compare.assert_pass(compare.check_topk(on[0], _ref_rows(x, row_lens), K))
+    sub = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=cfg, scatter_sub=2)["1"]
+    assert sub[3]["_topk_scatter_kernel"][0] is None and "_radix_topk_kernel" in sub[3]
+    for a, b in zip(sub[:3], on[:3]):
+        assert torch.equal(a, b)
 
 
 @pytest.mark.parametrize("S", [1, 4])

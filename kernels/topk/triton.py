@@ -708,8 +708,8 @@ def _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row):
 
 
 @triton.jit
-def _row_tail(x_row, o_row, c_row, W, topk, cap, base, lbase, d0, need, done, total, n_out,
-              n_cand, pairs, w_first, w_pos, st, BLOCK: tl.constexpr, FROM_PLAN: tl.constexpr):
+def _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total, n_out, n_cand,
+              pairs, w_first, w_pos, st, BLOCK: tl.constexpr, FROM_PLAN: tl.constexpr):
     """The per-row kernel after its passes A and B (or after the split pass B's plan, with
     ``FROM_PLAN``: the candidates' first ``BLOCK`` words ``w_first`` / ``w_pos`` already
     loaded): the lower digits over the threshold bin's candidates, the selection in position
@@ -883,8 +883,8 @@ def _radix_topk_kernel(
         w_first = tl.zeros((BLOCK,), tl.int32)         # (read only with FROM_PLAN)
         w_pos = w_first
 
-    _row_tail(x_row, o_row, c_row, W, topk, cap, base, lbase, d0, need, done, total, n_out,
-              n_cand, pairs, w_first, w_pos, state_ptr + row * STATE_WORDS, BLOCK, FROM_PLAN)
+    _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total, n_out, n_cand,
+              pairs, w_first, w_pos, state_ptr + row * STATE_WORDS, BLOCK, FROM_PLAN)
 
 
 # NOTE: scalar flags are broadcast through an int32 block before mixing with block masks: the
@@ -1049,10 +1049,14 @@ def _topk_scatter_kernel(
     block) runs in the row's last program to end, instead of in a launch of its own. Each
     program, once every thread's stores are issued (a CTA barrier), takes a ticket: one
     ``atom.add.acq_rel.gpu`` on the word (its release orders the CTA's stores before the add,
-    through the barrier; the acquire of the program that draws the last ticket orders every
-    other program's stores before its reads, which go to L2 (``.cg``)). That program has the
-    row's plan in registers (every program computes it), reads the candidates and finishes the
-    row exactly as the per-row kernel would: the same output, candidates and state, bitwise."""
+    through the barrier; the acquire of the program that draws the last ticket, broadcast to
+    its threads through shared memory and a barrier, orders every other program's stores before
+    all of its reads: that acquire, not the ``.cg`` of the first candidate loads, is what makes
+    them safe, so no candidate read may be hoisted above the ticket, as the per-row kernel
+    issues its first one with the state). That program has the row's plan in registers (every
+    program computes it), reads the candidates and finishes the row exactly as the per-row
+    kernel would: the same output, candidates and state, bitwise. Launched only after the plan
+    part kernel (a direct launch on a word not zeroed would finish no row)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -1126,8 +1130,8 @@ def _topk_scatter_kernel(
             w_first = tl.load(c_row + offs, mask=(offs < 2 * cap) | (offs < W), other=0,
                               cache_modifier=".cg")
             w_pos = tl.load(c_row + cap + offs, mask=offs < cap, other=0, cache_modifier=".cg")
-            _row_tail(x_row, o_row, c_row, W, topk, cap, base, lbase, d0, need, done, total,
-                      r_out, r_cand, pairs, w_first, w_pos, st, CBLOCK, True)
+            _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total, r_out,
+                      r_cand, pairs, w_first, w_pos, st, CBLOCK, True)
 
 
 @triton.jit
@@ -1401,7 +1405,8 @@ def scatter_part_pre() -> bool:
 
 # The per-row kernel's work folded into the split pass B's last program of a row (``FINISH``),
 # one launch fewer, where the B 1 rows run: the Triton scatter after the plan part kernel with
-# its PRE prologue, at the (scatter launch, candidate block) pairs of the B 1 rows
+# its PRE prologue, without sub-ranges or PDL, the launch chosen by scatter_config (not given),
+# at the (scatter launch, candidate block) pairs of the B 1 rows
 # (scatter_config and the registry's cand_block: L 64K 512 x 4 with 1,024, L 128K 1,024 x 4 VEC
 # with 2,048; each pair is one more sm_120 fit spec, ~25 s of CI compile). Elsewhere, and with
 # DSA_TOPK_FINISH=0, the per-row kernel runs as its own launch. Either way the same output,
@@ -1632,11 +1637,14 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
         extra = {}
         if scatter_kernel is _topk_scatter_kernel:      # (the Gluon form plans as before)
             extra["PRE"] = part_pre
-            finish = (finish and part_pre
+            # (not with sub-ranges or PDL: both measured slower, neither compiled with FINISH;
+            # not for an explicit ``scatter``, whose warps the finishing launch would change)
+            finish = (finish and part_pre and scatter is None and scatter_sub == 1 and not launch
                       and ((sblock, swarps, svec), cand_block) in SCATTER_FINISH_LAUNCHES)
             if finish:
                 extra.update(FINISH=True, CBLOCK=cand_block)
                 swarps = SCATTER_FINISH_WARPS
+                slaunch.pop("maxnreg", None)    # (a cap set for the 4-warp scatter)
         else:
             finish = False
         scatter_kernel[(R, num_splits * scatter_sub)](
