@@ -112,6 +112,9 @@ def _worker(rank: int, world: int, port: int, outdir: str, jobs: list) -> None:
     import torch  # noqa: F401  (imported before torch.distributed in the child)
     import torch.distributed as dist
 
+    from _interp_fast import speed_up_triton_interpreter
+    speed_up_triton_interpreter()       # as in the pytest process (tests/conftest.py)
+
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     try:

@@ -44,67 +44,11 @@ if not HAS_CUDA and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         os.environ.setdefault(_var, str(_per_worker))
 
 
-def _skip_repeated_interpreter_patching() -> None:
-    """Triton's interpreter (``triton.runtime.interpreter``, 3.9) re-patches the language
-    modules on every call of a ``@triton.jit`` helper inside a kernel (``InterpretedFunction.
-    __call__`` runs ``_patch_lang``: an ``inspect.getmembers`` scan of ``tl``, ``tl.tensor``,
-    ``tl.math`` and more). Within one launch a repeat finds nothing left to patch: the launch's
-    own ``_patch_lang`` and the helper's first call have replaced every builtin of those modules
-    (a rescan only sets the same interpreter closures again). So within one launch (``GridExecutor
-    .__call__``), a helper whose language modules were all patched already in that launch skips
-    the rescan; the first helper call with another module (``tl.core`` for ``tl.max`` /
-    ``tl.sum`` / ``tl.zeros``) still patches it as before, and the launch's restore is unchanged.
-    Nothing of the kernel or its numerics changes: the same interpreted operations run. It was
-    ~20 % of a Triton-interpreter test's time (cProfile, tests/TEST_TIME.md run CC). Any other
-    Triton (no ``GridExecutor`` / ``_patch_lang`` / ``_LangPatchScope``): left alone."""
-    import inspect
-
-    try:
-        import triton.language as tl
-        from triton.runtime import interpreter as ti
-    except ImportError:
-        return
-    if not all(hasattr(ti, n) for n in ("GridExecutor", "_patch_lang", "_LangPatchScope")):
-        return
-    if getattr(ti._patch_lang, "_dsa_tests", False):
-        return
-    patch_lang, grid_call = ti._patch_lang, ti.GridExecutor.__call__
-    patched = []        # per running launch: ids of the language modules patched in it so far
-
-    known = {}          # helper -> ids of the language modules its globals hold
-
-    def langs(fn) -> frozenset:
-        if fn not in known:
-            known[fn] = frozenset(id(v) for v in fn.__globals__.values()
-                                  if inspect.ismodule(v) and v in (tl, tl.core))
-        return known[fn]
-
-    def once_per_launch(fn):
-        if not patched:
-            return patch_lang(fn)
-        mods = langs(fn)
-        if patched[-1] is not None and mods and mods <= patched[-1]:
-            return ti._LangPatchScope()              # nothing left to patch; nothing to restore
-        scope = patch_lang(fn)
-        patched[-1] = (patched[-1] or frozenset()) | mods
-        return scope
-
-    def launch(self, *args, **kwargs):
-        patched.append(None)
-        try:
-            return grid_call(self, *args, **kwargs)
-        finally:
-            patched.pop()
-
-    once_per_launch._dsa_tests = True
-    ti._patch_lang = once_per_launch
-    ti.GridExecutor.__call__ = launch
-
-
-# DSA_TESTS_PLAIN_INTERPRETER=1: Triton's interpreter as shipped (to rule this out when debugging)
-if (not HAS_CUDA and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        and os.environ.get("DSA_TESTS_PLAIN_INTERPRETER", "") in ("", "0")):
-    _skip_repeated_interpreter_patching()
+# Triton's interpreter without its repeated work (tests/_interp_fast.py; the same interpreted
+# operations). DSA_TESTS_PLAIN_INTERPRETER=1: the interpreter as shipped.
+if not HAS_CUDA:
+    from _interp_fast import speed_up_triton_interpreter
+    speed_up_triton_interpreter()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -115,10 +59,11 @@ def pytest_collection_modifyitems(config, items):
     whose interpreter runs take a minute or more each on 2 cores (each has a lighter twin that
     runs everywhere) run on GPU machines or with ``DSA_HEAVY=1``."""
     # Longest first (the ``slow`` marker; the sm_120 AOT compile checks, minutes each with a cold
-    # Triton cache, ahead of the rest): pytest-xdist deals tests out in collection order (two at
-    # a time: --maxschedchunk=2 in the Makefile), so
-    # the workers finish together instead of one running the AOT checks alone at the end
-    # (2026-12-02, 2 cores: they came last by file name and were the run's last ~3 minutes).
+    # Triton cache, ahead of the rest): pytest-xdist hands the first worker the first half of
+    # the collection (--dist worksteal in the Makefile) and an idle worker steals from the end
+    # of the other's queue, so the long ones start at once and the workers finish together
+    # instead of one running the AOT checks alone at the end (2026-12-02, 2 cores: they came
+    # last by file name and were the run's last ~3 minutes).
     items.sort(key=lambda it: 0 if "slow" not in it.keywords
                else (-2 if it.nodeid.startswith("tests/test_triton_compile.py") else -1))
     if HAS_CUDA:
