@@ -13,9 +13,13 @@ HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/
 CONSTRAINTS := $(if $(HAS_GPU),,-c constraints-cpu.txt)
 # Without a GPU the tests are CPU-bound interpreter runs: spread them over the cores (pytest-xdist;
 # 2 on the CI machine: 18.5 -> 11 min, measured 2026-11-30; tests/TEST_TIME.md has the later runs). On a GPU machine they share one GPU,
-# so they run in one process. --maxschedchunk=2: tests are dealt two at a time in collection
-# order (tests/conftest.py puts the slow ones first), so the workers finish together.
-XDIST := $(if $(HAS_GPU),,-n auto --maxprocesses=4 --maxschedchunk=2)
+# so they run in one process. --dist worksteal: each worker starts with one contiguous half of
+# the collection (tests/conftest.py puts the slow ones first) and an idle worker takes half of
+# the other's remaining tests, so the workers finish together while neighbouring tests (a
+# file's cases sharing one jitted program, the AOT checks sharing one launcher's compiles) stay
+# in one process and reuse its caches instead of compiling the same program at the same time
+# in both (was --maxschedchunk=2, tests dealt two at a time: tests/TEST_TIME.md, run CC).
+XDIST := $(if $(HAS_GPU),,-n auto --maxprocesses=4 --dist worksteal)
 PYTEST_ARGS ?=
 BENCH_ARGS ?= --write-dispatch
 
