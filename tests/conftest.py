@@ -44,6 +44,16 @@ if not HAS_CUDA and os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
         os.environ.setdefault(_var, str(_per_worker))
 
 
+if not HAS_CUDA:
+    # Python's cyclic GC runs a full collection about every 70,000 net allocations (thresholds
+    # 700, 10, 10), and a full collection walks every live object: JAX's traced and lowered
+    # programs and caches make that heap large. 10,000 / 20 / 20 (every ~4 M): 4.2 -> 0.9 s of GC in
+    # 41-49 s of tests/test_jax_indexer.py -k "row_split or far_above" (gc.callbacks, 2026-12-07,
+    # 24 -> 2 full collections); torch interpreter tests spend ~4 % in GC. Only when garbage
+    # cycles are freed changes, nothing the tests compute.
+    import gc
+    gc.set_threshold(10_000, 20, 20)
+
 # Triton's interpreter without its repeated work (tests/_interp_fast.py; the same interpreted
 # operations). DSA_TESTS_PLAIN_INTERPRETER=1: the interpreter as shipped.
 if not HAS_CUDA:
