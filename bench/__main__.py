@@ -170,15 +170,15 @@ def _bad_environment() -> str | None:
         from kernels.scalars import env_switch
         from kernels.indexer.triton import ws_fused_hist_max_n
         from kernels.topk.triton import (SPLIT_PLAN_ENV, pdl_enabled, scatter_form_default,
-                                         scatter_finish, scatter_part_pre,
-                                         scatter_subsplits, unfused_topk_splits)
+                                         scatter_part_pre, scatter_subsplits,
+                                         unfused_topk_splits)
         from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,
                    lambda: env_switch(SPLIT_PLAN_ENV), scatter_form_default, scatter_part_pre,
-                   scatter_finish, lambda: unfused_topk_splits(1, 1, 1, 1)]
+                   lambda: unfused_topk_splits(1, 1, 1, 1)]
     for check in checks:
         try:
             check()

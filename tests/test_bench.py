@@ -367,6 +367,34 @@ def test_indexer_phase_totals_from_fake_profiler_events():
     assert (t["logits"], t["topk"], t["how"]) == (610.0, 82.0, "kernel names")
 
 
+def test_layer_phase_totals_take_the_window_kernel_off_the_indexer():
+    """torch layer phases: each phase op's device time where no phase op encloses it (a GEMM
+    inside a DSA op is that op's), V4's window kernel launched inside
+    ``dsa::indexer_topk_window`` counted as glue, not indexer (the step before it ran the window
+    kernel in its own op: glue there too), the rest of the kernels glue; per call."""
+    from torch.autograd import DeviceType
+    cpu, cuda = DeviceType.CPU, DeviceType.CUDA
+    win = _Ev("dsa::indexer_topk_window", cpu, 13.0)        # its kernels: 6 + 3 + 1 + 3
+    mm_in_op = _Ev("aten::mm", cpu, 3.0)
+    mm_in_op.cpu_parent = win
+    evs = [win, mm_in_op, _Ev("aten::mm", cpu, 90.0), _Ev("dsa::sparse_mla_decode", cpu, 15.0),
+           _Ev("_indexer_logits_gluon_ws_kernel", cuda, 6.0), _Ev("_radix_topk_kernel", cuda, 3.0),
+           _Ev("_window_split_kernel", cuda, 1.0), _Ev("nvjet_sm90_gemm", cuda, 3.0),
+           _Ev("_gemv_kernel", cuda, 90.0),
+           _Ev("_prep_q_kernel", cuda, 4.0), _Ev("_sparse_mla_gluon_kernel", cuda, 15.0)]
+    for e in evs:
+        e.cpu_parent = getattr(e, "cpu_parent", None)
+    t = paths.layer_phase_totals(evs, 2)
+    assert (t["indexer"], t["projections"], t["sparse_mla"]) == (6.0, 45.0, 7.5)
+    assert t["other_kernels"] == 2.5 and t["kernels_per_step"] == 3.5    # prep_q and the window
+    old = [_Ev("dsa::indexer_topk", cpu, 19.0), _Ev("dsa::window_split", cpu, 1.0),
+           _Ev("_window_split_kernel", cuda, 1.0), _Ev("_radix_topk_kernel", cuda, 19.0)]
+    for e in old:
+        e.cpu_parent = None
+    t = paths.layer_phase_totals(old, 1)
+    assert (t["indexer"], t["other_kernels"]) == (19.0, 1.0)
+
+
 def test_jax_layer_phases_from_a_fake_device_trace():
     """bench.paths.jax_trace_kernels keeps the kernels of the GPU processes' stream threads only
     (not the derived XLA Ops line, not host events); jax_phase_totals splits them by name into
@@ -767,7 +795,6 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_TOPK_SCATTER_FORM", "gluon",
      "environment: DSA_TOPK_SCATTER_FORM: expected one of ('triton', 'smem') or unset, got 'gluon'"),
     ("DSA_TOPK_PART_PRE", "on", "environment: DSA_TOPK_PART_PRE: expected '0', '1' or unset, got 'on'"),
-    ("DSA_TOPK_FINISH", "yes", "environment: DSA_TOPK_FINISH: expected '0', '1' or unset, got 'yes'"),
     ("DSA_TOPK_UNFUSED_PER_SM", "65",
      "environment: DSA_TOPK_UNFUSED_PER_SM: expected an integer in [0, 64] or unset, got '65'"),
 ])

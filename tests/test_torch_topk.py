@@ -482,119 +482,6 @@ def test_part_pre_prologue_same_bits(S, N, monkeypatch):
         launch_topk(xt, lt, K, on[0], on[1], hist=h, n_drafts=N, page_size=P)
 
 
-def _finish_ab(x, lens, h, K, P, N, monkeypatch, **kw):
-    """``launch_topk`` of the split path with ``DSA_TOPK_FINISH`` 1 and 0: per value the output,
-    scratch and state (buffers pre-filled with -7) and the kernels launched (name -> the
-    scatter's FINISH, or None)."""
-    from kernels.topk import triton as tk
-    R, W = x.shape
-    xt = torch.from_numpy(x).to(DEVICE)
-    lt = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    res = {}
-    for fin in ("1", "0"):
-        seen = {}
-        with monkeypatch.context() as mp:
-            mp.setenv(tk.SCATTER_FINISH_ENV, fin)
-            for name in ("_topk_scatter_kernel", "_radix_topk_kernel"):
-                real = getattr(tk, name)
-
-                class Spy:                       # records each launch's FINISH and warps
-                    def __getitem__(self, grid, real=real, name=name):
-                        def launch(*a, **k):
-                            seen[name] = (k.get("FINISH"), k.get("num_warps"))
-                            return real[grid](*a, **k)
-                        return launch
-                mp.setattr(tk, name, Spy())
-            out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
-            scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
-            state = torch.full((R, STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
-            tk.launch_topk(xt, lt, K, out, scratch, hist=h, n_drafts=N, page_size=P, state=state,
-                           **kw)
-        res[fin] = (out, scratch, state, seen)
-    return res
-
-
-# (one case on the CPU CI; test_finish_blocks_and_subsplits covers more on GPU machines)
-def test_finish_same_bits(monkeypatch):
-    """The split pass B's last program of a row finishing it (``FINISH``, ``DSA_TOPK_FINISH=1``:
-    the per-row kernel's work after the plan part kernel, no launch of its own): the output,
-    the candidates and the state bitwise those of the per-row kernel's launch, the ticket word
-    back at 0, on rows with a window miss (more candidates than the candidate block: the
-    compaction passes), ties and a short row; the reference's set; a bad value is a ValueError
-    naming the switch."""
-    from kernels.topk import triton as tk
-    K, P, W, S, N = 64, 16, 1600, 20, 1
-    x = _heavy_rows(31, 4, W)[:3].copy()
-    rng = np.random.default_rng(5)                                # 120 binades: most keys fall
-    x[0] = np.exp2(rng.uniform(-60, 60, W)).astype(np.float32)    # between the two windows
-    x[0, 77] = 1e30                                               # window miss
-    x[1] = np.round(x[1] * 4)                                     # ties
-    lens = [W, W - 5, 90]
-    h = torch.from_numpy(_split_hists(x, lens, N, S, P, base_raise=2)).to(DEVICE)
-    res = _finish_ab(x, lens, h, K, P, N, monkeypatch)
-    on, off = res["1"], res["0"]
-    warps = tk.SCATTER_FINISH_WARPS
-    assert on[3] == {"_topk_scatter_kernel": (True, warps)}       # no per-row launch
-    assert off[3] == {"_topk_scatter_kernel": (None, 4), "_radix_topk_kernel": (None, 8)}
-    for a, b in zip(on[:3], off[:3]):
-        assert torch.equal(a, b)
-    # a pair outside SCATTER_FINISH_LAUNCHES (the 512 launch with 2,048 candidates): the per-row
-    # kernel runs, FINISH or not, with the same output and candidates (the state's ``visits``
-    # counts the candidate block's reads)
-    wide = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=tk.TopkConfig(cand_block=2048))
-    assert wide["1"][3] == {"_topk_scatter_kernel": (None, 4), "_radix_topk_kernel": (None, 8)}
-    for a, b in zip(wide["1"][:2], on[:2]):
-        assert torch.equal(a, b)
-    assert (on[2][:, tk.TICKET_WORD.value] == 0).all()
-    assert int(on[2][0, STATE_FIELDS.index("n_cand")]) > tk.TopkConfig.cand_block
-    compare.assert_pass(compare.check_topk(on[0], _ref_rows(x, lens), K))
-    monkeypatch.setenv(tk.SCATTER_FINISH_ENV, "yes")
-    with pytest.raises(ValueError, match=tk.SCATTER_FINISH_ENV):
-        tk.launch_topk(torch.from_numpy(x).to(DEVICE),
-                       torch.tensor(lens, dtype=torch.int32, device=DEVICE), K, on[0], on[1],
-                       hist=h, n_drafts=N, page_size=P)
-
-
-# cpu_heavy (~1.5 min a case in the interpreter), so it runs on GPU machines and with DSA_HEAVY=1
-@pytest.mark.cpu_heavy
-@pytest.mark.parametrize("N,per_row,cblock,P", [(2, False, 2048, 32), (1, True, 1024, 16),
-                                                (2, True, 1024, 16)])
-def test_finish_blocks_and_subsplits(N, per_row, cblock, P, monkeypatch):
-    """``FINISH`` as :func:`test_finish_same_bits` with MTP drafts (request lengths, or row
-    lengths) and both launches of ``SCATTER_FINISH_LAUNCHES`` (P 32: the 1,024-position VEC
-    launch with 2,048 candidates); with sub-ranges (``scatter_sub`` 2) the per-row kernel runs
-    instead, with the same bits."""
-    from kernels.topk import triton as tk
-    S, K, B = 40, 128, 2
-    W = 1600 if P == 16 else 40 * 1024
-    R = B * N
-    x = _heavy_rows(41 + N + int(per_row), max(R, 4), W)[:R].copy()
-    x[0, 5] = 1e30                                                # window miss
-    x[R - 1] = np.round(x[R - 1] * 2)                             # ties
-    if per_row:
-        lens = [W, W - 37, 300, 5][:R]
-        row_lens = lens
-    else:
-        lens = [W, W - 37]
-        row_lens = [max(0, min(lens[r // N] - (N - 1 - r % N), W)) for r in range(R)]
-    h = torch.full(tk.hist_shape(B, S, N), 99, dtype=torch.int32, device=DEVICE)
-    tk.launch_split_hist(torch.from_numpy(x).to(DEVICE),
-                         torch.tensor(lens, dtype=torch.int32, device=DEVICE), h, n_drafts=N,
-                         page_size=P)
-    cfg = tk.TopkConfig(cand_block=cblock)
-    res = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=cfg)
-    on, off = res["1"], res["0"]
-    assert on[3] == {"_topk_scatter_kernel": (True, tk.SCATTER_FINISH_WARPS)}
-    for a, b in zip(on[:3], off[:3]):
-        assert torch.equal(a, b)
-    assert (on[2][:, tk.TICKET_WORD.value] == 0).all()
-    compare.assert_pass(compare.check_topk(on[0], _ref_rows(x, row_lens), K))
-    sub = _finish_ab(x, lens, h, K, P, N, monkeypatch, config=cfg, scatter_sub=2)["1"]
-    assert sub[3]["_topk_scatter_kernel"][0] is None and "_radix_topk_kernel" in sub[3]
-    for a, b in zip(sub[:3], on[:3]):
-        assert torch.equal(a, b)
-
-
 @pytest.mark.parametrize("S", [1, 4])
 def test_split_descent_in_registers_every_level(S):
     """The per-row kernel's descent over candidates held in registers (5-bit digits, REG_BINS)
@@ -931,7 +818,6 @@ def test_split_pass_b_smem_form_bitwise_triton(dist, S, N, per_row, pdl, monkeyp
     with a bin); the plan modes and length modes of ``_SMEM_SCATTER_CASES``."""
     from kernels.topk import gluon_scatter
     from kernels.topk import triton as tk
-    monkeypatch.setenv(tk.SCATTER_FINISH_ENV, "0")   # the scatter alone, as the smem form
     monkeypatch.delenv("DSA_TOPK_SCATTER_SUB", raising=False)
     monkeypatch.setenv("DSA_TOPK_PDL", "1" if pdl else "0")
     B, P, K = 4, 64, 2048
@@ -978,10 +864,10 @@ def test_split_pass_b_smem_form_bitwise_triton(dist, S, N, per_row, pdl, monkeyp
         out = torch.full((R, K), -7, dtype=torch.int32, device=DEVICE)
         state = torch.full((R, tk.STATE_WORDS.value), -7, dtype=torch.int32, device=DEVICE)
         scratch = torch.full((R, W), -7, dtype=torch.int32, device=DEVICE)
-        kernel, _ = tk._split_pass_b(xt, lt, out, scratch, state, h, topk=K, n_drafts=N,
-                                     per_row=int(per_row), page_size=P, cap=W // 2,
-                                     num_splits=S, nb=h.shape[2], scatter=sc, scatter_sub=1,
-                                     scatter_form=form, num_sms=None, launch=launch)
+        kernel = tk._split_pass_b(xt, lt, out, scratch, state, h, topk=K, n_drafts=N,
+                                  per_row=int(per_row), page_size=P, cap=W // 2, num_splits=S,
+                                  nb=h.shape[2], scatter=sc, scatter_sub=1, scatter_form=form,
+                                  num_sms=None, launch=launch)
         return kernel, out, state, scratch
     k_t, *want = scatter_only("triton", None)
     assert k_t is tk._topk_scatter_kernel

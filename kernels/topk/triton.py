@@ -90,11 +90,8 @@ group's histograms to the row's bases (indexed loads, no register gather) and su
 every scatter program sums the row's group partials, picks the threshold bin, and starts after
 the keys above the bin and in it of the groups before its group (counted from their partials)
 and of the splits before it in its group (their rebased histograms): three launches in all.
-The per-row kernel then continues from the candidates (``FROM_PLAN``), or, at the B 1
-launches with ``DSA_TOPK_FINISH=1`` (``FINISH``, off by default: measured slower at 4 warps),
-the scatter's last program of the row does (:func:`_row_tail`, a ticket a program). On a GPU,
-splits of at least ``SCATTER_SMEM_MIN_POSITIONS`` table positions (the B 64 rows) run the
-scatter as
+The per-row kernel then continues from the candidates (``FROM_PLAN``). On a GPU, splits of at
+least ``SCATTER_SMEM_MIN_POSITIONS`` table positions (the B 64 rows) run the scatter as
 ``kernels.topk.gluon_scatter`` (``scatter_form="smem"``: each block's selected keys compacted
 in shared memory, then one store a selected key; bitwise the same output, candidates and
 state; 1-5 us less top-k at B 64 on an H100, bench/NOTES.md "Twenty-sixth session").
@@ -144,11 +141,6 @@ LBASE_NONE = tl.constexpr(_window.LBASE_NONE)
 # Plan state words per row (launch_topk(state=...)): the fields of STATE_FIELDS (defined with
 # the NumPy model, kernels.topk.window), then zeros.
 STATE_WORDS = tl.constexpr(16)
-# The state word the split pass B's programs of a row count their ends in (``FINISH``): zeroed by
-# the plan part kernel before the scatter, incremented once by each program, back to 0 once the
-# row's last program has seen its ticket, so it reads 0 after every call like the other words
-# past STATE_FIELDS.
-TICKET_WORD = tl.constexpr(15)
 # Candidates above which a radix level compacts them to its bucket before the next level.
 COMPACT_MIN = tl.constexpr(8192)
 # Bins of a level of the per-row kernel's descent over candidates held in registers (5-bit
@@ -708,16 +700,70 @@ def _select(key, pos, m, prefix, mask, need, eq_seen, n_out, o_row):
 
 
 @triton.jit
-def _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total, n_out, n_cand,
-              pairs, w_first, w_pos, st, BLOCK: tl.constexpr, FROM_PLAN: tl.constexpr):
-    """The per-row kernel after its passes A and B (or after the split pass B's plan, with
-    ``FROM_PLAN``: the candidates' first ``BLOCK`` words ``w_first`` / ``w_pos`` already
-    loaded): the lower digits over the threshold bin's candidates, the selection in position
-    order, the -1 fill, and with ``FROM_PLAN`` the candidate reads (``visits``) into state word 9
-    at ``st``. Called by :func:`_radix_topk_kernel` and by the split pass B's last program of a
-    row (``_topk_scatter_kernel`` with ``FINISH``)."""
+def _radix_topk_kernel(
+    x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
+    len_ptr,          # [R] int32 row lengths (per_row), or [B] request lengths (MTP rule)
+    out_ptr,          # [R, topk] int32 selected positions, -1 padded
+    cand_ptr,         # [R, >= W] int32 scratch: level-0 threshold-bin candidates
+    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms (HAS_HIST)
+    W, topk,
+    stride_x, stride_o, stride_c, cap,
+    n_drafts, per_row, n_drafts_pow2, num_splits,
+    state_ptr,        # [R, STATE_WORDS] int32 plan (FROM_PLAN; STATE_FIELDS); word 9 written here
+    BLOCK: tl.constexpr, HAS_HIST: tl.constexpr, FROM_PLAN: tl.constexpr,
+    PLAN_SB: tl.constexpr, PDL: tl.constexpr = False,
+):
+    if PDL:                         # launched early (programmatic dependent launch): wait for the
+        gdc_wait()                  # previous kernel's writes before touching memory
+    row = tl.program_id(0).to(tl.int64)
+    L = _row_len(len_ptr, row, n_drafts, per_row, W)
+    x_row = x_ptr + row * stride_x
+    o_row = out_ptr + row * stride_o
+    c_row = cand_ptr + row * stride_c
     offs = tl.arange(0, BLOCK)
     bins = tl.arange(0, 256)
+
+    if FROM_PLAN:
+        # Passes A and B ran as the plan + _topk_scatter_kernel (split over programs).
+        st = state_ptr + row * STATE_WORDS
+        base = tl.load(st + 0)
+        lbase = tl.load(st + 1)
+        d0 = tl.load(st + 2)
+        need = tl.load(st + 3)
+        done = tl.load(st + 4)
+        total = tl.load(st + 5)
+        n_out = tl.load(st + 6)
+        n_cand = tl.load(st + 7)
+        pairs = tl.load(st + 8)
+        # The candidate row's first BLOCK words of both halves, issued with the state (not after
+        # it: the count and the layout come from the state, so these loads were a second L2
+        # round trip): the pairs' logit bits (or positions, without pairs) and the pairs'
+        # positions. Words past the count are stale and masked where they are used.
+        # (the row holds >= max(W, 2 cap) words: without pairs the positions fill [0, n_cand)
+        # with n_cand up to W, which is 2 cap + 1 for an odd scratch width)
+        w_first = tl.load(c_row + offs, mask=(offs < 2 * cap) | (offs < W), other=0)
+        w_pos = tl.load(c_row + cap + offs, mask=offs < cap, other=0)
+    else:
+        # Pass A: windowed histogram of the first digit, summed from the logits kernel's
+        # per-split histograms (fused) or built by reading the whole prefix.
+        if HAS_HIST:
+            h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
+                                                         num_splits, PLAN_SB)
+            hist = _sum_split_hists(h_row, split_stride, num_splits, base, lbase, PLAN_SB)
+        else:
+            hist, base, lbase = _window_hist(x_row, 0, L, BLOCK)
+        d0, need, done, total, n_eq = _first_digit(hist, topk)
+        pairs = (n_eq <= cap).to(tl.int32)
+        # Pass B (whole prefix): keys above the threshold bin go straight to the output; keys in
+        # it go to the output too when the descent is over, else they are compacted (in
+        # position order) into the scratch row for the lower digits.
+        key_lo, key_hi = bin_key_range(d0, base, lbase)
+        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, key_lo, key_hi, done, pairs, cap,
+                                tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
+        # The candidate row is read back below by other threads of this program: make every store
+        # of pass B visible first (bar.sync orders global memory within the CTA).
+        tl.debug_barrier()
+
     # The level-0 bucket as high bits of the key: a single-digit bin (either window) fixes
     # key >> 20; the middle bin (a window miss) fixes nothing: the candidates are exactly the
     # keys between the windows, and the descent runs over the full key.
@@ -814,77 +860,7 @@ def _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total
         o = start + offs
         tl.store(o_row + o, tl.full((BLOCK,), -1, tl.int32), mask=o < topk)
     if FROM_PLAN:
-        tl.store(st + 9, visits)
-
-
-@triton.jit
-def _radix_topk_kernel(
-    x_ptr,            # [R, W] float32 rows (only [0, len[r]) is read)
-    len_ptr,          # [R] int32 row lengths (per_row), or [B] request lengths (MTP rule)
-    out_ptr,          # [R, topk] int32 selected positions, -1 padded
-    cand_ptr,         # [R, >= W] int32 scratch: level-0 threshold-bin candidates
-    hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms (HAS_HIST)
-    W, topk,
-    stride_x, stride_o, stride_c, cap,
-    n_drafts, per_row, n_drafts_pow2, num_splits,
-    state_ptr,        # [R, STATE_WORDS] int32 plan (FROM_PLAN; STATE_FIELDS); word 9 written here
-    BLOCK: tl.constexpr, HAS_HIST: tl.constexpr, FROM_PLAN: tl.constexpr,
-    PLAN_SB: tl.constexpr, PDL: tl.constexpr = False,
-):
-    if PDL:                         # launched early (programmatic dependent launch): wait for the
-        gdc_wait()                  # previous kernel's writes before touching memory
-    row = tl.program_id(0).to(tl.int64)
-    L = _row_len(len_ptr, row, n_drafts, per_row, W)
-    x_row = x_ptr + row * stride_x
-    o_row = out_ptr + row * stride_o
-    c_row = cand_ptr + row * stride_c
-    offs = tl.arange(0, BLOCK)
-
-    if FROM_PLAN:
-        # Passes A and B ran as the plan + _topk_scatter_kernel (split over programs).
-        st = state_ptr + row * STATE_WORDS
-        base = tl.load(st + 0)
-        lbase = tl.load(st + 1)
-        d0 = tl.load(st + 2)
-        need = tl.load(st + 3)
-        done = tl.load(st + 4)
-        total = tl.load(st + 5)
-        n_out = tl.load(st + 6)
-        n_cand = tl.load(st + 7)
-        pairs = tl.load(st + 8)
-        # The candidate row's first BLOCK words of both halves, issued with the state (not after
-        # it: the count and the layout come from the state, so these loads were a second L2
-        # round trip): the pairs' logit bits (or positions, without pairs) and the pairs'
-        # positions. Words past the count are stale and masked where they are used.
-        # (the row holds >= max(W, 2 cap) words: without pairs the positions fill [0, n_cand)
-        # with n_cand up to W, which is 2 cap + 1 for an odd scratch width)
-        w_first = tl.load(c_row + offs, mask=(offs < 2 * cap) | (offs < W), other=0)
-        w_pos = tl.load(c_row + cap + offs, mask=offs < cap, other=0)
-    else:
-        # Pass A: windowed histogram of the first digit, summed from the logits kernel's
-        # per-split histograms (fused) or built by reading the whole prefix.
-        if HAS_HIST:
-            h_row, split_stride, base, lbase = _plan_row(hist_ptr, row, n_drafts, n_drafts_pow2,
-                                                         num_splits, PLAN_SB)
-            hist = _sum_split_hists(h_row, split_stride, num_splits, base, lbase, PLAN_SB)
-        else:
-            hist, base, lbase = _window_hist(x_row, 0, L, BLOCK)
-        d0, need, done, total, n_eq = _first_digit(hist, topk)
-        pairs = (n_eq <= cap).to(tl.int32)
-        # Pass B (whole prefix): keys above the threshold bin go straight to the output; keys in
-        # it go to the output too when the descent is over, else they are compacted (in
-        # position order) into the scratch row for the lower digits.
-        key_lo, key_hi = bin_key_range(d0, base, lbase)
-        n_out, n_cand = _pass_b(x_row, o_row, c_row, 0, L, key_lo, key_hi, done, pairs, cap,
-                                tl.zeros((), tl.int32), tl.zeros((), tl.int32), BLOCK)
-        # The candidate row is read back below by other threads of this program: make every store
-        # of pass B visible first (bar.sync orders global memory within the CTA).
-        tl.debug_barrier()
-        w_first = tl.zeros((BLOCK,), tl.int32)         # (read only with FROM_PLAN)
-        w_pos = w_first
-
-    _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total, n_out, n_cand,
-              pairs, w_first, w_pos, state_ptr + row * STATE_WORDS, BLOCK, FROM_PLAN)
+        tl.store(state_ptr + row * STATE_WORDS + 9, visits)
 
 
 # NOTE: scalar flags are broadcast through an int32 block before mixing with block masks: the
@@ -949,11 +925,8 @@ def _prefix_counts(before, d0, done):
 
 
 @triton.jit
-def _store_state(st, base, lbase, d0, need, done, total, n_eq, run, pairs,
-                 TICKET: tl.constexpr = False):
-    """The row's plan state (STATE_FIELDS; words past them zero) at ``st``; with ``TICKET``
-    every word but :data:`TICKET_WORD`, which the other programs of the row are counting on
-    (``_topk_scatter_kernel``'s ``FINISH``)."""
+def _store_state(st, base, lbase, d0, need, done, total, n_eq, run, pairs):
+    """The row's plan state (STATE_FIELDS; words past them zero) at ``st``."""
     c = tl.arange(0, HIST_BINS)
     n_gt = tl.sum(tl.where(c > d0, run, 0), axis=0)
     w = tl.arange(0, STATE_WORDS)
@@ -966,10 +939,7 @@ def _store_state(st, base, lbase, d0, need, done, total, n_eq, run, pairs,
     v = tl.where(w == 6, n_gt + tl.where(done != 0, n_eq, 0), v)
     v = tl.where(w == 7, tl.where(done != 0, 0, n_eq), v)
     v = tl.where(w == 8, pairs, v)
-    if TICKET:
-        tl.store(st + w, v, mask=w != TICKET_WORD)
-    else:
-        tl.store(st + w, v)
+    tl.store(st + w, v)
 
 
 @triton.jit
@@ -977,7 +947,6 @@ def _topk_plan_part_kernel(
     hist_ptr,         # [B, S, NB, HIST_ROW] int32 per-split windowed histograms, row = b * N + i
     part_ptr,         # [R, G, 256] int32 out: group g's histograms at the row's bases, summed
     pre_ptr,          # [R, S, HIST_ROW] int32 out: per split, its group's splits before it
-    state_ptr,        # [R, STATE_WORDS] int32: word TICKET_WORD zeroed here (group 0)
     n_drafts, n_drafts_pow2, num_splits, num_groups,
     SBASE: tl.constexpr, PDL: tl.constexpr = False,
 ):
@@ -986,8 +955,7 @@ def _topk_plan_part_kernel(
     into ``part``; and for each split ``s`` of the group, the block ``pre[row, s]``: at words
     ``[0, 256)`` the sum of the rebased histograms of the splits before ``s`` in its group, at
     ``HIST_BINS`` and ``HIST_BINS + 1`` the row's bases (the split pass B's ``PRE`` prologue:
-    one load of its own block instead of the bases and the rebased group histograms); and
-    zeroes the row's state word :data:`TICKET_WORD` (the scatter's ``FINISH`` count)."""
+    one load of its own block instead of the bases and the rebased group histograms)."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -1005,8 +973,6 @@ def _topk_plan_part_kernel(
     tl.store(blk + c[None, :], before, mask=ms[:, None])
     w = tl.arange(0, 2)[None, :]
     tl.store(blk + HIST_BINS + w, tl.where(w == 0, base, lbase), mask=ms[:, None])
-    if g == 0:                      # the scatter's FINISH tickets start from 0
-        tl.store(state_ptr + row * STATE_WORDS + TICKET_WORD, 0)
 
 
 @triton.jit
@@ -1020,7 +986,7 @@ def _topk_scatter_kernel(
     num_splits, num_groups, sub,
     BLOCK: tl.constexpr, GB: tl.constexpr, PLAN: tl.constexpr, SP: tl.constexpr,
     VEC: tl.constexpr = False, PDL: tl.constexpr = False, SUB: tl.constexpr = False,
-    PRE: tl.constexpr = False, FINISH: tl.constexpr = False, CBLOCK: tl.constexpr = 1024,
+    PRE: tl.constexpr = False,
 ):
     """Pass B of the split top-k (grid ``(R, S)``): the program of split ``s`` reads only that
     split's positions, writes keys above the threshold bin to the output and compacts the
@@ -1042,21 +1008,7 @@ def _topk_scatter_kernel(
     keys of the split's positions before it (:func:`_count_b`), so the output is bitwise that of
     ``sub = 1``. More, shorter programs: the B 64 scatter is an instruction chain on 7.5 warps an
     SM (Nsight Compute, H100, 2026-12-06; bench/NOTES.md "The B 64 scatter under Nsight
-    Compute").
-
-    ``FINISH`` (after the plan part kernel, which zeroes the row's :data:`TICKET_WORD`): the
-    per-row kernel's work after a split pass B (:func:`_row_tail` at ``CBLOCK`` candidates a
-    block) runs in the row's last program to end, instead of in a launch of its own. Each
-    program, once every thread's stores are issued (a CTA barrier), takes a ticket: one
-    ``atom.add.acq_rel.gpu`` on the word (its release orders the CTA's stores before the add,
-    through the barrier; the acquire of the program that draws the last ticket, broadcast to
-    its threads through shared memory and a barrier, orders every other program's stores before
-    all of its reads: that acquire, not the ``.cg`` of the first candidate loads, is what makes
-    them safe, so no candidate read may be hoisted above the ticket, as the per-row kernel
-    issues its first one with the state). That program has the row's plan in registers (every
-    program computes it), reads the candidates and finishes the row exactly as the per-row
-    kernel would: the same output, candidates and state, bitwise. Launched only after the plan
-    part kernel (a direct launch on a word not zeroed would finish no row)."""
+    Compute")."""
     if PDL:                         # (see _radix_topk_kernel)
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
@@ -1102,7 +1054,7 @@ def _topk_scatter_kernel(
     n_out, n_cand = _prefix_counts(before, d0, done)
     if pid == 0:
         _store_state(state_ptr + row * STATE_WORDS, base, lbase, d0, need, done, total, n_eq,
-                     run, pairs, FINISH)
+                     run, pairs)
     key_lo, key_hi = bin_key_range(d0, base, lbase)
     if SUB:
         if (k > 0) & (hi > lo):      # the split's keys before this (non-empty) sub-range
@@ -1110,28 +1062,8 @@ def _topk_scatter_kernel(
                                      BLOCK)
             n_out += c_out
             n_cand += c_cand
-    x_row = x_ptr + row * stride_x
-    o_row = out_ptr + row * stride_o
-    c_row = cand_ptr + row * stride_c
-    _pass_b(x_row, o_row, c_row, lo, hi, key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK,
-            W, VEC)
-    if FINISH:
-        tl.static_assert(not PLAN, "FINISH counts on the plan part kernel's zeroed ticket")
-        st = state_ptr + row * STATE_WORDS
-        tl.debug_barrier()          # every thread's stores of this program before its ticket
-        ticket = tl.atomic_add(st + TICKET_WORD, 1, sem="acq_rel", scope="gpu")
-        if ticket == num_splits * n_sub - 1:          # the row's last program
-            tl.store(st + TICKET_WORD, 0)
-            # the row's totals, as _store_state writes them (words 6 and 7)
-            cb = tl.arange(0, HIST_BINS)
-            r_out = tl.sum(tl.where(cb > d0, run, 0), axis=0) + tl.where(done != 0, n_eq, 0)
-            r_cand = tl.where(done != 0, 0, n_eq)
-            offs = tl.arange(0, CBLOCK)
-            w_first = tl.load(c_row + offs, mask=(offs < 2 * cap) | (offs < W), other=0,
-                              cache_modifier=".cg")
-            w_pos = tl.load(c_row + cap + offs, mask=offs < cap, other=0, cache_modifier=".cg")
-            _row_tail(x_row, o_row, c_row, topk, cap, base, lbase, d0, need, done, total, r_out,
-                      r_cand, pairs, w_first, w_pos, st, CBLOCK, True)
+    _pass_b(x_ptr + row * stride_x, out_ptr + row * stride_o, cand_ptr + row * stride_c, lo, hi,
+            key_lo, key_hi, done, pairs, cap, n_out, n_cand, BLOCK, W, VEC)
 
 
 @triton.jit
@@ -1403,35 +1335,6 @@ def scatter_part_pre() -> bool:
     return env_switch(SCATTER_PART_PRE_ENV) is not False
 
 
-# The per-row kernel's work folded into the split pass B's last program of a row (``FINISH``),
-# one launch fewer, where the B 1 rows run: the Triton scatter after the plan part kernel with
-# its PRE prologue, without sub-ranges or PDL, the launch chosen by scatter_config (not given),
-# at the (scatter launch, candidate block) pairs of the B 1 rows
-# (scatter_config and the registry's cand_block: L 64K 512 x 4 with 1,024, L 128K 1,024 x 4 VEC
-# with 2,048; each pair is one more sm_120 fit spec, ~25 s of CI compile). Elsewhere, and with
-# DSA_TOPK_FINISH=0, the per-row kernel runs as its own launch. Either way the same output,
-# candidates and state, bitwise.
-SCATTER_FINISH_LAUNCHES = (((512, 4, False), 1024), ((1024, 4, True), 2048))
-# The warps of a finishing launch (the per-row kernel's TopkConfig.num_warps: its tail at 4
-# warps, the scatter's, measured slower, bench/NOTES.md "Twenty-eighth session")
-SCATTER_FINISH_WARPS = 8
-SCATTER_FINISH = False
-SCATTER_FINISH_ENV = "DSA_TOPK_FINISH"
-
-
-def scatter_finish() -> bool:
-    """Whether the split pass B may finish its rows (``FINISH``, at the pairs of
-    :data:`SCATTER_FINISH_LAUNCHES`):
-    :data:`SCATTER_FINISH_ENV` ``1`` / ``0``; unset or empty: :data:`SCATTER_FINISH`.
-
-    Raises:
-      ValueError: the variable holds something other than ``0``, ``1`` or nothing.
-    """
-    from kernels.scalars import env_switch
-    v = env_switch(SCATTER_FINISH_ENV)
-    return SCATTER_FINISH if v is None else v
-
-
 def scatter_plan_blocks() -> tuple:
     """The split tiles ``SP`` (powers of two, 2..SCATTER_PLAN_SPLITS) the planning scatter is
     compiled for (``_p2(S, 2, SCATTER_PLAN_SPLITS)``)."""
@@ -1566,13 +1469,10 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
             # _split_range reads at most 4 drafts' lengths (tl.arange(0, 4))
             raise ValueError(f"n_drafts: expected an int in [1, 4] with page_size, got "
                              f"{n_drafts!r}")
-        _, finished = _split_pass_b(
-            logits, lengths, out, scratch, state, hist, topk=topk, n_drafts=n_drafts,
-            per_row=per_row, page_size=page_size, cap=cap, num_splits=num_splits, nb=nb,
-            scatter=scatter, scatter_sub=scatter_sub, scatter_form=scatter_form, num_sms=num_sms,
-            launch=launch, cand_block=cfg.cand_block)
-        if finished:
-            return out
+        _split_pass_b(logits, lengths, out, scratch, state, hist, topk=topk, n_drafts=n_drafts,
+                      per_row=per_row, page_size=page_size, cap=cap, num_splits=num_splits,
+                      nb=nb, scatter=scatter, scatter_sub=scatter_sub,
+                      scatter_form=scatter_form, num_sms=num_sms, launch=launch)
     _radix_topk_kernel[(R,)](logits, lengths, out, scratch, hist if hist is not None else out,
                              W, topk, logits.stride(0), out.stride(0), scratch.stride(0), cap,
                              n_drafts, per_row, nb, num_splits, state,
@@ -1584,21 +1484,17 @@ def launch_topk(logits, lengths, topk: int, out, scratch, *, config: TopkConfig 
 
 def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_drafts: int,
                   per_row: int, page_size: int, cap: int, num_splits: int, nb: int,
-                  scatter, scatter_sub: int, scatter_form, num_sms, launch: dict,
-                  cand_block: int = TopkConfig.cand_block):
+                  scatter, scatter_sub: int, scatter_form, num_sms, launch: dict):
     """The split pass B of :func:`launch_topk` (its arguments, checked there): the plan part
     kernel where the plan runs over groups, then the scatter, ``scatter_form``'s kernel where it
     runs (:func:`_smem_scatter_runs`), else the Triton one. Writes ``out``'s selected head, the
-    candidates in ``scratch`` and the plan ``state``; returns ``(kernel, finished)``: the scatter
-    kernel launched (the GPU tests check which ran) and whether it also finished the rows
-    (``FINISH`` at ``cand_block``, :func:`scatter_finish`: then the per-row kernel must not
-    run)."""
+    candidates in ``scratch`` and the plan ``state``; returns the scatter kernel launched (the
+    GPU tests check which ran)."""
     import torch
     R, W = logits.shape
     if scatter_form is None:
         scatter_form = scatter_form_for(W, page_size, num_splits)
     part_pre = scatter_part_pre()          # (read before any launch: a bad value raises first)
-    finish = scatter_finish()
     smem_runs = _smem_scatter_runs(scatter_form, W, page_size, logits, scatter_sub)
     if scatter is not None and scatter not in SCATTER_SPACE and not smem_runs:
         scatter = None          # a launch of the smem form's space only, where it cannot run
@@ -1632,29 +1528,18 @@ def _split_pass_b(logits, lengths, out, scratch, state, hist, *, topk: int, n_dr
                            device=logits.device)
         pre = torch.empty((R, num_splits, HIST_ROW.value), dtype=torch.int32,
                           device=logits.device)
-        _topk_plan_part_kernel[(R, groups)](hist, part, pre, state, n_drafts, nb, num_splits,
-                                            groups, SBASE=sbase, num_warps=4, **launch)
+        _topk_plan_part_kernel[(R, groups)](hist, part, pre, n_drafts, nb, num_splits, groups,
+                                            SBASE=sbase, num_warps=4, **launch)
         extra = {}
         if scatter_kernel is _topk_scatter_kernel:      # (the Gluon form plans as before)
             extra["PRE"] = part_pre
-            # (not with sub-ranges or PDL: both measured slower, neither compiled with FINISH;
-            # not for an explicit ``scatter``, whose warps the finishing launch would change)
-            finish = (finish and part_pre and scatter is None and scatter_sub == 1 and not launch
-                      and ((sblock, swarps, svec), cand_block) in SCATTER_FINISH_LAUNCHES)
-            if finish:
-                extra.update(FINISH=True, CBLOCK=cand_block)
-                swarps = SCATTER_FINISH_WARPS
-                slaunch.pop("maxnreg", None)    # (a cap set for the 4-warp scatter)
-        else:
-            finish = False
         scatter_kernel[(R, num_splits * scatter_sub)](
             logits, lengths, out, scratch, state, part, pre, hist, W, page_size,
             logits.stride(0), out.stride(0), scratch.stride(0), cap, topk, n_drafts,
             per_row, nb, num_splits, groups, scatter_sub, BLOCK=sblock, GB=SCATTER_PART_GB,
             PLAN=False, SP=SCATTER_PART_SBASE, VEC=svec, SUB=scatter_sub > 1,
             num_warps=swarps, **extra, **slaunch)
-        return scatter_kernel, finish
-    return scatter_kernel, False
+    return scatter_kernel
 
 
 # The split pass B's kernels (launch_topk(scatter_form=...)): "triton", _topk_scatter_kernel;

@@ -13,7 +13,6 @@ def aot_specs(smem_class: str) -> list:
     tile ``scatter_plan_blocks``)."""
     from kernels._triton_aot import LaunchSpec
     from kernels.topk.triton import (PLAN_MIN, PLAN_SPLITS, SCATTER_PART_GB, SCATTER_PART_SBASE,
-                                     SCATTER_FINISH_LAUNCHES, SCATTER_FINISH_WARPS,
                                      SCATTER_PLAN_SPLITS, SCATTER_SMEM_SPACE, SCATTER_SPACE,
                                      SPLIT_HIST_SPACE, TopkConfig, plan_blocks,
                                      scatter_plan_blocks)
@@ -43,7 +42,7 @@ def aot_specs(smem_class: str) -> list:
         specs.append(LaunchSpec(f"topk plan part SBASE{sbase}", "kernels.topk.triton",
                                 "_topk_plan_part_kernel",
                                 {"hist_ptr": "*i32", "part_ptr": "*i32", "pre_ptr": "*i32",
-                                 "state_ptr": "*i32", **common},
+                                 **common},
                                 dict(SBASE=sbase), 4, 1))
     scatter_sig = {"x_ptr": "*fp32", "len_ptr": "*i32", "out_ptr": "*i32", "cand_ptr": "*i32",
                    "state_ptr": "*i32", "part_ptr": "*i32", "pre_ptr": "*i32", "hist_ptr": "*i32",
@@ -105,8 +104,6 @@ def aot_specs(smem_class: str) -> list:
         if sp.kernel == "_topk_scatter_kernel":
             sp.constexprs.setdefault("SUB", False)
             sp.constexprs.setdefault("PRE", False)
-            sp.constexprs.setdefault("FINISH", False)
-            sp.constexprs.setdefault("CBLOCK", 1024)
     for sp in list(specs):
         if sp.label in PDL_TWINS:
             specs.append(LaunchSpec(sp.label + " pdl", sp.module, sp.kernel, sp.signature,
@@ -118,17 +115,6 @@ def aot_specs(smem_class: str) -> list:
             specs.append(LaunchSpec(sp.label + " nopre", sp.module, sp.kernel, sp.signature,
                                     dict(sp.constexprs, PRE=False), sp.num_warps, sp.num_stages,
                                     divisible=sp.divisible))
-    # the parts launches that finish their rows (FINISH: the per-row kernel's work in the row's
-    # last program) at their candidate block (SCATTER_FINISH_LAUNCHES: the B 1 launches)
-    for sp in list(specs):
-        for (blk, nw, vec), cblk in SCATTER_FINISH_LAUNCHES:
-            if sp.label == f"topk scatter block{blk} w{nw}{' vec' if vec else ''} parts":
-                label = sp.label.replace(f" w{nw}", f" w{SCATTER_FINISH_WARPS}")
-                specs.append(LaunchSpec(f"{label} finish{cblk}", sp.module, sp.kernel,
-                                        sp.signature, dict(sp.constexprs, FINISH=True,
-                                                           CBLOCK=cblk),
-                                        SCATTER_FINISH_WARPS, sp.num_stages,
-                                        divisible=sp.divisible))
     # the split pass B's sub-splits (DSA_TOPK_SCATTER_SUB > 1: SUB=True), at the B 64 launches
     # (the one the shape picks, planning itself and after the plan kernels)
     for sp in list(specs):
