@@ -193,9 +193,17 @@ class TorchBackend(Backend):
 
 # Decode-layer phases from the profiler's GPU time (torch on CUDA), by the op that launched each
 # kernel: the two DSA custom ops (every kernel inside them, sorts included), and the GEMM ops.
-LAYER_PHASE_OPS = {"indexer": ("dsa::indexer_topk",), "sparse_mla": ("dsa::sparse_mla_decode",),
+# V4's ``dsa::indexer_topk_window`` also launches the window kernel, which is glue: its GPU time
+# (by kernel name, :data:`LAYER_PHASE_GLUE_KERNELS`) is taken off the indexer phase. (The
+# indexer's own profiler ranges cannot carry the phase: Triton's launches are not attributed to
+# ``record_function`` ranges, measured on an H100 on 2026-12-07, indexer phase 0.0 us that way.)
+LAYER_PHASE_OPS = {"indexer": ("dsa::indexer_topk", "dsa::indexer_topk_window"),
+                   "sparse_mla": ("dsa::sparse_mla_decode",),
                    "projections": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
                                    "dsa::linear")}
+# Glue kernels a phase op launches, by op: their time is the glue's (the step launches them only
+# inside that op: V4's window, written into the tail of the index list).
+LAYER_PHASE_GLUE_KERNELS = {"dsa::indexer_topk_window": ("indexer", ("_window_split_kernel",))}
 
 
 def _device_us(e) -> float:
@@ -213,7 +221,6 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
     memcpy record per call; the twelve kernels of most GPU time per call by name, phases' and
     glue's alike: where the glue is, since a kernel is not linked to its op here)."""
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     for c in calls:
@@ -224,11 +231,22 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
             for c in calls:
                 c()
         torch.cuda.synchronize()
+    return layer_phase_totals(prof.events(), reps * len(calls))
+
+
+def layer_phase_totals(events, n: int) -> dict:
+    """:func:`torch_layer_phases`' sums over profiler ``events`` (``prof.events()``: objects with
+    ``name``, ``device_type``, ``cpu_parent`` and the profiler's time fields), per call of ``n``:
+    a phase op's GPU time where no phase op encloses it, less the glue kernels it launched
+    (:data:`LAYER_PHASE_GLUE_KERNELS`); ``other_kernels`` every other kernel's."""
+    from torch.autograd import DeviceType
+
     phase_of = {name: ph for ph, names in LAYER_PHASE_OPS.items() for name in names}
     tot = {"projections": 0.0, "indexer": 0.0, "sparse_mla": 0.0}
     all_us, all_n = 0.0, 0
     by_name: dict[str, float] = {}
-    for e in prof.events():
+    seen: set[str] = set()
+    for e in events:
         if getattr(e, "device_type", None) == DeviceType.CUDA:      # a kernel / memcpy record
             if getattr(e, "is_user_annotation", False):   # a range's GPU-timeline span, not a kernel
                 continue
@@ -246,7 +264,10 @@ def torch_layer_phases(calls, reps: int = 5) -> dict:
             parent = parent.cpu_parent
         if not nested:
             tot[ph] += _device_us(e)
-    n = reps * len(calls)
+            seen.add(e.name)
+    for op, (ph, kernels) in LAYER_PHASE_GLUE_KERNELS.items():
+        if op in seen:
+            tot[ph] = max(0.0, tot[ph] - sum(by_name.get(k, 0.0) for k in kernels))
     main = sum(tot.values())
     top = sorted(by_name.items(), key=lambda kv: -kv[1])[:12]
     return {**{k: v / n for k, v in tot.items()}, "other_kernels": max(0.0, all_us - main) / n,

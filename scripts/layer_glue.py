@@ -3,8 +3,8 @@
 step dispatches at the real preset dimensions, run on the meta device (shapes and dtypes only:
 no weights are allocated, no GPU is needed), with its output, the bytes its tensors hold
 (inputs read, outputs written) and its class: ``gemm`` (mm / bmm / addmm: cuBLAS, plus a split-K
-reduce where cuBLAS picks one), ``dsa`` (the custom ops: cache writes, ``indexer_topk``,
-``sparse_mla_decode``, whose own small launches are not seen from here), ``fused`` (the fused
+reduce where cuBLAS picks one), ``dsa`` (the custom ops: cache writes, ``indexer_topk`` (V4: ``indexer_topk_window``,
+whose window kernel is one more launch), ``sparse_mla_decode``, whose own small launches are not seen from here), ``fused`` (the fused
 glue ops of ``DSA_LAYER_FUSED_PREP=1``, ``dsa::prep_x`` / ``dsa::prep_q`` and V4's
 ``dsa::rope_out``: one Triton launch each; bytes = the activations and weights the kernel reads
 and what it writes, the new tokens' cache rows included) or ``glue`` (everything else: one CUDA
@@ -34,7 +34,7 @@ _NO_LAUNCH = {"view", "_unsafe_view", "slice", "select", "transpose", "t", "perm
               "unsqueeze", "squeeze", "alias", "as_strided", "detach", "unbind", "split", "split_with_sizes",
               "_reshape_alias", "lift_fresh", "empty", "empty_strided", "scalar_tensor"}
 _GEMM = {"mm", "bmm", "addmm", "baddbmm", "addmm_"}
-_DSA = {"cache_write", "indexer_topk", "sparse_mla_decode"}
+_DSA = {"cache_write", "indexer_topk", "indexer_topk_window", "sparse_mla_decode"}
 _FUSED = {"prep_x", "prep_q", "rope_out", "window_split"}
 
 

@@ -131,6 +131,36 @@ def test_paths_agree_bitwise_on_indices_and_repeatable(path):
     compare.assert_pass(compare.check_topk(i1, case.reference_logits(), 64))
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("N,cl2d,window", [(1, False, 128), (2, True, 5), (3, False, 0)])
+def test_topk_window_is_the_concatenation(path, N, cl2d, window):
+    """``indexer_topk_window`` (V4's index list: the top-k kernels write the head of the
+    ``[B, N, topk + window]`` tensor whose tail the window kernel writes, row stride
+    ``topk + window``) equals ``cat([indexer_topk(..., idx_lens), window])`` of the two separate
+    ops bit for bit, with ``(idx_lens, window) = window_split(...)``: the same set in the same
+    order, the -1 padding (a request shorter than the window selects nothing), the positions;
+    and the top-k head is the exact set of the reference over the shortened lengths."""
+    from torch_impl.step import indexer_topk_window, window_split
+    case = cases.make_indexer_case(720 + N, B=2, N=N, H_I=16, D_I=128, P=64,
+                                   lens=[300 + N, 130], topk=64, context_lens_2d=cl2d, ties=True)
+    q, w, kc, bt, cl = _args(case)
+    got, lens = indexer_topk_window(q, w, kc, bt, cl, 64, window, path=path)
+    want_lens, win = window_split(cl, N, window, path=path)
+    top = indexer_topk(q, w, kc, bt, want_lens, 64, path=path)
+    assert got.dtype == lens.dtype == torch.int32 and tuple(got.shape) == (2, N, 64 + window)
+    assert torch.equal(lens, want_lens)
+    assert torch.equal(got, torch.cat([top, win], dim=-1))
+    ref = case.reference_logits()                    # [B, N, W]; shorten to the indexer lengths
+    pos = np.arange(ref.shape[-1])
+    ref = np.where(pos[None, None, :] < want_lens.cpu().numpy()[..., None], ref, -np.inf)
+    compare.assert_pass(compare.check_topk(got[..., :64], ref, 64))
+    if window == 128:                                # request 1: 130 - 128 = 2 positions
+        assert torch.equal(got[1, 0, 2:64], torch.full((62,), -1, dtype=torch.int32, device=DEVICE))
+    utils = ("test_faketensor",)                     # fp8 inputs: see test_custom_op_registration
+    torch.library.opcheck(torch.ops.dsa.indexer_topk_window.default,
+                          (q, w, kc, bt, cl, 64, window, "fp8_indexer", path), test_utils=utils)
+
+
 def test_auto_matches_named_path():
     """``path="auto"`` runs (triton here, or torch if triton cannot) and gives the exact set."""
     case = cases.make_indexer_case(500, B=2, N=1, H_I=16, P=16, lens=[90, 33], topk=16)

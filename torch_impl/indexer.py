@@ -244,13 +244,16 @@ def _sort_selected(idx, logits):
     return torch.where(comp >= 0, low - (comp & low), torch.full_like(comp, -1)).to(torch.int32)
 
 
-def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format, cfg=None):
+def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format, cfg=None,
+                  out=None):
     """Fused logits + top-k on already-validated tensors: ``(logits, idx)`` with ``logits``
     float32 ``[B, N, W]`` (written at positions ``j < ceil(max_i len[b, i] / P) * P`` of each
     request, every selected position among them; the rest is uninitialised) and ``idx``
     int32 ``[B * N, topk]`` (order unspecified, -1 padded). Shared by ``indexer_topk`` and the
     sequence-sharded TP indexer (which gathers the scores of the selection). ``cfg``: the
-    registry plan's triton config (None: plan it here)."""
+    registry plan's triton config (None: plan it here). ``out``: None, or the int32
+    ``[B * N, topk]`` tensor (last dim contiguous, any row stride) to select into, returned as
+    ``idx`` (``torch_impl.step.indexer_topk_window`` passes the head of its index list)."""
     from kernels.topk.triton import launch_topk
     B, N, H, D = q.shape
     P = _page_size(q, k_cache, k_format)
@@ -276,7 +279,8 @@ def triton_select(q, weights, k_cache, block_table, context_lens, topk, k_format
     # The top-k kernels compute each row's length from context_lens themselves ([B, N]: per
     # row; [B]: the MTP rule), clamped to [0, W]: no torch op in front of their launches.
     lens = context_lens.contiguous()
-    out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
+    if out is None:
+        out = torch.empty((B * N, topk), dtype=torch.int32, device=q.device)
     scratch = torch.empty((B * N, W), dtype=torch.int32, device=q.device)
     with _phase(PHASE_TOPK):
         if not fused:                    # the blocks from the logits (the same set selected)

@@ -39,7 +39,7 @@ from torch_impl._common import TORCH_PATHS
 from torch_impl.indexer import indexer_topk
 from torch_impl import linear as tlinear
 from torch_impl.sparse_mla import sparse_mla_decode
-from torch_impl.step import window_split
+from torch_impl.step import indexer_topk_window, window_split
 
 # prepare_x / prepare_q / rope_out are the layer's own fused steps (dsa::prep_x / prep_q /
 # rope_out): their inputs are the layer's intermediates, validated by DSADecodeLayer, so they are
@@ -801,11 +801,21 @@ def _sm_carveout(sms: int):
         torch.backends.cuda.preferred_blas_library(prev_lib)
 
 
+TOPK_WINDOW_ENV = "DSA_LAYER_TOPK_WINDOW"
+TOPK_WINDOW_OP = os.environ.get(TOPK_WINDOW_ENV, "1") != "0"
+"""V4's index list from ``dsa::indexer_topk_window`` (the window kernel and the top-k write one
+``[B, N, topk + window]`` tensor; default), or, with ``DSA_LAYER_TOPK_WINDOW=0`` (read at import,
+for the bench's A/B), ``window_split``, ``indexer_topk`` and a ``torch.cat``: the same bits."""
+
+
 def _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N: int, topk: int,
                     window: int, path: str, *, report_lens: bool):
     """The step's positions ``[B, N, topk + window]`` (V4: the indexer's top-k over the positions
     before each draft's window, then the window; V3.2, ``window`` 0: the top-k) and the drafts'
     indexer lengths ``[B, N]`` (V3.2: only reported, computed when ``report_lens``, else None)."""
+    if window and TOPK_WINDOW_OP:        # one [B, N, topk + window] tensor, no concatenation
+        return indexer_topk_window(idx_q, idx_w, k_cache, block_table, context_lens, topk,
+                                   window, path=path)
     if window:
         idx_lens, win = window_split(context_lens, N, window, path=path)
         top = indexer_topk(idx_q, idx_w, k_cache, block_table, idx_lens, topk, path=path)

@@ -25,6 +25,7 @@ from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
 from kernels.scalars import check_int, check_real
 from torch_impl import _common
+from torch_impl import indexer as _idx
 from torch_impl.indexer import _validate as _idx_validate, indexer_topk
 from torch_impl.sparse_mla import _validate as _mla_validate, sparse_mla_decode
 
@@ -95,19 +96,21 @@ def _torch_window_split(context_lens: torch.Tensor, N: int, window: int):
     return lens, j.to(torch.int32)
 
 
-def _triton_window_split(context_lens: torch.Tensor, N: int, window: int):
-    """One launch of ``_window_split_kernel`` (grid ``(B * N,)``, one warp a program)."""
+def _triton_window_split(context_lens: torch.Tensor, N: int, window: int, head: int = 0):
+    """One launch of ``_window_split_kernel`` (grid ``(B * N,)``, one warp a program). With
+    ``head`` > 0 the second tensor is ``[B, N, head + window]``: the window positions in its last
+    ``window`` columns, the first ``head`` left uninitialised for the caller (the top-k's)."""
     from kernels.layer_prep import triton as tlp
     _common.device_info(context_lens.device)        # NotImplementedError where Triton cannot run
     B = context_lens.shape[0]
     lens = torch.empty((B, N), dtype=torch.int32, device=context_lens.device)
-    win = torch.empty((B, N, window), dtype=torch.int32, device=context_lens.device)
+    win = torch.empty((B, N, head + window), dtype=torch.int32, device=context_lens.device)
     if B * N == 0:
         return lens, win
     two_d = context_lens.dim() == 2
     tlp._window_split_kernel[(B * N,)](
-        context_lens, lens, win, N, window, context_lens.stride(0),
-        context_lens.stride(1) if two_d else 0, CL_2D=two_d,
+        context_lens, lens, win[..., head:], N, window, context_lens.stride(0),
+        context_lens.stride(1) if two_d else 0, head + window, CL_2D=two_d,
         BLOCK_W=tlp.window_block(window), num_warps=1)
     return lens, win
 
@@ -126,6 +129,69 @@ def _(context_lens, N, window, path):
     B = context_lens.shape[0]
     return (context_lens.new_empty((B, N), dtype=torch.int32),
             context_lens.new_empty((B, N, window), dtype=torch.int32))
+
+
+def _triton_topk_window(q, weights, k_cache, block_table, context_lens, topk, window, k_format,
+                        cfg):
+    """Two kernels' worth of launches into one ``[B, N, topk + window]`` tensor: the window
+    kernel writes the lengths and the last ``window`` columns, the indexer's logits + top-k
+    (``torch_impl.indexer.triton_select``, ``out=`` the first ``topk`` columns, row stride
+    ``topk + window``) the rest."""
+    B, N = q.shape[:2]
+    lens, sel = _triton_window_split(context_lens, N, window, head=topk)
+    _idx.triton_select(q, weights, k_cache, block_table, lens, topk, k_format, cfg,
+                       out=sel.view(B * N, topk + window)[:, :topk])
+    return sel, lens
+
+
+def _torch_topk_window(q, weights, k_cache, block_table, context_lens, topk, window, k_format):
+    N = q.shape[1]
+    lens, win = _torch_window_split(context_lens, N, window)
+    top = _idx._torch_topk(q, weights, k_cache, block_table, lens, topk, k_format, False)
+    return torch.cat([top, win], dim=-1), lens
+
+
+@torch.library.custom_op("dsa::indexer_topk_window", mutates_args=())
+def _indexer_topk_window_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                            block_table: torch.Tensor, context_lens: torch.Tensor, topk: int,
+                            window: int, k_format: str,
+                            path: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`indexer_topk_window`: the V4 step's index list and indexer lengths in one op."""
+    _idx._check_byte_offset(k_cache, k_format)
+    pl = _idx._plan(q, block_table, k_cache, k_format, "indexer_topk", path, topk)
+    args = (q, weights, k_cache, block_table, context_lens, topk, window, k_format)
+    impls = {"triton": lambda: _triton_topk_window(*args, pl.configs.get("triton")),
+             "torch": lambda: _torch_topk_window(*args)}
+    return _common.run_path("indexer_topk", path, impls, pl.order)
+
+
+@_indexer_topk_window_op.register_fake
+def _(q, weights, k_cache, block_table, context_lens, topk, window, k_format, path):
+    B, N = q.shape[:2]
+    return (q.new_empty((B, N, topk + window), dtype=torch.int32),
+            q.new_empty((B, N), dtype=torch.int32))
+
+
+def indexer_topk_window(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
+                        block_table: torch.Tensor, context_lens: torch.Tensor, topk: int,
+                        window: int, *, k_format: str = "fp8_indexer", path: str = "auto"):
+    """A V4 step's attended positions: ``(indices, idx_lens)``, where ``indices`` int32
+    ``[B, N, topk + window]`` is ``torch.cat([indexer_topk(..., idx_lens, topk), win], -1)``
+    and ``(idx_lens, win) = window_split(context_lens, N, window)``, bit for bit (the same
+    selected set in the same order, -1 padded, then the window's positions), without the
+    concatenation: on the Triton path the window kernel writes the tail and the top-k kernels
+    the head of one tensor (``out=`` with row stride ``topk + window``). ``idx_lens`` int32
+    ``[B, N]``. Arguments as :func:`torch_impl.indexer.indexer_topk` (unsorted) and
+    :func:`window_split`; ``window >= 0``. Device ops only (graph capturable, no host sync).
+
+    Raises:
+      TypeError / ValueError / NotImplementedError: as ``indexer_topk`` (its argument checks
+        run with ``context_lens``), and ValueError for a ``window`` that is not an int >= 0.
+    """
+    window = check_int("window", window, minimum=0)
+    _idx_validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, False)
+    return torch.ops.dsa.indexer_topk_window(q, weights, k_cache, block_table, context_lens,
+                                             int(topk), window, k_format, path)
 
 
 def window_split(context_lens: torch.Tensor, N: int, window: int, *, path: str = "auto"):

@@ -550,13 +550,16 @@ def supported(*, index_head_dim: int, rope: int, latent_nope: int | None = None,
 @triton.jit
 def _window_split_kernel(cl_ptr,     # int32 [B] (L_b, the MTP rule) or [B, N] (per-draft lengths)
                          lens_ptr,   # int32 [B * N] out: max(len_i - W, 0), the indexer's lengths
-                         win_ptr,    # int32 [B * N, W] out: len_i - W + w, -1 where negative
-                         N, W, cl_sb, cl_sn,
+                         win_ptr,    # int32 [B * N, W] out (row stride stride_w): len_i - W + w,
+                                     # -1 where negative
+                         N, W, cl_sb, cl_sn, stride_w,
                          CL_2D: tl.constexpr, BLOCK_W: tl.constexpr):
     """The V4 sliding window of one step in one launch (``torch_impl.step.window_split``), one
     program per (request, draft) row ``t = b * N + i``: the draft's valid length ``len_i``
     (``L_b - (N - 1 - i)``, or ``cl[b, i]``) in int64, then its indexer length and its window
-    positions. Replaces nine small torch launches (arange, add, sub, clamp, casts)."""
+    positions. Replaces nine small torch launches (arange, add, sub, clamp, casts). With
+    ``stride_w`` > W the rows are the tail of the step's ``[top-k, window]`` index list
+    (``dsa::indexer_topk_window``: the top-k kernels write the head; no concatenation)."""
     t = tl.program_id(0)
     b = t // N
     i = t - b * N
@@ -567,7 +570,7 @@ def _window_split_kernel(cl_ptr,     # int32 [B] (L_b, the MTP rule) or [B, N] (
     tl.store(lens_ptr + t, tl.maximum(ln - W, 0).to(tl.int32))
     for w0 in range(0, W, BLOCK_W):
         w = w0 + tl.arange(0, BLOCK_W)
-        tl.store(win_ptr + t.to(tl.int64) * W + w, tl.maximum(ln - W + w, -1).to(tl.int32),
+        tl.store(win_ptr + t.to(tl.int64) * stride_w + w, tl.maximum(ln - W + w, -1).to(tl.int32),
                  mask=w < W)
 
 
@@ -661,7 +664,8 @@ def aot_specs(smem_class: str) -> list:
                             label=f"window_split {cfg.name} cl_2d={cl_2d}",
                             module="kernels.layer_prep.triton", kernel="_window_split_kernel",
                             signature={"cl_ptr": "*i32", "lens_ptr": "*i32", "win_ptr": "*i32",
-                                       "N": "i32", "W": "i32", "cl_sb": "i32", "cl_sn": "i32"},
+                                       "N": "i32", "W": "i32", "cl_sb": "i32", "cl_sn": "i32",
+                                       "stride_w": "i32"},
                             constexprs=dict(CL_2D=cl_2d, BLOCK_W=window_block(cfg.window)),
                             num_warps=1, num_stages=1))
                 if ue8m0 and cfg.inverse_rope_out:
