@@ -152,7 +152,8 @@ def test_linear_triton_matches_reference_and_torch_gemms(name, gemv, monkeypatch
         got[lin] = _run(layer, case)
     from torch_impl.layer import LAYER_GEMMS
     n_major = 1 if case.cfg.absorbed else 0                         # wkv_b_q (w^T): not the GEMV
-    assert len(launches) == (len(LAYER_GEMMS[case.cfg.absorbed]) - n_major if gemv else 0)
+    # wq_b and indexer.wq_b as one GEMV over qr_proj (test_qr_projections_as_one_gemv)
+    assert len(launches) == (len(LAYER_GEMMS[case.cfg.absorbed]) - n_major - 1 if gemv else 0)
     out, kv, kc, inter = got["triton"]
     checks.check_step(case, case.reference(), out, kv, kc, inter)
     t_out, _, _, t_inter = got["torch"]
@@ -160,6 +161,58 @@ def test_linear_triton_matches_reference_and_torch_gemms(name, gemv, monkeypatch
         scale = float(np.abs(b).max())
         compare.assert_pass(compare.check_close(f"{key} (linear=triton vs torch)", a, b,
                                                 abs_tol=1e-5 * scale, rel_tol=0.0))
+
+
+@pytest.mark.parametrize("cfg", [V32, V4], ids=["dsv32", "dsv4"])
+def test_qr_projections_as_one_gemv(cfg, monkeypatch):
+    """A one-token step's ``wq_b`` and ``indexer.wq_b`` (both read qr) run as one GEMV over the
+    layer's ``qr_proj`` (their rows, stacked; ``w(name)`` the row slices): one launch, its two
+    column slices the two projections. Against the two projections run apart on the same
+    kernel: bit for bit wherever the kernel's config (by N and K) is the same for the joint N as
+    for each alone, within the GEMV's own float32 rounding otherwise; and at both presets' real
+    dimensions (tp 1 and 8; 132, 170 and 188 SMs) the configs are the same, so the bits are.
+    A two-token step runs two projections."""
+    from kernels.linear import configs as lcfg, triton as ktriton
+    from torch_impl import _common, linear as tlinear
+    for real in (lref.DSV32_LAYER, lref.DSV4_FLASH_LAYER):
+        for tp in (1, 8):
+            s = {p.name: p for p in lref.projection_shapes(real, tp)}
+            nq, ni, k = s["wq_b"].n, s["indexer.wq_b"].n, s["wq_b"].k
+            assert s["indexer.wq_b"].k == k
+            for sms in (132, 170, 188):
+                picks = {lcfg.gemv_heuristic(n, k, 1, False, sms) for n in (nq, ni, nq + ni)}
+                assert len(picks) == 1, (real.name, tp, sms, picks)
+    monkeypatch.setenv(GEMV_ENV, "1")
+    layer = DSADecodeLayer(cfg, None, device=DEVICE, dtype=torch.float32, path="triton",
+                           linear="triton")
+    wq, wi = layer.w("wq_b"), layer.w("indexer.wq_b")
+    assert wq.data_ptr() == layer.qr_proj.data_ptr() and wi.shape[1] == wq.shape[1]
+    assert torch.equal(layer.qr_proj, torch.cat([wq, wi]))
+    launches = []
+    real_launch = ktriton.launch_gemv
+    monkeypatch.setattr(ktriton, "launch_gemv", lambda *a, **k: launches.append(1) or real_launch(*a, **k))
+    qr = torch.randn(1, wq.shape[1], generator=torch.Generator().manual_seed(3)).to(DEVICE)
+    q, iq = layer._project_qr(qr)
+    assert len(launches) == 1 and q.shape == (1, wq.shape[0]) and iq.shape == (1, wi.shape[0])
+    apart = [tlinear.linear(qr, w, path="triton") for w in (wq, wi)]
+    assert len(launches) == 3
+    sms = _common.device_info(qr.device).num_sms
+    same = len({lcfg.gemv_heuristic(n, wq.shape[1], 1, False, sms)
+                for n in (wq.shape[0], wi.shape[0], wq.shape[0] + wi.shape[0])}) == 1
+    for got, want in ((q, apart[0]), (iq, apart[1])):
+        if same:
+            assert torch.equal(got, want)
+        else:           # another BLOCK_K: the same float32 products summed in another order
+            bound = 2 * wq.shape[1] * 2.0 ** -24 * float((qr.abs() @ torch.cat([wq, wi]).abs().T).max())
+            assert float((got - want).abs().max()) <= bound
+    q2, iq2 = layer._project_qr(qr.expand(2, -1).contiguous())
+    assert len(launches) == 3                    # two tokens: not the GEMV (the few-token GEMM)
+    monkeypatch.setenv("DSA_LAYER_QR_ONE_GEMV", "0")                 # the A/B switch: two GEMVs
+    apart_layer = DSADecodeLayer(cfg, None, device=DEVICE, dtype=torch.float32, path="triton",
+                                 linear="triton")
+    q0, iq0 = apart_layer._project_qr(qr)
+    assert len(launches) == 5 and torch.equal(q0, apart[0]) and torch.equal(iq0, apart[1])
+    assert torch.allclose(q2[1], q[0], rtol=1e-5, atol=1e-5) and torch.allclose(iq2[0], iq[0], rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -696,7 +749,7 @@ def test_bf16_layer_at_real_dimensions_on_gpu(name, linear):
 def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
     """The default ``linear="gemv"`` at B 1 (one token) and the real dimensions, bf16, Triton
     path: every K-major projection on the one-token kernel (launches counted: all GEMMs but
-    V3.2's N-major ``wkv_b_q``), no overlap, the float64 reference's bf16 checks, the output
+    V3.2's N-major ``wkv_b_q``, ``wq_b`` and ``indexer.wq_b`` in one), no overlap, the float64 reference's bf16 checks, the output
     within the bf16 bound of the cuBLAS layer's (``linear="torch"``) where both selected the
     same rows (``layer_compare.check_between_paths``), and a CUDA-graph replay of the step
     bitwise the eager step."""
@@ -720,7 +773,7 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
             assert not layer._overlaps(1, torch.device(DEVICE))
         runs[linear] = _run(layer, case)
     gemms = [n for n in LAYER_GEMMS[cfg.absorbed] if n not in GEMV_N_MAJOR]
-    assert len(launches) == len(gemms)
+    assert len(launches) == len(gemms) - 1        # wq_b and indexer.wq_b: one GEMV over qr_proj
     for linear in ("gemv", "torch"):
         out, _, kc, inter = runs[linear]
         checks.check_bf16_step(case, out, kc, inter)

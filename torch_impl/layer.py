@@ -87,6 +87,16 @@ def gemv_on() -> bool:
     return env_switch(tlinear.GEMV_ENV) is not False
 
 
+QR_ONE_GEMV_ENV = "DSA_LAYER_QR_ONE_GEMV"
+
+
+def qr_one_gemv_on() -> bool:
+    """``DSA_LAYER_QR_ONE_GEMV`` read once (at construction): a one-token step's ``wq_b`` and
+    ``indexer.wq_b`` as one GEMV over ``qr_proj`` (``DSADecodeLayer._project_qr``) unless ``0``
+    (the bench's A/B: two GEMVs, the launches as before)."""
+    return env_switch(QR_ONE_GEMV_ENV) is not False
+
+
 def gemv_applies(T: int, w: torch.Tensor, device_type: str, path: str,
                  enabled: bool | None = None) -> bool:
     """Whether a projection whose switch says ``"gemv"`` runs the one-token kernel: a step of one
@@ -1149,6 +1159,7 @@ class DSADecodeLayer(nn.Module):
         self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
         self.gemv = gemv_on()                  # DSA_LINEAR_GEMV, read now (not inside a step)
+        self.qr_one_gemv = qr_one_gemv_on()    # DSA_LAYER_QR_ONE_GEMV, likewise
         self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -1169,8 +1180,19 @@ class DSADecodeLayer(nn.Module):
             start += shard[name].shape[0]
         self.register_buffer("x_proj", torch.cat([torch.as_tensor(shard[n], dtype=dtype, device=device)
                                                   for n in x_names]))
+        # the two projections of qr, [wq_b; indexer.wq_b] (the same K, q_lora), as one weight too:
+        # a one-token step runs one GEMV over both (one launch, not two: _project_qr); other
+        # steps run them apart on the row slices w("wq_b") / w("indexer.wq_b")
+        qr_names = ("wq_b", "indexer.wq_b")
+        self._qr_rows: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name in qr_names:
+            self._qr_rows[name] = (start, start + shard[name].shape[0])
+            start += shard[name].shape[0]
+        self.register_buffer("qr_proj", torch.cat([torch.as_tensor(shard[n], dtype=dtype, device=device)
+                                                   for n in qr_names]))
         for name, arr in shard.items():
-            if name in self._x_rows:
+            if name in self._x_rows or name in self._qr_rows:
                 continue
             keep_f32 = "norm" in name or name in ("attn_sink", "indexer.weights_proj")
             t = torch.as_tensor(arr, dtype=torch.float32 if keep_f32 else dtype, device=device)
@@ -1199,13 +1221,7 @@ class DSADecodeLayer(nn.Module):
         (``"gemv"``: where :func:`gemv_applies`, the one-token kernel), else torch's GEMM as the layer always ran it (``mm`` / ``bmm``; ``addmm`` with
         ``beta=0`` for a scaled product, the scale in the GEMM's epilogue; a float32 product of
         16-bit x widens x first)."""
-        choice, lin_path = self.linear[name], None
-        if choice == "gemv" and gemv_applies(x.shape[-2], w, x.device.type, self.path, self.gemv):
-            # the layer's path: "auto" falls back to torch's GEMM where the kernel cannot run
-            # (a GPU outside kernels.hardware.SUPPORTED_CC), "triton" raises there
-            lin_path = self.path
-        elif choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
-            lin_path = "triton"
+        lin_path = self._lin_path(name, x, w)
         if lin_path is not None:
             return tlinear.linear(x if x.stride(-1) == 1 else x.contiguous(), w, out=out,
                                   alpha=alpha, out_dtype=out_dtype, path=lin_path)
@@ -1226,11 +1242,46 @@ class DSADecodeLayer(nn.Module):
 
     def w(self, name: str) -> torch.Tensor:
         """This rank's weight ``name`` (DeepSeek naming, e.g. ``"wkv_b"``, ``"indexer.wk"``): a
-        row slice of the fused ``x_proj`` for ``wq_a``, ``wkv_a`` / ``wkv`` and ``indexer.wk``."""
+        row slice of the fused ``x_proj`` for ``wq_a``, ``wkv_a`` / ``wkv`` and ``indexer.wk``, of
+        the fused ``qr_proj`` for ``wq_b`` and ``indexer.wq_b``."""
         if name in self._x_rows:
             a, b = self._x_rows[name]
             return self.x_proj[a:b]
+        if name in self._qr_rows:
+            a, b = self._qr_rows[name]
+            return self.qr_proj[a:b]
         return getattr(self, self._buf(name))
+
+    def _lin_path(self, name: str, x: torch.Tensor, w: torch.Tensor) -> str | None:
+        """The ``dsa::linear`` path projection ``name`` runs on for ``x`` (:meth:`_gemm`'s
+        choice), or None for torch's GEMM."""
+        choice = self.linear[name]
+        if choice == "gemv" and gemv_applies(x.shape[-2], w, x.device.type, self.path, self.gemv):
+            # the layer's path: "auto" falls back to torch's GEMM where the kernel cannot run
+            # (a GPU outside kernels.hardware.SUPPORTED_CC), "triton" raises there
+            return self.path
+        if choice == "triton" and x.shape[-2] <= tlinear.MAX_M:
+            return "triton"
+        return None
+
+    def _project_qr(self, qr: torch.Tensor):
+        """``(q, iq)``: ``qr @ wq_b^T`` ``[T, H * (nope + r) | D_qk]`` and ``qr @ indexer.wq_b^T``
+        ``[T, H_I * D_I]``. A one-token step whose two projections both run the one-token GEMV on
+        the same path runs one GEMV over ``qr_proj`` (both weights' rows) and returns its two
+        column slices (contiguous: one row): one launch instead of two, and every output element
+        the same dot product in the same order whenever the kernel's config
+        (``kernels.linear.configs.gemv_heuristic``, by N and K) is the same for the joint N as for
+        each N alone, as at both presets' real dimensions (8 x 512 at V3.2's K 1,536, 2 x 1,024
+        at V4's K 1,024). Every other step, and with ``DSA_LAYER_QR_ONE_GEMV=0``: two
+        projections on the row slices."""
+        T = qr.shape[0]
+        wq, wi = self.w("wq_b"), self.w("indexer.wq_b")
+        pq, pi = self._lin_path("wq_b", qr, wq), self._lin_path("indexer.wq_b", qr, wi)
+        if T == 1 and pq is not None and pq == pi and self.gemv and self.qr_one_gemv:
+            both = tlinear.linear(qr if qr.stride(-1) == 1 else qr.contiguous(), self.qr_proj,
+                                  path=pq)
+            return both[:, :wq.shape[0]], both[:, wq.shape[0]:]
+        return self._gemm("wq_b", qr, wq), self._gemm("indexer.wq_b", qr, wi)
 
     @classmethod
     def from_checkpoint(cls, checkpoint_path, layer_idx: int, cfg: lref.LayerConfig, **kwargs) -> "DSADecodeLayer":
@@ -1436,14 +1487,13 @@ class DSADecodeLayer(nn.Module):
                 window=cfg.window, path=self.path, carveout=self.overlap_carveout)
             return (q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I),
                     (indices, idx_lens))
-        q = self._gemm("wq_b", qr, self.w("wq_b"))                              # [T, H * (nope + r) | D_qk]
+        q, iq = self._project_qr(qr)                   # [T, H * (nope + r) | D_qk], [T, H_I * D_I]
         q_lat = None
         if cfg.absorbed:
             wkv_b = self.w("wkv_b").view(H, nope + cfg.v_head_dim, cfg.kv_lora_rank)
             # q_nope through wkv_b's key half, per head [T, nope] @ [nope, C]: [H, T, C]
             q_lat = self._gemm("wkv_b_q", q.view(T, H, -1)[..., :nope].transpose(0, 1),
                                wkv_b[:, :nope].transpose(1, 2))
-        iq = self._gemm("indexer.wq_b", qr, self.w("indexer.wq_b"))             # [T, H_I * D_I]
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha, the q scale is multiplied in prep_q
         w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
