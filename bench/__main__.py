@@ -173,7 +173,7 @@ def _bad_environment() -> str | None:
                                          scatter_part_pre, scatter_subsplits,
                                          unfused_topk_splits)
         from torch_impl.linear import GEMV_ENV
-        checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default, tl.qr_one_gemv_on,
+        checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default, tl.joint_gemv_on,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,

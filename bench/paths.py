@@ -200,7 +200,7 @@ class TorchBackend(Backend):
 LAYER_PHASE_OPS = {"indexer": ("dsa::indexer_topk", "dsa::indexer_topk_window"),
                    "sparse_mla": ("dsa::sparse_mla_decode",),
                    "projections": ("aten::mm", "aten::bmm", "aten::addmm", "aten::baddbmm",
-                                   "dsa::linear")}
+                                   "dsa::linear", "dsa::linear_pair")}
 # Glue kernels a phase op launches, by op: their time is the glue's (the step launches them only
 # inside that op: V4's window, written into the tail of the index list).
 LAYER_PHASE_GLUE_KERNELS = {"dsa::indexer_topk_window": ("indexer", ("_window_split_kernel",))}

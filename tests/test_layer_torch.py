@@ -207,12 +207,60 @@ def test_qr_projections_as_one_gemv(cfg, monkeypatch):
             assert float((got - want).abs().max()) <= bound
     q2, iq2 = layer._project_qr(qr.expand(2, -1).contiguous())
     assert len(launches) == 3                    # two tokens: not the GEMV (the few-token GEMM)
-    monkeypatch.setenv("DSA_LAYER_QR_ONE_GEMV", "0")                 # the A/B switch: two GEMVs
+    assert torch.allclose(q2[1], q[0], rtol=1e-5, atol=1e-5) and torch.allclose(iq2[0], iq[0], rtol=1e-5, atol=1e-5)
+    monkeypatch.setenv("DSA_LAYER_JOINT_GEMV", "0")                 # the A/B switch: two GEMVs
     apart_layer = DSADecodeLayer(cfg, None, device=DEVICE, dtype=torch.float32, path="triton",
                                  linear="triton")
     q0, iq0 = apart_layer._project_qr(qr)
     assert len(launches) == 5 and torch.equal(q0, apart[0]) and torch.equal(iq0, apart[1])
-    assert torch.allclose(q2[1], q[0], rtol=1e-5, atol=1e-5) and torch.allclose(iq2[0], iq[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cfg", [V32, V4], ids=["dsv32", "dsv4"])
+def test_x_proj_and_weights_proj_in_one_launch(cfg, monkeypatch):
+    """A one-token step of the fused preparation runs ``x_proj`` and the float32
+    ``weights_proj`` as one launch (``torch_impl.linear.linear_pair``) where both products'
+    one-token configs form a listed pair, which they do at both presets' real dimensions (tp 1
+    and 8; 132, 170 and 188 SMs): the same bits as the two GEMVs (``weights_proj`` on the
+    float32 copy of the token, as the preparation runs it), one launch of the pair kernel; with
+    ``DSA_LAYER_JOINT_GEMV=0`` or two tokens, two projections."""
+    from kernels.linear import configs as lcfg, triton as ktriton
+    from torch_impl import _common
+    for real in (lref.DSV32_LAYER, lref.DSV4_FLASH_LAYER):
+        for tp in (1, 8):
+            s = {p.name: p for p in lref.projection_shapes(real, tp)}
+            for sms in (132, 170, 188):
+                picks = tuple(lcfg.gemv_heuristic(s[n].n, s[n].k, 1, False, sms)
+                              for n in ("x_proj", "indexer.weights_proj"))
+                assert picks in lcfg.GEMV_PAIR_PICKS, (real.name, tp, sms, picks)
+    monkeypatch.setenv(GEMV_ENV, "1")
+    if not CUDA:        # 16 SMs: the small layer's pair is then a listed one (8 x 512, 1 x 2,048)
+        import dataclasses
+        from kernels import hardware
+        info = dataclasses.replace(hardware.CPU_INTERPRETER, num_sms=16)
+        monkeypatch.setattr(_common, "device_info", lambda device: info)
+    layer = DSADecodeLayer(cfg, None, device=DEVICE, dtype=torch.float32, path="triton",
+                           linear="triton", fused_prep=True)
+    pairs = []
+    real_pair = ktriton.launch_gemv_pair
+    monkeypatch.setattr(ktriton, "launch_gemv_pair", lambda *a: pairs.append(1) or real_pair(*a))
+    x = torch.randn(1, cfg.hidden, generator=torch.Generator().manual_seed(5)).to(DEVICE)
+    xp, w_raw = layer._project_x(x)
+    wp = layer.w("indexer.weights_proj")
+    sms = _common.device_info(x.device).num_sms
+    listed = tuple(lcfg.gemv_heuristic(w.shape[0], w.shape[1], 1, False, sms)
+                   for w in (layer.x_proj, wp)) in lcfg.GEMV_PAIR_PICKS
+    assert listed or CUDA
+    assert len(pairs) == int(listed) and w_raw is not None and w_raw.dtype == torch.float32
+    alpha = cfg.index_heads ** -0.5 * cfg.index_head_dim ** -0.5
+    assert torch.equal(xp, layer._gemm("x_proj", x, layer.x_proj))
+    assert torch.equal(w_raw, layer._gemm("indexer.weights_proj", x.float(), wp, alpha=alpha,
+                                          out_dtype=torch.float32))
+    assert layer._project_x(x.expand(2, -1).contiguous())[1] is None and len(pairs) == int(listed)
+    monkeypatch.setenv("DSA_LAYER_JOINT_GEMV", "0")
+    off = DSADecodeLayer(cfg, None, device=DEVICE, dtype=torch.float32, path="triton",
+                         linear="triton", fused_prep=True)
+    xp0, none = off._project_x(x)
+    assert none is None and torch.equal(xp0, xp) and len(pairs) == int(listed)
 
 
 @pytest.mark.parametrize("tp", [1, 2])
@@ -749,7 +797,8 @@ def test_bf16_layer_at_real_dimensions_on_gpu(name, linear):
 def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
     """The default ``linear="gemv"`` at B 1 (one token) and the real dimensions, bf16, Triton
     path: every K-major projection on the one-token kernel (launches counted: all GEMMs but
-    V3.2's N-major ``wkv_b_q``, ``wq_b`` and ``indexer.wq_b`` in one), no overlap, the float64 reference's bf16 checks, the output
+    V3.2's N-major ``wkv_b_q``, ``wq_b`` and ``indexer.wq_b`` in one, ``x_proj`` and
+    ``weights_proj`` in the pair kernel), no overlap, the float64 reference's bf16 checks, the output
     within the bf16 bound of the cuBLAS layer's (``linear="torch"``) where both selected the
     same rows (``layer_compare.check_between_paths``), and a CUDA-graph replay of the step
     bitwise the eager step."""
@@ -773,7 +822,9 @@ def test_one_token_layer_on_the_gemv_at_real_dimensions(name, monkeypatch):
             assert not layer._overlaps(1, torch.device(DEVICE))
         runs[linear] = _run(layer, case)
     gemms = [n for n in LAYER_GEMMS[cfg.absorbed] if n not in GEMV_N_MAJOR]
-    assert len(launches) == len(gemms) - 1        # wq_b and indexer.wq_b: one GEMV over qr_proj
+    # wq_b and indexer.wq_b: one GEMV over qr_proj; x_proj and weights_proj: one pair launch
+    # (launch_gemv_pair, not counted here; test_x_proj_and_weights_proj_in_one_launch)
+    assert len(launches) == len(gemms) - 3
     for linear in ("gemv", "torch"):
         out, _, kc, inter = runs[linear]
         checks.check_bf16_step(case, out, kc, inter)

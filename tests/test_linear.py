@@ -445,3 +445,53 @@ def test_sweep_dry_run(tmp_path):
             assert all(r["check"]["ok"] and r["median_us"] > 0 for r in rows), name
             assert any(r["heuristic"] for r in rows), name
         assert doc["summary"]["projections_phase"][f"{preset} M=3"]["gemms"] == len(names)
+
+
+def test_gemv_pair_is_the_two_gemvs_bitwise(monkeypatch):
+    """``linear_pair`` (the layer's one-token ``x_proj`` + ``weights_proj``): where both products'
+    one-token configs form a pair of ``GEMV_PAIR_PICKS`` (here 2 x 1,024 for max(40, 2 x SMs)
+    rows of K 2,048 and 1 x 2,048 for 4 fp32 rows) one launch of
+    ``_gemv_pair_kernel`` whose outputs are bitwise those of two ``linear`` calls (two
+    ``_gemv_kernel`` launches: the same row code and order) and within the reference's bound;
+    another pair of configs runs as two launches; the torch path within the bound; bad input
+    named."""
+    from kernels import hardware
+    from kernels.linear import triton as ktriton
+    monkeypatch.delenv(tlinear.GEMV_ENV, raising=False)
+    sms = (torch.cuda.get_device_properties(0).multi_processor_count if CUDA
+           else hardware.CPU_INTERPRETER.num_sms)
+    n1 = max(40, 2 * sms)                        # programs of two rows give every SM one
+    x, w1 = (t.to(DEVICE) for t in _operands(21, 0, 1, n1, 2048, torch.float16, torch.float16))
+    w2 = _operands(22, 0, 1, 4, 2048, torch.float16, torch.float32)[1].to(DEVICE)
+    picks = (lcfg.gemv_heuristic(n1, 2048, 1, False, sms), lcfg.gemv_heuristic(4, 2048, 1, False, sms))
+    assert picks in lcfg.GEMV_PAIR_PICKS
+    pairs, singles = [], []
+    real_pair, real_one = ktriton.launch_gemv_pair, ktriton.launch_gemv
+    monkeypatch.setattr(ktriton, "launch_gemv_pair", lambda *a: pairs.append(1) or real_pair(*a))
+    monkeypatch.setattr(ktriton, "launch_gemv", lambda *a: singles.append(1) or real_one(*a))
+    o1, o2 = tlinear.linear_pair(x, w1, x, w2, alphas=(1.0, 0.37), out_dtypes=(None, torch.float32),
+                                 path="triton")
+    assert (len(pairs), len(singles)) == (1, 0)
+    assert o1.dtype == torch.float16 and o2.dtype == torch.float32
+    a1 = linear(x, w1, path="triton")
+    a2 = linear(x, w2, alpha=0.37, out_dtype=torch.float32, path="triton")
+    assert torch.equal(o1, a1) and torch.equal(o2, a2)
+    _check(o1, x, w1)
+    _check(o2, x, w2, 0.37)
+    pairs.clear()
+    singles.clear()
+    w3 = _operands(23, 0, 1, n1, 1024, torch.float16, torch.float16)[1].to(DEVICE)
+    o1, o3 = tlinear.linear_pair(x, w1, x[:, :1024].contiguous(), w3, path="triton")
+    assert (len(pairs), len(singles)) == (0, 2)                 # 2 x 1,024 twice: not a listed pair
+    assert torch.equal(o1, a1)
+    _check(o3, x[:, :1024], w3)
+    t1, t2 = tlinear.linear_pair(x, w1, x, w2, alphas=(1.0, 0.37), out_dtypes=(None, torch.float32),
+                                 path="torch")
+    _check(t1, x, w1)
+    _check(t2, x, w2, 0.37)
+    with pytest.raises(ValueError, match="x1: expected one token"):
+        tlinear.linear_pair(x.expand(2, -1), w1, x, w2)
+    with pytest.raises(ValueError, match="w2: expected K contiguous"):
+        tlinear.linear_pair(x, w1, x[:, :4], w2.t())
+    with pytest.raises(TypeError, match="product 2"):
+        tlinear.linear_pair(x, w1, x.to(torch.int32), w2)

@@ -87,14 +87,15 @@ def gemv_on() -> bool:
     return env_switch(tlinear.GEMV_ENV) is not False
 
 
-QR_ONE_GEMV_ENV = "DSA_LAYER_QR_ONE_GEMV"
+JOINT_GEMV_ENV = "DSA_LAYER_JOINT_GEMV"
 
 
-def qr_one_gemv_on() -> bool:
-    """``DSA_LAYER_QR_ONE_GEMV`` read once (at construction): a one-token step's ``wq_b`` and
-    ``indexer.wq_b`` as one GEMV over ``qr_proj`` (``DSADecodeLayer._project_qr``) unless ``0``
-    (the bench's A/B: two GEMVs, the launches as before)."""
-    return env_switch(QR_ONE_GEMV_ENV) is not False
+def joint_gemv_on() -> bool:
+    """``DSA_LAYER_JOINT_GEMV`` read once (at construction): a one-token step's ``wq_b`` and
+    ``indexer.wq_b`` as one GEMV over ``qr_proj`` (``DSADecodeLayer._project_qr``) and its
+    ``x_proj`` and ``weights_proj`` in one launch (``torch_impl.linear.linear_pair``) unless
+    ``0`` (the bench's A/B: the GEMVs apart, the launches as before)."""
+    return env_switch(JOINT_GEMV_ENV) is not False
 
 
 def gemv_applies(T: int, w: torch.Tensor, device_type: str, path: str,
@@ -1159,7 +1160,7 @@ class DSADecodeLayer(nn.Module):
         self.fused_prep = fused_prep_default() if fused_prep is None else bool(fused_prep)
         self.linear = linear_switch(linear, cfg.absorbed)
         self.gemv = gemv_on()                  # DSA_LINEAR_GEMV, read now (not inside a step)
-        self.qr_one_gemv = qr_one_gemv_on()    # DSA_LAYER_QR_ONE_GEMV, likewise
+        self.joint_gemv = joint_gemv_on()      # DSA_LAYER_JOINT_GEMV, likewise
         self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -1272,16 +1273,34 @@ class DSADecodeLayer(nn.Module):
         the same dot product in the same order whenever the kernel's config
         (``kernels.linear.configs.gemv_heuristic``, by N and K) is the same for the joint N as for
         each N alone, as at both presets' real dimensions (8 x 512 at V3.2's K 1,536, 2 x 1,024
-        at V4's K 1,024). Every other step, and with ``DSA_LAYER_QR_ONE_GEMV=0``: two
+        at V4's K 1,024). Every other step, and with ``DSA_LAYER_JOINT_GEMV=0``: two
         projections on the row slices."""
         T = qr.shape[0]
         wq, wi = self.w("wq_b"), self.w("indexer.wq_b")
         pq, pi = self._lin_path("wq_b", qr, wq), self._lin_path("indexer.wq_b", qr, wi)
-        if T == 1 and pq is not None and pq == pi and self.gemv and self.qr_one_gemv:
+        if T == 1 and pq is not None and pq == pi and self.gemv and self.joint_gemv:
             both = tlinear.linear(qr if qr.stride(-1) == 1 else qr.contiguous(), self.qr_proj,
                                   path=pq)
             return both[:, :wq.shape[0]], both[:, wq.shape[0]:]
         return self._gemm("wq_b", qr, wq), self._gemm("indexer.wq_b", qr, wi)
+
+    def _project_x(self, x2d: torch.Tensor):
+        """``(xp, w_raw)``: ``x_proj``'s product ``[T, q_lora + D_latent + D_I]`` and, for a
+        one-token step of the fused preparation whose ``x_proj`` and ``weights_proj`` both run the
+        one-token GEMV on the same path, ``weights_proj``'s scaled float32 product ``[1, H_I]``
+        from the same launch (``torch_impl.linear.linear_pair``: bit for bit the two GEMVs; its
+        x is the bf16 token, exactly what the float32 ``x32`` holds); else ``w_raw`` None (the
+        preparation runs ``weights_proj`` on ``x32`` itself)."""
+        T = x2d.shape[0]
+        wp = self.w("indexer.weights_proj")
+        p1, p2 = self._lin_path("x_proj", x2d, self.x_proj), self._lin_path("indexer.weights_proj", x2d, wp)
+        if (T == 1 and self.fused_prep and p1 is not None and p1 == p2 and self.gemv and self.joint_gemv
+                and not self._overlaps(T, x2d.device)):
+            alpha = self.cfg.index_heads ** -0.5 * self.cfg.index_head_dim ** -0.5
+            return tlinear.linear_pair(x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.x_proj,
+                                       x2d if x2d.stride(-1) == 1 else x2d.contiguous(), wp,
+                                       alphas=(1.0, alpha), out_dtypes=(None, torch.float32), path=p1)
+        return self._gemm("x_proj", x2d, self.x_proj), None
 
     @classmethod
     def from_checkpoint(cls, checkpoint_path, layer_idx: int, cfg: lref.LayerConfig, **kwargs) -> "DSADecodeLayer":
@@ -1453,12 +1472,14 @@ class DSADecodeLayer(nn.Module):
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
         return q_mla, idx_q, idx_w
 
-    def _prepare_fused(self, x, xq, xkv, xk, kv_cache, k_cache, block_table, context_lens):
+    def _prepare_fused(self, x, xq, xkv, xk, kv_cache, k_cache, block_table, context_lens,
+                       w_raw=None):
         """:meth:`_prepare_composite` as two fused ops (``fused_prep=True``): ``dsa::prep_x``
         (q_norm, x in float32, the latent and indexer-key rows into both caches) after the x
         projection, ``dsa::prep_q`` (the indexer q's rope, Hadamard rotation, fp8 quantisation
         and weight scale; the MLA q's rope, V4's head norm) after the q projections; the same
-        rounding points (kernels/layer_prep/triton.py).
+        rounding points (kernels/layer_prep/triton.py). ``w_raw``: ``weights_proj``'s product
+        when :meth:`_project_x` made it with ``x_proj``'s (None: made here).
 
         With the overlap on (:meth:`_overlaps`) the q projections, ``dsa::prep_q`` and the
         indexer run as ``dsa::q_index_overlap`` (:func:`q_index_overlap`: the indexer's branch on
@@ -1496,8 +1517,9 @@ class DSADecodeLayer(nn.Module):
                                wkv_b[:, :nope].transpose(1, 2))
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha, the q scale is multiplied in prep_q
-        w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
-                           alpha=alpha, out_dtype=torch.float32)
+        if w_raw is None:
+            w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
+                               alpha=alpha, out_dtype=torch.float32)
         q_mla, idx_q, idx_w = prepare_q(iq, w_raw, q, q_lat, self.hadamard_sign, self.rope_freqs,
                                         context_lens, N, heads=H, index_heads=H_I, d_qk=cfg.d_qk,
                                         qk_nope=nope if cfg.absorbed else 0,
@@ -1567,7 +1589,8 @@ class DSADecodeLayer(nn.Module):
         x = x.to(dt)
         self._check_new_tokens(block_table, context_lens, N, kv_cache.shape[0])
         # one GEMM for the three projections of x (x_proj), sliced into its three results
-        xp = self._gemm("x_proj", x.reshape(T, -1), self.x_proj).view(B, N, -1)
+        xp, w_raw = self._project_x(x.reshape(T, -1))
+        xp = xp.view(B, N, -1)
         xq, xkv, xk = xp.split([b - a for a, b in self._x_rows.values()], dim=-1)
         rope = None
         if not self.fused_prep:
@@ -1576,7 +1599,7 @@ class DSADecodeLayer(nn.Module):
         selected = None
         if self.fused_prep:
             q_mla, idx_q, idx_w, selected = self._prepare_fused(x, xq, xkv, xk, kv_cache, k_cache,
-                                                                block_table, context_lens)
+                                                                block_table, context_lens, w_raw)
         else:
             q_mla, idx_q, idx_w = self._prepare_composite(x, xq, xkv, xk, kv_cache, k_cache, block_table,
                                                           context_lens, rope)

@@ -28,7 +28,7 @@ from kernels.linear import configs as lcfg
 from kernels.scalars import INT32_MAX, check_int, check_real, env_switch
 from torch_impl import _common
 
-__all__ = ["GEMV_ENV", "MAX_M", "linear", "reserve_workspace"]
+__all__ = ["GEMV_ENV", "MAX_M", "linear", "linear_pair", "reserve_workspace"]
 
 MAX_M = lcfg.MAX_M
 """The most tokens the Triton path takes (more: ``path="auto"`` runs plain PyTorch)."""
@@ -202,6 +202,38 @@ def _(x, w, out, alpha, path, config, splits):
     return None
 
 
+def _triton_pair_impl(x1, w1, out1, alpha1, x2, w2, out2, alpha2):
+    """Two one-token products in one launch (``_gemv_pair_kernel``) where both products' own
+    one-token configs form a pair of ``GEMV_PAIR_PICKS``, else two launches as :func:`linear`
+    runs them (the same bits either way)."""
+    from kernels.linear import triton as tl_linear
+    dev = _common.device_info(x1.device)
+    hardware.require_arch(dev, "linear_pair (Triton)")
+    _common.require_no_interpreted_bf16(dev, "linear_pair", x1, w1, out1, x2, w2, out2)
+    picks = tuple(lcfg.gemv_heuristic(w.shape[0], w.shape[1], 1, False, dev.num_sms) for w in (w1, w2))
+    if (picks in lcfg.GEMV_PAIR_PICKS and env_switch(GEMV_ENV) is not False
+            and max(w1.numel(), w2.numel()) <= INT32_MAX):
+        tl_linear.launch_gemv_pair(x1, w1, out1, alpha1, picks[0], x2, w2, out2, alpha2, picks[1])
+        return
+    _triton_impl(x1[None], w1[None], out1[None], alpha1, None, 0)
+    _triton_impl(x2[None], w2[None], out2[None], alpha2, None, 0)
+
+
+@torch.library.custom_op("dsa::linear_pair", mutates_args=("out1", "out2"))
+def _linear_pair_op(x1: torch.Tensor, w1: torch.Tensor, out1: torch.Tensor, alpha1: float,
+                    x2: torch.Tensor, w2: torch.Tensor, out2: torch.Tensor, alpha2: float,
+                    path: str) -> None:
+    impls = {"triton": lambda: _triton_pair_impl(x1, w1, out1, alpha1, x2, w2, out2, alpha2),
+             "torch": lambda: (_torch_impl(x1[None], w1[None], out1[None], alpha1),
+                               _torch_impl(x2[None], w2[None], out2[None], alpha2))}
+    _common.run_path("linear_pair", path, impls, BACKEND_PATHS["torch"])
+
+
+@_linear_pair_op.register_fake
+def _(x1, w1, out1, alpha1, x2, w2, out2, alpha2, path):
+    return None
+
+
 # ============================================================================ public
 
 def linear(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None, alpha=1.0,
@@ -244,3 +276,42 @@ def linear(x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
                                        lcfg.F32_DOTS.index(config.f32_dot)]
     torch.ops.dsa.linear(x, w, out, alpha, path, cfg, splits)
     return out
+
+
+def linear_pair(x1: torch.Tensor, w1: torch.Tensor, x2: torch.Tensor, w2: torch.Tensor, *,
+                alphas=(1.0, 1.0), out_dtypes=(None, None), path: str = "auto"):
+    """Two one-token products, ``(alphas[0] * x1 @ w1^T, alphas[1] * x2 @ w2^T)``, each as
+    :func:`linear` computes it (bit for bit) but on the Triton path in one launch where both
+    products' one-token configs form a pair of
+    :data:`kernels.linear.configs.GEMV_PAIR_PICKS` (``kernels.linear.triton._gemv_pair_kernel``;
+    otherwise two launches): the decode layer's ``x_proj`` and ``weights_proj`` of a one-token
+    step, whose second product is latency, not bytes.
+
+    Args:
+      x1, x2: ``[1, K1]`` / ``[1, K2]`` (one token), as :func:`linear`'s ``x``.
+      w1, w2: ``[N1, K1]`` / ``[N2, K2]`` with K contiguous (the pair launch's layout; other
+        layouts: :func:`linear`), as :func:`linear`'s ``w``.
+      alphas: the two products' scales; out_dtypes: their outputs' dtypes (None: x's).
+      path: ``"auto"``, ``"triton"`` or ``"torch"``, as :func:`linear`.
+    Returns:
+      ``(out1 [1, N1], out2 [1, N2])``.
+    Raises:
+      TypeError / ValueError: as :func:`linear` for each product (named), or an ``x`` of more
+        than one token, or a weight whose K is not contiguous.
+      NotImplementedError: as :func:`linear`.
+    """
+    outs, alist = [], []
+    for i, (x, w, alpha, od) in enumerate(((x1, w1, alphas[0], out_dtypes[0]),
+                                           (x2, w2, alphas[1], out_dtypes[1])), start=1):
+        try:
+            alpha, od, _, _ = _validate(x, w, None, od, alpha, path, None, None)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"product {i} (x{i}, w{i}): {e}") from None
+        if x.dim() != 2 or x.shape[0] != 1:
+            raise ValueError(f"x{i}: expected one token [1, K], got shape {tuple(x.shape)}")
+        if w.stride(-1) != 1:
+            raise ValueError(f"w{i}: expected K contiguous, got strides {tuple(w.stride())}")
+        outs.append(torch.empty((1, w.shape[0]), dtype=od, device=x.device))
+        alist.append(alpha)
+    torch.ops.dsa.linear_pair(x1, w1, outs[0], alist[0], x2, w2, outs[1], alist[1], path)
+    return outs[0], outs[1]

@@ -245,6 +245,14 @@ GEMV_PICKS = {"k_major": (GemvConfig(1, 2048, 4), GemvConfig(2, 1024, 4), GemvCo
 one-token projections, H100, 2026-12-06: ``bench/results/linear_sweep_h100_20261206.json``)."""
 
 
+GEMV_PAIR_PICKS = ((GemvConfig(2, 1024, 4), GemvConfig(1, 2048, 4)),
+                   (GemvConfig(8, 512, 4), GemvConfig(1, 2048, 4)))
+"""The config pairs ``kernels.linear.triton._gemv_pair_kernel`` is launched at (each product
+at its own :func:`gemv_heuristic` pick; other pairs run as two launches): the layer's
+``x_proj`` (2 x 1,024 where 1,024 divides K, else 8 x 512) with its ``weights_proj`` (64 rows:
+1 x 2,048)."""
+
+
 def gemv_heuristic(N: int, K: int, groups: int, n_major: bool, num_sms: int) -> GemvConfig:
     """The one-token kernel's config of a call (one of :data:`GEMV_PICKS`), from the M = 1 sweep
     of both presets' projections (H100, 2026-12-06, ``linear_sweep_h100_20261206.json``;

@@ -144,13 +144,22 @@ def _gemv_kernel(
     stride, the JIT's specialisation of a stride of 1), widens it and the token to fp32 and adds
     the products into an fp32 tile of the same shape; at the end one sum over K per row, the
     scale, one rounding. Fixed order, no atomics: bitwise repeatable."""
-    pid_n = tl.program_id(0)
     g = tl.program_id(1).to(tl.int64)
+    _gemv_rows(tl.program_id(0), x_ptr + g * stride_xg, w_ptr + g * stride_wg,
+               out_ptr + g * stride_og, N, K, stride_wn, stride_wk, alpha, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _gemv_rows(pid_n, x_ptr, w_ptr, out_ptr, N, K, stride_wn, stride_wk, alpha,
+               BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The ``BLOCK_N`` output rows ``pid_n`` of one group of :func:`_gemv_kernel` (pointers at
+    the group's start); shared with :func:`_gemv_pair_kernel`, so a row's sum is the same code
+    and order in either."""
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     n_ok = offs_n < N
-    w_ptrs = w_ptr + g * stride_wg + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
-    x_ptrs = x_ptr + g * stride_xg + offs_k
+    w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk
+    x_ptrs = x_ptr + offs_k
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         k_ok = (k + offs_k) < K
@@ -160,7 +169,27 @@ def _gemv_kernel(
         w_ptrs += BLOCK_K * stride_wk
         x_ptrs += BLOCK_K
     y = tl.sum(acc, axis=1) * alpha
-    tl.store(out_ptr + g * stride_og + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=n_ok)
+
+
+@triton.jit
+def _gemv_pair_kernel(
+    x1_ptr, w1_ptr, out1_ptr, N1, K1, stride_w1n, alpha1,      # product 1: [1, K1] x [N1, K1]^T
+    x2_ptr, w2_ptr, out2_ptr, N2, K2, stride_w2n, alpha2,      # product 2: [1, K2] x [N2, K2]^T
+    P1,                                                        # programs of product 1
+    BLOCK_N1: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_N2: tl.constexpr, BLOCK_K2: tl.constexpr,
+):
+    """Two one-token products of K-major weights in one launch (:func:`launch_gemv_pair`):
+    programs ``[0, P1)`` are :func:`_gemv_kernel`'s programs of the first at its config
+    (``BLOCK_N1`` x ``BLOCK_K1``), the rest those of the second (``BLOCK_N2`` x ``BLOCK_K2``);
+    each row's sum is :func:`_gemv_rows`, so the outputs are bitwise those of two launches at
+    the same configs. The branch is uniform per program."""
+    pid = tl.program_id(0)
+    if pid < P1:
+        _gemv_rows(pid, x1_ptr, w1_ptr, out1_ptr, N1, K1, stride_w1n, 1, alpha1, BLOCK_N1, BLOCK_K1)
+    else:
+        _gemv_rows(pid - P1, x2_ptr, w2_ptr, out2_ptr, N2, K2, stride_w2n, 1, alpha2, BLOCK_N2,
+                   BLOCK_K2)
 
 
 def launch_gemv(x, w, out, alpha: float, config) -> int:
@@ -189,6 +218,38 @@ def launch_gemv(x, w, out, alpha: float, config) -> int:
                        float(alpha), BLOCK_N=config.block_n, BLOCK_K=config.block_k,
                        num_warps=config.num_warps, num_stages=1)
     return grid[0] * grid[1]
+
+
+def launch_gemv_pair(x1, w1, out1, alpha1: float, cfg1, x2, w2, out2, alpha2: float, cfg2) -> int:
+    """Launch :func:`_gemv_pair_kernel`: ``out1 = alpha1 * x1 @ w1^T`` and ``out2 = alpha2 * x2 @
+    w2^T`` in one launch, each ``x`` ``[1, K]`` and ``out`` ``[1, N]`` contiguous, each ``w``
+    ``[N, K]`` with unit K stride, all on one CUDA device (or the CPU under
+    ``TRITON_INTERPRET=1``); ``cfg1`` / ``cfg2`` :class:`kernels.linear.configs.GemvConfig` of
+    the same ``num_warps`` (:data:`kernels.linear.configs.GEMV_PAIR_PICKS`: the pairs compiled
+    for sm_120 in CI). Grid ``(cdiv(N1, block_n1) + cdiv(N2, block_n2),)``; returns the number
+    of programs. The caller (``torch_impl.linear.linear_pair``) validates.
+
+    Raises:
+      ValueError: a weight whose K stride is not 1, an ``x`` / ``out`` that is not one contiguous
+        row, or configs of different ``num_warps``.
+    """
+    for name, t in (("x1", x1), ("x2", x2), ("out1", out1), ("out2", out2)):
+        if t.dim() != 2 or t.shape[0] != 1 or t.stride(-1) != 1:
+            raise ValueError(f"{name}: expected one contiguous row [1, n], got shape "
+                             f"{tuple(t.shape)} strides {tuple(t.stride())}")
+    for name, t in (("w1", w1), ("w2", w2)):
+        if t.dim() != 2 or t.stride(1) != 1:
+            raise ValueError(f"{name}: expected [N, K] with K contiguous, got shape {tuple(t.shape)} "
+                             f"strides {tuple(t.stride())}")
+    if cfg1.num_warps != cfg2.num_warps:
+        raise ValueError(f"cfg1 / cfg2: expected the same num_warps, got {cfg1} / {cfg2}")
+    p1 = triton.cdiv(w1.shape[0], cfg1.block_n)
+    grid = (p1 + triton.cdiv(w2.shape[0], cfg2.block_n),)
+    _gemv_pair_kernel[grid](x1, w1, out1, w1.shape[0], w1.shape[1], w1.stride(0), float(alpha1),
+                            x2, w2, out2, w2.shape[0], w2.shape[1], w2.stride(0), float(alpha2), p1,
+                            BLOCK_N1=cfg1.block_n, BLOCK_K1=cfg1.block_k, BLOCK_N2=cfg2.block_n,
+                            BLOCK_K2=cfg2.block_k, num_warps=cfg1.num_warps, num_stages=1)
+    return grid[0]
 
 
 def launch_linear(x, w, out, alpha: float, config, num_splits: int, part, counters) -> int:
@@ -277,7 +338,27 @@ def aot_specs(smem_class: str) -> list:
                                                                     "stride_xm", "stride_wg", "stride_wn",
                                                                     "stride_wk", "stride_og", "stride_om")
                                                         if n in sig)))
-    return specs + gemv_aot_specs(reachable_only=True)
+    return specs + gemv_aot_specs(reachable_only=True) + gemv_pair_aot_specs()
+
+
+def gemv_pair_aot_specs() -> list:
+    """Launches of :func:`_gemv_pair_kernel` the layer can make
+    (:data:`kernels.linear.configs.GEMV_PAIR_PICKS`: ``x_proj``'s bf16 product with
+    ``weights_proj``'s fp32 one of the same bf16 token), for CI's sm_120 fit check."""
+    from kernels._triton_aot import LaunchSpec
+    from kernels.linear.configs import GEMV_PAIR_PICKS
+    specs = []
+    for c1, c2 in GEMV_PAIR_PICKS:
+        sig = {"x1_ptr": "*bf16", "w1_ptr": "*bf16", "out1_ptr": "*bf16", "N1": "i32", "K1": "i32",
+               "stride_w1n": "i32", "alpha1": "fp32", "x2_ptr": "*bf16", "w2_ptr": "*fp32",
+               "out2_ptr": "*fp32", "N2": "i32", "K2": "i32", "stride_w2n": "i32", "alpha2": "fp32",
+               "P1": "i32"}
+        ce = dict(BLOCK_N1=c1.block_n, BLOCK_K1=c1.block_k, BLOCK_N2=c2.block_n, BLOCK_K2=c2.block_k)
+        specs.append(LaunchSpec(f"gemv pair {c1.block_n}x{c1.block_k} + {c2.block_n}x{c2.block_k} "
+                                f"w{c1.num_warps}", "kernels.linear.triton", "_gemv_pair_kernel", sig,
+                                ce, c1.num_warps, 1,
+                                divisible=("N1", "K1", "stride_w1n", "N2", "K2", "stride_w2n")))
+    return specs
 
 
 def gemv_aot_specs(reachable_only: bool = False) -> list:
