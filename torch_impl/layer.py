@@ -1174,24 +1174,12 @@ class DSADecodeLayer(nn.Module):
         # N = q_lora + D_qk + D_I columns streams the weights better than three narrow ones
         # (vLLM's fused_qkv_a_proj does the same)
         x_names = ("wq_a", "wkv_a" if cfg.absorbed else "wkv", "indexer.wk")
-        self._x_rows: dict[str, tuple[int, int]] = {}
-        start = 0
-        for name in x_names:
-            self._x_rows[name] = (start, start + shard[name].shape[0])
-            start += shard[name].shape[0]
-        self.register_buffer("x_proj", torch.cat([torch.as_tensor(shard[n], dtype=dtype, device=device)
-                                                  for n in x_names]))
         # the two projections of qr, [wq_b; indexer.wq_b] (the same K, q_lora), as one weight too:
         # a one-token step runs one GEMV over both (one launch, not two: _project_qr); other
         # steps run them apart on the row slices w("wq_b") / w("indexer.wq_b")
         qr_names = ("wq_b", "indexer.wq_b")
-        self._qr_rows: dict[str, tuple[int, int]] = {}
-        start = 0
-        for name in qr_names:
-            self._qr_rows[name] = (start, start + shard[name].shape[0])
-            start += shard[name].shape[0]
-        self.register_buffer("qr_proj", torch.cat([torch.as_tensor(shard[n], dtype=dtype, device=device)
-                                                   for n in qr_names]))
+        self._x_rows = self._stack("x_proj", x_names, shard, dtype, device)
+        self._qr_rows = self._stack("qr_proj", qr_names, shard, dtype, device)
         for name, arr in shard.items():
             if name in self._x_rows or name in self._qr_rows:
                 continue
@@ -1236,6 +1224,17 @@ class DSADecodeLayer(nn.Module):
             out.copy_(res)
             return out
         return res
+
+    def _stack(self, buffer: str, names, shard, dtype, device) -> dict[str, tuple[int, int]]:
+        """Register the weights ``names`` of ``shard`` stacked by rows as one buffer ``buffer``;
+        returns each name's row range in it (what :meth:`w` slices)."""
+        rows, start = {}, 0
+        for name in names:
+            rows[name] = (start, start + shard[name].shape[0])
+            start += shard[name].shape[0]
+        self.register_buffer(buffer, torch.cat([torch.as_tensor(shard[n], dtype=dtype, device=device)
+                                                for n in names]))
+        return rows
 
     @staticmethod
     def _buf(name: str) -> str:
