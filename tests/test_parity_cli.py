@@ -460,19 +460,34 @@ def test_step_case_has_serving_structure():
     assert np.isfinite(out).all() and np.isfinite(lse).all()    # no NaN row was selected
 
 
-def test_python_m_parity_on_real_torch_paths(tmp_path):
-    """End to end through ``python -m parity`` on one small case of the torch backend: each path
-    either passes against the reference or is reported unavailable with its reason."""
-    out = tmp_path / "r.json"
-    # the CPU grid in the interpreter, also on a GPU machine (the case name is a CPU-grid name)
+def _parity_cli(args, out, timeout):
+    """``python -m parity --backend torch --no-progress --json out`` + ``args`` in the CPU grid
+    in the interpreter (also on a GPU machine: the case names are CPU-grid names)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
                DSA_FORCE_INTERPRET="1")
-    r = subprocess.run([sys.executable, "-m", "parity", "-k", "mla/fp8_model1/duplicates",
-                        "--backend", "torch", "--no-progress", "--json", str(out)],
-                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    r = subprocess.run([sys.executable, "-m", "parity", *args, "--backend", "torch",
+                        "--no-progress", "--json", str(out)],
+                       cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.exists(), r.stderr[-2000:] + r.stdout[-2000:]
-    doc = json.loads(out.read_text())
-    ref = _rows(doc, against="reference")
+    return r, json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def duplicates_one_process(tmp_path_factory):
+    """``-k duplicates --jobs 1`` (the three ``mla/*/duplicates`` cases in one process), run once
+    per module: the one-process side of the ``--jobs`` test, and its ``mla/fp8_model1/duplicates``
+    rows the end-to-end check of the real torch paths (which ran that case alone before:
+    the same rows, case inputs depend only on name, seed and mode; 2026-12-07, ~11 s of CPU run)."""
+    return _parity_cli(["-k", "duplicates", "--jobs", "1"],
+                       tmp_path_factory.mktemp("parity_dup") / "r1.json", 600)
+
+
+def test_python_m_parity_on_real_torch_paths(duplicates_one_process):
+    """End to end through ``python -m parity`` on one small case of the torch backend
+    (``mla/fp8_model1/duplicates``, in the run of the three duplicates cases): each path either
+    passes against the reference or is reported unavailable with its reason."""
+    r, doc = duplicates_one_process
+    ref = _rows(doc, case="mla/fp8_model1/duplicates", against="reference")
     assert [r_["path"] for r_ in ref] == ["triton", "torch"]
     for row in ref:
         if row["status"] == "unavailable":
@@ -483,19 +498,11 @@ def test_python_m_parity_on_real_torch_paths(tmp_path):
     assert r.returncode == (1 if any(x["status"] in ("fail", "error") for x in doc["rows"]) else 0), r.stderr[-2000:]
 
 
-def test_jobs_gives_the_rows_of_one_process(tmp_path):
+def test_jobs_gives_the_rows_of_one_process(tmp_path, duplicates_one_process):
     """``--jobs 2`` (spawned workers, round-robin cases) writes the same rows, in the same
     order and with the same verdicts and errors, as one process."""
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TRITON_INTERPRET="1", JAX_PLATFORMS="cpu",
-               DSA_FORCE_INTERPRET="1")
-    docs = []
-    for jobs in ("1", "2"):
-        out = tmp_path / f"r{jobs}.json"
-        r = subprocess.run([sys.executable, "-m", "parity", "-k", "duplicates", "--backend", "torch",
-                            "--no-progress", "--jobs", jobs, "--json", str(out)],
-                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-        assert out.exists(), r.stderr[-2000:] + r.stdout[-2000:]
-        docs.append(json.loads(out.read_text()))
+    docs = [duplicates_one_process[1],
+            _parity_cli(["-k", "duplicates", "--jobs", "2"], tmp_path / "r2.json", 600)[1]]
     key = lambda row: (row["case"], row["path"], row["against"], row["status"], row["worst_error"])  # noqa: E731
     assert [key(x) for x in docs[0]["rows"]] == [key(x) for x in docs[1]["rows"]]
     assert len({row["case"] for row in docs[0]["rows"]}) == 3
