@@ -1274,14 +1274,28 @@ class DSADecodeLayer(nn.Module):
         each N alone, as at both presets' real dimensions (8 x 512 at V3.2's K 1,536, 2 x 1,024
         at V4's K 1,024). Every other step, and with ``DSA_LAYER_JOINT_GEMV=0``: two
         projections on the row slices."""
-        T = qr.shape[0]
         wq, wi = self.w("wq_b"), self.w("indexer.wq_b")
-        pq, pi = self._lin_path("wq_b", qr, wq), self._lin_path("indexer.wq_b", qr, wi)
-        if T == 1 and pq is not None and pq == pi and self.gemv and self.joint_gemv:
+        path = self._joint_path(qr, ("wq_b", wq), ("indexer.wq_b", wi))
+        if path is not None:
             both = tlinear.linear(qr if qr.stride(-1) == 1 else qr.contiguous(), self.qr_proj,
-                                  path=pq)
+                                  path=path)
             return both[:, :wq.shape[0]], both[:, wq.shape[0]:]
         return self._gemm("wq_b", qr, wq), self._gemm("indexer.wq_b", qr, wi)
+
+    def _joint_path(self, x: torch.Tensor, first, second) -> str | None:
+        """The path two projections ``(name, w)`` of a one-token ``x`` run on together
+        (:meth:`_project_qr`, :meth:`_project_x`): both on the one-token GEMV's path (the same
+        :meth:`_lin_path`) with ``DSA_LAYER_JOINT_GEMV`` on; else None (two projections)."""
+        if x.shape[0] != 1 or not (self.gemv and self.joint_gemv):
+            return None
+        p = self._lin_path(first[0], x, first[1])
+        return p if p is not None and p == self._lin_path(second[0], x, second[1]) else None
+
+    @property
+    def _weights_alpha(self) -> float:
+        """``weights_proj``'s constant scale ``H_I^-0.5 * D_I^-0.5`` (the GEMM's alpha; the q
+        scale is multiplied in ``prep_q``)."""
+        return self.cfg.index_heads ** -0.5 * self.cfg.index_head_dim ** -0.5
 
     def _project_x(self, x2d: torch.Tensor):
         """``(xp, w_raw)``: ``x_proj``'s product ``[T, q_lora + D_latent + D_I]`` and, for a
@@ -1290,15 +1304,12 @@ class DSADecodeLayer(nn.Module):
         from the same launch (``torch_impl.linear.linear_pair``: bit for bit the two GEMVs; its
         x is the bf16 token, exactly what the float32 ``x32`` holds); else ``w_raw`` None (the
         preparation runs ``weights_proj`` on ``x32`` itself)."""
-        T = x2d.shape[0]
         wp = self.w("indexer.weights_proj")
-        p1, p2 = self._lin_path("x_proj", x2d, self.x_proj), self._lin_path("indexer.weights_proj", x2d, wp)
-        if (T == 1 and self.fused_prep and p1 is not None and p1 == p2 and self.gemv and self.joint_gemv
-                and not self._overlaps(T, x2d.device)):
-            alpha = self.cfg.index_heads ** -0.5 * self.cfg.index_head_dim ** -0.5
-            return tlinear.linear_pair(x2d if x2d.stride(-1) == 1 else x2d.contiguous(), self.x_proj,
-                                       x2d if x2d.stride(-1) == 1 else x2d.contiguous(), wp,
-                                       alphas=(1.0, alpha), out_dtypes=(None, torch.float32), path=p1)
+        path = self._joint_path(x2d, ("x_proj", self.x_proj), ("indexer.weights_proj", wp))
+        if path is not None and self.fused_prep and not self._overlaps(1, x2d.device):
+            xc = x2d if x2d.stride(-1) == 1 else x2d.contiguous()
+            return tlinear.linear_pair(xc, self.x_proj, xc, wp, alphas=(1.0, self._weights_alpha),
+                                       out_dtypes=(None, torch.float32), path=path)
         return self._gemm("x_proj", x2d, self.x_proj), None
 
     @classmethod
@@ -1466,7 +1477,7 @@ class DSADecodeLayer(nn.Module):
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha
         idx_w = self._gemm("indexer.weights_proj", x.reshape(T, -1), self.w("indexer.weights_proj"),
-                           alpha=H_I ** -0.5 * D_I ** -0.5, out_dtype=torch.float32).view(B, N, H_I) * q_scale
+                           alpha=self._weights_alpha, out_dtype=torch.float32).view(B, N, H_I) * q_scale
 
         self._write_caches(kv_cache, k_cache, latent, ik, block_table, context_lens, N)
         return q_mla, idx_q, idx_w
@@ -1494,7 +1505,7 @@ class DSADecodeLayer(nn.Module):
                             kv_cache, k_cache, block_table, context_lens, N, self.kv_format, page_size=P,
                             scale_fmt=cfg.scale_fmt, eps=cfg.eps, norm_rope=not cfg.absorbed,
                             path=self.path)
-        nope, alpha = cfg.qk_nope_head_dim, H_I ** -0.5 * D_I ** -0.5
+        nope, alpha = cfg.qk_nope_head_dim, self._weights_alpha
         if self._overlaps(T, x.device):
             wkv_b_q = (self.w("wkv_b").view(H, nope + cfg.v_head_dim, cfg.kv_lora_rank)[:, :nope]
                        .transpose(1, 2) if cfg.absorbed else None)
