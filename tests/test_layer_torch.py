@@ -263,6 +263,30 @@ def test_x_proj_and_weights_proj_in_one_launch(cfg, monkeypatch):
     assert none is None and torch.equal(xp0, xp) and len(pairs) == int(listed)
 
 
+def test_topk_window_switch_gives_the_same_step(monkeypatch):
+    """``DSA_LAYER_TOPK_WINDOW`` (read when the layer is built): V4's index list as one op
+    (``dsa::indexer_topk_window``, the default) or, with ``0``, as the top-k, the window and a
+    concatenation: the same step bit for bit (output, both caches, the indices); a value other
+    than ``0``, ``1`` or unset is a ValueError naming the variable, at construction."""
+    case = _case("dsv4_fp8_model1")
+    layers = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv("DSA_LAYER_TOPK_WINDOW", value)
+        layers[value] = DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format,
+                                       device=DEVICE, path="triton")
+    assert layers["1"].topk_window_op and not layers["0"].topk_window_op
+    one, apart = _run(layers["1"], case), _run(layers["0"], case)
+    for a, b in zip(one[:3], apart[:3]):
+        assert np.array_equal(a, b)
+    assert one[3].keys() == apart[3].keys() and "indices" in one[3]
+    for k in one[3]:
+        assert np.array_equal(one[3][k], apart[3][k]), k
+    checks.check_step(case, case.reference(), *apart)
+    monkeypatch.setenv("DSA_LAYER_TOPK_WINDOW", "yes")
+    with pytest.raises(ValueError, match="DSA_LAYER_TOPK_WINDOW: expected '0', '1' or unset, got 'yes'"):
+        DSADecodeLayer(case.cfg, case.weights, kv_format=case.kv_format, device=DEVICE, path="triton")
+
+
 @pytest.mark.parametrize("tp", [1, 2])
 def test_projection_shapes_cover_the_weights(tp):
     """kernels.layer_config.projection_shapes (what bench/linear_sweep.py times) lists the
@@ -486,7 +510,7 @@ def test_q_index_overlap_fake_shapes(cfg):
         meta(cfg.d_rope // 2, dt=torch.float64), meta(8, 64 * (D_I + 4), dt=torch.uint8),
         meta(B, 4, dt=torch.int32), meta(B, dt=torch.int32), N, H, H_I, cfg.d_qk,
         cfg.qk_nope_head_dim if cfg.absorbed else 0, cfg.scale_fmt, cfg.eps, cfg.absorbed,
-        cfg.q_head_norm, 0.01, cfg.topk, cfg.window, "triton", 32)
+        cfg.q_head_norm, 0.01, cfg.topk, cfg.window, True, "triton", 32)
     assert [(tuple(o.shape), o.dtype) for o in out] == [
         ((T, H, cfg.d_qk), torch.bfloat16), ((T, H_I, D_I), torch.float8_e4m3fn), ((T, H_I), f32),
         ((B, N, cfg.topk + cfg.window), torch.int32), ((B, N), torch.int32)]

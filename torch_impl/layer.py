@@ -813,18 +813,26 @@ def _sm_carveout(sms: int):
 
 
 TOPK_WINDOW_ENV = "DSA_LAYER_TOPK_WINDOW"
-TOPK_WINDOW_OP = os.environ.get(TOPK_WINDOW_ENV, "1") != "0"
-"""V4's index list from ``dsa::indexer_topk_window`` (the window kernel and the top-k write one
-``[B, N, topk + window]`` tensor; default), or, with ``DSA_LAYER_TOPK_WINDOW=0`` (read at import,
-for the bench's A/B), ``window_split``, ``indexer_topk`` and a ``torch.cat``: the same bits."""
+
+
+def topk_window_on() -> bool:
+    """``DSA_LAYER_TOPK_WINDOW`` read once (at construction): V4's index list from
+    ``dsa::indexer_topk_window`` (the window kernel and the top-k write one
+    ``[B, N, topk + window]`` tensor; default), or, with ``0`` (the bench's A/B),
+    ``window_split``, ``indexer_topk`` and a ``torch.cat``: the same bits.
+
+    Raises:
+      ValueError: the variable holds anything but ``0``, ``1`` or nothing (named)."""
+    return env_switch(TOPK_WINDOW_ENV) is not False
 
 
 def _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N: int, topk: int,
-                    window: int, path: str, *, report_lens: bool):
+                    window: int, path: str, *, report_lens: bool, one_op: bool):
     """The step's positions ``[B, N, topk + window]`` (V4: the indexer's top-k over the positions
     before each draft's window, then the window; V3.2, ``window`` 0: the top-k) and the drafts'
-    indexer lengths ``[B, N]`` (V3.2: only reported, computed when ``report_lens``, else None)."""
-    if window and TOPK_WINDOW_OP:        # one [B, N, topk + window] tensor, no concatenation
+    indexer lengths ``[B, N]`` (V3.2: only reported, computed when ``report_lens``, else None).
+    ``one_op``: V4's list from ``dsa::indexer_topk_window`` (:func:`topk_window_on`)."""
+    if window and one_op:                # one [B, N, topk + window] tensor, no concatenation
         return indexer_topk_window(idx_q, idx_w, k_cache, block_table, context_lens, topk,
                                    window, path=path)
     if window:
@@ -851,7 +859,8 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
                         context_lens: torch.Tensor, N: int, heads: int, index_heads: int, d_qk: int,
                         qk_nope: int, scale_fmt: Optional[str], eps: float, absorbed: bool,
                         q_head_norm: bool, w_alpha: float, topk: int, window: int,
-                        path: str, carveout: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
+                        topk_window_op: bool, path: str,
+                        carveout: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
                                                            torch.Tensor, torch.Tensor]:
     """:func:`q_index_overlap` (one opaque op, so torch.compile keeps its two streams)."""
     dev = qr.device
@@ -885,7 +894,8 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
         B = context_lens.shape[0]
         idx_q, idx_w = idx_q.view(B, N, H_I, -1), idx_w.view(B, N, H_I)
         indices, idx_lens = _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N,
-                                            topk, window, path, report_lens=True)
+                                            topk, window, path, report_lens=True,
+                                            one_op=topk_window_op)
     # the attention's q projection beside the indexer, leaving it SMs (overlap_sm_carveout)
     with _sm_carveout(carveout):
         torch.mm(qr, wq_b.t(), out=q)                                       # [T, H * (nope + r) | D_qk]
@@ -901,7 +911,7 @@ def _q_index_overlap_op(qr: torch.Tensor, x32: torch.Tensor, wq_b: torch.Tensor,
 @_q_index_overlap_op.register_fake
 def _(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs, k_cache,
       block_table, context_lens, N, heads, index_heads, d_qk, qk_nope, scale_fmt, eps, absorbed,
-      q_head_norm, w_alpha, topk, window, path, carveout):
+      q_head_norm, w_alpha, topk, window, topk_window_op, path, carveout):
     T, B = qr.shape[0], context_lens.shape[0]
     i32 = torch.int32
     return (qr.new_empty(T, heads, d_qk),
@@ -914,7 +924,7 @@ def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, ha
                     k_cache, block_table, context_lens, N: int, *, heads: int, index_heads: int,
                     d_qk: int, qk_nope: int, scale_fmt: str | None, eps: float, absorbed: bool,
                     q_head_norm: bool, w_alpha: float, topk: int, window: int, path: str = "auto",
-                    carveout: int | None = None):
+                    carveout: int | None = None, topk_window_op: bool | None = None):
     """The decode step from the x projection's results to the sparse MLA's inputs on two CUDA
     streams (``dsa::q_index_overlap``): the indexer's two projections (``qr @ idx_wq_b^T``, the
     float32 head weights ``w_alpha * x32 @ weights_proj^T``) first, then its half of
@@ -941,6 +951,8 @@ def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, ha
       carveout: SMs the q projection leaves free, in ``[0, SM count)``; None:
         :func:`overlap_sm_carveout` (``DSA_LAYER_OVERLAP_CARVEOUT``, default
         :data:`OVERLAP_SM_CARVEOUT`).
+      topk_window_op: V4's index list as one op (``dsa::indexer_topk_window``) or as the top-k,
+        the window and a concatenation (the same bits); None: :func:`topk_window_on`.
     Returns:
       ``(q_mla [T, H, D_qk] dt, idx_q [T, H_I, D_I] float8_e4m3fn, idx_w [T, H_I] float32,
       indices [B, N, topk + window] int32, idx_lens [B, N] int32)``: :func:`prepare_q`'s three,
@@ -962,13 +974,14 @@ def q_index_overlap(qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, ha
         raise NotImplementedError(f"q_index_overlap: runs on CUDA devices (two streams), got "
                                   f"{qr.device}")
     carveout = overlap_sm_carveout() if carveout is None else carveout
+    topk_window_op = topk_window_on() if topk_window_op is None else bool(topk_window_op)
     if isinstance(carveout, bool) or not isinstance(carveout, (int, np.integer)) or carveout < 0:
         raise ValueError(f"carveout: expected a non-negative int (SMs), got {carveout!r}")
     return torch.ops.dsa.q_index_overlap(
         qr, x32, wq_b, wkv_b_q, idx_wq_b, weights_proj, zero_f32, hadamard, rope_freqs, k_cache,
         block_table, context_lens, int(N), int(heads), int(index_heads), int(d_qk), int(qk_nope),
         scale_fmt, float(eps), bool(absorbed), bool(q_head_norm), float(w_alpha), int(topk),
-        int(window), path, int(carveout))
+        int(window), topk_window_op, path, int(carveout))
 
 
 def _torch_rope_out(attn, rope_freqs, context_lens, N):
@@ -1129,8 +1142,9 @@ class DSADecodeLayer(nn.Module):
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
         of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
         a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch);
-        ``DSA_LAYER_OVERLAP`` / ``DSA_LAYER_OVERLAP_CARVEOUT`` / ``DSA_LAYER_FUSED_PREP`` set to
-        something they do not take (read here, once).
+        ``DSA_LAYER_OVERLAP`` / ``DSA_LAYER_OVERLAP_CARVEOUT`` / ``DSA_LAYER_FUSED_PREP`` /
+        ``DSA_LAYER_JOINT_GEMV`` / ``DSA_LAYER_TOPK_WINDOW`` set to something they do not take
+        (read here, once).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -1161,6 +1175,7 @@ class DSADecodeLayer(nn.Module):
         self.linear = linear_switch(linear, cfg.absorbed)
         self.gemv = gemv_on()                  # DSA_LINEAR_GEMV, read now (not inside a step)
         self.joint_gemv = joint_gemv_on()      # DSA_LAYER_JOINT_GEMV, likewise
+        self.topk_window_op = topk_window_on()  # DSA_LAYER_TOPK_WINDOW, likewise
         self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -1515,7 +1530,8 @@ class DSADecodeLayer(nn.Module):
                 k_cache, block_table, context_lens, N, heads=H, index_heads=H_I, d_qk=cfg.d_qk,
                 qk_nope=nope if cfg.absorbed else 0, scale_fmt=cfg.scale_fmt, eps=cfg.eps,
                 absorbed=cfg.absorbed, q_head_norm=cfg.q_head_norm, w_alpha=alpha, topk=cfg.topk,
-                window=cfg.window, path=self.path, carveout=self.overlap_carveout)
+                window=cfg.window, path=self.path, carveout=self.overlap_carveout,
+                topk_window_op=self.topk_window_op)
             return (q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I),
                     (indices, idx_lens))
         q, iq = self._project_qr(qr)                   # [T, H * (nope + r) | D_qk], [T, H_I * D_I]
@@ -1615,7 +1631,8 @@ class DSADecodeLayer(nn.Module):
                                                           context_lens, rope)
         if selected is None:
             selected = _select_indices(idx_q, idx_w, k_cache, block_table, context_lens, N, cfg.topk,
-                                       cfg.window, self.path, report_lens=return_intermediates)
+                                       cfg.window, self.path, report_lens=return_intermediates,
+                                       one_op=self.topk_window_op)
         indices, idx_lens = selected
 
         sink = self.w("attn_sink") if cfg.attn_sink else None
