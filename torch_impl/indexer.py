@@ -422,13 +422,19 @@ def _(q, weights, k_cache, block_table, context_lens, k_format, path):
     return q.new_empty((B, N, W), dtype=torch.float32)
 
 
+def _topk_plan(q, block_table, k_cache, k_format, path, topk):
+    """What every top-k op runs first (``dsa::indexer_topk``, ``dsa::indexer_topk_window``): the
+    cache's byte-offset check and the registry's ``indexer_topk`` plan for these shapes."""
+    _check_byte_offset(k_cache, k_format)
+    return _plan(q, block_table, k_cache, k_format, "indexer_topk", path, topk)
+
+
 @torch.library.custom_op("dsa::indexer_topk", mutates_args=())
 def _indexer_topk_op(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor,
                      block_table: torch.Tensor, context_lens: torch.Tensor, topk: int,
                      k_format: str, sort: bool, path: str) -> torch.Tensor:
-    _check_byte_offset(k_cache, k_format)
     args = (q, weights, k_cache, block_table, context_lens, topk, k_format, sort)
-    pl = _plan(q, block_table, k_cache, k_format, "indexer_topk", path, topk)
+    pl = _topk_plan(q, block_table, k_cache, k_format, path, topk)
     cfg = pl.configs.get("triton")
     impls = {"triton": lambda: _triton_topk(*args, cfg), "torch": lambda: _torch_topk(*args)}
     return _common.run_path("indexer_topk", path, impls, pl.order)

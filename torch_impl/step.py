@@ -157,8 +157,7 @@ def _indexer_topk_window_op(q: torch.Tensor, weights: torch.Tensor, k_cache: tor
                             window: int, k_format: str,
                             path: str) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`indexer_topk_window`: the V4 step's index list and indexer lengths in one op."""
-    _idx._check_byte_offset(k_cache, k_format)
-    pl = _idx._plan(q, block_table, k_cache, k_format, "indexer_topk", path, topk)
+    pl = _idx._topk_plan(q, block_table, k_cache, k_format, path, topk)
     args = (q, weights, k_cache, block_table, context_lens, topk, window, k_format)
     impls = {"triton": lambda: _triton_topk_window(*args, pl.configs.get("triton")),
              "torch": lambda: _torch_topk_window(*args)}
