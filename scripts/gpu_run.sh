@@ -12,7 +12,9 @@
 #                   layer rows' phases need a process in which torch.profiler has not run (CUPTI
 #                   takes one subscriber): BENCH_BACKENDS=jax in a second invocation; BENCH_HLO_DIR=$OUT/hlo
 #                   also writes each jax layer row's optimised HLO there; XLA_FLAGS set for the
-#                   call are recorded in the JSON's "env"
+#                   call are recorded in the JSON's "env"; with TF_CPP_MIN_LOG_LEVEL=0
+#                   TF_CPP_VMODULE=command_buffer_conversion_pass=2 also $OUT/xla_cmdbuf.{txt,json}: what
+#                   XLA put into its command buffers, per module (bench.xla_cmdbuf on the log)
 #   bench:quick     python -m bench --quick --write-dispatch (dispatch table under $OUT)
 #   tests:FILES     pytest on the GPU; WHAT is one of the groups below or a test file
 #   sweep:mla|idx   bench.mla_sweep / bench.indexer_sweep (variants of the Triton kernels)
@@ -107,6 +109,10 @@ for step in "$@"; do
       timeout "$secs" python3 -m bench "--$what" "${paths[@]}" "${extra[@]}" --budget-s $((secs - 40)) \
         --no-progress --no-plot --out "$OUT" > "$log" 2>&1
       rc_b=$?
+      case "${TF_CPP_VMODULE:-}" in   # XLA's command buffers, from its log (bench.xla_cmdbuf)
+        *command_buffer_conversion_pass*) python3 -m bench.xla_cmdbuf "$log" --json "$OUT/xla_cmdbuf.json" \
+          > "$OUT/xla_cmdbuf.txt" 2>&1 ;;
+      esac
       if [ "$what" = targets ]; then   # the issues' targets on what this call measured (bench.targets)
         newest=$(ls -t "$OUT"/bench_*_targets_*.json 2>/dev/null | head -1)
         [ -n "$newest" ] && python3 -m bench.targets "$newest" --json "$OUT/targets_status.json" \

@@ -1238,3 +1238,43 @@ def test_recorded_env_takes_every_dsa_switch(monkeypatch):
     monkeypatch.setenv("DSAX_OTHER", "1")
     assert recorded_env() == {"DSA_TOPK_UNFUSED_PER_SM": "4",
                               "XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
+
+
+def test_xla_cmdbuf_log_summary(tmp_path, capsys):
+    """bench.xla_cmdbuf reads command_buffer_conversion_pass's VLOG lines (the log prefix, then
+    the pass's messages): per module its command buffers and their sizes, and the thunks it left
+    out by the reason it names; the CLI prints one line a module and writes the JSON."""
+    from bench import xla_cmdbuf
+    pre = "I1207 20:41:00.123456   4242 command_buffer_conversion_pass.cc:{}] "
+    log = "\n".join([
+        "unrelated line",
+        pre.format(560) + "Module jit_run CommandBufferConfig: enabled_commands: [FUSION, CUBLAS], "
+                          "enabled_collectives: [ALLCOLLECTIVES]",
+        pre.format(420) + "Creating command buffer thunk command_buffer_3 with the following thunks: "
+                          "fusion.1, fusion.2, cache_write_fp8_model1",
+        pre.format(380) + "Thunk kind kKernel is not lowered to command buffer because command size is "
+                          "less than the min graph size",
+        pre.format(380) + "Thunk kind kKernel is not lowered to command buffer because command size is "
+                          "less than the min graph size",
+        pre.format(300) + "Thunk kind kGemm lowering is not enabled by the user for type CUBLASLT",
+        pre.format(560) + "Module jit_copy CommandBufferConfig: enabled_commands: [FUSION]",
+        pre.format(200) + "Unsupported thunk kind: kHostExecuteStart",
+    ])
+    s = xla_cmdbuf.summarize(log)
+    assert list(s) == ["jit_run", "jit_copy"]
+    assert s["jit_run"]["command_buffers"] == [3] and s["jit_run"]["thunks_inside"] == 3
+    assert s["jit_run"]["config"].startswith("enabled_commands: [FUSION, CUBLAS]")
+    assert s["jit_run"]["left_out"] == {"below the min graph size": {"kKernel": 2},
+                                        "type CUBLASLT not enabled": {"kGemm": 1}}
+    assert s["jit_copy"] == {"config": "enabled_commands: [FUSION]", "command_buffers": [],
+                             "thunks_inside": 0, "left_out": {"kind not supported": {"kHostExecuteStart": 1}}}
+    p = tmp_path / "x.log"
+    p.write_text(log)
+    assert xla_cmdbuf.main([str(p), "--module", "run", "--json", str(tmp_path / "s.json")]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines() == ["jit_run: 1 command buffers, 3 thunks inside (sizes [3]); left out: "
+                                "below the min graph size: kKernel x2; type CUBLASLT not enabled: kGemm x1"]
+    assert json.loads((tmp_path / "s.json").read_text()) == {"jit_run": s["jit_run"]}
+    with pytest.raises(SystemExit) as e:
+        xla_cmdbuf.main([str(tmp_path / "missing.log")])
+    assert e.value.code == 2 and "log: cannot read" in capsys.readouterr().err
