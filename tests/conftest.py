@@ -66,8 +66,9 @@ def pytest_collection_modifyitems(config, items):
     target sm_120) run on GPU machines or with ``DSA_AOT_SM90=1``; on CPU machines they are
     skipped, which keeps CI's time down (with cold compile caches they are ~5 minutes of the
     suite on 2 cores). The sm_120 checks always run. Likewise ``@pytest.mark.cpu_heavy``: variants
-    whose interpreter runs take a minute or more each on 2 cores (each has a lighter twin that
-    runs everywhere) run on GPU machines or with ``DSA_HEAVY=1``."""
+    whose interpreter runs (or XLA:CPU compiles of interpret-mode Pallas programs) cost CI tens
+    of seconds to minutes each on 2 cores, each with a lighter twin that runs everywhere (named
+    beside the mark), run on GPU machines or with ``DSA_HEAVY=1``."""
     # Longest first (the ``slow`` marker; the sm_120 AOT compile checks, minutes each with a cold
     # Triton cache, ahead of the rest): pytest-xdist hands the first worker the first half of
     # the collection (--dist worksteal in the Makefile) and an idle worker steals from the end
@@ -80,8 +81,9 @@ def pytest_collection_modifyitems(config, items):
         return
     import pytest
     skip = pytest.mark.skip(reason="sm_90 AOT compile check: runs on GPU machines or with DSA_AOT_SM90=1")
-    heavy = pytest.mark.skip(reason="interpreter-heavy variant (minutes of CPU in the Triton / Pallas "
-                                    "interpreter): runs on GPU machines or with DSA_HEAVY=1")
+    heavy = pytest.mark.skip(reason="interpreter-heavy variant with a lighter twin that runs here (CPU "
+                                    "time in the Triton / Pallas interpreter or XLA:CPU's compile): "
+                                    "runs on GPU machines or with DSA_HEAVY=1")
     for item in items:
         if "sm90" in item.keywords and not os.environ.get("DSA_AOT_SM90"):
             item.add_marker(skip)
