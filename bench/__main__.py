@@ -157,7 +157,8 @@ def _bad_environment() -> str | None:
     ``DSA_LAYER_LINEAR``, ``DSA_LAYER_JOINT_GEMV``, ``DSA_LAYER_TOPK_WINDOW``,
     ``DSA_BENCH_LAYER_STEPS``, ``DSA_TOPK_PDL``, ``DSA_LINEAR_GEMV``,
     ``DSA_TOPK_SCATTER_SUB``, ``DSA_IDX_WS_FUSED_HIST_MAX_N``, ``DSA_TOPK_SPLIT_PLAN``,
-    ``DSA_TOPK_SCATTER_FORM``, ``DSA_TOPK_PART_PRE``, ``DSA_TOPK_UNFUSED_PER_SM``), as its
+    ``DSA_TOPK_SCATTER_FORM``, ``DSA_TOPK_PART_PRE``, ``DSA_TOPK_UNFUSED_PER_SM``,
+    ``DSA_JAX_LAYER_ROPE_LANES``), as its
     error message; None when all are good. Checked before anything runs, so a typo is a usage
     error, not a failed row."""
     from bench.paths import layer_group_steps
@@ -181,6 +182,12 @@ def _bad_environment() -> str | None:
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,
                    lambda: env_switch(SPLIT_PLAN_ENV), scatter_form_default, scatter_part_pre,
                    lambda: unfused_topk_splits(1, 1, 1, 1)]
+    try:
+        from jax_impl import layer as jl
+    except Exception:  # noqa: BLE001 - no JAX here: its switch is not read either
+        jl = None
+    if jl is not None:
+        checks.append(jl.rope_lanes_on)
     for check in checks:
         try:
             check()

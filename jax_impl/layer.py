@@ -67,6 +67,58 @@ def _rope(x, cos, sin, interleaved: bool):
     return jnp.concatenate([ra, rb], axis=-1)
 
 
+ROPE_LANES_ENV = "DSA_JAX_LAYER_ROPE_LANES"
+
+
+def rope_lanes_on() -> bool:
+    """``DSA_JAX_LAYER_ROPE_LANES`` read once (when a layer is built): the step's rotary
+    embeddings over whole rows (:func:`_rope_lanes`, default) or, with ``0`` (the bench's A/B),
+    on the rope slice, concatenated back with the rest of the row. The same operations either way
+    (bit for bit op by op; under ``jit`` up to XLA's FMA contraction); the first form has no
+    ``concatenate`` for XLA to make a kernel of.
+
+    Raises:
+      ValueError: the variable holds anything but ``0``, ``1`` or nothing (named)."""
+    from kernels.scalars import env_switch
+    return env_switch(ROPE_LANES_ENV) is not False
+
+
+def _rope_lanes(x, cos, sin, *, interleaved: bool, at_end: bool):
+    """``x`` ``[..., D]`` with :func:`_rope` applied to its ``r = 2 * cos.shape[-1]`` rope lanes
+    (the last r with ``at_end``, else the first r) and the other lanes unchanged, computed over
+    the whole row without slicing and concatenating: each lane's rotation partner comes from a
+    reshape and a reverse (``interleaved``: the pair ``2i, 2i + 1``; else the halves of the rope
+    lanes, ``j`` and ``j + r / 2``), the per-lane cos / sign-folded sin from a repeat and a pad,
+    and a select keeps the other lanes. The same float32 operations as :func:`_rope` lane for
+    lane (``a cos - b sin`` is ``a cos + b (-sin)``, and ``a sin + b cos`` is summed in the other
+    order, both exact rewrites): the same bits op by op. Under ``jit`` XLA may contract a
+    multiply and an add into one FMA in either form, differently (~1 ulp of float32 apart on
+    XLA:CPU, tested), as it may for any fusion.
+
+    Why: at B 1 the JAX step's kernels idle ~1.5 us at each boundary (bench/NOTES.md, thirtieth
+    session), and each ``concatenate`` became a kernel of its own (XLA's
+    ``input_concatenate_fusion``, ~2 us each at B 1); an elementwise select can join the
+    fusion of its producer or consumer."""
+    D, h = x.shape[-1], cos.shape[-1]
+    r = 2 * h
+    lead = x.shape[:-1]
+    if interleaved:
+        partner = x.reshape(*lead, D // 2, 2)[..., ::-1].reshape(x.shape)
+        c, s = jnp.repeat(cos, 2, axis=-1), jnp.repeat(sin, 2, axis=-1)
+        sign = jnp.tile(jnp.asarray([-1.0, 1.0], jnp.float32), h)
+    else:
+        if D % r:
+            raise ValueError(f"x: the last dim ({D}) must be a multiple of the rope dims ({r})")
+        partner = x.reshape(*lead, D // r, 2, h)[..., ::-1, :].reshape(x.shape)
+        c, s = jnp.tile(cos, 2), jnp.tile(sin, 2)
+        sign = jnp.repeat(jnp.asarray([-1.0, 1.0], jnp.float32), h)
+    pad = [(0, 0)] * (c.ndim - 1) + [(D - r, 0) if at_end else (0, D - r)]
+    c, s = jnp.pad(c, pad), jnp.pad(s * sign, pad)
+    lane = jnp.arange(D)
+    rope = (lane >= D - r) if at_end else (lane < r)
+    return jnp.where(rope, x * c + partner * s, x)
+
+
 def _rmsnorm(x, w, eps):
     x = x.astype(jnp.float32)
     y = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps)
@@ -249,6 +301,7 @@ class DSADecodeLayer(nnx.Module):
             raise ValueError(f"path: expected one of {JAX_PATHS}, got {path!r}")
         seed = check_int("seed", seed, minimum=0)
         self.cfg, self.kv_format, self.dtype, self.path = cfg, kv_format, jnp.dtype(dtype), path
+        self.rope_lanes = rope_lanes_on()            # DSA_JAX_LAYER_ROPE_LANES, read now
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_heads = cfg.heads_per_rank(tp_size)
         weights = lref.init_weights(cfg, seed) if weights is None else lref.float32_weights(cfg, weights)
@@ -441,23 +494,41 @@ class DSADecodeLayer(nnx.Module):
             q_lat = jnp.einsum("bnhd,hdc->bnhc", q[..., :nope], self.wkv_b_k[...])
             q_mla = jnp.concatenate([q_lat.astype(jnp.float32), q_pe], axis=-1).astype(dt)
             kv = xkv
-            c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
-            latent = jnp.concatenate([c, _rope(kv[..., C:].astype(jnp.float32), cos, sin, True)], axis=-1)
+            if self.rope_lanes:      # the norm over the first C lanes, the rope over the last r
+                k32 = kv.astype(jnp.float32)            # _rmsnorm's operations on the C lanes
+                normed = k32 * jax.lax.rsqrt(jnp.mean(k32[..., :C] * k32[..., :C], axis=-1,
+                                                      keepdims=True) + cfg.eps)
+                w = jnp.pad(self.w("kv_norm"), (0, r))
+                latent = jnp.where(jnp.arange(C + r) < C, normed * w,
+                                   _rope_lanes(k32, cos, sin, interleaved=True, at_end=True))
+            else:
+                c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
+                latent = jnp.concatenate([c, _rope(kv[..., C:].astype(jnp.float32), cos, sin, True)],
+                                         axis=-1)
         else:
             q = (qr @ self.w("wq_b").T).reshape(B, N, Hl, cfg.d_qk).astype(jnp.float32)
             if cfg.q_head_norm:
                 q = _rmsnorm(q, None, cfg.eps)
-            q_mla = jnp.concatenate([q[..., :-r], _rope(q[..., -r:], cos_h, sin_h, True)], axis=-1).astype(dt)
             kv = _rmsnorm(xkv, self.w("kv_norm"), cfg.eps)
-            latent = jnp.concatenate([kv[..., :-r], _rope(kv[..., -r:], cos, sin, True)], axis=-1)
+            if self.rope_lanes:
+                q_mla = _rope_lanes(q, cos_h, sin_h, interleaved=True, at_end=True).astype(dt)
+                latent = _rope_lanes(kv, cos, sin, interleaved=True, at_end=True)
+            else:
+                q_mla = jnp.concatenate([q[..., :-r], _rope(q[..., -r:], cos_h, sin_h, True)],
+                                        axis=-1).astype(dt)
+                latent = jnp.concatenate([kv[..., :-r], _rope(kv[..., -r:], cos, sin, True)], axis=-1)
         latent = latent.astype(dt)
 
         had = jnp.asarray(lref.hadamard_matrix(D_I), jnp.float32)
         iq = (qr @ self.w("indexer.wq_b").T).reshape(B, N, H_I, D_I).astype(jnp.float32)
-        iq = jnp.concatenate([_rope(iq[..., :r], cos_h, sin_h, False), iq[..., r:]], axis=-1) @ had
         ik = _layernorm(xk, self.w("indexer.k_norm.weight"),
                         self.w("indexer.k_norm.bias"), cfg.eps)
-        ik = jnp.concatenate([_rope(ik[..., :r], cos, sin, False), ik[..., r:]], axis=-1) @ had
+        if self.rope_lanes:
+            iq = _rope_lanes(iq, cos_h, sin_h, interleaved=False, at_end=False) @ had
+            ik = _rope_lanes(ik, cos, sin, interleaved=False, at_end=False) @ had
+        else:
+            iq = jnp.concatenate([_rope(iq[..., :r], cos_h, sin_h, False), iq[..., r:]], axis=-1) @ had
+            ik = jnp.concatenate([_rope(ik[..., :r], cos, sin, False), ik[..., r:]], axis=-1) @ had
         iq, ik = iq.astype(dt).astype(jnp.float32), ik.astype(dt).astype(jnp.float32)
         q_scale = jformats.indexer_scale(jnp.max(jnp.abs(iq), axis=-1), cfg.scale_fmt)     # [B, N, H_I]
         idx_q = jnp.clip(iq / q_scale[..., None], -np_formats.FP8_MAX, np_formats.FP8_MAX).astype(jnp.float8_e4m3fn)
@@ -481,7 +552,9 @@ class DSADecodeLayer(nnx.Module):
             out = o.reshape(B, N, -1) @ self.w("wo").T
         else:
             o = attn.astype(jnp.float32)
-            if cfg.inverse_rope_out:
+            if cfg.inverse_rope_out and self.rope_lanes:
+                o = _rope_lanes(o, cos_h, -sin_h, interleaved=True, at_end=True)
+            elif cfg.inverse_rope_out:
                 o = jnp.concatenate([o[..., :-r], _rope(o[..., -r:], cos_h, -sin_h, True)], axis=-1)
             gl = self.w("wo_a").shape[0] // cfg.o_lora_rank
             wo_a = self.w("wo_a").reshape(gl, cfg.o_lora_rank, -1)

@@ -51,6 +51,56 @@ def test_layer_matches_reference_jit(cfg, fmt, B, N, lens, seed):
     checks.check_step(case, case.reference(), out, kv, kc, inter)
 
 
+def test_rope_lanes_is_the_sliced_rope_op_by_op():
+    """jax_impl.layer._rope_lanes (the rotary embedding over whole rows: partner lanes by a
+    reshape and a reverse, tables by a repeat and a pad, a select) against _rope on the slice
+    concatenated back, op by op (not jitted: XLA may contract multiply-adds into FMAs
+    differently in the two forms): the same bits in all four layouts, with -0.0, +-inf, NaN and
+    huge values in and outside the rope lanes."""
+    from jax_impl.layer import _rope, _rope_lanes
+    rng = np.random.default_rng(0)
+    for interleaved in (True, False):
+        for at_end in (True, False):
+            for D, h, lead in ((128, 32, (2, 3, 4)), (512, 16, (2, 1, 8))):
+                x = (rng.standard_normal(lead + (D,)) * 3).astype(np.float32)
+                x.reshape(-1)[::37] = -0.0
+                x.reshape(-1)[[5, 11, 13, 200]] = [np.inf, np.nan, -np.inf, 3e38]
+                cos, sin = (rng.standard_normal(lead[:-1] + (1, h)).astype(np.float32) for _ in "cs")
+                r, xj = 2 * h, jnp.asarray(x)
+                want = (jnp.concatenate([xj[..., :-r], _rope(xj[..., -r:], cos, sin, interleaved)], -1)
+                        if at_end else
+                        jnp.concatenate([_rope(xj[..., :r], cos, sin, interleaved), xj[..., r:]], -1))
+                got = _rope_lanes(xj, cos, sin, interleaved=interleaved, at_end=at_end)
+                np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                              np.asarray(want).view(np.uint32),
+                                              err_msg=f"{interleaved=} {at_end=} {D=}")
+    with pytest.raises(ValueError, match="multiple of the rope dims"):
+        _rope_lanes(jnp.zeros((2, 96)), jnp.zeros((1, 32)), jnp.zeros((1, 32)), interleaved=False,
+                    at_end=False)
+
+
+@pytest.mark.parametrize("cfg,fmt", [(V32, "fp8_ds_mla"), (V4, "fp8_model1")], ids=["dsv32", "dsv4"])
+def test_rope_lanes_switch_matches_the_reference(cfg, fmt, monkeypatch):
+    """``DSA_JAX_LAYER_ROPE_LANES`` (read when the layer is built): the step with the rotary
+    embeddings over whole rows (default) and on the sliced lanes (``0``) each match the float64
+    reference, and each other within float32 rounding (under jit the two forms may differ by
+    XLA's FMA contraction, ~1 ulp); a bad value is a ValueError naming the variable. The xla
+    path: the form is the layer's glue, not an op's."""
+    case = lref.make_layer_case(cfg, seed=5, B=2, N=1, lens=(130, 40), kv_format=fmt)
+    res = {}
+    for v in ("1", "0"):
+        monkeypatch.setenv("DSA_JAX_LAYER_ROPE_LANES", v)
+        layer = DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, path="xla")
+        assert layer.rope_lanes == (v == "1")
+        res[v] = _run(layer, case)
+        checks.check_step(case, case.reference(), *res[v])
+    for k in ("q", "idx_weights"):
+        np.testing.assert_allclose(res["1"][3][k], res["0"][3][k], rtol=1e-5, atol=1e-5, err_msg=k)
+    monkeypatch.setenv("DSA_JAX_LAYER_ROPE_LANES", "on")
+    with pytest.raises(ValueError, match="DSA_JAX_LAYER_ROPE_LANES: expected '0', '1' or unset, got 'on'"):
+        DSADecodeLayer(case.cfg, case.weights, kv_format=fmt, path="xla")
+
+
 def test_tp2_partials_sum_to_tp1():
     """V4 heads / o_groups split over 2 ranks: each rank matches its reference, caches agree, and
     the sum of the partial outputs matches TP=1 (SPEC out bound). The xla path keeps the two
