@@ -145,6 +145,10 @@ def parse(argv=None) -> argparse.Namespace:
         if why:
             ap.error(f"argument --dispatch-dir: expected a writable directory, got "
                      f"{str(args.dispatch_dir)!r}: {why}")
+    # the interpreters before the check below imports the kernel modules (a Triton module
+    # imported before TRITON_INTERPRET=1 is set stays compiled: every CPU row then failed)
+    from parity.machine import prepare_environment
+    prepare_environment(gpu=not (args.dry_run or not _has_cuda()))
     why = _bad_environment()
     if why:
         ap.error(f"environment: {why}")

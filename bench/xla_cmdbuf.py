@@ -12,6 +12,9 @@ without a word (a legacy custom call, which that pass's ``IsConvertible`` refuse
 in neither list: a module whose kernels are not all inside a command buffer, and not named
 here as left out, has such thunks.
 
+The counts are the pass's log lines: it asks about a thunk again where it walks nested bodies
+(while / conditional branches, async regions), so a count can exceed the thunks of that kind.
+
 ``python -m bench.xla_cmdbuf LOG [--module SUBSTRING] [--json OUT]``: a summary per module.
 """
 from __future__ import annotations
@@ -28,30 +31,42 @@ _SMALL = re.compile(r"Thunk kind (\S+) is not lowered to command buffer because 
                     r"less than the min graph size")
 _NOT_ENABLED = re.compile(r"Thunk kind (\S+) lowering is not enabled by the user for type (\S+)")
 _UNSUPPORTED = re.compile(r"Unsupported thunk kind: (\S+)")
+_COLLECTIVE = re.compile(r"Collective thunk kind (\S+) is not enabled by the collectives filter")
+_NOT_CONVERTIBLE = re.compile(r"(\S+) is not convertible to command buffers because (.*)$")
+_SKIPPING = re.compile(r"Skipping (\S+) Command Buffer conversion: (.*)$")
+# logged while the configuration is built, before its "Module ... CommandBufferConfig" line
+_REMOVED = re.compile(r"Removed command buffer support for (\S+) as it's not supported")
 
 
 def summarize(text: str) -> dict:
-    """``{module: {"config", "command_buffers": [thunk count, ...], "thunks_inside",
-    "left_out": {reason: {thunk kind: count}}}}`` from the pass's log ``text``, in the order
-    the modules were compiled. Lines before the first module line count under ``"?"``. A module
-    compiled twice (two executables of one name) keeps both runs' counts together."""
+    """``{module: {"config", "removed_commands", "command_buffers": [thunk count, ...],
+    "thunks_inside", "left_out": {reason: {thunk kind: count}}}}`` from the pass's log
+    ``text``, in the order the modules were compiled. ``removed_commands``: command types the
+    pass dropped for this toolkit / driver (logged before the module's own line). Lines before
+    the first module line count under ``"?"``. A module compiled twice (two executables of one
+    name) keeps both runs' counts together."""
     out: dict[str, dict] = {}
-    cur = "?"
+    cur, removed = "?", []
 
     def mod(name):
-        return out.setdefault(name, {"config": "", "command_buffers": [], "thunks_inside": 0,
-                                     "left_out": {}})
+        return out.setdefault(name, {"config": "", "removed_commands": [], "command_buffers": [],
+                                     "thunks_inside": 0, "left_out": {}})
 
     def left(reason, kind):
         d = mod(cur)["left_out"].setdefault(reason, {})
         d[kind] = d.get(kind, 0) + 1
 
     for line in text.splitlines():
-        if m := _MODULE.search(line):
+        line = line.rstrip("\r")
+        if m := _REMOVED.search(line):
+            removed.append(m.group(1))
+        elif m := _MODULE.search(line):
             cur = m.group(1)
             mod(cur)["config"] = m.group(2).strip()
+            mod(cur)["removed_commands"] += removed
+            removed = []
         elif m := _CREATE.search(line):
-            n = len([t for t in m.group(2).split(", ") if t.strip()])
+            n = len(m.group(2).split(", ")) if m.group(2) else 0     # unnamed thunks count too
             mod(cur)["command_buffers"].append(n)
             mod(cur)["thunks_inside"] += n
         elif m := _SMALL.search(line):
@@ -60,6 +75,12 @@ def summarize(text: str) -> dict:
             left(f"type {m.group(2)} not enabled", m.group(1))
         elif m := _UNSUPPORTED.search(line):
             left("kind not supported", m.group(1))
+        elif m := _COLLECTIVE.search(line):
+            left("not in the collectives filter", m.group(1))
+        elif m := _NOT_CONVERTIBLE.search(line):
+            left(m.group(2).strip(), m.group(1))
+        elif m := _SKIPPING.search(line):
+            left(m.group(2).strip(), m.group(1))
     return out
 
 
@@ -69,21 +90,32 @@ def main(argv=None) -> int:
     ap.add_argument("--module", default="", help="only modules whose name holds this")
     ap.add_argument("--json", help="also write the summary as JSON here")
     args = ap.parse_args(argv)
+    if args.json is not None:          # checked before the log is read
+        from parity.report import unwritable
+        why = unwritable(args.json)
+        if why:
+            ap.error(f"argument --json: expected a writable file, got {args.json!r}: {why}")
     try:
         with open(args.log, errors="replace") as f:
-            summary = summarize(f.read())
+            found = summarize(f.read())
     except OSError as e:
         ap.error(f"log: cannot read {args.log!r}: {e.strerror}")
-    summary = {k: v for k, v in summary.items() if args.module in k}
-    if not summary:
+    summary = {k: v for k, v in found.items() if args.module in k}
+    if not found:
         print("no command-buffer conversion lines (was TF_CPP_VMODULE=command_buffer_conversion_pass=2 "
               "set, and TF_CPP_MIN_LOG_LEVEL=0?)", file=sys.stderr)
+    elif not summary:
+        ap.error(f"argument --module: no module name holds {args.module!r}; the log has "
+                 f"{', '.join(found)}")
     for name, s in summary.items():
         left = "; ".join(f"{r}: " + ", ".join(f"{k} x{n}" for k, n in sorted(d.items()))
                          for r, d in sorted(s["left_out"].items())) or "none named"
+        gone = f"; commands removed: {', '.join(s['removed_commands'])}" if s["removed_commands"] else ""
         print(f"{name}: {len(s['command_buffers'])} command buffers, {s['thunks_inside']} thunks inside "
-              f"(sizes {s['command_buffers']}); left out: {left}")
-    if args.json:
+              f"(sizes {s['command_buffers']}); left out: {left}{gone}")
+    if args.json is not None:
+        from pathlib import Path
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
     return 0

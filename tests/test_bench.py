@@ -1259,8 +1259,17 @@ def test_xla_cmdbuf_log_summary(tmp_path, capsys):
         pre.format(380) + "Thunk kind kKernel is not lowered to command buffer because command size is "
                           "less than the min graph size",
         pre.format(300) + "Thunk kind kGemm lowering is not enabled by the user for type CUBLASLT",
+        pre.format(120) + "Removed command buffer support for CUSTOM_CALL as it's not supported with "
+                          "gpu toolkit version 12.2.0 and driver version 12.2.0. This might ...",
         pre.format(560) + "Module jit_copy CommandBufferConfig: enabled_commands: [FUSION]",
         pre.format(200) + "Unsupported thunk kind: kHostExecuteStart",
+        pre.format(420) + "Creating command buffer thunk command_buffer_9 with the following thunks: "
+                          "fusion.7, , copy.2",
+        pre.format(330) + "Collective thunk kind kAllReduce is not enabled by the collectives filter",
+        pre.format(260) + "WhileThunk is not convertible to command buffers because its body contains "
+                          "loop-dependent DynamicSliceFusionV2Thunk and the while loop will not be unrolled",
+        pre.format(280) + "Skipping RaggedAllToAll Command Buffer conversion: Operation requires "
+                          "multi-host communication (num_local_devices=8)\r",
     ])
     s = xla_cmdbuf.summarize(log)
     assert list(s) == ["jit_run", "jit_copy"]
@@ -1268,8 +1277,16 @@ def test_xla_cmdbuf_log_summary(tmp_path, capsys):
     assert s["jit_run"]["config"].startswith("enabled_commands: [FUSION, CUBLAS]")
     assert s["jit_run"]["left_out"] == {"below the min graph size": {"kKernel": 2},
                                         "type CUBLASLT not enabled": {"kGemm": 1}}
-    assert s["jit_copy"] == {"config": "enabled_commands: [FUSION]", "command_buffers": [],
-                             "thunks_inside": 0, "left_out": {"kind not supported": {"kHostExecuteStart": 1}}}
+    assert s["jit_run"]["removed_commands"] == []
+    assert s["jit_copy"] == {
+        "config": "enabled_commands: [FUSION]", "removed_commands": ["CUSTOM_CALL"],
+        "command_buffers": [3], "thunks_inside": 3,     # an unnamed thunk counts
+        "left_out": {"kind not supported": {"kHostExecuteStart": 1},
+                     "not in the collectives filter": {"kAllReduce": 1},
+                     "its body contains loop-dependent DynamicSliceFusionV2Thunk and the while loop "
+                     "will not be unrolled": {"WhileThunk": 1},
+                     "Operation requires multi-host communication (num_local_devices=8)":
+                         {"RaggedAllToAll": 1}}}
     p = tmp_path / "x.log"
     p.write_text(log)
     assert xla_cmdbuf.main([str(p), "--module", "run", "--json", str(tmp_path / "s.json")]) == 0
@@ -1277,6 +1294,36 @@ def test_xla_cmdbuf_log_summary(tmp_path, capsys):
     assert out.splitlines() == ["jit_run: 1 command buffers, 3 thunks inside (sizes [3]); left out: "
                                 "below the min graph size: kKernel x2; type CUBLASLT not enabled: kGemm x1"]
     assert json.loads((tmp_path / "s.json").read_text()) == {"jit_run": s["jit_run"]}
-    with pytest.raises(SystemExit) as e:
-        xla_cmdbuf.main([str(tmp_path / "missing.log")])
-    assert e.value.code == 2 and "log: cannot read" in capsys.readouterr().err
+    assert xla_cmdbuf.main([str(p), "--json", str(tmp_path / "new" / "dir" / "s.json")]) == 0
+    assert set(json.loads((tmp_path / "new" / "dir" / "s.json").read_text())) == {"jit_run", "jit_copy"}
+    capsys.readouterr()
+    for argv, message in [([str(tmp_path / "missing.log")], "log: cannot read"),
+                          ([str(p), "--json", str(tmp_path)], "argument --json: expected a writable file"),
+                          ([str(p), "--json", ""], "argument --json: expected a writable file, got '': an empty path"),
+                          ([str(p), "--module", "nomatch"],
+                           "argument --module: no module name holds 'nomatch'; the log has jit_run, jit_copy")]:
+        with pytest.raises(SystemExit) as e:
+            xla_cmdbuf.main(argv)
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv
+
+
+@pytest.mark.skipif(os.environ.get("TRITON_INTERPRET", "0") in ("", "0"),
+                    reason="the CPU machine's set-up (on a GPU the kernels compile)")
+def test_cli_sets_the_interpreters_before_its_checks_import_the_kernels(tmp_path):
+    """``python -m bench --dry-run`` in a shell without ``TRITON_INTERPRET``: the argument
+    checks import the kernel modules (the bad-environment check reads their switches), so the
+    interpreters must be set first, or the Triton kernels load compiled and every CPU row
+    failed (found by a new-user trial, 2026-12-07). A child process, the variable unset."""
+    import subprocess
+    import sys
+    code = ("import os\n"
+            "from bench.__main__ import parse\n"
+            f"parse(['--dry-run', '--no-plot', '--no-progress', '--out', {str(tmp_path)!r}])\n"
+            "from kernels.topk import triton as kt\n"
+            "print(os.environ.get('TRITON_INTERPRET'), type(kt._radix_topk_kernel).__name__)\n")
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["1", "InterpretedFunction"], proc.stdout

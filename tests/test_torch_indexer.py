@@ -161,6 +161,23 @@ def test_topk_window_is_the_concatenation(path, N, cl2d, window):
                           (q, w, kc, bt, cl, 64, window, "fp8_indexer", path), test_utils=utils)
 
 
+def test_topk_window_bad_window_is_named():
+    """``indexer_topk_window`` refuses a ``window`` that is not an int >= 0, and one that would
+    take ``B * N * (topk + window)`` to 2^31 (the top-k kernels address the output rows at
+    int32 offsets), before any launch, naming it (found by a new-user trial: 2^40 tried to
+    allocate 8 TB)."""
+    from torch_impl.step import indexer_topk_window
+    case = cases.make_indexer_case(730, B=2, N=1, H_I=16, D_I=128, P=64, lens=[100, 60], topk=16)
+    args = _args(case)
+    for window, exc, match in [(-1, ValueError, r"^window: expected an int >= 0"),
+                               (1.0, TypeError, r"^window: expected an int"),
+                               (True, TypeError, r"^window: expected an int"),
+                               (2 ** 40, ValueError, r"^window: expected an int <= 1073741807 "
+                                                     r"\(B \* N \* \(topk \+ window\) < 2\^31")]:
+        with pytest.raises(exc, match=match):
+            indexer_topk_window(*args, 16, window, path="torch")
+
+
 def test_auto_matches_named_path():
     """``path="auto"`` runs (triton here, or torch if triton cannot) and gives the exact set."""
     case = cases.make_indexer_case(500, B=2, N=1, H_I=16, P=16, lens=[90, 33], topk=16)

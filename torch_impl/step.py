@@ -23,7 +23,7 @@ import torch
 
 from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
-from kernels.scalars import check_int, check_real
+from kernels.scalars import check_int, check_real, topk_maximum
 from torch_impl import _common
 from torch_impl import indexer as _idx
 from torch_impl.indexer import _validate as _idx_validate, indexer_topk
@@ -185,10 +185,16 @@ def indexer_topk_window(q: torch.Tensor, weights: torch.Tensor, k_cache: torch.T
 
     Raises:
       TypeError / ValueError / NotImplementedError: as ``indexer_topk`` (its argument checks
-        run with ``context_lens``), and ValueError for a ``window`` that is not an int >= 0.
+        run with ``context_lens``), and ValueError for a ``window`` that is not an int >= 0 or
+        with ``B * N * (topk + window) >= 2^31`` (the output's int32 offsets).
     """
     window = check_int("window", window, minimum=0)
     _idx_validate(q, weights, k_cache, block_table, context_lens, k_format, path, topk, False)
+    B, N = q.shape[:2]
+    # the top-k kernels write rows of topk + window int32 at int32 offsets (row * stride)
+    check_int("window", window, maximum=topk_maximum(B, N) - int(topk),
+              why=f"B * N * (topk + window) < 2^31 with B={B}, N={N}, topk={int(topk)}: int32 "
+                  f"offsets of the output")
     return torch.ops.dsa.indexer_topk_window(q, weights, k_cache, block_table, context_lens,
                                              int(topk), window, k_format, path)
 
