@@ -282,7 +282,9 @@ class DSADecodeLayer(nnx.Module):
         (or None), a weight that is not a real float array (``weights['name']``); ``seed`` not
         an int.
       ValueError: bad ``tp_size`` / ``tp_rank``, ``kv_format`` or ``path``; a weight missing or
-        of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0.
+        of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
+        ``DSA_JAX_LAYER_ROPE_LANES`` set to something but ``0`` / ``1`` (:func:`rope_lanes_on`,
+        read here, once).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
