@@ -1232,13 +1232,15 @@ def test_recorded_env_takes_every_dsa_switch(monkeypatch):
     unfused top-k's split count was run unrecorded once), empty values left out."""
     from bench.runner import recorded_env
     for k in list(__import__("os").environ):
-        if k.startswith("DSA_") or k in ("XLA_FLAGS", "TRITON_INTERPRET"):
+        if k.startswith(("DSA_", "TF_CPP_")) or k in ("XLA_FLAGS", "TRITON_INTERPRET"):
             monkeypatch.delenv(k)
     monkeypatch.setenv("DSA_TOPK_UNFUSED_PER_SM", "4")
     monkeypatch.setenv("DSA_TOPK_PART_PRE", "")
     monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_command_buffer=")
+    monkeypatch.setenv("TF_CPP_VMODULE", "command_buffer_conversion_pass=2")
     monkeypatch.setenv("DSAX_OTHER", "1")
     assert recorded_env() == {"DSA_TOPK_UNFUSED_PER_SM": "4",
+                              "TF_CPP_VMODULE": "command_buffer_conversion_pass=2",
                               "XLA_FLAGS": "--xla_gpu_enable_command_buffer="}
 
 
