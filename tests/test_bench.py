@@ -198,9 +198,14 @@ class StubBackend(paths.Backend):
 
     def prepare(self, op, inp, path):
         def call(s):
+            t0 = time.perf_counter()
+            out = _ref_outputs(op, inp, s, perturb=path in self.broken)
             if path in self.slow:
-                time.sleep(0.1)     # well above the reference work (~20-50 ms on a loaded CPU)
-            return _ref_outputs(op, inp, s, perturb=path in self.broken)
+                # 0.1 s plus three times this call's own reference work: slower than the fast
+                # path however loaded the machine (a fixed 0.1 s lost to ~20-50 ms of work
+                # stretched by other test processes, 2026-12-07)
+                time.sleep(0.1 + 3 * (time.perf_counter() - t0))
+            return out
         return [lambda s=s: call(s) for s in inp.sets]
 
     def config(self, op, inp, path):
