@@ -40,8 +40,9 @@ RECORDED_ENV = ("XLA_FLAGS", "TRITON_INTERPRET", "DSA_LAYER_OVERLAP", "DSA_LAYER
                 "DSA_LAYER_LINEAR", "DSA_LINEAR_GEMV", "DSA_LAYER_FUSED_PREP", "DSA_BENCH_COMPILE_LAYER",
                 "DSA_BENCH_LAYER_STEPS", "DSA_TOPK_PDL", "DSA_TOPK_SCATTER_SUB", "DSA_TOPK_SCATTER_MAXNREG",
                 "DSA_IDX_WS_FUSED_HIST_MAX_N", "DSA_TOPK_SPLIT_PLAN", "DSA_TOPK_SCATTER_FORM",
-                # XLA's own log (bench.xla_cmdbuf reads the command-buffer pass's lines)
-                "TF_CPP_VMODULE", "TF_CPP_MIN_LOG_LEVEL")
+                # XLA's own log (bench.xla_cmdbuf reads the command-buffer pass's lines); not
+                # TF_CPP_MIN_LOG_LEVEL, which an imported library sets to 1 in the process
+                "TF_CPP_VMODULE")
 
 
 def recorded_env() -> dict:
