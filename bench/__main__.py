@@ -128,8 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv=None) -> argparse.Namespace:
-    """The parsed command line; a usage error (also an ``--out`` / ``--dispatch-dir`` that
-    cannot be written, checked before anything runs) exits with status 2 (``SystemExit``)."""
+    """The parsed command line, with ``dry`` (the CPU dry run: asked for, or no CUDA GPU) and
+    the environment set for it (``parity.machine.prepare_environment``); a usage error (also an
+    ``--out`` / ``--dispatch-dir`` that cannot be written, checked before anything runs) exits
+    with status 2 (``SystemExit``)."""
     from parity.report import selection, unwritable
 
     ap = build_parser()
@@ -146,9 +148,11 @@ def parse(argv=None) -> argparse.Namespace:
             ap.error(f"argument --dispatch-dir: expected a writable directory, got "
                      f"{str(args.dispatch_dir)!r}: {why}")
     # the interpreters before the check below imports the kernel modules (a Triton module
-    # imported before TRITON_INTERPRET=1 is set stays compiled: every CPU row then failed)
+    # imported before TRITON_INTERPRET=1 is set stays compiled: every CPU row then failed);
+    # args.dry: the CPU dry run, asked for or for want of a GPU
     from parity.machine import prepare_environment
-    prepare_environment(gpu=not (args.dry_run or not _has_cuda()))
+    args.dry = args.dry_run or not _has_cuda()
+    prepare_environment(gpu=not args.dry)      # interpreters on the CPU; JAX does not preallocate
     why = _bad_environment()
     if why:
         ap.error(f"environment: {why}")
@@ -203,9 +207,7 @@ def _bad_environment() -> str | None:
 def main(argv=None) -> int:
     args = parse(argv)
     argv = sys.argv[1:] if argv is None else list(argv)
-    dry = args.dry_run or not _has_cuda()
-    from parity.machine import prepare_environment
-    prepare_environment(gpu=not dry)          # interpreters on the CPU; JAX does not preallocate
+    dry = args.dry                            # (parse set the environment for it)
     if dry:
         if not args.dry_run:
             print("no CUDA GPU: running the CPU dry run (timings meaningless)", file=sys.stderr)

@@ -497,11 +497,10 @@ class DSADecodeLayer(nnx.Module):
             q_mla = jnp.concatenate([q_lat.astype(jnp.float32), q_pe], axis=-1).astype(dt)
             kv = xkv
             if self.rope_lanes:      # the norm over the first C lanes, the rope over the last r
-                k32 = kv.astype(jnp.float32)            # _rmsnorm's operations on the C lanes
-                normed = k32 * jax.lax.rsqrt(jnp.mean(k32[..., :C] * k32[..., :C], axis=-1,
-                                                      keepdims=True) + cfg.eps)
-                w = jnp.pad(self.w("kv_norm"), (0, r))
-                latent = jnp.where(jnp.arange(C + r) < C, normed * w,
+                k32 = kv.astype(jnp.float32)
+                c = jnp.pad(_rmsnorm(k32[..., :C], self.w("kv_norm"), cfg.eps),
+                            [(0, 0)] * (k32.ndim - 1) + [(0, r)])
+                latent = jnp.where(jnp.arange(C + r) < C, c,
                                    _rope_lanes(k32, cos, sin, interleaved=True, at_end=True))
             else:
                 c = _rmsnorm(kv[..., :C], self.w("kv_norm"), cfg.eps)
