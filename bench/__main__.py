@@ -153,13 +153,13 @@ def parse(argv=None) -> argparse.Namespace:
     from parity.machine import prepare_environment
     args.dry = args.dry_run or not _has_cuda()
     prepare_environment(gpu=not args.dry)      # interpreters on the CPU; JAX does not preallocate
-    why = _bad_environment()
+    why = _bad_environment(args.backend or None)
     if why:
         ap.error(f"environment: {why}")
     return args
 
 
-def _bad_environment() -> str | None:
+def _bad_environment(backends=None) -> str | None:
     """The first environment switch the timed paths read that holds a value they refuse
     (``DSA_LAYER_OVERLAP``, ``DSA_LAYER_OVERLAP_CARVEOUT``, ``DSA_LAYER_FUSED_PREP``,
     ``DSA_LAYER_LINEAR``, ``DSA_LAYER_JOINT_GEMV``, ``DSA_LAYER_TOPK_WINDOW``,
@@ -168,13 +168,17 @@ def _bad_environment() -> str | None:
     ``DSA_TOPK_SCATTER_FORM``, ``DSA_TOPK_PART_PRE``, ``DSA_TOPK_UNFUSED_PER_SM``,
     ``DSA_JAX_LAYER_ROPE_LANES``), as its
     error message; None when all are good. Checked before anything runs, so a typo is a usage
-    error, not a failed row."""
+    error, not a failed row. ``backends``: the selected backends (None: all); a backend not
+    selected is neither imported nor checked (a torch-only run does not import the JAX layer)."""
     from bench.paths import layer_group_steps
     checks = [layer_group_steps]
-    try:
-        from torch_impl import layer as tl
-    except Exception:  # noqa: BLE001 - no torch here: its switches are not read either
-        tl = None
+    want = set(backends) if backends else {"torch", "jax"}
+    tl = None
+    if "torch" in want:
+        try:
+            from torch_impl import layer as tl
+        except Exception:  # noqa: BLE001 - no torch here: its switches are not read either
+            tl = None
     if tl is not None:
         import torch
         from kernels.scalars import env_switch
@@ -190,10 +194,12 @@ def _bad_environment() -> str | None:
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,
                    lambda: env_switch(SPLIT_PLAN_ENV), scatter_form_default, scatter_part_pre,
                    lambda: unfused_topk_splits(1, 1, 1, 1)]
-    try:
-        from jax_impl import layer as jl
-    except Exception:  # noqa: BLE001 - no JAX here: its switch is not read either
-        jl = None
+    jl = None
+    if "jax" in want:
+        try:
+            from jax_impl import layer as jl
+        except Exception:  # noqa: BLE001 - no JAX here: its switch is not read either
+            jl = None
     if jl is not None:
         checks.append(jl.rope_lanes_on)
     for check in checks:

@@ -823,6 +823,26 @@ def test_cli_bad_environment_exits_2_before_running(tmp_path, stub_registry, mon
     assert list(tmp_path.iterdir()) == []
 
 
+def test_cli_bad_environment_checks_only_the_selected_backends(tmp_path, stub_registry, monkeypatch, capsys):
+    """A torch-only run neither reads nor refuses the JAX layer's switch (and does not import the
+    JAX layer to check it); with both backends selected it is refused."""
+    import bench.runner
+    from bench.__main__ import _bad_environment, main
+    monkeypatch.setattr(bench.runner, "run", _no_run)
+    monkeypatch.setenv("DSA_JAX_LAYER_ROPE_LANES", "2")
+    assert _bad_environment(("torch",)) is None
+    assert "DSA_JAX_LAYER_ROPE_LANES: expected '0', '1' or unset, got '2'" in _bad_environment(("jax",))
+    assert "DSA_JAX_LAYER_ROPE_LANES" in _bad_environment(None)
+    monkeypatch.delenv("DSA_JAX_LAYER_ROPE_LANES")
+    monkeypatch.setenv("DSA_LAYER_JOINT_GEMV", "2")
+    assert _bad_environment(("jax",)) is None
+    assert "DSA_LAYER_JOINT_GEMV: expected '0', '1' or unset, got '2'" in _bad_environment(("torch",))
+    with pytest.raises(SystemExit) as e:
+        main(["--dry-run", "--out", str(tmp_path), "--no-progress", "--no-plot", "--backend", "torch"])
+    assert e.value.code == 2
+    assert "DSA_LAYER_JOINT_GEMV" in capsys.readouterr().err
+
+
 def test_cli_out_must_be_a_writable_directory(tmp_path, stub_registry, monkeypatch, capsys):
     import bench.runner
     from bench.__main__ import main
