@@ -495,3 +495,42 @@ def test_gemv_pair_is_the_two_gemvs_bitwise(monkeypatch):
         tlinear.linear_pair(x, w1, x[:, :4], w2.t())
     with pytest.raises(TypeError, match="product 2"):
         tlinear.linear_pair(x, w1, x.to(torch.int32), w2)
+
+
+def test_split3_is_the_float32_weight():
+    """``bench.linear_sweep.split3``: three 16-bit weights whose float32 sum is the float32
+    weight to ~2^-24 relative (24 significand bits), so their exact products with a 16-bit x,
+    summed in float32, are the float32 GEMM's to within its own rounding. bf16 over float32's
+    range; fp16 (the CPU dry run's dtype) where its remainders stay normal (magnitudes 1..100:
+    fp16's 5-bit exponent loses the low parts of small weights)."""
+    from bench.linear_sweep import split3
+    g = torch.Generator().manual_seed(3)
+    for act, lo, hi in ((torch.bfloat16, -8, 3), (torch.float16, 0, 2)):
+        w = torch.randn(8, 64, generator=g).sign() * torch.logspace(lo, hi, 64)
+        w3 = split3(w, act)
+        assert w3.shape == (24, 64) and w3.dtype == act
+        s = w3[:8].double() + w3[8:16].double() + w3[16:].double()
+        assert ((s - w.double()).abs() <= 2.0 ** -23 * w.double().abs()).all(), act
+        assert (w3[8:16] != 0).any()
+
+
+@pytest.mark.skipif(CUDA, reason="the CPU dry run of the GPU sweep")
+def test_sweep_split_weights_dry_run(tmp_path):
+    """``--split-weights``: the float32 ``weights_proj`` as three 16-bit weights, alone and
+    appended to ``x_proj``, torch and Triton, each checked against the float64 product before it
+    is timed; the rows are alternatives, left out of the phase sums."""
+    import json
+    from bench import linear_sweep
+    out = tmp_path / "sweep.json"
+    assert linear_sweep.main(["--dry-run", "--heuristic-only", "--batch", "3", "--preset", "DSV4_FLASH",
+                              "--gemm", "indexer.weights_proj", "--split-weights", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    alt = [r for r in doc["rows"] if r.get("alternative")]
+    assert sorted((r["gemm"], r["impl"]) for r in alt) == [
+        ("indexer.weights_proj", "torch.mm_x3"), ("indexer.weights_proj", "triton_x3"),
+        ("x_proj+weights_proj_x3", "torch.mm_f32out"), ("x_proj+weights_proj_x3", "triton_f32out")]
+    assert all(r["check"]["ok"] and r["median_us"] > 0 for r in alt)
+    assert all(r["weight_bytes"] == r["N"] * r["K"] * 2 for r in alt)
+    gemms = doc["summary"]["gemms"]
+    assert "alternative_best" in gemms["DSV4_FLASH M=3 indexer.weights_proj"]
+    assert doc["summary"]["projections_phase"]["DSV4_FLASH M=3"]["gemms"] == 1
