@@ -15,6 +15,7 @@ GPU-only layer test at the end is added.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -625,3 +626,78 @@ def test_prep_sweep_dry_run(tmp_path):
     a = (torch.tensor([1.0, 2.0]), torch.tensor([0.5], dtype=torch.float16), torch.zeros(3))
     b = (torch.tensor([1.0, 2.5]), torch.tensor([0.5], dtype=torch.float16), torch.zeros(3))
     assert prep_sweep._differences(a, b) == {"q_mla": {"elements": 1, "of": 2, "max_abs": 0.5}}
+
+
+@pytest.mark.parametrize("name", ["v32_latent_fp16_N2_amax", "v4_model1_fp16_N2"])
+def test_prep_q_three_weight_parts(name):
+    """``w_raw`` as three float32 parts ``[T, 3 H_I]`` (the split ``weights_proj``'s GEMM,
+    ``torch_impl.layer.split_weight``, part ``j`` scaled by ``2^(j S)``): the kernel and its
+    composite twin sum them as ``(o0 + o1 2^-S) + o2 2^-2S`` and write bit for bit what one part holding that sum gives (the other
+    outputs unchanged, bit for bit); a ``w_raw`` of another width or dtype is named."""
+    from torch_impl.layer import SPLIT_SHIFT
+    st = _stage(name)
+    a, H_I = st.x, st.cfg.index_heads
+    g = torch.Generator().manual_seed(11)
+    S = SPLIT_SHIFT[a["iq"].dtype]
+    parts = [a["w_raw"]] + [torch.randn(a["w_raw"].shape, generator=g).to(DEVICE) for _ in (1, 2)]
+    whole = (parts[0] + parts[1] * 2.0 ** -S) + parts[2] * 2.0 ** (-2 * S)
+    want = {}
+    for path in ("triton", "torch"):
+        a["w_raw"] = whole
+        want[path] = _run_q(st, path)
+        a["w_raw"] = torch.cat(parts, dim=1)
+        got = _run_q(st, path)
+        assert torch.equal(got[2], want[path][2]), path
+        assert torch.equal(got[0], want[path][0]) and torch.equal(got[1].view(torch.uint8),
+                                                                   want[path][1].view(torch.uint8))
+    T = whole.shape[0]
+    for bad, got in ((torch.cat(parts[:2], dim=1), f"torch.float32 ({T}, {2 * H_I})"),
+                     (whole.double(), f"torch.float64 ({T}, {H_I})")):
+        a["w_raw"] = bad
+        with pytest.raises(ValueError, match=re.escape(f"w_raw: expected float32 [{T}, {H_I}] or "
+                                                       f"[{T}, {3 * H_I}], got {got}")):
+            _run_q(st, "triton")
+    a["w_raw"] = parts[0]
+
+
+def test_layer_split_weights_proj(monkeypatch):
+    """``DSA_LAYER_SPLIT_WPROJ=1`` (read at construction): an fp16 layer's fused step of two
+    tokens runs ``weights_proj`` as three fp16 weights (``wproj_split``, ``3 H_I`` rows, part
+    ``j`` scaled by ``2^(11 j)``: ``alpha w`` to 2^-24 relative), one GEMM into float32, summed in ``prep_q``:
+    the head weights within the float32 bound of the float32 GEMM's and the same selection
+    (the fp16 step's checks against the float64 reference); off (``0``, or a float32 layer) the
+    buffer is absent; a bad value is named at construction."""
+    import _layer_checks as checks
+    from torch_impl.layer import SPLIT_SHIFT, split_weight
+    cfg, fmt, B, N, lens, seed, dt = LAYER_CASES["dsv4_fp8_model1_fp16"]
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name="split_wproj")
+    args = [as_tensor(x, DEVICE) for x in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                           case.context_lens)]
+    res = {}
+    for value in ("1", "0"):
+        monkeypatch.setenv("DSA_LAYER_SPLIT_WPROJ", value)
+        layer = DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt,
+                               fused_prep=True)
+        assert layer.split_wproj == (value == "1") and hasattr(layer, "wproj_split") == (value == "1")
+        res[value] = layer(*[t.clone() for t in args], return_intermediates=True)
+        if value == "1":
+            w = layer.w("indexer.weights_proj") * layer._weights_alpha
+            p = layer.wproj_split.view(3, *w.shape).double()
+            S = SPLIT_SHIFT[dt]
+            assert layer.wproj_split.dtype == dt and torch.equal(layer.wproj_split, split_weight(w, dt))
+            got = (p[0] + p[1] * 2.0 ** -S) + p[2] * 2.0 ** (-2 * S)
+            assert ((got - w.double()).abs() <= 2.0 ** -24 * w.double().abs()).all()
+    (o1, _, kc1, i1), (o0, _, _, i0) = res["1"], res["0"]
+    compare.assert_pass(compare.check_close("idx_weights (split vs float32)", i1["idx_weights"],
+                                            _np(i0["idx_weights"]), abs_tol=layer_compare.IDX_WEIGHTS_ABS,
+                                            rel_tol=layer_compare.IDX_WEIGHTS_REL))
+    assert torch.equal(i1["indices"], i0["indices"])
+    inter = {k: (v.view(torch.uint8).cpu().numpy().view(formats.E4M3) if v.dtype == torch.float8_e4m3fn
+                 else compare.to_numpy(v)) for k, v in i1.items()}
+    checks.check_bf16_step(case, compare.to_numpy(o1), compare.to_numpy(kc1), inter)
+    monkeypatch.setenv("DSA_LAYER_SPLIT_WPROJ", "1")
+    f32 = DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", fused_prep=True)
+    assert not f32.split_wproj and not hasattr(f32, "wproj_split")
+    monkeypatch.setenv("DSA_LAYER_SPLIT_WPROJ", "on")
+    with pytest.raises(ValueError, match="DSA_LAYER_SPLIT_WPROJ: expected '0', '1' or unset, got 'on'"):
+        DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt)

@@ -98,6 +98,72 @@ def joint_gemv_on() -> bool:
     return env_switch(JOINT_GEMV_ENV) is not False
 
 
+SPLIT_WPROJ_ENV = "DSA_LAYER_SPLIT_WPROJ"
+
+
+def split_wproj_on() -> bool:
+    """``DSA_LAYER_SPLIT_WPROJ`` read once (at construction): ``1`` runs a fused-preparation
+    step's float32 ``weights_proj`` (one-stream steps of more than one token: B 64's) as three
+    16-bit weights, ``alpha w = w0 + w1 + w2`` (:func:`split_weight`), in one tensor-core GEMM of
+    the 16-bit ``x`` writing float32 (:func:`mm_float32_out`); ``prep_q`` sums the three parts.
+    Off unless ``1`` (not measured yet: bench/NOTES.md, "weights_proj as three 16-bit weights").
+    Why: cuBLAS runs the float32 GEMM (N = H_I = 64, K = hidden) on the CUDA cores over one
+    64-wide N tile, ~10-13 us at B 64 for 1-1.8 MB of weights (``linear_sweep_h100_20261206b``)."""
+    return env_switch(SPLIT_WPROJ_ENV) is True
+
+
+SPLIT_SHIFT = {torch.bfloat16: 8, torch.float16: 11}
+"""The significand bits S of each 16-bit part of :func:`split_weight`: part ``j`` is stored
+scaled by ``2^(j S)`` (an exact power of two), so every part is a normal number of the 16-bit
+type where the weight is (fp16's 5-bit exponent would otherwise flush the low parts of weights
+below ~2^-3 to subnormals)."""
+
+
+def split_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[3 N, K]`` in the 16-bit ``dtype``: ``p0; p1; p2`` with ``w = p0 + p1 2^-S + p2 2^-2S``
+    to ~2^-(3 S) relative (S = :data:`SPLIT_SHIFT`: bf16 8, i.e. 24 bits, float32's
+    significand; fp16 11), each part the rounding of what the ones before it leave of the float32
+    ``w`` ``[N, K]``, scaled by ``2^(j S)``. Products with a 16-bit x are exact in a float32
+    accumulator and the scalings are exact, so the GEMM of the three, its parts summed as
+    ``(o0 + o1 2^-S) + o2 2^-2S`` (``prep_q``), is the float32 GEMM up to its summation order
+    (the same bound, ``kernels.linear``'s). Source: the bf16x3 split XLA and cuBLAS use to
+    emulate float32 dots.
+
+    Raises:
+      TypeError: ``dtype`` not float16 / bfloat16, ``w`` not a float32 torch.Tensor.
+    """
+    if dtype not in SPLIT_SHIFT:
+        raise TypeError(f"dtype: expected torch.float16 or torch.bfloat16, got {dtype}")
+    if not isinstance(w, torch.Tensor) or w.dtype != torch.float32:
+        got = w.dtype if isinstance(w, torch.Tensor) else type(w).__name__
+        raise TypeError(f"w: expected a float32 torch.Tensor, got {got}")
+    S = SPLIT_SHIFT[dtype]
+    parts, rest = [], w
+    for j in range(3):
+        q = (rest * 2.0 ** (j * S)).to(dtype)
+        parts.append(q)
+        rest = rest - q.float() * 2.0 ** (-j * S)
+    return torch.cat(parts, dim=0).contiguous()
+
+
+def sum_split_parts(w_raw: torch.Tensor, index_heads: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[T, H_I]`` float32 from :func:`split_weight`'s GEMM output ``[T, 3 H_I]``: ``(o0 + o1
+    2^-S) + o2 2^-2S`` (S of the 16-bit ``dtype``), in ``_prep_q_kernel``'s order."""
+    S = SPLIT_SHIFT[dtype]
+    o = w_raw.view(w_raw.shape[0], 3, index_heads)
+    return (o[:, 0] + o[:, 1] * 2.0 ** -S) + o[:, 2] * 2.0 ** (-2 * S)
+
+
+def mm_float32_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``x @ w^T`` written float32, for 16-bit ``x`` ``[T, K]`` and ``w`` ``[N, K]``: on CUDA
+    one GEMM (``torch.mm(..., out_dtype=torch.float32)``: the float32 accumulator stored without
+    rounding to 16 bits); elsewhere the float32 product of the widened operands (exact widening,
+    the same math)."""
+    if x.device.type == "cuda":
+        return torch.mm(x, w.t(), out_dtype=torch.float32)
+    return x.float() @ w.float().t()
+
+
 def gemv_applies(T: int, w: torch.Tensor, device_type: str, path: str,
                  enabled: bool | None = None) -> bool:
     """Whether a projection whose switch says ``"gemv"`` runs the one-token kernel: a step of one
@@ -572,6 +638,8 @@ def _torch_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, he
     iq = _hadamard_rows(iq.view(T * index_heads, -1), hadamard).view(T, index_heads, -1)
     q_scale = tformats.indexer_scale(torch.linalg.vector_norm(iq, float("inf"), dim=-1), scale_fmt)
     idx_q = (iq / q_scale[..., None]).clamp_(-np_formats.FP8_MAX, np_formats.FP8_MAX).to(torch.float8_e4m3fn)
+    if w_raw.shape[-1] == 3 * index_heads:           # the split weights_proj: its three parts
+        w_raw = sum_split_parts(w_raw, index_heads, dt)
     idx_w = w_raw * q_scale
     q = q.reshape(T, heads, -1)
     if absorbed:
@@ -611,7 +679,9 @@ def _triton_prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, h
     q_lat = q_lat.contiguous() if absorbed else None
     ce = tlp.prep_q_constexprs(cfg, index_heads=index_heads, index_head_dim=D_I, rope=r,
                                absorbed=absorbed, head_norm=q_head_norm, qk_nope=qk_nope, nope=nope,
-                               d_qk=d_qk, scale_fmt=scale_fmt, part=part)
+                               d_qk=d_qk, scale_fmt=scale_fmt, part=part,
+                               w_parts=w_raw.shape[-1] // index_heads,
+                               w_shift=SPLIT_SHIFT.get(dt, 0))
     q_mla = torch.empty(T, heads, d_qk, dtype=dt, device=iq.device)
     idx_q = torch.empty(T, index_heads, D_I, dtype=torch.float8_e4m3fn, device=iq.device)
     idx_w = torch.empty(T, index_heads, dtype=torch.float32, device=iq.device)
@@ -655,7 +725,9 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
 
     Args:
       iq: ``[T, H_I * D_I]`` dt, the ``indexer.wq_b`` projection (T = B * N).
-      w_raw: ``[T, H_I]`` float32, ``x @ indexer.weights_proj.T * H_I^-0.5 * D_I^-0.5``.
+      w_raw: ``[T, H_I]`` float32, ``x @ indexer.weights_proj.T * H_I^-0.5 * D_I^-0.5``; or
+        ``[T, 3 H_I]`` (16-bit dt only), its three parts (:func:`split_weight`'s GEMM), summed
+        here as ``(o0 + o1 2^-S) + o2 2^-2S`` (:func:`sum_split_parts`).
       q: the ``wq_b`` projection, ``[T, H * (qk_nope + r)]`` (V3.2) or ``[T, H * D_qk]`` (V4), dt.
       q_lat: V3.2 ``[H, T, C]`` dt, q_nope through ``wkv_b``'s key half (the absorption bmm,
         contiguous); V4 None.
@@ -674,7 +746,8 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
       float8_e4m3fn, ``[T, H_I]`` float32 (the indexer's q and head weights, scale folded in).
     Raises:
       TypeError: ``hadamard`` is not a floating-point torch.Tensor.
-      ValueError: ``index_heads`` is not a positive int dividing ``iq.shape[-1]``; ``hadamard``
+      ValueError: ``index_heads`` is not a positive int dividing ``iq.shape[-1]``; ``w_raw`` not
+        ``[T, H_I]`` or ``[T, 3 H_I]`` float32; ``hadamard``
         is not ``[D_I, D_I]`` (D_I = ``iq.shape[-1] / index_heads``) on ``iq``'s device;
         ``part`` not one of ``"all"``, ``"index"``, ``"mla"``.
     """
@@ -685,6 +758,15 @@ def prepare_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N: int, *
         raise ValueError(f"index_heads: expected a positive int dividing iq's last dim "
                          f"({iq.shape[-1]} = H_I * D_I), got {index_heads!r}")
     _check_hadamard(hadamard, iq.shape[-1] // int(index_heads), iq.device)
+    H_I = int(index_heads)
+    widths = (H_I, 3 * H_I) if iq.dtype in SPLIT_SHIFT else (H_I,)
+    if (not isinstance(w_raw, torch.Tensor) or w_raw.dtype != torch.float32 or w_raw.dim() != 2
+            or w_raw.shape[0] != iq.shape[0] or w_raw.shape[1] not in widths):
+        got = (f"{w_raw.dtype} {tuple(w_raw.shape)}" if isinstance(w_raw, torch.Tensor)
+               else type(w_raw).__name__)
+        raise ValueError(f"w_raw: expected float32 [{iq.shape[0]}, {H_I}]"
+                         + (f" or [{iq.shape[0]}, {3 * H_I}]" if len(widths) > 1 else "")
+                         + f", got {got}")
     return torch.ops.dsa.prep_q(iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, int(N),
                                 int(heads), int(index_heads), int(d_qk), int(qk_nope), scale_fmt,
                                 float(eps), bool(absorbed), bool(q_head_norm), path, part)
@@ -1143,8 +1225,8 @@ class DSADecodeLayer(nn.Module):
         of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
         a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch);
         ``DSA_LAYER_OVERLAP`` / ``DSA_LAYER_OVERLAP_CARVEOUT`` / ``DSA_LAYER_FUSED_PREP`` /
-        ``DSA_LAYER_JOINT_GEMV`` / ``DSA_LAYER_TOPK_WINDOW`` set to something they do not take
-        (read here, once).
+        ``DSA_LAYER_JOINT_GEMV`` / ``DSA_LAYER_TOPK_WINDOW`` / ``DSA_LAYER_SPLIT_WPROJ`` set to
+        something they do not take (read here, once).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -1176,6 +1258,7 @@ class DSADecodeLayer(nn.Module):
         self.gemv = gemv_on()                  # DSA_LINEAR_GEMV, read now (not inside a step)
         self.joint_gemv = joint_gemv_on()      # DSA_LAYER_JOINT_GEMV, likewise
         self.topk_window_op = topk_window_on()  # DSA_LAYER_TOPK_WINDOW, likewise
+        self.split_wproj = split_wproj_on() and dtype in (torch.float16, torch.bfloat16)  # likewise
         self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -1209,6 +1292,9 @@ class DSADecodeLayer(nn.Module):
         sign = np.sign(lref.hadamard_matrix(cfg.index_head_dim))
         self.register_buffer("hadamard_sign", torch.as_tensor(sign, dtype=dtype, device=device),
                              persistent=False)
+        if self.split_wproj:    # alpha * weights_proj as three 16-bit weights (split_wproj_on)
+            self.register_buffer("wproj_split", split_weight(
+                self.w("indexer.weights_proj") * self._weights_alpha, dtype), persistent=False)
         # the ignored input of torch.addmm(..., beta=0, alpha=scale): a GEMM scaled in its epilogue
         for name, dt in (("zero", dtype), ("zero_f32", torch.float32)):
             self.register_buffer(name, torch.zeros((), dtype=dt, device=device), persistent=False)
@@ -1543,7 +1629,9 @@ class DSADecodeLayer(nn.Module):
                                wkv_b[:, :nope].transpose(1, 2))
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha, the q scale is multiplied in prep_q
-        if w_raw is None:
+        if w_raw is None and self.split_wproj:   # [T, 3 H_I]: prep_q sums the parts
+            w_raw = mm_float32_out(x.reshape(T, -1), self.wproj_split)
+        elif w_raw is None:
             w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
                                alpha=alpha, out_dtype=torch.float32)
         q_mla, idx_q, idx_w = prepare_q(iq, w_raw, q, q_lat, self.hadamard_sign, self.rope_freqs,

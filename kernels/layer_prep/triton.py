@@ -339,9 +339,12 @@ def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt: the x projection's q columns
 @triton.jit
 def _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, had_ptr, pos, hb, t64, iq_stride,
                    w_stride, H_I: tl.constexpr, D_I: tl.constexpr, ROPE: tl.constexpr,
-                   BLOCK_HI: tl.constexpr, UE8M0: tl.constexpr, DT: tl.constexpr):
+                   BLOCK_HI: tl.constexpr, UE8M0: tl.constexpr, DT: tl.constexpr,
+                   W_PARTS: tl.constexpr, W_SHIFT: tl.constexpr):
     """Indexer q heads ``[hb * BLOCK_HI, +BLOCK_HI)`` of one token: rope, dt, Hadamard, dt,
-    per-head scale, e4m3 bytes into ``idx_q``, ``w * scale`` into ``idx_w``."""
+    per-head scale, e4m3 bytes into ``idx_q``, ``w * scale`` into ``idx_w``. ``W_PARTS`` 3: the
+    token's ``w`` row holds three ``H_I`` parts (the split ``weights_proj``, part ``j`` scaled by
+    ``2^(j W_SHIFT)``), summed as ``(o0 + o1 2^-S) + o2 2^-2S`` in float32 (exact scalings)."""
     h = hb * BLOCK_HI + tl.arange(0, BLOCK_HI)
     mh = h < H_I
     d = tl.arange(0, D_I)
@@ -357,6 +360,12 @@ def _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, had_ptr, pos, h
     tl.store(idxq_ptr + t64 * (H_I * D_I) + h[:, None] * D_I + d[None, :], q.to(tl.uint8),
              mask=mh[:, None])
     w = tl.load(w_ptr + t64 * w_stride + h, mask=mh, other=0.0)
+    if W_PARTS == 3:
+        u1: tl.constexpr = 1.0 / (1 << W_SHIFT)                    # 2^-S, exact
+        u2: tl.constexpr = 1.0 / (1 << (2 * W_SHIFT))
+        w1 = tl.load(w_ptr + t64 * w_stride + H_I + h, mask=mh, other=0.0)
+        w2 = tl.load(w_ptr + t64 * w_stride + 2 * H_I + h, mask=mh, other=0.0)
+        w = (w + w1 * u1) + w2 * u2
     tl.store(idxw_ptr + t64 * H_I + h, w * s, mask=mh)
 
 
@@ -402,7 +411,7 @@ def _q_mla_heads(qsrc_ptr, qlat_ptr, qmla_ptr, freqs_ptr, pos, hb, t64, H, qsrc_
 
 @triton.jit
 def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projection
-                   w_ptr,         # [T, H_I] float32: the weights_proj GEMM (alpha folded)
+                   w_ptr,         # [T, W_PARTS * H_I] float32: the weights_proj GEMM (alpha folded)
                    qsrc_ptr,      # V3.2: [T, H, nope + ROPE] dt (wq_b's q); V4: [T, H, D_qk] dt
                    qlat_ptr,      # V3.2: [H, T, NOPE] dt (the absorption bmm); V4: unused
                    qmla_ptr,      # [T, H, D_qk] dt, written: the sparse-MLA query
@@ -416,7 +425,7 @@ def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projectio
                    BLOCK_HI: tl.constexpr, NUM_HI: tl.constexpr,
                    ABSORBED: tl.constexpr, QK_NOPE: tl.constexpr, NOPE: tl.constexpr,
                    D_QK: tl.constexpr, BLOCK_HM: tl.constexpr, HEAD_NORM: tl.constexpr,
-                   UE8M0: tl.constexpr):
+                   UE8M0: tl.constexpr, W_PARTS: tl.constexpr = 1, W_SHIFT: tl.constexpr = 0):
     t = tl.program_id(0)
     blk = tl.program_id(1)
     t64 = t.to(tl.int64)
@@ -424,7 +433,7 @@ def _prep_q_kernel(iq_ptr,        # [T, H_I, D_I] dt: the indexer.wq_b projectio
     pos = _position(cl_ptr, t, N)
     if NUM_HI > 0 and blk < NUM_HI:         # (NUM_HI 0: the MLA half alone, no indexer code)
         _q_index_heads(iq_ptr, w_ptr, idxq_ptr, idxw_ptr, freqs_ptr, had_ptr, pos, blk, t64, iq_stride,
-                       w_stride, H_I, D_I, ROPE, BLOCK_HI, UE8M0, DT)
+                       w_stride, H_I, D_I, ROPE, BLOCK_HI, UE8M0, DT, W_PARTS, W_SHIFT)
     else:
         _q_mla_heads(qsrc_ptr, qlat_ptr, qmla_ptr, freqs_ptr, pos, blk - NUM_HI, t64, H, qsrc_stride,
                      qsrc_hstride, qlat_hstride, eps, ROPE, ABSORBED, QK_NOPE, NOPE, D_QK, BLOCK_HM,
@@ -504,10 +513,16 @@ def prep_x_constexprs(*, q_lora: int, d_qk: int, nope: int, rope: int, norm_rope
 
 def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int, rope: int,
                       absorbed: bool, head_norm: bool, qk_nope: int, nope: int, d_qk: int,
-                      scale_fmt: str | None, part: str = "all") -> dict:
+                      scale_fmt: str | None, part: str = "all", w_parts: int = 1,
+                      w_shift: int = 0) -> dict:
     """The constexprs of :func:`_prep_q_kernel` (also the AOT specs'). ``nope``: the q_mla
     columns before its rope dims (V3.2 C = 512, V4 D_qk - rope = 448); ``qk_nope``: V3.2's
     per-head column of q_pe in wq_b's output (0 for V4).
+
+    ``w_parts``: 1, or 3 for the split ``weights_proj``'s three float32 products a token
+    (``torch_impl.layer.split_wproj_on``), summed in the kernel, part ``j`` unscaled by
+    ``2^-(j w_shift)`` (``torch_impl.layer.SPLIT_SHIFT``: bf16 8, fp16 11); an MLA-only compile
+    ignores both.
 
     ``part``: ``"all"`` or ``"index"`` (the same compile: an ``"index"`` launch's grid stops
     after the ``NUM_HI`` indexer programs), or ``"mla"``: ``NUM_HI = 0``, so every program is an
@@ -516,15 +531,18 @@ def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int
     ``torch_impl.layer.DSADecodeLayer(overlap=...)``).
 
     Raises:
-      ValueError: ``part`` not one of ``"all"``, ``"index"``, ``"mla"``.
+      ValueError: ``part`` not one of ``"all"``, ``"index"``, ``"mla"``; ``w_parts`` not 1 or 3.
     """
     if part not in ("all", "index", "mla"):
         raise ValueError(f"part: expected 'all', 'index' or 'mla', got {part!r}")
+    if w_parts not in (1, 3) or isinstance(w_parts, bool):
+        raise ValueError(f"w_parts: expected 1 or 3, got {w_parts!r}")
     mla_only = part == "mla"
     return dict(H_I=index_heads, D_I=index_head_dim, ROPE=rope, BLOCK_HI=cfg.block_hi,
                 NUM_HI=0 if mla_only else -(-index_heads // cfg.block_hi), ABSORBED=absorbed,
                 QK_NOPE=qk_nope, NOPE=nope, D_QK=d_qk, BLOCK_HM=cfg.block_hm,
-                HEAD_NORM=head_norm and not absorbed, UE8M0=scale_fmt == "ue8m0" and not mla_only)
+                HEAD_NORM=head_norm and not absorbed, UE8M0=scale_fmt == "ue8m0" and not mla_only,
+                W_PARTS=1 if mla_only else w_parts, W_SHIFT=0 if mla_only or w_parts == 1 else w_shift)
 
 
 def supported(*, index_head_dim: int, rope: int, latent_nope: int | None = None,
@@ -643,13 +661,16 @@ def aot_specs(smem_class: str) -> list:
                              key=lambda c: (c.block_hi, c.block_hm))
                 # the overlapped step's MLA-only launch (NUM_HI 0) is one compile for both scale
                 # formats: listed with ue8m0 only
-                for qc, part in [(c, "all") for c in qcs] + [(c, "mla") for c in qcs if ue8m0]:
+                # the split weights_proj (three parts a token) with 16-bit activations only
+                for qc, part, wp in ([(c, "all", 1) for c in qcs] + [(c, "mla", 1) for c in qcs if ue8m0]
+                                     + [(c, "all", 3) for c in qcs if dt != "fp32"]):
                     ce = prep_q_constexprs(qc, index_heads=cfg.index_heads, index_head_dim=cfg.index_head_dim,
                                            rope=cfg.d_rope, absorbed=cfg.absorbed,
                                            head_norm=cfg.q_head_norm, qk_nope=cfg.qk_nope_head_dim,
                                            nope=nope_q, d_qk=cfg.d_qk,
-                                           scale_fmt=sf, part=part)
-                    tag = "" if part == "all" else " part=mla"
+                                           scale_fmt=sf, part=part, w_parts=wp,
+                                           w_shift={"bf16": 8, "fp16": 11}.get(dt, 0))
+                    tag = ("" if part == "all" else " part=mla") + ("" if wp == 1 else " w_parts=3")
                     specs.append(LaunchSpec(
                         label=f"prep_q {cfg.name} dt={dt} ue8m0={ue8m0}{tag} {qc}",
                         module="kernels.layer_prep.triton", kernel="_prep_q_kernel",
