@@ -26,7 +26,8 @@ import sys
 
 # The messages of command_buffer_conversion_pass.cc (VLOG 1 and 2), after the log prefix.
 _MODULE = re.compile(r"Module (\S+) CommandBufferConfig: (.*)$")
-_CREATE = re.compile(r"Creating command buffer thunk (\S+) with the following thunks: (.*)$")
+# XLA of jax 0.11.2 logs no name: "Creating command buffer thunk with the following thunks: ..."
+_CREATE = re.compile(r"Creating command buffer thunk(?: (\S+))? with the following thunks: (.*)$")
 _SMALL = re.compile(r"Thunk kind (\S+) is not lowered to command buffer because command size is "
                     r"less than the min graph size")
 _NOT_ENABLED = re.compile(r"Thunk kind (\S+) lowering is not enabled by the user for type (\S+)")

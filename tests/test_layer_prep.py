@@ -661,7 +661,7 @@ def test_prep_q_three_weight_parts(name):
 
 
 def test_layer_split_weights_proj(monkeypatch):
-    """``DSA_LAYER_SPLIT_WPROJ=1`` (read at construction): an fp16 layer's fused step of two
+    """``DSA_LAYER_SPLIT_WPROJ`` (read at construction; on unless ``0``): an fp16 layer's fused step of two
     tokens runs ``weights_proj`` as three fp16 weights (``wproj_split``, ``3 H_I`` rows, part
     ``j`` scaled by ``2^(11 j)``: ``alpha w`` to 2^-24 relative), one GEMM into float32, summed in ``prep_q``:
     the head weights within the float32 bound of the float32 GEMM's and the same selection
@@ -674,6 +674,8 @@ def test_layer_split_weights_proj(monkeypatch):
     args = [as_tensor(x, DEVICE) for x in (case.x, case.kv_cache, case.k_cache, case.block_table,
                                            case.context_lens)]
     res = {}
+    monkeypatch.delenv("DSA_LAYER_SPLIT_WPROJ", raising=False)
+    assert DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt).split_wproj
     for value in ("1", "0"):
         monkeypatch.setenv("DSA_LAYER_SPLIT_WPROJ", value)
         layer = DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt,

@@ -102,14 +102,19 @@ SPLIT_WPROJ_ENV = "DSA_LAYER_SPLIT_WPROJ"
 
 
 def split_wproj_on() -> bool:
-    """``DSA_LAYER_SPLIT_WPROJ`` read once (at construction): ``1`` runs a fused-preparation
-    step's float32 ``weights_proj`` (one-stream steps of more than one token: B 64's) as three
-    16-bit weights, ``alpha w = w0 + w1 + w2`` (:func:`split_weight`), in one tensor-core GEMM of
-    the 16-bit ``x`` writing float32 (:func:`mm_float32_out`); ``prep_q`` sums the three parts.
-    Off unless ``1`` (not measured yet: bench/NOTES.md, "weights_proj as three 16-bit weights").
+    """``DSA_LAYER_SPLIT_WPROJ`` read once (at construction): unless ``0``, a fused-preparation
+    step's float32 ``weights_proj`` (one-stream steps of more than one token: B 64's) runs as
+    three 16-bit weights, ``alpha w = p0 + p1 2^-S + p2 2^-2S`` (:func:`split_weight`), in one
+    tensor-core GEMM of the 16-bit ``x`` writing float32 (:func:`mm_float32_out`); ``prep_q``
+    sums the three parts. 16-bit layers only (a float32 layer runs the float32 GEMM whatever
+    the switch). ``0``: the float32 GEMM (the bench's A/B).
+
     Why: cuBLAS runs the float32 GEMM (N = H_I = 64, K = hidden) on the CUDA cores over one
-    64-wide N tile, ~10-13 us at B 64 for 1-1.8 MB of weights (``linear_sweep_h100_20261206b``)."""
-    return env_switch(SPLIT_WPROJ_ENV) is True
+    64-wide N tile, 12.4 / 9.7 us at M 64 on the H100 for 1.8 / 1.0 MB of weights; the split
+    GEMM takes 7.6 us (V3.2, ``linear_sweep_split_weights_h100_20261208s31.json``). Measured
+    (H100, 2026-12-08, bench/NOTES.md "Thirty-first session"): B 64 steps V3.2 507.0 -> 501.4
+    us, V4-Flash 330.4 -> 327.0."""
+    return env_switch(SPLIT_WPROJ_ENV) is not False
 
 
 SPLIT_SHIFT = {torch.bfloat16: 8, torch.float16: 11}
