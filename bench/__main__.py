@@ -163,7 +163,7 @@ def _bad_environment(backends=None) -> str | None:
     """The first environment switch the timed paths read that holds a value they refuse
     (``DSA_LAYER_OVERLAP``, ``DSA_LAYER_OVERLAP_CARVEOUT``, ``DSA_LAYER_FUSED_PREP``,
     ``DSA_LAYER_LINEAR``, ``DSA_LAYER_JOINT_GEMV``, ``DSA_LAYER_TOPK_WINDOW``,
-    ``DSA_LAYER_SPLIT_WPROJ``,
+    ``DSA_LAYER_SPLIT_WPROJ``, ``DSA_LAYER_XW_JOINT``,
     ``DSA_BENCH_LAYER_STEPS``, ``DSA_TOPK_PDL``, ``DSA_LINEAR_GEMV``,
     ``DSA_TOPK_SCATTER_SUB``, ``DSA_IDX_WS_FUSED_HIST_MAX_N``, ``DSA_TOPK_SPLIT_PLAN``,
     ``DSA_TOPK_SCATTER_FORM``, ``DSA_TOPK_PART_PRE``, ``DSA_TOPK_UNFUSED_PER_SM``,
@@ -189,7 +189,7 @@ def _bad_environment(backends=None) -> str | None:
                                          unfused_topk_splits)
         from torch_impl.linear import GEMV_ENV
         checks += [tl.overlap_default, tl.overlap_sm_carveout, tl.fused_prep_default, tl.joint_gemv_on,
-                   tl.topk_window_on, tl.split_wproj_on,
+                   tl.topk_window_on, tl.split_wproj_on, tl.xw_joint_on,
                    lambda: tl.linear_switch(None, True), lambda: tl.linear_switch(None, False),
                    lambda: pdl_enabled(torch.device("cpu")),
                    lambda: env_switch(GEMV_ENV), scatter_subsplits, ws_fused_hist_max_n,

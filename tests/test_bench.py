@@ -803,6 +803,7 @@ def test_cli_bad_values_exit_2_before_running(tmp_path, stub_registry, monkeypat
     ("DSA_LAYER_JOINT_GEMV", "2", "environment: DSA_LAYER_JOINT_GEMV: expected '0', '1' or unset, got '2'"),
     ("DSA_LAYER_TOPK_WINDOW", "no", "environment: DSA_LAYER_TOPK_WINDOW: expected '0', '1' or unset, got 'no'"),
     ("DSA_LAYER_SPLIT_WPROJ", "yes", "environment: DSA_LAYER_SPLIT_WPROJ: expected '0', '1' or unset, got 'yes'"),
+    ("DSA_LAYER_XW_JOINT", "2", "environment: DSA_LAYER_XW_JOINT: expected '0', '1' or unset, got '2'"),
     ("DSA_JAX_LAYER_ROPE_LANES", "2",
      "environment: DSA_JAX_LAYER_ROPE_LANES: expected '0', '1' or unset, got '2'"),
     ("DSA_TOPK_UNFUSED_PER_SM", "65",

@@ -703,3 +703,79 @@ def test_layer_split_weights_proj(monkeypatch):
     monkeypatch.setenv("DSA_LAYER_SPLIT_WPROJ", "on")
     with pytest.raises(ValueError, match="DSA_LAYER_SPLIT_WPROJ: expected '0', '1' or unset, got 'on'"):
         DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt)
+
+
+@pytest.mark.parametrize("name", ["v32_latent_fp16_N2_amax", "v4_model1_fp16_N2"])
+def test_prep_x_float32_projection_is_rounded_on_load(name):
+    """``dsa::prep_x`` given the x projection in float32 (a GEMM that wrote float32: the layer's
+    joint ``x_proj``) writes bit for bit what it writes given the same values rounded to dt,
+    on the kernel and its composite twin (``qr``, ``x32`` and both caches); another dtype is
+    named."""
+    st = _stage(name)
+    a, dt = st.x, st.x["x"].dtype
+    g = torch.Generator().manual_seed(12)
+    wide = {k: (a[k].float() + torch.randn(a[k].shape, generator=g).to(DEVICE) * 2.0 ** -14 * a[k].float().abs())
+            for k in ("xq", "xkv", "xk")}
+    keep = {k: a[k] for k in wide}
+    try:
+        for path in ("triton", "torch"):
+            for k in wide:
+                a[k] = wide[k].to(dt)
+            want = _run_x(st, path)
+            for k in wide:
+                a[k] = wide[k]
+            got = _run_x(st, path)
+            for w, o in zip(want, got):
+                assert torch.equal(w, o), path
+        a["xq"] = wide["xq"].double()
+        with pytest.raises(TypeError, match=r"^xq: expected one of \(torch.float16, torch.float32\)"):
+            _run_x(st, "triton")
+    finally:
+        a.update(keep)
+
+
+def test_layer_xw_joint(monkeypatch):
+    """``DSA_LAYER_XW_JOINT=1`` (with the split ``weights_proj``, the default): the fp16 layer's
+    ``x_proj`` rows and the split weight's share one storage (``x_proj_joint``), a fused step of
+    two tokens runs them as one float32-out GEMM (``prep_x`` rounding the x projection on
+    load), and the step matches the step without it: the same indices, ``idx_weights`` within
+    the float32 bound, the output within the 16-bit layer's bound, and the fp16 step checks
+    against the float64 reference; off by default; a bad value named at construction."""
+    import _layer_checks as checks
+    cfg, fmt, B, N, lens, seed, dt = LAYER_CASES["dsv4_fp8_model1_fp16"]
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name="xw_joint")
+    args = [as_tensor(x, DEVICE) for x in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                           case.context_lens)]
+    monkeypatch.delenv("DSA_LAYER_SPLIT_WPROJ", raising=False)
+    monkeypatch.delenv("DSA_LAYER_XW_JOINT", raising=False)
+    assert not DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, dtype=dt).xw_joint
+    res, calls = {}, []
+    from torch_impl import layer as tl
+    real = tl.mm_float32_out
+    monkeypatch.setattr(tl, "mm_float32_out", lambda x, w: calls.append(tuple(w.shape)) or real(x, w))
+    for value in ("1", "0"):
+        monkeypatch.setenv("DSA_LAYER_XW_JOINT", value)
+        layer = DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt,
+                               fused_prep=True)
+        assert layer.xw_joint == (value == "1")
+        if value == "1":
+            n = layer.x_proj.shape[0]
+            assert layer.x_proj.data_ptr() == layer.x_proj_joint.data_ptr()
+            assert layer.wproj_split.data_ptr() == layer.x_proj_joint[n:].data_ptr()
+            assert layer.x_proj_joint.shape == (n + 3 * cfg.index_heads, cfg.hidden)
+        res[value] = layer(*[t.clone() for t in args], return_intermediates=True)
+    # one float32-out GEMM a step: the joint [n + 3 H_I, K], then (off) the split weight alone
+    assert [c[0] for c in calls] == [layer.x_proj.shape[0] + 3 * cfg.index_heads, 3 * cfg.index_heads], calls
+    (o1, _, kc1, i1), (o0, _, _, i0) = res["1"], res["0"]
+    assert torch.equal(i1["indices"], i0["indices"])
+    compare.assert_pass(compare.check_close("idx_weights (joint vs apart)", i1["idx_weights"],
+                                            _np(i0["idx_weights"]), abs_tol=layer_compare.IDX_WEIGHTS_ABS,
+                                            rel_tol=layer_compare.IDX_WEIGHTS_REL))
+    compare.assert_pass(layer_compare.check_out(_np(o1), _np(o0), low_precision=True,
+                                                name="out (joint vs apart)"))
+    inter = {k: (v.view(torch.uint8).cpu().numpy().view(formats.E4M3) if v.dtype == torch.float8_e4m3fn
+                 else compare.to_numpy(v)) for k, v in i1.items()}
+    checks.check_bf16_step(case, compare.to_numpy(o1), compare.to_numpy(kc1), inter)
+    monkeypatch.setenv("DSA_LAYER_XW_JOINT", "yes")
+    with pytest.raises(ValueError, match="DSA_LAYER_XW_JOINT: expected '0', '1' or unset, got 'yes'"):
+        DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton")

@@ -117,6 +117,21 @@ def split_wproj_on() -> bool:
     return env_switch(SPLIT_WPROJ_ENV) is not False
 
 
+XW_JOINT_ENV = "DSA_LAYER_XW_JOINT"
+
+
+def xw_joint_on() -> bool:
+    """``DSA_LAYER_XW_JOINT`` read once (at construction): ``1`` (with the split
+    ``weights_proj`` on, :func:`split_wproj_on`) appends the split weight's ``3 H_I`` rows to
+    ``x_proj``'s, so a fused one-stream step of more than one token on torch's GEMM runs both
+    as one GEMM writing float32 (``x_proj_joint``; ``prep_x`` rounds the x projection to dt on
+    load, the rounding point of a GEMM writing dt). Off unless ``1``: not measured in the layer
+    yet. Why: on the H100 at M 64 the joint GEMM took 15.9 us against 15.5 (``x_proj``) + 7.6
+    (the split GEMM) or + 12.4 (the float32 one) apart (V3.2,
+    ``linear_sweep_split_weights_h100_20261208s31.json``)."""
+    return env_switch(XW_JOINT_ENV) is True
+
+
 SPLIT_SHIFT = {torch.bfloat16: 8, torch.float16: 11}
 """The significand bits S of each 16-bit part of :func:`split_weight`: part ``j`` is stored
 scaled by ``2^(j S)`` (an exact power of two), so every part is a normal number of the 16-bit
@@ -164,7 +179,7 @@ def mm_float32_out(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     one GEMM (``torch.mm(..., out_dtype=torch.float32)``: the float32 accumulator stored without
     rounding to 16 bits); elsewhere the float32 product of the widened operands (exact widening,
     the same math)."""
-    if x.device.type == "cuda":
+    if x.device.type in ("cuda", "meta"):      # (meta: scripts/layer_glue.py counts the launch)
         return torch.mm(x, w.t(), out_dtype=torch.float32)
     return x.float() @ w.float().t()
 
@@ -511,8 +526,10 @@ def _hadamard_rows(rows: torch.Tensor, sign: torch.Tensor) -> torch.Tensor:
 def _torch_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard,
                   kv_cache, k_cache, block_table, context_lens, N, kv_format, page_size, scale_fmt,
                   eps, norm_rope):
-    """Composite twin of ``_prep_x_kernel`` (the layer's own torch ops, per token row)."""
-    dt, T = xq.dtype, xq.shape[0]
+    """Composite twin of ``_prep_x_kernel`` (the layer's own torch ops, per token row; a float32
+    x projection rounded to dt first, as the kernel loads it)."""
+    dt, T = x.dtype, xq.shape[0]
+    xq, xkv, xk = (t.to(dt) for t in (xq, xkv, xk))
     r = rope_freqs.shape[0] * 2
     cos, sin = _rope_cos_sin(context_lens, N, rope_freqs)                 # [T, r/2]
     qr = _rmsnorm(xq, q_norm, eps).to(dt)
@@ -547,7 +564,7 @@ def _triton_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_fre
     """One launch of ``kernels.layer_prep.triton._prep_x_kernel`` (grid ``(B * N, 4)``)."""
     from kernels.layer_prep import triton as tlp
     dev = _common.device_info(xq.device)
-    _common.require_no_interpreted_bf16(dev, "prep_x", xq, kv_cache)
+    _common.require_no_interpreted_bf16(dev, "prep_x", x, kv_cache)
     T, D_qk, D_I = xq.shape[0], xkv.shape[1], xk.shape[1]
     r = rope_freqs.shape[0] * 2
     nope = D_qk - r
@@ -560,12 +577,12 @@ def _triton_prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_fre
                                kv_format=kv_format, page_size=page_size,
                                kv_page_bytes=kv_cache[0].numel() * kv_cache.element_size(),
                                bf16_cache=bf16, index_head_dim=D_I, scale_fmt=scale_fmt)
-    qr = torch.empty(xq.shape, dtype=xq.dtype, device=xq.device)
+    qr = torch.empty(xq.shape, dtype=x.dtype, device=xq.device)
     x32 = torch.empty(x.shape, dtype=torch.float32, device=x.device)
     B, max_pages = block_table.shape
     tlp._prep_x_kernel[(T, tlp.X_ROLES)](
         xq, xkv, xk, x, qr, x32, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
-        hadamard.to(xq.dtype).contiguous(), kv_cache.view(torch.uint16) if bf16 else kv_cache,
+        hadamard.to(x.dtype).contiguous(), kv_cache.view(torch.uint16) if bf16 else kv_cache,
         k_cache, block_table, context_lens,
         N, max_pages, kv_cache.shape[0], block_table.stride(0), xq.stride(0), xkv.stride(0),
         xk.stride(0), x.stride(0), x.shape[1], eps, **ce, num_warps=tlp.X_NUM_WARPS)
@@ -594,7 +611,7 @@ def _prep_x_op(xq: torch.Tensor, xkv: torch.Tensor, xk: torch.Tensor, x: torch.T
 @_prep_x_op.register_fake
 def _(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard, kv_cache, k_cache,
       block_table, context_lens, N, kv_format, page_size, scale_fmt, eps, norm_rope, path):
-    return xq.new_empty(xq.shape), x.new_empty(x.shape, dtype=torch.float32)
+    return x.new_empty(xq.shape), x.new_empty(x.shape, dtype=torch.float32)
 
 
 def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, hadamard, kv_cache,
@@ -605,7 +622,9 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
 
     Args:
       xq, xkv, xk: ``[T, q_lora]``, ``[T, D_qk]``, ``[T, D_I]`` in the layer dtype dt (T = B * N,
-        token ``b * N + i``; the x projection's column slices, last dim contiguous).
+        token ``b * N + i``; the x projection's column slices, last dim contiguous), or float32
+        for a 16-bit dt (a GEMM that wrote float32: rounded to dt first, the same rounding
+        point as a GEMM writing dt).
       x: ``[T, hidden]`` dt, the layer input.
       q_norm: ``[q_lora]``, kv_norm: ``[C]`` (V3.2) or ``[D_qk]`` (V4), k_norm_w / k_norm_b:
         ``[D_I]``, all float32. rope_freqs: ``[r / 2]`` float64. hadamard: ``[D_I, D_I]`` the
@@ -621,10 +640,15 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
     Returns:
       ``(qr, x32)``: ``[T, q_lora]`` dt, ``rmsnorm(xq) * q_norm``; ``[T, hidden]`` float32, x.
     Raises:
-      TypeError: ``hadamard`` is not a floating-point torch.Tensor.
+      TypeError: ``hadamard`` is not a floating-point torch.Tensor; ``xq`` / ``xkv`` / ``xk``
+        not in x's dtype (or float32 with a 16-bit x).
       ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``xk.shape[1]``) on ``xk``'s device.
     """
     _check_hadamard(hadamard, xk.shape[1], xk.device)
+    ok = (x.dtype,) + ((torch.float32,) if x.dtype in SPLIT_SHIFT else ())
+    for name, t in (("xq", xq), ("xkv", xkv), ("xk", xk)):
+        if t.dtype not in ok:
+            raise TypeError(f"{name}: expected one of {ok} (x is {x.dtype}), got {t.dtype}")
     return torch.ops.dsa.prep_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs,
                                 hadamard, kv_cache, k_cache, block_table, context_lens, int(N),
                                 kv_format, int(page_size), scale_fmt, float(eps), bool(norm_rope), path)
@@ -1230,8 +1254,8 @@ class DSADecodeLayer(nn.Module):
         of the wrong shape (``weights['name']: expected shape ..., got ...``); ``seed`` < 0;
         a ``device`` torch cannot parse or use here (e.g. ``"cuda"`` on a CPU-only torch);
         ``DSA_LAYER_OVERLAP`` / ``DSA_LAYER_OVERLAP_CARVEOUT`` / ``DSA_LAYER_FUSED_PREP`` /
-        ``DSA_LAYER_JOINT_GEMV`` / ``DSA_LAYER_TOPK_WINDOW`` / ``DSA_LAYER_SPLIT_WPROJ`` set to
-        something they do not take (read here, once).
+        ``DSA_LAYER_JOINT_GEMV`` / ``DSA_LAYER_TOPK_WINDOW`` / ``DSA_LAYER_SPLIT_WPROJ`` /
+        ``DSA_LAYER_XW_JOINT`` set to something they do not take (read here, once).
     """
 
     def __init__(self, cfg: lref.LayerConfig, weights: dict | None = None, *, tp_rank: int = 0,
@@ -1297,9 +1321,17 @@ class DSADecodeLayer(nn.Module):
         sign = np.sign(lref.hadamard_matrix(cfg.index_head_dim))
         self.register_buffer("hadamard_sign", torch.as_tensor(sign, dtype=dtype, device=device),
                              persistent=False)
+        xw_joint = xw_joint_on()                                    # DSA_LAYER_XW_JOINT, likewise
+        self.xw_joint = self.split_wproj and xw_joint
         if self.split_wproj:    # alpha * weights_proj as three 16-bit weights (split_wproj_on)
             self.register_buffer("wproj_split", split_weight(
                 self.w("indexer.weights_proj") * self._weights_alpha, dtype), persistent=False)
+        if self.xw_joint:       # x_proj's rows, then the split weight's, one storage (xw_joint_on)
+            n = self.x_proj.shape[0]
+            self.register_buffer("x_proj_joint", torch.cat([self.x_proj, self.wproj_split]),
+                                 persistent=False)
+            self.x_proj = self.x_proj_joint[:n]        # views: no second copy (until .to())
+            self.wproj_split = self.x_proj_joint[n:]
         # the ignored input of torch.addmm(..., beta=0, alpha=scale): a GEMM scaled in its epilogue
         for name, dt in (("zero", dtype), ("zero_f32", torch.float32)):
             self.register_buffer(name, torch.zeros((), dtype=dt, device=device), persistent=False)
@@ -1408,8 +1440,18 @@ class DSADecodeLayer(nn.Module):
         one-token step of the fused preparation whose ``x_proj`` and ``weights_proj`` both run the
         one-token GEMV on the same path, ``weights_proj``'s scaled float32 product ``[1, H_I]``
         from the same launch (``torch_impl.linear.linear_pair``: bit for bit the two GEMVs; its
-        x is the bf16 token, exactly what the float32 ``x32`` holds); else ``w_raw`` None (the
-        preparation runs ``weights_proj`` on ``x32`` itself)."""
+        x is the bf16 token, exactly what the float32 ``x32`` holds); with ``DSA_LAYER_XW_JOINT``
+        (:func:`xw_joint_on`), for a fused one-stream step of more than one token on torch's GEMM,
+        both from one float32-out GEMM over ``x_proj_joint``: ``xp`` float32 (``prep_x`` rounds it
+        to dt) and ``w_raw`` the split weight's three parts ``[T, 3 H_I]``; else ``w_raw`` None (the
+        preparation runs ``weights_proj`` itself)."""
+        T = x2d.shape[0]
+        if (self.xw_joint and T > 1 and self.fused_prep
+                and self._lin_path("x_proj", x2d, self.x_proj) is None
+                and not self._overlaps(T, x2d.device)):    # one float32-out GEMM (xw_joint_on)
+            both = mm_float32_out(x2d, self.x_proj_joint)
+            n = self.x_proj.shape[0]
+            return both[:, :n], both[:, n:]
         wp = self.w("indexer.weights_proj")
         path = self._joint_path(x2d, ("x_proj", self.x_proj), ("indexer.weights_proj", wp))
         if path is not None and self.fused_prep and not self._overlaps(1, x2d.device):

@@ -209,7 +209,7 @@ def _x_q_norm(xq_ptr, qr_ptr, q_norm_ptr, t64, xq_stride, eps, Q_LORA: tl.conste
     """``qr[t] = dt(xq[t] * rsqrt(mean(xq[t]^2) + eps) * q_norm)`` (one token)."""
     c = tl.arange(0, BLOCK_Q)
     m = c < Q_LORA
-    x = tl.load(xq_ptr + t64 * xq_stride + c, mask=m, other=0.0).to(tl.float32)
+    x = tl.load(xq_ptr + t64 * xq_stride + c, mask=m, other=0.0).to(DT).to(tl.float32)
     rstd = tl.math.rsqrt(tl.sum(x * x, 0) / Q_LORA + eps)
     y = x * rstd * tl.load(q_norm_ptr + c, mask=m, other=0.0)
     tl.store(qr_ptr + t64 * Q_LORA + c, y.to(DT), mask=m)
@@ -239,11 +239,11 @@ def _x_latent(xkv_ptr, kv_norm_ptr, freqs_ptr, kv_cache_ptr, bt_ptr, cl_ptr, t, 
     g = tl.arange(0, GROUPS)
     dn = g[:, None] * TILE + tl.arange(0, TILE)[None, :]           # [GROUPS, TILE] nope dims
     mn = dn < NOPE
-    xn = tl.load(row + dn, mask=mn, other=0.0).to(tl.float32)
+    xn = tl.load(row + dn, mask=mn, other=0.0).to(DT).to(tl.float32)
     j = tl.arange(0, ROPE)
     pj = j ^ 1                                                     # interleaved pairs
-    xr = tl.load(row + NOPE + j).to(tl.float32)
-    xp = tl.load(row + NOPE + pj).to(tl.float32)
+    xr = tl.load(row + NOPE + j).to(DT).to(tl.float32)
+    xp = tl.load(row + NOPE + pj).to(DT).to(tl.float32)
     if NORM_ROPE:                                                  # V4: all D_qk dims normed
         ss = tl.sum(tl.sum(xn * xn, 1), 0) + tl.sum(xr * xr, 0)
         rstd = tl.math.rsqrt(ss / D_QK + eps)
@@ -277,8 +277,8 @@ def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache
     row = xk_ptr + t64 * xk_stride
     d = tl.arange(0, D_I)
     roped, first, pd, fj = _indexer_rope_lanes(d, ROPE)
-    x = tl.load(row + d).to(tl.float32)
-    xp = tl.load(row + pd).to(tl.float32)
+    x = tl.load(row + d).to(DT).to(tl.float32)
+    xp = tl.load(row + pd).to(DT).to(tl.float32)
     mu = tl.sum(x, 0) / D_I
     xc = x - mu
     rstd = tl.math.rsqrt(tl.sum(xc * xc, 0) / D_I + eps)
@@ -294,9 +294,9 @@ def _x_index_key(xk_ptr, k_norm_w_ptr, k_norm_b_ptr, freqs_ptr, had_ptr, k_cache
 
 
 @triton.jit
-def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt: the x projection's q columns
-                   xkv_ptr,       # [T, D_qk] dt: its latent columns (kv)
-                   xk_ptr,        # [T, D_I] dt: its indexer-key columns
+def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt or float32: the x projection's q columns
+                   xkv_ptr,       # [T, D_qk] dt or float32: its latent columns (kv)
+                   xk_ptr,        # [T, D_I] dt or float32: its indexer-key columns
                    x_ptr,         # [T, hidden] dt: the layer input
                    qr_ptr,        # [T, q_lora] dt, written: q_norm(xq)
                    x32_ptr,       # [T, hidden] float32, written: x
@@ -321,7 +321,7 @@ def _prep_x_kernel(xq_ptr,        # [T, q_lora] dt: the x projection's q columns
     t = tl.program_id(0)
     role = tl.program_id(1)
     t64 = t.to(tl.int64)
-    DT: tl.constexpr = xq_ptr.dtype.element_ty
+    DT: tl.constexpr = x_ptr.dtype.element_ty     # xq / xkv / xk: dt, or float32 rounded to dt on load
     if role == 0:
         _x_q_norm(xq_ptr, qr_ptr, q_norm_ptr, t64, xq_stride, eps, Q_LORA, BLOCK_Q, DT)
     elif role == 1:
@@ -647,16 +647,20 @@ def aot_specs(smem_class: str) -> list:
                                            rope=cfg.d_rope, norm_rope=not cfg.absorbed, kv_format=fmt,
                                            page_size=P, kv_page_bytes=kv_page, bf16_cache=bf16,
                                            index_head_dim=cfg.index_head_dim, scale_fmt=sf)
-                    specs.append(LaunchSpec(
-                        label=f"prep_x {cfg.name} dt={dt} {fmt} cache={cache[1:]} ue8m0={ue8m0}",
-                        module="kernels.layer_prep.triton", kernel="_prep_x_kernel",
-                        signature={"xq_ptr": f"*{dt}", "xkv_ptr": f"*{dt}", "xk_ptr": f"*{dt}",
-                                   "x_ptr": f"*{dt}", "qr_ptr": f"*{dt}", "x32_ptr": "*fp32",
-                                   "q_norm_ptr": "*fp32", "kv_norm_ptr": "*fp32", "k_norm_w_ptr": "*fp32",
-                                   "k_norm_b_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}",
-                                   "kv_cache_ptr": cache, "k_cache_ptr": "*u8", "bt_ptr": "*i32",
-                                   "cl_ptr": "*i32", **xints, "eps": "fp32"},
-                        constexprs=ce, num_warps=X_NUM_WARPS, num_stages=1))
+                    # the x projection's output in dt, or float32 (the layer's joint x_proj +
+                    # split weights_proj GEMM, 16-bit layers): rounded to dt on load
+                    for xt in [dt] + (["fp32"] if dt != "fp32" else []):
+                        specs.append(LaunchSpec(
+                          label=f"prep_x {cfg.name} dt={dt} {fmt} cache={cache[1:]} ue8m0={ue8m0}"
+                                + ("" if xt == dt else " xp=fp32"),
+                          module="kernels.layer_prep.triton", kernel="_prep_x_kernel",
+                          signature={"xq_ptr": f"*{xt}", "xkv_ptr": f"*{xt}", "xk_ptr": f"*{xt}",
+                                     "x_ptr": f"*{dt}", "qr_ptr": f"*{dt}", "x32_ptr": "*fp32",
+                                     "q_norm_ptr": "*fp32", "kv_norm_ptr": "*fp32", "k_norm_w_ptr": "*fp32",
+                                     "k_norm_b_ptr": "*fp32", "freqs_ptr": "*fp64", "had_ptr": f"*{dt}",
+                                     "kv_cache_ptr": cache, "k_cache_ptr": "*u8", "bt_ptr": "*i32",
+                                     "cl_ptr": "*i32", **xints, "eps": "fp32"},
+                          constexprs=ce, num_warps=X_NUM_WARPS, num_stages=1))
                 qcs = sorted({prep_q_heuristic(cfg.index_heads, h, nbytes) for h in heads},
                              key=lambda c: (c.block_hi, c.block_hm))
                 # the overlapped step's MLA-only launch (NUM_HI 0) is one compile for both scale
