@@ -25,9 +25,9 @@ every config of ``kernels.linear.configs.GEMV_SPACE`` for the weight's layout (r
 ``impl="triton_gemv"``; the summary's ``triton_best`` includes them).
 
 ``--split-weights`` (M > 1, 16-bit activations): the float32 ``weights_proj`` as three 16-bit
-weights, ``alpha w = w0 + w1 + w2`` (each the activation dtype's rounding of what is left: 24
-significand bits, the float32 weight's), whose products with the 16-bit ``x`` are exact and
-are summed in float32 by a tensor-core GEMM writing float32 (``torch.mm(..., out_dtype=float32)``
+weights, ``alpha w = p0 + p1 2^-S + p2 2^-2S`` (``torch_impl.layer.split_weight``, the layer's
+split: each part the activation dtype's rounding of what is left, scaled by a power of two),
+whose products with the 16-bit ``x`` are exact and are summed in float32 by a tensor-core GEMM writing float32 (``torch.mm(..., out_dtype=float32)``
 or the Triton GEMM): ``out = sum_j (x @ w_j^T)``. Two forms, rows marked ``alternative`` (left out
 of the phase sums): ``gemm="indexer.weights_proj"`` with ``impl="torch.mm_x3"`` /
 ``"triton_x3"``, the three weights as one ``[3 H_I, K]`` GEMM alone; and ``gemm="x_proj+
@@ -235,17 +235,6 @@ def main(argv=None):
     return 1 if bad else 0
 
 
-def split3(w: torch.Tensor, act: torch.dtype) -> torch.Tensor:
-    """``[3 N, K]`` in ``act``: ``w0; w1; w2`` with ``w0 + w1 + w2 = w`` to ~2^-24 relative
-    (each ``w_j`` the rounding of ``w - w_0 - ... - w_{j-1}``, computed in float32)."""
-    parts, rest = [], w.float()
-    for _ in range(3):
-        q = rest.to(act)
-        parts.append(q)
-        rest = rest - q.float()
-    return torch.cat(parts, dim=0)
-
-
 def split_weight_rows(p: lc.Projection, shapes, M: int, x, ws, alpha: float, act, dev, info,
                       copy_bw: float, base: dict, dry: bool, seed: int) -> list[dict]:
     """The ``--split-weights`` rows of ``weights_proj`` ``p`` (module docstring), each checked
@@ -253,7 +242,8 @@ def split_weight_rows(p: lc.Projection, shapes, M: int, x, ws, alpha: float, act
     xs, N, K = x[0], p.n, p.k
     xp = next(q for q in shapes if q.name == "x_proj")
     g = torch.Generator(device=dev).manual_seed(seed + 1000)
-    w3s = [split3(alpha * w[0], act) for w in ws]        # ws: [1, N, K]
+    from torch_impl.layer import split_weight, sum_split_parts
+    w3s = [split_weight(alpha * w[0], act) for w in ws]  # ws: [1, N, K]; the layer's split
     xw = [torch.cat([torch.randn(xp.n, K, generator=g, device=dev).div_(K ** 0.5).to(act), w3], 0)
           for w3 in w3s]
 
@@ -278,7 +268,7 @@ def split_weight_rows(p: lc.Projection, shapes, M: int, x, ws, alpha: float, act
                    heuristic=False, alternative=True)
         try:
             out = fn(wl[0])
-            got = out[:, -3 * N:].reshape(M, 3, N).sum(1)
+            got = sum_split_parts(out[:, -3 * N:], N, act)
             ok, worst = check(got, x, ws[0], alpha)
             if gemm.startswith("x_proj"):      # x_proj's rows: the bf16 GEMM's own bound
                 ok2, worst2 = check(out[:, :-3 * N], x, wl[0][None, :-3 * N].float(), 1.0)

@@ -730,6 +730,13 @@ def test_prep_x_float32_projection_is_rounded_on_load(name):
         a["xq"] = wide["xq"].double()
         with pytest.raises(TypeError, match=r"^xq: expected one of \(torch.float16, torch.float32\)"):
             _run_x(st, "triton")
+        a["xq"], x = keep["xq"], a["x"]
+        a["x"] = x.int()
+        try:
+            with pytest.raises(TypeError, match=r"^x: expected a torch.Tensor of one of .*, got torch.int32"):
+                _run_x(st, "triton")
+        finally:
+            a["x"] = x
     finally:
         a.update(keep)
 
@@ -779,3 +786,91 @@ def test_layer_xw_joint(monkeypatch):
     monkeypatch.setenv("DSA_LAYER_XW_JOINT", "yes")
     with pytest.raises(ValueError, match="DSA_LAYER_XW_JOINT: expected '0', '1' or unset, got 'yes'"):
         DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton")
+
+
+def test_split_weight_reconstructs_the_float32_weight():
+    """``split_weight`` / ``sum_split_parts``: bf16 parts give the float32 weight to 2^-24
+    relative over float32's range (2^-100 .. 2^100); fp16 parts to 2^-24 relative where they
+    stay normal (1 .. 2^10) and within 2^-47 absolute below; ±inf stays ±inf, NaN NaN; bad
+    arguments named."""
+    from torch_impl.layer import SPLIT_SHIFT, split_weight, sum_split_parts
+    g = torch.Generator().manual_seed(3)
+    for dt, lo, hi in ((torch.bfloat16, -100, 100), (torch.float16, 0, 10), (torch.float16, -60, 0)):
+        w = torch.randn(8, 64, generator=g).sign() * torch.randn(8, 64, generator=g).abs().add(1) \
+            * 2.0 ** torch.linspace(lo, hi, 64)
+        p = split_weight(w, dt)
+        assert p.shape == (24, 64) and p.dtype == dt
+        S = SPLIT_SHIFT[dt]
+        back = (p[:8].double() + p[8:16].double() * 2.0 ** -S) + p[16:].double() * 2.0 ** (-2 * S)
+        err = (back - w.double()).abs()
+        bound = 2.0 ** -24 * w.double().abs() + (2.0 ** -47 if lo < 0 and dt == torch.float16 else 0.0)
+        assert (err <= bound).all(), (dt, lo, float((err - bound).max()))
+        # the GEMM's output layout [T, 3 H_I] summed in prep_q's order
+        o = torch.cat([p[:8].float().T, p[8:16].float().T, p[16:].float().T], dim=1)     # [64, 24]
+        assert torch.equal(sum_split_parts(o, 8, dt),
+                           (o[:, :8] + o[:, 8:16] * 2.0 ** -S) + o[:, 16:] * 2.0 ** (-2 * S))
+    special = torch.tensor([[float("inf"), -float("inf"), float("nan"), 1.0e5, 0.0]])
+    p = split_weight(special, torch.float16).double()
+    back = (p[0] + p[1] * 2.0 ** -11) + p[2] * 2.0 ** -22
+    assert back[0] == float("inf") and back[1] == -float("inf") and torch.isnan(back[2])
+    assert back[3] == float("inf") and back[4] == 0              # past fp16's range: inf
+    with pytest.raises(TypeError, match=r"^dtype: expected torch.float16 or torch.bfloat16, got torch.float32"):
+        split_weight(special, torch.float32)
+    with pytest.raises(TypeError, match=r"^w: expected a float32 torch.Tensor, got torch.float64"):
+        split_weight(special.double(), torch.bfloat16)
+
+
+def test_split_weights_follow_load_state_dict_and_moves(monkeypatch):
+    """The buffers derived from ``indexer.weights_proj`` (``wproj_split``; with
+    ``DSA_LAYER_XW_JOINT=1`` also ``x_proj_joint``, whose views ``x_proj`` and ``wproj_split``
+    are) are rebuilt after ``load_state_dict`` and after ``_apply`` (what ``.to()`` runs): a
+    layer loaded with another's weights steps bit for bit as that layer, and the views share
+    one storage again after a move."""
+    cfg, fmt, B, N, lens, seed, dt = LAYER_CASES["dsv4_fp8_model1_fp16"]
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name="sd")
+    args = [as_tensor(x, DEVICE) for x in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                           case.context_lens)]
+    for joint in ("0", "1"):
+        monkeypatch.setenv("DSA_LAYER_XW_JOINT", joint)
+        mk = lambda s: DSADecodeLayer(cfg, None, seed=s, kv_format=fmt, device=DEVICE, dtype=dt,
+                                      path="triton", fused_prep=True)
+        a, b = mk(0), mk(1)
+        a._apply(lambda t: t.clone())                  # each buffer copied on its own, as .to() does
+        if joint == "1":
+            assert a.x_proj.data_ptr() == a.x_proj_joint.data_ptr()
+            assert a.wproj_split.data_ptr() == a.x_proj_joint[a.x_proj.shape[0]:].data_ptr()
+        a.load_state_dict(b.state_dict())
+        assert torch.equal(a.wproj_split, b.wproj_split)
+        ra = a(*[t.clone() for t in args], return_intermediates=True)
+        rb = b(*[t.clone() for t in args], return_intermediates=True)
+        assert torch.equal(ra[0], rb[0]) and torch.equal(ra[3]["idx_weights"], rb[3]["idx_weights"]), joint
+
+
+def test_prep_q_three_parts_need_a_16_bit_iq():
+    """The registered op refuses a three-part ``w_raw`` with a float32 ``iq`` on both paths (its
+    parts are scaled for a 16-bit split), naming ``w_raw``; the constexprs refuse a non-int
+    ``w_parts`` and a ``w_shift`` out of [1, 16] with three parts."""
+    from kernels.layer_prep import triton as tlp
+    st = _stage("v4_latent_fp32_N1_amax")
+    a, cfg = st.x, st.cfg
+    keep = a["w_raw"]
+    a["w_raw"] = torch.cat([keep] * 3, dim=1)
+    try:
+        for path in ("triton", "torch"):
+            with pytest.raises(ValueError, match=r"^w_raw: expected \[T, \d+\] float32, or \[T, \d+\] with a "
+                                                 r"16-bit iq"):
+                torch.ops.dsa.prep_q(a["iq"], a["w_raw"], a["q"], a["q_lat"], a["hadamard"], a["rope_freqs"],
+                                     a["context_lens"], st.N, cfg.num_heads, cfg.index_heads, cfg.d_qk, 0,
+                                     st.scale_fmt, cfg.eps, cfg.absorbed, cfg.q_head_norm, path, "all")
+    finally:
+        a["w_raw"] = keep
+    qc = tlp.prep_q_heuristic(cfg.index_heads, cfg.num_heads, 2)
+    kw = dict(index_heads=cfg.index_heads, index_head_dim=cfg.index_head_dim, rope=cfg.d_rope,
+              absorbed=False, head_norm=True, qk_nope=0, nope=cfg.d_qk - cfg.d_rope, d_qk=cfg.d_qk,
+              scale_fmt=None)
+    with pytest.raises(ValueError, match=r"^w_parts: expected the int 1 or 3, got 3.0"):
+        tlp.prep_q_constexprs(qc, **kw, w_parts=3.0, w_shift=8)
+    for bad in (0, 17, 8.0):
+        with pytest.raises(ValueError, match=r"^w_shift: expected an int in \[1, 16\] with w_parts 3"):
+            tlp.prep_q_constexprs(qc, **kw, w_parts=3, w_shift=bad)
+    assert tlp.prep_q_constexprs(qc, **kw, part="mla", w_parts=3, w_shift=0)["W_PARTS"] == 1

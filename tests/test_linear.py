@@ -497,23 +497,6 @@ def test_gemv_pair_is_the_two_gemvs_bitwise(monkeypatch):
         tlinear.linear_pair(x, w1, x.to(torch.int32), w2)
 
 
-def test_split3_is_the_float32_weight():
-    """``bench.linear_sweep.split3``: three 16-bit weights whose float32 sum is the float32
-    weight to ~2^-24 relative (24 significand bits), so their exact products with a 16-bit x,
-    summed in float32, are the float32 GEMM's to within its own rounding. bf16 over float32's
-    range; fp16 (the CPU dry run's dtype) where its remainders stay normal (magnitudes 1..100:
-    fp16's 5-bit exponent loses the low parts of small weights)."""
-    from bench.linear_sweep import split3
-    g = torch.Generator().manual_seed(3)
-    for act, lo, hi in ((torch.bfloat16, -8, 3), (torch.float16, 0, 2)):
-        w = torch.randn(8, 64, generator=g).sign() * torch.logspace(lo, hi, 64)
-        w3 = split3(w, act)
-        assert w3.shape == (24, 64) and w3.dtype == act
-        s = w3[:8].double() + w3[8:16].double() + w3[16:].double()
-        assert ((s - w.double()).abs() <= 2.0 ** -23 * w.double().abs()).all(), act
-        assert (w3[8:16] != 0).any()
-
-
 @pytest.mark.skipif(CUDA, reason="the CPU dry run of the GPU sweep")
 def test_sweep_split_weights_dry_run(tmp_path):
     """``--split-weights``: the float32 ``weights_proj`` as three 16-bit weights, alone and

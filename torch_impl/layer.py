@@ -134,20 +134,23 @@ def xw_joint_on() -> bool:
 
 SPLIT_SHIFT = {torch.bfloat16: 8, torch.float16: 11}
 """The significand bits S of each 16-bit part of :func:`split_weight`: part ``j`` is stored
-scaled by ``2^(j S)`` (an exact power of two), so every part is a normal number of the 16-bit
-type where the weight is (fp16's 5-bit exponent would otherwise flush the low parts of weights
-below ~2^-3 to subnormals)."""
+scaled by ``2^(j S)`` (an exact power of two), so a part is as large as the weight (fp16's
+5-bit exponent would otherwise flush the low parts of weights below ~2^-3 to subnormals)."""
 
 
 def split_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """``[3 N, K]`` in the 16-bit ``dtype``: ``p0; p1; p2`` with ``w = p0 + p1 2^-S + p2 2^-2S``
-    to ~2^-(3 S) relative (S = :data:`SPLIT_SHIFT`: bf16 8, i.e. 24 bits, float32's
-    significand; fp16 11), each part the rounding of what the ones before it leave of the float32
-    ``w`` ``[N, K]``, scaled by ``2^(j S)``. Products with a 16-bit x are exact in a float32
-    accumulator and the scalings are exact, so the GEMM of the three, its parts summed as
-    ``(o0 + o1 2^-S) + o2 2^-2S`` (``prep_q``), is the float32 GEMM up to its summation order
-    (the same bound, ``kernels.linear``'s). Source: the bf16x3 split XLA and cuBLAS use to
-    emulate float32 dots.
+    (S = :data:`SPLIT_SHIFT`: bf16 8, fp16 11), each part the rounding of what the ones before it
+    leave of the float32 ``w`` ``[N, K]``, scaled by ``2^(j S)``. bf16: ``w`` to ~2^-24
+    relative (float32's 24 significand bits) over float32's range. fp16: to ~2^-33 relative
+    where the parts stay normal (``|w|`` above ~2^-3); below that the parts go subnormal and
+    the error is absolute, below ~2^-47 (harmless in a GEMM of such weights). Products with a
+    16-bit x are exact in a float32 accumulator and the scalings are exact, so the GEMM of the
+    three, its parts summed as ``(o0 + o1 2^-S) + o2 2^-2S`` (``prep_q``), is the float32 GEMM
+    up to its summation order (the same bound, ``kernels.linear``'s). Non-finite weights stay
+    what they are (±inf: ``p0`` ±inf, ``p1 = p2 = 0``; NaN: NaN); a finite weight beyond the
+    16-bit type's range (fp16: ``|w| >= 65520``) becomes ±inf (the layer's ``alpha w`` is
+    ~1e-3). Source: the bf16x3 split XLA and cuBLAS use to emulate float32 dots.
 
     Raises:
       TypeError: ``dtype`` not float16 / bfloat16, ``w`` not a float32 torch.Tensor.
@@ -162,7 +165,9 @@ def split_weight(w: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     for j in range(3):
         q = (rest * 2.0 ** (j * S)).to(dtype)
         parts.append(q)
-        rest = rest - q.float() * 2.0 ** (-j * S)
+        back = q.float() * 2.0 ** (-j * S)
+        # a part that is ±inf (an inf weight, or past the 16-bit range) leaves nothing: not inf - inf
+        rest = torch.where(torch.isinf(back), torch.zeros_like(rest), rest - back)
     return torch.cat(parts, dim=0).contiguous()
 
 
@@ -640,11 +645,15 @@ def prepare_x(xq, xkv, xk, x, q_norm, kv_norm, k_norm_w, k_norm_b, rope_freqs, h
     Returns:
       ``(qr, x32)``: ``[T, q_lora]`` dt, ``rmsnorm(xq) * q_norm``; ``[T, hidden]`` float32, x.
     Raises:
-      TypeError: ``hadamard`` is not a floating-point torch.Tensor; ``xq`` / ``xkv`` / ``xk``
-        not in x's dtype (or float32 with a 16-bit x).
+      TypeError: ``hadamard`` is not a floating-point torch.Tensor; ``x`` not float32 /
+        float16 / bfloat16; ``xq`` / ``xkv`` / ``xk`` not in x's dtype (or float32 with a
+        16-bit x).
       ValueError: ``hadamard`` is not ``[D_I, D_I]`` (D_I = ``xk.shape[1]``) on ``xk``'s device.
     """
     _check_hadamard(hadamard, xk.shape[1], xk.device)
+    if not isinstance(x, torch.Tensor) or x.dtype not in _FLOAT:
+        got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+        raise TypeError(f"x: expected a torch.Tensor of one of {_FLOAT}, got {got}")
     ok = (x.dtype,) + ((torch.float32,) if x.dtype in SPLIT_SHIFT else ())
     for name, t in (("xq", xq), ("xkv", xkv), ("xk", xk)):
         if t.dtype not in ok:
@@ -731,6 +740,11 @@ def _prep_q_op(iq: torch.Tensor, w_raw: torch.Tensor, q: torch.Tensor, q_lat: Op
                eps: float, absorbed: bool, q_head_norm: bool, path: str,
                part: str = "all") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The step's work between the q projections and the DSA ops (:func:`prepare_q`)."""
+    if w_raw.shape[-1] != index_heads and (w_raw.shape[-1] != 3 * index_heads
+                                           or iq.dtype not in SPLIT_SHIFT):
+        raise ValueError(f"w_raw: expected [T, {index_heads}] float32, or [T, {3 * index_heads}] "
+                         f"with a 16-bit iq (the split weights_proj), got {tuple(w_raw.shape)} "
+                         f"with iq {iq.dtype}")
     args = (iq, w_raw, q, q_lat, hadamard, rope_freqs, context_lens, N, heads, index_heads, d_qk,
             qk_nope, scale_fmt, eps, absorbed, q_head_norm, part)
     impls = {"triton": lambda: _triton_prep_q(*args), "torch": lambda: _torch_prep_q(*args)}
@@ -1324,20 +1338,45 @@ class DSADecodeLayer(nn.Module):
         xw_joint = xw_joint_on()                                    # DSA_LAYER_XW_JOINT, likewise
         self.xw_joint = self.split_wproj and xw_joint
         if self.split_wproj:    # alpha * weights_proj as three 16-bit weights (split_wproj_on)
-            self.register_buffer("wproj_split", split_weight(
-                self.w("indexer.weights_proj") * self._weights_alpha, dtype), persistent=False)
+            self.register_buffer("wproj_split", None, persistent=False)
         if self.xw_joint:       # x_proj's rows, then the split weight's, one storage (xw_joint_on)
-            n = self.x_proj.shape[0]
-            self.register_buffer("x_proj_joint", torch.cat([self.x_proj, self.wproj_split]),
-                                 persistent=False)
-            self.x_proj = self.x_proj_joint[:n]        # views: no second copy (until .to())
-            self.wproj_split = self.x_proj_joint[n:]
+            self.register_buffer("x_proj_joint", None, persistent=False)
+        if self.split_wproj:
+            self._refresh_split()
+            # derived from indexer.weights_proj (and x_proj): rebuilt when weights are loaded
+            self.register_load_state_dict_post_hook(lambda module, keys: module._refresh_split())
         # the ignored input of torch.addmm(..., beta=0, alpha=scale): a GEMM scaled in its epilogue
         for name, dt in (("zero", dtype), ("zero_f32", torch.float32)):
             self.register_buffer(name, torch.zeros((), dtype=dt, device=device), persistent=False)
 
         if "triton" in self.linear.values() and self.x_proj.device.type == "cuda":
             tlinear.reserve_workspace(self.x_proj.device)    # split-K counters, before any capture
+
+    def _refresh_split(self) -> None:
+        """(Re)build the buffers derived from ``indexer.weights_proj``: ``wproj_split``
+        (:func:`split_weight` of ``alpha w``) and, with :func:`xw_joint_on`, ``x_proj_joint``
+        holding ``x_proj``'s rows then the split weight's, ``x_proj`` and ``wproj_split`` views
+        of it (one storage). Run at construction, after ``load_state_dict`` (a hook) and after
+        every ``_apply`` (``.to()``, ``.cuda()``: they copy each buffer on its own, which would
+        part the views)."""
+        if not self.split_wproj or self.x_proj.dtype not in SPLIT_SHIFT:
+            return
+        with torch.no_grad():
+            w3 = split_weight(self.w("indexer.weights_proj").float() * self._weights_alpha,
+                              self.x_proj.dtype)
+            if not self.xw_joint:
+                self.wproj_split = w3
+                return
+            n = self.x_proj.shape[0]
+            joint = torch.cat([self.x_proj, w3.to(self.x_proj.device)])
+            self.x_proj_joint = joint
+            self.x_proj, self.wproj_split = joint[:n], joint[n:]
+
+    def _apply(self, fn, recurse=True):
+        out = super()._apply(fn, recurse)
+        if getattr(self, "split_wproj", False):
+            self._refresh_split()
+        return out
 
     def _gemm(self, name: str, x: torch.Tensor, w: torch.Tensor, *, out: torch.Tensor | None = None,
               alpha: float = 1.0, out_dtype: torch.dtype | None = None) -> torch.Tensor:

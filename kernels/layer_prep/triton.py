@@ -511,6 +511,11 @@ def prep_x_constexprs(*, q_lora: int, d_qk: int, nope: int, rope: int, norm_rope
                 UE8M0=scale_fmt == "ue8m0")
 
 
+def mla_only_part(part: str) -> bool:
+    """Whether a :func:`prep_q_constexprs` ``part`` compiles the MLA programs only."""
+    return part == "mla"
+
+
 def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int, rope: int,
                       absorbed: bool, head_norm: bool, qk_nope: int, nope: int, d_qk: int,
                       scale_fmt: str | None, part: str = "all", w_parts: int = 1,
@@ -531,12 +536,15 @@ def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int
     ``torch_impl.layer.DSADecodeLayer(overlap=...)``).
 
     Raises:
-      ValueError: ``part`` not one of ``"all"``, ``"index"``, ``"mla"``; ``w_parts`` not 1 or 3.
+      ValueError: ``part`` not one of ``"all"``, ``"index"``, ``"mla"``; ``w_parts`` not the int
+        1 or 3; ``w_shift`` not an int in [1, 16] with ``w_parts`` 3 (not the MLA part).
     """
     if part not in ("all", "index", "mla"):
         raise ValueError(f"part: expected 'all', 'index' or 'mla', got {part!r}")
-    if w_parts not in (1, 3) or isinstance(w_parts, bool):
-        raise ValueError(f"w_parts: expected 1 or 3, got {w_parts!r}")
+    if type(w_parts) is not int or w_parts not in (1, 3):
+        raise ValueError(f"w_parts: expected the int 1 or 3, got {w_parts!r}")
+    if w_parts == 3 and not mla_only_part(part) and (type(w_shift) is not int or not 1 <= w_shift <= 16):
+        raise ValueError(f"w_shift: expected an int in [1, 16] with w_parts 3, got {w_shift!r}")
     mla_only = part == "mla"
     return dict(H_I=index_heads, D_I=index_head_dim, ROPE=rope, BLOCK_HI=cfg.block_hi,
                 NUM_HI=0 if mla_only else -(-index_heads // cfg.block_hi), ABSORBED=absorbed,
