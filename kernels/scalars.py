@@ -131,3 +131,9 @@ def env_switch(name: str) -> bool | None:
     if v not in ("", "0", "1"):
         raise ValueError(f"{name}: expected '0', '1' or unset, got {v!r}")
     return None if v == "" else v == "1"
+
+
+SPLIT_SHIFT_BITS = {"bf16": 8, "fp16": 11}
+"""The power-of-two scale S between the three 16-bit parts of a split float32 weight (part
+``j`` stored times ``2^(j S)``; ``torch_impl.layer.split_weight``): the significand bits of the
+16-bit type. ``prep_q``'s kernel unscales by it (``W_SHIFT``)."""

@@ -32,7 +32,7 @@ from torch import nn
 from kernels import formats as np_formats
 from kernels.ops import BACKEND_PATHS
 from kernels import layer_reference as lref
-from kernels.scalars import check_int, env_switch
+from kernels.scalars import SPLIT_SHIFT_BITS, check_int, env_switch
 from torch_impl import formats as tformats
 from torch_impl import _common
 from torch_impl._common import TORCH_PATHS
@@ -132,7 +132,7 @@ def xw_joint_on() -> bool:
     return env_switch(XW_JOINT_ENV) is True
 
 
-SPLIT_SHIFT = {torch.bfloat16: 8, torch.float16: 11}
+SPLIT_SHIFT = {torch.bfloat16: SPLIT_SHIFT_BITS["bf16"], torch.float16: SPLIT_SHIFT_BITS["fp16"]}
 """The significand bits S of each 16-bit part of :func:`split_weight`: part ``j`` is stored
 scaled by ``2^(j S)`` (an exact power of two), so a part is as large as the weight (fp16's
 5-bit exponent would otherwise flush the low parts of weights below ~2^-3 to subnormals)."""
@@ -1301,7 +1301,7 @@ class DSADecodeLayer(nn.Module):
         self.gemv = gemv_on()                  # DSA_LINEAR_GEMV, read now (not inside a step)
         self.joint_gemv = joint_gemv_on()      # DSA_LAYER_JOINT_GEMV, likewise
         self.topk_window_op = topk_window_on()  # DSA_LAYER_TOPK_WINDOW, likewise
-        self.split_wproj = split_wproj_on() and dtype in (torch.float16, torch.bfloat16)  # likewise
+        self.split_wproj = split_wproj_on() and dtype in SPLIT_SHIFT  # likewise
         self.overlap = overlap_default() if overlap is None else bool(overlap)
         self.overlap_carveout = overlap_sm_carveout()          # DSA_LAYER_OVERLAP_CARVEOUT, checked now
         self.tp_rank, self.tp_size = tp_rank, tp_size
@@ -1335,13 +1335,12 @@ class DSADecodeLayer(nn.Module):
         sign = np.sign(lref.hadamard_matrix(cfg.index_head_dim))
         self.register_buffer("hadamard_sign", torch.as_tensor(sign, dtype=dtype, device=device),
                              persistent=False)
-        xw_joint = xw_joint_on()                                    # DSA_LAYER_XW_JOINT, likewise
+        xw_joint = xw_joint_on()        # DSA_LAYER_XW_JOINT, likewise (checked whatever the split)
         self.xw_joint = self.split_wproj and xw_joint
         if self.split_wproj:    # alpha * weights_proj as three 16-bit weights (split_wproj_on)
             self.register_buffer("wproj_split", None, persistent=False)
-        if self.xw_joint:       # x_proj's rows, then the split weight's, one storage (xw_joint_on)
-            self.register_buffer("x_proj_joint", None, persistent=False)
-        if self.split_wproj:
+            if self.xw_joint:   # x_proj's rows, then the split weight's, one storage (xw_joint_on)
+                self.register_buffer("x_proj_joint", None, persistent=False)
             self._refresh_split()
             # derived from indexer.weights_proj (and x_proj): rebuilt when weights are loaded
             self.register_load_state_dict_post_hook(lambda module, keys: module._refresh_split())
@@ -1368,7 +1367,7 @@ class DSADecodeLayer(nn.Module):
                 self.wproj_split = w3
                 return
             n = self.x_proj.shape[0]
-            joint = torch.cat([self.x_proj, w3.to(self.x_proj.device)])
+            joint = torch.cat([self.x_proj, w3])
             self.x_proj_joint = joint
             self.x_proj, self.wproj_split = joint[:n], joint[n:]
 

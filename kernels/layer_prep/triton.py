@@ -88,6 +88,7 @@ import triton.language as tl
 
 from kernels.cache_write.triton import (_amax_rows, _e4m3_bits, _indexer_scale, _new_token_target,
                                         _store_ds_mla, _store_indexer, _store_latent, _store_model1)
+from kernels.scalars import SPLIT_SHIFT_BITS
 
 KV_FORMATS = ("latent", "fp8_ds_mla", "fp8_model1")
 """Latent cache layouts the ``FORMAT`` constexpr of :func:`_prep_x_kernel` takes."""
@@ -511,11 +512,6 @@ def prep_x_constexprs(*, q_lora: int, d_qk: int, nope: int, rope: int, norm_rope
                 UE8M0=scale_fmt == "ue8m0")
 
 
-def mla_only_part(part: str) -> bool:
-    """Whether a :func:`prep_q_constexprs` ``part`` compiles the MLA programs only."""
-    return part == "mla"
-
-
 def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int, rope: int,
                       absorbed: bool, head_norm: bool, qk_nope: int, nope: int, d_qk: int,
                       scale_fmt: str | None, part: str = "all", w_parts: int = 1,
@@ -526,7 +522,7 @@ def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int
 
     ``w_parts``: 1, or 3 for the split ``weights_proj``'s three float32 products a token
     (``torch_impl.layer.split_wproj_on``), summed in the kernel, part ``j`` unscaled by
-    ``2^-(j w_shift)`` (``torch_impl.layer.SPLIT_SHIFT``: bf16 8, fp16 11); an MLA-only compile
+    ``2^-(j w_shift)`` (``kernels.scalars.SPLIT_SHIFT_BITS``: bf16 8, fp16 11); an MLA-only compile
     ignores both.
 
     ``part``: ``"all"`` or ``"index"`` (the same compile: an ``"index"`` launch's grid stops
@@ -543,9 +539,9 @@ def prep_q_constexprs(cfg: PrepQConfig, *, index_heads: int, index_head_dim: int
         raise ValueError(f"part: expected 'all', 'index' or 'mla', got {part!r}")
     if type(w_parts) is not int or w_parts not in (1, 3):
         raise ValueError(f"w_parts: expected the int 1 or 3, got {w_parts!r}")
-    if w_parts == 3 and not mla_only_part(part) and (type(w_shift) is not int or not 1 <= w_shift <= 16):
-        raise ValueError(f"w_shift: expected an int in [1, 16] with w_parts 3, got {w_shift!r}")
     mla_only = part == "mla"
+    if w_parts == 3 and not mla_only and (type(w_shift) is not int or not 1 <= w_shift <= 16):
+        raise ValueError(f"w_shift: expected an int in [1, 16] with w_parts 3, got {w_shift!r}")
     return dict(H_I=index_heads, D_I=index_head_dim, ROPE=rope, BLOCK_HI=cfg.block_hi,
                 NUM_HI=0 if mla_only else -(-index_heads // cfg.block_hi), ABSORBED=absorbed,
                 QK_NOPE=qk_nope, NOPE=nope, D_QK=d_qk, BLOCK_HM=cfg.block_hm,
@@ -681,7 +677,7 @@ def aot_specs(smem_class: str) -> list:
                                            head_norm=cfg.q_head_norm, qk_nope=cfg.qk_nope_head_dim,
                                            nope=nope_q, d_qk=cfg.d_qk,
                                            scale_fmt=sf, part=part, w_parts=wp,
-                                           w_shift={"bf16": 8, "fp16": 11}.get(dt, 0))
+                                           w_shift=SPLIT_SHIFT_BITS.get(dt, 0))
                     tag = ("" if part == "all" else " part=mla") + ("" if wp == 1 else " w_parts=3")
                     specs.append(LaunchSpec(
                         label=f"prep_q {cfg.name} dt={dt} ue8m0={ue8m0}{tag} {qc}",
