@@ -705,6 +705,41 @@ def test_layer_split_weights_proj(monkeypatch):
         DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt)
 
 
+def test_split_weights_proj_yields_to_the_linear_switch(monkeypatch):
+    """A ``linear`` switch that puts ``indexer.weights_proj`` on ``dsa::linear`` (here that GEMM
+    alone, so ``x_proj`` stays on torch's GEMM where the joint form would run; ``"triton"`` and
+    ``"auto"`` name it too: ``linear_switch``'s tests) keeps it there with
+    the split built (and with ``DSA_LAYER_XW_JOINT=1``): no float32-out GEMM runs (neither the
+    split weight nor the joint), ``dsa::linear`` runs the float32 ``weights_proj`` with the
+    layer's alpha, and the head weights equal those of a layer built with the split off under
+    the same switch, bit for bit (the same kernels on the same inputs)."""
+    from torch_impl import layer as tl
+    cfg, fmt, B, N, lens, seed, dt = LAYER_CASES["dsv4_fp8_model1_fp16"]
+    case = lref.make_layer_case(cfg, seed=seed, B=B, N=N, lens=lens, kv_format=fmt, name="split_linear")
+    args = [as_tensor(x, DEVICE) for x in (case.x, case.kv_cache, case.k_cache, case.block_table,
+                                           case.context_lens)]
+    calls, lin = [], []
+    real_mm, real_lin = tl.mm_float32_out, tl.tlinear.linear
+    monkeypatch.setattr(tl, "mm_float32_out", lambda x, w: calls.append(tuple(w.shape)) or real_mm(x, w))
+    monkeypatch.setattr(tl.tlinear, "linear", lambda x, w, **kw: lin.append((tuple(w.shape), kw.get("alpha"),
+                                                                            kw.get("out_dtype"))) or real_lin(x, w, **kw))
+    res = {}
+    for split, joint in (("1", "1"), ("1", "0"), ("0", "0")):
+        monkeypatch.setenv("DSA_LAYER_SPLIT_WPROJ", split)
+        monkeypatch.setenv("DSA_LAYER_XW_JOINT", joint)
+        layer = DSADecodeLayer(cfg, case.weights, kv_format=fmt, device=DEVICE, path="triton", dtype=dt,
+                               fused_prep=True, linear="indexer.weights_proj=triton")
+        assert layer.split_wproj == (split == "1")
+        lin.clear()
+        res[split + joint] = layer(*[t.clone() for t in args], return_intermediates=True)[3]
+        assert calls == [], (split, joint, calls)
+        wp = layer.w("indexer.weights_proj")
+        assert (tuple(wp.shape), layer._weights_alpha, torch.float32) in lin, (split, joint, lin)
+    for key in ("11", "10"):
+        assert torch.equal(res[key]["idx_weights"], res["00"]["idx_weights"]), key
+        assert torch.equal(res[key]["indices"], res["00"]["indices"]), key
+
+
 @pytest.mark.parametrize("name", ["v32_latent_fp16_N2_amax", "v4_model1_fp16_N2"])
 def test_prep_x_float32_projection_is_rounded_on_load(name):
     """``dsa::prep_x`` given the x projection in float32 (a GEMM that wrote float32: the layer's

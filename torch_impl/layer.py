@@ -103,8 +103,9 @@ SPLIT_WPROJ_ENV = "DSA_LAYER_SPLIT_WPROJ"
 
 def split_wproj_on() -> bool:
     """``DSA_LAYER_SPLIT_WPROJ`` read once (at construction): unless ``0``, a fused-preparation
-    step's float32 ``weights_proj`` (one-stream steps of more than one token: B 64's) runs as
-    three 16-bit weights, ``alpha w = p0 + p1 2^-S + p2 2^-2S`` (:func:`split_weight`), in one
+    step's float32 ``weights_proj`` (one-stream steps of more than one token: B 64's) that the
+    ``linear`` switch leaves on torch's GEMM (``"torch"``, ``"gemv"``: the default; not
+    ``"triton"`` / ``"auto"``, which put it on ``dsa::linear``) runs as three 16-bit weights, ``alpha w = p0 + p1 2^-S + p2 2^-2S`` (:func:`split_weight`), in one
     tensor-core GEMM of the 16-bit ``x`` writing float32 (:func:`mm_float32_out`); ``prep_q``
     sums the three parts. 16-bit layers only (a float32 layer runs the float32 GEMM whatever
     the switch). ``0``: the float32 GEMM (the bench's A/B).
@@ -1484,7 +1485,7 @@ class DSADecodeLayer(nn.Module):
         to dt) and ``w_raw`` the split weight's three parts ``[T, 3 H_I]``; else ``w_raw`` None (the
         preparation runs ``weights_proj`` itself)."""
         T = x2d.shape[0]
-        if (self.xw_joint and T > 1 and self.fused_prep
+        if (self.xw_joint and T > 1 and self.fused_prep and self._split_runs(x2d)
                 and self._lin_path("x_proj", x2d, self.x_proj) is None
                 and not self._overlaps(T, x2d.device)):    # one float32-out GEMM (xw_joint_on)
             both = mm_float32_out(x2d, self.x_proj_joint)
@@ -1714,7 +1715,7 @@ class DSADecodeLayer(nn.Module):
                                wkv_b[:, :nope].transpose(1, 2))
         # float32 weights (DeepSeek's weights_proj runs on x.float()); the constant scale is the
         # GEMM's alpha, the q scale is multiplied in prep_q
-        if w_raw is None and self.split_wproj:   # [T, 3 H_I]: prep_q sums the parts
+        if w_raw is None and self._split_runs(x32):   # [T, 3 H_I]: prep_q sums the parts
             w_raw = mm_float32_out(x.reshape(T, -1), self.wproj_split)
         elif w_raw is None:
             w_raw = self._gemm("indexer.weights_proj", x32, self.w("indexer.weights_proj"),
@@ -1725,6 +1726,15 @@ class DSADecodeLayer(nn.Module):
                                         scale_fmt=cfg.scale_fmt, eps=cfg.eps, absorbed=cfg.absorbed,
                                         q_head_norm=cfg.q_head_norm, path=self.path)
         return q_mla.view(B, N, H, -1), idx_q.view(B, N, H_I, D_I), idx_w.view(B, N, H_I), None
+
+    def _split_runs(self, x: torch.Tensor) -> bool:
+        """Whether ``weights_proj`` of the tokens ``x`` ``[T, hidden]`` runs as the split GEMM
+        (:func:`split_wproj_on`): the split built and the layer still 16-bit, and the ``linear`` switch
+        leaving ``indexer.weights_proj`` on torch's GEMM for this step (:meth:`_lin_path` None);
+        a step the switch puts on ``dsa::linear`` (``linear="triton"`` / ``"auto"``, or that
+        GEMM named) runs it there, in float32, as the switch says."""
+        return (getattr(self, "wproj_split", None) is not None and self.x_proj.dtype in SPLIT_SHIFT
+                and self._lin_path("indexer.weights_proj", x, self.w("indexer.weights_proj")) is None)
 
     def _overlaps(self, T: int, device: torch.device) -> bool:
         """Whether a step of ``T`` tokens on ``device`` runs as :func:`q_index_overlap`."""
