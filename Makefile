@@ -2,7 +2,8 @@
 # (python -m parity $(PARITY_ARGS)), `make test` (pytest $(PYTEST_ARGS)), `make bench`
 # (python -m bench $(BENCH_ARGS), default --write-dispatch), `make report` (one file to attach
 # to a bug report or pull request: environment, parity --full --strict, bench --targets, the
-# dispatch tables; REPORT=path names it), `make clean`.
+# dispatch tables; REPORT=path names it), `make aot-record` (the sm_120 compile record the tests
+# read), `make clean`.
 # The first use of any of them creates .venv and installs the project with [dev]. On a machine
 # without an NVIDIA GPU, torch is pinned to the CPU build (constraints-cpu.txt); any looser spec
 # would pull a multi-GB CUDA build.
@@ -25,7 +26,7 @@ BENCH_ARGS ?= --write-dispatch
 
 REPORT ?= dsa-report-$(shell date -u +%Y%m%dT%H%M%SZ).txt
 
-.PHONY: parity test bench env report clean
+.PHONY: parity test bench env report clean aot-record
 
 # Without a GPU, the Triton version of the GPU image (GPU_IMAGE_TRITON) is also unpacked into
 # $(VENV)/triton-gpu-image (no dependencies, not importable by default): the sm_120 fit check
@@ -50,6 +51,12 @@ parity: $(VENV)/.installed
 
 test: $(VENV)/.installed $(GPU_IMAGE_TRITON_DIR)
 	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
+
+# Compile every sm_120 launch spec with the GPU image's Triton and rewrite tests/aot_record/ (the
+# results `make test` reads for specs whose Triton cache key is unchanged; tests/test_triton_compile.py).
+# Run it after changing a kernel, a launch config or GPU_IMAGE_TRITON, and commit the record.
+aot-record: $(VENV)/.installed $(GPU_IMAGE_TRITON_DIR)
+	DSA_AOT_RECORD=write $(PY) -m pytest -q $(XDIST) tests/test_triton_compile.py -k gpu_image_triton
 
 bench: $(VENV)/.installed
 	$(PY) -m bench $(BENCH_ARGS)

@@ -87,24 +87,20 @@ def triton_dir(value: str | None) -> str | None:
     return value if value and Path(value, "triton").exists() else None
 
 
-def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
-    """Compile ``spec`` for ``sm_<cc>`` in this process (must not be interpreting).
+def _options(spec: LaunchSpec) -> dict:
+    """The ``triton.compile`` options of ``spec``."""
+    return {"num_warps": spec.num_warps, "num_stages": spec.num_stages, **spec.options}
 
-    Returns:
-      ``{"label", "cc", "triton" (the compiler's version), "shared" (bytes of shared memory per
-      block), "num_warps", "num_stages",
-      "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
-      "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
-      opcode counts of the whole kernel and of its largest loop); for a kernel with mbarriers
-      ``"mbarrier_inits"`` (``gluon_cluster.mbarrier_inits`` of its PTX, or why not).
-    ``DSA_AOT_DUMP_DIR`` set: the PTX and the cubin are also written there (``<label>_sm<cc>``),
-    to read a schedule by hand (``cuobjdump -sass``).
+
+def _source(spec: LaunchSpec):
+    """``spec``'s kernel as Triton's compile source (an ``ASTSource``; a ``GluonASTSource`` for
+    ``@gluon.jit`` kernels): the signature typed, the constexprs bound, pointers and
+    ``spec.divisible`` integers marked as multiples of 16.
     Raises:
       RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
-    """
+      ValueError: a kernel argument has neither a type nor a value in ``spec``."""
     import triton
     import triton.language as tl
-    from triton.backends.compiler import GPUTarget
 
     mod = importlib.import_module(spec.module)
     fn = getattr(mod, spec.kernel)
@@ -128,16 +124,56 @@ def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
     src_cls = triton.compiler.ASTSource
     if getattr(fn, "is_gluon", lambda: False)():       # @gluon.jit kernels (sm_90 only)
         from triton.experimental.gluon._runtime import GluonASTSource as src_cls
-    src = src_cls(fn, signature, constexprs, attrs)
+    return src_cls(fn, signature, constexprs, attrs)
+
+
+def spec_key(spec: LaunchSpec, cc: int) -> str:
+    """The key Triton's own kernel cache files a compile of ``spec`` for ``sm_<cc>`` under
+    (``triton.runtime.cache.get_cache_key``, sha256 hex): the kernel's source and every
+    ``@jit`` function and constexpr global it reaches (``JITFunction.cache_key``), the
+    signature, divisibility and constexprs, the Triton version and its source, the backend
+    (ptxas version, target), the options and the cache-invalidating environment variables.
+    Equal keys mean ``triton.compile`` would return the same binary from its cache; that is
+    what :func:`compile_specs_cached` relies on. Not a path: equal in every clone."""
+    import hashlib
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler.compiler import get_cache_invalidating_env_vars, make_backend
+    from triton.runtime.cache import get_cache_key
+
+    src = _source(spec)
+    backend = make_backend(GPUTarget("cuda", cc, 32))
+    options = backend.parse_options(dict(_options(spec), **src.parse_options()))
+    key = get_cache_key(src, backend, options, env_vars=get_cache_invalidating_env_vars())
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def compile_spec(spec: LaunchSpec, cc: int, sass: bool = False) -> dict:
+    """Compile ``spec`` for ``sm_<cc>`` in this process (must not be interpreting).
+
+    Returns:
+      ``{"label", "cc", "triton" (the compiler's version), "shared" (bytes of shared memory per
+      block), "num_warps", "num_stages",
+      "registers" (per thread, from ptxas -v, None if a cached compile skipped ptxas),
+      "spill_store_bytes"}``; with ``sass`` also ``"sass"`` (:func:`sass_counts` of the cubin:
+      opcode counts of the whole kernel and of its largest loop); for a kernel with mbarriers
+      ``"mbarrier_inits"`` (``gluon_cluster.mbarrier_inits`` of its PTX, or why not).
+    ``DSA_AOT_DUMP_DIR`` set: the PTX and the cubin are also written there (``<label>_sm<cc>``),
+    to read a schedule by hand (``cuobjdump -sass``).
+    Raises:
+      RuntimeError: the kernel module was imported under ``TRITON_INTERPRET``.
+    """
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    src = _source(spec)
     log = io.StringIO()
     knobs = triton.knobs.nvidia
     old = knobs.dump_ptxas_log
     knobs.dump_ptxas_log = True                       # ptxas -v: registers and spills
     try:
         with contextlib.redirect_stdout(log):
-            k = triton.compile(src, target=GPUTarget("cuda", cc, 32),
-                               options={"num_warps": spec.num_warps, "num_stages": spec.num_stages,
-                                        **spec.options})
+            k = triton.compile(src, target=GPUTarget("cuda", cc, 32), options=_options(spec))
     finally:
         knobs.dump_ptxas_log = old
     text = log.getvalue()
@@ -254,9 +290,19 @@ def sass_counts(cubin: bytes) -> dict:
             "loops": block_loops(text)}
 
 
+def _subprocess_env(triton_path: str | None) -> dict:
+    """The compiling subprocesses' environment: this one's without ``TRITON_INTERPRET``, with
+    ``triton_path`` (when given) and the repository first on ``PYTHONPATH``."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["PYTHONPATH"] = os.pathsep.join(
+        ([triton_path] if triton_path else []) + [str(_ROOT)] + [env.get("PYTHONPATH", "")])
+    return env
+
+
 def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float = 1200,
                   workers: int | None = None, sass: bool = False,
-                  triton_path: str | None = None) -> list[dict]:
+                  triton_path: str | None = None, *, keys: bool = False,
+                  always_compile: bool = False) -> list[dict]:
     """Compile every spec for every ``cc`` in subprocesses without ``TRITON_INTERPRET``.
 
     ``triton_path``: a folder holding another ``triton`` package (e.g. the GPU image's version,
@@ -266,6 +312,10 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
     The specs are dealt round-robin to ``workers`` processes (default: the CPUs this process may
     use, at most 8) that compile concurrently; ptxas is single-threaded, so on the 2-core CI
     machine two workers halve the wall time.
+
+    ``keys``: compute each spec's :func:`spec_key` instead of compiling (``{"label", "cc",
+    "key"}``; one import of the kernels, milliseconds a spec). ``always_compile``: bypass
+    Triton's on-disk cache (``TRITON_ALWAYS_COMPILE=1``), so ptxas runs and reports registers.
 
     Returns one result dict per (spec, cc), in the order of ``specs`` then ``ccs`` (see
     :func:`compile_spec`); a failed compile gives ``{"label", "cc", "error": message}`` instead
@@ -279,7 +329,8 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
         first.setdefault(json.dumps({**asdict(s), "label": ""}, sort_keys=True, default=str), i)
     uniq = sorted(set(first.values()))
     if len(uniq) < len(specs):
-        res = compile_specs([specs[i] for i in uniq], ccs, timeout, workers, sass, triton_path)
+        res = compile_specs([specs[i] for i in uniq], ccs, timeout, workers, sass, triton_path,
+                            keys=keys, always_compile=always_compile)
         by_key = {k: res[j * len(ccs): (j + 1) * len(ccs)]
                   for j, k in enumerate(sorted(first, key=first.get))}
         return [{**r, "label": s.label} for s in specs
@@ -288,13 +339,13 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
         workers = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
                       else (os.cpu_count() or 1))
     workers = max(1, min(workers, len(specs)))
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        ([triton_path] if triton_path else []) + [str(_ROOT)] + [env.get("PYTHONPATH", "")])
+    env = _subprocess_env(triton_path)
+    if always_compile:
+        env["TRITON_ALWAYS_COMPILE"] = "1"
     shares = [list(range(w, len(specs), workers)) for w in range(workers)]
 
     def run(share: list[int]) -> list[dict]:
-        payload = json.dumps({"ccs": list(ccs), "sass": sass,
+        payload = json.dumps({"ccs": list(ccs), "sass": sass, "keys": keys,
                               "specs": [asdict(specs[i]) for i in share]})
         proc = subprocess.run([sys.executable, "-m", "kernels._triton_aot"], input=payload,
                               capture_output=True, text=True, env=env, cwd=str(_ROOT),
@@ -313,6 +364,66 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
     return [r for i in range(len(specs)) for r in by_spec.get(i, [])]
 
 
+# The fields of a compile result that :func:`compile_specs_cached` records (the rest, label, cc,
+# num_warps and num_stages, come from the spec).
+CACHED_FIELDS = ("triton", "shared", "registers", "spill_store_bytes", "spill_load_bytes",
+                 "stack_bytes")
+
+
+def compile_specs_cached(specs: list[LaunchSpec], ccs: tuple[int, ...], record: Path,
+                         triton_path: str | None = None, *, write: bool = False,
+                         timeout: float = 1200) -> tuple[list[dict], dict]:
+    """:func:`compile_specs` with a record of earlier compiles: a spec whose :func:`spec_key`
+    (Triton's own cache key: the kernel's source and everything it reaches, the signature and
+    constexprs, the Triton version and source, ptxas, the options) is in ``record`` takes the
+    recorded result; every other spec is compiled. The key is the one under which
+    ``triton.compile`` itself would return the earlier binary from its cache, so a recorded
+    result is what compiling again gives; a change to a kernel, to anything it calls, to a
+    config or to the compiler changes the key and the spec is compiled.
+
+    ``record``: a JSON file ``{"about", "entries": {key: {label, cc, triton, shared,
+    registers, spill_store_bytes, spill_load_bytes, stack_bytes}}}`` (absent: every spec is
+    compiled). ``write``: compile every spec (bypassing Triton's on-disk cache, so ptxas
+    reports registers) and rewrite ``record`` with exactly these specs' entries.
+
+    Returns ``(results, stats)``: the results as :func:`compile_specs` orders them, each with
+    ``"key"`` and ``"cached"`` (True: from the record); ``stats`` ``{"specs", "recorded",
+    "compiled"}`` (results counted).
+    Raises:
+      RuntimeError: a subprocess failed (as :func:`compile_specs`)."""
+    keyed = compile_specs(specs, ccs, timeout, workers=1, triton_path=triton_path, keys=True)
+    entries = {}
+    if record.exists() and not write:
+        entries = json.loads(record.read_text())["entries"]
+    n = len(ccs)
+    keys = [r.get("key") for r in keyed]              # None: the key failed (the compile says why)
+    todo = [i for i in range(len(specs)) if any(keys[i * n + j] not in entries for j in range(n))]
+    fresh = compile_specs([specs[i] for i in todo], ccs, timeout, triton_path=triton_path,
+                          always_compile=write) if todo else []
+    fresh_at = {i: fresh[t * n:(t + 1) * n] for t, i in enumerate(todo)}
+    results = []
+    for i, spec in enumerate(specs):
+        for j, cc in enumerate(ccs):
+            key = keys[i * n + j]
+            if i in fresh_at:
+                results.append({**fresh_at[i][j], "key": key, "cached": False})
+            else:
+                results.append({**entries[key], "label": spec.label, "cc": cc,
+                                "num_warps": spec.num_warps, "num_stages": spec.num_stages,
+                                "key": key, "cached": True})
+    if write:
+        out = {r["key"]: {"label": r["label"], "cc": r["cc"], **{f: r.get(f) for f in CACHED_FIELDS}}
+               for r in results if r["key"] is not None and "error" not in r}
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({
+            "about": ("Results of earlier AOT compiles (kernels._triton_aot.compile_specs_cached), "
+                      "keyed by Triton's own cache key of each launch spec; rewritten by "
+                      "`make aot-record`. A spec whose key is not here is compiled."),
+            "entries": dict(sorted(out.items()))}, indent=1) + "\n")
+    stats = {"specs": len(results), "recorded": sum(r["cached"] for r in results),
+             "compiled": sum(not r["cached"] for r in results)}
+    return results, stats
+
 def _main() -> None:
     req = json.loads(sys.stdin.read())
     for d in req["specs"]:
@@ -321,7 +432,8 @@ def _main() -> None:
         spec = LaunchSpec(**d)
         for cc in req["ccs"]:
             try:
-                res = compile_spec(spec, cc, sass=bool(req.get("sass")))
+                res = ({"label": spec.label, "cc": cc, "key": spec_key(spec, cc)} if req.get("keys")
+                       else compile_spec(spec, cc, sass=bool(req.get("sass"))))
             except Exception as e:  # noqa: BLE001 - reported per spec to the caller
                 msg = f"{type(e).__name__}: {e}"
                 c = e.__cause__ or e.__context__      # a CompilationError's root cause

@@ -6,6 +6,10 @@ No GPU is needed: ``kernels._triton_aot`` compiles with Triton's bundled ptxas f
 ``GPUTarget("cuda", cc, 32)`` in a subprocess without ``TRITON_INTERPRET`` (this test process
 has it set on CPU machines, and ``@triton.jit`` would return interpreter objects).
 
+The sm_120 compiles with the GPU image's Triton go through a record of earlier compiles
+(``tests/aot_record/``, keyed by Triton's own cache key of each spec; ``_compiled`` says how and
+why; ``make aot-record`` rewrites it).
+
 Registry: :data:`LAUNCHERS` maps a launcher name to a function ``smem_class -> [LaunchSpec]``
 listing every (kernel, signature, constexprs, num_warps, num_stages) that launcher can launch on
 a GPU of that shared-memory class (``kernels.sparse_mla.configs.smem_class``), from the module
@@ -13,8 +17,13 @@ beside each kernel.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import hashlib
+import json
 import os
+import subprocess
+import warnings
 from pathlib import Path
 
 import pytest
@@ -74,11 +83,44 @@ CCS = [pytest.param(cc, marks=pytest.mark.sm90, id=f"sm_{cc}") if cc == 90
        else pytest.param(cc, id=f"sm_{cc}") for cc in sorted(TARGETS)]
 
 
+# The sm_120 compiles with the GPU image's Triton read the results of earlier compiles of the same
+# spec from tests/aot_record/<launcher>_sm120.json, keyed by Triton's own cache key of the spec
+# (kernels._triton_aot.spec_key: the kernel's source and all it calls, the constexprs, the
+# Triton version and source, ptxas, the options); a spec whose key is not there is compiled.
+# Equal keys are what Triton's own cache returns an earlier binary for, so a recorded result is
+# the result of compiling. Compiling every spec took ~350 s of the ~800-920 s CI pytest run on
+# 2 cores (tests/TEST_TIME.md, run CN). DSA_AOT_RECORD: unset or "read" (default), "write"
+# (compile every spec and rewrite the record: `make aot-record`), "off" (compile every spec,
+# leave the record). test_sm120_record_matches_a_fresh_compile compiles one recorded spec of each
+# launcher afresh every run and compares.
+AOT_RECORD_DIR = Path(__file__).resolve().parent / "aot_record"
+AOT_RECORD_ENV = "DSA_AOT_RECORD"
+_RECORD_STATS: dict[str, dict] = {}
+
+
+def _record_mode() -> str:
+    mode = os.environ.get(AOT_RECORD_ENV, "") or "read"
+    if mode not in ("read", "write", "off"):
+        raise ValueError(f"{AOT_RECORD_ENV}: expected 'read', 'write', 'off' or unset, got {mode!r}")
+    return mode
+
+
+def _specs(cc: int, launcher: str) -> list:
+    return LAUNCHERS[launcher](configs.smem_class(hardware.smem_limit(TARGETS[cc])))
+
+
 @functools.lru_cache(maxsize=None)
 def _compiled(cc: int, launcher: str, triton_path: str | None = None) -> tuple:
-    limit = hardware.smem_limit(TARGETS[cc])
-    specs = LAUNCHERS[launcher](configs.smem_class(limit))
-    return tuple(_aot.compile_specs(specs, (cc,), triton_path=triton_path))
+    """Every spec of ``launcher`` for ``sm_<cc>`` compiled (with ``triton_path``'s Triton, default
+    the installed one); sm_120 with the GPU image's Triton through the record (above)."""
+    specs = _specs(cc, launcher)
+    mode = _record_mode()
+    if cc != 120 or triton_path is None or mode == "off":
+        return tuple(_aot.compile_specs(specs, (cc,), triton_path=triton_path))
+    res, stats = _aot.compile_specs_cached(specs, (cc,), AOT_RECORD_DIR / f"{launcher}_sm120.json",
+                                           triton_path, write=mode == "write")
+    _RECORD_STATS[launcher] = stats
+    return tuple(res)
 
 
 @pytest.mark.slow
@@ -110,6 +152,45 @@ def test_every_config_fits_sm120_with_the_gpu_image_triton(launcher):
     results = _compiled(120, launcher, path)
     assert {r.get("triton") for r in results if "error" not in r} <= {GPU_IMAGE_TRITON}
     _check_fit(results, 120, hardware.smem_limit(TARGETS[120]))
+    stats = _RECORD_STATS.get(launcher)
+    if stats and stats["compiled"] and _record_mode() == "read":
+        warnings.warn(f"{launcher}: {stats['compiled']} of {stats['specs']} sm_120 specs are not in "
+                      f"tests/aot_record (a kernel or config changed) and were compiled here: "
+                      f"`make aot-record` records them", stacklevel=1)
+
+
+def _tree_id() -> str:
+    """The checked-out tree's git id ('' outside a git checkout): a different recorded spec is
+    compiled afresh at each commit (test_sm120_record_matches_a_fresh_compile)."""
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD^{tree}"], capture_output=True, text=True,
+                              cwd=Path(__file__).resolve().parent, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("launcher", sorted(LAUNCHERS))
+def test_sm120_record_matches_a_fresh_compile(launcher):
+    """One recorded sm_120 result of ``launcher`` (tests/aot_record), picked by the checked-out
+    tree's id so another is picked at each commit, equals a fresh compile of its spec with the
+    GPU image's Triton (Triton's on-disk cache bypassed): the same shared memory, registers,
+    spills and stack. What a wrong or hand-edited record would fail."""
+    path = _gpu_image_triton()
+    if path is None or _record_mode() != "read":
+        pytest.skip("the record is read only where the sm_120 check compiles with the GPU image's "
+                    f"Triton and {AOT_RECORD_ENV} is unset or 'read'")
+    results = _compiled(120, launcher, path)
+    recorded = [i for i, r in enumerate(results) if r["cached"]]
+    if not recorded:
+        pytest.skip(f"{launcher}: no spec's result is recorded (every spec was compiled here)")
+    salt = _tree_id()
+    i = min(recorded, key=lambda i: hashlib.sha256((salt + results[i]["key"]).encode()).hexdigest())
+    (fresh,) = _aot.compile_specs([_specs(120, launcher)[i]], (120,), triton_path=path,
+                                  always_compile=True)
+    assert "error" not in fresh, fresh
+    for f in _aot.CACHED_FIELDS:
+        assert fresh[f] == results[i][f], (results[i]["label"], f, fresh[f], results[i][f])
 
 
 def _check_fit(results, cc: int, limit: int) -> None:
@@ -178,6 +259,32 @@ def test_aot_compile_one_kernel_without_gpu():
     (res,) = _aot.compile_specs(specs, (120,))
     assert "error" not in res, res.get("error")
     assert 0 < res["shared"] <= limit
+
+
+def test_compile_specs_cached_records_reads_and_compiles_what_changed(tmp_path):
+    """``compile_specs_cached`` with two small specs: ``write`` compiles both and records them
+    under their keys; a read takes both from the record (the same results, ``cached``); a
+    spec whose config changed (another key) is compiled while the other is read; an entry no
+    spec has any more is dropped at the next write; a key is the same computed twice."""
+    record = tmp_path / "rec.json"
+    specs = _cache_write.aot_specs(configs.smem_class(hardware.smem_limit((12, 0))))[:2]
+    path = _gpu_image_triton()
+    res, stats = _aot.compile_specs_cached(specs, (120,), record, path, write=True)
+    assert stats == {"specs": 2, "recorded": 0, "compiled": 2} and not any(r["cached"] for r in res)
+    entries = json.loads(record.read_text())["entries"]
+    assert set(entries) == {r["key"] for r in res} and len(entries) == 2
+    again, stats = _aot.compile_specs_cached(specs, (120,), record, path)
+    assert stats == {"specs": 2, "recorded": 2, "compiled": 0}
+    for a, b in zip(res, again):
+        assert {k: a[k] for k in ("label", "key", *_aot.CACHED_FIELDS)} == \
+               {k: b[k] for k in ("label", "key", *_aot.CACHED_FIELDS)}
+    changed = [specs[0], dataclasses.replace(specs[1], num_warps=specs[1].num_warps * 2)]
+    mixed, stats = _aot.compile_specs_cached(changed, (120,), record, path)
+    assert stats == {"specs": 2, "recorded": 1, "compiled": 1}
+    assert mixed[0]["cached"] and not mixed[1]["cached"] and mixed[1]["key"] not in entries
+    assert mixed[1]["num_warps"] == specs[1].num_warps * 2 and "error" not in mixed[1]
+    _aot.compile_specs_cached(changed, (120,), record, path, write=True)
+    assert set(json.loads(record.read_text())["entries"]) == {r["key"] for r in mixed}
 
 
 def test_gluon_ws_specs_listed_for_sm90_only():
