@@ -403,7 +403,7 @@ def run_shape(shape, variants: list[dict], emit, *, dry: bool, seed: int = 0,
                         geometry=geo)
             src = triton_launch.Source(s0["kv_cache"], s0["indices"], fmt, P, geo[2], cfg,
                                        s0["block_table"], None, splits)
-            eff, _ = triton_launch._split_plan(s0["q"].shape, src, dev.num_sms, dev.smem_per_block)
+            eff, _ = triton_launch._split_plan(s0["q"], src, dev.num_sms, dev.smem_per_block)
             row.update(config=cfg.to_dict(), splits=eff,
                        ctas=B * N * -(-H // cfg.block_h) * eff)
             calls = [functools.partial(fn, s) for s in inp.sets]

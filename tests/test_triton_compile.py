@@ -159,6 +159,37 @@ def test_every_config_fits_sm120_with_the_gpu_image_triton(launcher):
                       f"`make aot-record` records them", stacklevel=1)
 
 
+@pytest.mark.slow
+def test_sm120_split_plan_occupancy_within_the_compile_reports():
+    """For every split-kernel config the sm_120 launcher can choose (each of the AOT variants'
+    configs, both dot operand sizes), the CTAs per SM the split plan assumes
+    (``configs.sparse_mla_ctas_per_sm`` with the launch's operand bytes, what
+    ``triton_launch._split_plan`` passes) are no more than the sm_120 compile report allows
+    (registers and shared memory: ``kernels._triton_aot.occupancy``): more would plan programs
+    the SM cannot hold at once. (The fp32-dot 16 x 16 tile takes 73,728 B: one CTA an SM; the
+    2-byte estimate said two.)"""
+    path = _gpu_image_triton()
+    by_label = {r["label"]: r for r in _compiled(120, "sparse_mla_decode", path)}
+    limit = hardware.smem_limit(TARGETS[120])
+    checked = 0
+    for kv_format, d_qk, q_dtype, final in _sparse_mla.AOT_VARIANTS:
+        kv_dtype = q_dtype if kv_format == "latent" else torch.uint8
+        dot = _sparse_mla.dot_dtype(q_dtype, kv_dtype, kv_format)
+        nbytes = 4 if dot == "float32" else 2
+        for cfg in configs.SPARSE_MLA_SPACE[(configs.smem_class(limit), nbytes)]:
+            if cfg.kernel != "triton":
+                continue
+            for has_bt in (True, False):
+                r = by_label[_sparse_mla.split_spec(kv_format, d_qk, q_dtype, final, cfg,
+                                                    has_bt=has_bt).label]
+                occ = _aot.occupancy(r["registers"], r["shared"], cfg.num_warps, 120)["ctas"]
+                assert configs.sparse_mla_ctas_per_sm(cfg, limit, operand_bytes=nbytes) <= max(1, occ), \
+                    (r["label"], r["registers"], r["shared"], occ)
+                checked += 1
+    # every split-kernel launch of the sm_120 specs was checked
+    assert checked == sum(s.kernel == "_sparse_mla_split_kernel" for s in _specs(120, "sparse_mla_decode"))
+
+
 def _tree_id() -> str:
     """The checked-out tree's git id ('' outside a git checkout): a different recorded spec is
     compiled afresh at each commit (test_sm120_record_matches_a_fresh_compile)."""

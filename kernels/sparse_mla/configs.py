@@ -391,15 +391,18 @@ SMEM_PER_SM = {"large": 233_472, "small": 102_400}
 
 
 def sparse_mla_ctas_per_sm(cfg: SparseMLAConfig, smem_per_block: int,
-                           registers: int | None = None, smem: int | None = None) -> int:
+                           registers: int | None = None, smem: int | None = None,
+                           operand_bytes: int = 2) -> int:
     """Resident CTAs per SM of ``cfg`` from its compile report: registers per thread (default
     ``cfg.maxnreg``, else 255: every config above but one, conservative) and shared bytes
-    (default: the (block_h + block_k) x 576 x 2 staging estimate, within 10 % of the reports
-    above)."""
+    (default: the (block_h + block_k) x 576 x ``operand_bytes`` staging estimate, within 10 %
+    of the reports above; ``operand_bytes`` 4 for the fp32-dot configs, whose tiles take twice
+    the bytes: 73,728 B for 16 x 16 on sm_120, one CTA an SM where the 2-byte estimate said
+    two; tests/test_triton_compile.py checks every sm_120 config against its report)."""
     if registers is None:
         registers = cfg.maxnreg or 255
     if smem is None:
-        smem = (cfg.block_h + cfg.block_k) * 576 * 2 * max(1, cfg.num_stages)
+        smem = (cfg.block_h + cfg.block_k) * 576 * operand_bytes * max(1, cfg.num_stages)
     by_regs = REGISTERS_PER_SM // (registers * 32 * cfg.num_warps)
     by_smem = SMEM_PER_SM[smem_class(smem_per_block)] // max(1, smem)
     return max(1, min(by_regs, by_smem))

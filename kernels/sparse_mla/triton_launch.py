@@ -299,17 +299,20 @@ def fp8_bytes(kv_cache: torch.Tensor, kv_format: str, page_size: int) -> tuple:
     return torch.as_strided(kv_cache, ((n_pages - 1) * stride + used,), (1,)), stride
 
 
-def _split_plan(q_shape, src: Source, num_sms: int, smem_per_block: int) -> tuple[int, int]:
+def _split_plan(q: torch.Tensor, src: Source, num_sms: int, smem_per_block: int) -> tuple[int, int]:
     """(splits, chunk) of one source: the split count of ``configs.sparse_mla_num_splits`` (or
-    ``src.num_splits``), ``chunk`` entries of the top-k list per split (a multiple of
-    ``BLOCK_K``), the count then trimmed so no split is empty."""
-    B, N, H, _ = q_shape
+    ``src.num_splits``; CTAs per SM from the config and its dot operands' size), ``chunk``
+    entries of the top-k list per split (a multiple of ``BLOCK_K``), the count then trimmed so
+    no split is empty."""
+    B, N, H, _ = q.shape
     K = src.indices.shape[2]
     cfg = src.config
     rows = B * N * cdiv(H, cfg.block_h)
+    dot = dot_dtype(q.dtype, src.kv_cache.dtype, src.kv_format)
     splits = src.num_splits or configs.sparse_mla_num_splits(
         rows, K, cfg.block_k, num_sms,
-        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, smem_per_block))
+        ctas_per_sm=configs.sparse_mla_ctas_per_sm(cfg, smem_per_block,
+                                                   operand_bytes=4 if dot == "float32" else 2))
     chunk = cdiv(cdiv(K, splits), cfg.block_k) * cfg.block_k
     return cdiv(K, chunk), chunk
 
@@ -470,7 +473,7 @@ def launch(q, kv_cache, indices, sm_scale, kv_format, d_v, block_table, topk_len
     src = Source(kv_cache, indices, kv_format, page_size, num_pages, config, block_table,
                  topk_length, num_splits)
     B, N, H, _ = q.shape
-    splits, chunk = _split_plan(q.shape, src, num_sms, smem_per_block)
+    splits, chunk = _split_plan(q, src, num_sms, smem_per_block)
     out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
     if splits == 1:          # the single-split epilogue writes out and the native lse itself
         lse = torch.empty((B, N, H), dtype=torch.float32, device=q.device)
@@ -518,7 +521,7 @@ def launch_sources(q, sources, sm_scale, d_v, attn_sink, *, num_sms: int, smem_p
       sources' split counts (source i's splits after those of sources 0..i-1).
     """
     B, N, H, _ = q.shape
-    plans = [_split_plan(q.shape, src, num_sms, smem_per_block) for src in sources]
+    plans = [_split_plan(q, src, num_sms, smem_per_block) for src in sources]
     S = sum(sp for sp, _ in plans)
     if out is None:
         out = torch.empty((B, N, H, d_v), dtype=q.dtype, device=q.device)
