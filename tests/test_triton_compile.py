@@ -190,6 +190,33 @@ def test_sm120_split_plan_occupancy_within_the_compile_reports():
     assert checked == sum(s.kernel == "_sparse_mla_split_kernel" for s in _specs(120, "sparse_mla_decode"))
 
 
+@pytest.mark.slow
+def test_sm120_linear_smem_model_equals_the_compile_reports():
+    """``LinearConfig.smem_bytes`` (what ``kernels.linear.configs.ctas_per_sm`` divides the SM's
+    shared memory by for the split-K plan) equals the sm_120 compile report's shared memory for
+    every ``_linear_kernel`` launch of the sm_120 space (each config with each operand variant:
+    16-bit weights, fp32 weights with fp32 or 16-bit x, the FMA and tf32x3 dots)."""
+    from kernels.linear import configs as lcfg
+    from kernels.linear.triton import _AOT_OPERANDS
+    by_label = {r["label"]: r for r in _compiled(120, "linear", _gpu_image_triton())}
+    nbytes = {"bf16": 2, "fp16": 2, "fp32": 4}
+    checked = 0
+    for (cls, w_bytes, bm), space in sorted(lcfg.LINEAR_SPACE.items()):
+        if cls != configs.smem_class(hardware.smem_limit(TARGETS[120])):
+            continue
+        for cfg in space:
+            for xd, wd, od, split, m1, w_nmajor in _AOT_OPERANDS[w_bytes]:
+                if m1 and bm != 16:
+                    continue
+                dot = f" {cfg.f32_dot}" if w_bytes == 4 else ""
+                label = (f"linear {cfg.block_n}x{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} "
+                         f"s{cfg.num_stages}{dot} x={xd} w={wd}{'(N-major)' if w_nmajor else ''} "
+                         f"out={od} {'split' if split else 'unsplit'}{' M=1' if m1 else ''}")
+                assert cfg.smem_bytes(w_bytes, nbytes[xd], False) == by_label[label]["shared"], label
+                checked += 1
+    assert checked == sum(s.kernel == "_linear_kernel" for s in _specs(120, "linear"))
+
+
 def _tree_id() -> str:
     """The checked-out tree's git id ('' outside a git checkout): a different recorded spec is
     compiled afresh at each commit (test_sm120_record_matches_a_fresh_compile)."""

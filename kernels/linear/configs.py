@@ -80,9 +80,14 @@ class LinearConfig:
         """Shared memory of the pipeline buffers, an estimate of the compiled kernel's (the AOT
         compile reports it exactly): ``num_stages`` buffers of both tiles where the dot is
         wgmma (sm_90, 16-bit weights), ``num_stages - 1`` on the mma.sync / FMA pipelines
-        (Triton 3.6); the epilogue reuses them."""
+        (Triton 3.6); the epilogue reuses them. The FMA dot of fp32 weights with 16-bit x adds
+        one float32 x tile (the widened tokens' layout conversion). Equal to every sm_120
+        compile report of the space (``tests/test_triton_compile.py``); on sm_90 the tf32x3
+        tiles take 4-8 KiB more than this (2026-12-08 compiles)."""
         buffers = self.num_stages if wgmma else self.num_stages - 1
-        return buffers * self.block_k * (self.block_n * w_bytes + self.block_m * x_bytes)
+        widened = (self.block_k * self.block_m * 4
+                   if w_bytes == 4 and x_bytes == 2 and self.f32_dot == "ieee" else 0)
+        return buffers * self.block_k * (self.block_n * w_bytes + self.block_m * x_bytes) + widened
 
 
 def _space(w_bytes: int, bm: int, cls: str) -> tuple[LinearConfig, ...]:
