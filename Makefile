@@ -54,7 +54,9 @@ test: $(VENV)/.installed $(GPU_IMAGE_TRITON_DIR)
 
 # Compile every sm_120 launch spec with the GPU image's Triton and rewrite tests/aot_record/ (the
 # results `make test` reads for specs whose Triton cache key is unchanged; tests/test_triton_compile.py).
-# Run it after changing a kernel, a launch config or GPU_IMAGE_TRITON, and commit the record.
+# Run it after changing a kernel, a launch config or GPU_IMAGE_TRITON, and commit the record. The keys
+# include the Triton build (the Python 3.11 wheel CI installs): on another Python every spec misses
+# and is compiled, as before the record; on a GPU machine (Triton 3.6.0 installed) nothing is written.
 aot-record: $(VENV)/.installed $(GPU_IMAGE_TRITON_DIR)
 	DSA_AOT_RECORD=write $(PY) -m pytest -q $(XDIST) tests/test_triton_compile.py -k gpu_image_triton
 
