@@ -369,17 +369,45 @@ def compile_specs(specs: list[LaunchSpec], ccs: tuple[int, ...], timeout: float 
 CACHED_FIELDS = ("triton", "shared", "registers", "spill_store_bytes", "spill_load_bytes",
                  "stack_bytes")
 
+# Environment variables that change what Triton builds without changing its cache key (a kernel
+# replaced from a folder, instrumentation, non-constexpr globals read as constants): with any of
+# them set, :func:`compile_specs_cached` neither reads nor writes the record.
+RECORD_UNSAFE_ENV = ("TRITON_ALLOW_NON_CONSTEXPR_GLOBALS", "TRITON_KERNEL_OVERRIDE",
+                     "TRITON_OVERRIDE_DIR", "TRITON_INSTRUMENTATION_MODE")
+
+
+def kernels_tree_digest() -> str:
+    """sha256 of every ``*.py`` file under ``kernels/`` (relative path and bytes, sorted): part
+    of every record key (:func:`compile_specs_cached`). Triton's key covers what a kernel names
+    directly (its source, the ``@jit`` functions it calls, constexpr globals), not values it
+    reaches otherwise (a constant read through a module attribute, a dtype global, a global as a
+    helper's default argument); any change under ``kernels/`` changes this digest, so a record
+    written before it is not read."""
+    import hashlib
+    h = hashlib.sha256()
+    base = _ROOT / "kernels"
+    for f in sorted(base.rglob("*.py")):
+        h.update(str(f.relative_to(base)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _record_unsafe_env() -> list[str]:
+    return [v for v in RECORD_UNSAFE_ENV if os.environ.get(v, "") not in ("", "0")]
+
 
 def compile_specs_cached(specs: list[LaunchSpec], ccs: tuple[int, ...], record: Path,
                          triton_path: str | None = None, *, write: bool = False,
                          timeout: float = 1200) -> tuple[list[dict], dict]:
-    """:func:`compile_specs` with a record of earlier compiles: a spec whose :func:`spec_key`
-    (Triton's own cache key: the kernel's source and everything it reaches, the signature and
-    constexprs, the Triton version and source, ptxas, the options) is in ``record`` takes the
-    recorded result; every other spec is compiled. The key is the one under which
-    ``triton.compile`` itself would return the earlier binary from its cache, so a recorded
-    result is what compiling again gives; a change to a kernel, to anything it calls, to a
-    config or to the compiler changes the key and the spec is compiled.
+    """:func:`compile_specs` with a record of earlier compiles: a spec whose record key is in
+    ``record`` takes the recorded result; every other spec is compiled. The record key is the
+    sha256 of :func:`spec_key` (Triton's own cache key: the kernel's source and the ``@jit``
+    functions and constexpr globals it names, the signature and constexprs, the Triton version
+    and source, ptxas, the options, the cache-invalidating environment variables: the key under
+    which ``triton.compile`` itself would return the earlier binary) and of
+    :func:`kernels_tree_digest` (every file under ``kernels/``, which covers the values a kernel
+    reaches that Triton's key does not). So any change under ``kernels/``, to a config or to the
+    compiler makes every spec compile until the record is rewritten; with one of
+    :data:`RECORD_UNSAFE_ENV` set the record is neither read nor written.
 
     ``record``: a JSON file ``{"about", "entries": {key: {label, cc, triton, shared,
     registers, spill_store_bytes, spill_load_bytes, stack_bytes}}}`` (absent: every spec is
@@ -388,15 +416,29 @@ def compile_specs_cached(specs: list[LaunchSpec], ccs: tuple[int, ...], record: 
 
     Returns ``(results, stats)``: the results as :func:`compile_specs` orders them, each with
     ``"key"`` and ``"cached"`` (True: from the record); ``stats`` ``{"specs", "recorded",
-    "compiled"}`` (results counted).
+    "compiled", "bypassed"}`` (results counted; ``bypassed``: the unsafe variables set, else
+    ``[]``).
     Raises:
-      RuntimeError: a subprocess failed (as :func:`compile_specs`)."""
+      RuntimeError: a subprocess failed (as :func:`compile_specs`).
+      ValueError: ``record`` exists but is not such a file (named, with how to rewrite it)."""
+    import hashlib
+    bypassed = _record_unsafe_env()
+    if bypassed:
+        write = False
     keyed = compile_specs(specs, ccs, timeout, workers=1, triton_path=triton_path, keys=True)
     entries = {}
-    if record.exists() and not write:
-        entries = json.loads(record.read_text())["entries"]
+    if record.exists() and not write and not bypassed:
+        try:
+            entries = json.loads(record.read_text())["entries"]
+            if not isinstance(entries, dict):
+                raise TypeError(f"'entries' is a {type(entries).__name__}")
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"{record}: expected a compile record {{'about', 'entries': {{key: result}}}} "
+                             f"({type(e).__name__}: {e}); `make aot-record` rewrites it") from None
     n = len(ccs)
-    keys = [r.get("key") for r in keyed]              # None: the key failed (the compile says why)
+    tree = kernels_tree_digest()
+    keys = [hashlib.sha256(f"{r['key']}|{tree}".encode()).hexdigest() if r.get("key") else None
+            for r in keyed]                          # None: the key failed (the compile says why)
     todo = [i for i in range(len(specs)) if any(keys[i * n + j] not in entries for j in range(n))]
     fresh = compile_specs([specs[i] for i in todo], ccs, timeout, triton_path=triton_path,
                           always_compile=write) if todo else []
@@ -417,11 +459,12 @@ def compile_specs_cached(specs: list[LaunchSpec], ccs: tuple[int, ...], record: 
         record.parent.mkdir(parents=True, exist_ok=True)
         record.write_text(json.dumps({
             "about": ("Results of earlier AOT compiles (kernels._triton_aot.compile_specs_cached), "
-                      "keyed by Triton's own cache key of each launch spec; rewritten by "
-                      "`make aot-record`. A spec whose key is not here is compiled."),
+                      "keyed by Triton's own cache key of each launch spec and a digest of every "
+                      "file under kernels/; rewritten by `make aot-record`. A spec whose key is "
+                      "not here is compiled."),
             "entries": dict(sorted(out.items()))}, indent=1) + "\n")
     stats = {"specs": len(results), "recorded": sum(r["cached"] for r in results),
-             "compiled": sum(not r["cached"] for r in results)}
+             "compiled": sum(not r["cached"] for r in results), "bypassed": bypassed}
     return results, stats
 
 def _main() -> None:

@@ -103,9 +103,11 @@ SPLIT_WPROJ_ENV = "DSA_LAYER_SPLIT_WPROJ"
 
 def split_wproj_on() -> bool:
     """``DSA_LAYER_SPLIT_WPROJ`` read once (at construction): unless ``0``, a fused-preparation
-    step's float32 ``weights_proj`` (one-stream steps of more than one token: B 64's) that the
-    ``linear`` switch leaves on torch's GEMM (``"torch"``, ``"gemv"``: the default; not
-    ``"triton"`` / ``"auto"``, which put it on ``dsa::linear``) runs as three 16-bit weights, ``alpha w = p0 + p1 2^-S + p2 2^-2S`` (:func:`split_weight`), in one
+    one-stream step's float32 ``weights_proj`` that the ``linear`` switch leaves on torch's GEMM
+    (with the default ``"gemv"``: steps of more than one token, B 64's; a one-token step too
+    where the one-token GEMV does not take it, e.g. ``linear="torch"``; never with ``"triton"``
+    / ``"auto"`` or that GEMM named, which put it on ``dsa::linear``) runs as three 16-bit
+    weights, ``alpha w = p0 + p1 2^-S + p2 2^-2S`` (:func:`split_weight`), in one
     tensor-core GEMM of the 16-bit ``x`` writing float32 (:func:`mm_float32_out`); ``prep_q``
     sums the three parts. 16-bit layers only (a float32 layer runs the float32 GEMM whatever
     the switch). ``0``: the float32 GEMM (the bench's A/B).
