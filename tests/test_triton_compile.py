@@ -207,24 +207,21 @@ def test_sm120_linear_smem_model_equals_the_compile_reports():
     every ``_linear_kernel`` launch of the sm_120 space (each config with each operand variant:
     16-bit weights, fp32 weights with fp32 or 16-bit x, the FMA and tf32x3 dots)."""
     from kernels.linear import configs as lcfg
-    from kernels.linear.triton import _AOT_OPERANDS
-    by_label = {r["label"]: r for r in _compiled(120, "linear", _gpu_image_triton())}
-    nbytes = {"bf16": 2, "fp16": 2, "fp32": 4}
-    checked = 0
-    for (cls, w_bytes, bm), space in sorted(lcfg.LINEAR_SPACE.items()):
-        if cls != configs.smem_class(hardware.smem_limit(TARGETS[120])):
+    nbytes = {"*bf16": 2, "*fp16": 2, "*fp32": 4}
+    seen = set()
+    for spec, r in zip(_specs(120, "linear"), _compiled(120, "linear", _gpu_image_triton())):
+        if spec.kernel != "_linear_kernel":
             continue
-        for cfg in space:
-            for xd, wd, od, split, m1, w_nmajor in _AOT_OPERANDS[w_bytes]:
-                if m1 and bm != 16:
-                    continue
-                dot = f" {cfg.f32_dot}" if w_bytes == 4 else ""
-                label = (f"linear {cfg.block_n}x{cfg.block_m}x{cfg.block_k} w{cfg.num_warps} "
-                         f"s{cfg.num_stages}{dot} x={xd} w={wd}{'(N-major)' if w_nmajor else ''} "
-                         f"out={od} {'split' if split else 'unsplit'}{' M=1' if m1 else ''}")
-                assert cfg.smem_bytes(w_bytes, nbytes[xd], False) == by_label[label]["shared"], label
-                checked += 1
-    assert checked == sum(s.kernel == "_linear_kernel" for s in _specs(120, "linear"))
+        ce = spec.constexprs
+        cfg = lcfg.LinearConfig(ce["BLOCK_N"], ce["BLOCK_M"], ce["BLOCK_K"], spec.num_warps,
+                                spec.num_stages, ce["F32_DOT"])
+        w_bytes = 4 if ce["FP32_W"] else 2
+        assert cfg.smem_bytes(w_bytes, nbytes[spec.signature["x_ptr"]], False) == r["shared"], r["label"]
+        seen.add((w_bytes, cfg))
+    # every config of the sm_120 space was among them
+    small = configs.smem_class(hardware.smem_limit(TARGETS[120]))
+    assert seen == {(w_bytes, cfg) for (cls, w_bytes, _), space in lcfg.LINEAR_SPACE.items()
+                    if cls == small for cfg in space}
 
 
 def _tree_id() -> str:
