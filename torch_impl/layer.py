@@ -1731,11 +1731,11 @@ class DSADecodeLayer(nn.Module):
 
     def _split_runs(self, x: torch.Tensor) -> bool:
         """Whether ``weights_proj`` of the tokens ``x`` ``[T, hidden]`` runs as the split GEMM
-        (:func:`split_wproj_on`): the split built and the layer still 16-bit, and the ``linear`` switch
+        (:func:`split_wproj_on`): the split on (a 16-bit layer), and the ``linear`` switch
         leaving ``indexer.weights_proj`` on torch's GEMM for this step (:meth:`_lin_path` None);
         a step the switch puts on ``dsa::linear`` (``linear="triton"`` / ``"auto"``, or that
         GEMM named) runs it there, in float32, as the switch says."""
-        return (getattr(self, "wproj_split", None) is not None and self.x_proj.dtype in SPLIT_SHIFT
+        return (self.split_wproj
                 and self._lin_path("indexer.weights_proj", x, self.w("indexer.weights_proj")) is None)
 
     def _overlaps(self, T: int, device: torch.device) -> bool:
